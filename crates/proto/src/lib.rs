@@ -1,0 +1,29 @@
+//! Wire format between the host element and the elements.
+//!
+//! Every message travels in one frame: `[u32 body_len][u32 crc32c(body)][body]`, little endian.
+//! The body starts with a one-byte tag. Decoding never panics on hostile input: every length is
+//! bounded by [`FRAME_BODY_BYTES_MAX`] and checked before anything is allocated.
+//! The byte-level layout is in `docs/wire-protocol.md`.
+
+mod ids;
+mod message;
+
+pub use ids::{Epoch, Sequence, VolumeId};
+pub use message::{
+    decode_frame, encode_frame, BlockExtent, Body, DecodeError, ElementMessage, HostMessage, Op,
+    Record, VolumeSpec, VolumeState, FRAME_BODY_BYTES_MAX, FRAME_HEADER_BYTES,
+};
+
+/// Largest payload of one write (and of one read reply). Matches the NBD maximum block size we
+/// advertise, so one NBD request is always one record (atomic across replicas).
+pub const PAYLOAD_BYTES_MAX: u32 = 32 * 1024 * 1024;
+
+/// Internal block size: the unit of element checksums, block maps and the read cache.
+pub const BLOCK_BYTES: u64 = 4096;
+
+/// Smallest I/O unit accepted from hosts (NBD minimum block size).
+pub const SECTOR_BYTES: u64 = 512;
+
+const _: () = assert!(BLOCK_BYTES % SECTOR_BYTES == 0);
+const _: () = assert!(PAYLOAD_BYTES_MAX as u64 % BLOCK_BYTES == 0);
+const _: () = assert!((FRAME_BODY_BYTES_MAX as u64) > PAYLOAD_BYTES_MAX as u64 + 4096);
