@@ -1,1 +1,4 @@
-//! placeholder
+//! The I/O shell: the only crate with tokio, sockets, files and the clock. It turns socket
+//! and disk events into inputs of the sans-IO cores and carries out the actions they emit.
+
+pub mod nbd_server;

@@ -1,0 +1,1 @@
+//! NBD server driver (being written).
