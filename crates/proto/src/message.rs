@@ -85,6 +85,9 @@ pub struct VolumeSpec {
 pub struct VolumeState {
     /// Highest sequence the element has durably applied for this volume.
     pub applied_sequence: Sequence,
+    /// Epoch of the record at `applied_sequence` (0 if none): two elements at the same sequence
+    /// with different epochs hold different histories.
+    pub applied_epoch: Epoch,
 }
 
 /// A run of blocks with the same allocation state, for NBD block status.
@@ -105,6 +108,8 @@ pub enum HostMessage {
     Read { request_id: u64, volume: VolumeId, offset_bytes: u64, length_bytes: u32 },
     BlockStatus { request_id: u64, volume: VolumeId, offset_bytes: u64, length_bytes: u64 },
     Ping { nonce: u64 },
+    /// Send the records after `after` from the replay log, up to about `max_bytes` of payload.
+    FetchLog { request_id: u64, volume: VolumeId, after: Sequence, max_bytes: u64 },
 }
 
 /// Element → host element.
@@ -124,6 +129,7 @@ pub enum ElementMessage {
         result: Result<Vec<BlockExtent>, String>,
     },
     Pong { nonce: u64 },
+    LogRecords { request_id: u64, result: Result<Vec<Record>, String> },
     /// The element hit a fault it cannot continue from in this session (I/O error, a gap in
     /// the sequence, a checksum mismatch on its own disk). The host element marks it failed.
     Fault { reason: String },
@@ -297,6 +303,7 @@ const HOST_APPLY: u8 = 2;
 const HOST_READ: u8 = 3;
 const HOST_BLOCK_STATUS: u8 = 4;
 const HOST_PING: u8 = 5;
+const HOST_FETCH_LOG: u8 = 6;
 
 impl Body for HostMessage {
     fn encode_body(&self, out: &mut BytesMut) {
@@ -331,6 +338,13 @@ impl Body for HostMessage {
             HostMessage::Ping { nonce } => {
                 out.put_u8(HOST_PING);
                 out.put_u64_le(*nonce);
+            }
+            HostMessage::FetchLog { request_id, volume, after, max_bytes } => {
+                out.put_u8(HOST_FETCH_LOG);
+                out.put_u64_le(*request_id);
+                out.put_u32_le(volume.0);
+                out.put_u64_le(after.0);
+                out.put_u64_le(*max_bytes);
             }
         }
     }
@@ -370,6 +384,12 @@ impl Body for HostMessage {
                 length_bytes: r.u64("block status length")?,
             },
             HOST_PING => HostMessage::Ping { nonce: r.u64("ping nonce")? },
+            HOST_FETCH_LOG => HostMessage::FetchLog {
+                request_id: r.u64("fetch log request id")?,
+                volume: VolumeId(r.u32("fetch log volume")?),
+                after: Sequence(r.u64("fetch log after")?),
+                max_bytes: r.u64("fetch log max bytes")?,
+            },
             tag => return Err(DecodeError::UnknownTag(tag)),
         };
         r.finish()?;
@@ -384,6 +404,8 @@ const ELEMENT_READ_REPLY: u8 = 4;
 const ELEMENT_BLOCK_STATUS_REPLY: u8 = 5;
 const ELEMENT_PONG: u8 = 6;
 const ELEMENT_FAULT: u8 = 7;
+const ELEMENT_LOG_RECORDS: u8 = 8;
+const LOG_RECORDS_MAX: usize = 1 << 20;
 
 const RESULT_OK: u8 = 0;
 const RESULT_ERR: u8 = 1;
@@ -397,6 +419,7 @@ impl Body for ElementMessage {
                 out.put_u32_le(volumes.len() as u32);
                 for v in volumes {
                     out.put_u64_le(v.applied_sequence.0);
+                    out.put_u64_le(v.applied_epoch.0);
                 }
             }
             ElementMessage::Refused { reason } => {
@@ -450,6 +473,23 @@ impl Body for ElementMessage {
                 out.put_u8(ELEMENT_FAULT);
                 put_bytes(out, truncate(reason).as_bytes());
             }
+            ElementMessage::LogRecords { request_id, result } => {
+                out.put_u8(ELEMENT_LOG_RECORDS);
+                out.put_u64_le(*request_id);
+                match result {
+                    Ok(records) => {
+                        out.put_u8(RESULT_OK);
+                        out.put_u32_le(records.len() as u32);
+                        for record in records {
+                            record.encode(out);
+                        }
+                    }
+                    Err(reason) => {
+                        out.put_u8(RESULT_ERR);
+                        put_bytes(out, truncate(reason).as_bytes());
+                    }
+                }
+            }
         }
     }
 
@@ -461,7 +501,9 @@ impl Body for ElementMessage {
                 let n = r.count("welcome volume count", VOLUMES_MAX)?;
                 let mut volumes = Vec::with_capacity(n);
                 for _ in 0..n {
-                    volumes.push(VolumeState { applied_sequence: Sequence(r.u64("applied")?) });
+                    let applied_sequence = Sequence(r.u64("applied")?);
+                    let applied_epoch = Epoch(r.u64("applied epoch")?);
+                    volumes.push(VolumeState { applied_sequence, applied_epoch });
                 }
                 ElementMessage::Welcome { epoch, volumes }
             }
@@ -503,6 +545,22 @@ impl Body for ElementMessage {
             }
             ELEMENT_PONG => ElementMessage::Pong { nonce: r.u64("pong nonce")? },
             ELEMENT_FAULT => ElementMessage::Fault { reason: r.string("fault", REASON_BYTES_MAX)? },
+            ELEMENT_LOG_RECORDS => {
+                let request_id = r.u64("log records id")?;
+                let result = match r.u8("log records result")? {
+                    RESULT_OK => {
+                        let n = r.count("log record count", LOG_RECORDS_MAX)?;
+                        let mut records = Vec::with_capacity(n.min(4096));
+                        for _ in 0..n {
+                            records.push(Record::read(&mut r)?);
+                        }
+                        Ok(records)
+                    }
+                    RESULT_ERR => Err(r.string("log records error", REASON_BYTES_MAX)?),
+                    tag => return Err(DecodeError::UnknownTag(tag)),
+                };
+                ElementMessage::LogRecords { request_id, result }
+            }
             tag => return Err(DecodeError::UnknownTag(tag)),
         };
         r.finish()?;
@@ -571,13 +629,19 @@ mod tests {
             length_bytes: 1 << 30,
         });
         round_trip(HostMessage::Ping { nonce: 5 });
+        round_trip(HostMessage::FetchLog {
+            request_id: 3,
+            volume: VolumeId(0),
+            after: Sequence(7),
+            max_bytes: 1 << 20,
+        });
     }
 
     #[test]
     fn element_messages_round_trip() {
         round_trip(ElementMessage::Welcome {
             epoch: Epoch(1),
-            volumes: vec![VolumeState { applied_sequence: Sequence(10) }],
+            volumes: vec![VolumeState { applied_sequence: Sequence(10), applied_epoch: Epoch(2) }],
         });
         round_trip(ElementMessage::Refused { reason: "stale epoch".into() });
         round_trip(ElementMessage::Applied { volume: VolumeId(0), sequence: Sequence(4) });
@@ -601,6 +665,16 @@ mod tests {
         });
         round_trip(ElementMessage::Pong { nonce: 8 });
         round_trip(ElementMessage::Fault { reason: "EIO".into() });
+        round_trip(ElementMessage::LogRecords {
+            request_id: 4,
+            result: Ok(vec![Record {
+                volume: VolumeId(0),
+                epoch: Epoch(1),
+                sequence: Sequence(8),
+                op: Op::Trim { offset_bytes: 0, length_bytes: 4096 },
+            }]),
+        });
+        round_trip(ElementMessage::LogRecords { request_id: 4, result: Err("gone".into()) });
     }
 
     #[test]

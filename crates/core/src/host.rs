@@ -1,0 +1,1363 @@
+//! The host element's replication state machine.
+//!
+//! It owns, per volume, the sequence counter and the write queue; per element, its state
+//! (in sync, recovering, failed) and what it has acknowledged. Writes are answered once a write
+//! quorum of in-sync elements has applied them durably; reads go to the read cache or to the
+//! closest in-sync element, with the write queue overlaid on what that element has not applied.
+
+use std::collections::{HashMap, VecDeque};
+
+use bytes::Bytes;
+use proto::{
+    BlockExtent, ElementMessage, Epoch, HostMessage, Op, Record, Sequence, VolumeId, VolumeSpec,
+    VolumeState,
+};
+
+use crate::limits;
+use crate::read_cache::ReadCache;
+use crate::write_queue::{Entry, HostReply, WriteQueue};
+use crate::{ElementId, ElementSet, Time, Token};
+
+#[derive(Clone, Debug)]
+pub struct HostConfig {
+    /// This host element's epoch; must be newer than any earlier host element's.
+    pub epoch: Epoch,
+    pub quorum: usize,
+    pub elements: Vec<String>,
+    pub volumes: Vec<VolumeSpec>,
+    pub write_queue_bytes: u64,
+    pub read_cache_bytes: u64,
+    pub throttle_timeout_ms: u64,
+    pub heartbeat_interval_ms: u64,
+    pub heartbeat_timeout_ms: u64,
+    pub startup_grace_ms: u64,
+}
+
+impl HostConfig {
+    pub fn new(epoch: Epoch, quorum: usize, elements: Vec<String>, volumes: Vec<VolumeSpec>) -> Self {
+        HostConfig {
+            epoch,
+            quorum,
+            elements,
+            volumes,
+            write_queue_bytes: limits::WRITE_QUEUE_BYTES_DEFAULT,
+            read_cache_bytes: limits::READ_CACHE_BYTES_DEFAULT,
+            throttle_timeout_ms: limits::THROTTLE_TIMEOUT_MS_DEFAULT,
+            heartbeat_interval_ms: limits::HEARTBEAT_INTERVAL_MS_DEFAULT,
+            heartbeat_timeout_ms: limits::HEARTBEAT_TIMEOUT_MS_DEFAULT,
+            startup_grace_ms: limits::STARTUP_GRACE_MS_DEFAULT,
+        }
+    }
+
+    /// Boundary check of a configuration; the message is meant for the operator.
+    pub fn validate(&self) -> Result<(), String> {
+        let n = self.elements.len();
+        if n == 0 || n > limits::ELEMENTS_MAX {
+            return Err(format!("need 1 to {} elements, got {n}", limits::ELEMENTS_MAX));
+        }
+        if self.quorum == 0 || self.quorum > n {
+            return Err(format!("quorum must be between 1 and the number of elements ({n}), got {}", self.quorum));
+        }
+        if self.volumes.is_empty() || self.volumes.len() > limits::VOLUMES_MAX {
+            return Err(format!("need 1 to {} volumes, got {}", limits::VOLUMES_MAX, self.volumes.len()));
+        }
+        for (i, v) in self.volumes.iter().enumerate() {
+            if v.name.is_empty() || v.name.len() > 255 {
+                return Err(format!("volume name {:?} must be 1 to 255 bytes", v.name));
+            }
+            if v.size_bytes == 0 || v.size_bytes % proto::BLOCK_BYTES != 0 {
+                return Err(format!(
+                    "volume {} size {} must be a positive multiple of {} bytes",
+                    v.name,
+                    v.size_bytes,
+                    proto::BLOCK_BYTES
+                ));
+            }
+            if self.volumes[..i].iter().any(|w| w.name == v.name) {
+                return Err(format!("volume {} is configured twice", v.name));
+            }
+        }
+        for (i, e) in self.elements.iter().enumerate() {
+            if self.elements[..i].contains(e) {
+                return Err(format!("element {e} is configured twice"));
+            }
+        }
+        if self.write_queue_bytes < limits::WRITE_QUEUE_BYTES_MIN {
+            return Err(format!(
+                "write queue of {} bytes cannot hold one maximal write; need at least {}",
+                self.write_queue_bytes,
+                limits::WRITE_QUEUE_BYTES_MIN
+            ));
+        }
+        if self.heartbeat_timeout_ms <= self.heartbeat_interval_ms {
+            return Err("heartbeat timeout must exceed the heartbeat interval".into());
+        }
+        Ok(())
+    }
+}
+
+/// Errors returned to the host for one request; the shell maps them to NBD errors.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum HostError {
+    /// Fewer than Q elements are in sync: the volume only serves reads (NBD EPERM).
+    ReadOnly,
+    /// The write was sent but the volume lost its quorum before Q elements held it (EIO).
+    QuorumLost,
+    /// No in-sync element can serve the read (EIO).
+    Unavailable,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Reply {
+    Read(Result<Bytes, HostError>),
+    Done(Result<(), HostError>),
+    BlockStatus(Result<Vec<BlockExtent>, HostError>),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum VolumeMode {
+    ReadWrite,
+    ReadOnly,
+}
+
+impl VolumeMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            VolumeMode::ReadWrite => "read-write",
+            VolumeMode::ReadOnly => "read-only",
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RecoveryKind {
+    Quick,
+}
+
+impl RecoveryKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RecoveryKind::Quick => "quick",
+        }
+    }
+}
+
+/// Something worth a log line; the shell logs it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Event {
+    Ready { volume: VolumeId, last: Sequence },
+    ElementFailed { element: ElementId, reason: String },
+    RecoveryStarted { element: ElementId, kind: RecoveryKind, records: u64 },
+    ElementInSync { element: ElementId },
+    VolumeMode { volume: VolumeId, mode: VolumeMode, in_sync: usize },
+    Throttled { volume: VolumeId },
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Action {
+    /// Send one message to every element in the set (encode once).
+    Send { to: ElementSet, message: HostMessage },
+    /// Close the session with this element; the shell reconnects later.
+    Disconnect { element: ElementId },
+    Reply { token: Token, reply: Reply },
+    Event(Event),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum ElementState {
+    InSync,
+    Recovering(RecoveryKind),
+    Failed(String),
+}
+
+#[derive(Clone, Debug)]
+struct Recovery {
+    kind: RecoveryKind,
+    started: Time,
+    records_total: u64,
+    /// Per volume, what the element held when recovery began.
+    start: Vec<Sequence>,
+}
+
+#[derive(Clone, Debug)]
+struct LastRecovery {
+    kind: RecoveryKind,
+    records: u64,
+    micros: u64,
+}
+
+#[derive(Debug)]
+struct ElementRuntime {
+    name: String,
+    state: ElementState,
+    /// A transport session exists (Hello sent).
+    session: bool,
+    /// The session's Welcome has been processed.
+    welcomed: bool,
+    welcome: Option<Vec<VolumeState>>,
+    /// Per volume: highest sequence the element has durably applied (cumulative ack).
+    applied: Vec<Sequence>,
+    /// Per volume: highest sequence sent in this session.
+    sent_through: Vec<Sequence>,
+    rtt_us: Option<u64>,
+    last_heard: Time,
+    next_ping: Time,
+    recovery: Option<Recovery>,
+    last_recovery: Option<LastRecovery>,
+}
+
+impl ElementRuntime {
+    fn live(&self) -> bool {
+        matches!(self.state, ElementState::InSync | ElementState::Recovering(_))
+    }
+}
+
+#[derive(Debug)]
+struct PendingWrite {
+    token: Token,
+    op: Op,
+}
+
+#[derive(Debug)]
+struct VolumeRuntime {
+    spec: VolumeSpec,
+    mode: VolumeMode,
+    queue: WriteQueue,
+    /// Every entry up to here has had its host reply resolved.
+    host_resolved: Sequence,
+    /// Highest sequence acknowledged to the host as written.
+    host_acked: Sequence,
+    admission: VecDeque<PendingWrite>,
+    blocked_since: Option<Time>,
+    flushes: VecDeque<(Sequence, Token)>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ReadKind {
+    Data { length_bytes: u32 },
+    BlockStatus { length_bytes: u64 },
+}
+
+#[derive(Debug)]
+struct PendingRead {
+    token: Token,
+    volume: VolumeId,
+    offset_bytes: u64,
+    kind: ReadKind,
+    element: ElementId,
+    attempts: u32,
+}
+
+/// A host request that arrived before the host element was ready.
+#[derive(Debug)]
+enum Deferred {
+    Read { token: Token, volume: VolumeId, offset_bytes: u64, length_bytes: u32 },
+    Write { token: Token, volume: VolumeId, op: Op },
+    Flush { token: Token, volume: VolumeId },
+    BlockStatus { token: Token, volume: VolumeId, offset_bytes: u64, length_bytes: u64 },
+}
+
+/// Start-up reconciliation: records fetched from the most advanced element so the others can
+/// be brought level through the write queue.
+#[derive(Debug)]
+struct Fetch {
+    volume: VolumeId,
+    element: ElementId,
+    after: Sequence,
+    through: Sequence,
+}
+
+const READ_ATTEMPTS_MAX: u32 = 8;
+
+pub struct HostCore {
+    config: HostConfig,
+    started: Time,
+    ready: bool,
+    elements: Vec<ElementRuntime>,
+    volumes: Vec<VolumeRuntime>,
+    cache: ReadCache,
+    reads: HashMap<u64, PendingRead>,
+    fetches: HashMap<u64, Fetch>,
+    deferred: Vec<Deferred>,
+    next_request_id: u64,
+    actions: VecDeque<Action>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct VolumeStatus {
+    pub name: String,
+    pub size_bytes: u64,
+    pub mode: VolumeMode,
+    pub acked_sequence: Sequence,
+    pub last_sequence: Sequence,
+    pub write_queue_used_bytes: u64,
+    pub write_queue_capacity_bytes: u64,
+    pub write_queue_oldest: Option<Sequence>,
+    pub writes_waiting: usize,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct RecoveryStatus {
+    pub kind: RecoveryKind,
+    pub done_records: u64,
+    pub total_records: u64,
+    pub elapsed_us: u64,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct LastRecoveryStatus {
+    pub kind: RecoveryKind,
+    pub records: u64,
+    pub seconds: f64,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct ElementStatus {
+    pub name: String,
+    /// "in-sync", "recovering" or "failed".
+    pub state: &'static str,
+    pub reason: Option<String>,
+    /// Per volume, in configuration order.
+    pub applied_sequence: Vec<Sequence>,
+    /// Writes behind the newest assigned sequence, summed over volumes.
+    pub lag: u64,
+    pub rtt_us: Option<u64>,
+    pub recovery: Option<RecoveryStatus>,
+    pub last_recovery: Option<LastRecoveryStatus>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct HostStatus {
+    pub epoch: Epoch,
+    pub quorum: usize,
+    pub ready: bool,
+    pub volumes: Vec<VolumeStatus>,
+    pub elements: Vec<ElementStatus>,
+    pub read_cache_used_bytes: u64,
+    pub read_cache_hits: u64,
+    pub read_cache_misses: u64,
+}
+
+impl HostCore {
+    pub fn new(config: HostConfig, now: Time) -> HostCore {
+        config.validate().expect("configuration validated at the boundary");
+        let volume_count = config.volumes.len();
+        let elements = config
+            .elements
+            .iter()
+            .map(|name| ElementRuntime {
+                name: name.clone(),
+                state: ElementState::Failed("not connected yet".into()),
+                session: false,
+                welcomed: false,
+                welcome: None,
+                applied: vec![Sequence::ZERO; volume_count],
+                sent_through: vec![Sequence::ZERO; volume_count],
+                rtt_us: None,
+                last_heard: now,
+                next_ping: now,
+                recovery: None,
+                last_recovery: None,
+            })
+            .collect();
+        let volumes = config
+            .volumes
+            .iter()
+            .map(|spec| VolumeRuntime {
+                spec: spec.clone(),
+                mode: VolumeMode::ReadOnly,
+                queue: WriteQueue::new(config.write_queue_bytes, Sequence::ZERO),
+                host_resolved: Sequence::ZERO,
+                host_acked: Sequence::ZERO,
+                admission: VecDeque::new(),
+                blocked_since: None,
+                flushes: VecDeque::new(),
+            })
+            .collect();
+        HostCore {
+            cache: ReadCache::new(config.read_cache_bytes),
+            config,
+            started: now,
+            ready: false,
+            elements,
+            volumes,
+            reads: HashMap::new(),
+            fetches: HashMap::new(),
+            deferred: Vec::new(),
+            next_request_id: 1,
+            actions: VecDeque::new(),
+        }
+    }
+
+    pub fn config(&self) -> &HostConfig {
+        &self.config
+    }
+
+    pub fn volume_id(&self, name: &str) -> Option<VolumeId> {
+        self.volumes.iter().position(|v| v.spec.name == name).map(|i| VolumeId(i as u32))
+    }
+
+    pub fn poll_action(&mut self) -> Option<Action> {
+        self.actions.pop_front()
+    }
+
+    /// The next time `handle_timeout` has work to do.
+    pub fn poll_timeout(&self) -> Option<Time> {
+        let mut next: Option<Time> = None;
+        let mut consider = |t: Time| next = Some(next.map_or(t, |n: Time| n.min(t)));
+        if !self.ready {
+            consider(self.started.plus_ms(self.config.startup_grace_ms));
+        }
+        for e in &self.elements {
+            if e.welcomed {
+                consider(e.next_ping);
+                consider(e.last_heard.plus_ms(self.config.heartbeat_timeout_ms));
+            }
+        }
+        for v in &self.volumes {
+            if let Some(since) = v.blocked_since {
+                consider(since.plus_ms(self.config.throttle_timeout_ms));
+            }
+        }
+        next
+    }
+
+    fn emit(&mut self, action: Action) {
+        self.actions.push_back(action);
+    }
+
+    fn reply(&mut self, token: Token, reply: Reply) {
+        self.emit(Action::Reply { token, reply });
+    }
+
+    fn in_sync_count(&self) -> usize {
+        self.elements.iter().filter(|e| e.state == ElementState::InSync).count()
+    }
+
+    // ----- elements -------------------------------------------------------------------------
+
+    /// The shell opened a transport session to an element.
+    pub fn handle_element_connected(&mut self, now: Time, element: ElementId) {
+        let e = &mut self.elements[element.0 as usize];
+        assert!(!e.session, "connected twice without a disconnect");
+        e.session = true;
+        e.welcomed = false;
+        e.last_heard = now;
+        e.state = ElementState::Failed("handshake in progress".into());
+        let message =
+            HostMessage::Hello { epoch: self.config.epoch, volumes: self.config.volumes.clone() };
+        let mut to = ElementSet::default();
+        to.insert(element);
+        self.emit(Action::Send { to, message });
+    }
+
+    /// The transport session ended (or could not be opened).
+    pub fn handle_element_disconnected(&mut self, now: Time, element: ElementId, reason: &str) {
+        let e = &mut self.elements[element.0 as usize];
+        let was_session = e.session;
+        e.session = false;
+        e.welcomed = false;
+        e.welcome = None;
+        match &e.state {
+            ElementState::InSync | ElementState::Recovering(_) => {
+                return self.fail_element(now, element, format!("connection lost: {reason}"), false)
+            }
+            // A reason given when the element was failed on purpose stays: it says more.
+            ElementState::Failed(old) if old != "handshake in progress" && was_session => {}
+            ElementState::Failed(_) if was_session => {
+                e.state = ElementState::Failed(format!("connection lost: {reason}"))
+            }
+            ElementState::Failed(_) => e.state = ElementState::Failed(format!("cannot connect: {reason}")),
+        }
+        self.abandon_requests_to(now, element);
+    }
+
+    pub fn handle_element_message(&mut self, now: Time, element: ElementId, message: ElementMessage) {
+        let e = &mut self.elements[element.0 as usize];
+        if !e.session {
+            return; // A late message of a closed session.
+        }
+        e.last_heard = now;
+        match message {
+            ElementMessage::Welcome { epoch, volumes } => self.on_welcome(now, element, epoch, volumes),
+            ElementMessage::Refused { reason } => {
+                self.fail_element(now, element, format!("refused the session: {reason}"), true)
+            }
+            ElementMessage::Applied { volume, sequence } => self.on_applied(now, element, volume, sequence),
+            ElementMessage::ReadReply { request_id, applied_sequence, result } => {
+                self.on_read_reply(now, element, request_id, applied_sequence, ReadResult::Data(result))
+            }
+            ElementMessage::BlockStatusReply { request_id, applied_sequence, result } => self
+                .on_read_reply(now, element, request_id, applied_sequence, ReadResult::Extents(result)),
+            ElementMessage::Pong { nonce } => {
+                let sample = now.0.saturating_sub(nonce);
+                let e = &mut self.elements[element.0 as usize];
+                e.rtt_us = Some(match e.rtt_us {
+                    None => sample,
+                    Some(old) => (old * 7 + sample) / 8,
+                });
+            }
+            ElementMessage::LogRecords { request_id, result } => {
+                self.on_log_records(now, element, request_id, result)
+            }
+            ElementMessage::Fault { reason } => {
+                self.fail_element(now, element, format!("fault: {reason}"), true)
+            }
+        }
+    }
+
+    fn on_welcome(&mut self, now: Time, element: ElementId, epoch: Epoch, volumes: Vec<VolumeState>) {
+        let e = &mut self.elements[element.0 as usize];
+        if e.welcomed {
+            return self.fail_element(now, element, "protocol: second welcome".into(), true);
+        }
+        if volumes.len() != self.volumes.len() {
+            return self.fail_element(now, element, "protocol: welcome volume count".into(), true);
+        }
+        if epoch > self.config.epoch {
+            return self.fail_element(
+                now,
+                element,
+                format!(
+                    "fenced: the element has seen epoch {epoch}, newer than ours ({}); another host element owns it",
+                    self.config.epoch
+                ),
+                true,
+            );
+        }
+        e.welcomed = true;
+        e.next_ping = now;
+        e.welcome = Some(volumes);
+        if self.ready {
+            self.admit_element(now, element);
+        } else {
+            self.maybe_become_ready(now);
+        }
+    }
+
+    /// Decide how a welcomed element joins: in sync, quick recovery, or failed.
+    fn admit_element(&mut self, now: Time, element: ElementId) {
+        let welcome = self.elements[element.0 as usize].welcome.take().expect("welcomed");
+        let mut behind = 0u64;
+        for (i, state) in welcome.iter().enumerate() {
+            let v = &self.volumes[i];
+            let applied = state.applied_sequence;
+            let last = v.queue.last_sequence();
+            let name = &v.spec.name;
+            if applied > last {
+                return self.fail_element(now, element, format!(
+                    "volume {name}: holds sequence {applied}, beyond the newest this host element knows ({last}); needs full recovery"
+                ), true);
+            }
+            if !v.queue.covers_after(applied) {
+                return self.fail_element(now, element, format!(
+                    "volume {name}: missed writes {}..={last}, no longer in the write queue (it starts after {}); needs replay or full recovery",
+                    applied.next(), v.queue.evicted_through()
+                ), true);
+            }
+            if let Some(entry) = v.queue.get(applied) {
+                if entry.record.epoch != state.applied_epoch {
+                    return self.fail_element(now, element, format!(
+                        "volume {name}: its sequence {applied} comes from epoch {}, ours from epoch {}: diverged history; needs full recovery",
+                        state.applied_epoch, entry.record.epoch
+                    ), true);
+                }
+            }
+            behind += last.0 - applied.0;
+        }
+        let e = &mut self.elements[element.0 as usize];
+        for (i, state) in welcome.iter().enumerate() {
+            e.applied[i] = state.applied_sequence;
+            e.sent_through[i] = state.applied_sequence;
+        }
+        for (i, state) in welcome.iter().enumerate() {
+            let through = state.applied_sequence;
+            let queue = &mut self.volumes[i].queue;
+            let after = queue.evicted_through();
+            for entry in queue.range_mut(after, through) {
+                entry.acked_by.insert(element);
+            }
+        }
+        let e = &mut self.elements[element.0 as usize];
+        if behind == 0 {
+            e.state = ElementState::InSync;
+            self.emit(Action::Event(Event::ElementInSync { element }));
+            self.after_membership_change(now);
+        } else {
+            e.state = ElementState::Recovering(RecoveryKind::Quick);
+            e.recovery = Some(Recovery {
+                kind: RecoveryKind::Quick,
+                started: now,
+                records_total: behind,
+                start: welcome.iter().map(|s| s.applied_sequence).collect(),
+            });
+            self.emit(Action::Event(Event::RecoveryStarted {
+                element,
+                kind: RecoveryKind::Quick,
+                records: behind,
+            }));
+            for i in 0..self.volumes.len() {
+                self.pump(element, VolumeId(i as u32));
+            }
+        }
+    }
+
+    /// Send an element every queued record it has not been sent in this session.
+    fn pump(&mut self, element: ElementId, volume: VolumeId) {
+        let e = &self.elements[element.0 as usize];
+        let v = &self.volumes[volume.0 as usize];
+        let from = e.sent_through[volume.0 as usize];
+        let last = v.queue.last_sequence();
+        let mut to = ElementSet::default();
+        to.insert(element);
+        let messages: Vec<Action> = v
+            .queue
+            .range(from, last)
+            .map(|entry| Action::Send { to, message: HostMessage::Apply(entry.record.clone()) })
+            .collect();
+        self.actions.extend(messages);
+        self.elements[element.0 as usize].sent_through[volume.0 as usize] = last;
+    }
+
+    fn fail_element(&mut self, now: Time, element: ElementId, reason: String, disconnect: bool) {
+        let e = &mut self.elements[element.0 as usize];
+        let was_live = e.live();
+        e.state = ElementState::Failed(reason.clone());
+        e.recovery = None;
+        if disconnect && e.session {
+            self.emit(Action::Disconnect { element });
+        }
+        self.emit(Action::Event(Event::ElementFailed { element, reason }));
+        self.abandon_requests_to(now, element);
+        if was_live {
+            self.after_membership_change(now);
+        }
+    }
+
+    /// Reads waiting on an element go elsewhere; a start-up fetch from it ends empty-handed.
+    fn abandon_requests_to(&mut self, now: Time, element: ElementId) {
+        let stranded: Vec<u64> =
+            self.reads.iter().filter(|(_, r)| r.element == element).map(|(id, _)| *id).collect();
+        for id in stranded {
+            let read = self.reads.remove(&id).expect("listed above");
+            self.dispatch_read(now, read);
+        }
+        let fetches: Vec<u64> =
+            self.fetches.iter().filter(|(_, f)| f.element == element).map(|(id, _)| *id).collect();
+        for id in fetches {
+            let fetch = self.fetches.remove(&id).expect("listed above");
+            self.finish_fetch(now, fetch, Vec::new());
+        }
+    }
+
+    fn on_applied(&mut self, now: Time, element: ElementId, volume: VolumeId, sequence: Sequence) {
+        let vi = volume.0 as usize;
+        let e = &self.elements[element.0 as usize];
+        if vi >= self.volumes.len() || sequence > e.sent_through[vi] {
+            return self.fail_element(now, element, format!(
+                "protocol: acknowledged sequence {sequence} of volume {volume} that was never sent"
+            ), true);
+        }
+        if !e.live() {
+            return;
+        }
+        let old = e.applied[vi];
+        if sequence <= old {
+            return;
+        }
+        self.elements[element.0 as usize].applied[vi] = sequence;
+        for entry in self.volumes[vi].queue.range_mut(old, sequence) {
+            entry.acked_by.insert(element);
+        }
+        let e = &self.elements[element.0 as usize];
+        if let ElementState::Recovering(kind) = e.state {
+            let caught_up = self
+                .volumes
+                .iter()
+                .enumerate()
+                .all(|(i, v)| e.applied[i] >= v.queue.last_sequence());
+            if caught_up {
+                let recovery = e.recovery.as_ref().expect("recovering has a recovery");
+                let last = LastRecovery {
+                    kind,
+                    records: recovery.records_total,
+                    micros: now.micros_since(recovery.started),
+                };
+                let e = &mut self.elements[element.0 as usize];
+                e.last_recovery = Some(last);
+                e.recovery = None;
+                e.state = ElementState::InSync;
+                self.emit(Action::Event(Event::ElementInSync { element }));
+                return self.after_membership_change(now);
+            }
+        }
+        self.settle_volume(now, volume);
+    }
+
+    /// Re-evaluate every volume after the set of in-sync elements changed.
+    fn after_membership_change(&mut self, now: Time) {
+        if !self.ready {
+            return;
+        }
+        let in_sync = self.in_sync_count();
+        for i in 0..self.volumes.len() {
+            let volume = VolumeId(i as u32);
+            let mode = if in_sync >= self.config.quorum { VolumeMode::ReadWrite } else { VolumeMode::ReadOnly };
+            if self.volumes[i].mode != mode {
+                self.volumes[i].mode = mode;
+                self.emit(Action::Event(Event::VolumeMode { volume, mode, in_sync }));
+            }
+            self.settle_volume(now, volume);
+        }
+    }
+
+    /// Answer what can be answered, fail what must fail, evict and admit.
+    fn settle_volume(&mut self, now: Time, volume: VolumeId) {
+        let vi = volume.0 as usize;
+        let quorum = self.config.quorum;
+        let in_sync: ElementSet = {
+            let mut s = ElementSet::default();
+            for (i, e) in self.elements.iter().enumerate() {
+                if e.state == ElementState::InSync {
+                    s.insert(ElementId(i as u8));
+                }
+            }
+            s
+        };
+        let mut replies = Vec::new();
+        let v = &mut self.volumes[vi];
+        let last = v.queue.last_sequence();
+        while v.host_resolved < last {
+            let sequence = v.host_resolved.next();
+            let Some(entry) = v.queue.get_mut(sequence) else {
+                v.host_resolved = sequence;
+                continue;
+            };
+            let held = ElementSet(entry.acked_by.0 & in_sync.0).len();
+            let outcome = if held >= quorum {
+                Ok(())
+            } else if v.mode == VolumeMode::ReadOnly {
+                Err(HostError::QuorumLost)
+            } else {
+                break;
+            };
+            if outcome.is_ok() {
+                v.host_acked = sequence;
+            }
+            if let HostReply::Waiting(token) = entry.host_reply {
+                replies.push((token, Reply::Done(outcome)));
+            }
+            entry.host_reply = HostReply::Done;
+            v.host_resolved = sequence;
+        }
+        while let Some(&(sequence, token)) = v.flushes.front() {
+            if sequence > v.host_resolved {
+                break;
+            }
+            v.flushes.pop_front();
+            replies.push((token, Reply::Done(Ok(()))));
+        }
+        for (token, reply) in replies {
+            self.reply(token, reply);
+        }
+        self.admit_writes(now, volume);
+    }
+
+    fn evictable(&self, entry: &Entry) -> bool {
+        entry.host_reply == HostReply::Done
+            && self
+                .elements
+                .iter()
+                .enumerate()
+                .all(|(i, e)| !e.live() || entry.acked_by.contains(ElementId(i as u8)))
+    }
+
+    fn admit_writes(&mut self, now: Time, volume: VolumeId) {
+        let vi = volume.0 as usize;
+        loop {
+            let v = &self.volumes[vi];
+            let Some(pending) = v.admission.front() else {
+                self.volumes[vi].blocked_since = None;
+                return;
+            };
+            if v.mode == VolumeMode::ReadOnly {
+                let pending = self.volumes[vi].admission.pop_front().expect("front exists");
+                self.reply(pending.token, Reply::Done(Err(HostError::ReadOnly)));
+                continue;
+            }
+            let cost = pending.op.payload_bytes() + limits::WRITE_QUEUE_ENTRY_OVERHEAD_BYTES;
+            while !self.volumes[vi].queue.fits(cost) {
+                match self.volumes[vi].queue.front() {
+                    Some(front) if self.evictable(front) => {
+                        self.volumes[vi].queue.pop_front();
+                    }
+                    _ => break,
+                }
+            }
+            if !self.volumes[vi].queue.fits(cost) {
+                if self.volumes[vi].blocked_since.is_none() {
+                    self.volumes[vi].blocked_since = Some(now);
+                    self.emit(Action::Event(Event::Throttled { volume }));
+                }
+                return;
+            }
+            let pending = self.volumes[vi].admission.pop_front().expect("front exists");
+            self.accept_write(volume, pending);
+        }
+    }
+
+    fn accept_write(&mut self, volume: VolumeId, pending: PendingWrite) {
+        let vi = volume.0 as usize;
+        let v = &mut self.volumes[vi];
+        let sequence = v.queue.last_sequence().next();
+        let record = Record { volume, epoch: self.config.epoch, sequence, op: pending.op };
+        self.cache.apply(volume, &record.op);
+        let mut to = ElementSet::default();
+        for (i, e) in self.elements.iter_mut().enumerate() {
+            if e.live() && e.welcomed && e.sent_through[vi].next() == sequence {
+                e.sent_through[vi] = sequence;
+                to.insert(ElementId(i as u8));
+            }
+        }
+        v.queue.push(Entry {
+            record: record.clone(),
+            acked_by: ElementSet::default(),
+            host_reply: HostReply::Waiting(pending.token),
+        });
+        if !to.is_empty() {
+            self.emit(Action::Send { to, message: HostMessage::Apply(record) });
+        }
+    }
+
+    // ----- host requests --------------------------------------------------------------------
+
+    fn check_range(&self, volume: VolumeId, offset_bytes: u64, length_bytes: u64) {
+        let size = self.volumes[volume.0 as usize].spec.size_bytes;
+        assert!(
+            offset_bytes.checked_add(length_bytes).is_some_and(|end| end <= size),
+            "request past the end of the volume: the NBD layer checks ranges"
+        );
+    }
+
+    /// A write-like operation (write, trim, write-zeroes). FUA needs nothing extra: every
+    /// acknowledgement is already durable on Q elements.
+    pub fn handle_host_write(&mut self, now: Time, token: Token, volume: VolumeId, op: Op) {
+        self.check_range(volume, op.offset_bytes(), op.length_bytes());
+        assert!(op.payload_bytes() <= proto::PAYLOAD_BYTES_MAX as u64, "NBD layer bounds writes");
+        if !self.ready {
+            return self.deferred.push(Deferred::Write { token, volume, op });
+        }
+        let v = &mut self.volumes[volume.0 as usize];
+        if v.mode == VolumeMode::ReadOnly {
+            return self.reply(token, Reply::Done(Err(HostError::ReadOnly)));
+        }
+        v.admission.push_back(PendingWrite { token, op });
+        self.admit_writes(now, volume);
+    }
+
+    /// FLUSH: answered once every write accepted before it has been answered.
+    pub fn handle_host_flush(&mut self, now: Time, token: Token, volume: VolumeId) {
+        if !self.ready {
+            return self.deferred.push(Deferred::Flush { token, volume });
+        }
+        let v = &mut self.volumes[volume.0 as usize];
+        // Writes still waiting for room are accepted later; a flush covers them too.
+        let through = Sequence(v.queue.last_sequence().0 + v.admission.len() as u64);
+        if through <= v.host_resolved {
+            return self.reply(token, Reply::Done(Ok(())));
+        }
+        v.flushes.push_back((through, token));
+        self.settle_volume(now, volume);
+    }
+
+    pub fn handle_host_read(&mut self, now: Time, token: Token, volume: VolumeId, offset_bytes: u64, length_bytes: u32) {
+        self.check_range(volume, offset_bytes, length_bytes as u64);
+        if !self.ready {
+            return self.deferred.push(Deferred::Read { token, volume, offset_bytes, length_bytes });
+        }
+        if length_bytes == 0 {
+            return self.reply(token, Reply::Read(Ok(Bytes::new())));
+        }
+        if let Some(data) = self.cache.get(volume, offset_bytes, length_bytes as u64) {
+            return self.reply(token, Reply::Read(Ok(data)));
+        }
+        let read = PendingRead {
+            token,
+            volume,
+            offset_bytes,
+            kind: ReadKind::Data { length_bytes },
+            element: ElementId(0),
+            attempts: 0,
+        };
+        self.dispatch_read(now, read);
+    }
+
+    pub fn handle_host_block_status(&mut self, now: Time, token: Token, volume: VolumeId, offset_bytes: u64, length_bytes: u64) {
+        self.check_range(volume, offset_bytes, length_bytes);
+        if !self.ready {
+            return self.deferred.push(Deferred::BlockStatus { token, volume, offset_bytes, length_bytes });
+        }
+        let read = PendingRead {
+            token,
+            volume,
+            offset_bytes,
+            kind: ReadKind::BlockStatus { length_bytes },
+            element: ElementId(0),
+            attempts: 0,
+        };
+        self.dispatch_read(now, read);
+    }
+
+    /// The closest in-sync element: lowest measured round-trip time, then configuration order.
+    fn closest_in_sync(&self) -> Option<ElementId> {
+        self.elements
+            .iter()
+            .enumerate()
+            .filter(|(_, e)| e.state == ElementState::InSync && e.session)
+            .min_by_key(|(i, e)| (e.rtt_us.unwrap_or(u64::MAX), *i))
+            .map(|(i, _)| ElementId(i as u8))
+    }
+
+    fn dispatch_read(&mut self, _now: Time, mut read: PendingRead) {
+        read.attempts += 1;
+        let element = match self.closest_in_sync() {
+            Some(e) if read.attempts <= READ_ATTEMPTS_MAX => e,
+            _ => {
+                let reply = match read.kind {
+                    ReadKind::Data { .. } => Reply::Read(Err(HostError::Unavailable)),
+                    ReadKind::BlockStatus { .. } => Reply::BlockStatus(Err(HostError::Unavailable)),
+                };
+                return self.reply(read.token, reply);
+            }
+        };
+        read.element = element;
+        let request_id = self.next_request_id;
+        self.next_request_id += 1;
+        let message = match read.kind {
+            ReadKind::Data { length_bytes } => HostMessage::Read {
+                request_id,
+                volume: read.volume,
+                offset_bytes: read.offset_bytes,
+                length_bytes,
+            },
+            ReadKind::BlockStatus { length_bytes } => HostMessage::BlockStatus {
+                request_id,
+                volume: read.volume,
+                offset_bytes: read.offset_bytes,
+                length_bytes,
+            },
+        };
+        self.reads.insert(request_id, read);
+        let mut to = ElementSet::default();
+        to.insert(element);
+        self.emit(Action::Send { to, message });
+    }
+
+    fn on_read_reply(&mut self, now: Time, element: ElementId, request_id: u64, applied: Sequence, result: ReadResult) {
+        let Some(read) = self.reads.remove(&request_id) else {
+            return; // Re-dispatched after this element failed.
+        };
+        if read.element != element {
+            self.reads.insert(request_id, read);
+            return self.fail_element(now, element, "protocol: reply to another element's read".into(), true);
+        }
+        let vi = read.volume.0 as usize;
+        let queue = &self.volumes[vi].queue;
+        if applied > queue.last_sequence() {
+            self.reads.insert(request_id, read);
+            return self.fail_element(now, element, format!("protocol: read reply claims sequence {applied}, beyond the newest"), true);
+        }
+        match (read.kind, result) {
+            (_, ReadResult::Data(Err(reason)) | ReadResult::Extents(Err(reason))) => {
+                self.reads.insert(request_id, read);
+                self.fail_element(now, element, format!("read failed: {reason}"), true);
+            }
+            (ReadKind::Data { length_bytes }, ReadResult::Data(Ok(data))) => {
+                if data.len() != length_bytes as usize {
+                    self.reads.insert(request_id, read);
+                    return self.fail_element(now, element, "protocol: short read reply".into(), true);
+                }
+                if applied < queue.evicted_through() {
+                    // Writes between what it applied and what we still hold are gone from the
+                    // queue: this copy may be stale. Ask again (the element has caught up since).
+                    return self.dispatch_read(now, read);
+                }
+                let data = if queue.touches(applied, read.offset_bytes, data.len() as u64) {
+                    let mut buf = data.to_vec();
+                    queue.overlay(applied, read.offset_bytes, &mut buf);
+                    Bytes::from(buf)
+                } else {
+                    data
+                };
+                self.cache.fill(read.volume, read.offset_bytes, &data);
+                self.reply(read.token, Reply::Read(Ok(data)));
+            }
+            (ReadKind::BlockStatus { length_bytes }, ReadResult::Extents(Ok(extents))) => {
+                if applied < queue.evicted_through() {
+                    return self.dispatch_read(now, read);
+                }
+                let extents = overlay_extents(queue, applied, read.offset_bytes, length_bytes, extents);
+                self.reply(read.token, Reply::BlockStatus(Ok(extents)));
+            }
+            _ => {
+                self.reads.insert(request_id, read);
+                self.fail_element(now, element, "protocol: reply kind does not match the request".into(), true);
+            }
+        }
+    }
+
+    // ----- start-up ---------------------------------------------------------------------------
+
+    fn maybe_become_ready(&mut self, now: Time) {
+        if self.ready || !self.fetches.is_empty() {
+            return;
+        }
+        let welcomed: Vec<usize> = (0..self.elements.len())
+            .filter(|&i| self.elements[i].welcome.is_some())
+            .collect();
+        let grace_over = now >= self.started.plus_ms(self.config.startup_grace_ms);
+        let enough = welcomed.len() == self.elements.len()
+            || (grace_over && welcomed.len() >= self.config.quorum);
+        if !enough {
+            return;
+        }
+        // Per volume, the most advanced element defines where the sequence continues. Those
+        // behind it are brought level through the write queue, with the records fetched from
+        // that element's replay log (roll forward).
+        let mut fetches = Vec::new();
+        for vi in 0..self.volumes.len() {
+            let states: Vec<(usize, VolumeState)> = welcomed
+                .iter()
+                .map(|&i| (i, self.elements[i].welcome.as_ref().expect("welcomed")[vi].clone()))
+                .collect();
+            let (source, top) = states
+                .iter()
+                .max_by_key(|(i, s)| (s.applied_sequence, std::cmp::Reverse(*i)))
+                .map(|(i, s)| (*i, s.applied_sequence))
+                .expect("at least one welcomed element");
+            let low = states.iter().map(|(_, s)| s.applied_sequence).min().expect("non-empty");
+            let v = &mut self.volumes[vi];
+            if low < top {
+                v.queue = WriteQueue::new(self.config.write_queue_bytes, low);
+                fetches.push(Fetch { volume: VolumeId(vi as u32), element: ElementId(source as u8), after: low, through: top });
+            } else {
+                v.queue = WriteQueue::new(self.config.write_queue_bytes, top);
+            }
+            v.host_resolved = v.queue.last_sequence();
+            v.host_acked = v.queue.last_sequence();
+        }
+        if fetches.is_empty() {
+            return self.become_ready(now);
+        }
+        for fetch in fetches {
+            let request_id = self.next_request_id;
+            self.next_request_id += 1;
+            let mut to = ElementSet::default();
+            to.insert(fetch.element);
+            let message = HostMessage::FetchLog {
+                request_id,
+                volume: fetch.volume,
+                after: fetch.after,
+                max_bytes: self.config.write_queue_bytes / 2,
+            };
+            self.fetches.insert(request_id, fetch);
+            self.emit(Action::Send { to, message });
+        }
+    }
+
+    fn on_log_records(&mut self, now: Time, element: ElementId, request_id: u64, result: Result<Vec<Record>, String>) {
+        let Some(fetch) = self.fetches.remove(&request_id) else { return };
+        if fetch.element != element {
+            self.fetches.insert(request_id, fetch);
+            return self.fail_element(now, element, "protocol: log records for another element's request".into(), true);
+        }
+        let records = match result {
+            Ok(records) => records,
+            Err(reason) => {
+                self.emit(Action::Event(Event::ElementFailed {
+                    element,
+                    reason: format!("could not read its replay log: {reason}"),
+                }));
+                Vec::new()
+            }
+        };
+        self.finish_fetch(now, fetch, records);
+    }
+
+    /// Put fetched records into the write queue; what could not be fetched leaves the queue
+    /// starting at the source's position, so elements behind it fail admission with a reason.
+    fn finish_fetch(&mut self, now: Time, fetch: Fetch, records: Vec<Record>) {
+        let vi = fetch.volume.0 as usize;
+        let mut expected = fetch.after.next();
+        let mut valid = Vec::new();
+        for record in records {
+            if record.sequence != expected || record.volume != fetch.volume || expected > fetch.through {
+                break;
+            }
+            expected = expected.next();
+            valid.push(record);
+        }
+        let complete = expected > fetch.through;
+        let cost: u64 = valid.iter().map(|r| r.op.payload_bytes() + limits::WRITE_QUEUE_ENTRY_OVERHEAD_BYTES).sum();
+        let v = &mut self.volumes[vi];
+        if complete && cost <= self.config.write_queue_bytes {
+            for record in valid {
+                let mut acked_by = ElementSet::default();
+                for (i, e) in self.elements.iter().enumerate() {
+                    if e.welcome.as_ref().is_some_and(|w| w[vi].applied_sequence >= record.sequence) {
+                        acked_by.insert(ElementId(i as u8));
+                    }
+                }
+                self.cache.apply(fetch.volume, &record.op);
+                v.queue.push(Entry { record, acked_by, host_reply: HostReply::Done });
+            }
+        } else {
+            v.queue = WriteQueue::new(self.config.write_queue_bytes, fetch.through);
+        }
+        // Rolled-forward records are owed to no host request.
+        v.host_resolved = v.queue.last_sequence();
+        v.host_acked = v.queue.last_sequence();
+        if self.fetches.is_empty() {
+            self.become_ready(now);
+        }
+    }
+
+    fn become_ready(&mut self, now: Time) {
+        self.ready = true;
+        for (i, v) in self.volumes.iter().enumerate() {
+            let last = v.queue.last_sequence();
+            self.actions.push_back(Action::Event(Event::Ready { volume: VolumeId(i as u32), last }));
+        }
+        for i in 0..self.elements.len() {
+            if self.elements[i].welcome.is_some() {
+                self.admit_element(now, ElementId(i as u8));
+            }
+        }
+        self.after_membership_change(now);
+        for request in std::mem::take(&mut self.deferred) {
+            match request {
+                Deferred::Read { token, volume, offset_bytes, length_bytes } => {
+                    self.handle_host_read(now, token, volume, offset_bytes, length_bytes)
+                }
+                Deferred::Write { token, volume, op } => self.handle_host_write(now, token, volume, op),
+                Deferred::Flush { token, volume } => self.handle_host_flush(now, token, volume),
+                Deferred::BlockStatus { token, volume, offset_bytes, length_bytes } => {
+                    self.handle_host_block_status(now, token, volume, offset_bytes, length_bytes)
+                }
+            }
+        }
+    }
+
+    // ----- time -------------------------------------------------------------------------------
+
+    pub fn handle_timeout(&mut self, now: Time) {
+        if !self.ready {
+            self.maybe_become_ready(now);
+        }
+        for i in 0..self.elements.len() {
+            let element = ElementId(i as u8);
+            let e = &mut self.elements[i];
+            if !e.welcomed {
+                continue;
+            }
+            if now >= e.last_heard.plus_ms(self.config.heartbeat_timeout_ms) {
+                let silent_ms = now.micros_since(e.last_heard) / 1000;
+                self.fail_element(now, element, format!("no heartbeat for {silent_ms} ms"), true);
+                continue;
+            }
+            if now >= e.next_ping {
+                e.next_ping = now.plus_ms(self.config.heartbeat_interval_ms);
+                let mut to = ElementSet::default();
+                to.insert(element);
+                self.emit(Action::Send { to, message: HostMessage::Ping { nonce: now.0 } });
+            }
+        }
+        for vi in 0..self.volumes.len() {
+            let volume = VolumeId(vi as u32);
+            let Some(since) = self.volumes[vi].blocked_since else { continue };
+            if now < since.plus_ms(self.config.throttle_timeout_ms) {
+                continue;
+            }
+            // The queue stayed full: whoever holds its oldest entry is too slow to keep.
+            let front = self.volumes[vi].queue.front().expect("a blocked queue is not empty");
+            let sequence = front.record.sequence;
+            let laggards: Vec<ElementId> = (0..self.elements.len())
+                .map(|i| ElementId(i as u8))
+                .filter(|&e| self.elements[e.0 as usize].live() && !front.acked_by.contains(e))
+                .collect();
+            let name = self.volumes[vi].spec.name.clone();
+            for element in laggards {
+                let behind = self.volumes[vi].queue.last_sequence().0
+                    - self.elements[element.0 as usize].applied[vi].0;
+                self.fail_element(now, element, format!(
+                    "too slow: volume {name} write queue full for {} ms waiting for it to acknowledge sequence {sequence} ({behind} writes behind)",
+                    self.config.throttle_timeout_ms
+                ), true);
+            }
+            self.volumes[vi].blocked_since = None;
+            self.settle_volume(now, volume);
+        }
+    }
+
+    // ----- status -----------------------------------------------------------------------------
+
+    pub fn status(&self, now: Time) -> HostStatus {
+        let volumes = self
+            .volumes
+            .iter()
+            .map(|v| VolumeStatus {
+                name: v.spec.name.clone(),
+                size_bytes: v.spec.size_bytes,
+                mode: if self.ready { v.mode } else { VolumeMode::ReadOnly },
+                acked_sequence: v.host_acked,
+                last_sequence: v.queue.last_sequence(),
+                write_queue_used_bytes: v.queue.used_bytes(),
+                write_queue_capacity_bytes: v.queue.capacity_bytes(),
+                write_queue_oldest: v.queue.first_sequence(),
+                writes_waiting: v.admission.len(),
+            })
+            .collect();
+        let elements = self
+            .elements
+            .iter()
+            .map(|e| {
+                let (state, reason) = match &e.state {
+                    ElementState::InSync => ("in-sync", None),
+                    ElementState::Recovering(_) => ("recovering", None),
+                    ElementState::Failed(reason) => ("failed", Some(reason.clone())),
+                };
+                let lag = self
+                    .volumes
+                    .iter()
+                    .enumerate()
+                    .map(|(i, v)| v.queue.last_sequence().0.saturating_sub(e.applied[i].0))
+                    .sum();
+                let recovery = e.recovery.as_ref().map(|r| RecoveryStatus {
+                    kind: r.kind,
+                    done_records: r
+                        .start
+                        .iter()
+                        .zip(&e.applied)
+                        .map(|(s, a)| a.0.saturating_sub(s.0))
+                        .sum::<u64>()
+                        .min(r.records_total),
+                    total_records: r.records_total,
+                    elapsed_us: now.micros_since(r.started),
+                });
+                let last_recovery = e.last_recovery.as_ref().map(|r| LastRecoveryStatus {
+                    kind: r.kind,
+                    records: r.records,
+                    seconds: r.micros as f64 / 1e6,
+                });
+                ElementStatus {
+                    name: e.name.clone(),
+                    state,
+                    reason,
+                    applied_sequence: e.applied.clone(),
+                    lag,
+                    rtt_us: e.rtt_us,
+                    recovery,
+                    last_recovery,
+                }
+            })
+            .collect();
+        HostStatus {
+            epoch: self.config.epoch,
+            quorum: self.config.quorum,
+            ready: self.ready,
+            volumes,
+            elements,
+            read_cache_used_bytes: self.cache.used_bytes(),
+            read_cache_hits: self.cache.hits,
+            read_cache_misses: self.cache.misses,
+        }
+    }
+
+    /// Invariants that hold after every input (checked by tests and the simulator).
+    pub fn assert_invariants(&self) {
+        self.cache.assert_invariants();
+        let in_sync = self.in_sync_count();
+        for (vi, v) in self.volumes.iter().enumerate() {
+            v.queue.assert_invariants();
+            assert!(v.host_acked <= v.host_resolved);
+            assert!(v.host_resolved <= v.queue.last_sequence());
+            if self.ready {
+                let expect = if in_sync >= self.config.quorum { VolumeMode::ReadWrite } else { VolumeMode::ReadOnly };
+                assert_eq!(v.mode, expect, "volume mode follows the in-sync count");
+            }
+            for entry in v.queue.range(v.queue.evicted_through(), v.host_resolved) {
+                assert_eq!(entry.host_reply, HostReply::Done);
+            }
+            for (i, e) in self.elements.iter().enumerate() {
+                assert!(e.applied[vi] <= e.sent_through[vi] || !e.welcomed);
+                if e.state == ElementState::InSync {
+                    assert!(e.session, "an in-sync element has a session");
+                    // Everything the queue holds up to its acknowledgement carries its mark.
+                    for entry in v.queue.range(v.queue.evicted_through(), e.applied[vi]) {
+                        assert!(entry.acked_by.contains(ElementId(i as u8)));
+                    }
+                }
+            }
+        }
+    }
+}
+
+enum ReadResult {
+    Data(Result<Bytes, String>),
+    Extents(Result<Vec<BlockExtent>, String>),
+}
+
+/// Mark ranges touched by queued operations newer than `applied` as allocated (a safe answer:
+/// block status may always report data where there are zeroes), clip to the request, and merge.
+fn overlay_extents(queue: &WriteQueue, applied: Sequence, offset_bytes: u64, length_bytes: u64, extents: Vec<BlockExtent>) -> Vec<BlockExtent> {
+    let end_bytes = offset_bytes + length_bytes;
+    let mut touched: Vec<(u64, u64)> = queue
+        .range(applied, queue.last_sequence())
+        .filter(|e| matches!(e.record.op, Op::Write { .. }))
+        .map(|e| (e.record.op.offset_bytes(), e.record.op.offset_bytes() + e.record.op.length_bytes()))
+        .filter(|&(s, t)| s < end_bytes && t > offset_bytes)
+        .collect();
+    touched.sort_unstable();
+    let mut out: Vec<BlockExtent> = Vec::new();
+    let mut push = |length_bytes: u64, allocated: bool| {
+        if length_bytes == 0 {
+            return;
+        }
+        match out.last_mut() {
+            Some(last) if last.allocated == allocated => last.length_bytes += length_bytes,
+            _ => out.push(BlockExtent { length_bytes, allocated }),
+        }
+    };
+    let mut at = offset_bytes;
+    for extent in extents {
+        if at >= end_bytes {
+            break;
+        }
+        let extent_end = (at + extent.length_bytes).min(end_bytes);
+        if extent.allocated {
+            push(extent_end - at, true);
+        } else {
+            // Split the hole around queued writes.
+            let mut cursor = at;
+            for &(s, t) in &touched {
+                let (s, t) = (s.max(cursor), t.min(extent_end));
+                if s >= t {
+                    continue;
+                }
+                push(s - cursor, false);
+                push(t - s, true);
+                cursor = t;
+            }
+            push(extent_end - cursor, false);
+        }
+        at = extent_end;
+    }
+    if at < end_bytes {
+        // The element described less than asked: report the rest as data (always safe).
+        push(end_bytes - at, true);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests;

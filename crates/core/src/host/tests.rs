@@ -1,0 +1,467 @@
+//! Tests of the host core against scripted in-memory elements.
+
+use super::*;
+
+const VOLUME: VolumeId = VolumeId(0);
+const SIZE: u64 = 32 << 20;
+
+/// An in-memory element that answers the host core's messages.
+struct FakeElement {
+    data: Vec<u8>,
+    applied: Sequence,
+    applied_epoch: Epoch,
+    log: Vec<Record>,
+    /// Apply and acknowledge immediately; otherwise records wait in `held`.
+    responsive: bool,
+    held: Vec<Record>,
+    connected: bool,
+}
+
+impl FakeElement {
+    fn new() -> Self {
+        FakeElement {
+            data: vec![0; SIZE as usize],
+            applied: Sequence::ZERO,
+            applied_epoch: Epoch(0),
+            log: Vec::new(),
+            responsive: true,
+            held: Vec::new(),
+            connected: false,
+        }
+    }
+
+    fn apply(&mut self, record: &Record) {
+        assert_eq!(record.sequence, self.applied.next(), "elements apply strictly in order");
+        let start = record.op.offset_bytes() as usize;
+        let end = start + record.op.length_bytes() as usize;
+        match &record.op {
+            Op::Write { data, .. } => self.data[start..end].copy_from_slice(data),
+            _ => self.data[start..end].fill(0),
+        }
+        self.applied = record.sequence;
+        self.applied_epoch = record.epoch;
+        self.log.push(record.clone());
+    }
+}
+
+struct Cluster {
+    core: HostCore,
+    now: Time,
+    elements: Vec<FakeElement>,
+    replies: HashMap<Token, Reply>,
+    events: Vec<Event>,
+    next_token: u64,
+}
+
+impl Cluster {
+    fn new(n: usize, quorum: usize) -> Cluster {
+        Cluster::with(n, quorum, |_| {})
+    }
+
+    fn with(n: usize, quorum: usize, tune: impl FnOnce(&mut HostConfig)) -> Cluster {
+        let mut config = HostConfig::new(
+            Epoch(5),
+            quorum,
+            (0..n).map(|i| format!("e{i}")).collect(),
+            vec![VolumeSpec { name: "vol0".into(), size_bytes: SIZE }],
+        );
+        config.read_cache_bytes = 0;
+        tune(&mut config);
+        let mut c = Cluster {
+            core: HostCore::new(config, Time(0)),
+            now: Time(0),
+            elements: (0..n).map(|_| FakeElement::new()).collect(),
+            replies: HashMap::new(),
+            events: Vec::new(),
+            next_token: 1,
+        };
+        for i in 0..n {
+            c.connect(i);
+        }
+        c
+    }
+
+    fn connect(&mut self, i: usize) {
+        self.elements[i].connected = true;
+        self.core.handle_element_connected(self.now, ElementId(i as u8));
+        self.run();
+    }
+
+    fn crash(&mut self, i: usize) {
+        self.elements[i].connected = false;
+        self.elements[i].held.clear();
+        self.core.handle_element_disconnected(self.now, ElementId(i as u8), "killed");
+        self.run();
+    }
+
+    /// Deliver every action until the core is quiet.
+    fn run(&mut self) {
+        while let Some(action) = self.core.poll_action() {
+            self.core.assert_invariants();
+            match action {
+                Action::Send { to, message } => {
+                    for e in to.iter() {
+                        self.deliver(e, message.clone());
+                    }
+                }
+                Action::Disconnect { element } => {
+                    self.elements[element.0 as usize].connected = false;
+                    self.core.handle_element_disconnected(self.now, element, "closed by host");
+                }
+                Action::Reply { token, reply } => {
+                    assert!(self.replies.insert(token, reply).is_none(), "one reply per request");
+                }
+                Action::Event(event) => self.events.push(event),
+            }
+        }
+        self.core.assert_invariants();
+    }
+
+    fn deliver(&mut self, element: ElementId, message: HostMessage) {
+        let fake = &mut self.elements[element.0 as usize];
+        if !fake.connected {
+            return;
+        }
+        let answer = match message {
+            HostMessage::Hello { .. } => Some(ElementMessage::Welcome {
+                epoch: Epoch(4),
+                volumes: vec![VolumeState {
+                    applied_sequence: fake.applied,
+                    applied_epoch: fake.applied_epoch,
+                }],
+            }),
+            HostMessage::Apply(record) => {
+                if fake.responsive {
+                    if record.sequence > fake.applied {
+                        fake.apply(&record);
+                    }
+                    Some(ElementMessage::Applied { volume: VOLUME, sequence: fake.applied })
+                } else {
+                    fake.held.push(record);
+                    None
+                }
+            }
+            HostMessage::Read { request_id, offset_bytes, length_bytes, .. } => {
+                let s = offset_bytes as usize;
+                Some(ElementMessage::ReadReply {
+                    request_id,
+                    applied_sequence: fake.applied,
+                    result: Ok(Bytes::copy_from_slice(&fake.data[s..s + length_bytes as usize])),
+                })
+            }
+            HostMessage::BlockStatus { request_id, length_bytes, .. } => Some(ElementMessage::BlockStatusReply {
+                request_id,
+                applied_sequence: fake.applied,
+                result: Ok(vec![BlockExtent { length_bytes, allocated: false }]),
+            }),
+            HostMessage::Ping { nonce } => Some(ElementMessage::Pong { nonce }),
+            HostMessage::FetchLog { request_id, after, .. } => Some(ElementMessage::LogRecords {
+                request_id,
+                result: Ok(fake.log.iter().filter(|r| r.sequence > after).cloned().collect()),
+            }),
+        };
+        if let Some(answer) = answer {
+            self.core.handle_element_message(self.now, element, answer);
+        }
+    }
+
+    /// Let a slow element apply what it holds.
+    fn release(&mut self, i: usize) {
+        let held = std::mem::take(&mut self.elements[i].held);
+        for record in held {
+            self.elements[i].apply(&record);
+        }
+        let sequence = self.elements[i].applied;
+        self.core.handle_element_message(self.now, ElementId(i as u8), ElementMessage::Applied { volume: VOLUME, sequence });
+        self.run();
+    }
+
+    fn token(&mut self) -> Token {
+        self.next_token += 1;
+        Token(self.next_token)
+    }
+
+    fn write(&mut self, offset_bytes: u64, fill: u8, len: usize) -> Token {
+        let token = self.token();
+        let op = Op::Write { offset_bytes, data: Bytes::from(vec![fill; len]) };
+        self.core.handle_host_write(self.now, token, VOLUME, op);
+        self.run();
+        token
+    }
+
+    fn read(&mut self, offset_bytes: u64, len: u32) -> Reply {
+        let token = self.token();
+        self.core.handle_host_read(self.now, token, VOLUME, offset_bytes, len);
+        self.run();
+        self.replies.remove(&token).expect("reads against responsive fakes answer at once")
+    }
+
+    fn advance_ms(&mut self, ms: u64) {
+        self.now = self.now.plus_ms(ms);
+        self.core.handle_timeout(self.now);
+        self.run();
+    }
+
+    fn states(&self) -> String {
+        self.core.status(self.now).elements.iter().map(|e| e.state).collect::<Vec<_>>().join(",")
+    }
+
+    fn mode(&self) -> VolumeMode {
+        self.core.status(self.now).volumes[0].mode
+    }
+}
+
+/// Quorum arithmetic as a table: N elements, Q, how many acknowledge → answered?
+#[test]
+fn quorum_table() {
+    fn check(n: usize, quorum: usize, responsive: usize, answered: bool) {
+        let mut c = Cluster::new(n, quorum);
+        for i in responsive..n {
+            c.elements[i].responsive = false;
+        }
+        let token = c.write(0, 1, 4096);
+        assert_eq!(c.replies.get(&token).is_some(), answered, "N={n} Q={quorum} acks={responsive}");
+        if answered {
+            assert_eq!(c.replies[&token], Reply::Done(Ok(())));
+        }
+    }
+    //    N  Q  acks  answered
+    check(3, 2, 3, true);
+    check(3, 2, 2, true);
+    check(3, 2, 1, false);
+    check(3, 1, 1, true);
+    check(3, 3, 2, false);
+    check(1, 1, 1, true);
+    check(5, 3, 2, false);
+    check(5, 3, 3, true);
+}
+
+#[test]
+fn one_element_down_writes_go_on_two_down_read_only_and_back() {
+    let mut c = Cluster::new(3, 2);
+    let t = c.write(0, 0xaa, 4096);
+    assert_eq!(c.replies[&t], Reply::Done(Ok(())));
+    c.crash(2);
+    assert_eq!(c.mode(), VolumeMode::ReadWrite);
+    let t = c.write(4096, 0xbb, 4096);
+    assert_eq!(c.replies[&t], Reply::Done(Ok(())));
+    c.crash(1);
+    assert_eq!(c.mode(), VolumeMode::ReadOnly);
+    let t = c.write(0, 0xcc, 512);
+    assert_eq!(c.replies[&t], Reply::Done(Err(HostError::ReadOnly)));
+    // Reads still served, and correct.
+    assert_eq!(c.read(0, 4096), Reply::Read(Ok(Bytes::from(vec![0xaa; 4096]))));
+    assert_eq!(c.read(4096, 512), Reply::Read(Ok(Bytes::from(vec![0xbb; 512]))));
+    // Element 1 missed nothing while read-only: it rejoins in sync; element 2 missed one write,
+    // still in the queue: quick recovery.
+    c.connect(1);
+    assert_eq!(c.mode(), VolumeMode::ReadWrite);
+    c.connect(2);
+    assert_eq!(c.states(), "in-sync,in-sync,in-sync");
+    assert!(c.events.iter().any(|e| matches!(e, Event::RecoveryStarted { kind: RecoveryKind::Quick, records: 1, .. })));
+    assert_eq!(c.elements[2].data[4096..8192], [0xbb; 4096]);
+    let status = c.core.status(c.now);
+    assert_eq!(status.elements[2].last_recovery.as_ref().map(|r| r.records), Some(1));
+}
+
+#[test]
+fn writes_in_flight_when_quorum_is_lost_fail() {
+    let mut c = Cluster::new(3, 2);
+    c.elements[1].responsive = false;
+    c.elements[2].responsive = false;
+    let t = c.write(0, 1, 4096);
+    assert!(!c.replies.contains_key(&t));
+    c.crash(2);
+    assert!(!c.replies.contains_key(&t), "still read-write: 0 and 1 are in sync");
+    c.crash(1);
+    assert_eq!(c.replies[&t], Reply::Done(Err(HostError::QuorumLost)));
+}
+
+#[test]
+fn full_queue_throttles_then_fails_the_laggard() {
+    let queue = limits::WRITE_QUEUE_BYTES_MIN;
+    let mut c = Cluster::with(3, 2, |cfg| cfg.write_queue_bytes = queue);
+    c.elements[2].responsive = false;
+    let big = proto::PAYLOAD_BYTES_MAX as usize / 2;
+    let t1 = c.write(0, 1, big);
+    assert_eq!(c.replies[&t1], Reply::Done(Ok(())), "Q=2 reached without the slow element");
+    let t2 = c.write(0, 2, big);
+    assert!(!c.replies.contains_key(&t2), "queue full: the first entry awaits element 2");
+    assert_eq!(c.core.status(c.now).volumes[0].writes_waiting, 1);
+    c.advance_ms(limits::THROTTLE_TIMEOUT_MS_DEFAULT / 2);
+    assert!(!c.replies.contains_key(&t2), "throttled, not yet failed");
+    c.advance_ms(limits::THROTTLE_TIMEOUT_MS_DEFAULT);
+    assert_eq!(c.replies[&t2], Reply::Done(Ok(())));
+    let status = c.core.status(c.now);
+    assert_eq!(status.elements[2].state, "failed");
+    assert!(status.elements[2].reason.as_deref().unwrap_or("").contains("too slow"));
+}
+
+#[test]
+fn a_slow_element_that_catches_up_in_time_is_kept() {
+    let mut c = Cluster::with(3, 2, |cfg| cfg.write_queue_bytes = limits::WRITE_QUEUE_BYTES_MIN);
+    c.elements[2].responsive = false;
+    let big = proto::PAYLOAD_BYTES_MAX as usize / 2;
+    c.write(0, 1, big);
+    let t2 = c.write(0, 2, big);
+    c.advance_ms(100);
+    c.elements[2].responsive = true;
+    c.release(2);
+    assert_eq!(c.replies[&t2], Reply::Done(Ok(())));
+    assert_eq!(c.states(), "in-sync,in-sync,in-sync");
+}
+
+#[test]
+fn reads_go_to_the_closest_element_and_see_unapplied_writes() {
+    let mut c = Cluster::new(3, 2);
+    c.write(0, 1, 8192);
+    // Measure round trips: element 1 answers fastest.
+    for (i, rtt_ms) in [(0usize, 5u64), (1, 1), (2, 9)] {
+        let ping_at = c.now;
+        c.core.handle_element_message(c.now.plus_ms(rtt_ms), ElementId(i as u8), ElementMessage::Pong { nonce: ping_at.0 });
+    }
+    assert_eq!(c.core.closest_in_sync(), Some(ElementId(1)));
+    // Element 1 stops applying; its reads must still show the newer write from the queue.
+    c.elements[1].responsive = false;
+    let t = c.write(512, 7, 1024);
+    assert_eq!(c.replies[&t], Reply::Done(Ok(())), "0 and 2 make the quorum");
+    let mut expect = vec![1u8; 4096];
+    expect[512..1536].fill(7);
+    assert_eq!(c.read(0, 4096), Reply::Read(Ok(Bytes::from(expect))));
+    assert_eq!(c.elements[1].data[512], 1, "the element itself had not applied it");
+}
+
+#[test]
+fn read_cache_serves_hits_without_elements() {
+    let mut c = Cluster::with(3, 2, |cfg| cfg.read_cache_bytes = 1 << 20);
+    c.write(0, 3, 4096);
+    c.crash(0);
+    c.crash(1);
+    c.crash(2);
+    assert_eq!(c.read(0, 4096), Reply::Read(Ok(Bytes::from(vec![3u8; 4096]))), "write-through");
+    assert_eq!(c.read(8192, 4096), Reply::Read(Err(HostError::Unavailable)));
+}
+
+#[test]
+fn flush_waits_for_earlier_writes() {
+    let mut c = Cluster::new(3, 2);
+    c.elements[1].responsive = false;
+    c.elements[2].responsive = false;
+    let w = c.write(0, 1, 4096);
+    let f = c.token();
+    c.core.handle_host_flush(c.now, f, VOLUME);
+    c.run();
+    assert!(!c.replies.contains_key(&f));
+    c.elements[1].responsive = true;
+    c.release(1);
+    assert_eq!(c.replies[&w], Reply::Done(Ok(())));
+    assert_eq!(c.replies[&f], Reply::Done(Ok(())));
+}
+
+#[test]
+fn silent_element_is_failed_by_heartbeat() {
+    let mut c = Cluster::new(3, 2);
+    c.elements[2].connected = false; // Stops answering without the connection closing.
+    c.advance_ms(limits::HEARTBEAT_TIMEOUT_MS_DEFAULT / 2);
+    for i in 0..2 {
+        c.core.handle_element_message(c.now, ElementId(i), ElementMessage::Pong { nonce: c.now.0 });
+    }
+    c.advance_ms(limits::HEARTBEAT_TIMEOUT_MS_DEFAULT / 2 + 100);
+    let status = c.core.status(c.now);
+    assert_eq!(status.elements[2].state, "failed");
+    assert!(status.elements[2].reason.as_deref().unwrap_or("").contains("heartbeat"));
+    assert_eq!(status.elements[0].state, "in-sync");
+}
+
+#[test]
+fn restart_rolls_lagging_elements_forward_from_the_most_advanced() {
+    // Elements left by a crashed host element at sequences 3, 2, 1.
+    let mut old = Cluster::new(3, 2);
+    for s in 0..3u8 {
+        old.write(s as u64 * 4096, s + 1, 4096);
+    }
+    let mut fakes = std::mem::take(&mut old.elements);
+    for (i, keep) in [(1usize, 2usize), (2, 1)] {
+        let log: Vec<Record> = fakes[i].log[..keep].to_vec();
+        let mut fresh = FakeElement::new();
+        for r in &log {
+            fresh.apply(r);
+        }
+        fakes[i] = fresh;
+    }
+    let mut c = Cluster::new(3, 2);
+    // Replace the fakes before they connect: rebuild with the prepared ones.
+    let mut config = c.core.config().clone();
+    config.epoch = Epoch(6);
+    c.core = HostCore::new(config, c.now);
+    c.elements = fakes;
+    for i in 0..3 {
+        c.elements[i].connected = false;
+        c.connect(i);
+    }
+    assert_eq!(c.states(), "in-sync,in-sync,in-sync");
+    for e in &c.elements {
+        assert_eq!(e.applied, Sequence(3));
+        assert_eq!(e.data[8192], 3);
+    }
+    let t = c.write(0, 9, 512);
+    assert_eq!(c.replies[&t], Reply::Done(Ok(())));
+    assert_eq!(c.core.status(c.now).volumes[0].last_sequence, Sequence(4));
+}
+
+#[test]
+fn element_from_a_newer_epoch_fences_us() {
+    let mut c = Cluster::new(3, 2);
+    c.crash(0);
+    c.elements[0].connected = true;
+    c.core.handle_element_connected(c.now, ElementId(0));
+    while c.core.poll_action().is_some() {}
+    c.core.handle_element_message(c.now, ElementId(0), ElementMessage::Welcome {
+        epoch: Epoch(99),
+        volumes: vec![VolumeState { applied_sequence: Sequence::ZERO, applied_epoch: Epoch(0) }],
+    });
+    c.run();
+    let status = c.core.status(c.now);
+    assert!(status.elements[0].reason.as_deref().unwrap_or("").contains("fenced"));
+}
+
+#[test]
+fn diverged_or_too_far_behind_elements_stay_out() {
+    let mut c = Cluster::with(3, 2, |cfg| cfg.write_queue_bytes = limits::WRITE_QUEUE_BYTES_MIN);
+    c.crash(2);
+    let big = proto::PAYLOAD_BYTES_MAX as usize / 2;
+    for i in 0..4u8 {
+        c.write(0, i, big);
+    }
+    c.connect(2);
+    let status = c.core.status(c.now);
+    assert_eq!(status.elements[2].state, "failed");
+    assert!(status.elements[2].reason.as_deref().unwrap_or("").contains("no longer in the write queue"));
+    assert_eq!(c.mode(), VolumeMode::ReadWrite);
+}
+
+#[test]
+fn block_status_marks_queued_writes_as_data() {
+    let extents = vec![BlockExtent { length_bytes: 16384, allocated: false }];
+    let mut q = WriteQueue::new(1 << 30, Sequence::ZERO);
+    q.push(Entry {
+        record: Record {
+            volume: VOLUME,
+            epoch: Epoch(1),
+            sequence: Sequence(1),
+            op: Op::Write { offset_bytes: 4096, data: Bytes::from(vec![1; 4096]) },
+        },
+        acked_by: ElementSet::default(),
+        host_reply: HostReply::Done,
+    });
+    let got = overlay_extents(&q, Sequence::ZERO, 0, 16384, extents.clone());
+    assert_eq!(
+        got,
+        vec![
+            BlockExtent { length_bytes: 4096, allocated: false },
+            BlockExtent { length_bytes: 4096, allocated: true },
+            BlockExtent { length_bytes: 8192, allocated: false },
+        ]
+    );
+    assert_eq!(overlay_extents(&q, Sequence(1), 0, 16384, extents), vec![BlockExtent { length_bytes: 16384, allocated: false }]);
+}
