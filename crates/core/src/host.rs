@@ -556,7 +556,8 @@ impl HostCore {
                 ), true);
             }
             if let Some(entry) = v.queue.get(applied) {
-                if entry.record.epoch != state.applied_epoch {
+                // Epoch 0 means the element no longer knows (the record left its replay log).
+                if state.applied_epoch != Epoch(0) && entry.record.epoch != state.applied_epoch {
                     return self.fail_element(now, element, format!(
                         "volume {name}: its sequence {applied} comes from epoch {}, ours from epoch {}: diverged history; needs full recovery",
                         state.applied_epoch, entry.record.epoch

@@ -11,7 +11,7 @@ mod read_cache;
 mod write_queue;
 
 pub use host::{
-    Action, ElementStatus, Event, HostConfig, HostCore, HostError, HostStatus, RecoveryKind,
+    Action, ElementStatus, Event, HostConfig, HostCore, HostError, HostStatus, RecoveryKind, Reply,
     VolumeMode, VolumeStatus,
 };
 pub use read_cache::ReadCache;

@@ -1,4 +1,8 @@
 //! The I/O shell: the only crate with tokio, sockets, files and the clock. It turns socket
 //! and disk events into inputs of the sans-IO cores and carries out the actions they emit.
 
+pub mod admin;
+pub mod element;
+pub mod host;
+pub mod link;
 pub mod nbd_server;

@@ -1,1 +1,655 @@
-//! NBD server driver (being written).
+//! The NBD server: the tokio driver of the sans-IO `nbd` codec. Every accepted connection is
+//! its own task; within a connection, requests run concurrently up to a bound and replies go out
+//! in completion order. A misbehaving client only ever ends its own connection.
+//!
+//! Backpressure: the connection stops reading its socket while `in_flight_requests_max`
+//! requests (or `in_flight_bytes_max` bytes of read and write data) are in flight, so a slow
+//! backend slows the client down instead of growing queues here.
+
+use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{Buf, Bytes, BytesMut};
+use nbd::{
+    Command, Decoded, Exports, Handshake, HandshakeConfig, HandshakeOutcome, Request, Transmission,
+    BLOCK_SIZE_MAX_BYTES, HANDSHAKE_INPUT_BYTES_MAX, REQUEST_HEADER_BYTES,
+};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{Mutex, Notify, OwnedSemaphorePermit, Semaphore};
+use tokio::task::JoinSet;
+
+pub use nbd::{Errno, ExportInfo, Extent};
+
+pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+/// What the NBD server serves. Offsets and lengths it passes are already validated against the
+/// export's size (as of the handshake) and aligned to 512 bytes (a range may end at an unaligned
+/// export end); lengths are never zero; reads and writes are at most 32 MiB. Calls run
+/// concurrently, also for one connection.
+pub trait Backend: Send + Sync + 'static {
+    /// The exports offered, asked afresh during every handshake.
+    fn exports(&self) -> Vec<ExportInfo>;
+
+    /// Must return exactly `length_bytes` bytes.
+    fn read(
+        &self,
+        export: &str,
+        offset_bytes: u64,
+        length_bytes: u32,
+    ) -> BoxFuture<Result<Bytes, Errno>>;
+
+    /// `fua`: reply only once the data is durable. A read-only volume answers `Errno::Perm`.
+    fn write(
+        &self,
+        export: &str,
+        offset_bytes: u64,
+        data: Bytes,
+        fua: bool,
+    ) -> BoxFuture<Result<(), Errno>>;
+
+    /// The range must read back as zeroes and stay writable without `ENOSPC` afterwards (the
+    /// client's `NBD_CMD_FLAG_NO_HOLE` is not passed on, so this must always hold).
+    fn write_zeroes(
+        &self,
+        export: &str,
+        offset_bytes: u64,
+        length_bytes: u64,
+        fua: bool,
+    ) -> BoxFuture<Result<(), Errno>>;
+
+    /// A hint that the range is no longer needed; its contents are undefined afterwards.
+    fn trim(
+        &self,
+        export: &str,
+        offset_bytes: u64,
+        length_bytes: u64,
+        fua: bool,
+    ) -> BoxFuture<Result<(), Errno>>;
+
+    /// Every write completed before this call (on any connection, if `multi_conn`) is durable
+    /// when it returns `Ok`.
+    fn flush(&self, export: &str) -> BoxFuture<Result<(), Errno>>;
+
+    /// Consecutive extents from `offset_bytes`. They may cover less or more than asked, be
+    /// unaligned or many: the server trims, aligns and bounds what it sends.
+    fn block_status(
+        &self,
+        export: &str,
+        offset_bytes: u64,
+        length_bytes: u64,
+    ) -> BoxFuture<Result<Vec<Extent>, Errno>>;
+}
+
+/// Per-connection limits and policy.
+#[derive(Clone, Debug)]
+pub struct ServerOptions {
+    /// Requests of one connection being served at once; at the bound the socket is not read.
+    pub in_flight_requests_max: u32,
+    /// Bytes of read and write data of one connection in flight at once (at least the maximum
+    /// block size, 32 MiB, so every valid request fits).
+    pub in_flight_bytes_max: u64,
+    /// Time a client has from connecting to finishing option haggling.
+    pub handshake_timeout: Duration,
+    /// Advertise `NBD_FLAG_CAN_MULTI_CONN`: only if a flush covers writes completed on every
+    /// connection to the export.
+    pub multi_conn: bool,
+}
+
+impl Default for ServerOptions {
+    fn default() -> Self {
+        ServerOptions {
+            in_flight_requests_max: 64,
+            in_flight_bytes_max: 256 * 1024 * 1024,
+            handshake_timeout: Duration::from_secs(10),
+            multi_conn: false,
+        }
+    }
+}
+
+impl ServerOptions {
+    fn validate(&self) -> io::Result<()> {
+        let invalid = |message: &str| {
+            Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                message.to_owned(),
+            ))
+        };
+        if self.in_flight_requests_max == 0
+            || self.in_flight_requests_max as usize > Semaphore::MAX_PERMITS
+        {
+            return invalid("in_flight_requests_max must be at least 1");
+        }
+        if self.in_flight_bytes_max < u64::from(BLOCK_SIZE_MAX_BYTES) {
+            return invalid("in_flight_bytes_max must be at least the maximum block size (32 MiB)");
+        }
+        if self.in_flight_bytes_max > Semaphore::MAX_PERMITS as u64 {
+            return invalid("in_flight_bytes_max is too large");
+        }
+        Ok(())
+    }
+}
+
+/// Serves NBD on `listener` until the returned future is dropped (which also drops every
+/// connection and the backend calls in flight), or until accepting fails for good.
+pub async fn serve(
+    listener: TcpListener,
+    backend: Arc<dyn Backend>,
+    options: ServerOptions,
+) -> io::Result<()> {
+    options.validate()?;
+    let options = Arc::new(options);
+    let mut connections = JoinSet::new();
+    loop {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            Some(joined) = connections.join_next(), if !connections.is_empty() => {
+                if let Err(error) = joined {
+                    if error.is_panic() {
+                        tracing::error!("nbd connection task panicked: {error}");
+                    }
+                }
+                continue;
+            }
+        };
+        let (stream, peer) = match accepted {
+            Ok(accepted) => accepted,
+            Err(error) if accept_error_is_transient(&error) => {
+                tracing::warn!(%error, "nbd accept failed; retrying");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+            Err(error) => return Err(error),
+        };
+        let backend = backend.clone();
+        let options = options.clone();
+        connections.spawn(async move {
+            tracing::debug!(%peer, "nbd connection accepted");
+            match serve_connection(stream, peer, backend, &options).await {
+                Ok(end) => tracing::info!(%peer, "nbd connection closed: {end}"),
+                Err(error) => tracing::warn!(%peer, "nbd connection ended: {error}"),
+            }
+        });
+    }
+}
+
+/// Accept errors that concern one connection or a passing shortage (file descriptors, memory);
+/// anything else means the listener itself is broken.
+fn accept_error_is_transient(error: &io::Error) -> bool {
+    use io::ErrorKind::*;
+    matches!(
+        error.kind(),
+        ConnectionAborted
+            | ConnectionReset
+            | ConnectionRefused
+            | Interrupted
+            | WouldBlock
+            | TimedOut
+    ) || matches!(
+        error.raw_os_error(),
+        Some(
+            libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM | libc::EPROTO | libc::EPERM
+        )
+    )
+}
+
+/// How a connection ended normally.
+#[derive(Debug, PartialEq, Eq)]
+enum ConnectionEnd {
+    Aborted,
+    Disconnected,
+    ClosedByClient,
+}
+
+impl std::fmt::Display for ConnectionEnd {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            ConnectionEnd::Aborted => "client aborted the handshake",
+            ConnectionEnd::Disconnected => "client disconnected (NBD_CMD_DISC)",
+            ConnectionEnd::ClosedByClient => "client closed the connection",
+        })
+    }
+}
+
+/// Why a connection ended abnormally; logged once, by [`serve`].
+#[derive(Debug, thiserror::Error)]
+enum ConnectionError {
+    #[error("handshake not finished within {0:?}")]
+    HandshakeTimeout(Duration),
+    #[error("client closed the connection during the handshake")]
+    HandshakeClosed,
+    #[error("protocol violation: {0}")]
+    Protocol(#[from] nbd::FatalError),
+    #[error("client closed the connection in the middle of a request")]
+    RequestTruncated,
+    #[error("sending a reply failed: {0}")]
+    ReplyFailed(io::Error),
+    #[error("socket error: {0}")]
+    Io(#[from] io::Error),
+    #[error("a request task panicked")]
+    RequestPanicked,
+}
+
+/// Lets the handshake look exports up in the backend.
+struct BackendExports<'a>(&'a dyn Backend);
+
+impl Exports for BackendExports<'_> {
+    fn list(&self) -> Vec<ExportInfo> {
+        self.0.exports()
+    }
+}
+
+/// Bytes read ahead from the socket at a time (beyond what the current message needs).
+const READ_CHUNK_BYTES: usize = 64 * 1024;
+
+async fn serve_connection(
+    stream: TcpStream,
+    peer: SocketAddr,
+    backend: Arc<dyn Backend>,
+    options: &ServerOptions,
+) -> Result<ConnectionEnd, ConnectionError> {
+    stream.set_nodelay(true)?;
+    let (mut reader, mut writer) = stream.into_split();
+    let mut buffer = BytesMut::with_capacity(READ_CHUNK_BYTES);
+    let handshake = handshake(
+        &mut reader,
+        &mut writer,
+        &mut buffer,
+        backend.as_ref(),
+        options.multi_conn,
+    );
+    let outcome = match tokio::time::timeout(options.handshake_timeout, handshake).await {
+        Ok(outcome) => outcome?,
+        Err(_elapsed) => return Err(ConnectionError::HandshakeTimeout(options.handshake_timeout)),
+    };
+    let transmission = match outcome {
+        HandshakeOutcome::Transmission(transmission) => transmission,
+        HandshakeOutcome::Aborted => return Ok(ConnectionEnd::Aborted),
+        HandshakeOutcome::Fatal(error) => return Err(error.into()),
+    };
+    tracing::debug!(
+        %peer,
+        export = %transmission.export().name,
+        structured_replies = transmission.structured_replies(),
+        block_status = transmission.block_status_enabled(),
+        "nbd transmission phase"
+    );
+    let mut connection = Connection {
+        export: transmission.export().name.as_str().into(),
+        transmission: Arc::new(transmission),
+        backend,
+        reader,
+        buffer,
+        writer: Arc::new(Mutex::new(writer)),
+        reply_failed: Arc::new(ReplyFailure::default()),
+        requests: Arc::new(Semaphore::new(options.in_flight_requests_max as usize)),
+        data_bytes: Arc::new(Semaphore::new(options.in_flight_bytes_max as usize)),
+        tasks: JoinSet::new(),
+    };
+    connection.run().await
+}
+
+async fn handshake(
+    reader: &mut OwnedReadHalf,
+    writer: &mut OwnedWriteHalf,
+    buffer: &mut BytesMut,
+    backend: &dyn Backend,
+    multi_conn: bool,
+) -> Result<HandshakeOutcome, ConnectionError> {
+    let exports = BackendExports(backend);
+    let mut handshake = Handshake::new(HandshakeConfig { multi_conn });
+    loop {
+        if let Some(output) = handshake.poll_transmit() {
+            writer.write_all(&output).await?;
+        }
+        if let Some(outcome) = handshake.poll_outcome() {
+            return Ok(outcome);
+        }
+        buffer.reserve(READ_CHUNK_BYTES);
+        if reader.read_buf(buffer).await? == 0 {
+            return Err(ConnectionError::HandshakeClosed);
+        }
+        let consumed = handshake.handle_input(buffer, &exports);
+        buffer.advance(consumed);
+        assert!(handshake.is_done() || buffer.len() < HANDSHAKE_INPUT_BYTES_MAX);
+    }
+}
+
+/// One connection in the transmission phase.
+struct Connection {
+    export: Arc<str>,
+    transmission: Arc<Transmission>,
+    backend: Arc<dyn Backend>,
+    reader: OwnedReadHalf,
+    /// Received bytes not yet consumed (read ahead of the current message).
+    buffer: BytesMut,
+    writer: Arc<Mutex<OwnedWriteHalf>>,
+    /// Signalled when a reply could not be sent: the connection is dead.
+    reply_failed: Arc<ReplyFailure>,
+    /// One permit per request in flight.
+    requests: Arc<Semaphore>,
+    /// One permit per byte of read or write data in flight.
+    data_bytes: Arc<Semaphore>,
+    tasks: JoinSet<()>,
+}
+
+/// What reading the next request led to.
+enum Next {
+    Continue,
+    Disconnect,
+    Closed,
+}
+
+impl Connection {
+    async fn run(&mut self) -> Result<ConnectionEnd, ConnectionError> {
+        let reply_failed = self.reply_failed.clone();
+        let result = loop {
+            if let Err(error) = self.reap_finished_tasks() {
+                break Err(error);
+            }
+            let next = tokio::select! {
+                next = self.handle_next_request() => next,
+                error = reply_failed.wait() => Err(ConnectionError::ReplyFailed(error)),
+            };
+            match next {
+                Ok(Next::Continue) => {}
+                Ok(Next::Disconnect) => break Ok(ConnectionEnd::Disconnected),
+                Ok(Next::Closed) => break Ok(ConnectionEnd::ClosedByClient),
+                Err(error) => break Err(error),
+            }
+        };
+        // NBD_CMD_DISC asks us to finish what is in flight; on errors the backend calls
+        // already made are let finish too rather than cancelled halfway.
+        let mut panicked = false;
+        while let Some(joined) = self.tasks.join_next().await {
+            panicked |= joined.is_err_and(|error| error.is_panic());
+        }
+        let _ = self.writer.lock().await.shutdown().await;
+        match result {
+            Ok(_) if panicked => Err(ConnectionError::RequestPanicked),
+            other => other,
+        }
+    }
+
+    fn reap_finished_tasks(&mut self) -> Result<(), ConnectionError> {
+        while let Some(joined) = self.tasks.try_join_next() {
+            if joined.is_err_and(|error| error.is_panic()) {
+                return Err(ConnectionError::RequestPanicked);
+            }
+        }
+        Ok(())
+    }
+
+    /// Waits for room, reads one request (with its payload), and starts serving it.
+    async fn handle_next_request(&mut self) -> Result<Next, ConnectionError> {
+        let request_permit = self
+            .requests
+            .clone()
+            .acquire_owned()
+            .await
+            .expect("the request semaphore is never closed");
+        if !self.fill(REQUEST_HEADER_BYTES).await? {
+            return Ok(Next::Closed);
+        }
+        let header: [u8; REQUEST_HEADER_BYTES] = self.buffer[..REQUEST_HEADER_BYTES]
+            .try_into()
+            .expect("the buffer holds a whole header");
+        self.buffer.advance(REQUEST_HEADER_BYTES);
+        match self.transmission.decode_request(&header)? {
+            Decoded::Disconnect => Ok(Next::Disconnect),
+            Decoded::NoOp { handle, kind } => {
+                let reply = self.transmission.encode_success(handle, kind);
+                self.spawn_reply(reply, request_permit);
+                Ok(Next::Continue)
+            }
+            Decoded::Rejected(rejected) => {
+                self.discard(rejected.payload_bytes).await?;
+                let reply = self.transmission.encode_error(
+                    rejected.handle,
+                    rejected.errno,
+                    rejected.message,
+                );
+                self.spawn_reply(reply, request_permit);
+                Ok(Next::Continue)
+            }
+            Decoded::Request(request) => {
+                let data_bytes = match request.command {
+                    Command::Read { length_bytes, .. } | Command::Write { length_bytes, .. } => {
+                        length_bytes
+                    }
+                    _ => 0,
+                };
+                let data_permit = self
+                    .data_bytes
+                    .clone()
+                    .acquire_many_owned(data_bytes)
+                    .await
+                    .expect("the data semaphore is never closed");
+                let payload = match request.command.payload_bytes() {
+                    0 => None,
+                    length => {
+                        let length = length as usize;
+                        if !self.fill(length).await? {
+                            return Err(ConnectionError::RequestTruncated);
+                        }
+                        Some(self.buffer.split_to(length).freeze())
+                    }
+                };
+                let job = RequestJob {
+                    export: self.export.clone(),
+                    transmission: self.transmission.clone(),
+                    backend: self.backend.clone(),
+                    writer: self.writer.clone(),
+                    reply_failed: self.reply_failed.clone(),
+                };
+                self.tasks
+                    .spawn(job.run(request, payload, (request_permit, data_permit)));
+                Ok(Next::Continue)
+            }
+        }
+    }
+
+    /// Reads until the buffer holds `wanted` bytes. `Ok(false)`: the client closed the
+    /// connection cleanly before sending any of them.
+    async fn fill(&mut self, wanted: usize) -> Result<bool, ConnectionError> {
+        while self.buffer.len() < wanted {
+            self.buffer
+                .reserve((wanted - self.buffer.len()).max(READ_CHUNK_BYTES));
+            if self.reader.read_buf(&mut self.buffer).await? == 0 {
+                if self.buffer.is_empty() {
+                    return Ok(false);
+                }
+                return Err(ConnectionError::RequestTruncated);
+            }
+        }
+        Ok(true)
+    }
+
+    /// Reads and drops `count` bytes without ever holding more than a read chunk of them.
+    async fn discard(&mut self, count: u32) -> Result<(), ConnectionError> {
+        let mut remaining = count as usize;
+        loop {
+            let dropped = remaining.min(self.buffer.len());
+            self.buffer.advance(dropped);
+            remaining -= dropped;
+            if remaining == 0 {
+                return Ok(());
+            }
+            self.buffer.reserve(READ_CHUNK_BYTES);
+            if self.reader.read_buf(&mut self.buffer).await? == 0 {
+                return Err(ConnectionError::RequestTruncated);
+            }
+        }
+    }
+
+    fn spawn_reply(&mut self, reply: Vec<u8>, permit: OwnedSemaphorePermit) {
+        let writer = self.writer.clone();
+        let reply_failed = self.reply_failed.clone();
+        self.tasks.spawn(async move {
+            send_reply(&writer, &reply_failed, reply, None).await;
+            drop(permit);
+        });
+    }
+}
+
+/// What a request task needs of its connection.
+struct RequestJob {
+    export: Arc<str>,
+    transmission: Arc<Transmission>,
+    backend: Arc<dyn Backend>,
+    writer: Arc<Mutex<OwnedWriteHalf>>,
+    reply_failed: Arc<ReplyFailure>,
+}
+
+impl RequestJob {
+    /// Runs one request on the backend and sends its reply; the permits are released after.
+    async fn run(
+        self,
+        request: Request,
+        payload: Option<Bytes>,
+        permits: (OwnedSemaphorePermit, OwnedSemaphorePermit),
+    ) {
+        let (reply, data) = self.execute(request, payload).await;
+        send_reply(&self.writer, &self.reply_failed, reply, data).await;
+        drop(permits);
+    }
+
+    async fn execute(&self, request: Request, payload: Option<Bytes>) -> (Vec<u8>, Option<Bytes>) {
+        let transmission = &self.transmission;
+        let handle = request.handle;
+        let export = &*self.export;
+        let done = |result: Result<(), Errno>| match result {
+            Ok(()) => transmission.encode_success(handle, request.command.kind()),
+            Err(errno) => transmission.encode_error(handle, errno, &errno.to_string()),
+        };
+        match request.command {
+            Command::Read {
+                offset_bytes,
+                length_bytes,
+            } => match self.backend.read(export, offset_bytes, length_bytes).await {
+                Ok(data) => {
+                    assert_eq!(
+                        data.len(),
+                        length_bytes as usize,
+                        "Backend::read returned the wrong length"
+                    );
+                    (
+                        transmission.encode_read_header(handle, offset_bytes, length_bytes),
+                        Some(data),
+                    )
+                }
+                Err(errno) => (
+                    transmission.encode_error(handle, errno, &errno.to_string()),
+                    None,
+                ),
+            },
+            Command::Write {
+                offset_bytes, fua, ..
+            } => {
+                let data = payload.expect("a write request comes with its payload");
+                (
+                    done(self.backend.write(export, offset_bytes, data, fua).await),
+                    None,
+                )
+            }
+            Command::Flush => (done(self.backend.flush(export).await), None),
+            Command::Trim {
+                offset_bytes,
+                length_bytes,
+                fua,
+            } => (
+                done(
+                    self.backend
+                        .trim(export, offset_bytes, u64::from(length_bytes), fua)
+                        .await,
+                ),
+                None,
+            ),
+            Command::WriteZeroes {
+                offset_bytes,
+                length_bytes,
+                fua,
+                no_hole: _,
+            } => {
+                let result = self
+                    .backend
+                    .write_zeroes(export, offset_bytes, u64::from(length_bytes), fua)
+                    .await;
+                (done(result), None)
+            }
+            Command::BlockStatus {
+                offset_bytes,
+                length_bytes,
+                req_one,
+            } => {
+                match self
+                    .backend
+                    .block_status(export, offset_bytes, u64::from(length_bytes))
+                    .await
+                {
+                    Ok(extents) => (
+                        transmission.encode_block_status(handle, length_bytes, req_one, &extents),
+                        None,
+                    ),
+                    Err(errno) => (
+                        transmission.encode_error(handle, errno, &errno.to_string()),
+                        None,
+                    ),
+                }
+            }
+        }
+    }
+}
+
+/// Writes one reply (header and data together, with no other reply in between).
+async fn send_reply(
+    writer: &Mutex<OwnedWriteHalf>,
+    reply_failed: &ReplyFailure,
+    header: Vec<u8>,
+    data: Option<Bytes>,
+) {
+    let mut writer = writer.lock().await;
+    let result = match data {
+        Some(data) => {
+            writer
+                .write_all_buf(&mut Bytes::from(header).chain(data))
+                .await
+        }
+        None => writer.write_all(&header).await,
+    };
+    if let Err(error) = result {
+        reply_failed.report(error);
+    }
+}
+
+/// The first failure to send a reply, which ends the connection: the client cannot make sense
+/// of the stream any more.
+#[derive(Default)]
+struct ReplyFailure {
+    notify: Notify,
+    error: std::sync::Mutex<Option<io::Error>>,
+}
+
+impl ReplyFailure {
+    fn report(&self, error: io::Error) {
+        let mut first = self.error.lock().expect("no panic while holding this lock");
+        if first.is_none() {
+            *first = Some(error);
+            self.notify.notify_one();
+        }
+    }
+
+    async fn wait(&self) -> io::Error {
+        self.notify.notified().await;
+        self.error
+            .lock()
+            .expect("no panic while holding this lock")
+            .take()
+            .expect("reported before notified")
+    }
+}

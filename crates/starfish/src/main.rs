@@ -1,1 +1,368 @@
-fn main() {}
+//! `starfish`: the one binary. Subcommands run an element, a host element, the demo cluster,
+//! print status, and compute availability.
+
+mod config;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, Parser, Subcommand};
+use proto::Epoch;
+use shell::element::ElementOptions;
+use shell::host::HostOptions;
+use store::StoreOptions;
+
+use crate::config::{parse_size, HostFile};
+
+#[derive(Parser, Debug)]
+#[command(name = "starfish", version, about = "Highly-available, geographically replicated block storage over NBD")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Run a storage element (or check a stopped element's data: `element verify`).
+    Element(ElementArgs),
+    /// Run the host element: export volumes over NBD, replicate writes to the elements.
+    Host(HostArgs),
+    /// Show a host element's state.
+    Status(StatusArgs),
+    /// Start three elements behind emulated local/near/far links and a host element.
+    Demo(DemoArgs),
+    /// Availability of a configuration (the StarFish paper's section 4).
+    Availability(availability::cli::AvailabilityArgs),
+}
+
+#[derive(Args, Debug)]
+#[command(args_conflicts_with_subcommands = true)]
+struct ElementArgs {
+    #[command(subcommand)]
+    action: Option<ElementAction>,
+    /// Address to listen on for the host element (and, later, peers).
+    #[arg(long)]
+    listen: Option<SocketAddr>,
+    /// Data directory (created if missing).
+    #[arg(long)]
+    data: Option<PathBuf>,
+    /// Bytes of recent writes to keep on disk for peers' replay recovery (e.g. 256MiB).
+    #[arg(long, value_parser = parse_size)]
+    replay_log: Option<u64>,
+}
+
+#[derive(Subcommand, Debug)]
+enum ElementAction {
+    /// Check every block's checksum in a stopped element's data directory and print a content
+    /// digest per volume (equal digests = byte-identical replicas).
+    Verify {
+        #[arg(long)]
+        data: PathBuf,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Args, Debug)]
+struct HostArgs {
+    /// TOML file with the same settings as the flags (flags win).
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// NBD listen address.
+    #[arg(long)]
+    nbd: Option<SocketAddr>,
+    /// Admin (status, metrics) listen address.
+    #[arg(long)]
+    admin: Option<SocketAddr>,
+    /// An element as NAME=ADDRESS, e.g. near=127.0.0.1:7102 (repeatable).
+    #[arg(long = "element")]
+    elements: Vec<String>,
+    /// Write quorum: elements that must hold a write before the host is answered.
+    #[arg(long)]
+    quorum: Option<usize>,
+    /// A volume as NAME:SIZE, e.g. vol0:1GiB (repeatable).
+    #[arg(long = "volume")]
+    volumes: Vec<String>,
+    /// Write queue size per volume (e.g. 128MiB).
+    #[arg(long, value_parser = parse_size)]
+    write_queue: Option<u64>,
+    /// Read cache size (e.g. 256MiB; 0 turns it off).
+    #[arg(long, value_parser = parse_size)]
+    read_cache: Option<u64>,
+}
+
+#[derive(Args, Debug)]
+struct StatusArgs {
+    #[arg(long, default_value = "127.0.0.1:7100")]
+    admin: SocketAddr,
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args, Debug)]
+struct DemoArgs {
+    /// Stop by itself after this many seconds (default: serve until Ctrl-C).
+    #[arg(long)]
+    duration: Option<u64>,
+    #[arg(long, default_value = "127.0.0.1:10809")]
+    nbd: SocketAddr,
+    #[arg(long, default_value = "127.0.0.1:7100")]
+    admin: SocketAddr,
+    /// First element port; elements use this and the next two.
+    #[arg(long, default_value_t = 7101)]
+    element_port: u16,
+    /// Data directory (default: a fresh temporary directory, removed at exit).
+    #[arg(long)]
+    data: Option<PathBuf>,
+    #[arg(long, default_value = "vol0:1GiB")]
+    volume: String,
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    if let Err(e) = run(cli) {
+        eprintln!("starfish: error: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the runtime")
+}
+
+fn run(cli: Cli) -> Result<()> {
+    match cli.command {
+        Command::Element(args) => match args.action {
+            Some(ElementAction::Verify { data, json }) => verify(&data, json),
+            None => {
+                let listen = args.listen.context("--listen ADDRESS is required")?;
+                let data = args.data.context("--data DIR is required")?;
+                let mut store = StoreOptions::default();
+                if let Some(bytes) = args.replay_log {
+                    store.replay_log_bytes = bytes;
+                }
+                runtime()?.block_on(async {
+                    tokio::select! {
+                        result = shell::element::run(ElementOptions { listen, data, store }) => result.map_err(Into::into),
+                        _ = shutdown_signal() => Ok(()),
+                    }
+                })
+            }
+        },
+        Command::Host(args) => {
+            let options = host_options(args)?;
+            runtime()?.block_on(async {
+                shell::host::start(options).await?;
+                shutdown_signal().await;
+                tracing::info!("host element stopping");
+                Ok(())
+            })
+        }
+        Command::Status(args) => status(args),
+        Command::Demo(args) => demo(args),
+        Command::Availability(args) => availability::cli::run(&args, &mut std::io::stdout()),
+    }
+}
+
+async fn shutdown_signal() {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .expect("installing a SIGTERM handler");
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+}
+
+/// A new epoch for this host element: wall-clock milliseconds, so a restarted host element
+/// always follows the one before it (elements fence anything older).
+fn fresh_epoch() -> Epoch {
+    let ms = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(1);
+    Epoch(ms)
+}
+
+fn host_options(args: HostArgs) -> Result<HostOptions> {
+    let mut file = match &args.config {
+        Some(path) => HostFile::load(path)?,
+        None => HostFile::default(),
+    };
+    if let Some(nbd) = args.nbd {
+        file.nbd = Some(nbd);
+    }
+    if let Some(admin) = args.admin {
+        file.admin = Some(admin);
+    }
+    if !args.elements.is_empty() {
+        file.element = args.elements.iter().map(|s| config::parse_element(s)).collect::<Result<_>>()?;
+    }
+    if !args.volumes.is_empty() {
+        file.volume = args.volumes.iter().map(|s| config::parse_volume(s)).collect::<Result<_>>()?;
+    }
+    if let Some(q) = args.quorum {
+        file.quorum = Some(q);
+    }
+    if let Some(b) = args.write_queue {
+        file.write_queue = Some(b.to_string());
+    }
+    if let Some(b) = args.read_cache {
+        file.read_cache = Some(b.to_string());
+    }
+    file.into_options(fresh_epoch())
+}
+
+fn verify(data: &std::path::Path, json: bool) -> Result<()> {
+    if !data.exists() {
+        bail!("data directory {} does not exist", data.display());
+    }
+    let volumes = shell::element::verify(data).map_err(|e| anyhow::anyhow!("{}: {e}", data.display()))?;
+    if json {
+        let doc = serde_json::json!({
+            "volumes": volumes.iter().map(|(name, size, applied, digest)| serde_json::json!({
+                "name": name, "size_bytes": size, "applied_sequence": applied.0, "digest": digest,
+            })).collect::<Vec<_>>(),
+        });
+        println!("{doc}");
+    } else {
+        for (name, size, applied, digest) in volumes {
+            println!("{name}\tsize={size}\tapplied_sequence={applied}\tdigest={digest}\tchecksums=ok");
+        }
+    }
+    Ok(())
+}
+
+fn status(args: StatusArgs) -> Result<()> {
+    let body = runtime()?
+        .block_on(shell::admin::get(args.admin, "/status"))
+        .with_context(|| format!("cannot reach the host element's admin endpoint at {}", args.admin))?;
+    if args.json {
+        println!("{body}");
+        return Ok(());
+    }
+    let doc: serde_json::Value = serde_json::from_str(&body).context("admin endpoint sent bad JSON")?;
+    print_status(&doc);
+    Ok(())
+}
+
+fn print_status(doc: &serde_json::Value) {
+    println!("epoch {}  quorum {}", doc["epoch"], doc["quorum"]);
+    println!("{:<12} {:>14} {:<11} {:>14} {:>12}", "VOLUME", "SIZE", "MODE", "ACKED SEQ", "QUEUE");
+    for v in doc["volumes"].as_array().into_iter().flatten() {
+        println!(
+            "{:<12} {:>14} {:<11} {:>14} {:>11.1}%",
+            v["name"].as_str().unwrap_or("?"),
+            config::format_size(v["size_bytes"].as_u64().unwrap_or(0)),
+            v["mode"].as_str().unwrap_or("?"),
+            v["acked_sequence"],
+            100.0 * v["write_queue_used_bytes"].as_f64().unwrap_or(0.0)
+                / v["write_queue_capacity_bytes"].as_f64().unwrap_or(1.0).max(1.0),
+        );
+    }
+    println!("{:<10} {:<22} {:<11} {:>8} {:>9}  DETAIL", "ELEMENT", "ADDRESS", "STATE", "LAG", "RTT ms");
+    for e in doc["elements"].as_array().into_iter().flatten() {
+        let detail = if let Some(r) = e.get("recovery") {
+            format!("{} recovery {}/{} writes", r["kind"].as_str().unwrap_or("?"), r["done_records"], r["total_records"])
+        } else if let Some(reason) = e["reason"].as_str() {
+            reason.to_string()
+        } else if let Some(r) = e.get("last_recovery") {
+            format!("last recovery: {} {} writes in {:.2}s", r["kind"].as_str().unwrap_or("?"), r["records"], r["seconds"].as_f64().unwrap_or(0.0))
+        } else {
+            String::new()
+        };
+        let rtt = e["rtt_ms"].as_f64().map_or("-".to_string(), |ms| format!("{ms:.2}"));
+        println!(
+            "{:<10} {:<22} {:<11} {:>8} {:>9}  {}",
+            e["name"].as_str().unwrap_or("?"),
+            e["address"].as_str().unwrap_or("?"),
+            e["state"].as_str().unwrap_or("?"),
+            e["lag"],
+            rtt,
+            detail
+        );
+    }
+}
+
+fn demo(args: DemoArgs) -> Result<()> {
+    let (data, temporary) = match &args.data {
+        Some(dir) => (dir.clone(), false),
+        None => {
+            let dir = std::env::temp_dir().join(format!("starfish-demo-{}", std::process::id()));
+            (dir, true)
+        }
+    };
+    let volume = config::parse_volume(&args.volume)?;
+    let result = runtime()?.block_on(async {
+        // (name, one-way delay) of the three sites, as in the paper's setting.
+        let sites = [("local", 0u64), ("near", 1), ("far", 8)];
+        let mut elements = Vec::new();
+        for (i, (name, delay_ms)) in sites.iter().enumerate() {
+            let port = args.element_port + i as u16;
+            let listen: SocketAddr = format!("127.0.0.1:{port}").parse().expect("valid address");
+            let options = ElementOptions { listen, data: data.join(name), store: StoreOptions::default() };
+            tokio::spawn(async move {
+                if let Err(e) = shell::element::run(options).await {
+                    tracing::error!(error = %e, "demo element stopped");
+                }
+            });
+            let address = if *delay_ms == 0 {
+                listen
+            } else {
+                let any: SocketAddr = "127.0.0.1:0".parse().expect("valid address");
+                shell::link::start_delay_proxy(any, listen, Duration::from_millis(*delay_ms)).await?
+            };
+            elements.push(config::ElementEntry { name: name.to_string(), address });
+        }
+        let file = HostFile {
+            nbd: Some(args.nbd),
+            admin: Some(args.admin),
+            quorum: Some(2),
+            element: elements,
+            volume: vec![volume.clone()],
+            ..HostFile::default()
+        };
+        let options = file.into_options(fresh_epoch())?;
+        let host = shell::host::start(options).await?;
+        let uri = format!("nbd://{}/{}", args.nbd, volume.name);
+        println!("StarFish demo: 3 elements (local 0 ms, near 1 ms, far 8 ms one-way), write quorum 2");
+        println!("data directory: {}", data.display());
+        println!("volume {} ({}) exported at: {uri}", volume.name, volume.size);
+        println!();
+        println!("Use it from a host:");
+        println!("  nbdinfo {uri}");
+        println!("  qemu-io -f raw -c 'write -P 0xab 0 1M' -c 'read -P 0xab 0 1M' {uri}");
+        println!("  nbd-client -N {} {} {} /dev/nbd0     # Linux kernel client", volume.name, args.nbd.ip(), args.nbd.port());
+        println!("  nbdfuse /tmp/sf/disk {uri} &  then  mkfs.ext4 /tmp/sf/disk  (or losetup + mount)");
+        println!("  starfish status --admin {}", args.admin);
+        println!();
+        let deadline = args.duration.map(|s| tokio::time::Instant::now() + Duration::from_secs(s));
+        let mut tick = tokio::time::interval(Duration::from_secs(5));
+        loop {
+            let stop = async {
+                match deadline {
+                    Some(d) => tokio::time::sleep_until(d).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                _ = tick.tick() => {
+                    if let Some(status) = host.status().await {
+                        let doc = shell::admin::status_json(&status, host.addresses());
+                        print_status(&doc);
+                        println!();
+                    }
+                }
+                _ = stop => break,
+                _ = shutdown_signal() => break,
+            }
+        }
+        println!("demo stopping");
+        Ok::<(), anyhow::Error>(())
+    });
+    if temporary {
+        let _ = std::fs::remove_dir_all(&data);
+    }
+    result
+}

@@ -1,0 +1,179 @@
+//! The admin endpoint: a minimal HTTP/1.0 server on the admin address with `GET /status`
+//! (JSON, the shape `starfish status --json` prints) and `GET /metrics` (Prometheus text).
+
+use std::fmt::Write as _;
+
+use serde_json::{json, Value};
+use starfish_core::HostStatus;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+use crate::host::HostHandle;
+
+/// Requests longer than this are refused: the admin API only takes short GETs.
+const REQUEST_BYTES_MAX: usize = 8192;
+
+pub async fn serve(listener: TcpListener, host: HostHandle) {
+    loop {
+        let Ok((stream, _)) = listener.accept().await else { continue };
+        let host = host.clone();
+        tokio::spawn(async move {
+            let _ = tokio::time::timeout(std::time::Duration::from_secs(5), answer(stream, host)).await;
+        });
+    }
+}
+
+async fn answer(mut stream: TcpStream, host: HostHandle) -> std::io::Result<()> {
+    let mut request = Vec::with_capacity(1024);
+    let mut buf = [0u8; 1024];
+    while !request.windows(4).any(|w| w == b"\r\n\r\n") && !request.windows(2).any(|w| w == b"\n\n") {
+        let n = stream.read(&mut buf).await?;
+        if n == 0 || request.len() + n > REQUEST_BYTES_MAX {
+            break;
+        }
+        request.extend_from_slice(&buf[..n]);
+    }
+    let line = String::from_utf8_lossy(&request);
+    let path = line.split_whitespace().nth(1).unwrap_or("");
+    let (code, content_type, body) = match (line.split_whitespace().next(), path) {
+        (Some("GET"), "/status") => match host.status().await {
+            Some(status) => ("200 OK", "application/json", status_json(&status, host.addresses()).to_string()),
+            None => ("503 Service Unavailable", "text/plain", "host element stopping\n".into()),
+        },
+        (Some("GET"), "/metrics") => match host.status().await {
+            Some(status) => ("200 OK", "text/plain; version=0.0.4", metrics(&status)),
+            None => ("503 Service Unavailable", "text/plain", "host element stopping\n".into()),
+        },
+        _ => ("404 Not Found", "text/plain", "try GET /status or GET /metrics\n".into()),
+    };
+    let head = format!(
+        "HTTP/1.0 {code}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    stream.write_all(head.as_bytes()).await?;
+    stream.write_all(body.as_bytes()).await?;
+    stream.shutdown().await
+}
+
+/// The status document; field names are part of the CLI contract (`starfish status --json`).
+pub fn status_json(status: &HostStatus, addresses: &[String]) -> Value {
+    let volumes: Vec<Value> = status
+        .volumes
+        .iter()
+        .map(|v| {
+            json!({
+                "name": v.name,
+                "size_bytes": v.size_bytes,
+                "mode": v.mode.as_str(),
+                "acked_sequence": v.acked_sequence.0,
+                "last_sequence": v.last_sequence.0,
+                "write_queue_used_bytes": v.write_queue_used_bytes,
+                "write_queue_capacity_bytes": v.write_queue_capacity_bytes,
+                "write_queue_oldest_sequence": v.write_queue_oldest.map(|s| s.0),
+                "writes_waiting": v.writes_waiting,
+            })
+        })
+        .collect();
+    let elements: Vec<Value> = status
+        .elements
+        .iter()
+        .enumerate()
+        .map(|(i, e)| {
+            let applied: serde_json::Map<String, Value> = status
+                .volumes
+                .iter()
+                .zip(&e.applied_sequence)
+                .map(|(v, s)| (v.name.clone(), json!(s.0)))
+                .collect();
+            let mut o = json!({
+                "name": e.name,
+                "address": addresses.get(i),
+                "state": e.state,
+                "applied_sequence": applied,
+                "lag": e.lag,
+                "rtt_ms": e.rtt_us.map(|us| us as f64 / 1000.0),
+            });
+            if let Some(reason) = &e.reason {
+                o["reason"] = json!(reason);
+            }
+            if let Some(r) = &e.recovery {
+                let rate = if r.elapsed_us > 0 { r.done_records as f64 * 1e6 / r.elapsed_us as f64 } else { 0.0 };
+                let eta = if rate > 0.0 { Some((r.total_records - r.done_records) as f64 / rate) } else { None };
+                o["recovery"] = json!({
+                    "kind": r.kind.as_str(),
+                    "source": "host element write queue",
+                    "done_records": r.done_records,
+                    "total_records": r.total_records,
+                    "records_per_second": rate,
+                    "eta_seconds": eta,
+                });
+            }
+            if let Some(r) = &e.last_recovery {
+                o["last_recovery"] = json!({"kind": r.kind.as_str(), "records": r.records, "seconds": r.seconds});
+            }
+            o
+        })
+        .collect();
+    json!({
+        "epoch": status.epoch.0,
+        "quorum": status.quorum,
+        "ready": status.ready,
+        "volumes": volumes,
+        "elements": elements,
+        "read_cache": {
+            "used_bytes": status.read_cache_used_bytes,
+            "hits": status.read_cache_hits,
+            "misses": status.read_cache_misses,
+        },
+    })
+}
+
+fn metrics(status: &HostStatus) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "# TYPE starfish_volume_read_only gauge");
+    for v in &status.volumes {
+        let ro = (v.mode == starfish_core::VolumeMode::ReadOnly) as u8;
+        let _ = writeln!(out, "starfish_volume_read_only{{volume=\"{}\"}} {ro}", v.name);
+    }
+    let _ = writeln!(out, "# TYPE starfish_volume_acked_sequence counter");
+    for v in &status.volumes {
+        let _ = writeln!(out, "starfish_volume_acked_sequence{{volume=\"{}\"}} {}", v.name, v.acked_sequence.0);
+    }
+    let _ = writeln!(out, "# TYPE starfish_write_queue_used_bytes gauge");
+    for v in &status.volumes {
+        let _ = writeln!(out, "starfish_write_queue_used_bytes{{volume=\"{}\"}} {}", v.name, v.write_queue_used_bytes);
+    }
+    let _ = writeln!(out, "# TYPE starfish_element_in_sync gauge");
+    for e in &status.elements {
+        let _ = writeln!(out, "starfish_element_in_sync{{element=\"{}\"}} {}", e.name, (e.state == "in-sync") as u8);
+    }
+    let _ = writeln!(out, "# TYPE starfish_element_lag_writes gauge");
+    for e in &status.elements {
+        let _ = writeln!(out, "starfish_element_lag_writes{{element=\"{}\"}} {}", e.name, e.lag);
+    }
+    let _ = writeln!(out, "# TYPE starfish_element_rtt_seconds gauge");
+    for e in &status.elements {
+        if let Some(us) = e.rtt_us {
+            let _ = writeln!(out, "starfish_element_rtt_seconds{{element=\"{}\"}} {}", e.name, us as f64 / 1e6);
+        }
+    }
+    let _ = writeln!(out, "# TYPE starfish_read_cache_hits_total counter");
+    let _ = writeln!(out, "starfish_read_cache_hits_total {}", status.read_cache_hits);
+    let _ = writeln!(out, "# TYPE starfish_read_cache_misses_total counter");
+    let _ = writeln!(out, "starfish_read_cache_misses_total {}", status.read_cache_misses);
+    out
+}
+
+/// Fetch `path` from an admin endpoint (used by `starfish status`).
+pub async fn get(admin: std::net::SocketAddr, path: &str) -> std::io::Result<String> {
+    let mut stream = TcpStream::connect(admin).await?;
+    stream.write_all(format!("GET {path} HTTP/1.0\r\nHost: {admin}\r\n\r\n").as_bytes()).await?;
+    let mut response = Vec::new();
+    stream.read_to_end(&mut response).await?;
+    let text = String::from_utf8_lossy(&response);
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    if !head.starts_with("HTTP/1.0 200") {
+        return Err(std::io::Error::other(format!("admin endpoint answered: {}", head.lines().next().unwrap_or(""))));
+    }
+    Ok(body.to_string())
+}

@@ -1,0 +1,291 @@
+//! The element's shell: a TCP server in front of the durable [`store::Store`].
+//!
+//! Writes from every session go to one committer thread that group-commits them (one
+//! fdatasync per batch) and only then sends `Applied`: an acknowledgement can never precede
+//! durability. Reads, block status and replay-log fetches run on the blocking pool,
+//! concurrently with commits.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use bytes::BytesMut;
+use proto::{
+    decode_frame, encode_frame, ElementMessage, HostMessage, Record, Sequence, VolumeId,
+    VolumeState,
+};
+use store::{Store, StoreOptions, VolumeHandle};
+use tokio::io::{AsyncReadExt, AsyncWriteExt, BufWriter};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
+
+/// Records taken into one group commit at most (and their payload bytes).
+const COMMIT_BATCH_RECORDS_MAX: usize = 1024;
+const COMMIT_BATCH_BYTES_MAX: u64 = 64 * 1024 * 1024;
+
+#[derive(Clone, Debug)]
+pub struct ElementOptions {
+    pub listen: SocketAddr,
+    pub data: PathBuf,
+    pub store: StoreOptions,
+}
+
+struct CommitRequest {
+    record: Record,
+    handle: VolumeHandle,
+    /// The session's own volume number, to address its acknowledgement.
+    session_volume: VolumeId,
+    reply: mpsc::UnboundedSender<ElementMessage>,
+}
+
+/// Open the store, start the committer and serve sessions until the runtime stops.
+pub async fn run(options: ElementOptions) -> std::io::Result<()> {
+    let data = options.data.clone();
+    let store = tokio::task::spawn_blocking(move || Store::open(&data, options.store))
+        .await
+        .map_err(std::io::Error::other)?
+        .map_err(|e| std::io::Error::other(format!("cannot open data directory: {e}")))?;
+    let store = Arc::new(store);
+    let listener = TcpListener::bind(options.listen).await.map_err(|e| {
+        std::io::Error::new(e.kind(), format!("cannot listen on {}: {e}", options.listen))
+    })?;
+    let (commits, commit_rx) = std::sync::mpsc::channel::<CommitRequest>();
+    {
+        let store = store.clone();
+        std::thread::Builder::new()
+            .name("committer".into())
+            .spawn(move || run_committer(&store, commit_rx))?;
+    }
+    tracing::info!(listen = %options.listen, data = %options.data.display(), epoch = %store.epoch(), "element serving");
+    loop {
+        let (stream, peer) = listener.accept().await?;
+        let _ = stream.set_nodelay(true);
+        let store = store.clone();
+        let commits = commits.clone();
+        tokio::spawn(async move {
+            let reason = serve_session(stream, store, commits).await;
+            tracing::info!(%peer, %reason, "session ended");
+        });
+    }
+}
+
+fn run_committer(store: &Store, requests: std::sync::mpsc::Receiver<CommitRequest>) {
+    let mut batch: Vec<CommitRequest> = Vec::with_capacity(COMMIT_BATCH_RECORDS_MAX);
+    while let Ok(first) = requests.recv() {
+        let mut bytes = first.record.op.payload_bytes();
+        batch.push(first);
+        while batch.len() < COMMIT_BATCH_RECORDS_MAX && bytes < COMMIT_BATCH_BYTES_MAX {
+            match requests.try_recv() {
+                Ok(next) => {
+                    bytes += next.record.op.payload_bytes();
+                    batch.push(next);
+                }
+                Err(_) => break,
+            }
+        }
+        let newest_epoch = batch.iter().map(|r| r.record.epoch).max().expect("non-empty batch");
+        let outcome = if newest_epoch > store.epoch() {
+            store.set_epoch(newest_epoch)
+        } else {
+            Ok(())
+        }
+        .and_then(|()| {
+            let records: Vec<(VolumeHandle, Record)> =
+                batch.iter().map(|r| (r.handle, r.record.clone())).collect();
+            store.commit(&records).map(|_| ())
+        });
+        match outcome {
+            Ok(()) => {
+                // One cumulative acknowledgement per (session, volume).
+                let mut acked: Vec<(usize, VolumeId, VolumeHandle)> = Vec::new();
+                for (i, r) in batch.iter().enumerate() {
+                    if !acked.iter().any(|(j, v, _)| batch[*j].reply.same_channel(&r.reply) && *v == r.session_volume) {
+                        acked.push((i, r.session_volume, r.handle));
+                    }
+                }
+                for (i, volume, handle) in acked {
+                    let sequence = store.applied_sequence(handle);
+                    let _ = batch[i].reply.send(ElementMessage::Applied { volume, sequence });
+                }
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "commit failed");
+                for r in &batch {
+                    let _ = r.reply.send(ElementMessage::Fault { reason: format!("commit failed: {e}") });
+                }
+            }
+        }
+        batch.clear();
+    }
+}
+
+async fn serve_session(stream: TcpStream, store: Arc<Store>, commits: std::sync::mpsc::Sender<CommitRequest>) -> String {
+    let (mut read_half, write_half) = stream.into_split();
+    let (replies, mut reply_rx) = mpsc::unbounded_channel::<ElementMessage>();
+    let writer = tokio::spawn(async move {
+        let mut out = BufWriter::with_capacity(256 * 1024, write_half);
+        let mut buf = BytesMut::new();
+        while let Some(message) = reply_rx.recv().await {
+            buf.clear();
+            encode_frame(&message, &mut buf);
+            out.write_all(&buf).await?;
+            while let Ok(message) = reply_rx.try_recv() {
+                buf.clear();
+                encode_frame(&message, &mut buf);
+                out.write_all(&buf).await?;
+            }
+            out.flush().await?;
+        }
+        Ok::<(), std::io::Error>(())
+    });
+    let mut volumes: Option<Vec<VolumeHandle>> = None;
+    let mut buf = BytesMut::with_capacity(256 * 1024);
+    let reason = 'session: loop {
+        loop {
+            let message = match decode_frame::<HostMessage>(&mut buf) {
+                Ok(Some(m)) => m,
+                Ok(None) => break,
+                Err(e) => break 'session format!("bad frame: {e}"),
+            };
+            if let Err(reason) = handle(message, &store, &mut volumes, &replies, &commits).await {
+                let _ = replies.send(ElementMessage::Refused { reason: reason.clone() });
+                break 'session reason;
+            }
+        }
+        if buf.capacity() - buf.len() < 64 * 1024 {
+            buf.reserve(256 * 1024);
+        }
+        match read_half.read_buf(&mut buf).await {
+            Ok(0) => break "host element closed the connection".to_string(),
+            Ok(_) => {}
+            Err(e) => break format!("read error: {e}"),
+        }
+    };
+    drop(replies);
+    // Let queued replies (a refusal) go out; the committer holds its own senders.
+    let _ = tokio::time::timeout(std::time::Duration::from_millis(200), writer).await;
+    reason
+}
+
+fn handle_of(volumes: &Option<Vec<VolumeHandle>>, volume: VolumeId) -> Result<VolumeHandle, String> {
+    let volumes = volumes.as_ref().ok_or("protocol: request before hello")?;
+    volumes.get(volume.0 as usize).copied().ok_or_else(|| format!("protocol: unknown volume {volume}"))
+}
+
+async fn handle(
+    message: HostMessage,
+    store: &Arc<Store>,
+    volumes: &mut Option<Vec<VolumeHandle>>,
+    replies: &mpsc::UnboundedSender<ElementMessage>,
+    commits: &std::sync::mpsc::Sender<CommitRequest>,
+) -> Result<(), String> {
+    match message {
+        HostMessage::Hello { epoch, volumes: specs } => {
+            if volumes.is_some() {
+                return Err("protocol: second hello".into());
+            }
+            let ours = store.epoch();
+            if epoch < ours {
+                return Err(format!("stale epoch {epoch}: this element already follows epoch {ours}"));
+            }
+            let store2 = store.clone();
+            let (handles, states) = tokio::task::spawn_blocking(move || {
+                let mut handles = Vec::new();
+                let mut states = Vec::new();
+                for spec in &specs {
+                    let handle = store2.ensure_volume(&spec.name, spec.size_bytes).map_err(|e| e.to_string())?;
+                    handles.push(handle);
+                    states.push(VolumeState {
+                        applied_sequence: store2.applied_sequence(handle),
+                        applied_epoch: applied_epoch(&store2, handle),
+                    });
+                }
+                Ok::<_, String>((handles, states))
+            })
+            .await
+            .map_err(|e| e.to_string())??;
+            *volumes = Some(handles);
+            let _ = replies.send(ElementMessage::Welcome { epoch: ours, volumes: states });
+        }
+        HostMessage::Apply(record) => {
+            let handle = handle_of(volumes, record.volume)?;
+            let session_volume = record.volume;
+            commits
+                .send(CommitRequest { record, handle, session_volume, reply: replies.clone() })
+                .map_err(|_| "committer stopped".to_string())?;
+        }
+        HostMessage::Read { request_id, volume, offset_bytes, length_bytes } => {
+            let handle = handle_of(volumes, volume)?;
+            let (store, replies) = (store.clone(), replies.clone());
+            tokio::task::spawn_blocking(move || {
+                let (applied_sequence, result) = match store.read(handle, offset_bytes, length_bytes) {
+                    Ok((sequence, data)) => (sequence, Ok(data)),
+                    Err(e) => (store.applied_sequence(handle), Err(e.to_string())),
+                };
+                let _ = replies.send(ElementMessage::ReadReply { request_id, applied_sequence, result });
+            });
+        }
+        HostMessage::BlockStatus { request_id, volume, offset_bytes, length_bytes } => {
+            let handle = handle_of(volumes, volume)?;
+            let (store, replies) = (store.clone(), replies.clone());
+            tokio::task::spawn_blocking(move || {
+                let (applied_sequence, result) = match store.block_status(handle, offset_bytes, length_bytes) {
+                    Ok((sequence, extents)) => (sequence, Ok(extents)),
+                    Err(e) => (store.applied_sequence(handle), Err(e.to_string())),
+                };
+                let _ = replies.send(ElementMessage::BlockStatusReply { request_id, applied_sequence, result });
+            });
+        }
+        HostMessage::FetchLog { request_id, volume, after, max_bytes } => {
+            let handle = handle_of(volumes, volume)?;
+            let (store, replies) = (store.clone(), replies.clone());
+            tokio::task::spawn_blocking(move || {
+                let result = store
+                    .log_records(handle, after, max_bytes)
+                    .map(|records| {
+                        records.into_iter().map(|r| Record { volume, ..r }).collect::<Vec<_>>()
+                    })
+                    .map_err(|e| e.to_string());
+                let _ = replies.send(ElementMessage::LogRecords { request_id, result });
+            });
+        }
+        HostMessage::Ping { nonce } => {
+            let _ = replies.send(ElementMessage::Pong { nonce });
+        }
+    }
+    Ok(())
+}
+
+/// Epoch of the newest applied record, read from the replay log; 0 ("unknown") when that
+/// record has left the log.
+fn applied_epoch(store: &Store, handle: VolumeHandle) -> proto::Epoch {
+    let applied = store.applied_sequence(handle);
+    if applied == Sequence::ZERO {
+        return proto::Epoch(0);
+    }
+    match store.log_records(handle, Sequence(applied.0 - 1), 1) {
+        Ok(records) => records
+            .first()
+            .filter(|r| r.sequence == applied)
+            .map_or(proto::Epoch(0), |r| r.epoch),
+        Err(_) => proto::Epoch(0),
+    }
+}
+
+/// Per-volume summary of a stopped element's data directory, for `starfish element verify`.
+pub fn verify(data: &std::path::Path) -> Result<Vec<(String, u64, Sequence, String)>, String> {
+    let store = Store::open(data, StoreOptions::default()).map_err(|e| e.to_string())?;
+    let mut out = Vec::new();
+    for (name, size_bytes) in store.volumes() {
+        let handle = store.ensure_volume(&name, size_bytes).map_err(|e| e.to_string())?;
+        let digest = store.verify(handle).map_err(|e| e.to_string())?;
+        if digest.blocks_corrupt > 0 {
+            return Err(format!(
+                "volume {name}: {} of {} blocks fail their checksum",
+                digest.blocks_corrupt, digest.blocks_total
+            ));
+        }
+        out.push((name, size_bytes, digest.applied_sequence, format!("{:016x}", digest.content_digest)));
+    }
+    Ok(out)
+}

@@ -1,0 +1,430 @@
+//! The host element's shell: one actor task owns the sans-IO [`HostCore`]; element sessions,
+//! NBD connections and the admin endpoint talk to it through a channel.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+use proto::{decode_frame, encode_frame, ElementMessage, Op};
+use starfish_core::Reply;
+use starfish_core::{Action, ElementId, Event, HostConfig, HostCore, HostError, HostStatus, Time, Token};
+use tokio::io::{AsyncReadExt, AsyncWriteExt, BufWriter};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::nbd_server::{self, Backend, BoxFuture, ExportInfo, Extent, ServerOptions};
+
+/// Where the host element listens and which elements it uses.
+#[derive(Clone, Debug)]
+pub struct HostOptions {
+    pub nbd: SocketAddr,
+    pub admin: SocketAddr,
+    /// Element addresses, in the order of `config.elements`.
+    pub element_addresses: Vec<SocketAddr>,
+    pub config: HostConfig,
+}
+
+enum Request {
+    Read { offset_bytes: u64, length_bytes: u32 },
+    Write(Op),
+    Flush,
+    BlockStatus { offset_bytes: u64, length_bytes: u64 },
+}
+
+enum Input {
+    Host { volume: u32, request: Request, reply: oneshot::Sender<Reply> },
+    Connected { element: ElementId, session: u64, frames: mpsc::UnboundedSender<Bytes>, close: oneshot::Sender<()> },
+    Message { element: ElementId, session: u64, message: ElementMessage },
+    Disconnected { element: ElementId, session: u64, reason: String },
+    Status { reply: oneshot::Sender<HostStatus> },
+}
+
+struct Session {
+    id: u64,
+    frames: mpsc::UnboundedSender<Bytes>,
+    _close: oneshot::Sender<()>,
+}
+
+/// A handle to a running host element.
+#[derive(Clone)]
+pub struct HostHandle {
+    inputs: mpsc::UnboundedSender<Input>,
+    addresses: Arc<Vec<String>>,
+}
+
+impl HostHandle {
+    /// Element addresses, in configuration order.
+    pub fn addresses(&self) -> &[String] {
+        &self.addresses
+    }
+
+    pub async fn status(&self) -> Option<HostStatus> {
+        let (reply, rx) = oneshot::channel();
+        self.inputs.send(Input::Status { reply }).ok()?;
+        rx.await.ok()
+    }
+}
+
+/// Start the host element: the core actor, element sessions, the NBD server and the admin
+/// endpoint. Returns once everything listens; the tasks run until the runtime stops.
+pub async fn start(options: HostOptions) -> std::io::Result<HostHandle> {
+    options.config.validate().map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+    let nbd_listener = TcpListener::bind(options.nbd).await.map_err(|e| {
+        std::io::Error::new(e.kind(), format!("cannot listen for NBD on {}: {e}", options.nbd))
+    })?;
+    let admin_listener = TcpListener::bind(options.admin).await.map_err(|e| {
+        std::io::Error::new(e.kind(), format!("cannot listen for admin on {}: {e}", options.admin))
+    })?;
+    let (inputs, rx) = mpsc::unbounded_channel();
+    let addresses = options.element_addresses.iter().map(|a| a.to_string()).collect();
+    let handle = HostHandle { inputs: inputs.clone(), addresses: Arc::new(addresses) };
+    let origin = Instant::now();
+    let core = HostCore::new(options.config.clone(), Time(0));
+    tracing::info!(
+        epoch = %options.config.epoch,
+        quorum = options.config.quorum,
+        elements = options.config.elements.len(),
+        "host element starting"
+    );
+    tokio::spawn(run_actor(core, origin, rx, options.config.elements.clone()));
+    for (i, address) in options.element_addresses.iter().enumerate() {
+        tokio::spawn(run_element_link(ElementId(i as u8), *address, inputs.clone()));
+    }
+    let backend = Arc::new(HostBackend {
+        inputs: inputs.clone(),
+        exports: options
+            .config
+            .volumes
+            .iter()
+            .map(|v| ExportInfo {
+                name: v.name.clone(),
+                size_bytes: v.size_bytes,
+                description: format!("StarFish volume {}", v.name),
+            })
+            .collect(),
+    });
+    let server_options = ServerOptions { multi_conn: true, ..ServerOptions::default() };
+    tokio::spawn(async move {
+        if let Err(e) = nbd_server::serve(nbd_listener, backend, server_options).await {
+            tracing::error!(error = %e, "NBD server stopped");
+        }
+    });
+    tokio::spawn(crate::admin::serve(admin_listener, handle.clone()));
+    tracing::info!(nbd = %options.nbd, admin = %options.admin, "host element listening");
+    Ok(handle)
+}
+
+fn now(origin: Instant) -> Time {
+    Time(origin.elapsed().as_micros() as u64)
+}
+
+async fn run_actor(mut core: HostCore, origin: Instant, mut rx: mpsc::UnboundedReceiver<Input>, names: Vec<String>) {
+    let mut sessions: Vec<Option<Session>> = names.iter().map(|_| None).collect();
+    let mut waiting: HashMap<Token, oneshot::Sender<Reply>> = HashMap::new();
+    let mut next_token = 0u64;
+    loop {
+        let deadline = core.poll_timeout();
+        let sleep = async {
+            match deadline {
+                Some(t) => {
+                    let at = origin + Duration::from_micros(t.0);
+                    tokio::time::sleep_until(at.into()).await
+                }
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            input = rx.recv() => {
+                let Some(input) = input else { return };
+                let mut input = Some(input);
+                // Take what else is already waiting, so bursts are handled together.
+                for _ in 0..256 {
+                    let Some(one) = input.take().or_else(|| rx.try_recv().ok()) else { break };
+                    handle_input(&mut core, origin, one, &mut sessions, &mut waiting, &mut next_token);
+                }
+            }
+            _ = sleep => core.handle_timeout(now(origin)),
+        }
+        while let Some(action) = core.poll_action() {
+            match action {
+                Action::Send { to, message } => {
+                    let mut buf = BytesMut::new();
+                    encode_frame(&message, &mut buf);
+                    let frame = buf.freeze();
+                    for element in to.iter() {
+                        if let Some(session) = &sessions[element.0 as usize] {
+                            let _ = session.frames.send(frame.clone());
+                        }
+                    }
+                }
+                Action::Disconnect { element } => {
+                    // Dropping the session closes its socket; its link task reports back.
+                    sessions[element.0 as usize] = None;
+                }
+                Action::Reply { token, reply } => {
+                    if let Some(tx) = waiting.remove(&token) {
+                        let _ = tx.send(reply);
+                    }
+                }
+                Action::Event(event) => log_event(&core, &names, event),
+            }
+        }
+    }
+}
+
+fn handle_input(
+    core: &mut HostCore,
+    origin: Instant,
+    input: Input,
+    sessions: &mut [Option<Session>],
+    waiting: &mut HashMap<Token, oneshot::Sender<Reply>>,
+    next_token: &mut u64,
+) {
+    let t = now(origin);
+    match input {
+        Input::Host { volume, request, reply } => {
+            *next_token += 1;
+            let token = Token(*next_token);
+            waiting.insert(token, reply);
+            let volume = proto::VolumeId(volume);
+            match request {
+                Request::Read { offset_bytes, length_bytes } => {
+                    core.handle_host_read(t, token, volume, offset_bytes, length_bytes)
+                }
+                Request::Write(op) => core.handle_host_write(t, token, volume, op),
+                Request::Flush => core.handle_host_flush(t, token, volume),
+                Request::BlockStatus { offset_bytes, length_bytes } => {
+                    core.handle_host_block_status(t, token, volume, offset_bytes, length_bytes)
+                }
+            }
+        }
+        Input::Connected { element, session, frames, close } => {
+            sessions[element.0 as usize] = Some(Session { id: session, frames, _close: close });
+            core.handle_element_connected(t, element);
+        }
+        Input::Message { element, session, message } => {
+            if sessions[element.0 as usize].as_ref().is_some_and(|s| s.id == session) {
+                core.handle_element_message(t, element, message);
+            }
+        }
+        Input::Disconnected { element, session, reason } => {
+            let current = sessions[element.0 as usize].as_ref().map(|s| s.id);
+            if current == Some(session) {
+                sessions[element.0 as usize] = None;
+            }
+            // The core hears about every session end exactly once (sessions that never
+            // connected are reported with id 0 and only refresh the failure reason).
+            if current == Some(session) || current.is_none() {
+                core.handle_element_disconnected(t, element, &reason);
+            }
+        }
+        Input::Status { reply } => {
+            let _ = reply.send(core.status(t));
+        }
+    }
+}
+
+fn log_event(core: &HostCore, names: &[String], event: Event) {
+    let name = |e: ElementId| names[e.0 as usize].as_str();
+    let volume_name = |v: proto::VolumeId| core.config().volumes[v.0 as usize].name.as_str();
+    match event {
+        Event::Ready { volume, last } => {
+            tracing::info!(volume = volume_name(volume), sequence = %last, "volume ready")
+        }
+        Event::ElementFailed { element, reason } => {
+            tracing::warn!(element = name(element), %reason, "element failed")
+        }
+        Event::RecoveryStarted { element, kind, records } => tracing::info!(
+            element = name(element),
+            kind = kind.as_str(),
+            records,
+            "recovery started"
+        ),
+        Event::ElementInSync { element } => tracing::info!(element = name(element), "element in sync"),
+        Event::VolumeMode { volume, mode, in_sync } => {
+            let volume = volume_name(volume);
+            match mode {
+                starfish_core::VolumeMode::ReadOnly => tracing::error!(
+                    volume,
+                    in_sync,
+                    quorum = core.config().quorum,
+                    "volume is READ-ONLY: fewer in-sync elements than the write quorum; writes fail with EPERM until enough elements are back"
+                ),
+                starfish_core::VolumeMode::ReadWrite => {
+                    tracing::info!(volume, in_sync, "volume is read-write")
+                }
+            }
+        }
+        Event::Throttled { volume } => tracing::warn!(
+            volume = volume_name(volume),
+            "write queue full: throttling new writes until the slowest element catches up"
+        ),
+    }
+}
+
+/// Keep one session to an element: connect, pump frames both ways, reconnect with backoff.
+async fn run_element_link(element: ElementId, address: SocketAddr, inputs: mpsc::UnboundedSender<Input>) {
+    let mut session_id = (element.0 as u64) << 48;
+    let mut backoff = Duration::from_millis(50);
+    loop {
+        match TcpStream::connect(address).await {
+            Ok(stream) => {
+                backoff = Duration::from_millis(50);
+                session_id += 1;
+                let _ = stream.set_nodelay(true);
+                let (frames_tx, frames_rx) = mpsc::unbounded_channel();
+                let (close_tx, close_rx) = oneshot::channel();
+                if inputs
+                    .send(Input::Connected { element, session: session_id, frames: frames_tx, close: close_tx })
+                    .is_err()
+                {
+                    return;
+                }
+                let reason = run_session(element, session_id, stream, frames_rx, close_rx, &inputs).await;
+                if inputs.send(Input::Disconnected { element, session: session_id, reason }).is_err() {
+                    return;
+                }
+            }
+            Err(e) => {
+                let reason = format!("{address}: {e}");
+                if inputs.send(Input::Disconnected { element, session: 0, reason }).is_err() {
+                    return;
+                }
+            }
+        }
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(Duration::from_secs(1));
+    }
+}
+
+async fn run_session(
+    element: ElementId,
+    session: u64,
+    stream: TcpStream,
+    mut frames: mpsc::UnboundedReceiver<Bytes>,
+    mut close: oneshot::Receiver<()>,
+    inputs: &mpsc::UnboundedSender<Input>,
+) -> String {
+    let (mut read_half, write_half) = stream.into_split();
+    let writer = async move {
+        let mut out = BufWriter::with_capacity(256 * 1024, write_half);
+        while let Some(frame) = frames.recv().await {
+            out.write_all(&frame).await?;
+            while let Ok(frame) = frames.try_recv() {
+                out.write_all(&frame).await?;
+            }
+            out.flush().await?;
+        }
+        Ok::<(), std::io::Error>(())
+    };
+    let reader = async {
+        let mut buf = BytesMut::with_capacity(256 * 1024);
+        loop {
+            loop {
+                match decode_frame::<ElementMessage>(&mut buf) {
+                    Ok(Some(message)) => {
+                        if inputs.send(Input::Message { element, session, message }).is_err() {
+                            return "host element stopping".to_string();
+                        }
+                    }
+                    Ok(None) => break,
+                    Err(e) => return format!("bad frame from element: {e}"),
+                }
+            }
+            if buf.capacity() - buf.len() < 64 * 1024 {
+                buf.reserve(256 * 1024);
+            }
+            match read_half.read_buf(&mut buf).await {
+                Ok(0) => return "element closed the connection".to_string(),
+                Ok(_) => {}
+                Err(e) => return format!("read error: {e}"),
+            }
+        }
+    };
+    tokio::select! {
+        reason = reader => reason,
+        result = writer => match result {
+            Ok(()) => "closed by the host element".to_string(),
+            Err(e) => format!("write error: {e}"),
+        },
+        _ = &mut close => "closed by the host element".to_string(),
+    }
+}
+
+struct HostBackend {
+    inputs: mpsc::UnboundedSender<Input>,
+    exports: Vec<ExportInfo>,
+}
+
+impl HostBackend {
+    fn call(&self, export: &str, request: Request) -> Option<oneshot::Receiver<Reply>> {
+        let volume = self.exports.iter().position(|e| e.name == export)? as u32;
+        let (reply, rx) = oneshot::channel();
+        self.inputs.send(Input::Host { volume, request, reply }).ok()?;
+        Some(rx)
+    }
+}
+
+fn errno(error: HostError) -> nbd::Errno {
+    match error {
+        HostError::ReadOnly => nbd::Errno::Perm,
+        HostError::QuorumLost | HostError::Unavailable => nbd::Errno::Io,
+    }
+}
+
+fn done(rx: Option<oneshot::Receiver<Reply>>) -> BoxFuture<Result<(), nbd::Errno>> {
+    Box::pin(async move {
+        match rx.ok_or(nbd::Errno::Io)?.await {
+            Ok(Reply::Done(result)) => result.map_err(errno),
+            _ => Err(nbd::Errno::Io),
+        }
+    })
+}
+
+impl Backend for HostBackend {
+    fn exports(&self) -> Vec<ExportInfo> {
+        self.exports.clone()
+    }
+
+    fn read(&self, export: &str, offset_bytes: u64, length_bytes: u32) -> BoxFuture<Result<Bytes, nbd::Errno>> {
+        let rx = self.call(export, Request::Read { offset_bytes, length_bytes });
+        Box::pin(async move {
+            match rx.ok_or(nbd::Errno::Io)?.await {
+                Ok(Reply::Read(result)) => result.map_err(errno),
+                _ => Err(nbd::Errno::Io),
+            }
+        })
+    }
+
+    fn write(&self, export: &str, offset_bytes: u64, data: Bytes, _fua: bool) -> BoxFuture<Result<(), nbd::Errno>> {
+        done(self.call(export, Request::Write(Op::Write { offset_bytes, data })))
+    }
+
+    fn write_zeroes(&self, export: &str, offset_bytes: u64, length_bytes: u64, _fua: bool) -> BoxFuture<Result<(), nbd::Errno>> {
+        done(self.call(export, Request::Write(Op::WriteZeroes { offset_bytes, length_bytes })))
+    }
+
+    fn trim(&self, export: &str, offset_bytes: u64, length_bytes: u64, _fua: bool) -> BoxFuture<Result<(), nbd::Errno>> {
+        done(self.call(export, Request::Write(Op::Trim { offset_bytes, length_bytes })))
+    }
+
+    fn flush(&self, export: &str) -> BoxFuture<Result<(), nbd::Errno>> {
+        done(self.call(export, Request::Flush))
+    }
+
+    fn block_status(&self, export: &str, offset_bytes: u64, length_bytes: u64) -> BoxFuture<Result<Vec<Extent>, nbd::Errno>> {
+        let rx = self.call(export, Request::BlockStatus { offset_bytes, length_bytes });
+        Box::pin(async move {
+            match rx.ok_or(nbd::Errno::Io)?.await {
+                Ok(Reply::BlockStatus(result)) => Ok(result
+                    .map_err(errno)?
+                    .into_iter()
+                    .map(|e| Extent { length_bytes: e.length_bytes, hole: !e.allocated })
+                    .collect()),
+                _ => Err(nbd::Errno::Io),
+            }
+        })
+    }
+}

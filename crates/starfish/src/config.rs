@@ -1,0 +1,198 @@
+//! Host element configuration: the TOML file, the flag syntaxes (`NAME=ADDRESS`,
+//! `NAME:SIZE`), sizes with units, and validation into [`HostOptions`].
+
+use std::net::SocketAddr;
+use std::path::Path;
+
+use anyhow::{bail, Context, Result};
+use proto::{Epoch, VolumeSpec};
+use serde::Deserialize;
+use shell::host::HostOptions;
+use starfish_core::HostConfig;
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HostFile {
+    pub nbd: Option<SocketAddr>,
+    pub admin: Option<SocketAddr>,
+    pub quorum: Option<usize>,
+    /// Sizes as strings with units ("128MiB") or plain byte counts.
+    pub write_queue: Option<String>,
+    pub read_cache: Option<String>,
+    #[serde(default)]
+    pub element: Vec<ElementEntry>,
+    #[serde(default)]
+    pub volume: Vec<VolumeEntry>,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ElementEntry {
+    pub name: String,
+    pub address: SocketAddr,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VolumeEntry {
+    pub name: String,
+    pub size: String,
+}
+
+impl HostFile {
+    pub fn load(path: &Path) -> Result<HostFile> {
+        let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        toml::from_str(&text).with_context(|| format!("parsing {}", path.display()))
+    }
+
+    pub fn into_options(self, epoch: Epoch) -> Result<HostOptions> {
+        let nbd = self.nbd.context("the NBD address is missing (--nbd or nbd = \"...\")")?;
+        let admin = self.admin.context("the admin address is missing (--admin or admin = \"...\")")?;
+        if self.element.is_empty() {
+            bail!("no elements configured (--element NAME=ADDRESS, repeatable)");
+        }
+        if self.volume.is_empty() {
+            bail!("no volumes configured (--volume NAME:SIZE, repeatable)");
+        }
+        let quorum = self.quorum.unwrap_or(self.element.len() / 2 + 1);
+        let mut volumes = Vec::new();
+        for v in &self.volume {
+            let size_bytes = parse_size(&v.size).map_err(anyhow::Error::msg).with_context(|| format!("volume {}", v.name))?;
+            volumes.push(VolumeSpec { name: v.name.clone(), size_bytes });
+        }
+        let mut config = HostConfig::new(epoch, quorum, self.element.iter().map(|e| e.name.clone()).collect(), volumes);
+        if let Some(s) = &self.write_queue {
+            config.write_queue_bytes = parse_size(s).map_err(anyhow::Error::msg).context("write queue")?;
+        }
+        if let Some(s) = &self.read_cache {
+            config.read_cache_bytes = parse_size(s).map_err(anyhow::Error::msg).context("read cache")?;
+        }
+        config.validate().map_err(anyhow::Error::msg)?;
+        Ok(HostOptions { nbd, admin, element_addresses: self.element.iter().map(|e| e.address).collect(), config })
+    }
+}
+
+pub fn parse_element(s: &str) -> Result<ElementEntry> {
+    let (name, address) = s
+        .split_once('=')
+        .with_context(|| format!("element {s:?}: expected NAME=ADDRESS, e.g. near=127.0.0.1:7102"))?;
+    if name.is_empty() {
+        bail!("element {s:?}: the name is empty");
+    }
+    let address = address.parse().with_context(|| format!("element {s:?}: bad address {address:?}"))?;
+    Ok(ElementEntry { name: name.to_string(), address })
+}
+
+pub fn parse_volume(s: &str) -> Result<VolumeEntry> {
+    let (name, size) =
+        s.rsplit_once(':').with_context(|| format!("volume {s:?}: expected NAME:SIZE, e.g. vol0:1GiB"))?;
+    parse_size(size).map_err(anyhow::Error::msg).with_context(|| format!("volume {s:?}"))?;
+    Ok(VolumeEntry { name: name.to_string(), size: size.to_string() })
+}
+
+/// `4096`, `64KiB`, `512MiB`, `1GiB`, `2TiB` (also `K`, `M`, `G`, `T`, `KB`… as binary units).
+pub fn parse_size(s: &str) -> std::result::Result<u64, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (number, unit) = t.split_at(split);
+    let number: u64 = number.parse().map_err(|_| format!("bad size {s:?}: expected e.g. 1GiB"))?;
+    let shift = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 0,
+        "k" | "kb" | "kib" => 10,
+        "m" | "mb" | "mib" => 20,
+        "g" | "gb" | "gib" => 30,
+        "t" | "tb" | "tib" => 40,
+        other => return Err(format!("bad size {s:?}: unknown unit {other:?} (use KiB, MiB, GiB or TiB)")),
+    };
+    number.checked_mul(1u64 << shift).ok_or_else(|| format!("size {s:?} is too large"))
+}
+
+pub fn format_size(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut value = bytes;
+    let mut unit = 0;
+    while unit + 1 < UNITS.len() && value >= 1024 && value % 1024 == 0 {
+        value /= 1024;
+        unit += 1;
+    }
+    format!("{value}{}", UNITS[unit])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes() {
+        fn check(s: &str, want: Option<u64>) {
+            assert_eq!(parse_size(s).ok(), want, "{s}");
+        }
+        check("4096", Some(4096));
+        check("1GiB", Some(1 << 30));
+        check("64KiB", Some(64 << 10));
+        check("512M", Some(512 << 20));
+        check("1.5GiB", None);
+        check("GiB", None);
+        check("3 parsecs", None);
+        check("99999999999TiB", None);
+        assert_eq!(format_size(1 << 30), "1GiB");
+        assert_eq!(format_size(1000), "1000B");
+    }
+
+    #[test]
+    fn flags_and_file_agree() {
+        let file: HostFile = toml::from_str(
+            r#"
+            nbd = "127.0.0.1:10809"
+            admin = "127.0.0.1:7100"
+            quorum = 2
+            [[element]]
+            name = "local"
+            address = "127.0.0.1:7101"
+            [[element]]
+            name = "near"
+            address = "127.0.0.1:7102"
+            [[element]]
+            name = "far"
+            address = "127.0.0.1:7103"
+            [[volume]]
+            name = "vol0"
+            size = "1GiB"
+            "#,
+        )
+        .expect("valid TOML");
+        let from_file = file.into_options(Epoch(1)).expect("valid");
+        let from_flags = HostFile {
+            nbd: Some("127.0.0.1:10809".parse().unwrap()),
+            admin: Some("127.0.0.1:7100".parse().unwrap()),
+            quorum: Some(2),
+            element: ["local=127.0.0.1:7101", "near=127.0.0.1:7102", "far=127.0.0.1:7103"]
+                .iter()
+                .map(|s| parse_element(s).unwrap())
+                .collect(),
+            volume: vec![parse_volume("vol0:1GiB").unwrap()],
+            ..HostFile::default()
+        }
+        .into_options(Epoch(1))
+        .expect("valid");
+        assert_eq!(format!("{from_file:?}"), format!("{from_flags:?}"));
+    }
+
+    #[test]
+    fn bad_configuration_is_explained() {
+        let err = |f: HostFile| f.into_options(Epoch(1)).unwrap_err().to_string();
+        assert!(err(HostFile::default()).contains("NBD address"));
+        let base = || HostFile {
+            nbd: Some("127.0.0.1:1".parse().unwrap()),
+            admin: Some("127.0.0.1:2".parse().unwrap()),
+            element: vec![parse_element("a=127.0.0.1:3").unwrap()],
+            volume: vec![parse_volume("v:1MiB").unwrap()],
+            ..HostFile::default()
+        };
+        assert!(err(HostFile { quorum: Some(2), ..base() }).contains("quorum"));
+        assert!(err(HostFile { volume: vec![], ..base() }).contains("no volumes"));
+        assert!(parse_element("nonsense").is_err());
+        assert!(parse_volume("vol0").is_err());
+        assert!(toml::from_str::<HostFile>("quorom = 2").is_err(), "typos are rejected");
+    }
+}
