@@ -1,1 +1,150 @@
-//! placeholder
+//! The element's durable storage engine: one data directory holds several volumes, a
+//! write-ahead log shared by all of them, and per volume a sparse data file and a block map.
+//!
+//! A commit is one group commit: every record of the batch is checked (epoch, sequence, range),
+//! its partial edge blocks are merged with their current content, the batch is written to the
+//! log in one vectored write and made durable with one `fdatasync`, and only then applied to
+//! the data files. Replaying the log therefore never needs to read a data file, and a record is
+//! never applied before it is durable. The byte layout is in `docs/on-disk-format.md`.
+//!
+//! Blocking std I/O only: the element shell calls `commit` from one committer thread and
+//! `read`/`block_status` from any number of threads.
+
+mod block_map;
+mod error;
+mod log;
+mod meta;
+mod reclaim;
+mod store;
+mod sys;
+mod volume;
+
+#[cfg(test)]
+mod tests;
+
+pub use error::StoreError;
+pub use store::Store;
+
+use proto::{Sequence, BLOCK_BYTES, PAYLOAD_BYTES_MAX};
+
+// ---------------------------------------------------------------------------------------------
+// Bounds. Every size the store allocates or writes is bounded by one of these.
+// ---------------------------------------------------------------------------------------------
+
+/// Default for [`StoreOptions::checkpoint_log_bytes`]: the live log (and so crash replay) stays
+/// around this size; every checkpoint starts a new log segment.
+pub const CHECKPOINT_LOG_BYTES_DEFAULT: u64 = 64 * 1024 * 1024;
+/// Default for [`StoreOptions::replay_log_bytes`]: closed log segments kept for peer recovery.
+pub const REPLAY_LOG_BYTES_DEFAULT: u64 = 256 * 1024 * 1024;
+/// Smallest accepted `checkpoint_log_bytes`: below this, checkpoints would dominate.
+pub const CHECKPOINT_LOG_BYTES_MIN: u64 = 64 * 1024;
+/// Largest accepted `checkpoint_log_bytes`: bounds replay time after a crash.
+pub const CHECKPOINT_LOG_BYTES_MAX: u64 = 4 * 1024 * 1024 * 1024;
+/// Largest log batch (header and records). A commit bigger than this is written as several
+/// batches, still with one `fdatasync`. One record of the largest payload always fits.
+pub const LOG_BATCH_BYTES_MAX: u64 = 64 * 1024 * 1024;
+/// Largest encoded log record: header, one checksum per block, the payload widened to whole
+/// blocks (one more block at each end).
+pub const LOG_RECORD_BYTES_MAX: u64 = log::RECORD_FRAME_BYTES
+    + log::RECORD_HEADER_BYTES
+    + (PAYLOAD_BYTES_MAX as u64 / BLOCK_BYTES + 2) * (BLOCK_BYTES + 4);
+/// Volumes per store.
+pub const VOLUMES_MAX: usize = 4096;
+/// Longest volume name, in bytes of UTF-8 (the wire protocol's limit).
+pub const VOLUME_NAME_BYTES_MAX: usize = 255;
+/// Largest volume: 16 TiB. The in-memory block map costs 12 bytes per 4 KiB block (3 MiB per
+/// GiB of volume), so this is a bound, not a recommendation.
+pub const VOLUME_BYTES_MAX: u64 = 16 << 40;
+/// Blocks described by one block map chunk: one chunk slot is exactly one 4 KiB page.
+pub const MAP_CHUNK_BLOCKS: u64 = 340;
+/// Most extents one `block_status` answer returns; the answer then covers a prefix of the range.
+pub const BLOCK_STATUS_EXTENTS_MAX: usize = 1 << 16;
+/// Most bytes of file data one reclaim slice punches (under the commit lock, so this bounds
+/// the delay a background reclaim adds to a commit: ext4 frees ~40 extents per millisecond).
+pub const RECLAIM_PUNCH_BYTES_MAX: u64 = 1024 * 1024;
+/// Most blocks one reclaim slice examines (map runs and `SEEK_DATA`, cheap).
+pub const RECLAIM_SCAN_BLOCKS_MAX: u64 = 256 * 1024;
+/// How long `Store::open` retries a held directory lock before reporting it locked.
+pub const LOCK_WAIT_MS: u64 = 500;
+/// Read unit of `verify` and of log scans.
+pub const SCAN_BUFFER_BYTES: u64 = 4 * 1024 * 1024;
+
+const _: () = assert!(LOG_RECORD_BYTES_MAX + (log::BATCH_HEADER_BYTES as u64) <= LOG_BATCH_BYTES_MAX);
+const _: () = assert!(CHECKPOINT_LOG_BYTES_MIN <= CHECKPOINT_LOG_BYTES_DEFAULT);
+const _: () = assert!(CHECKPOINT_LOG_BYTES_DEFAULT <= CHECKPOINT_LOG_BYTES_MAX);
+const _: () = assert!(
+    block_map::SLOT_HEADER_BYTES + MAP_CHUNK_BLOCKS * block_map::ENTRY_BYTES == BLOCK_BYTES
+);
+const _: () = assert!(VOLUME_BYTES_MAX / BLOCK_BYTES < 1 << 62);
+const _: () = assert!(SCAN_BUFFER_BYTES % BLOCK_BYTES == 0);
+
+// ---------------------------------------------------------------------------------------------
+// Public types.
+// ---------------------------------------------------------------------------------------------
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StoreOptions {
+    /// Checkpoint (sync the data files, persist the block maps, start a new log segment) once
+    /// the live log segment holds this many bytes.
+    pub checkpoint_log_bytes: u64,
+    /// Keep closed log segments (the replay log, served to recovering peers through
+    /// [`Store::log_records`]) up to this many bytes; older segments are deleted.
+    pub replay_log_bytes: u64,
+}
+
+impl Default for StoreOptions {
+    fn default() -> Self {
+        StoreOptions {
+            checkpoint_log_bytes: CHECKPOINT_LOG_BYTES_DEFAULT,
+            replay_log_bytes: REPLAY_LOG_BYTES_DEFAULT,
+        }
+    }
+}
+
+/// A volume of one open [`Store`]. Only meaningful for the store that returned it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct VolumeHandle(u32);
+
+impl VolumeHandle {
+    fn index(self) -> usize {
+        self.0 as usize
+    }
+}
+
+/// What one [`Store::commit`] did.
+#[derive(Debug, Default)]
+pub struct CommitOutcome {
+    /// Every volume named in the batch, in order of first appearance, with its applied
+    /// sequence after the commit (unchanged if all its records were duplicates or rejected).
+    pub applied: Vec<(VolumeHandle, Sequence)>,
+    /// Records skipped because their sequence was already applied.
+    pub duplicates: usize,
+    /// Records refused (gap, stale epoch, out of range, corrupt base block). Nothing of them
+    /// was logged or applied; the caller turns them into a fault of the session.
+    pub rejected: Vec<Rejected>,
+}
+
+/// One refused record of a commit batch.
+#[derive(Debug)]
+pub struct Rejected {
+    /// Position in the batch passed to [`Store::commit`].
+    pub index: usize,
+    pub volume: VolumeHandle,
+    pub sequence: Sequence,
+    pub error: StoreError,
+}
+
+/// Summary of a volume's content, equal on two replicas exactly when their logical content is
+/// equal (up to hash collisions), whatever their allocation or history.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct VolumeDigest {
+    pub applied_sequence: Sequence,
+    /// See [`Store::verify`] for the definition.
+    pub content_digest: u64,
+    pub blocks_total: u64,
+    pub blocks_allocated: u64,
+    /// Blocks whose content does not match their checksum (their actual content went into the
+    /// digest, so the digest then differs from a healthy replica's).
+    pub blocks_corrupt: u64,
+    pub first_corrupt_block: Option<u64>,
+}

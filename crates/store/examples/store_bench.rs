@@ -1,0 +1,133 @@
+//! Micro-benchmark of the store: group-committed 4 KiB writes, large writes, reads, and a
+//! whole-volume trim, with real `fdatasync`s. Reports figures; asserts nothing.
+//!
+//! `cargo run --release -p store --example store_bench -- [DIR] [SECONDS_PER_PHASE]`
+
+use std::{
+    path::PathBuf,
+    time::{Duration, Instant},
+};
+
+use bytes::Bytes;
+use proto::{Epoch, Op, Record, Sequence, VolumeId};
+use store::{Store, StoreOptions, VolumeHandle};
+
+const VOLUME_BYTES: u64 = 4 << 30;
+
+struct Bench {
+    store: Store,
+    volume: VolumeHandle,
+    sequence: u64,
+}
+
+impl Bench {
+    /// Commit batches of `batch` writes of `size` bytes for `seconds`; offsets sequential or
+    /// pseudo-random. Prints ops/s and MB/s.
+    fn writes(&mut self, name: &str, size: u64, batch: usize, random: bool, seconds: f64) {
+        let data = Bytes::from(vec![0x5a; size as usize]);
+        let slots = VOLUME_BYTES / size;
+        let mut rng = 0x2545_f491_4f6c_dd1du64;
+        let mut next_slot = 0;
+        let (mut ops, mut commits) = (0u64, 0u64);
+        let mut latency_max = Duration::ZERO;
+        let started = Instant::now();
+        while started.elapsed().as_secs_f64() < seconds {
+            let records: Vec<(VolumeHandle, Record)> = (0..batch)
+                .map(|_| {
+                    let slot = if random {
+                        rng ^= rng << 13;
+                        rng ^= rng >> 7;
+                        rng ^= rng << 17;
+                        rng % slots
+                    } else {
+                        next_slot = (next_slot + 1) % slots;
+                        next_slot
+                    };
+                    self.sequence += 1;
+                    let op = Op::Write { offset_bytes: slot * size, data: data.clone() };
+                    (self.volume, Record { volume: VolumeId(0), epoch: Epoch(1), sequence: Sequence(self.sequence), op })
+                })
+                .collect();
+            let commit_started = Instant::now();
+            let outcome = self.store.commit(&records).expect("commit");
+            latency_max = latency_max.max(commit_started.elapsed());
+            assert!(outcome.rejected.is_empty());
+            ops += batch as u64;
+            commits += 1;
+        }
+        let elapsed = started.elapsed().as_secs_f64();
+        println!(
+            "{name:<34} {:>9.0} ops/s {:>8.1} MB/s {:>8.0} commits/s  mean commit {:>7.0} us  max {:>6.1} ms",
+            ops as f64 / elapsed,
+            (ops * size) as f64 / elapsed / 1e6,
+            commits as f64 / elapsed,
+            elapsed * 1e6 / commits as f64,
+            latency_max.as_secs_f64() * 1e3,
+        );
+    }
+
+    fn reads(&mut self, name: &str, size: u32, seconds: f64) {
+        let slots = (64 << 20) / size as u64; // the first 64 MiB were written sequentially
+        let mut rng = 0x9E37_79B9_7F4A_7C15u64;
+        let mut ops = 0u64;
+        let started = Instant::now();
+        while started.elapsed().as_secs_f64() < seconds {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            let (_, data) = self.store.read(self.volume, (rng % slots) * size as u64, size).expect("read");
+            assert_eq!(data.len(), size as usize);
+            ops += 1;
+        }
+        let elapsed = started.elapsed().as_secs_f64();
+        println!(
+            "{name:<34} {:>9.0} ops/s {:>8.1} MB/s  (page cache, crc checked)",
+            ops as f64 / elapsed,
+            (ops * size as u64) as f64 / elapsed / 1e6
+        );
+    }
+}
+
+fn main() {
+    let mut args = std::env::args().skip(1);
+    let dir = PathBuf::from(args.next().unwrap_or_else(|| "/tmp/starfish-store-bench".into()));
+    let seconds: f64 = args.next().map(|s| s.parse().expect("seconds")).unwrap_or(3.0);
+    let _ = std::fs::remove_dir_all(&dir);
+    let options = StoreOptions::default();
+    let store = Store::open(&dir, options).expect("open");
+    let volume = store.ensure_volume("bench", VOLUME_BYTES).expect("volume");
+    println!(
+        "store in {} (checkpoint every {} MiB of log, replay log {} MiB), {seconds} s per phase",
+        dir.display(),
+        options.checkpoint_log_bytes >> 20,
+        options.replay_log_bytes >> 20
+    );
+    let mut bench = Bench { store, volume, sequence: 0 };
+    bench.writes("4 KiB sequential, batches of 16", 4096, 16, false, seconds);
+    bench.writes("4 KiB random, batches of 16", 4096, 16, true, seconds);
+    bench.writes("4 KiB random, batches of 64", 4096, 64, true, seconds);
+    bench.writes("4 KiB random, batches of 1", 4096, 1, true, seconds);
+    bench.writes("1 MiB sequential, batches of 1", 1 << 20, 1, false, seconds);
+    bench.writes("1 MiB sequential, batches of 4", 1 << 20, 4, false, seconds);
+    bench.reads("4 KiB random reads", 4096, seconds);
+    bench.reads("1 MiB random reads", 1 << 20, seconds);
+    let started = Instant::now();
+    bench.sequence += 1;
+    let trim = Record {
+        volume: VolumeId(0),
+        epoch: Epoch(1),
+        sequence: Sequence(bench.sequence),
+        op: Op::Trim { offset_bytes: 0, length_bytes: VOLUME_BYTES },
+    };
+    bench.store.commit(&[(volume, trim)]).expect("trim");
+    println!("trim of the whole 4 GiB volume: {:?}", started.elapsed());
+    let started = Instant::now();
+    bench.store.checkpoint().expect("checkpoint");
+    println!("final checkpoint: {:?}", started.elapsed());
+    drop(bench);
+    let started = Instant::now();
+    let store = Store::open(&dir, options).expect("reopen");
+    println!("reopen (4 GiB volume, empty live log): {:?}", started.elapsed());
+    drop(store);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -1,0 +1,448 @@
+//! The per-block map of a volume — last-write sequence, content checksum, allocated or hole —
+//! in memory, and its map file, written incrementally at checkpoints.
+//!
+//! The map file holds two slots per chunk of [`MAP_CHUNK_BLOCKS`] blocks. A checkpoint writes a
+//! dirty chunk into the slot that does not hold its current image, stamped with the
+//! checkpoint's generation, so a crash in the middle of a checkpoint leaves the previous image
+//! intact. The metadata file, renamed last, names the committed generation and a digest of the
+//! generation chosen for every chunk: loading picks per chunk the newest slot not newer than
+//! the committed generation, and the digest proves nothing fell back to an older image.
+
+use std::{
+    fs::{File, OpenOptions},
+    ops::Range,
+    os::unix::fs::FileExt,
+    path::Path,
+    sync::OnceLock,
+};
+
+use proto::{Sequence, BLOCK_BYTES};
+
+use crate::{error::io_error, StoreError, MAP_CHUNK_BLOCKS, SCAN_BUFFER_BYTES};
+
+const MAP_MAGIC: [u8; 8] = *b"SFBLKMAP";
+const MAP_VERSION: u32 = 1;
+/// The map file header fills the first page; the header proper is its first 40 bytes.
+const MAP_HEADER_BYTES: u64 = BLOCK_BYTES;
+pub(crate) const SLOT_BYTES: u64 = BLOCK_BYTES;
+pub(crate) const SLOT_HEADER_BYTES: u64 = 16;
+pub(crate) const ENTRY_BYTES: u64 = 12;
+/// Top bit of a persisted block sequence: the block is allocated in the data file.
+const ALLOCATED_BIT: u64 = 1 << 63;
+
+/// crc32c of a block of zeroes: the checksum of every hole.
+pub fn zero_block_crc() -> u32 {
+    static CRC: OnceLock<u32> = OnceLock::new();
+    *CRC.get_or_init(|| crc32c::crc32c(&[0u8; BLOCK_BYTES as usize]))
+}
+
+/// The map of one volume, one entry per block, as a struct of arrays (12 bytes per block).
+pub struct BlockMap {
+    sequences: Vec<u64>,
+    crcs: Vec<u32>,
+    /// Bit set: block allocated in the data file (else a hole that reads as zeroes).
+    allocated: Vec<u64>,
+}
+
+impl BlockMap {
+    pub fn new(blocks: u64) -> BlockMap {
+        let blocks = usize::try_from(blocks).expect("block count bounded by VOLUME_BYTES_MAX");
+        BlockMap {
+            sequences: vec![0; blocks],
+            crcs: vec![0; blocks],
+            allocated: vec![0; blocks.div_ceil(64)],
+        }
+    }
+
+    pub fn blocks(&self) -> u64 {
+        self.sequences.len() as u64
+    }
+
+    pub fn is_allocated(&self, block: u64) -> bool {
+        self.allocated[(block / 64) as usize] & (1 << (block % 64)) != 0
+    }
+
+    /// Checksum of the block's content (of zeroes for a hole).
+    pub fn crc(&self, block: u64) -> u32 {
+        if self.is_allocated(block) {
+            self.crcs[block as usize]
+        } else {
+            zero_block_crc()
+        }
+    }
+
+    /// Sequence of the last operation that changed the block (for recovery planning).
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub fn sequence(&self, block: u64) -> Sequence {
+        Sequence(self.sequences[block as usize])
+    }
+
+    pub fn set_written(&mut self, block: u64, sequence: Sequence, crc: u32) {
+        self.sequences[block as usize] = sequence.0;
+        self.crcs[block as usize] = crc;
+        self.allocated[(block / 64) as usize] |= 1 << (block % 64);
+    }
+
+    pub fn set_holes(&mut self, blocks: Range<u64>, sequence: Sequence) {
+        if blocks.is_empty() {
+            return;
+        }
+        let range = blocks.start as usize..blocks.end as usize;
+        self.sequences[range.clone()].fill(sequence.0);
+        self.crcs[range].fill(0);
+        let (mut block, end) = (blocks.start, blocks.end);
+        while block < end {
+            let word = (block / 64) as usize;
+            let low = block % 64;
+            let high = (end - block + low).min(64); // exclusive bit index within the word
+            let mask = if high - low == 64 { u64::MAX } else { ((1u64 << (high - low)) - 1) << low };
+            self.allocated[word] &= !mask;
+            block += high - low;
+        }
+    }
+
+    /// End of the run of blocks from `start` (exclusive bound `end`) that share `start`'s
+    /// allocation state.
+    pub fn run_end(&self, start: u64, end: u64) -> u64 {
+        debug_assert!(start < end && end <= self.blocks());
+        let allocated = self.is_allocated(start);
+        let mut block = start;
+        while block < end {
+            let word = self.allocated[(block / 64) as usize];
+            let word = if allocated { !word } else { word }; // ones where the state differs
+            let word = word >> (block % 64);
+            if word != 0 {
+                return (block + word.trailing_zeros() as u64).min(end);
+            }
+            block = (block / 64 + 1) * 64;
+        }
+        end
+    }
+
+    pub fn allocated_blocks(&self) -> u64 {
+        self.allocated.iter().map(|w| w.count_ones() as u64).sum()
+    }
+}
+
+/// Which map file slot holds each chunk's current image, and which chunks changed since.
+pub struct Chunks {
+    /// Generation of the image each chunk was loaded from or last checkpointed to (0: never
+    /// written, all its blocks are never-written holes).
+    generations: Vec<u64>,
+    /// Slot (0 or 1) holding that image.
+    slots: Vec<u8>,
+    dirty: Vec<u64>,
+}
+
+impl Chunks {
+    /// A volume of `blocks` blocks that was never checkpointed.
+    pub fn for_blocks(blocks: u64) -> Chunks {
+        Chunks::new(chunk_count(blocks))
+    }
+
+    fn new(chunks: u64) -> Chunks {
+        let chunks = chunks as usize;
+        Chunks { generations: vec![0; chunks], slots: vec![0; chunks], dirty: vec![0; chunks.div_ceil(64)] }
+    }
+
+    pub fn mark_dirty(&mut self, blocks: Range<u64>) {
+        if blocks.is_empty() {
+            return;
+        }
+        for chunk in blocks.start / MAP_CHUNK_BLOCKS..=(blocks.end - 1) / MAP_CHUNK_BLOCKS {
+            self.dirty[(chunk / 64) as usize] |= 1 << (chunk % 64);
+        }
+    }
+
+    pub fn is_dirty(&self) -> bool {
+        self.dirty.iter().any(|w| *w != 0)
+    }
+
+    fn dirty_chunks(&self) -> impl Iterator<Item = u64> + '_ {
+        self.dirty.iter().enumerate().flat_map(|(i, word)| {
+            let word = *word;
+            (0..64).filter(move |bit| word & (1 << bit) != 0).map(move |bit| i as u64 * 64 + bit)
+        })
+    }
+
+    /// Digest recorded in the metadata: crc32c of every chunk's generation (u64 LE, in order).
+    pub fn digest(&self) -> u32 {
+        let mut crc = 0;
+        for generations in self.generations.chunks(1024) {
+            let bytes: Vec<u8> = generations.iter().flat_map(|g| g.to_le_bytes()).collect();
+            crc = crc32c::crc32c_append(crc, &bytes);
+        }
+        crc
+    }
+}
+
+/// Slot images written for a checkpoint, not yet committed.
+pub struct PendingSlots {
+    writes: Vec<(u64, u8)>, // (chunk, slot)
+    buffer: Vec<u8>,
+}
+
+/// The open map file of one volume.
+pub struct MapFile {
+    file: File,
+    path: std::path::PathBuf,
+    volume: String,
+}
+
+fn chunk_count(blocks: u64) -> u64 {
+    blocks.div_ceil(MAP_CHUNK_BLOCKS)
+}
+
+fn slot_offset(chunk: u64, slot: u8) -> u64 {
+    MAP_HEADER_BYTES + (2 * chunk + slot as u64) * SLOT_BYTES
+}
+
+fn slot_crc(slot: &[u8]) -> u32 {
+    crc32c::crc32c_append(crc32c::crc32c(&slot[0..8]), &slot[12..])
+}
+
+fn header_bytes(volume_number: u32, size_bytes: u64) -> Vec<u8> {
+    let mut header = vec![0u8; MAP_HEADER_BYTES as usize];
+    header[0..8].copy_from_slice(&MAP_MAGIC);
+    header[8..12].copy_from_slice(&MAP_VERSION.to_le_bytes());
+    header[12..16].copy_from_slice(&volume_number.to_le_bytes());
+    header[16..24].copy_from_slice(&size_bytes.to_le_bytes());
+    header[24..32].copy_from_slice(&(size_bytes / BLOCK_BYTES).to_le_bytes());
+    header[32..36].copy_from_slice(&(MAP_CHUNK_BLOCKS as u32).to_le_bytes());
+    let crc = crc32c::crc32c(&header[0..36]);
+    header[36..40].copy_from_slice(&crc.to_le_bytes());
+    header
+}
+
+impl MapFile {
+    /// Create (or truncate) the map file of a new volume: a header and a sparse slot area.
+    pub fn create(path: &Path, volume: &str, volume_number: u32, size_bytes: u64) -> Result<MapFile, StoreError> {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(path)
+            .map_err(io_error("create block map", path))?;
+        let blocks = size_bytes / BLOCK_BYTES;
+        file.write_all_at(&header_bytes(volume_number, size_bytes), 0)
+            .map_err(io_error("write block map header", path))?;
+        file.set_len(slot_offset(chunk_count(blocks), 0))
+            .map_err(io_error("size block map", path))?;
+        file.sync_all().map_err(io_error("sync block map", path))?;
+        Ok(MapFile { file, path: path.to_path_buf(), volume: volume.to_string() })
+    }
+
+    fn corrupt(&self, reason: String) -> StoreError {
+        StoreError::CorruptBlockMap { path: self.path.clone(), volume: self.volume.clone(), reason }
+    }
+
+    /// Open and load a map file as of checkpoint `generation`, where the volume's applied
+    /// sequence was `applied` and the chunk digest `digest`. Slot images newer than the
+    /// committed generation (from a checkpoint that crashed before its commit) are erased, so
+    /// a later generation number can never revive them.
+    pub fn load(
+        path: &Path,
+        volume: &str,
+        volume_number: u32,
+        size_bytes: u64,
+        generation: u64,
+        applied: Sequence,
+        digest: u32,
+    ) -> Result<(MapFile, BlockMap, Chunks), StoreError> {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path)
+            .map_err(io_error("open block map", path))?;
+        let map_file = MapFile { file, path: path.to_path_buf(), volume: volume.to_string() };
+        let mut header = vec![0u8; MAP_HEADER_BYTES as usize];
+        map_file
+            .file
+            .read_exact_at(&mut header, 0)
+            .map_err(|e| map_file.corrupt(format!("cannot read the header: {e}")))?;
+        if header != header_bytes(volume_number, size_bytes) {
+            return Err(map_file.corrupt(format!(
+                "header does not describe volume number {volume_number} of {size_bytes} bytes \
+                 with {MAP_CHUNK_BLOCKS} blocks per chunk"
+            )));
+        }
+        let blocks = size_bytes / BLOCK_BYTES;
+        let chunk_total = chunk_count(blocks);
+        let mut map = BlockMap::new(blocks);
+        let mut chunks = Chunks::new(chunk_total);
+        let mut stale_slots = Vec::new();
+        let pairs_per_read = SCAN_BUFFER_BYTES / (2 * SLOT_BYTES);
+        let mut buffer = vec![0u8; (pairs_per_read * 2 * SLOT_BYTES) as usize];
+        let mut chunk = 0;
+        while chunk < chunk_total {
+            let pairs = pairs_per_read.min(chunk_total - chunk);
+            let bytes = &mut buffer[..(pairs * 2 * SLOT_BYTES) as usize];
+            map_file
+                .file
+                .read_exact_at(bytes, slot_offset(chunk, 0))
+                .map_err(|e| map_file.corrupt(format!("cannot read chunk {chunk}: {e}")))?;
+            for pair in bytes.chunks_exact((2 * SLOT_BYTES) as usize) {
+                let mut chosen: Option<(u64, u8)> = None;
+                for slot in 0..2u8 {
+                    let image = &pair[(slot as u64 * SLOT_BYTES) as usize..][..SLOT_BYTES as usize];
+                    let slot_generation = u64::from_le_bytes(image[0..8].try_into().expect("8"));
+                    let crc = u32::from_le_bytes(image[8..12].try_into().expect("4"));
+                    let slot_chunk = u32::from_le_bytes(image[12..16].try_into().expect("4"));
+                    let valid = slot_generation != 0
+                        && slot_chunk as u64 == chunk
+                        && crc == slot_crc(image);
+                    if !valid {
+                        continue;
+                    }
+                    if slot_generation > generation {
+                        stale_slots.push((chunk, slot));
+                    } else if chosen.map_or(true, |(g, _)| slot_generation > g) {
+                        chosen = Some((slot_generation, slot));
+                    }
+                }
+                if let Some((slot_generation, slot)) = chosen {
+                    chunks.generations[chunk as usize] = slot_generation;
+                    chunks.slots[chunk as usize] = slot;
+                    let image = &pair[(slot as u64 * SLOT_BYTES) as usize..][..SLOT_BYTES as usize];
+                    map_file.decode_slot(image, chunk, &mut map, applied)?;
+                }
+                chunk += 1;
+            }
+        }
+        if chunks.digest() != digest {
+            return Err(map_file.corrupt(format!(
+                "the chunk images found (digest {:#010x}) are not those of checkpoint {generation} \
+                 (digest {digest:#010x}): a committed chunk image is damaged",
+                chunks.digest()
+            )));
+        }
+        for (chunk, slot) in &stale_slots {
+            tracing::info!(path = %path.display(), chunk, slot, "erasing an uncommitted block map image");
+            map_file
+                .file
+                .write_all_at(&[0u8; SLOT_BYTES as usize], slot_offset(*chunk, *slot))
+                .map_err(io_error("erase block map slot", path))?;
+        }
+        if !stale_slots.is_empty() {
+            map_file.file.sync_data().map_err(io_error("sync block map", path))?;
+        }
+        Ok((map_file, map, chunks))
+    }
+
+    fn decode_slot(&self, image: &[u8], chunk: u64, map: &mut BlockMap, applied: Sequence) -> Result<(), StoreError> {
+        let first = chunk * MAP_CHUNK_BLOCKS;
+        for (i, entry) in image[SLOT_HEADER_BYTES as usize..].chunks_exact(ENTRY_BYTES as usize).enumerate() {
+            let block = first + i as u64;
+            let raw = u64::from_le_bytes(entry[0..8].try_into().expect("8"));
+            let crc = u32::from_le_bytes(entry[8..12].try_into().expect("4"));
+            if block >= map.blocks() {
+                if raw != 0 || crc != 0 {
+                    return Err(self.corrupt(format!("chunk {chunk} describes block {block} past the end")));
+                }
+                continue;
+            }
+            let sequence = Sequence(raw & !ALLOCATED_BIT);
+            if sequence > applied {
+                return Err(self.corrupt(format!(
+                    "block {block} was written at sequence {sequence}, after the checkpoint's \
+                     applied sequence {applied}"
+                )));
+            }
+            if raw & ALLOCATED_BIT != 0 {
+                map.set_written(block, sequence, crc);
+            } else {
+                map.sequences[block as usize] = sequence.0;
+            }
+        }
+        Ok(())
+    }
+
+    /// Write the dirty chunks of `map` into their free slots, stamped `generation`, and sync.
+    /// Nothing changes in `chunks` until [`MapFile::commit`], after the metadata rename.
+    pub fn write_dirty(&self, map: &BlockMap, chunks: &Chunks, generation: u64) -> Result<PendingSlots, StoreError> {
+        let mut pending = PendingSlots { writes: Vec::new(), buffer: Vec::new() };
+        for chunk in chunks.dirty_chunks() {
+            let slot = if chunks.generations[chunk as usize] == 0 { 0 } else { 1 - chunks.slots[chunk as usize] };
+            let start = pending.buffer.len();
+            pending.buffer.resize(start + SLOT_BYTES as usize, 0);
+            let image = &mut pending.buffer[start..];
+            image[0..8].copy_from_slice(&generation.to_le_bytes());
+            image[12..16].copy_from_slice(&(chunk as u32).to_le_bytes());
+            let first = chunk * MAP_CHUNK_BLOCKS;
+            let last = (first + MAP_CHUNK_BLOCKS).min(map.blocks());
+            for (block, entry) in (first..last).zip(image[SLOT_HEADER_BYTES as usize..].chunks_exact_mut(ENTRY_BYTES as usize)) {
+                let allocated = map.is_allocated(block);
+                let raw = map.sequences[block as usize] | if allocated { ALLOCATED_BIT } else { 0 };
+                entry[0..8].copy_from_slice(&raw.to_le_bytes());
+                entry[8..12].copy_from_slice(&map.crcs[block as usize].to_le_bytes());
+            }
+            let crc = slot_crc(image);
+            image[8..12].copy_from_slice(&crc.to_le_bytes());
+            pending.writes.push((chunk, slot));
+        }
+        for (i, (chunk, slot)) in pending.writes.iter().enumerate() {
+            let image = &pending.buffer[i * SLOT_BYTES as usize..][..SLOT_BYTES as usize];
+            self.file
+                .write_all_at(image, slot_offset(*chunk, *slot))
+                .map_err(io_error("write block map", &self.path))?;
+        }
+        if !pending.writes.is_empty() {
+            self.file.sync_data().map_err(io_error("sync block map", &self.path))?;
+        }
+        Ok(pending)
+    }
+
+    /// The checkpoint of `generation` is committed: its images are now the current ones.
+    pub fn commit(pending: &PendingSlots, chunks: &mut Chunks, generation: u64) {
+        for (chunk, slot) in &pending.writes {
+            chunks.generations[*chunk as usize] = generation;
+            chunks.slots[*chunk as usize] = *slot;
+        }
+        chunks.dirty.fill(0);
+    }
+
+    /// The chunk digest the metadata must record once `pending` is committed at `generation`.
+    pub fn digest_after(pending: &PendingSlots, chunks: &Chunks, generation: u64) -> u32 {
+        if pending.writes.is_empty() {
+            return chunks.digest();
+        }
+        let mut generations = chunks.generations.clone();
+        for (chunk, _) in &pending.writes {
+            generations[*chunk as usize] = generation;
+        }
+        Chunks { generations, slots: Vec::new(), dirty: Vec::new() }.digest()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn holes_and_runs() {
+        let mut map = BlockMap::new(300);
+        for block in [3, 4, 5, 64, 65, 200] {
+            map.set_written(block, Sequence(1), 7);
+        }
+        // (start, end) -> run end
+        let check = |map: &BlockMap, start: u64, end: u64, expected: u64| {
+            assert_eq!(map.run_end(start, end), expected, "run from {start} to {end}");
+        };
+        check(&map, 0, 300, 3);
+        check(&map, 3, 300, 6);
+        check(&map, 6, 300, 64);
+        check(&map, 64, 300, 66);
+        check(&map, 66, 300, 200);
+        check(&map, 201, 300, 300);
+        check(&map, 0, 2, 2);
+        map.set_holes(4..65, Sequence(2));
+        assert!(map.is_allocated(3) && !map.is_allocated(4) && !map.is_allocated(64));
+        assert!(map.is_allocated(65));
+        assert_eq!(map.sequence(64), Sequence(2));
+        assert_eq!(map.allocated_blocks(), 3);
+        map.set_holes(0..300, Sequence(3));
+        assert_eq!(map.allocated_blocks(), 0);
+        assert_eq!(map.crc(5), zero_block_crc());
+    }
+}

@@ -1,0 +1,712 @@
+//! The write-ahead log: segment files of batches of records, the scan that validates them
+//! (finding a torn tail and telling it apart from corruption in the middle), the index of
+//! retained records that serves peer recovery, and the writer.
+//!
+//! A record carries its change already resolved to whole blocks (partial edge blocks merged
+//! with their content at commit time), with one crc32c per block; the record checksum covers
+//! the header and that checksum table. Replay therefore only writes and punches holes.
+
+use std::{
+    collections::{HashMap, VecDeque},
+    fs::{File, OpenOptions},
+    ops::Range,
+    os::unix::fs::FileExt,
+    path::{Path, PathBuf},
+    sync::Arc,
+};
+
+use bytes::{Bytes, BytesMut};
+use proto::{Epoch, Op, Record, Sequence, VolumeId, BLOCK_BYTES};
+
+use crate::{error::io_error, sys, StoreError, LOG_BATCH_BYTES_MAX, LOG_RECORD_BYTES_MAX, SCAN_BUFFER_BYTES};
+
+pub const LOG_DIR: &str = "log";
+const SEGMENT_SUFFIX: &str = ".seg";
+
+const BATCH_MAGIC: u32 = u32::from_le_bytes(*b"SFLB");
+pub const BATCH_HEADER_BYTES: usize = 40;
+/// `[u32 payload length][u32 crc32c]` before every record payload.
+pub const RECORD_FRAME_BYTES: u64 = 8;
+/// Fixed part of a record payload, before its block checksums and blocks.
+pub const RECORD_HEADER_BYTES: u64 = 44;
+
+const FLAG_HEAD: u8 = 1;
+const FLAG_TAIL: u8 = 2;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    Write = 1,
+    Trim = 2,
+    WriteZeroes = 3,
+}
+
+impl Kind {
+    fn from_u8(value: u8) -> Option<Kind> {
+        match value {
+            1 => Some(Kind::Write),
+            2 => Some(Kind::Trim),
+            3 => Some(Kind::WriteZeroes),
+            _ => None,
+        }
+    }
+}
+
+/// A record as logged and applied.
+#[derive(Debug)]
+pub struct LogRecord {
+    pub volume_number: u32,
+    pub epoch: Epoch,
+    pub sequence: Sequence,
+    pub kind: Kind,
+    /// The operation's range as the host element sent it.
+    pub offset_bytes: u64,
+    pub length_bytes: u64,
+    pub change: Change,
+}
+
+/// What a record does to the blocks of its volume.
+#[derive(Debug)]
+pub enum Change {
+    /// Zero-length operation: only the sequence advances.
+    Nothing,
+    /// Blocks `first_block..first_block + crcs.len()` get the content of `pieces`, back to back
+    /// (every piece is whole blocks).
+    Blocks { first_block: u64, pieces: Vec<Bytes>, crcs: Vec<u32> },
+    /// The range reads as zeroes: whole blocks become holes; a partially covered edge block
+    /// gets its merged content, or becomes a hole if that content is all zeroes.
+    Zero { head: Option<Edge>, whole: Range<u64>, tail: Option<Edge> },
+}
+
+#[derive(Debug)]
+pub struct Edge {
+    pub block: u64,
+    /// `None`: the merged block is all zeroes and becomes a hole.
+    pub content: Option<(Bytes, u32)>,
+}
+
+/// Which blocks a byte range touches, and whether its first and last blocks are covered only
+/// partially.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Geometry {
+    pub first: u64,
+    pub last: u64,
+    pub head_partial: bool,
+    pub tail_partial: bool,
+}
+
+impl Geometry {
+    /// `None` for an empty range.
+    pub fn of(offset_bytes: u64, length_bytes: u64) -> Option<Geometry> {
+        if length_bytes == 0 {
+            return None;
+        }
+        let end = offset_bytes + length_bytes;
+        let first = offset_bytes / BLOCK_BYTES;
+        let last = (end - 1) / BLOCK_BYTES;
+        let head_partial = offset_bytes % BLOCK_BYTES != 0 || end < (first + 1) * BLOCK_BYTES;
+        let tail_partial = last != first && end % BLOCK_BYTES != 0;
+        Some(Geometry { first, last, head_partial, tail_partial })
+    }
+
+    /// Blocks fully covered by the range.
+    pub fn whole(&self) -> Range<u64> {
+        self.first + self.head_partial as u64..self.last + 1 - self.tail_partial as u64
+    }
+}
+
+impl LogRecord {
+    fn flags(&self) -> u8 {
+        match &self.change {
+            Change::Zero { head, tail, .. } => {
+                (if edge_content(head).is_some() { FLAG_HEAD } else { 0 })
+                    | (if edge_content(tail).is_some() { FLAG_TAIL } else { 0 })
+            }
+            _ => 0,
+        }
+    }
+
+    /// The data carried in the log after the checksum table: whole blocks, back to back.
+    fn logged_pieces(&self) -> impl Iterator<Item = &Bytes> {
+        let (pieces, head, tail): (&[Bytes], _, _) = match &self.change {
+            Change::Nothing => (&[], None, None),
+            Change::Blocks { pieces, .. } => (pieces, None, None),
+            Change::Zero { head, tail, .. } => (&[], edge_content(head), edge_content(tail)),
+        };
+        pieces.iter().chain(head.map(|(b, _)| b)).chain(tail.map(|(b, _)| b))
+    }
+
+    /// The checksum of every logged block, in order.
+    fn logged_crcs(&self) -> impl Iterator<Item = u32> + '_ {
+        let (crcs, head, tail): (&[u32], _, _) = match &self.change {
+            Change::Nothing => (&[], None, None),
+            Change::Blocks { crcs, .. } => (crcs, None, None),
+            Change::Zero { head, tail, .. } => (&[], edge_content(head), edge_content(tail)),
+        };
+        crcs.iter().copied().chain(head.map(|(_, c)| *c)).chain(tail.map(|(_, c)| *c))
+    }
+
+    /// Bytes of the record in the log, frame included.
+    pub fn frame_bytes(&self) -> u64 {
+        let blocks = self.logged_crcs().count() as u64;
+        RECORD_FRAME_BYTES + RECORD_HEADER_BYTES + blocks * (4 + BLOCK_BYTES)
+    }
+
+    /// The record as the host element sent it (with `volume` zero: the caller sets its own).
+    pub fn to_record(&self) -> Record {
+        let op = match self.kind {
+            Kind::Write => {
+                let data = match &self.change {
+                    Change::Nothing => Bytes::new(),
+                    Change::Blocks { first_block, pieces, .. } => {
+                        let skip = (self.offset_bytes - first_block * BLOCK_BYTES) as usize;
+                        let length = self.length_bytes as usize;
+                        if pieces.len() == 1 {
+                            pieces[0].slice(skip..skip + length)
+                        } else {
+                            let mut data = BytesMut::with_capacity(skip + length);
+                            for piece in pieces {
+                                data.extend_from_slice(piece);
+                            }
+                            data.freeze().slice(skip..skip + length)
+                        }
+                    }
+                    Change::Zero { .. } => unreachable!("writes change blocks"),
+                };
+                Op::Write { offset_bytes: self.offset_bytes, data }
+            }
+            Kind::Trim => Op::Trim { offset_bytes: self.offset_bytes, length_bytes: self.length_bytes },
+            Kind::WriteZeroes => {
+                Op::WriteZeroes { offset_bytes: self.offset_bytes, length_bytes: self.length_bytes }
+            }
+        };
+        Record { volume: VolumeId(0), epoch: self.epoch, sequence: self.sequence, op }
+    }
+
+    /// Append the frame, header and checksum table to `scratch`; the blocks follow separately.
+    fn encode_head(&self, scratch: &mut Vec<u8>) {
+        let blocks = self.logged_crcs().count() as u32;
+        let start = scratch.len();
+        scratch.extend_from_slice(&[0; RECORD_FRAME_BYTES as usize]);
+        scratch.extend_from_slice(&self.volume_number.to_le_bytes());
+        scratch.extend_from_slice(&blocks.to_le_bytes());
+        scratch.extend_from_slice(&self.epoch.0.to_le_bytes());
+        scratch.extend_from_slice(&self.sequence.0.to_le_bytes());
+        scratch.extend_from_slice(&self.offset_bytes.to_le_bytes());
+        scratch.extend_from_slice(&self.length_bytes.to_le_bytes());
+        scratch.push(self.kind as u8);
+        scratch.push(self.flags());
+        scratch.extend_from_slice(&[0, 0]);
+        for crc in self.logged_crcs() {
+            scratch.extend_from_slice(&crc.to_le_bytes());
+        }
+        let payload_bytes = self.frame_bytes() - RECORD_FRAME_BYTES;
+        let crc = crc32c::crc32c(&scratch[start + RECORD_FRAME_BYTES as usize..]);
+        scratch[start..start + 4].copy_from_slice(&(payload_bytes as u32).to_le_bytes());
+        scratch[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
+    }
+
+    /// Decode and verify one record payload (the frame checksum `crc` included).
+    pub fn decode(payload: Bytes, crc: u32) -> Result<LogRecord, String> {
+        if payload.len() < RECORD_HEADER_BYTES as usize {
+            return Err(format!("record of {} bytes is shorter than its header", payload.len()));
+        }
+        let u32_at = |at: usize| u32::from_le_bytes(payload[at..at + 4].try_into().expect("4"));
+        let u64_at = |at: usize| u64::from_le_bytes(payload[at..at + 8].try_into().expect("8"));
+        let blocks = u32_at(4) as u64;
+        let table_end = RECORD_HEADER_BYTES + 4 * blocks;
+        if payload.len() as u64 != table_end + blocks * BLOCK_BYTES {
+            return Err(format!("record of {} bytes cannot hold {blocks} blocks", payload.len()));
+        }
+        let actual = crc32c::crc32c(&payload[..table_end as usize]);
+        if actual != crc {
+            return Err(format!("record checksum mismatch: frame has {crc:#010x}, record {actual:#010x}"));
+        }
+        let volume_number = u32_at(0);
+        let epoch = Epoch(u64_at(8));
+        let sequence = Sequence(u64_at(16));
+        let offset_bytes = u64_at(24);
+        let length_bytes = u64_at(32);
+        let kind = Kind::from_u8(payload[40]).ok_or_else(|| format!("unknown operation {}", payload[40]))?;
+        let flags = payload[41];
+        if payload[42] != 0 || payload[43] != 0 {
+            return Err("reserved bytes are not zero".into());
+        }
+        if offset_bytes.checked_add(length_bytes).is_none() {
+            return Err(format!("range of {length_bytes} bytes at {offset_bytes} overflows"));
+        }
+        let crcs: Vec<u32> = (0..blocks as usize).map(|i| u32_at(RECORD_HEADER_BYTES as usize + 4 * i)).collect();
+        let data = payload.slice(table_end as usize..);
+        for (i, block) in data.chunks_exact(BLOCK_BYTES as usize).enumerate() {
+            let actual = crc32c::crc32c(block);
+            if actual != crcs[i] {
+                return Err(format!("block {i} of the record fails its checksum"));
+            }
+        }
+        let geometry = Geometry::of(offset_bytes, length_bytes);
+        let change = match (kind, geometry) {
+            (_, None) => {
+                if blocks != 0 || flags != 0 {
+                    return Err("empty operation carries blocks".into());
+                }
+                Change::Nothing
+            }
+            (Kind::Write, Some(g)) => {
+                if flags != 0 || blocks != g.last - g.first + 1 {
+                    return Err(format!("write covering blocks {}..={} carries {blocks} blocks", g.first, g.last));
+                }
+                Change::Blocks { first_block: g.first, pieces: vec![data], crcs }
+            }
+            (_, Some(g)) => {
+                let head_logged = flags & FLAG_HEAD != 0;
+                let tail_logged = flags & FLAG_TAIL != 0;
+                if flags & !(FLAG_HEAD | FLAG_TAIL) != 0
+                    || (head_logged && !g.head_partial)
+                    || (tail_logged && !g.tail_partial)
+                    || blocks != head_logged as u64 + tail_logged as u64
+                {
+                    return Err(format!("zeroing record has inconsistent edge blocks (flags {flags:#x})"));
+                }
+                let mut logged = data.chunks_exact(BLOCK_BYTES as usize).zip(crcs.iter()).map(|(b, c)| {
+                    let start = b.as_ptr() as usize - data.as_ptr() as usize;
+                    (data.slice(start..start + BLOCK_BYTES as usize), *c)
+                });
+                let head = g.head_partial.then(|| Edge {
+                    block: g.first,
+                    content: if head_logged { logged.next() } else { None },
+                });
+                let tail = g.tail_partial.then(|| Edge {
+                    block: g.last,
+                    content: if tail_logged { logged.next() } else { None },
+                });
+                Change::Zero { head, whole: g.whole(), tail }
+            }
+        };
+        Ok(LogRecord { volume_number, epoch, sequence, kind, offset_bytes, length_bytes, change })
+    }
+}
+
+fn edge_content(edge: &Option<Edge>) -> Option<&(Bytes, u32)> {
+    edge.as_ref().and_then(|e| e.content.as_ref())
+}
+
+pub fn segment_path(dir: &Path, id: u64) -> PathBuf {
+    dir.join(LOG_DIR).join(format!("{id:020}{SEGMENT_SUFFIX}"))
+}
+
+/// Ids of the segment files in `dir/log`, ascending.
+pub fn list_segments(dir: &Path) -> Result<Vec<u64>, StoreError> {
+    let log_dir = dir.join(LOG_DIR);
+    let mut ids = Vec::new();
+    for entry in std::fs::read_dir(&log_dir).map_err(io_error("list", &log_dir))? {
+        let entry = entry.map_err(io_error("list", &log_dir))?;
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        match name.strip_suffix(SEGMENT_SUFFIX).and_then(|n| n.parse::<u64>().ok()) {
+            Some(id) => ids.push(id),
+            None => tracing::warn!(file = %entry.path().display(), "ignoring a foreign file in the log directory"),
+        }
+    }
+    ids.sort_unstable();
+    Ok(ids)
+}
+
+fn batch_header(segment: u64, offset: u64, body_bytes: u64, records: u32) -> [u8; BATCH_HEADER_BYTES] {
+    let mut header = [0u8; BATCH_HEADER_BYTES];
+    header[0..4].copy_from_slice(&BATCH_MAGIC.to_le_bytes());
+    header[8..16].copy_from_slice(&segment.to_le_bytes());
+    header[16..24].copy_from_slice(&offset.to_le_bytes());
+    header[24..32].copy_from_slice(&body_bytes.to_le_bytes());
+    header[32..36].copy_from_slice(&records.to_le_bytes());
+    let crc = crc32c::crc32c(&header[8..]);
+    header[4..8].copy_from_slice(&crc.to_le_bytes());
+    header
+}
+
+/// A batch header that is valid for position `offset` of segment `segment`: `(body bytes,
+/// record count)`.
+fn parse_batch_header(header: &[u8], segment: u64, offset: u64) -> Result<(u64, u32), String> {
+    let u32_at = |at: usize| u32::from_le_bytes(header[at..at + 4].try_into().expect("4"));
+    let u64_at = |at: usize| u64::from_le_bytes(header[at..at + 8].try_into().expect("8"));
+    if header.iter().all(|b| *b == 0) {
+        return Err("zeroes instead of a batch header".into());
+    }
+    if u32_at(0) != BATCH_MAGIC {
+        return Err("no batch header (bad magic)".into());
+    }
+    if crc32c::crc32c(&header[8..BATCH_HEADER_BYTES]) != u32_at(4) {
+        return Err("batch header checksum mismatch".into());
+    }
+    if u64_at(8) != segment || u64_at(16) != offset {
+        return Err(format!("batch header belongs to segment {} at byte {}", u64_at(8), u64_at(16)));
+    }
+    let body = u64_at(24);
+    let records = u32_at(32);
+    if body > LOG_BATCH_BYTES_MAX - BATCH_HEADER_BYTES as u64 || records == 0 || u32_at(36) != 0 {
+        return Err(format!("batch header is inconsistent ({body} bytes, {records} records)"));
+    }
+    Ok((body, records))
+}
+
+/// Where and why the scan of a segment stopped before its end.
+#[derive(Debug)]
+pub struct Torn {
+    pub offset: u64,
+    pub reason: String,
+}
+
+/// Read the batches of a segment in order, handing every record of every complete, valid
+/// batch to `visit` (a batch is all or nothing). Returns the end of the valid prefix and, if
+/// the file goes on past it, why the next batch is invalid.
+pub fn scan_segment(
+    file: &File,
+    path: &Path,
+    segment: u64,
+    mut visit: impl FnMut(u64, u32, LogRecord) -> Result<(), StoreError>,
+) -> Result<(u64, Option<Torn>), StoreError> {
+    let file_bytes = file.metadata().map_err(io_error("stat", path))?.len();
+    let mut offset = 0;
+    let mut header = [0u8; BATCH_HEADER_BYTES];
+    while offset < file_bytes {
+        let torn = |reason: String| Ok((offset, Some(Torn { offset, reason })));
+        if file_bytes - offset < BATCH_HEADER_BYTES as u64 {
+            return torn(format!("{} bytes, too short for a batch header", file_bytes - offset));
+        }
+        file.read_exact_at(&mut header, offset).map_err(io_error("read log", path))?;
+        let (body_bytes, records) = match parse_batch_header(&header, segment, offset) {
+            Ok(parsed) => parsed,
+            Err(reason) => return torn(reason),
+        };
+        let body_start = offset + BATCH_HEADER_BYTES as u64;
+        if file_bytes - body_start < body_bytes {
+            return torn(format!("batch of {body_bytes} bytes runs past the end of the file"));
+        }
+        let mut body = BytesMut::zeroed(body_bytes as usize);
+        file.read_exact_at(&mut body, body_start).map_err(io_error("read log", path))?;
+        let body = body.freeze();
+        let mut decoded = Vec::with_capacity(records as usize);
+        let mut at = 0usize;
+        for _ in 0..records {
+            if body.len() - at < RECORD_FRAME_BYTES as usize {
+                return torn(format!("batch ends inside record {}", decoded.len()));
+            }
+            let length = u32::from_le_bytes(body[at..at + 4].try_into().expect("4")) as usize;
+            let crc = u32::from_le_bytes(body[at + 4..at + 8].try_into().expect("4"));
+            let frame = RECORD_FRAME_BYTES as usize + length;
+            if frame as u64 > LOG_RECORD_BYTES_MAX || body.len() - at < frame {
+                return torn(format!("record {} claims {length} bytes", decoded.len()));
+            }
+            let payload = body.slice(at + RECORD_FRAME_BYTES as usize..at + frame);
+            match LogRecord::decode(payload, crc) {
+                Ok(record) => decoded.push((body_start + at as u64, frame as u32, record)),
+                Err(reason) => return torn(format!("record {}: {reason}", decoded.len())),
+            }
+            at += frame;
+        }
+        if at != body.len() {
+            return torn(format!("{} bytes after the batch's last record", body.len() - at));
+        }
+        for (record_offset, frame, record) in decoded {
+            visit(record_offset, frame, record)?;
+        }
+        offset = body_start + body_bytes;
+    }
+    Ok((offset, None))
+}
+
+/// The first offset after `from` where a valid batch header of this segment starts, if any:
+/// if one exists, the invalid batch at `from` is corruption, not a torn tail.
+pub fn find_batch_after(file: &File, path: &Path, segment: u64, from: u64) -> Result<Option<u64>, StoreError> {
+    let file_bytes = file.metadata().map_err(io_error("stat", path))?.len();
+    let magic = BATCH_MAGIC.to_le_bytes();
+    let mut buffer = vec![0u8; SCAN_BUFFER_BYTES as usize];
+    let mut start = from + 1;
+    while start + BATCH_HEADER_BYTES as u64 <= file_bytes {
+        let length = (file_bytes - start).min(SCAN_BUFFER_BYTES) as usize;
+        let window = &mut buffer[..length];
+        file.read_exact_at(window, start).map_err(io_error("read log", path))?;
+        let candidates = window.len().saturating_sub(BATCH_HEADER_BYTES - 1);
+        for i in 0..candidates {
+            if window[i..i + 4] == magic
+                && parse_batch_header(&window[i..i + BATCH_HEADER_BYTES], segment, start + i as u64).is_ok()
+            {
+                return Ok(Some(start + i as u64));
+            }
+        }
+        start += candidates as u64;
+    }
+    Ok(None)
+}
+
+/// Read one record back from a segment (for peer recovery), verifying every checksum.
+pub fn read_record(file: &File, path: &Path, offset: u64, frame: u32) -> Result<LogRecord, StoreError> {
+    let mut bytes = BytesMut::zeroed(frame as usize);
+    file.read_exact_at(&mut bytes, offset).map_err(io_error("read log", path))?;
+    let bytes = bytes.freeze();
+    let corrupt = |reason: String| StoreError::CorruptLog { path: path.to_path_buf(), offset, reason };
+    let length = u32::from_le_bytes(bytes[0..4].try_into().expect("4"));
+    if length as u64 + RECORD_FRAME_BYTES != frame as u64 {
+        return Err(corrupt(format!("record length {length} changed since it was indexed")));
+    }
+    let crc = u32::from_le_bytes(bytes[4..8].try_into().expect("4"));
+    LogRecord::decode(bytes.slice(RECORD_FRAME_BYTES as usize..), crc).map_err(corrupt)
+}
+
+// ---------------------------------------------------------------------------------------------
+// The index of retained records.
+// ---------------------------------------------------------------------------------------------
+
+/// One segment of the log and where each volume's records are in it.
+pub struct Segment {
+    pub id: u64,
+    pub path: PathBuf,
+    pub file: Arc<File>,
+    pub bytes: u64,
+    /// Per volume number: its first sequence in this segment and `(offset, frame bytes)` of
+    /// each record, consecutive sequences.
+    runs: HashMap<u32, Run>,
+}
+
+struct Run {
+    first: Sequence,
+    records: Vec<(u64, u32)>,
+}
+
+impl Run {
+    fn last(&self) -> Sequence {
+        Sequence(self.first.0 + self.records.len() as u64 - 1)
+    }
+}
+
+/// A volume's records do not follow each other across the index.
+#[derive(Debug)]
+pub struct Discontinuity {
+    pub expected: Sequence,
+    pub found: Sequence,
+    /// The break is at the start of the segment (older segments disagree), not inside it.
+    pub at_segment_start: bool,
+}
+
+/// The retained log: closed segments (the replay log) and the live one, oldest first.
+#[derive(Default)]
+pub struct LogIndex {
+    segments: VecDeque<Segment>,
+}
+
+/// Where to read the records of a [`LogIndex::locate`] answer.
+pub struct RecordLocation {
+    pub file: Arc<File>,
+    pub path: PathBuf,
+    pub offset: u64,
+    pub frame: u32,
+}
+
+impl LogIndex {
+    pub fn push_segment(&mut self, id: u64, path: PathBuf, file: Arc<File>, bytes: u64) {
+        if let Some(last) = self.segments.back() {
+            assert!(last.id < id, "segments are indexed in order");
+        }
+        self.segments.push_back(Segment { id, path, file, bytes, runs: HashMap::new() });
+    }
+
+    fn last_sequence(&self, volume: u32, before_segment: usize) -> Option<Sequence> {
+        self.segments.iter().take(before_segment).rev().find_map(|s| s.runs.get(&volume).map(Run::last))
+    }
+
+    /// Index a record of the newest segment.
+    pub fn add(&mut self, volume: u32, sequence: Sequence, offset: u64, frame: u32) -> Result<(), Discontinuity> {
+        let newest = self.segments.len() - 1;
+        let expected = match self.segments[newest].runs.get(&volume) {
+            Some(run) => Some((run.last().next(), false)),
+            None => self.last_sequence(volume, newest).map(|s| (s.next(), true)),
+        };
+        if let Some((expected, at_segment_start)) = expected {
+            if sequence != expected {
+                return Err(Discontinuity { expected, found: sequence, at_segment_start });
+            }
+        }
+        let segment = &mut self.segments[newest];
+        segment.bytes = segment.bytes.max(offset + frame as u64);
+        segment.runs.entry(volume).or_insert(Run { first: sequence, records: Vec::new() }).records.push((offset, frame));
+        Ok(())
+    }
+
+    pub fn set_newest_bytes(&mut self, bytes: u64) {
+        self.segments.back_mut().expect("the live segment is indexed").bytes = bytes;
+    }
+
+    /// Forget every segment older than the newest (after a discontinuity or corruption).
+    pub fn drop_older_than_newest(&mut self) -> Vec<Segment> {
+        let keep = self.segments.pop_back();
+        let dropped = self.segments.drain(..).collect();
+        self.segments.extend(keep);
+        dropped
+    }
+
+    /// Forget every segment.
+    pub fn clear(&mut self) -> Vec<Segment> {
+        self.segments.drain(..).collect()
+    }
+
+    /// Bytes of the closed segments (all but the newest).
+    pub fn closed_bytes(&self) -> u64 {
+        self.segments.iter().rev().skip(1).map(|s| s.bytes).sum()
+    }
+
+    /// Drop the oldest closed segments until the closed ones fit in `budget` bytes.
+    pub fn trim_to(&mut self, budget: u64) -> Vec<Segment> {
+        let mut dropped = Vec::new();
+        while self.segments.len() > 1 && self.closed_bytes() > budget {
+            dropped.push(self.segments.pop_front().expect("len > 1"));
+        }
+        dropped
+    }
+
+    pub fn segment_ids(&self) -> Vec<u64> {
+        self.segments.iter().map(|s| s.id).collect()
+    }
+
+    /// Records `after + 1 ..= last` of `volume` (at least one, then while their frames fit in
+    /// `max_bytes`). `Err(oldest held)` if `after + 1` is not held.
+    pub fn locate(
+        &self,
+        volume: u32,
+        after: Sequence,
+        last: Sequence,
+        max_bytes: u64,
+    ) -> Result<Vec<RecordLocation>, Option<Sequence>> {
+        let oldest = self.segments.iter().find_map(|s| s.runs.get(&volume).map(|r| r.first));
+        let mut wanted = after.next();
+        match oldest {
+            Some(oldest) if oldest <= wanted => {}
+            _ => return Err(oldest),
+        }
+        let mut out = Vec::new();
+        let mut bytes = 0u64;
+        for segment in &self.segments {
+            let Some(run) = segment.runs.get(&volume) else { continue };
+            while wanted >= run.first && wanted <= run.last() && wanted <= last {
+                let (offset, frame) = run.records[(wanted.0 - run.first.0) as usize];
+                if !out.is_empty() && bytes + frame as u64 > max_bytes {
+                    return Ok(out);
+                }
+                bytes += frame as u64;
+                out.push(RecordLocation { file: segment.file.clone(), path: segment.path.clone(), offset, frame });
+                wanted = wanted.next();
+            }
+        }
+        if out.is_empty() && wanted <= last {
+            return Err(oldest);
+        }
+        Ok(out)
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The writer.
+// ---------------------------------------------------------------------------------------------
+
+enum Part {
+    Scratch(Range<usize>),
+    Data(Bytes),
+}
+
+/// Appends batches to the live segment.
+pub struct LogWriter {
+    dir: PathBuf,
+    pub segment: u64,
+    pub path: PathBuf,
+    pub file: Arc<File>,
+    /// End of the valid log in the live segment.
+    pub position: u64,
+    scratch: Vec<u8>,
+    parts: Vec<Part>,
+}
+
+impl LogWriter {
+    pub fn new(dir: &Path, segment: u64, file: Arc<File>, position: u64) -> LogWriter {
+        LogWriter {
+            dir: dir.to_path_buf(),
+            segment,
+            path: segment_path(dir, segment),
+            file,
+            position,
+            scratch: Vec::new(),
+            parts: Vec::new(),
+        }
+    }
+
+    /// Create segment `id` (empty) durably and open it.
+    pub fn create_segment(dir: &Path, id: u64) -> Result<Arc<File>, StoreError> {
+        let path = segment_path(dir, id);
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(&path)
+            .map_err(io_error("create log segment", &path))?;
+        let log_dir = dir.join(LOG_DIR);
+        sys::sync_dir(&log_dir).map_err(io_error("sync directory", &log_dir))?;
+        Ok(Arc::new(file))
+    }
+
+    /// Switch to the new, empty segment `id`; returns the old segment's file.
+    pub fn rotate(&mut self, id: u64, file: Arc<File>) {
+        assert!(id > self.segment, "segments only move forward");
+        self.segment = id;
+        self.path = segment_path(&self.dir, id);
+        self.file = file;
+        self.position = 0;
+    }
+
+    /// Write `records` as batches and make them durable: one vectored write and one
+    /// `fdatasync` unless the records exceed one batch. Returns each record's `(offset, frame
+    /// bytes)` in the segment. On error the segment's tail past `position` is undefined and the
+    /// writer must not be used again.
+    pub fn append(&mut self, records: &[LogRecord]) -> Result<Vec<(u64, u32)>, StoreError> {
+        let mut positions = Vec::with_capacity(records.len());
+        let mut next = 0;
+        while next < records.len() {
+            self.scratch.clear();
+            self.parts.clear();
+            self.scratch.extend_from_slice(&[0; BATCH_HEADER_BYTES]);
+            self.parts.push(Part::Scratch(0..BATCH_HEADER_BYTES));
+            let batch_start = self.position;
+            let mut batch_bytes = BATCH_HEADER_BYTES as u64;
+            let mut count = 0u32;
+            while next < records.len() {
+                let record = &records[next];
+                let frame = record.frame_bytes();
+                if count > 0 && batch_bytes + frame > LOG_BATCH_BYTES_MAX {
+                    break;
+                }
+                positions.push((batch_start + batch_bytes, frame as u32));
+                let start = self.scratch.len();
+                record.encode_head(&mut self.scratch);
+                self.parts.push(Part::Scratch(start..self.scratch.len()));
+                for piece in record.logged_pieces() {
+                    self.parts.push(Part::Data(piece.clone()));
+                }
+                batch_bytes += frame;
+                count += 1;
+                next += 1;
+            }
+            let header = batch_header(self.segment, batch_start, batch_bytes - BATCH_HEADER_BYTES as u64, count);
+            self.scratch[..BATCH_HEADER_BYTES].copy_from_slice(&header);
+            let slices: Vec<&[u8]> = self
+                .parts
+                .iter()
+                .map(|part| match part {
+                    Part::Scratch(range) => &self.scratch[range.clone()],
+                    Part::Data(bytes) => &bytes[..],
+                })
+                .collect();
+            debug_assert_eq!(slices.iter().map(|s| s.len() as u64).sum::<u64>(), batch_bytes);
+            sys::write_all_vectored_at(&self.file, &slices, batch_start).map_err(io_error("write log", &self.path))?;
+            // One sync per batch: a later batch must never be durable before an earlier one,
+            // or a crash could leave a valid batch after a torn one (read as corruption).
+            self.file.sync_data().map_err(io_error("sync log", &self.path))?;
+            self.position = batch_start + batch_bytes;
+        }
+        Ok(positions)
+    }
+}

@@ -1,0 +1,948 @@
+//! The store: opening and crash recovery, group commit, checkpoints, and the read side.
+
+use std::{
+    collections::HashMap,
+    fs::{self, File, OpenOptions},
+    path::{Path, PathBuf},
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        Arc, Mutex, MutexGuard, RwLock, RwLockWriteGuard,
+    },
+};
+
+use bytes::{Bytes, BytesMut};
+use proto::{BlockExtent, Epoch, Op, Record, Sequence, BLOCK_BYTES, PAYLOAD_BYTES_MAX};
+
+use crate::{
+    block_map::{BlockMap, Chunks, MapFile, PendingSlots},
+    error::io_error,
+    log::{self, Change, Edge, Geometry, Kind, LogIndex, LogRecord, LogWriter},
+    meta::{Meta, VolumeMeta},
+    reclaim::{self, Reclaim},
+    sys,
+    volume::{Volume, VolumeState},
+    CommitOutcome, Rejected, StoreError, StoreOptions, VolumeDigest, VolumeHandle,
+    CHECKPOINT_LOG_BYTES_MAX, CHECKPOINT_LOG_BYTES_MIN, LOCK_WAIT_MS, RECLAIM_PUNCH_BYTES_MAX,
+    RECLAIM_SCAN_BLOCKS_MAX, VOLUMES_MAX, VOLUME_BYTES_MAX, VOLUME_NAME_BYTES_MAX,
+};
+
+const LOCK_FILE: &str = "lock";
+const VOLUMES_DIR: &str = "volumes";
+
+fn data_path(dir: &Path, number: u32) -> PathBuf {
+    dir.join(VOLUMES_DIR).join(format!("{number}.data"))
+}
+
+fn map_path(dir: &Path, number: u32) -> PathBuf {
+    dir.join(VOLUMES_DIR).join(format!("{number}.map"))
+}
+
+/// The durable storage of one element. See the crate documentation.
+pub struct Store {
+    dir: PathBuf,
+    options: StoreOptions,
+    /// Held (flock) for the life of the store: one process per data directory.
+    _lock: File,
+    /// Newest epoch seen: set by `set_epoch` or raised by committed records.
+    epoch: AtomicU64,
+    /// Indexed by `VolumeHandle`; only grows.
+    volumes: Arc<RwLock<Vec<Arc<Volume>>>>,
+    /// Everything that changes durable state; one commit (or checkpoint) at a time.
+    committer: Arc<Mutex<Committer>>,
+    /// Ranges whose file space is to be reclaimed, and the thread that does it.
+    reclaim: Arc<Reclaim>,
+    reclaimer: Option<std::thread::JoinHandle<()>>,
+    /// Retained log records, for `log_records`; short critical sections only.
+    log_index: Mutex<LogIndex>,
+}
+
+struct Committer {
+    log: LogWriter,
+    /// As last written to the metadata file.
+    meta: Meta,
+    /// Per volume (same index as `Store::volumes`).
+    maps: Vec<VolumeMapFile>,
+    /// Set after an I/O error while changing durable state: from then on the in-memory state
+    /// may not match the disk, so only reopening (and replaying) may change anything again.
+    failure: Option<String>,
+}
+
+struct VolumeMapFile {
+    file: MapFile,
+    chunks: Chunks,
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().expect("a thread panicked while holding a store lock")
+}
+
+impl Store {
+    /// Open the store in `dir`, creating an empty one if `dir` is empty or missing, and
+    /// recover: load the last checkpoint, replay the live log after it (a torn tail is logged
+    /// and cut off), and index the replay log.
+    pub fn open(dir: &Path, options: StoreOptions) -> Result<Store, StoreError> {
+        if !(CHECKPOINT_LOG_BYTES_MIN..=CHECKPOINT_LOG_BYTES_MAX).contains(&options.checkpoint_log_bytes) {
+            return Err(StoreError::InvalidOptions(format!(
+                "checkpoint_log_bytes {} is outside {CHECKPOINT_LOG_BYTES_MIN}..={CHECKPOINT_LOG_BYTES_MAX}",
+                options.checkpoint_log_bytes
+            )));
+        }
+        fs::create_dir_all(dir).map_err(io_error("create data directory", dir))?;
+        let lock_path = dir.join(LOCK_FILE);
+        let lock_file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&lock_path)
+            .map_err(io_error("open lock file", &lock_path))?;
+        // A child process forked by this process holds a copy of the lock until its exec:
+        // wait that out briefly before concluding that another owner holds it.
+        let mut waited_ms = 0;
+        while !sys::try_lock_exclusive(&lock_file).map_err(io_error("lock", &lock_path))? {
+            if waited_ms >= LOCK_WAIT_MS {
+                return Err(StoreError::Locked { path: dir.to_path_buf() });
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+            waited_ms += 10;
+        }
+        let meta = match Meta::read(dir)? {
+            Some(meta) => meta,
+            None => initialize(dir)?,
+        };
+
+        let mut volumes = Vec::with_capacity(meta.volumes.len());
+        let mut maps = Vec::with_capacity(meta.volumes.len());
+        for volume_meta in &meta.volumes {
+            let (volume, map_file) = open_volume(dir, &meta, volume_meta)?;
+            volumes.push(volume);
+            maps.push(map_file);
+        }
+        let numbers: HashMap<u32, usize> = meta.volumes.iter().enumerate().map(|(i, v)| (v.number, i)).collect();
+
+        let mut index = LogIndex::default();
+        let segment_ids = log::list_segments(dir)?;
+        for &id in segment_ids.iter().filter(|id| **id > meta.log_start) {
+            // A checkpoint creates the next segment before committing; no record goes there
+            // until the commit, so a newer segment left by a crash is empty.
+            let path = log::segment_path(dir, id);
+            let bytes = fs::metadata(&path).map_err(io_error("stat", &path))?.len();
+            if bytes != 0 {
+                return Err(StoreError::CorruptLog {
+                    path,
+                    offset: 0,
+                    reason: format!("segment is newer than the live segment {} and not empty", meta.log_start),
+                });
+            }
+            fs::remove_file(&path).map_err(io_error("remove", &path))?;
+        }
+        for &id in segment_ids.iter().filter(|id| **id < meta.log_start) {
+            index_closed_segment(dir, id, &mut index)?;
+        }
+
+        // The live segment: replay it on top of the checkpoint.
+        let live = meta.log_start;
+        let live_path = log::segment_path(dir, live);
+        let live_file = Arc::new(
+            OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(&live_path)
+                .map_err(io_error("open live log segment", &live_path))?,
+        );
+        index.push_segment(live, live_path.clone(), live_file.clone(), 0);
+        let mut epoch = meta.epoch;
+        let (valid_end, torn) = log::scan_segment(&live_file, &live_path, live, |offset, frame, record| {
+            let corrupt = |reason: String| StoreError::CorruptLog { path: live_path.clone(), offset, reason };
+            let Some(&i) = numbers.get(&record.volume_number) else {
+                return Err(corrupt(format!("record for unknown volume number {}", record.volume_number)));
+            };
+            let volume = &volumes[i];
+            let mut state = volume.state.write().expect("volume lock");
+            if record.sequence != state.applied.next() {
+                return Err(corrupt(format!(
+                    "record of sequence {} for volume {:?} does not follow its applied sequence {}",
+                    record.sequence, volume.name, state.applied
+                )));
+            }
+            if volume.check_range(record.offset_bytes, record.length_bytes).is_err() {
+                return Err(corrupt(format!("record of sequence {} ends past volume {:?}", record.sequence, volume.name)));
+            }
+            add_to_index(&mut index, &record, offset, frame);
+            // Holes need no reclaiming here: every volume is queued whole below.
+            volume.apply(&mut state, &mut maps[i].chunks, &record)?;
+            epoch = epoch.max(record.epoch);
+            Ok(())
+        })?;
+        if let Some(torn) = torn {
+            if let Some(next) = log::find_batch_after(&live_file, &live_path, live, torn.offset)? {
+                return Err(StoreError::CorruptLog {
+                    path: live_path,
+                    offset: torn.offset,
+                    reason: format!(
+                        "{}; a valid batch follows at byte {next}, so this is damage in the middle \
+                         of the log, not a torn tail (refusing to skip records)",
+                        torn.reason
+                    ),
+                });
+            }
+            let file_bytes = live_file.metadata().map_err(io_error("stat", &live_path))?.len();
+            tracing::warn!(
+                segment = %live_path.display(),
+                offset = torn.offset,
+                bytes_discarded = file_bytes - torn.offset,
+                reason = %torn.reason,
+                "torn tail of the log (a commit cut short by a crash): discarding it"
+            );
+            live_file.set_len(valid_end).map_err(io_error("truncate log", &live_path))?;
+            live_file.sync_all().map_err(io_error("sync log", &live_path))?;
+        }
+        index.set_newest_bytes(valid_end);
+        for segment in index.trim_to(options.replay_log_bytes) {
+            fs::remove_file(&segment.path).map_err(io_error("remove log segment", &segment.path))?;
+        }
+        for volume in &volumes {
+            let state = volume.state.read().expect("not shared yet");
+            tracing::info!(volume = %volume.name, applied = %state.applied, "volume recovered");
+        }
+        // Space of holes whose punching a crash interrupted (or never started) is found by
+        // a background pass over every volume: cheap where the file has no data under holes.
+        let reclaim = Arc::new(Reclaim::default());
+        for (i, volume) in volumes.iter().enumerate() {
+            reclaim.push(i, 0..volume.blocks());
+        }
+        let volumes = Arc::new(RwLock::new(volumes));
+        let committer = Arc::new(Mutex::new(Committer {
+            log: LogWriter::new(dir, live, live_file, valid_end),
+            meta,
+            maps,
+            failure: None,
+        }));
+        let reclaimer = {
+            let (reclaim, committer, volumes) = (reclaim.clone(), committer.clone(), volumes.clone());
+            std::thread::Builder::new()
+                .name("store-reclaim".into())
+                .spawn(move || {
+                    while reclaim.wait().is_some() {
+                        reclaim_slice(&reclaim, &committer, &volumes);
+                    }
+                })
+                .map_err(io_error("start the reclaim thread for", dir))?
+        };
+        Ok(Store {
+            dir: dir.to_path_buf(),
+            options,
+            _lock: lock_file,
+            epoch: AtomicU64::new(epoch.0),
+            volumes,
+            committer,
+            reclaim,
+            reclaimer: Some(reclaimer),
+            log_index: Mutex::new(index),
+        })
+    }
+
+    pub fn epoch(&self) -> Epoch {
+        Epoch(self.epoch.load(Ordering::Acquire))
+    }
+
+    /// Raise the epoch, durably. Setting the current epoch again is a no-op; an older one is
+    /// refused.
+    pub fn set_epoch(&self, epoch: Epoch) -> Result<(), StoreError> {
+        let mut committer = self.lock_committer()?;
+        let current = self.epoch();
+        if epoch < current {
+            return Err(StoreError::EpochBackwards { requested: epoch, current });
+        }
+        if epoch == current {
+            return Ok(());
+        }
+        let mut meta = committer.meta.clone();
+        meta.epoch = epoch;
+        committer.write_meta(&self.dir, meta)?;
+        self.epoch.store(epoch.0, Ordering::Release);
+        Ok(())
+    }
+
+    /// The volume named `name`, created (durably, empty) if there is none. Its size must be a
+    /// positive multiple of 4096 bytes, and match if the volume exists.
+    pub fn ensure_volume(&self, name: &str, size_bytes: u64) -> Result<VolumeHandle, StoreError> {
+        let invalid = |reason: String| Err(StoreError::InvalidVolume { name: name.to_string(), reason });
+        if name.is_empty() || name.len() > VOLUME_NAME_BYTES_MAX {
+            return invalid(format!("names have 1 to {VOLUME_NAME_BYTES_MAX} bytes"));
+        }
+        if size_bytes == 0 || size_bytes % BLOCK_BYTES != 0 || size_bytes > VOLUME_BYTES_MAX {
+            return invalid(format!(
+                "size {size_bytes} is not a positive multiple of {BLOCK_BYTES} up to {VOLUME_BYTES_MAX}"
+            ));
+        }
+        let mut committer = self.lock_committer()?;
+        if let Some(handle) = self.volume(name) {
+            let existing_bytes = self.volume_at(handle).size_bytes;
+            if existing_bytes != size_bytes {
+                return Err(StoreError::VolumeSizeMismatch {
+                    name: name.to_string(),
+                    existing_bytes,
+                    requested_bytes: size_bytes,
+                });
+            }
+            return Ok(handle);
+        }
+        if committer.meta.volumes.len() >= VOLUMES_MAX {
+            return invalid(format!("the store already holds {VOLUMES_MAX} volumes"));
+        }
+        let number = committer.meta.next_volume_number;
+        let data_path = data_path(&self.dir, number);
+        let data = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&data_path)
+            .map_err(io_error("create volume data", &data_path))?;
+        data.set_len(size_bytes).map_err(io_error("size volume data", &data_path))?;
+        data.sync_all().map_err(io_error("sync volume data", &data_path))?;
+        let map_file = MapFile::create(&map_path(&self.dir, number), name, number, size_bytes)?;
+        let volumes_dir = self.dir.join(VOLUMES_DIR);
+        sys::sync_dir(&volumes_dir).map_err(io_error("sync directory", &volumes_dir))?;
+        let chunks = Chunks::for_blocks(size_bytes / BLOCK_BYTES);
+        let mut meta = committer.meta.clone();
+        meta.next_volume_number += 1;
+        meta.volumes.push(VolumeMeta {
+            number,
+            name: name.to_string(),
+            size_bytes,
+            applied: Sequence::ZERO,
+            map_digest: chunks.digest(),
+        });
+        committer.write_meta(&self.dir, meta)?;
+        committer.maps.push(VolumeMapFile { file: map_file, chunks });
+        let mut volumes = self.volumes.write().expect("volume list lock");
+        volumes.push(Arc::new(Volume {
+            name: name.to_string(),
+            number,
+            size_bytes,
+            data_path,
+            data,
+            state: RwLock::new(VolumeState { applied: Sequence::ZERO, map: BlockMap::new(size_bytes / BLOCK_BYTES) }),
+        }));
+        tracing::info!(volume = name, size_bytes, number, "volume created");
+        Ok(VolumeHandle(volumes.len() as u32 - 1))
+    }
+
+    /// The volume named `name`, if the store holds it.
+    pub fn volume(&self, name: &str) -> Option<VolumeHandle> {
+        let volumes = self.volumes.read().expect("volume list lock");
+        volumes.iter().position(|v| v.name == name).map(|i| VolumeHandle(i as u32))
+    }
+
+    /// Name and size of every volume, in handle order.
+    pub fn volumes(&self) -> Vec<(String, u64)> {
+        let volumes = self.volumes.read().expect("volume list lock");
+        volumes.iter().map(|v| (v.name.clone(), v.size_bytes)).collect()
+    }
+
+    pub fn applied_sequence(&self, volume: VolumeHandle) -> Sequence {
+        self.volume_at(volume).state.read().expect("volume lock").applied
+    }
+
+    /// Group commit: log every new record of `batch` with one write and one `fdatasync`, then
+    /// apply them in order. Records already applied are skipped; records that cannot be
+    /// applied (gap, stale epoch, out of range, damaged base block) are returned in
+    /// [`CommitOutcome::rejected`] and change nothing. `Err` means an I/O error: the store then
+    /// accepts no more changes until reopened.
+    pub fn commit(&self, batch: &[(VolumeHandle, Record)]) -> Result<CommitOutcome, StoreError> {
+        let mut committer = self.lock_committer()?;
+        let volumes = self.volumes.read().expect("volume list lock").clone();
+        let mut outcome = CommitOutcome::default();
+        let mut running_epoch = self.epoch();
+        // Applied sequence of each volume as of the records accepted so far.
+        let mut pending: HashMap<usize, Sequence> = HashMap::new();
+        let mut accepted: Vec<(usize, LogRecord)> = Vec::new();
+        for (index, (handle, record)) in batch.iter().enumerate() {
+            let i = handle.index();
+            let volume = volumes.get(i).expect("a volume handle of this store");
+            let applied = pending.entry(i).or_insert_with(|| {
+                outcome.applied.push((*handle, Sequence::ZERO));
+                volume.state.read().expect("volume lock").applied
+            });
+            let reject = |error| Rejected { index, volume: *handle, sequence: record.sequence, error };
+            if record.epoch < running_epoch {
+                outcome.rejected.push(reject(StoreError::StaleEpoch {
+                    volume: volume.name.clone(),
+                    sequence: record.sequence,
+                    epoch: record.epoch,
+                    store_epoch: running_epoch,
+                }));
+                continue;
+            }
+            if record.sequence <= *applied {
+                outcome.duplicates += 1;
+                continue;
+            }
+            if record.sequence != applied.next() {
+                outcome.rejected.push(reject(StoreError::Gap {
+                    volume: volume.name.clone(),
+                    applied: *applied,
+                    sequence: record.sequence,
+                }));
+                continue;
+            }
+            match prepare(volume, i, record, &accepted) {
+                Ok(prepared) => {
+                    *applied = record.sequence;
+                    running_epoch = running_epoch.max(record.epoch);
+                    accepted.push((i, prepared));
+                }
+                Err(error) => outcome.rejected.push(reject(error)),
+            }
+        }
+        if !accepted.is_empty() {
+            committer.commit_prepared(self, &volumes, accepted)?;
+            self.epoch.fetch_max(running_epoch.0, Ordering::AcqRel);
+        }
+        for (handle, applied) in &mut outcome.applied {
+            *applied = volumes[handle.index()].state.read().expect("volume lock").applied;
+        }
+        if committer.log.position >= self.options.checkpoint_log_bytes {
+            committer.checkpoint(self, &volumes)?;
+        }
+        Ok(outcome)
+    }
+
+    /// Write the data files and block maps durably and start a new log segment (also done by
+    /// `commit` when the live log outgrows `checkpoint_log_bytes`). A clean shutdown calls this
+    /// so the next open replays nothing.
+    pub fn checkpoint(&self) -> Result<(), StoreError> {
+        let mut committer = self.lock_committer()?;
+        let volumes = self.volumes.read().expect("volume list lock").clone();
+        committer.checkpoint(self, &volumes)
+    }
+
+    /// Read `length_bytes` at `offset_bytes`, with the applied sequence the data reflects.
+    /// Every block is checked against its checksum: a mismatch is an error naming the block.
+    pub fn read(&self, volume: VolumeHandle, offset_bytes: u64, length_bytes: u32) -> Result<(Sequence, Bytes), StoreError> {
+        let volume = self.volume_at(volume);
+        volume.check_range(offset_bytes, length_bytes as u64)?;
+        if length_bytes > PAYLOAD_BYTES_MAX {
+            return Err(StoreError::PayloadTooLarge { volume: volume.name.clone(), length_bytes: length_bytes as u64 });
+        }
+        let Some(geometry) = Geometry::of(offset_bytes, length_bytes as u64) else {
+            return Ok((volume.state.read().expect("volume lock").applied, Bytes::new()));
+        };
+        let mut buffer = BytesMut::zeroed(((geometry.last - geometry.first + 1) * BLOCK_BYTES) as usize);
+        let state = volume.state.read().expect("volume lock");
+        volume.read_blocks(&state.map, geometry.first, &mut buffer)?;
+        let applied = state.applied;
+        drop(state);
+        let skip = (offset_bytes - geometry.first * BLOCK_BYTES) as usize;
+        Ok((applied, buffer.freeze().slice(skip..skip + length_bytes as usize)))
+    }
+
+    /// Allocated and hole extents of a range, in order, with the applied sequence they
+    /// reflect. At most [`crate::BLOCK_STATUS_EXTENTS_MAX`] extents: then they cover only a
+    /// prefix of the range (as NBD allows).
+    pub fn block_status(
+        &self,
+        volume: VolumeHandle,
+        offset_bytes: u64,
+        length_bytes: u64,
+    ) -> Result<(Sequence, Vec<BlockExtent>), StoreError> {
+        let volume = self.volume_at(volume);
+        volume.check_range(offset_bytes, length_bytes)?;
+        let state = volume.state.read().expect("volume lock");
+        Ok((state.applied, volume.block_status(&state.map, offset_bytes, length_bytes)))
+    }
+
+    /// Records of `volume` after `after`, in order, from the replay log: at least one, then as
+    /// many as fit in `max_bytes` of log frames, up to the applied sequence. Empty if `after`
+    /// is already the applied sequence; an error if `after + 1` is no longer held. The
+    /// records' `volume` field is zero: the caller sets its own.
+    pub fn log_records(&self, volume: VolumeHandle, after: Sequence, max_bytes: u64) -> Result<Vec<Record>, StoreError> {
+        let volume = self.volume_at(volume);
+        let applied = volume.state.read().expect("volume lock").applied;
+        if after >= applied {
+            return Ok(Vec::new());
+        }
+        let locations = lock(&self.log_index).locate(volume.number, after, applied, max_bytes).map_err(|oldest| {
+            StoreError::NotInReplayLog { volume: volume.name.clone(), sequence: after.next(), oldest }
+        })?;
+        let mut records = Vec::with_capacity(locations.len());
+        for location in locations {
+            let record = log::read_record(&location.file, &location.path, location.offset, location.frame)?;
+            assert_eq!(record.volume_number, volume.number, "the log index points at this volume's records");
+            records.push(record.to_record());
+        }
+        Ok(records)
+    }
+
+    /// Read every block of the volume, check it against its checksum, and digest the logical
+    /// content: the wrapping sum over blocks `b` of `splitmix64(b * 0x9E3779B97F4A7C15 ^
+    /// crc32c(content of b))`, holes as zeroes. Blocks the volume's applies while it runs (meant
+    /// for an idle or offline store).
+    pub fn verify(&self, volume: VolumeHandle) -> Result<VolumeDigest, StoreError> {
+        let volume = self.volume_at(volume);
+        let state = volume.state.read().expect("volume lock");
+        volume.verify(&state)
+    }
+
+    /// Reclaim now, on this thread, the file space of every block that became a hole (the
+    /// background thread otherwise does it a slice at a time).
+    pub fn reclaim(&self) {
+        while reclaim_slice(&self.reclaim, &self.committer, &self.volumes) {}
+    }
+
+    /// Bytes of volume ranges still to be examined for space to reclaim (an upper bound).
+    pub fn reclaim_backlog_bytes(&self) -> u64 {
+        self.reclaim.backlog_bytes()
+    }
+
+    /// Segment ids of the retained log, oldest first (the last is the live one).
+    pub fn log_segments(&self) -> Vec<u64> {
+        lock(&self.log_index).segment_ids()
+    }
+
+    fn volume_at(&self, handle: VolumeHandle) -> Arc<Volume> {
+        let volumes = self.volumes.read().expect("volume list lock");
+        volumes.get(handle.index()).expect("a volume handle of this store").clone()
+    }
+
+    fn lock_committer(&self) -> Result<MutexGuard<'_, Committer>, StoreError> {
+        let committer = lock(&self.committer);
+        if let Some(reason) = &committer.failure {
+            return Err(StoreError::Failed { reason: reason.clone() });
+        }
+        Ok(committer)
+    }
+}
+
+impl Committer {
+    /// Run `step`; on error remember the store as failed.
+    fn guard<T>(&mut self, step: impl FnOnce(&mut Committer) -> Result<T, StoreError>) -> Result<T, StoreError> {
+        let result = step(self);
+        if let Err(error) = &result {
+            tracing::error!(%error, "store failed; it accepts no more changes until reopened");
+            self.failure = Some(error.to_string());
+        }
+        result
+    }
+
+    fn write_meta(&mut self, dir: &Path, meta: Meta) -> Result<(), StoreError> {
+        self.guard(|c| {
+            meta.write(dir)?;
+            c.meta = meta;
+            Ok(())
+        })
+    }
+
+    fn commit_prepared(&mut self, store: &Store, volumes: &[Arc<Volume>], accepted: Vec<(usize, LogRecord)>) -> Result<(), StoreError> {
+        self.guard(|c| {
+            let (indices, records): (Vec<usize>, Vec<LogRecord>) = accepted.into_iter().unzip();
+            let mut holes = Vec::new();
+            let positions = c.log.append(&records)?;
+            {
+                let mut index = lock(&store.log_index);
+                for (record, (offset, frame)) in records.iter().zip(&positions) {
+                    add_to_index(&mut index, record, *offset, *frame);
+                }
+                index.set_newest_bytes(c.log.position);
+            }
+            // Lock each volume once per run of its records, so readers wait only for its own
+            // applies.
+            let mut locked: Option<(usize, RwLockWriteGuard<'_, VolumeState>)> = None;
+            for (&i, record) in indices.iter().zip(&records) {
+                if locked.as_ref().map(|(l, _)| *l) != Some(i) {
+                    drop(locked.take());
+                    locked = Some((i, volumes[i].state.write().expect("volume lock")));
+                }
+                let (_, state) = locked.as_mut().expect("just locked");
+                let new_holes = volumes[i].apply(state, &mut c.maps[i].chunks, record)?;
+                if !new_holes.is_empty() {
+                    holes.push((i, new_holes));
+                }
+            }
+            drop(locked);
+            for (i, blocks) in holes {
+                store.reclaim.push(i, blocks);
+            }
+            Ok(())
+        })
+    }
+
+    fn checkpoint(&mut self, store: &Store, volumes: &[Arc<Volume>]) -> Result<(), StoreError> {
+        self.guard(|c| {
+            let changed = |i: usize| {
+                c.maps[i].chunks.is_dirty()
+                    || volumes[i].state.read().expect("volume lock").applied != c.meta.volumes[i].applied
+            };
+            if c.log.position == 0 && !(0..volumes.len()).any(changed) {
+                return Ok(());
+            }
+            let generation = c.meta.generation + 1;
+            let mut meta = c.meta.clone();
+            let mut written: Vec<Option<PendingSlots>> = Vec::with_capacity(volumes.len());
+            for (i, volume) in volumes.iter().enumerate() {
+                let maps = &c.maps[i];
+                let state = volume.state.read().expect("volume lock");
+                if maps.chunks.is_dirty() {
+                    volume.data.sync_data().map_err(io_error("sync volume data", &volume.data_path))?;
+                    let pending = maps.file.write_dirty(&state.map, &maps.chunks, generation)?;
+                    meta.volumes[i].map_digest = MapFile::digest_after(&pending, &maps.chunks, generation);
+                    written.push(Some(pending));
+                } else {
+                    written.push(None);
+                }
+                meta.volumes[i].applied = state.applied;
+            }
+            let next_segment = c.log.segment + 1;
+            let file = LogWriter::create_segment(&store.dir, next_segment)?;
+            meta.generation = generation;
+            meta.log_start = next_segment;
+            meta.epoch = meta.epoch.max(store.epoch());
+            meta.write(&store.dir)?;
+            // Committed.
+            c.meta = meta;
+            for (maps, pending) in c.maps.iter_mut().zip(&written) {
+                if let Some(pending) = pending {
+                    MapFile::commit(pending, &mut maps.chunks, generation);
+                }
+            }
+            let closed_bytes = c.log.position;
+            c.log.rotate(next_segment, file.clone());
+            let dropped = {
+                let mut index = lock(&store.log_index);
+                index.set_newest_bytes(closed_bytes);
+                index.push_segment(next_segment, c.log.path.clone(), file, 0);
+                index.trim_to(store.options.replay_log_bytes)
+            };
+            for segment in dropped {
+                fs::remove_file(&segment.path).map_err(io_error("remove log segment", &segment.path))?;
+            }
+            tracing::debug!(generation, segment = next_segment, "checkpoint");
+            Ok(())
+        })
+    }
+}
+
+impl Drop for Store {
+    fn drop(&mut self) {
+        self.reclaim.close();
+        if let Some(reclaimer) = self.reclaimer.take() {
+            if reclaimer.join().is_err() {
+                tracing::error!("the reclaim thread panicked");
+            }
+        }
+    }
+}
+
+/// Punch one bounded slice of the reclaim queue, under the commit lock. `false` if there was
+/// nothing to do.
+fn reclaim_slice(reclaim: &Reclaim, committer: &Mutex<Committer>, volumes: &RwLock<Vec<Arc<Volume>>>) -> bool {
+    let Some((i, blocks)) = reclaim.pop() else { return false };
+    let committer = lock(committer);
+    if committer.failure.is_some() {
+        reclaim.clear();
+        return false;
+    }
+    let volume = volumes.read().expect("volume list lock")[i].clone();
+    let state = volume.state.read().expect("volume lock");
+    let scan_end = blocks.end.min(blocks.start + RECLAIM_SCAN_BLOCKS_MAX);
+    match reclaim::punch_holes(&volume, &state.map, blocks.start..scan_end, RECLAIM_PUNCH_BYTES_MAX) {
+        Ok(done) => reclaim.push_front(i, done..blocks.end),
+        Err(error) => tracing::warn!(
+            volume = %volume.name,
+            path = %volume.data_path.display(),
+            %error,
+            "cannot punch holes: the space of trimmed blocks is not reclaimed"
+        ),
+    }
+    drop(state);
+    drop(committer);
+    true
+}
+
+/// Index a record of the newest segment. If the older segments do not lead up to it (some
+/// were lost or damaged), they cannot serve a continuous history and are forgotten.
+fn add_to_index(index: &mut LogIndex, record: &LogRecord, offset: u64, frame: u32) {
+    if let Err(discontinuity) = index.add(record.volume_number, record.sequence, offset, frame) {
+        assert!(discontinuity.at_segment_start, "records of a segment are consecutive: {discontinuity:?}");
+        let dropped = index.drop_older_than_newest();
+        tracing::warn!(
+            volume_number = record.volume_number,
+            expected = %discontinuity.expected,
+            found = %discontinuity.found,
+            segments = dropped.len(),
+            "the replay log does not lead up to the live log; forgetting its older segments"
+        );
+        for segment in dropped {
+            if let Err(error) = fs::remove_file(&segment.path) {
+                tracing::warn!(segment = %segment.path.display(), %error, "cannot remove a forgotten log segment");
+            }
+        }
+        index
+            .add(record.volume_number, record.sequence, offset, frame)
+            .expect("the first record of a volume in the only segment always fits");
+    }
+}
+
+/// Create the layout of an empty store in `dir`, which must hold nothing else.
+fn initialize(dir: &Path) -> Result<Meta, StoreError> {
+    let not_a_store = || StoreError::NotAStore { path: dir.to_path_buf() };
+    for entry in fs::read_dir(dir).map_err(io_error("list", dir))? {
+        let entry = entry.map_err(io_error("list", dir))?;
+        let name = entry.file_name();
+        match name.to_str() {
+            Some(LOCK_FILE) | Some("meta.tmp") => {}
+            Some(VOLUMES_DIR) | Some(log::LOG_DIR) => {
+                // Left by an initialization that crashed: acceptable only if empty of data.
+                for inner in fs::read_dir(entry.path()).map_err(io_error("list", &entry.path()))? {
+                    let inner = inner.map_err(io_error("list", &entry.path()))?;
+                    let bytes = inner.metadata().map_err(io_error("stat", &inner.path()))?.len();
+                    if name == VOLUMES_DIR || bytes != 0 {
+                        return Err(not_a_store());
+                    }
+                    fs::remove_file(inner.path()).map_err(io_error("remove", &inner.path()))?;
+                }
+            }
+            _ => return Err(not_a_store()),
+        }
+    }
+    for sub in [VOLUMES_DIR, log::LOG_DIR] {
+        let path = dir.join(sub);
+        fs::create_dir_all(&path).map_err(io_error("create directory", &path))?;
+    }
+    sys::sync_dir(dir).map_err(io_error("sync directory", dir))?;
+    if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+        sys::sync_dir(parent).map_err(io_error("sync directory", parent))?;
+    }
+    let meta = Meta { epoch: Epoch(0), generation: 0, log_start: 1, next_volume_number: 0, volumes: Vec::new() };
+    LogWriter::create_segment(dir, meta.log_start)?;
+    meta.write(dir)?;
+    tracing::info!(dir = %dir.display(), "created an empty store");
+    Ok(meta)
+}
+
+fn open_volume(dir: &Path, meta: &Meta, volume_meta: &VolumeMeta) -> Result<(Arc<Volume>, VolumeMapFile), StoreError> {
+    let data_path = data_path(dir, volume_meta.number);
+    let data = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&data_path)
+        .map_err(io_error("open volume data", &data_path))?;
+    let data_bytes = data.metadata().map_err(io_error("stat", &data_path))?.len();
+    if data_bytes != volume_meta.size_bytes {
+        return Err(StoreError::InvalidVolume {
+            name: volume_meta.name.clone(),
+            reason: format!("{} holds {data_bytes} bytes, the volume {}", data_path.display(), volume_meta.size_bytes),
+        });
+    }
+    let (file, map, chunks) = MapFile::load(
+        &map_path(dir, volume_meta.number),
+        &volume_meta.name,
+        volume_meta.number,
+        volume_meta.size_bytes,
+        meta.generation,
+        volume_meta.applied,
+        volume_meta.map_digest,
+    )?;
+    let volume = Volume {
+        name: volume_meta.name.clone(),
+        number: volume_meta.number,
+        size_bytes: volume_meta.size_bytes,
+        data_path,
+        data,
+        state: RwLock::new(VolumeState { applied: volume_meta.applied, map }),
+    };
+    Ok((Arc::new(volume), VolumeMapFile { file, chunks }))
+}
+
+/// Index a closed segment of the replay log. Damage there costs only history: the segment
+/// and everything older are forgotten (and deleted), with a warning, never skipped over.
+fn index_closed_segment(dir: &Path, id: u64, index: &mut LogIndex) -> Result<(), StoreError> {
+    let path = log::segment_path(dir, id);
+    let file = Arc::new(File::open(&path).map_err(io_error("open log segment", &path))?);
+    index.push_segment(id, path.clone(), file.clone(), 0);
+    let scanned = log::scan_segment(&file, &path, id, |offset, frame, record| {
+        match index.add(record.volume_number, record.sequence, offset, frame) {
+            Ok(()) => Ok(()),
+            Err(discontinuity) if discontinuity.at_segment_start => {
+                let dropped = index.drop_older_than_newest();
+                tracing::warn!(
+                    segment = %path.display(),
+                    expected = %discontinuity.expected,
+                    found = %discontinuity.found,
+                    "replay log segments do not follow each other; forgetting the older ones"
+                );
+                remove_segments(dropped);
+                index.add(record.volume_number, record.sequence, offset, frame).expect("fits after the drop");
+                Ok(())
+            }
+            Err(discontinuity) => Err(StoreError::CorruptLog {
+                path: path.clone(),
+                offset,
+                reason: format!("sequence {} where {} was expected", discontinuity.found, discontinuity.expected),
+            }),
+        }
+    });
+    let damage = match scanned {
+        Ok((end, None)) => {
+            index.set_newest_bytes(end);
+            return Ok(());
+        }
+        Ok((_, Some(torn))) => StoreError::CorruptLog { path: path.clone(), offset: torn.offset, reason: torn.reason },
+        Err(error @ StoreError::CorruptLog { .. }) => error,
+        Err(error) => return Err(error),
+    };
+    tracing::warn!(
+        error = %damage,
+        "a closed replay log segment is damaged; forgetting and deleting it and every older segment \
+         (peers needing those records fall back to a full recovery)"
+    );
+    remove_segments(index.clear());
+    Ok(())
+}
+
+fn remove_segments(segments: Vec<log::Segment>) {
+    for segment in segments {
+        if let Err(error) = fs::remove_file(&segment.path) {
+            tracing::warn!(segment = %segment.path.display(), %error, "cannot remove a log segment");
+        }
+    }
+}
+
+/// Resolve a record against the volume's current content (and the records accepted before it
+/// in the same batch): range checks, and partial edge blocks merged into whole blocks.
+fn prepare(volume: &Volume, i: usize, record: &Record, earlier: &[(usize, LogRecord)]) -> Result<LogRecord, StoreError> {
+    let (kind, offset_bytes, length_bytes) = match &record.op {
+        Op::Write { offset_bytes, data } => (Kind::Write, *offset_bytes, data.len() as u64),
+        Op::Trim { offset_bytes, length_bytes } => (Kind::Trim, *offset_bytes, *length_bytes),
+        Op::WriteZeroes { offset_bytes, length_bytes } => (Kind::WriteZeroes, *offset_bytes, *length_bytes),
+    };
+    volume.check_range(offset_bytes, length_bytes)?;
+    if kind == Kind::Write && length_bytes > PAYLOAD_BYTES_MAX as u64 {
+        return Err(StoreError::PayloadTooLarge { volume: volume.name.clone(), length_bytes });
+    }
+    let base = |block: u64| base_block(volume, i, block, earlier);
+    let change = match (Geometry::of(offset_bytes, length_bytes), &record.op) {
+        (None, _) => Change::Nothing,
+        (Some(g), Op::Write { data, .. }) => {
+            let end = offset_bytes + length_bytes;
+            let mut pieces = Vec::with_capacity(3);
+            let mut position = offset_bytes;
+            if g.head_partial {
+                let block_start = g.first * BLOCK_BYTES;
+                let mut merged = base(g.first)?;
+                let n = (end.min(block_start + BLOCK_BYTES) - offset_bytes) as usize;
+                let at = (offset_bytes - block_start) as usize;
+                merged[at..at + n].copy_from_slice(&data[..n]);
+                pieces.push(merged.freeze());
+                position += n as u64;
+            }
+            let whole_end = if g.tail_partial { g.last * BLOCK_BYTES } else { end };
+            if position < whole_end {
+                pieces.push(data.slice((position - offset_bytes) as usize..(whole_end - offset_bytes) as usize));
+                position = whole_end;
+            }
+            if g.tail_partial {
+                let mut merged = base(g.last)?;
+                let n = (end - position) as usize;
+                merged[..n].copy_from_slice(&data[(position - offset_bytes) as usize..]);
+                pieces.push(merged.freeze());
+            }
+            let crcs = pieces.iter().flat_map(|p| p.chunks(BLOCK_BYTES as usize)).map(crc32c::crc32c).collect();
+            Change::Blocks { first_block: g.first, pieces, crcs }
+        }
+        (Some(g), _) => {
+            let end = offset_bytes + length_bytes;
+            let zeroed_edge = |block: u64, zero: std::ops::Range<u64>| -> Result<Edge, StoreError> {
+                let content = match base_content(volume, i, block, earlier)? {
+                    None => None,
+                    Some(base) => {
+                        let mut merged = BytesMut::from(&base[..]);
+                        merged[zero.start as usize..zero.end as usize].fill(0);
+                        if merged.iter().all(|b| *b == 0) {
+                            None
+                        } else {
+                            let crc = crc32c::crc32c(&merged);
+                            Some((merged.freeze(), crc))
+                        }
+                    }
+                };
+                Ok(Edge { block, content })
+            };
+            let head = if g.head_partial {
+                let block_start = g.first * BLOCK_BYTES;
+                Some(zeroed_edge(g.first, offset_bytes - block_start..end.min(block_start + BLOCK_BYTES) - block_start)?)
+            } else {
+                None
+            };
+            let tail = if g.tail_partial { Some(zeroed_edge(g.last, 0..end - g.last * BLOCK_BYTES)?) } else { None };
+            Change::Zero { head, whole: g.whole(), tail }
+        }
+    };
+    Ok(LogRecord {
+        volume_number: volume.number,
+        epoch: record.epoch,
+        sequence: record.sequence,
+        kind,
+        offset_bytes,
+        length_bytes,
+        change,
+    })
+}
+
+/// A block's content as a mutable copy (zeroes for a hole).
+fn base_block(volume: &Volume, i: usize, block: u64, earlier: &[(usize, LogRecord)]) -> Result<BytesMut, StoreError> {
+    Ok(match base_content(volume, i, block, earlier)? {
+        Some(content) => BytesMut::from(&content[..]),
+        None => BytesMut::zeroed(BLOCK_BYTES as usize),
+    })
+}
+
+/// A block's content as of the records accepted so far (`None`: a hole), checked against its
+/// checksum when read from the data file.
+fn base_content(volume: &Volume, i: usize, block: u64, earlier: &[(usize, LogRecord)]) -> Result<Option<Bytes>, StoreError> {
+    for (_, record) in earlier.iter().rev().filter(|(v, _)| *v == i) {
+        if let Some(content) = record.content_of(block) {
+            return Ok(content);
+        }
+    }
+    let state = volume.state.read().expect("volume lock");
+    if !state.map.is_allocated(block) {
+        return Ok(None);
+    }
+    let mut content = BytesMut::zeroed(BLOCK_BYTES as usize);
+    volume.read_blocks(&state.map, block, &mut content)?;
+    Ok(Some(content.freeze()))
+}
+
+impl LogRecord {
+    /// The content this record leaves in `block`: `None` if it does not touch it,
+    /// `Some(None)` if it leaves a hole.
+    fn content_of(&self, block: u64) -> Option<Option<Bytes>> {
+        match &self.change {
+            Change::Nothing => None,
+            Change::Blocks { first_block, pieces, crcs } => {
+                if block < *first_block || block >= first_block + crcs.len() as u64 {
+                    return None;
+                }
+                let mut at = (block - first_block) * BLOCK_BYTES;
+                for piece in pieces {
+                    if at < piece.len() as u64 {
+                        return Some(Some(piece.slice(at as usize..(at + BLOCK_BYTES) as usize)));
+                    }
+                    at -= piece.len() as u64;
+                }
+                unreachable!("pieces cover every block of the record")
+            }
+            Change::Zero { head, whole, tail } => {
+                for edge in [head, tail].into_iter().flatten() {
+                    if edge.block == block {
+                        return Some(edge.content.as_ref().map(|(b, _)| b.clone()));
+                    }
+                }
+                whole.contains(&block).then_some(None)
+            }
+        }
+    }
+}

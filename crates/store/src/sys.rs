@@ -1,0 +1,141 @@
+//! The few system calls std does not offer: vectored positional writes, hole punching, `flock`,
+//! and syncing a directory.
+
+use std::{
+    fs::File,
+    io,
+    os::fd::AsRawFd,
+    path::Path,
+    sync::atomic::{AtomicBool, Ordering},
+};
+
+/// Most buffers handed to one `pwritev` (Linux's `IOV_MAX`).
+const IOVECS_MAX: usize = 1024;
+
+/// Write every buffer of `bufs`, back to back, at `offset`: one `pwritev` per 1024 buffers,
+/// more only after a short write.
+pub fn write_all_vectored_at(file: &File, bufs: &[&[u8]], mut offset: u64) -> io::Result<()> {
+    let mut iovecs: Vec<libc::iovec> = Vec::with_capacity(bufs.len().min(IOVECS_MAX));
+    let mut next = 0; // first buffer not yet (fully) written
+    let mut skip = 0; // bytes of bufs[next] already written
+    while next < bufs.len() {
+        iovecs.clear();
+        let mut first = true;
+        for buf in bufs[next..].iter().take(IOVECS_MAX) {
+            let start = if first { skip } else { 0 };
+            first = false;
+            iovecs.push(libc::iovec {
+                iov_base: buf[start..].as_ptr() as *mut libc::c_void,
+                iov_len: buf.len() - start,
+            });
+        }
+        let offset_os = libc::off_t::try_from(offset).expect("file offsets stay below 2^63");
+        // SAFETY: every iovec points into a live borrowed slice for the duration of the call.
+        let written = unsafe {
+            libc::pwritev(file.as_raw_fd(), iovecs.as_ptr(), iovecs.len() as libc::c_int, offset_os)
+        };
+        if written < 0 {
+            let error = io::Error::last_os_error();
+            if error.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(error);
+        }
+        let mut written = written as usize;
+        let total: usize = iovecs.iter().map(|v| v.iov_len).sum();
+        if written == 0 && total > 0 {
+            return Err(io::Error::new(io::ErrorKind::WriteZero, "pwritev wrote nothing"));
+        }
+        offset += written as u64;
+        while next < bufs.len() && written >= bufs[next].len() - skip {
+            written -= bufs[next].len() - skip;
+            next += 1;
+            skip = 0;
+        }
+        skip += written;
+    }
+    Ok(())
+}
+
+/// Deallocate `length` bytes at `offset` (they read back as zeroes) without changing the file
+/// size. On a file system without hole punching this does nothing: the block map already says
+/// the range is a hole and reads never look at it, so only the space is not reclaimed.
+pub fn punch_hole(file: &File, offset: u64, length: u64) -> io::Result<()> {
+    static UNSUPPORTED_REPORTED: AtomicBool = AtomicBool::new(false);
+    if length == 0 {
+        return Ok(());
+    }
+    let offset = libc::off_t::try_from(offset).expect("file offsets stay below 2^63");
+    let length = libc::off_t::try_from(length).expect("lengths stay below 2^63");
+    loop {
+        // SAFETY: plain system call on an owned descriptor.
+        let result = unsafe {
+            libc::fallocate(
+                file.as_raw_fd(),
+                libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                offset,
+                length,
+            )
+        };
+        if result == 0 {
+            return Ok(());
+        }
+        let error = io::Error::last_os_error();
+        match error.raw_os_error() {
+            Some(libc::EINTR) => continue,
+            Some(libc::EOPNOTSUPP) => {
+                if !UNSUPPORTED_REPORTED.swap(true, Ordering::Relaxed) {
+                    tracing::warn!("file system cannot punch holes: trimmed space is not reclaimed");
+                }
+                return Ok(());
+            }
+            _ => return Err(error),
+        }
+    }
+}
+
+/// Take an exclusive advisory lock on `file` without waiting. `Ok(false)`: someone holds it.
+pub fn try_lock_exclusive(file: &File) -> io::Result<bool> {
+    // SAFETY: plain system call on an owned descriptor.
+    let result = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+    if result == 0 {
+        return Ok(true);
+    }
+    let error = io::Error::last_os_error();
+    if error.raw_os_error() == Some(libc::EWOULDBLOCK) {
+        return Ok(false);
+    }
+    Err(error)
+}
+
+/// Make the creations, renames and deletions of entries of `dir` durable.
+pub fn sync_dir(dir: &Path) -> io::Result<()> {
+    File::open(dir)?.sync_all()
+}
+
+/// The first offset at or after `offset` where `file` holds data (`lseek(SEEK_DATA)`), or
+/// `None` if only a hole follows. File systems without hole tracking report all data.
+pub fn next_data(file: &File, offset: u64) -> io::Result<Option<u64>> {
+    let offset = libc::off_t::try_from(offset).expect("file offsets stay below 2^63");
+    // SAFETY: plain system call on an owned descriptor.
+    let result = unsafe { libc::lseek(file.as_raw_fd(), offset, libc::SEEK_DATA) };
+    if result >= 0 {
+        return Ok(Some(result as u64));
+    }
+    let error = io::Error::last_os_error();
+    if error.raw_os_error() == Some(libc::ENXIO) {
+        return Ok(None);
+    }
+    Err(error)
+}
+
+/// The first hole at or after `offset` (`lseek(SEEK_HOLE)`; the end of the file counts).
+pub fn next_hole(file: &File, offset: u64) -> io::Result<u64> {
+    let offset = libc::off_t::try_from(offset).expect("file offsets stay below 2^63");
+    // SAFETY: plain system call on an owned descriptor.
+    let result = unsafe { libc::lseek(file.as_raw_fd(), offset, libc::SEEK_HOLE) };
+    if result >= 0 {
+        return Ok(result as u64);
+    }
+    Err(io::Error::last_os_error())
+}

@@ -1,0 +1,213 @@
+//! One volume: its sparse data file and in-memory block map. Applying a logged record only
+//! writes whole blocks and punches holes; every block read is checked against the block map.
+
+use std::{fs::File, ops::Range, os::unix::fs::FileExt, path::PathBuf, sync::RwLock};
+
+use proto::{BlockExtent, Sequence, BLOCK_BYTES};
+
+use crate::{
+    block_map::{zero_block_crc, BlockMap, Chunks},
+    error::io_error,
+    log::{Change, LogRecord},
+    sys, StoreError, BLOCK_STATUS_EXTENTS_MAX, SCAN_BUFFER_BYTES,
+};
+
+pub struct Volume {
+    pub name: String,
+    pub number: u32,
+    pub size_bytes: u64,
+    pub data_path: PathBuf,
+    pub data: File,
+    /// Held for writing only while a record is applied, so a reader sees the block map, the
+    /// data file and the applied sequence of one moment.
+    pub state: RwLock<VolumeState>,
+}
+
+pub struct VolumeState {
+    pub applied: Sequence,
+    pub map: BlockMap,
+}
+
+impl Volume {
+    pub fn blocks(&self) -> u64 {
+        self.size_bytes / BLOCK_BYTES
+    }
+
+    /// `Ok` if `offset + length` stays inside the volume.
+    pub fn check_range(&self, offset_bytes: u64, length_bytes: u64) -> Result<(), StoreError> {
+        match offset_bytes.checked_add(length_bytes) {
+            Some(end) if end <= self.size_bytes => Ok(()),
+            _ => Err(StoreError::OutOfRange {
+                volume: self.name.clone(),
+                offset_bytes,
+                length_bytes,
+                size_bytes: self.size_bytes,
+            }),
+        }
+    }
+
+    /// Apply a durable record that follows `state.applied`. Returns the blocks that became
+    /// holes: their file space is still to be reclaimed (see `reclaim`).
+    pub fn apply(
+        &self,
+        state: &mut VolumeState,
+        chunks: &mut Chunks,
+        record: &LogRecord,
+    ) -> Result<Range<u64>, StoreError> {
+        assert_eq!(record.sequence, state.applied.next(), "volume {}: records apply in sequence order", self.name);
+        let sequence = record.sequence;
+        let mut holes = 0..0;
+        match &record.change {
+            Change::Nothing => {}
+            Change::Blocks { first_block, pieces, crcs } => {
+                let slices: Vec<&[u8]> = pieces.iter().map(|p| &p[..]).collect();
+                sys::write_all_vectored_at(&self.data, &slices, first_block * BLOCK_BYTES)
+                    .map_err(io_error("write volume data", &self.data_path))?;
+                for (i, crc) in crcs.iter().enumerate() {
+                    state.map.set_written(first_block + i as u64, sequence, *crc);
+                }
+                chunks.mark_dirty(*first_block..first_block + crcs.len() as u64);
+            }
+            Change::Zero { head, whole, tail } => {
+                let span_start = head.as_ref().map_or(whole.start, |e| e.block);
+                let span_end = tail.as_ref().map_or(whole.end, |e| e.block + 1);
+                // Edge blocks with content are at the ends of the span; the rest is one hole.
+                holes = span_start..span_end;
+                for edge in [head, tail].into_iter().flatten() {
+                    if let Some((content, _)) = &edge.content {
+                        self.data
+                            .write_all_at(content, edge.block * BLOCK_BYTES)
+                            .map_err(io_error("write volume data", &self.data_path))?;
+                        if edge.block == holes.start {
+                            holes.start += 1;
+                        } else {
+                            assert_eq!(edge.block + 1, holes.end, "an edge block is at an end of the span");
+                            holes.end -= 1;
+                        }
+                    }
+                }
+                state.map.set_holes(span_start..span_end, sequence);
+                for edge in [head, tail].into_iter().flatten() {
+                    if let Some((_, crc)) = &edge.content {
+                        state.map.set_written(edge.block, sequence, *crc);
+                    }
+                }
+                chunks.mark_dirty(span_start..span_end);
+            }
+        }
+        state.applied = sequence;
+        Ok(holes)
+    }
+
+    /// Fill `out` (zeroed, whole blocks) with the content of the blocks from `first`,
+    /// verifying every allocated block against its checksum. Holes are not read.
+    pub fn read_blocks(&self, map: &BlockMap, first: u64, out: &mut [u8]) -> Result<(), StoreError> {
+        debug_assert_eq!(out.len() as u64 % BLOCK_BYTES, 0);
+        let end = first + out.len() as u64 / BLOCK_BYTES;
+        let mut block = first;
+        while block < end {
+            let run_end = map.run_end(block, end);
+            if map.is_allocated(block) {
+                let run = &mut out[((block - first) * BLOCK_BYTES) as usize..((run_end - first) * BLOCK_BYTES) as usize];
+                self.data
+                    .read_exact_at(run, block * BLOCK_BYTES)
+                    .map_err(io_error("read volume data", &self.data_path))?;
+                for (i, content) in run.chunks_exact(BLOCK_BYTES as usize).enumerate() {
+                    let b = block + i as u64;
+                    let actual = crc32c::crc32c(content);
+                    if actual != map.crc(b) {
+                        return Err(self.checksum_error(b, map.crc(b), actual));
+                    }
+                }
+            }
+            block = run_end;
+        }
+        Ok(())
+    }
+
+    fn checksum_error(&self, block: u64, expected: u32, actual: u32) -> StoreError {
+        StoreError::BlockChecksum {
+            volume: self.name.clone(),
+            path: self.data_path.clone(),
+            block,
+            expected,
+            actual,
+        }
+    }
+
+    /// Allocation extents of `[offset, offset + length)`, at most
+    /// [`BLOCK_STATUS_EXTENTS_MAX`] of them (then covering only a prefix of the range).
+    pub fn block_status(&self, map: &BlockMap, offset_bytes: u64, length_bytes: u64) -> Vec<BlockExtent> {
+        let mut extents = Vec::new();
+        if length_bytes == 0 {
+            return extents;
+        }
+        let end_bytes = offset_bytes + length_bytes;
+        let end_block = (end_bytes - 1) / BLOCK_BYTES + 1;
+        let mut block = offset_bytes / BLOCK_BYTES;
+        let mut position = offset_bytes;
+        while block < end_block && extents.len() < BLOCK_STATUS_EXTENTS_MAX {
+            let run_end = map.run_end(block, end_block);
+            let extent_end = (run_end * BLOCK_BYTES).min(end_bytes);
+            extents.push(BlockExtent { length_bytes: extent_end - position, allocated: map.is_allocated(block) });
+            position = extent_end;
+            block = run_end;
+        }
+        extents
+    }
+
+    /// Read and check every block; see [`crate::Store::verify`].
+    pub fn verify(&self, state: &VolumeState) -> Result<crate::VolumeDigest, StoreError> {
+        let map = &state.map;
+        let blocks = self.blocks();
+        let mut digest = 0u64;
+        let mut blocks_corrupt = 0;
+        let mut first_corrupt_block = None;
+        let mut buffer = vec![0u8; SCAN_BUFFER_BYTES as usize];
+        let mut block = 0;
+        while block < blocks {
+            let end = (block + SCAN_BUFFER_BYTES / BLOCK_BYTES).min(blocks);
+            while block < end {
+                let run_end = map.run_end(block, end);
+                if map.is_allocated(block) {
+                    let run = &mut buffer[..((run_end - block) * BLOCK_BYTES) as usize];
+                    self.data
+                        .read_exact_at(run, block * BLOCK_BYTES)
+                        .map_err(io_error("read volume data", &self.data_path))?;
+                    for (i, content) in run.chunks_exact(BLOCK_BYTES as usize).enumerate() {
+                        let b = block + i as u64;
+                        let actual = crc32c::crc32c(content);
+                        if actual != map.crc(b) {
+                            tracing::warn!(error = %self.checksum_error(b, map.crc(b), actual), "verify");
+                            blocks_corrupt += 1;
+                            first_corrupt_block.get_or_insert(b);
+                        }
+                        digest = digest.wrapping_add(block_digest(b, actual));
+                    }
+                } else {
+                    for b in block..run_end {
+                        digest = digest.wrapping_add(block_digest(b, zero_block_crc()));
+                    }
+                }
+                block = run_end;
+            }
+        }
+        Ok(crate::VolumeDigest {
+            applied_sequence: state.applied,
+            content_digest: digest,
+            blocks_total: blocks,
+            blocks_allocated: map.allocated_blocks(),
+            blocks_corrupt,
+            first_corrupt_block,
+        })
+    }
+}
+
+/// One block's term of the content digest: splitmix64's finalizer over the block number and
+/// its content's crc32c. Summing the terms makes the digest independent of read order.
+pub fn block_digest(block: u64, crc: u32) -> u64 {
+    let mut z = block.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ crc as u64;
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
