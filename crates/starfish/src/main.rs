@@ -338,7 +338,8 @@ fn demo(args: DemoArgs) -> Result<()> {
         println!("  starfish status --admin {}", args.admin);
         println!();
         let deadline = args.duration.map(|s| tokio::time::Instant::now() + Duration::from_secs(s));
-        let mut tick = tokio::time::interval(Duration::from_secs(5));
+        let period = Duration::from_secs(5);
+        let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
         loop {
             let stop = async {
                 match deadline {
