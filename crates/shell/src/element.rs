@@ -38,8 +38,9 @@ struct CommitRequest {
     reply: mpsc::UnboundedSender<ElementMessage>,
 }
 
-/// Open the store, start the committer and serve sessions until the runtime stops.
-pub async fn run(options: ElementOptions) -> std::io::Result<()> {
+/// Open the store, start the committer and serve sessions until `shutdown` completes; then
+/// checkpoint, so the next start has no log to replay.
+pub async fn run(options: ElementOptions, shutdown: impl std::future::Future<Output = ()>) -> std::io::Result<()> {
     let data = options.data.clone();
     let store = tokio::task::spawn_blocking(move || Store::open(&data, options.store))
         .await
@@ -57,8 +58,12 @@ pub async fn run(options: ElementOptions) -> std::io::Result<()> {
             .spawn(move || run_committer(&store, commit_rx))?;
     }
     tracing::info!(listen = %options.listen, data = %options.data.display(), epoch = %store.epoch(), "element serving");
+    tokio::pin!(shutdown);
     loop {
-        let (stream, peer) = listener.accept().await?;
+        let (stream, peer) = tokio::select! {
+            accepted = listener.accept() => accepted?,
+            _ = &mut shutdown => break,
+        };
         let _ = stream.set_nodelay(true);
         let store = store.clone();
         let commits = commits.clone();
@@ -67,6 +72,11 @@ pub async fn run(options: ElementOptions) -> std::io::Result<()> {
             tracing::info!(%peer, %reason, "session ended");
         });
     }
+    tracing::info!("element stopping: checkpoint");
+    tokio::task::spawn_blocking(move || store.checkpoint())
+        .await
+        .map_err(std::io::Error::other)?
+        .map_err(|e| std::io::Error::other(format!("checkpoint at shutdown: {e}")))
 }
 
 fn run_committer(store: &Store, requests: std::sync::mpsc::Receiver<CommitRequest>) {
@@ -92,10 +102,17 @@ fn run_committer(store: &Store, requests: std::sync::mpsc::Receiver<CommitReques
         .and_then(|()| {
             let records: Vec<(VolumeHandle, Record)> =
                 batch.iter().map(|r| (r.handle, r.record.clone())).collect();
-            store.commit(&records).map(|_| ())
+            store.commit(&records)
         });
         match outcome {
-            Ok(()) => {
+            Ok(outcome) => {
+                // A refused record (gap, stale epoch, damaged base block) ends its session:
+                // the host element marks this element failed with the reason.
+                for rejected in &outcome.rejected {
+                    let r = &batch[rejected.index];
+                    tracing::warn!(sequence = %r.record.sequence, error = %rejected.error, "record refused");
+                    let _ = r.reply.send(ElementMessage::Fault { reason: rejected.error.to_string() });
+                }
                 // One cumulative acknowledgement per (session, volume).
                 let mut acked: Vec<(usize, VolumeId, VolumeHandle)> = Vec::new();
                 for (i, r) in batch.iter().enumerate() {
@@ -197,7 +214,7 @@ async fn handle(
                     handles.push(handle);
                     states.push(VolumeState {
                         applied_sequence: store2.applied_sequence(handle),
-                        applied_epoch: applied_epoch(&store2, handle),
+                        applied_epoch: store2.applied_epoch(handle),
                     });
                 }
                 Ok::<_, String>((handles, states))
@@ -254,22 +271,6 @@ async fn handle(
         }
     }
     Ok(())
-}
-
-/// Epoch of the newest applied record, read from the replay log; 0 ("unknown") when that
-/// record has left the log.
-fn applied_epoch(store: &Store, handle: VolumeHandle) -> proto::Epoch {
-    let applied = store.applied_sequence(handle);
-    if applied == Sequence::ZERO {
-        return proto::Epoch(0);
-    }
-    match store.log_records(handle, Sequence(applied.0 - 1), 1) {
-        Ok(records) => records
-            .first()
-            .filter(|r| r.sequence == applied)
-            .map_or(proto::Epoch(0), |r| r.epoch),
-        Err(_) => proto::Epoch(0),
-    }
 }
 
 /// Per-volume summary of a stopped element's data directory, for `starfish element verify`.

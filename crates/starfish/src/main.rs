@@ -147,10 +147,8 @@ fn run(cli: Cli) -> Result<()> {
                     store.replay_log_bytes = bytes;
                 }
                 runtime()?.block_on(async {
-                    tokio::select! {
-                        result = shell::element::run(ElementOptions { listen, data, store }) => result.map_err(Into::into),
-                        _ = shutdown_signal() => Ok(()),
-                    }
+                    shell::element::run(ElementOptions { listen, data, store }, shutdown_signal()).await?;
+                    Ok(())
                 })
             }
         },
@@ -303,7 +301,7 @@ fn demo(args: DemoArgs) -> Result<()> {
             let listen: SocketAddr = format!("127.0.0.1:{port}").parse().expect("valid address");
             let options = ElementOptions { listen, data: data.join(name), store: StoreOptions::default() };
             tokio::spawn(async move {
-                if let Err(e) = shell::element::run(options).await {
+                if let Err(e) = shell::element::run(options, std::future::pending()).await {
                     tracing::error!(error = %e, "demo element stopped");
                 }
             });

@@ -44,8 +44,19 @@ impl Bench {
                         next_slot
                     };
                     self.sequence += 1;
-                    let op = Op::Write { offset_bytes: slot * size, data: data.clone() };
-                    (self.volume, Record { volume: VolumeId(0), epoch: Epoch(1), sequence: Sequence(self.sequence), op })
+                    let op = Op::Write {
+                        offset_bytes: slot * size,
+                        data: data.clone(),
+                    };
+                    (
+                        self.volume,
+                        Record {
+                            volume: VolumeId(0),
+                            epoch: Epoch(1),
+                            sequence: Sequence(self.sequence),
+                            op,
+                        },
+                    )
                 })
                 .collect();
             let commit_started = Instant::now();
@@ -75,7 +86,10 @@ impl Bench {
             rng ^= rng << 13;
             rng ^= rng >> 7;
             rng ^= rng << 17;
-            let (_, data) = self.store.read(self.volume, (rng % slots) * size as u64, size).expect("read");
+            let (_, data) = self
+                .store
+                .read(self.volume, (rng % slots) * size as u64, size)
+                .expect("read");
             assert_eq!(data.len(), size as usize);
             ops += 1;
         }
@@ -90,8 +104,14 @@ impl Bench {
 
 fn main() {
     let mut args = std::env::args().skip(1);
-    let dir = PathBuf::from(args.next().unwrap_or_else(|| "/tmp/starfish-store-bench".into()));
-    let seconds: f64 = args.next().map(|s| s.parse().expect("seconds")).unwrap_or(3.0);
+    let dir = PathBuf::from(
+        args.next()
+            .unwrap_or_else(|| "/tmp/starfish-store-bench".into()),
+    );
+    let seconds: f64 = args
+        .next()
+        .map(|s| s.parse().expect("seconds"))
+        .unwrap_or(3.0);
     let _ = std::fs::remove_dir_all(&dir);
     let options = StoreOptions::default();
     let store = Store::open(&dir, options).expect("open");
@@ -102,7 +122,11 @@ fn main() {
         options.checkpoint_log_bytes >> 20,
         options.replay_log_bytes >> 20
     );
-    let mut bench = Bench { store, volume, sequence: 0 };
+    let mut bench = Bench {
+        store,
+        volume,
+        sequence: 0,
+    };
     bench.writes("4 KiB sequential, batches of 16", 4096, 16, false, seconds);
     bench.writes("4 KiB random, batches of 16", 4096, 16, true, seconds);
     bench.writes("4 KiB random, batches of 64", 4096, 64, true, seconds);
@@ -117,7 +141,10 @@ fn main() {
         volume: VolumeId(0),
         epoch: Epoch(1),
         sequence: Sequence(bench.sequence),
-        op: Op::Trim { offset_bytes: 0, length_bytes: VOLUME_BYTES },
+        op: Op::Trim {
+            offset_bytes: 0,
+            length_bytes: VOLUME_BYTES,
+        },
     };
     bench.store.commit(&[(volume, trim)]).expect("trim");
     println!("trim of the whole 4 GiB volume: {:?}", started.elapsed());
@@ -127,7 +154,10 @@ fn main() {
     drop(bench);
     let started = Instant::now();
     let store = Store::open(&dir, options).expect("reopen");
-    println!("reopen (4 GiB volume, empty live log): {:?}", started.elapsed());
+    println!(
+        "reopen (4 GiB volume, empty live log): {:?}",
+        started.elapsed()
+    );
     drop(store);
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -95,7 +95,11 @@ impl BlockMap {
             let word = (block / 64) as usize;
             let low = block % 64;
             let high = (end - block + low).min(64); // exclusive bit index within the word
-            let mask = if high - low == 64 { u64::MAX } else { ((1u64 << (high - low)) - 1) << low };
+            let mask = if high - low == 64 {
+                u64::MAX
+            } else {
+                ((1u64 << (high - low)) - 1) << low
+            };
             self.allocated[word] &= !mask;
             block += high - low;
         }
@@ -142,7 +146,11 @@ impl Chunks {
 
     fn new(chunks: u64) -> Chunks {
         let chunks = chunks as usize;
-        Chunks { generations: vec![0; chunks], slots: vec![0; chunks], dirty: vec![0; chunks.div_ceil(64)] }
+        Chunks {
+            generations: vec![0; chunks],
+            slots: vec![0; chunks],
+            dirty: vec![0; chunks.div_ceil(64)],
+        }
     }
 
     pub fn mark_dirty(&mut self, blocks: Range<u64>) {
@@ -161,7 +169,9 @@ impl Chunks {
     fn dirty_chunks(&self) -> impl Iterator<Item = u64> + '_ {
         self.dirty.iter().enumerate().flat_map(|(i, word)| {
             let word = *word;
-            (0..64).filter(move |bit| word & (1 << bit) != 0).map(move |bit| i as u64 * 64 + bit)
+            (0..64)
+                .filter(move |bit| word & (1 << bit) != 0)
+                .map(move |bit| i as u64 * 64 + bit)
         })
     }
 
@@ -216,7 +226,12 @@ fn header_bytes(volume_number: u32, size_bytes: u64) -> Vec<u8> {
 
 impl MapFile {
     /// Create (or truncate) the map file of a new volume: a header and a sparse slot area.
-    pub fn create(path: &Path, volume: &str, volume_number: u32, size_bytes: u64) -> Result<MapFile, StoreError> {
+    pub fn create(
+        path: &Path,
+        volume: &str,
+        volume_number: u32,
+        size_bytes: u64,
+    ) -> Result<MapFile, StoreError> {
         let file = OpenOptions::new()
             .read(true)
             .write(true)
@@ -230,11 +245,19 @@ impl MapFile {
         file.set_len(slot_offset(chunk_count(blocks), 0))
             .map_err(io_error("size block map", path))?;
         file.sync_all().map_err(io_error("sync block map", path))?;
-        Ok(MapFile { file, path: path.to_path_buf(), volume: volume.to_string() })
+        Ok(MapFile {
+            file,
+            path: path.to_path_buf(),
+            volume: volume.to_string(),
+        })
     }
 
     fn corrupt(&self, reason: String) -> StoreError {
-        StoreError::CorruptBlockMap { path: self.path.clone(), volume: self.volume.clone(), reason }
+        StoreError::CorruptBlockMap {
+            path: self.path.clone(),
+            volume: self.volume.clone(),
+            reason,
+        }
     }
 
     /// Open and load a map file as of checkpoint `generation`, where the volume's applied
@@ -255,7 +278,11 @@ impl MapFile {
             .write(true)
             .open(path)
             .map_err(io_error("open block map", path))?;
-        let map_file = MapFile { file, path: path.to_path_buf(), volume: volume.to_string() };
+        let map_file = MapFile {
+            file,
+            path: path.to_path_buf(),
+            volume: volume.to_string(),
+        };
         let mut header = vec![0u8; MAP_HEADER_BYTES as usize];
         map_file
             .file
@@ -325,20 +352,34 @@ impl MapFile {
                 .map_err(io_error("erase block map slot", path))?;
         }
         if !stale_slots.is_empty() {
-            map_file.file.sync_data().map_err(io_error("sync block map", path))?;
+            map_file
+                .file
+                .sync_data()
+                .map_err(io_error("sync block map", path))?;
         }
         Ok((map_file, map, chunks))
     }
 
-    fn decode_slot(&self, image: &[u8], chunk: u64, map: &mut BlockMap, applied: Sequence) -> Result<(), StoreError> {
+    fn decode_slot(
+        &self,
+        image: &[u8],
+        chunk: u64,
+        map: &mut BlockMap,
+        applied: Sequence,
+    ) -> Result<(), StoreError> {
         let first = chunk * MAP_CHUNK_BLOCKS;
-        for (i, entry) in image[SLOT_HEADER_BYTES as usize..].chunks_exact(ENTRY_BYTES as usize).enumerate() {
+        for (i, entry) in image[SLOT_HEADER_BYTES as usize..]
+            .chunks_exact(ENTRY_BYTES as usize)
+            .enumerate()
+        {
             let block = first + i as u64;
             let raw = u64::from_le_bytes(entry[0..8].try_into().expect("8"));
             let crc = u32::from_le_bytes(entry[8..12].try_into().expect("4"));
             if block >= map.blocks() {
                 if raw != 0 || crc != 0 {
-                    return Err(self.corrupt(format!("chunk {chunk} describes block {block} past the end")));
+                    return Err(self.corrupt(format!(
+                        "chunk {chunk} describes block {block} past the end"
+                    )));
                 }
                 continue;
             }
@@ -360,10 +401,22 @@ impl MapFile {
 
     /// Write the dirty chunks of `map` into their free slots, stamped `generation`, and sync.
     /// Nothing changes in `chunks` until [`MapFile::commit`], after the metadata rename.
-    pub fn write_dirty(&self, map: &BlockMap, chunks: &Chunks, generation: u64) -> Result<PendingSlots, StoreError> {
-        let mut pending = PendingSlots { writes: Vec::new(), buffer: Vec::new() };
+    pub fn write_dirty(
+        &self,
+        map: &BlockMap,
+        chunks: &Chunks,
+        generation: u64,
+    ) -> Result<PendingSlots, StoreError> {
+        let mut pending = PendingSlots {
+            writes: Vec::new(),
+            buffer: Vec::new(),
+        };
         for chunk in chunks.dirty_chunks() {
-            let slot = if chunks.generations[chunk as usize] == 0 { 0 } else { 1 - chunks.slots[chunk as usize] };
+            let slot = if chunks.generations[chunk as usize] == 0 {
+                0
+            } else {
+                1 - chunks.slots[chunk as usize]
+            };
             let start = pending.buffer.len();
             pending.buffer.resize(start + SLOT_BYTES as usize, 0);
             let image = &mut pending.buffer[start..];
@@ -371,7 +424,9 @@ impl MapFile {
             image[12..16].copy_from_slice(&(chunk as u32).to_le_bytes());
             let first = chunk * MAP_CHUNK_BLOCKS;
             let last = (first + MAP_CHUNK_BLOCKS).min(map.blocks());
-            for (block, entry) in (first..last).zip(image[SLOT_HEADER_BYTES as usize..].chunks_exact_mut(ENTRY_BYTES as usize)) {
+            for (block, entry) in (first..last)
+                .zip(image[SLOT_HEADER_BYTES as usize..].chunks_exact_mut(ENTRY_BYTES as usize))
+            {
                 let allocated = map.is_allocated(block);
                 let raw = map.sequences[block as usize] | if allocated { ALLOCATED_BIT } else { 0 };
                 entry[0..8].copy_from_slice(&raw.to_le_bytes());
@@ -388,7 +443,9 @@ impl MapFile {
                 .map_err(io_error("write block map", &self.path))?;
         }
         if !pending.writes.is_empty() {
-            self.file.sync_data().map_err(io_error("sync block map", &self.path))?;
+            self.file
+                .sync_data()
+                .map_err(io_error("sync block map", &self.path))?;
         }
         Ok(pending)
     }
@@ -411,7 +468,12 @@ impl MapFile {
         for (chunk, _) in &pending.writes {
             generations[*chunk as usize] = generation;
         }
-        Chunks { generations, slots: Vec::new(), dirty: Vec::new() }.digest()
+        Chunks {
+            generations,
+            slots: Vec::new(),
+            dirty: Vec::new(),
+        }
+        .digest()
     }
 }
 
@@ -427,7 +489,11 @@ mod tests {
         }
         // (start, end) -> run end
         let check = |map: &BlockMap, start: u64, end: u64, expected: u64| {
-            assert_eq!(map.run_end(start, end), expected, "run from {start} to {end}");
+            assert_eq!(
+                map.run_end(start, end),
+                expected,
+                "run from {start} to {end}"
+            );
         };
         check(&map, 0, 300, 3);
         check(&map, 3, 300, 6);

@@ -8,7 +8,8 @@
 //! never applied before it is durable. The byte layout is in `docs/on-disk-format.md`.
 //!
 //! Blocking std I/O only: the element shell calls `commit` from one committer thread and
-//! `read`/`block_status` from any number of threads.
+//! `read`/`block_status` from any number of threads. The store runs one thread of its own,
+//! which reclaims the disk space of trimmed blocks in the background (`reclaim`).
 
 mod block_map;
 mod error;
@@ -64,12 +65,16 @@ pub const BLOCK_STATUS_EXTENTS_MAX: usize = 1 << 16;
 pub const RECLAIM_PUNCH_BYTES_MAX: u64 = 1024 * 1024;
 /// Most blocks one reclaim slice examines (map runs and `SEEK_DATA`, cheap).
 pub const RECLAIM_SCAN_BLOCKS_MAX: u64 = 256 * 1024;
+/// Once this many bytes were written to a volume's data file, its writeback is started
+/// (`sync_file_range`, not waited for), so checkpoints find little dirty data to sync.
+pub const WRITEBACK_KICK_BYTES: u64 = 8 * 1024 * 1024;
 /// How long `Store::open` retries a held directory lock before reporting it locked.
 pub const LOCK_WAIT_MS: u64 = 500;
 /// Read unit of `verify` and of log scans.
 pub const SCAN_BUFFER_BYTES: u64 = 4 * 1024 * 1024;
 
-const _: () = assert!(LOG_RECORD_BYTES_MAX + (log::BATCH_HEADER_BYTES as u64) <= LOG_BATCH_BYTES_MAX);
+const _: () =
+    assert!(LOG_RECORD_BYTES_MAX + (log::BATCH_HEADER_BYTES as u64) <= LOG_BATCH_BYTES_MAX);
 const _: () = assert!(CHECKPOINT_LOG_BYTES_MIN <= CHECKPOINT_LOG_BYTES_DEFAULT);
 const _: () = assert!(CHECKPOINT_LOG_BYTES_DEFAULT <= CHECKPOINT_LOG_BYTES_MAX);
 const _: () = assert!(
@@ -77,6 +82,13 @@ const _: () = assert!(
 );
 const _: () = assert!(VOLUME_BYTES_MAX / BLOCK_BYTES < 1 << 62);
 const _: () = assert!(SCAN_BUFFER_BYTES % BLOCK_BYTES == 0);
+const _: () = assert!(RECLAIM_PUNCH_BYTES_MAX % BLOCK_BYTES == 0);
+
+/// The element shell shares one store between its committer thread and its readers.
+const _: fn() = || {
+    fn shared<T: Send + Sync>() {}
+    shared::<Store>();
+};
 
 // ---------------------------------------------------------------------------------------------
 // Public types.

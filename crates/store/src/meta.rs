@@ -12,8 +12,9 @@ const META_TEMP_FILE: &str = "meta.tmp";
 const META_MAGIC: [u8; 8] = *b"SFSTMETA";
 const META_VERSION: u32 = 1;
 const META_HEADER_BYTES: usize = 24;
-const META_VOLUME_BYTES_MIN: usize = 4 + 4 + 8 + 8 + 2;
-const META_BYTES_MAX: usize = META_HEADER_BYTES + 32 + VOLUMES_MAX * (META_VOLUME_BYTES_MIN + VOLUME_NAME_BYTES_MAX);
+const META_VOLUME_BYTES_MIN: usize = 4 + 4 + 8 + 8 + 8 + 2;
+const META_BYTES_MAX: usize =
+    META_HEADER_BYTES + 32 + VOLUMES_MAX * (META_VOLUME_BYTES_MIN + VOLUME_NAME_BYTES_MAX);
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Meta {
@@ -33,6 +34,8 @@ pub struct VolumeMeta {
     pub size_bytes: u64,
     /// Applied sequence of the volume at the checkpoint its block map images describe.
     pub applied: Sequence,
+    /// Epoch of the record of that sequence.
+    pub applied_epoch: Epoch,
     /// Digest of the chunk generations of its block map at the checkpoint.
     pub map_digest: u32,
 }
@@ -50,7 +53,11 @@ impl Meta {
             body.extend_from_slice(&volume.map_digest.to_le_bytes());
             body.extend_from_slice(&volume.size_bytes.to_le_bytes());
             body.extend_from_slice(&volume.applied.0.to_le_bytes());
-            assert!(volume.name.len() <= VOLUME_NAME_BYTES_MAX, "volume names are checked on creation");
+            body.extend_from_slice(&volume.applied_epoch.0.to_le_bytes());
+            assert!(
+                volume.name.len() <= VOLUME_NAME_BYTES_MAX,
+                "volume names are checked on creation"
+            );
             body.extend_from_slice(&(volume.name.len() as u16).to_le_bytes());
             body.extend_from_slice(volume.name.as_bytes());
         }
@@ -78,12 +85,17 @@ impl Meta {
         }
         let version = u32_at(bytes, 8);
         if version != META_VERSION {
-            return Err(format!("format version {version}, this build reads {META_VERSION}"));
+            return Err(format!(
+                "format version {version}, this build reads {META_VERSION}"
+            ));
         }
         let body_len = u32_at(bytes, 12) as usize;
         let body = &bytes[META_HEADER_BYTES..];
         if body.len() != body_len {
-            return Err(format!("body of {} bytes, header says {body_len}", body.len()));
+            return Err(format!(
+                "body of {} bytes, header says {body_len}",
+                body.len()
+            ));
         }
         if crc32c::crc32c(body) != u32_at(bytes, 16) {
             return Err("body checksum mismatch".into());
@@ -103,18 +115,34 @@ impl Meta {
             let map_digest = reader.u32()?;
             let size_bytes = reader.u64()?;
             let applied = Sequence(reader.u64()?);
+            let applied_epoch = Epoch(reader.u64()?);
             let name_len = reader.u16()? as usize;
             let name = String::from_utf8(reader.take(name_len)?.to_vec())
                 .map_err(|_| "volume name is not UTF-8".to_string())?;
             if number >= next_volume_number {
-                return Err(format!("volume number {number} not below the next number {next_volume_number}"));
+                return Err(format!(
+                    "volume number {number} not below the next number {next_volume_number}"
+                ));
             }
-            volumes.push(VolumeMeta { number, name, size_bytes, applied, map_digest });
+            volumes.push(VolumeMeta {
+                number,
+                name,
+                size_bytes,
+                applied,
+                applied_epoch,
+                map_digest,
+            });
         }
         if !reader.bytes.is_empty() {
             return Err(format!("{} bytes left over", reader.bytes.len()));
         }
-        Ok(Meta { epoch, generation, log_start, next_volume_number, volumes })
+        Ok(Meta {
+            epoch,
+            generation,
+            log_start,
+            next_volume_number,
+            volumes,
+        })
     }
 
     /// Read `dir/meta`; `Ok(None)` if there is none.
@@ -126,16 +154,22 @@ impl Meta {
             Err(e) => return Err(io_error("read metadata", &path)(e)),
         };
         if bytes.len() > META_BYTES_MAX {
-            return Err(StoreError::CorruptMetadata { path, reason: format!("{} bytes, too large", bytes.len()) });
+            return Err(StoreError::CorruptMetadata {
+                path,
+                reason: format!("{} bytes, too large", bytes.len()),
+            });
         }
-        Meta::decode(&bytes).map(Some).map_err(|reason| StoreError::CorruptMetadata { path, reason })
+        Meta::decode(&bytes)
+            .map(Some)
+            .map_err(|reason| StoreError::CorruptMetadata { path, reason })
     }
 
     /// Replace `dir/meta` atomically and durably.
     pub fn write(&self, dir: &Path) -> Result<(), StoreError> {
         let temp = dir.join(META_TEMP_FILE);
         let mut file = fs::File::create(&temp).map_err(io_error("create metadata", &temp))?;
-        file.write_all(&self.encode()).map_err(io_error("write metadata", &temp))?;
+        file.write_all(&self.encode())
+            .map_err(io_error("write metadata", &temp))?;
         file.sync_data().map_err(io_error("sync metadata", &temp))?;
         drop(file);
         let path = dir.join(META_FILE);
@@ -180,8 +214,22 @@ mod tests {
             log_start: 12,
             next_volume_number: 2,
             volumes: vec![
-                VolumeMeta { number: 0, name: "a".into(), size_bytes: 1 << 20, applied: Sequence(5), map_digest: 9 },
-                VolumeMeta { number: 1, name: "δ".into(), size_bytes: 1 << 30, applied: Sequence(0), map_digest: 0 },
+                VolumeMeta {
+                    number: 0,
+                    name: "a".into(),
+                    size_bytes: 1 << 20,
+                    applied: Sequence(5),
+                    applied_epoch: Epoch(6),
+                    map_digest: 9,
+                },
+                VolumeMeta {
+                    number: 1,
+                    name: "δ".into(),
+                    size_bytes: 1 << 30,
+                    applied: Sequence(0),
+                    applied_epoch: Epoch(0),
+                    map_digest: 0,
+                },
             ],
         };
         let bytes = meta.encode();
@@ -189,10 +237,16 @@ mod tests {
         for i in 0..bytes.len() {
             let mut damaged = bytes.clone();
             damaged[i] ^= 0x10;
-            assert!(Meta::decode(&damaged).is_err(), "flip at {i} went unnoticed");
+            assert!(
+                Meta::decode(&damaged).is_err(),
+                "flip at {i} went unnoticed"
+            );
         }
         for len in 0..bytes.len() {
-            assert!(Meta::decode(&bytes[..len]).is_err(), "truncation at {len} went unnoticed");
+            assert!(
+                Meta::decode(&bytes[..len]).is_err(),
+                "truncation at {len} went unnoticed"
+            );
         }
     }
 }

@@ -24,6 +24,7 @@ use crate::{
     CommitOutcome, Rejected, StoreError, StoreOptions, VolumeDigest, VolumeHandle,
     CHECKPOINT_LOG_BYTES_MAX, CHECKPOINT_LOG_BYTES_MIN, LOCK_WAIT_MS, RECLAIM_PUNCH_BYTES_MAX,
     RECLAIM_SCAN_BLOCKS_MAX, VOLUMES_MAX, VOLUME_BYTES_MAX, VOLUME_NAME_BYTES_MAX,
+    WRITEBACK_KICK_BYTES,
 };
 
 const LOCK_FILE: &str = "lock";
@@ -70,10 +71,14 @@ struct Committer {
 struct VolumeMapFile {
     file: MapFile,
     chunks: Chunks,
+    /// Bytes written to the data file since writeback was last started.
+    unflushed_bytes: u64,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().expect("a thread panicked while holding a store lock")
+    mutex
+        .lock()
+        .expect("a thread panicked while holding a store lock")
 }
 
 impl Store {
@@ -81,31 +86,16 @@ impl Store {
     /// recover: load the last checkpoint, replay the live log after it (a torn tail is logged
     /// and cut off), and index the replay log.
     pub fn open(dir: &Path, options: StoreOptions) -> Result<Store, StoreError> {
-        if !(CHECKPOINT_LOG_BYTES_MIN..=CHECKPOINT_LOG_BYTES_MAX).contains(&options.checkpoint_log_bytes) {
+        if !(CHECKPOINT_LOG_BYTES_MIN..=CHECKPOINT_LOG_BYTES_MAX)
+            .contains(&options.checkpoint_log_bytes)
+        {
             return Err(StoreError::InvalidOptions(format!(
                 "checkpoint_log_bytes {} is outside {CHECKPOINT_LOG_BYTES_MIN}..={CHECKPOINT_LOG_BYTES_MAX}",
                 options.checkpoint_log_bytes
             )));
         }
         fs::create_dir_all(dir).map_err(io_error("create data directory", dir))?;
-        let lock_path = dir.join(LOCK_FILE);
-        let lock_file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&lock_path)
-            .map_err(io_error("open lock file", &lock_path))?;
-        // A child process forked by this process holds a copy of the lock until its exec:
-        // wait that out briefly before concluding that another owner holds it.
-        let mut waited_ms = 0;
-        while !sys::try_lock_exclusive(&lock_file).map_err(io_error("lock", &lock_path))? {
-            if waited_ms >= LOCK_WAIT_MS {
-                return Err(StoreError::Locked { path: dir.to_path_buf() });
-            }
-            std::thread::sleep(std::time::Duration::from_millis(10));
-            waited_ms += 10;
-        }
+        let lock_file = lock_directory(dir)?;
         let meta = match Meta::read(dir)? {
             Some(meta) => meta,
             None => initialize(dir)?,
@@ -118,8 +108,6 @@ impl Store {
             volumes.push(volume);
             maps.push(map_file);
         }
-        let numbers: HashMap<u32, usize> = meta.volumes.iter().enumerate().map(|(i, v)| (v.number, i)).collect();
-
         let mut index = LogIndex::default();
         let segment_ids = log::list_segments(dir)?;
         for &id in segment_ids.iter().filter(|id| **id > meta.log_start) {
@@ -131,7 +119,10 @@ impl Store {
                 return Err(StoreError::CorruptLog {
                     path,
                     offset: 0,
-                    reason: format!("segment is newer than the live segment {} and not empty", meta.log_start),
+                    reason: format!(
+                        "segment is newer than the live segment {} and not empty",
+                        meta.log_start
+                    ),
                 });
             }
             fs::remove_file(&path).map_err(io_error("remove", &path))?;
@@ -140,66 +131,14 @@ impl Store {
             index_closed_segment(dir, id, &mut index)?;
         }
 
-        // The live segment: replay it on top of the checkpoint.
         let live = meta.log_start;
-        let live_path = log::segment_path(dir, live);
-        let live_file = Arc::new(
-            OpenOptions::new()
-                .read(true)
-                .write(true)
-                .open(&live_path)
-                .map_err(io_error("open live log segment", &live_path))?,
-        );
-        index.push_segment(live, live_path.clone(), live_file.clone(), 0);
-        let mut epoch = meta.epoch;
-        let (valid_end, torn) = log::scan_segment(&live_file, &live_path, live, |offset, frame, record| {
-            let corrupt = |reason: String| StoreError::CorruptLog { path: live_path.clone(), offset, reason };
-            let Some(&i) = numbers.get(&record.volume_number) else {
-                return Err(corrupt(format!("record for unknown volume number {}", record.volume_number)));
-            };
-            let volume = &volumes[i];
-            let mut state = volume.state.write().expect("volume lock");
-            if record.sequence != state.applied.next() {
-                return Err(corrupt(format!(
-                    "record of sequence {} for volume {:?} does not follow its applied sequence {}",
-                    record.sequence, volume.name, state.applied
-                )));
-            }
-            if volume.check_range(record.offset_bytes, record.length_bytes).is_err() {
-                return Err(corrupt(format!("record of sequence {} ends past volume {:?}", record.sequence, volume.name)));
-            }
-            add_to_index(&mut index, &record, offset, frame);
-            // Holes need no reclaiming here: every volume is queued whole below.
-            volume.apply(&mut state, &mut maps[i].chunks, &record)?;
-            epoch = epoch.max(record.epoch);
-            Ok(())
-        })?;
-        if let Some(torn) = torn {
-            if let Some(next) = log::find_batch_after(&live_file, &live_path, live, torn.offset)? {
-                return Err(StoreError::CorruptLog {
-                    path: live_path,
-                    offset: torn.offset,
-                    reason: format!(
-                        "{}; a valid batch follows at byte {next}, so this is damage in the middle \
-                         of the log, not a torn tail (refusing to skip records)",
-                        torn.reason
-                    ),
-                });
-            }
-            let file_bytes = live_file.metadata().map_err(io_error("stat", &live_path))?.len();
-            tracing::warn!(
-                segment = %live_path.display(),
-                offset = torn.offset,
-                bytes_discarded = file_bytes - torn.offset,
-                reason = %torn.reason,
-                "torn tail of the log (a commit cut short by a crash): discarding it"
-            );
-            live_file.set_len(valid_end).map_err(io_error("truncate log", &live_path))?;
-            live_file.sync_all().map_err(io_error("sync log", &live_path))?;
-        }
+        let (live_file, valid_end, log_epoch) =
+            replay_live_segment(dir, live, &volumes, &mut maps, &mut index)?;
+        let epoch = meta.epoch.max(log_epoch);
         index.set_newest_bytes(valid_end);
         for segment in index.trim_to(options.replay_log_bytes) {
-            fs::remove_file(&segment.path).map_err(io_error("remove log segment", &segment.path))?;
+            fs::remove_file(&segment.path)
+                .map_err(io_error("remove log segment", &segment.path))?;
         }
         for volume in &volumes {
             let state = volume.state.read().expect("not shared yet");
@@ -219,12 +158,16 @@ impl Store {
             failure: None,
         }));
         let reclaimer = {
-            let (reclaim, committer, volumes) = (reclaim.clone(), committer.clone(), volumes.clone());
+            let (reclaim, committer, volumes) =
+                (reclaim.clone(), committer.clone(), volumes.clone());
             std::thread::Builder::new()
                 .name("store-reclaim".into())
                 .spawn(move || {
                     while reclaim.wait().is_some() {
+                        // Leave the commit lock free at least as long as a slice held it.
+                        let started = std::time::Instant::now();
                         reclaim_slice(&reclaim, &committer, &volumes);
+                        std::thread::sleep(started.elapsed());
                     }
                 })
                 .map_err(io_error("start the reclaim thread for", dir))?
@@ -252,7 +195,10 @@ impl Store {
         let mut committer = self.lock_committer()?;
         let current = self.epoch();
         if epoch < current {
-            return Err(StoreError::EpochBackwards { requested: epoch, current });
+            return Err(StoreError::EpochBackwards {
+                requested: epoch,
+                current,
+            });
         }
         if epoch == current {
             return Ok(());
@@ -267,7 +213,12 @@ impl Store {
     /// The volume named `name`, created (durably, empty) if there is none. Its size must be a
     /// positive multiple of 4096 bytes, and match if the volume exists.
     pub fn ensure_volume(&self, name: &str, size_bytes: u64) -> Result<VolumeHandle, StoreError> {
-        let invalid = |reason: String| Err(StoreError::InvalidVolume { name: name.to_string(), reason });
+        let invalid = |reason: String| {
+            Err(StoreError::InvalidVolume {
+                name: name.to_string(),
+                reason,
+            })
+        };
         if name.is_empty() || name.len() > VOLUME_NAME_BYTES_MAX {
             return invalid(format!("names have 1 to {VOLUME_NAME_BYTES_MAX} bytes"));
         }
@@ -300,8 +251,10 @@ impl Store {
             .truncate(true)
             .open(&data_path)
             .map_err(io_error("create volume data", &data_path))?;
-        data.set_len(size_bytes).map_err(io_error("size volume data", &data_path))?;
-        data.sync_all().map_err(io_error("sync volume data", &data_path))?;
+        data.set_len(size_bytes)
+            .map_err(io_error("size volume data", &data_path))?;
+        data.sync_all()
+            .map_err(io_error("sync volume data", &data_path))?;
         let map_file = MapFile::create(&map_path(&self.dir, number), name, number, size_bytes)?;
         let volumes_dir = self.dir.join(VOLUMES_DIR);
         sys::sync_dir(&volumes_dir).map_err(io_error("sync directory", &volumes_dir))?;
@@ -313,10 +266,15 @@ impl Store {
             name: name.to_string(),
             size_bytes,
             applied: Sequence::ZERO,
+            applied_epoch: Epoch(0),
             map_digest: chunks.digest(),
         });
         committer.write_meta(&self.dir, meta)?;
-        committer.maps.push(VolumeMapFile { file: map_file, chunks });
+        committer.maps.push(VolumeMapFile {
+            file: map_file,
+            chunks,
+            unflushed_bytes: 0,
+        });
         let mut volumes = self.volumes.write().expect("volume list lock");
         volumes.push(Arc::new(Volume {
             name: name.to_string(),
@@ -324,7 +282,11 @@ impl Store {
             size_bytes,
             data_path,
             data,
-            state: RwLock::new(VolumeState { applied: Sequence::ZERO, map: BlockMap::new(size_bytes / BLOCK_BYTES) }),
+            state: RwLock::new(VolumeState {
+                applied: Sequence::ZERO,
+                applied_epoch: Epoch(0),
+                map: BlockMap::new(size_bytes / BLOCK_BYTES),
+            }),
         }));
         tracing::info!(volume = name, size_bytes, number, "volume created");
         Ok(VolumeHandle(volumes.len() as u32 - 1))
@@ -333,17 +295,37 @@ impl Store {
     /// The volume named `name`, if the store holds it.
     pub fn volume(&self, name: &str) -> Option<VolumeHandle> {
         let volumes = self.volumes.read().expect("volume list lock");
-        volumes.iter().position(|v| v.name == name).map(|i| VolumeHandle(i as u32))
+        volumes
+            .iter()
+            .position(|v| v.name == name)
+            .map(|i| VolumeHandle(i as u32))
     }
 
     /// Name and size of every volume, in handle order.
     pub fn volumes(&self) -> Vec<(String, u64)> {
         let volumes = self.volumes.read().expect("volume list lock");
-        volumes.iter().map(|v| (v.name.clone(), v.size_bytes)).collect()
+        volumes
+            .iter()
+            .map(|v| (v.name.clone(), v.size_bytes))
+            .collect()
     }
 
     pub fn applied_sequence(&self, volume: VolumeHandle) -> Sequence {
-        self.volume_at(volume).state.read().expect("volume lock").applied
+        self.volume_at(volume)
+            .state
+            .read()
+            .expect("volume lock")
+            .applied
+    }
+
+    /// Epoch of the volume's last applied record (0 before the first): with the applied
+    /// sequence, the `(epoch, sequence)` a failover compares across elements.
+    pub fn applied_epoch(&self, volume: VolumeHandle) -> Epoch {
+        self.volume_at(volume)
+            .state
+            .read()
+            .expect("volume lock")
+            .applied_epoch
     }
 
     /// Group commit: log every new record of `batch` with one write and one `fdatasync`, then
@@ -353,7 +335,8 @@ impl Store {
     /// accepts no more changes until reopened.
     pub fn commit(&self, batch: &[(VolumeHandle, Record)]) -> Result<CommitOutcome, StoreError> {
         let mut committer = self.lock_committer()?;
-        let volumes = self.volumes.read().expect("volume list lock").clone();
+        // Held for the whole commit: `ensure_volume` takes the committer lock first.
+        let volumes = self.volumes.read().expect("volume list lock");
         let mut outcome = CommitOutcome::default();
         let mut running_epoch = self.epoch();
         // Applied sequence of each volume as of the records accepted so far.
@@ -366,7 +349,12 @@ impl Store {
                 outcome.applied.push((*handle, Sequence::ZERO));
                 volume.state.read().expect("volume lock").applied
             });
-            let reject = |error| Rejected { index, volume: *handle, sequence: record.sequence, error };
+            let reject = |error| Rejected {
+                index,
+                volume: *handle,
+                sequence: record.sequence,
+                error,
+            };
             if record.epoch < running_epoch {
                 outcome.rejected.push(reject(StoreError::StaleEpoch {
                     volume: volume.name.clone(),
@@ -402,7 +390,11 @@ impl Store {
             self.epoch.fetch_max(running_epoch.0, Ordering::AcqRel);
         }
         for (handle, applied) in &mut outcome.applied {
-            *applied = volumes[handle.index()].state.read().expect("volume lock").applied;
+            *applied = volumes[handle.index()]
+                .state
+                .read()
+                .expect("volume lock")
+                .applied;
         }
         if committer.log.position >= self.options.checkpoint_log_bytes {
             committer.checkpoint(self, &volumes)?;
@@ -415,28 +407,43 @@ impl Store {
     /// so the next open replays nothing.
     pub fn checkpoint(&self) -> Result<(), StoreError> {
         let mut committer = self.lock_committer()?;
-        let volumes = self.volumes.read().expect("volume list lock").clone();
+        let volumes = self.volumes.read().expect("volume list lock");
         committer.checkpoint(self, &volumes)
     }
 
     /// Read `length_bytes` at `offset_bytes`, with the applied sequence the data reflects.
     /// Every block is checked against its checksum: a mismatch is an error naming the block.
-    pub fn read(&self, volume: VolumeHandle, offset_bytes: u64, length_bytes: u32) -> Result<(Sequence, Bytes), StoreError> {
+    pub fn read(
+        &self,
+        volume: VolumeHandle,
+        offset_bytes: u64,
+        length_bytes: u32,
+    ) -> Result<(Sequence, Bytes), StoreError> {
         let volume = self.volume_at(volume);
         volume.check_range(offset_bytes, length_bytes as u64)?;
         if length_bytes > PAYLOAD_BYTES_MAX {
-            return Err(StoreError::PayloadTooLarge { volume: volume.name.clone(), length_bytes: length_bytes as u64 });
+            return Err(StoreError::PayloadTooLarge {
+                volume: volume.name.clone(),
+                length_bytes: length_bytes as u64,
+            });
         }
         let Some(geometry) = Geometry::of(offset_bytes, length_bytes as u64) else {
-            return Ok((volume.state.read().expect("volume lock").applied, Bytes::new()));
+            return Ok((
+                volume.state.read().expect("volume lock").applied,
+                Bytes::new(),
+            ));
         };
-        let mut buffer = BytesMut::zeroed(((geometry.last - geometry.first + 1) * BLOCK_BYTES) as usize);
+        let mut buffer =
+            BytesMut::zeroed(((geometry.last - geometry.first + 1) * BLOCK_BYTES) as usize);
         let state = volume.state.read().expect("volume lock");
         volume.read_blocks(&state.map, geometry.first, &mut buffer)?;
         let applied = state.applied;
         drop(state);
         let skip = (offset_bytes - geometry.first * BLOCK_BYTES) as usize;
-        Ok((applied, buffer.freeze().slice(skip..skip + length_bytes as usize)))
+        Ok((
+            applied,
+            buffer.freeze().slice(skip..skip + length_bytes as usize),
+        ))
     }
 
     /// Allocated and hole extents of a range, in order, with the applied sequence they
@@ -451,26 +458,46 @@ impl Store {
         let volume = self.volume_at(volume);
         volume.check_range(offset_bytes, length_bytes)?;
         let state = volume.state.read().expect("volume lock");
-        Ok((state.applied, volume.block_status(&state.map, offset_bytes, length_bytes)))
+        Ok((
+            state.applied,
+            volume.block_status(&state.map, offset_bytes, length_bytes),
+        ))
     }
 
     /// Records of `volume` after `after`, in order, from the replay log: at least one, then as
     /// many as fit in `max_bytes` of log frames, up to the applied sequence. Empty if `after`
     /// is already the applied sequence; an error if `after + 1` is no longer held. The
     /// records' `volume` field is zero: the caller sets its own.
-    pub fn log_records(&self, volume: VolumeHandle, after: Sequence, max_bytes: u64) -> Result<Vec<Record>, StoreError> {
+    pub fn log_records(
+        &self,
+        volume: VolumeHandle,
+        after: Sequence,
+        max_bytes: u64,
+    ) -> Result<Vec<Record>, StoreError> {
         let volume = self.volume_at(volume);
         let applied = volume.state.read().expect("volume lock").applied;
         if after >= applied {
             return Ok(Vec::new());
         }
-        let locations = lock(&self.log_index).locate(volume.number, after, applied, max_bytes).map_err(|oldest| {
-            StoreError::NotInReplayLog { volume: volume.name.clone(), sequence: after.next(), oldest }
-        })?;
+        let locations = lock(&self.log_index)
+            .locate(volume.number, after, applied, max_bytes)
+            .map_err(|oldest| StoreError::NotInReplayLog {
+                volume: volume.name.clone(),
+                sequence: after.next(),
+                oldest,
+            })?;
         let mut records = Vec::with_capacity(locations.len());
         for location in locations {
-            let record = log::read_record(&location.file, &location.path, location.offset, location.frame)?;
-            assert_eq!(record.volume_number, volume.number, "the log index points at this volume's records");
+            let record = log::read_record(
+                &location.file,
+                &location.path,
+                location.offset,
+                location.frame,
+            )?;
+            assert_eq!(
+                record.volume_number, volume.number,
+                "the log index points at this volume's records"
+            );
             records.push(record.to_record());
         }
         Ok(records)
@@ -504,13 +531,18 @@ impl Store {
 
     fn volume_at(&self, handle: VolumeHandle) -> Arc<Volume> {
         let volumes = self.volumes.read().expect("volume list lock");
-        volumes.get(handle.index()).expect("a volume handle of this store").clone()
+        volumes
+            .get(handle.index())
+            .expect("a volume handle of this store")
+            .clone()
     }
 
     fn lock_committer(&self) -> Result<MutexGuard<'_, Committer>, StoreError> {
         let committer = lock(&self.committer);
         if let Some(reason) = &committer.failure {
-            return Err(StoreError::Failed { reason: reason.clone() });
+            return Err(StoreError::Failed {
+                reason: reason.clone(),
+            });
         }
         Ok(committer)
     }
@@ -518,7 +550,10 @@ impl Store {
 
 impl Committer {
     /// Run `step`; on error remember the store as failed.
-    fn guard<T>(&mut self, step: impl FnOnce(&mut Committer) -> Result<T, StoreError>) -> Result<T, StoreError> {
+    fn guard<T>(
+        &mut self,
+        step: impl FnOnce(&mut Committer) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
         let result = step(self);
         if let Err(error) = &result {
             tracing::error!(%error, "store failed; it accepts no more changes until reopened");
@@ -535,7 +570,12 @@ impl Committer {
         })
     }
 
-    fn commit_prepared(&mut self, store: &Store, volumes: &[Arc<Volume>], accepted: Vec<(usize, LogRecord)>) -> Result<(), StoreError> {
+    fn commit_prepared(
+        &mut self,
+        store: &Store,
+        volumes: &[Arc<Volume>],
+        accepted: Vec<(usize, LogRecord)>,
+    ) -> Result<(), StoreError> {
         self.guard(|c| {
             let (indices, records): (Vec<usize>, Vec<LogRecord>) = accepted.into_iter().unzip();
             let mut holes = Vec::new();
@@ -560,8 +600,20 @@ impl Committer {
                 if !new_holes.is_empty() {
                     holes.push((i, new_holes));
                 }
+                c.maps[i].unflushed_bytes += record.written_bytes();
             }
             drop(locked);
+            // Start writing back data files with enough dirty data, so the checkpoint's
+            // fdatasync finds little left to do (it otherwise stalls commits for its duration).
+            for (maps, volume) in c.maps.iter_mut().zip(volumes) {
+                if maps.unflushed_bytes >= WRITEBACK_KICK_BYTES {
+                    maps.unflushed_bytes = 0;
+                    sys::start_writeback(&volume.data, 0, 0).map_err(io_error(
+                        "start writeback of volume data",
+                        &volume.data_path,
+                    ))?;
+                }
+            }
             for (i, blocks) in holes {
                 store.reclaim.push(i, blocks);
             }
@@ -573,7 +625,8 @@ impl Committer {
         self.guard(|c| {
             let changed = |i: usize| {
                 c.maps[i].chunks.is_dirty()
-                    || volumes[i].state.read().expect("volume lock").applied != c.meta.volumes[i].applied
+                    || volumes[i].state.read().expect("volume lock").applied
+                        != c.meta.volumes[i].applied
             };
             if c.log.position == 0 && !(0..volumes.len()).any(changed) {
                 return Ok(());
@@ -582,17 +635,25 @@ impl Committer {
             let mut meta = c.meta.clone();
             let mut written: Vec<Option<PendingSlots>> = Vec::with_capacity(volumes.len());
             for (i, volume) in volumes.iter().enumerate() {
-                let maps = &c.maps[i];
+                let maps = &mut c.maps[i];
                 let state = volume.state.read().expect("volume lock");
                 if maps.chunks.is_dirty() {
-                    volume.data.sync_data().map_err(io_error("sync volume data", &volume.data_path))?;
-                    let pending = maps.file.write_dirty(&state.map, &maps.chunks, generation)?;
-                    meta.volumes[i].map_digest = MapFile::digest_after(&pending, &maps.chunks, generation);
+                    maps.unflushed_bytes = 0;
+                    volume
+                        .data
+                        .sync_data()
+                        .map_err(io_error("sync volume data", &volume.data_path))?;
+                    let pending = maps
+                        .file
+                        .write_dirty(&state.map, &maps.chunks, generation)?;
+                    meta.volumes[i].map_digest =
+                        MapFile::digest_after(&pending, &maps.chunks, generation);
                     written.push(Some(pending));
                 } else {
                     written.push(None);
                 }
                 meta.volumes[i].applied = state.applied;
+                meta.volumes[i].applied_epoch = state.applied_epoch;
             }
             let next_segment = c.log.segment + 1;
             let file = LogWriter::create_segment(&store.dir, next_segment)?;
@@ -616,7 +677,8 @@ impl Committer {
                 index.trim_to(store.options.replay_log_bytes)
             };
             for segment in dropped {
-                fs::remove_file(&segment.path).map_err(io_error("remove log segment", &segment.path))?;
+                fs::remove_file(&segment.path)
+                    .map_err(io_error("remove log segment", &segment.path))?;
             }
             tracing::debug!(generation, segment = next_segment, "checkpoint");
             Ok(())
@@ -637,8 +699,14 @@ impl Drop for Store {
 
 /// Punch one bounded slice of the reclaim queue, under the commit lock. `false` if there was
 /// nothing to do.
-fn reclaim_slice(reclaim: &Reclaim, committer: &Mutex<Committer>, volumes: &RwLock<Vec<Arc<Volume>>>) -> bool {
-    let Some((i, blocks)) = reclaim.pop() else { return false };
+fn reclaim_slice(
+    reclaim: &Reclaim,
+    committer: &Mutex<Committer>,
+    volumes: &RwLock<Vec<Arc<Volume>>>,
+) -> bool {
+    let Some((i, blocks)) = reclaim.pop() else {
+        return false;
+    };
     let committer = lock(committer);
     if committer.failure.is_some() {
         reclaim.clear();
@@ -647,7 +715,12 @@ fn reclaim_slice(reclaim: &Reclaim, committer: &Mutex<Committer>, volumes: &RwLo
     let volume = volumes.read().expect("volume list lock")[i].clone();
     let state = volume.state.read().expect("volume lock");
     let scan_end = blocks.end.min(blocks.start + RECLAIM_SCAN_BLOCKS_MAX);
-    match reclaim::punch_holes(&volume, &state.map, blocks.start..scan_end, RECLAIM_PUNCH_BYTES_MAX) {
+    match reclaim::punch_holes(
+        &volume,
+        &state.map,
+        blocks.start..scan_end,
+        RECLAIM_PUNCH_BYTES_MAX,
+    ) {
         Ok(done) => reclaim.push_front(i, done..blocks.end),
         Err(error) => tracing::warn!(
             volume = %volume.name,
@@ -665,7 +738,10 @@ fn reclaim_slice(reclaim: &Reclaim, committer: &Mutex<Committer>, volumes: &RwLo
 /// were lost or damaged), they cannot serve a continuous history and are forgotten.
 fn add_to_index(index: &mut LogIndex, record: &LogRecord, offset: u64, frame: u32) {
     if let Err(discontinuity) = index.add(record.volume_number, record.sequence, offset, frame) {
-        assert!(discontinuity.at_segment_start, "records of a segment are consecutive: {discontinuity:?}");
+        assert!(
+            discontinuity.at_segment_start,
+            "records of a segment are consecutive: {discontinuity:?}"
+        );
         let dropped = index.drop_older_than_newest();
         tracing::warn!(
             volume_number = record.volume_number,
@@ -685,9 +761,122 @@ fn add_to_index(index: &mut LogIndex, record: &LogRecord, offset: u64, frame: u3
     }
 }
 
+/// Take the directory's lock file. A child process forked by this process holds a copy of
+/// the lock until its exec: wait that out briefly before concluding another owner holds it.
+fn lock_directory(dir: &Path) -> Result<File, StoreError> {
+    let lock_path = dir.join(LOCK_FILE);
+    let lock_file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&lock_path)
+        .map_err(io_error("open lock file", &lock_path))?;
+    let mut waited_ms = 0;
+    while !sys::try_lock_exclusive(&lock_file).map_err(io_error("lock", &lock_path))? {
+        if waited_ms >= LOCK_WAIT_MS {
+            return Err(StoreError::Locked {
+                path: dir.to_path_buf(),
+            });
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+        waited_ms += 10;
+    }
+    Ok(lock_file)
+}
+
+/// Replay the live segment on top of the checkpoint: apply every valid batch, cut a torn tail
+/// (with a warning), refuse damage followed by valid batches. Returns the segment, the end of
+/// its valid log, and the newest epoch of its records.
+fn replay_live_segment(
+    dir: &Path,
+    live: u64,
+    volumes: &[Arc<Volume>],
+    maps: &mut [VolumeMapFile],
+    index: &mut LogIndex,
+) -> Result<(Arc<File>, u64, Epoch), StoreError> {
+    let numbers: HashMap<u32, usize> = volumes
+        .iter()
+        .enumerate()
+        .map(|(i, v)| (v.number, i))
+        .collect();
+    let path = log::segment_path(dir, live);
+    let file = Arc::new(
+        OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&path)
+            .map_err(io_error("open live log segment", &path))?,
+    );
+    index.push_segment(live, path.clone(), file.clone(), 0);
+    let mut epoch = Epoch(0);
+    let (valid_end, torn) = log::scan_segment(&file, &path, live, |offset, frame, record| {
+        let corrupt = |reason: String| StoreError::CorruptLog {
+            path: path.clone(),
+            offset,
+            reason,
+        };
+        let Some(&i) = numbers.get(&record.volume_number) else {
+            return Err(corrupt(format!(
+                "record for unknown volume number {}",
+                record.volume_number
+            )));
+        };
+        let volume = &volumes[i];
+        let mut state = volume.state.write().expect("volume lock");
+        if record.sequence != state.applied.next() {
+            return Err(corrupt(format!(
+                "record of sequence {} for volume {:?} does not follow its applied sequence {}",
+                record.sequence, volume.name, state.applied
+            )));
+        }
+        if volume
+            .check_range(record.offset_bytes, record.length_bytes)
+            .is_err()
+        {
+            return Err(corrupt(format!(
+                "record of sequence {} ends past volume {:?}",
+                record.sequence, volume.name
+            )));
+        }
+        add_to_index(index, &record, offset, frame);
+        // The holes need no reclaiming here: `open` queues every volume whole.
+        volume.apply(&mut state, &mut maps[i].chunks, &record)?;
+        epoch = epoch.max(record.epoch);
+        Ok(())
+    })?;
+    if let Some(torn) = torn {
+        if let Some(next) = log::find_batch_after(&file, &path, live, torn.offset)? {
+            return Err(StoreError::CorruptLog {
+                path,
+                offset: torn.offset,
+                reason: format!(
+                    "{}; a valid batch follows at byte {next}, so this is damage in the middle of \
+                     the log, not a torn tail (refusing to skip records)",
+                    torn.reason
+                ),
+            });
+        }
+        let file_bytes = file.metadata().map_err(io_error("stat", &path))?.len();
+        tracing::warn!(
+            segment = %path.display(),
+            offset = torn.offset,
+            bytes_discarded = file_bytes - torn.offset,
+            reason = %torn.reason,
+            "torn tail of the log (a commit cut short by a crash): discarding it"
+        );
+        file.set_len(valid_end)
+            .map_err(io_error("truncate log", &path))?;
+        file.sync_all().map_err(io_error("sync log", &path))?;
+    }
+    Ok((file, valid_end, epoch))
+}
+
 /// Create the layout of an empty store in `dir`, which must hold nothing else.
 fn initialize(dir: &Path) -> Result<Meta, StoreError> {
-    let not_a_store = || StoreError::NotAStore { path: dir.to_path_buf() };
+    let not_a_store = || StoreError::NotAStore {
+        path: dir.to_path_buf(),
+    };
     for entry in fs::read_dir(dir).map_err(io_error("list", dir))? {
         let entry = entry.map_err(io_error("list", dir))?;
         let name = entry.file_name();
@@ -697,7 +886,10 @@ fn initialize(dir: &Path) -> Result<Meta, StoreError> {
                 // Left by an initialization that crashed: acceptable only if empty of data.
                 for inner in fs::read_dir(entry.path()).map_err(io_error("list", &entry.path()))? {
                     let inner = inner.map_err(io_error("list", &entry.path()))?;
-                    let bytes = inner.metadata().map_err(io_error("stat", &inner.path()))?.len();
+                    let bytes = inner
+                        .metadata()
+                        .map_err(io_error("stat", &inner.path()))?
+                        .len();
                     if name == VOLUMES_DIR || bytes != 0 {
                         return Err(not_a_store());
                     }
@@ -715,14 +907,24 @@ fn initialize(dir: &Path) -> Result<Meta, StoreError> {
     if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
         sys::sync_dir(parent).map_err(io_error("sync directory", parent))?;
     }
-    let meta = Meta { epoch: Epoch(0), generation: 0, log_start: 1, next_volume_number: 0, volumes: Vec::new() };
+    let meta = Meta {
+        epoch: Epoch(0),
+        generation: 0,
+        log_start: 1,
+        next_volume_number: 0,
+        volumes: Vec::new(),
+    };
     LogWriter::create_segment(dir, meta.log_start)?;
     meta.write(dir)?;
     tracing::info!(dir = %dir.display(), "created an empty store");
     Ok(meta)
 }
 
-fn open_volume(dir: &Path, meta: &Meta, volume_meta: &VolumeMeta) -> Result<(Arc<Volume>, VolumeMapFile), StoreError> {
+fn open_volume(
+    dir: &Path,
+    meta: &Meta,
+    volume_meta: &VolumeMeta,
+) -> Result<(Arc<Volume>, VolumeMapFile), StoreError> {
     let data_path = data_path(dir, volume_meta.number);
     let data = OpenOptions::new()
         .read(true)
@@ -733,7 +935,11 @@ fn open_volume(dir: &Path, meta: &Meta, volume_meta: &VolumeMeta) -> Result<(Arc
     if data_bytes != volume_meta.size_bytes {
         return Err(StoreError::InvalidVolume {
             name: volume_meta.name.clone(),
-            reason: format!("{} holds {data_bytes} bytes, the volume {}", data_path.display(), volume_meta.size_bytes),
+            reason: format!(
+                "{} holds {data_bytes} bytes, the volume {}",
+                data_path.display(),
+                volume_meta.size_bytes
+            ),
         });
     }
     let (file, map, chunks) = MapFile::load(
@@ -751,9 +957,20 @@ fn open_volume(dir: &Path, meta: &Meta, volume_meta: &VolumeMeta) -> Result<(Arc
         size_bytes: volume_meta.size_bytes,
         data_path,
         data,
-        state: RwLock::new(VolumeState { applied: volume_meta.applied, map }),
+        state: RwLock::new(VolumeState {
+            applied: volume_meta.applied,
+            applied_epoch: volume_meta.applied_epoch,
+            map,
+        }),
     };
-    Ok((Arc::new(volume), VolumeMapFile { file, chunks }))
+    Ok((
+        Arc::new(volume),
+        VolumeMapFile {
+            file,
+            chunks,
+            unflushed_bytes: 0,
+        },
+    ))
 }
 
 /// Index a closed segment of the replay log. Damage there costs only history: the segment
@@ -774,13 +991,18 @@ fn index_closed_segment(dir: &Path, id: u64, index: &mut LogIndex) -> Result<(),
                     "replay log segments do not follow each other; forgetting the older ones"
                 );
                 remove_segments(dropped);
-                index.add(record.volume_number, record.sequence, offset, frame).expect("fits after the drop");
+                index
+                    .add(record.volume_number, record.sequence, offset, frame)
+                    .expect("fits after the drop");
                 Ok(())
             }
             Err(discontinuity) => Err(StoreError::CorruptLog {
                 path: path.clone(),
                 offset,
-                reason: format!("sequence {} where {} was expected", discontinuity.found, discontinuity.expected),
+                reason: format!(
+                    "sequence {} where {} was expected",
+                    discontinuity.found, discontinuity.expected
+                ),
             }),
         }
     });
@@ -789,7 +1011,11 @@ fn index_closed_segment(dir: &Path, id: u64, index: &mut LogIndex) -> Result<(),
             index.set_newest_bytes(end);
             return Ok(());
         }
-        Ok((_, Some(torn))) => StoreError::CorruptLog { path: path.clone(), offset: torn.offset, reason: torn.reason },
+        Ok((_, Some(torn))) => StoreError::CorruptLog {
+            path: path.clone(),
+            offset: torn.offset,
+            reason: torn.reason,
+        },
         Err(error @ StoreError::CorruptLog { .. }) => error,
         Err(error) => return Err(error),
     };
@@ -812,15 +1038,29 @@ fn remove_segments(segments: Vec<log::Segment>) {
 
 /// Resolve a record against the volume's current content (and the records accepted before it
 /// in the same batch): range checks, and partial edge blocks merged into whole blocks.
-fn prepare(volume: &Volume, i: usize, record: &Record, earlier: &[(usize, LogRecord)]) -> Result<LogRecord, StoreError> {
+fn prepare(
+    volume: &Volume,
+    i: usize,
+    record: &Record,
+    earlier: &[(usize, LogRecord)],
+) -> Result<LogRecord, StoreError> {
     let (kind, offset_bytes, length_bytes) = match &record.op {
         Op::Write { offset_bytes, data } => (Kind::Write, *offset_bytes, data.len() as u64),
-        Op::Trim { offset_bytes, length_bytes } => (Kind::Trim, *offset_bytes, *length_bytes),
-        Op::WriteZeroes { offset_bytes, length_bytes } => (Kind::WriteZeroes, *offset_bytes, *length_bytes),
+        Op::Trim {
+            offset_bytes,
+            length_bytes,
+        } => (Kind::Trim, *offset_bytes, *length_bytes),
+        Op::WriteZeroes {
+            offset_bytes,
+            length_bytes,
+        } => (Kind::WriteZeroes, *offset_bytes, *length_bytes),
     };
     volume.check_range(offset_bytes, length_bytes)?;
     if kind == Kind::Write && length_bytes > PAYLOAD_BYTES_MAX as u64 {
-        return Err(StoreError::PayloadTooLarge { volume: volume.name.clone(), length_bytes });
+        return Err(StoreError::PayloadTooLarge {
+            volume: volume.name.clone(),
+            length_bytes,
+        });
     }
     let base = |block: u64| base_block(volume, i, block, earlier);
     let change = match (Geometry::of(offset_bytes, length_bytes), &record.op) {
@@ -838,9 +1078,15 @@ fn prepare(volume: &Volume, i: usize, record: &Record, earlier: &[(usize, LogRec
                 pieces.push(merged.freeze());
                 position += n as u64;
             }
-            let whole_end = if g.tail_partial { g.last * BLOCK_BYTES } else { end };
+            let whole_end = if g.tail_partial {
+                g.last * BLOCK_BYTES
+            } else {
+                end
+            };
             if position < whole_end {
-                pieces.push(data.slice((position - offset_bytes) as usize..(whole_end - offset_bytes) as usize));
+                pieces.push(data.slice(
+                    (position - offset_bytes) as usize..(whole_end - offset_bytes) as usize,
+                ));
                 position = whole_end;
             }
             if g.tail_partial {
@@ -849,35 +1095,55 @@ fn prepare(volume: &Volume, i: usize, record: &Record, earlier: &[(usize, LogRec
                 merged[..n].copy_from_slice(&data[(position - offset_bytes) as usize..]);
                 pieces.push(merged.freeze());
             }
-            let crcs = pieces.iter().flat_map(|p| p.chunks(BLOCK_BYTES as usize)).map(crc32c::crc32c).collect();
-            Change::Blocks { first_block: g.first, pieces, crcs }
+            let crcs = pieces
+                .iter()
+                .flat_map(|p| p.chunks(BLOCK_BYTES as usize))
+                .map(crc32c::crc32c)
+                .collect();
+            Change::Blocks {
+                first_block: g.first,
+                pieces,
+                crcs,
+            }
         }
         (Some(g), _) => {
             let end = offset_bytes + length_bytes;
-            let zeroed_edge = |block: u64, zero: std::ops::Range<u64>| -> Result<Edge, StoreError> {
-                let content = match base_content(volume, i, block, earlier)? {
-                    None => None,
-                    Some(base) => {
-                        let mut merged = BytesMut::from(&base[..]);
-                        merged[zero.start as usize..zero.end as usize].fill(0);
-                        if merged.iter().all(|b| *b == 0) {
-                            None
-                        } else {
-                            let crc = crc32c::crc32c(&merged);
-                            Some((merged.freeze(), crc))
+            let zeroed_edge =
+                |block: u64, zero: std::ops::Range<u64>| -> Result<Edge, StoreError> {
+                    let content = match base_content(volume, i, block, earlier)? {
+                        None => None,
+                        Some(base) => {
+                            let mut merged = BytesMut::from(&base[..]);
+                            merged[zero.start as usize..zero.end as usize].fill(0);
+                            if merged.iter().all(|b| *b == 0) {
+                                None
+                            } else {
+                                let crc = crc32c::crc32c(&merged);
+                                Some((merged.freeze(), crc))
+                            }
                         }
-                    }
+                    };
+                    Ok(Edge { block, content })
                 };
-                Ok(Edge { block, content })
-            };
             let head = if g.head_partial {
                 let block_start = g.first * BLOCK_BYTES;
-                Some(zeroed_edge(g.first, offset_bytes - block_start..end.min(block_start + BLOCK_BYTES) - block_start)?)
+                Some(zeroed_edge(
+                    g.first,
+                    offset_bytes - block_start..end.min(block_start + BLOCK_BYTES) - block_start,
+                )?)
             } else {
                 None
             };
-            let tail = if g.tail_partial { Some(zeroed_edge(g.last, 0..end - g.last * BLOCK_BYTES)?) } else { None };
-            Change::Zero { head, whole: g.whole(), tail }
+            let tail = if g.tail_partial {
+                Some(zeroed_edge(g.last, 0..end - g.last * BLOCK_BYTES)?)
+            } else {
+                None
+            };
+            Change::Zero {
+                head,
+                whole: g.whole(),
+                tail,
+            }
         }
     };
     Ok(LogRecord {
@@ -892,7 +1158,12 @@ fn prepare(volume: &Volume, i: usize, record: &Record, earlier: &[(usize, LogRec
 }
 
 /// A block's content as a mutable copy (zeroes for a hole).
-fn base_block(volume: &Volume, i: usize, block: u64, earlier: &[(usize, LogRecord)]) -> Result<BytesMut, StoreError> {
+fn base_block(
+    volume: &Volume,
+    i: usize,
+    block: u64,
+    earlier: &[(usize, LogRecord)],
+) -> Result<BytesMut, StoreError> {
     Ok(match base_content(volume, i, block, earlier)? {
         Some(content) => BytesMut::from(&content[..]),
         None => BytesMut::zeroed(BLOCK_BYTES as usize),
@@ -901,7 +1172,12 @@ fn base_block(volume: &Volume, i: usize, block: u64, earlier: &[(usize, LogRecor
 
 /// A block's content as of the records accepted so far (`None`: a hole), checked against its
 /// checksum when read from the data file.
-fn base_content(volume: &Volume, i: usize, block: u64, earlier: &[(usize, LogRecord)]) -> Result<Option<Bytes>, StoreError> {
+fn base_content(
+    volume: &Volume,
+    i: usize,
+    block: u64,
+    earlier: &[(usize, LogRecord)],
+) -> Result<Option<Bytes>, StoreError> {
     for (_, record) in earlier.iter().rev().filter(|(v, _)| *v == i) {
         if let Some(content) = record.content_of(block) {
             return Ok(content);
@@ -922,7 +1198,11 @@ impl LogRecord {
     fn content_of(&self, block: u64) -> Option<Option<Bytes>> {
         match &self.change {
             Change::Nothing => None,
-            Change::Blocks { first_block, pieces, crcs } => {
+            Change::Blocks {
+                first_block,
+                pieces,
+                crcs,
+            } => {
                 if block < *first_block || block >= first_block + crcs.len() as u64 {
                     return None;
                 }

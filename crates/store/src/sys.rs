@@ -32,7 +32,12 @@ pub fn write_all_vectored_at(file: &File, bufs: &[&[u8]], mut offset: u64) -> io
         let offset_os = libc::off_t::try_from(offset).expect("file offsets stay below 2^63");
         // SAFETY: every iovec points into a live borrowed slice for the duration of the call.
         let written = unsafe {
-            libc::pwritev(file.as_raw_fd(), iovecs.as_ptr(), iovecs.len() as libc::c_int, offset_os)
+            libc::pwritev(
+                file.as_raw_fd(),
+                iovecs.as_ptr(),
+                iovecs.len() as libc::c_int,
+                offset_os,
+            )
         };
         if written < 0 {
             let error = io::Error::last_os_error();
@@ -44,7 +49,10 @@ pub fn write_all_vectored_at(file: &File, bufs: &[&[u8]], mut offset: u64) -> io
         let mut written = written as usize;
         let total: usize = iovecs.iter().map(|v| v.iov_len).sum();
         if written == 0 && total > 0 {
-            return Err(io::Error::new(io::ErrorKind::WriteZero, "pwritev wrote nothing"));
+            return Err(io::Error::new(
+                io::ErrorKind::WriteZero,
+                "pwritev wrote nothing",
+            ));
         }
         offset += written as u64;
         while next < bufs.len() && written >= bufs[next].len() - skip {
@@ -85,7 +93,9 @@ pub fn punch_hole(file: &File, offset: u64, length: u64) -> io::Result<()> {
             Some(libc::EINTR) => continue,
             Some(libc::EOPNOTSUPP) => {
                 if !UNSUPPORTED_REPORTED.swap(true, Ordering::Relaxed) {
-                    tracing::warn!("file system cannot punch holes: trimmed space is not reclaimed");
+                    tracing::warn!(
+                        "file system cannot punch holes: trimmed space is not reclaimed"
+                    );
                 }
                 return Ok(());
             }
@@ -138,4 +148,25 @@ pub fn next_hole(file: &File, offset: u64) -> io::Result<u64> {
         return Ok(result as u64);
     }
     Err(io::Error::last_os_error())
+}
+
+/// Start writing back the dirty pages of a range without waiting for it
+/// (`sync_file_range(SYNC_FILE_RANGE_WRITE)`), so a later `fdatasync` has less to do.
+pub fn start_writeback(file: &File, offset: u64, length: u64) -> io::Result<()> {
+    let offset = libc::off64_t::try_from(offset).expect("file offsets stay below 2^63");
+    let length = libc::off64_t::try_from(length).expect("lengths stay below 2^63");
+    // SAFETY: plain system call on an owned descriptor.
+    let result = unsafe {
+        libc::sync_file_range(
+            file.as_raw_fd(),
+            offset,
+            length,
+            libc::SYNC_FILE_RANGE_WRITE,
+        )
+    };
+    if result == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
 }

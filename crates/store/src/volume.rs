@@ -3,7 +3,7 @@
 
 use std::{fs::File, ops::Range, os::unix::fs::FileExt, path::PathBuf, sync::RwLock};
 
-use proto::{BlockExtent, Sequence, BLOCK_BYTES};
+use proto::{BlockExtent, Epoch, Sequence, BLOCK_BYTES};
 
 use crate::{
     block_map::{zero_block_crc, BlockMap, Chunks},
@@ -25,6 +25,8 @@ pub struct Volume {
 
 pub struct VolumeState {
     pub applied: Sequence,
+    /// Epoch of the record of sequence `applied` (0 before the first).
+    pub applied_epoch: Epoch,
     pub map: BlockMap,
 }
 
@@ -54,17 +56,28 @@ impl Volume {
         chunks: &mut Chunks,
         record: &LogRecord,
     ) -> Result<Range<u64>, StoreError> {
-        assert_eq!(record.sequence, state.applied.next(), "volume {}: records apply in sequence order", self.name);
+        assert_eq!(
+            record.sequence,
+            state.applied.next(),
+            "volume {}: records apply in sequence order",
+            self.name
+        );
         let sequence = record.sequence;
         let mut holes = 0..0;
         match &record.change {
             Change::Nothing => {}
-            Change::Blocks { first_block, pieces, crcs } => {
+            Change::Blocks {
+                first_block,
+                pieces,
+                crcs,
+            } => {
                 let slices: Vec<&[u8]> = pieces.iter().map(|p| &p[..]).collect();
                 sys::write_all_vectored_at(&self.data, &slices, first_block * BLOCK_BYTES)
                     .map_err(io_error("write volume data", &self.data_path))?;
                 for (i, crc) in crcs.iter().enumerate() {
-                    state.map.set_written(first_block + i as u64, sequence, *crc);
+                    state
+                        .map
+                        .set_written(first_block + i as u64, sequence, *crc);
                 }
                 chunks.mark_dirty(*first_block..first_block + crcs.len() as u64);
             }
@@ -81,7 +94,11 @@ impl Volume {
                         if edge.block == holes.start {
                             holes.start += 1;
                         } else {
-                            assert_eq!(edge.block + 1, holes.end, "an edge block is at an end of the span");
+                            assert_eq!(
+                                edge.block + 1,
+                                holes.end,
+                                "an edge block is at an end of the span"
+                            );
                             holes.end -= 1;
                         }
                     }
@@ -96,19 +113,26 @@ impl Volume {
             }
         }
         state.applied = sequence;
+        state.applied_epoch = record.epoch;
         Ok(holes)
     }
 
     /// Fill `out` (zeroed, whole blocks) with the content of the blocks from `first`,
     /// verifying every allocated block against its checksum. Holes are not read.
-    pub fn read_blocks(&self, map: &BlockMap, first: u64, out: &mut [u8]) -> Result<(), StoreError> {
+    pub fn read_blocks(
+        &self,
+        map: &BlockMap,
+        first: u64,
+        out: &mut [u8],
+    ) -> Result<(), StoreError> {
         debug_assert_eq!(out.len() as u64 % BLOCK_BYTES, 0);
         let end = first + out.len() as u64 / BLOCK_BYTES;
         let mut block = first;
         while block < end {
             let run_end = map.run_end(block, end);
             if map.is_allocated(block) {
-                let run = &mut out[((block - first) * BLOCK_BYTES) as usize..((run_end - first) * BLOCK_BYTES) as usize];
+                let run = &mut out[((block - first) * BLOCK_BYTES) as usize
+                    ..((run_end - first) * BLOCK_BYTES) as usize];
                 self.data
                     .read_exact_at(run, block * BLOCK_BYTES)
                     .map_err(io_error("read volume data", &self.data_path))?;
@@ -137,7 +161,12 @@ impl Volume {
 
     /// Allocation extents of `[offset, offset + length)`, at most
     /// [`BLOCK_STATUS_EXTENTS_MAX`] of them (then covering only a prefix of the range).
-    pub fn block_status(&self, map: &BlockMap, offset_bytes: u64, length_bytes: u64) -> Vec<BlockExtent> {
+    pub fn block_status(
+        &self,
+        map: &BlockMap,
+        offset_bytes: u64,
+        length_bytes: u64,
+    ) -> Vec<BlockExtent> {
         let mut extents = Vec::new();
         if length_bytes == 0 {
             return extents;
@@ -149,7 +178,10 @@ impl Volume {
         while block < end_block && extents.len() < BLOCK_STATUS_EXTENTS_MAX {
             let run_end = map.run_end(block, end_block);
             let extent_end = (run_end * BLOCK_BYTES).min(end_bytes);
-            extents.push(BlockExtent { length_bytes: extent_end - position, allocated: map.is_allocated(block) });
+            extents.push(BlockExtent {
+                length_bytes: extent_end - position,
+                allocated: map.is_allocated(block),
+            });
             position = extent_end;
             block = run_end;
         }
