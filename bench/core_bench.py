@@ -71,7 +71,7 @@ def fio(uri, name, rw, bs, iodepth, runtime, size):
            "--output-format=json", "--randrepeat=0"]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=runtime + 60)
     if out.returncode != 0:
-        raise RuntimeError(f"fio failed: {out.stderr[-2000:]}")
+        raise RuntimeError(f"fio failed on {uri}: {out.stderr[-2000:]}")
     job = json.loads(out.stdout[out.stdout.index("{"):])["jobs"][0]
     side = job["write"] if "write" in rw else job["read"]
     lat = side["clat_ns"] if side["clat_ns"]["N"] else side["lat_ns"]
@@ -140,6 +140,15 @@ def main():
             b = fio(baseline, name, rw, bs, qd, args.runtime, size)
             rows.append({"job": name, "starfish": r, "direct": b})
         fsync_us = fsync_latency(work, min(args.runtime, 5))
+    except Exception:
+        for log in ("host.log", "local.log", "near.log", "far.log"):
+            path = os.path.join(work, log)
+            if os.path.exists(path):
+                print(f"--- {log} (warnings and errors)", file=sys.stderr)
+                for line in open(path, errors="replace"):
+                    if "WARN" in line or "ERROR" in line:
+                        print(line.rstrip(), file=sys.stderr)
+        raise
     finally:
         for p in procs:
             p.send_signal(signal.SIGTERM)

@@ -803,6 +803,8 @@ impl HostCore {
                 return;
             }
             let pending = self.volumes[vi].admission.pop_front().expect("front exists");
+            // Progress: the throttle clock measures only time blocked without any.
+            self.volumes[vi].blocked_since = None;
             self.accept_write(volume, pending);
         }
     }

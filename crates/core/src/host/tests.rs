@@ -312,6 +312,31 @@ fn a_slow_element_that_catches_up_in_time_is_kept() {
 }
 
 #[test]
+fn a_slow_element_that_keeps_progressing_is_never_failed() {
+    // The queue is full most of the time, but the slow element acknowledges something every
+    // 500 ms: the throttle must not count time in which the queue moved.
+    let mut c = Cluster::with(3, 2, |cfg| cfg.write_queue_bytes = limits::WRITE_QUEUE_BYTES_MIN);
+    c.elements[2].responsive = false;
+    let quarter = proto::PAYLOAD_BYTES_MAX as usize / 4;
+    let mut tokens = Vec::new();
+    for round in 0..20u8 {
+        for _ in 0..2 {
+            tokens.push(c.write(0, round, quarter));
+        }
+        c.advance_ms(500);
+        // Element 2 applies one record at a time.
+        if let Some(record) = (!c.elements[2].held.is_empty()).then(|| c.elements[2].held.remove(0)) {
+            c.elements[2].apply(&record);
+            let sequence = c.elements[2].applied;
+            c.core.handle_element_message(c.now, ElementId(2), ElementMessage::Applied { volume: VOLUME, sequence });
+            c.run();
+        }
+        assert_eq!(c.states(), "in-sync,in-sync,in-sync", "round {round}");
+    }
+    assert!(c.core.status(c.now).volumes[0].writes_waiting > 0, "the queue really was full");
+}
+
+#[test]
 fn reads_go_to_the_closest_element_and_see_unapplied_writes() {
     let mut c = Cluster::new(3, 2);
     c.write(0, 1, 8192);
