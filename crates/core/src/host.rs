@@ -31,6 +31,11 @@ pub struct HostConfig {
     pub heartbeat_interval_ms: u64,
     pub heartbeat_timeout_ms: u64,
     pub startup_grace_ms: u64,
+    /// Element addresses as elements reach each other (for replay recovery between peers), in
+    /// the order of `elements`; empty disables replay recovery.
+    pub element_addresses: Vec<String>,
+    /// Pace of recovery traffic per recovering volume (0: unlimited).
+    pub recovery_rate_bytes_per_s: u64,
 }
 
 impl HostConfig {
@@ -46,6 +51,8 @@ impl HostConfig {
             heartbeat_interval_ms: limits::HEARTBEAT_INTERVAL_MS_DEFAULT,
             heartbeat_timeout_ms: limits::HEARTBEAT_TIMEOUT_MS_DEFAULT,
             startup_grace_ms: limits::STARTUP_GRACE_MS_DEFAULT,
+            element_addresses: Vec::new(),
+            recovery_rate_bytes_per_s: 0,
         }
     }
 
@@ -89,6 +96,9 @@ impl HostConfig {
                 limits::WRITE_QUEUE_BYTES_MIN
             ));
         }
+        if !self.element_addresses.is_empty() && self.element_addresses.len() != n {
+            return Err("element addresses must be given for every element or none".into());
+        }
         if self.heartbeat_timeout_ms <= self.heartbeat_interval_ms {
             return Err("heartbeat timeout must exceed the heartbeat interval".into());
         }
@@ -131,13 +141,17 @@ impl VolumeMode {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RecoveryKind {
+    /// The gap is in the host element's write queue, which streams it.
     Quick,
+    /// The gap is older: the element pulls it from a peer's replay log, then continues quick.
+    Replay,
 }
 
 impl RecoveryKind {
     pub fn as_str(self) -> &'static str {
         match self {
             RecoveryKind::Quick => "quick",
+            RecoveryKind::Replay => "replay",
         }
     }
 }
@@ -147,7 +161,8 @@ impl RecoveryKind {
 pub enum Event {
     Ready { volume: VolumeId, last: Sequence },
     ElementFailed { element: ElementId, reason: String },
-    RecoveryStarted { element: ElementId, kind: RecoveryKind, records: u64 },
+    RecoveryStarted { element: ElementId, kind: RecoveryKind, records: u64, source: Option<ElementId> },
+    RecoveryProgress { element: ElementId, message: String },
     ElementInSync { element: ElementId },
     VolumeMode { volume: VolumeId, mode: VolumeMode, in_sync: usize },
     Throttled { volume: VolumeId },
@@ -173,6 +188,8 @@ enum ElementState {
 #[derive(Clone, Debug)]
 struct Recovery {
     kind: RecoveryKind,
+    /// The peer a replay pulls from.
+    source: Option<ElementId>,
     started: Time,
     records_total: u64,
     /// Per volume, what the element held when recovery began.
@@ -204,6 +221,12 @@ struct ElementRuntime {
     next_ping: Time,
     recovery: Option<Recovery>,
     last_recovery: Option<LastRecovery>,
+    /// Per volume: the gap is being pulled from a peer; the write queue does not stream to
+    /// it (and waits for it) until its sequence is back within what the queue holds.
+    replaying: Vec<bool>,
+    /// Per volume: a finished pull reached this sequence, whose acknowledgement is still on
+    /// its way; the next pull waits for it rather than asking for the same records again.
+    replay_reached: Vec<Option<Sequence>>,
 }
 
 impl ElementRuntime {
@@ -299,6 +322,8 @@ pub struct VolumeStatus {
 #[derive(Clone, Debug, PartialEq)]
 pub struct RecoveryStatus {
     pub kind: RecoveryKind,
+    /// Name of the peer a replay pulls from; `None` for the host element's write queue.
+    pub source: Option<String>,
     pub done_records: u64,
     pub total_records: u64,
     pub elapsed_us: u64,
@@ -358,6 +383,8 @@ impl HostCore {
                 next_ping: now,
                 recovery: None,
                 last_recovery: None,
+                replaying: vec![false; volume_count],
+                replay_reached: vec![None; volume_count],
             })
             .collect();
         let volumes = config
@@ -500,6 +527,9 @@ impl HostCore {
             ElementMessage::LogRecords { request_id, result } => {
                 self.on_log_records(now, element, request_id, result)
             }
+            ElementMessage::RecoveryDone { volume, result } => {
+                self.on_recovery_done(now, element, volume, result)
+            }
             ElementMessage::Fault { reason } => {
                 self.fail_element(now, element, format!("fault: {reason}"), true)
             }
@@ -539,6 +569,8 @@ impl HostCore {
     fn admit_element(&mut self, now: Time, element: ElementId) {
         let welcome = self.elements[element.0 as usize].welcome.take().expect("welcomed");
         let mut behind = 0u64;
+        let mut replaying = vec![false; self.volumes.len()];
+        let source = self.replay_source(element);
         for (i, state) in welcome.iter().enumerate() {
             let v = &self.volumes[i];
             let applied = state.applied_sequence;
@@ -550,10 +582,13 @@ impl HostCore {
                 ), true);
             }
             if !v.queue.covers_after(applied) {
-                return self.fail_element(now, element, format!(
-                    "volume {name}: missed writes {}..={last}, no longer in the write queue (it starts after {}); needs replay or full recovery",
-                    applied.next(), v.queue.evicted_through()
-                ), true);
+                if source.is_none() {
+                    return self.fail_element(now, element, format!(
+                        "volume {name}: missed writes {}..={last}, no longer in the write queue (it starts after {}), and no in-sync peer to replay them from",
+                        applied.next(), v.queue.evicted_through()
+                    ), true);
+                }
+                replaying[i] = true;
             }
             if let Some(entry) = v.queue.get(applied) {
                 // Epoch 0 means the element no longer knows (the record left its replay log).
@@ -584,21 +619,76 @@ impl HostCore {
             e.state = ElementState::InSync;
             self.emit(Action::Event(Event::ElementInSync { element }));
             self.after_membership_change(now);
-        } else {
-            e.state = ElementState::Recovering(RecoveryKind::Quick);
-            e.recovery = Some(Recovery {
-                kind: RecoveryKind::Quick,
-                started: now,
-                records_total: behind,
-                start: welcome.iter().map(|s| s.applied_sequence).collect(),
-            });
-            self.emit(Action::Event(Event::RecoveryStarted {
-                element,
-                kind: RecoveryKind::Quick,
-                records: behind,
-            }));
-            for i in 0..self.volumes.len() {
+            return;
+        }
+        let replay = replaying.iter().any(|r| *r);
+        let kind = if replay { RecoveryKind::Replay } else { RecoveryKind::Quick };
+        let source = if replay { source } else { None };
+        e.state = ElementState::Recovering(kind);
+        e.replaying = replaying.clone();
+        e.recovery = Some(Recovery {
+            kind,
+            source,
+            started: now,
+            records_total: behind,
+            start: welcome.iter().map(|s| s.applied_sequence).collect(),
+        });
+        self.emit(Action::Event(Event::RecoveryStarted { element, kind, records: behind, source }));
+        for (i, replay) in replaying.into_iter().enumerate() {
+            if replay {
+                self.send_recover(element, VolumeId(i as u32));
+            } else {
                 self.pump(element, VolumeId(i as u32));
+            }
+        }
+    }
+
+    /// The peer to replay from: in sync, reachable, closest.
+    fn replay_source(&self, element: ElementId) -> Option<ElementId> {
+        if self.config.element_addresses.is_empty() {
+            return None;
+        }
+        self.elements
+            .iter()
+            .enumerate()
+            .filter(|(i, e)| *i != element.0 as usize && e.state == ElementState::InSync && e.session)
+            .min_by_key(|(i, e)| (e.rtt_us.unwrap_or(u64::MAX), *i))
+            .map(|(i, _)| ElementId(i as u8))
+    }
+
+    /// Ask a replaying element to pull what it misses from its source, up to the newest
+    /// sequence now.
+    fn send_recover(&mut self, element: ElementId, volume: VolumeId) {
+        let e = &self.elements[element.0 as usize];
+        let source = e.recovery.as_ref().and_then(|r| r.source).expect("a replay has a source");
+        let message = HostMessage::Recover {
+            volume,
+            source: self.config.element_addresses[source.0 as usize].clone(),
+            after: e.applied[volume.0 as usize],
+            through: self.volumes[volume.0 as usize].queue.last_sequence(),
+            rate_bytes_per_s: self.config.recovery_rate_bytes_per_s,
+        };
+        let mut to = ElementSet::default();
+        to.insert(element);
+        self.emit(Action::Send { to, message });
+    }
+
+    fn on_recovery_done(&mut self, now: Time, element: ElementId, volume: VolumeId, result: Result<Sequence, String>) {
+        let vi = volume.0 as usize;
+        let e = &self.elements[element.0 as usize];
+        if vi >= self.volumes.len() || !e.live() || !e.replaying[vi] {
+            return; // Already switched to the write queue, or failed meanwhile.
+        }
+        match result {
+            // The queue moved on while it pulled: pull the rest, from where it got to.
+            Ok(reached) if reached > e.applied[vi] => {
+                self.elements[element.0 as usize].replay_reached[vi] = Some(reached)
+            }
+            Ok(_) => self.send_recover(element, volume),
+            Err(reason) => {
+                let source = e.recovery.as_ref().and_then(|r| r.source).map_or("?", |s| self.elements[s.0 as usize].name.as_str());
+                let reason = format!("replay recovery from {source} failed: {reason}; needs full recovery");
+                self.fail_element(now, element, reason, true)
             }
         }
     }
@@ -625,6 +715,8 @@ impl HostCore {
         let was_live = e.live();
         e.state = ElementState::Failed(reason.clone());
         e.recovery = None;
+        e.replaying.iter_mut().for_each(|r| *r = false);
+        e.replay_reached.iter_mut().for_each(|r| *r = None);
         if disconnect && e.session {
             self.emit(Action::Disconnect { element });
         }
@@ -637,14 +729,16 @@ impl HostCore {
 
     /// Reads waiting on an element go elsewhere; a start-up fetch from it ends empty-handed.
     fn abandon_requests_to(&mut self, now: Time, element: ElementId) {
-        let stranded: Vec<u64> =
+        let mut stranded: Vec<u64> =
             self.reads.iter().filter(|(_, r)| r.element == element).map(|(id, _)| *id).collect();
+        stranded.sort_unstable(); // HashMap order is random per process; replays must not be.
         for id in stranded {
             let read = self.reads.remove(&id).expect("listed above");
             self.dispatch_read(now, read);
         }
-        let fetches: Vec<u64> =
+        let mut fetches: Vec<u64> =
             self.fetches.iter().filter(|(_, f)| f.element == element).map(|(id, _)| *id).collect();
+        fetches.sort_unstable();
         for id in fetches {
             let fetch = self.fetches.remove(&id).expect("listed above");
             self.finish_fetch(now, fetch, Vec::new());
@@ -654,9 +748,9 @@ impl HostCore {
     fn on_applied(&mut self, now: Time, element: ElementId, volume: VolumeId, sequence: Sequence) {
         let vi = volume.0 as usize;
         let e = &self.elements[element.0 as usize];
-        if vi >= self.volumes.len() || sequence > e.sent_through[vi] {
+        if vi >= self.volumes.len() || sequence > self.volumes[vi].queue.last_sequence() {
             return self.fail_element(now, element, format!(
-                "protocol: acknowledged sequence {sequence} of volume {volume} that was never sent"
+                "protocol: acknowledged sequence {sequence} of volume {volume}, newer than any assigned"
             ), true);
         }
         if !e.live() {
@@ -666,9 +760,26 @@ impl HostCore {
         if sequence <= old {
             return;
         }
-        self.elements[element.0 as usize].applied[vi] = sequence;
+        let e = &mut self.elements[element.0 as usize];
+        e.applied[vi] = sequence;
+        // A replay from a peer can acknowledge records this session never sent.
+        e.sent_through[vi] = e.sent_through[vi].max(sequence);
         for entry in self.volumes[vi].queue.range_mut(old, sequence) {
             entry.acked_by.insert(element);
+        }
+        if self.elements[element.0 as usize].replaying[vi] && self.volumes[vi].queue.covers_after(sequence) {
+            // The replay reached what the write queue holds: stream the rest from here.
+            self.elements[element.0 as usize].replaying[vi] = false;
+            self.emit(Action::Event(Event::RecoveryProgress {
+                element,
+                message: format!("replay of volume {} reached the write queue at sequence {sequence}; continuing from the queue", self.volumes[vi].spec.name),
+            }));
+            self.pump(element, volume);
+        }
+        let e = &mut self.elements[element.0 as usize];
+        if e.replaying[vi] && e.replay_reached[vi].is_some_and(|r| sequence >= r) {
+            e.replay_reached[vi] = None;
+            self.send_recover(element, volume);
         }
         let e = &self.elements[element.0 as usize];
         if let ElementState::Recovering(kind) = e.state {
@@ -676,7 +787,7 @@ impl HostCore {
                 .volumes
                 .iter()
                 .enumerate()
-                .all(|(i, v)| e.applied[i] >= v.queue.last_sequence());
+                .all(|(i, v)| !e.replaying[i] && e.applied[i] >= v.queue.last_sequence());
             if caught_up {
                 let recovery = e.recovery.as_ref().expect("recovering has a recovery");
                 let last = LastRecovery {
@@ -764,13 +875,14 @@ impl HostCore {
         self.admit_writes(now, volume);
     }
 
+    /// Whether an entry may leave the queue: answered, and applied by every live element the
+    /// queue streams to (a replaying element catches up from its peer instead).
     fn evictable(&self, entry: &Entry) -> bool {
+        let vi = entry.record.volume.0 as usize;
         entry.host_reply == HostReply::Done
-            && self
-                .elements
-                .iter()
-                .enumerate()
-                .all(|(i, e)| !e.live() || entry.acked_by.contains(ElementId(i as u8)))
+            && self.elements.iter().enumerate().all(|(i, e)| {
+                !e.live() || e.replaying[vi] || entry.acked_by.contains(ElementId(i as u8))
+            })
     }
 
     fn admit_writes(&mut self, now: Time, volume: VolumeId) {
@@ -1186,7 +1298,10 @@ impl HostCore {
             let sequence = front.record.sequence;
             let laggards: Vec<ElementId> = (0..self.elements.len())
                 .map(|i| ElementId(i as u8))
-                .filter(|&e| self.elements[e.0 as usize].live() && !front.acked_by.contains(e))
+                .filter(|&e| {
+                    let el = &self.elements[e.0 as usize];
+                    el.live() && !el.replaying[vi] && !front.acked_by.contains(e)
+                })
                 .collect();
             let name = self.volumes[vi].spec.name.clone();
             for element in laggards {
@@ -1237,6 +1352,7 @@ impl HostCore {
                     .sum();
                 let recovery = e.recovery.as_ref().map(|r| RecoveryStatus {
                     kind: r.kind,
+                    source: r.source.map(|s| self.elements[s.0 as usize].name.clone()),
                     done_records: r
                         .start
                         .iter()

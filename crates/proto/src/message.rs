@@ -110,6 +110,16 @@ pub enum HostMessage {
     Ping { nonce: u64 },
     /// Send the records after `after` from the replay log, up to about `max_bytes` of payload.
     FetchLog { request_id: u64, volume: VolumeId, after: Sequence, max_bytes: u64 },
+    /// Replay recovery: pull the records `(after, through]` of `volume` directly from the
+    /// element at `source` (its replay log), at most `rate_bytes_per_s` (0: unlimited), and
+    /// commit them as if they came from the host element. Answered by `RecoveryDone`.
+    Recover {
+        volume: VolumeId,
+        source: String,
+        after: Sequence,
+        through: Sequence,
+        rate_bytes_per_s: u64,
+    },
 }
 
 /// Element → host element.
@@ -130,6 +140,8 @@ pub enum ElementMessage {
     },
     Pong { nonce: u64 },
     LogRecords { request_id: u64, result: Result<Vec<Record>, String> },
+    /// A `Recover` ended: the sequence reached, or why it could not go on.
+    RecoveryDone { volume: VolumeId, result: Result<Sequence, String> },
     /// The element hit a fault it cannot continue from in this session (I/O error, a gap in
     /// the sequence, a checksum mismatch on its own disk). The host element marks it failed.
     Fault { reason: String },
@@ -304,6 +316,7 @@ const HOST_READ: u8 = 3;
 const HOST_BLOCK_STATUS: u8 = 4;
 const HOST_PING: u8 = 5;
 const HOST_FETCH_LOG: u8 = 6;
+const HOST_RECOVER: u8 = 7;
 
 impl Body for HostMessage {
     fn encode_body(&self, out: &mut BytesMut) {
@@ -345,6 +358,14 @@ impl Body for HostMessage {
                 out.put_u32_le(volume.0);
                 out.put_u64_le(after.0);
                 out.put_u64_le(*max_bytes);
+            }
+            HostMessage::Recover { volume, source, after, through, rate_bytes_per_s } => {
+                out.put_u8(HOST_RECOVER);
+                out.put_u32_le(volume.0);
+                put_bytes(out, source.as_bytes());
+                out.put_u64_le(after.0);
+                out.put_u64_le(through.0);
+                out.put_u64_le(*rate_bytes_per_s);
             }
         }
     }
@@ -390,6 +411,13 @@ impl Body for HostMessage {
                 after: Sequence(r.u64("fetch log after")?),
                 max_bytes: r.u64("fetch log max bytes")?,
             },
+            HOST_RECOVER => HostMessage::Recover {
+                volume: VolumeId(r.u32("recover volume")?),
+                source: r.string("recover source", NAME_BYTES_MAX)?,
+                after: Sequence(r.u64("recover after")?),
+                through: Sequence(r.u64("recover through")?),
+                rate_bytes_per_s: r.u64("recover rate")?,
+            },
             tag => return Err(DecodeError::UnknownTag(tag)),
         };
         r.finish()?;
@@ -405,6 +433,7 @@ const ELEMENT_BLOCK_STATUS_REPLY: u8 = 5;
 const ELEMENT_PONG: u8 = 6;
 const ELEMENT_FAULT: u8 = 7;
 const ELEMENT_LOG_RECORDS: u8 = 8;
+const ELEMENT_RECOVERY_DONE: u8 = 9;
 const LOG_RECORDS_MAX: usize = 1 << 20;
 
 const RESULT_OK: u8 = 0;
@@ -472,6 +501,20 @@ impl Body for ElementMessage {
             ElementMessage::Fault { reason } => {
                 out.put_u8(ELEMENT_FAULT);
                 put_bytes(out, truncate(reason).as_bytes());
+            }
+            ElementMessage::RecoveryDone { volume, result } => {
+                out.put_u8(ELEMENT_RECOVERY_DONE);
+                out.put_u32_le(volume.0);
+                match result {
+                    Ok(sequence) => {
+                        out.put_u8(RESULT_OK);
+                        out.put_u64_le(sequence.0);
+                    }
+                    Err(reason) => {
+                        out.put_u8(RESULT_ERR);
+                        put_bytes(out, truncate(reason).as_bytes());
+                    }
+                }
             }
             ElementMessage::LogRecords { request_id, result } => {
                 out.put_u8(ELEMENT_LOG_RECORDS);
@@ -545,6 +588,15 @@ impl Body for ElementMessage {
             }
             ELEMENT_PONG => ElementMessage::Pong { nonce: r.u64("pong nonce")? },
             ELEMENT_FAULT => ElementMessage::Fault { reason: r.string("fault", REASON_BYTES_MAX)? },
+            ELEMENT_RECOVERY_DONE => {
+                let volume = VolumeId(r.u32("recovery done volume")?);
+                let result = match r.u8("recovery done result")? {
+                    RESULT_OK => Ok(Sequence(r.u64("recovery done sequence")?)),
+                    RESULT_ERR => Err(r.string("recovery done error", REASON_BYTES_MAX)?),
+                    tag => return Err(DecodeError::UnknownTag(tag)),
+                };
+                ElementMessage::RecoveryDone { volume, result }
+            }
             ELEMENT_LOG_RECORDS => {
                 let request_id = r.u64("log records id")?;
                 let result = match r.u8("log records result")? {
@@ -629,6 +681,13 @@ mod tests {
             length_bytes: 1 << 30,
         });
         round_trip(HostMessage::Ping { nonce: 5 });
+        round_trip(HostMessage::Recover {
+            volume: VolumeId(0),
+            source: "127.0.0.1:7102".into(),
+            after: Sequence(3),
+            through: Sequence(90),
+            rate_bytes_per_s: 1 << 20,
+        });
         round_trip(HostMessage::FetchLog {
             request_id: 3,
             volume: VolumeId(0),
@@ -665,6 +724,8 @@ mod tests {
         });
         round_trip(ElementMessage::Pong { nonce: 8 });
         round_trip(ElementMessage::Fault { reason: "EIO".into() });
+        round_trip(ElementMessage::RecoveryDone { volume: VolumeId(0), result: Ok(Sequence(9)) });
+        round_trip(ElementMessage::RecoveryDone { volume: VolumeId(0), result: Err("gone".into()) });
         round_trip(ElementMessage::LogRecords {
             request_id: 4,
             result: Ok(vec![Record {

@@ -101,7 +101,7 @@ pub fn status_json(status: &HostStatus, addresses: &[String]) -> Value {
                 let eta = if rate > 0.0 { Some((r.total_records - r.done_records) as f64 / rate) } else { None };
                 o["recovery"] = json!({
                     "kind": r.kind.as_str(),
-                    "source": "host element write queue",
+                    "source": r.source.as_deref().unwrap_or("host element write queue"),
                     "done_records": r.done_records,
                     "total_records": r.total_records,
                     "records_per_second": rate,

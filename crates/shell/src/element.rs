@@ -155,7 +155,7 @@ async fn serve_session(stream: TcpStream, store: Arc<Store>, commits: std::sync:
         }
         Ok::<(), std::io::Error>(())
     });
-    let mut volumes: Option<Vec<VolumeHandle>> = None;
+    let mut volumes: Option<Session> = None;
     let mut buf = BytesMut::with_capacity(256 * 1024);
     let reason = 'session: loop {
         loop {
@@ -184,15 +184,22 @@ async fn serve_session(stream: TcpStream, store: Arc<Store>, commits: std::sync:
     reason
 }
 
-fn handle_of(volumes: &Option<Vec<VolumeHandle>>, volume: VolumeId) -> Result<VolumeHandle, String> {
-    let volumes = volumes.as_ref().ok_or("protocol: request before hello")?;
-    volumes.get(volume.0 as usize).copied().ok_or_else(|| format!("protocol: unknown volume {volume}"))
+/// What a session learned from its Hello.
+struct Session {
+    epoch: proto::Epoch,
+    specs: Vec<proto::VolumeSpec>,
+    handles: Vec<VolumeHandle>,
+}
+
+fn handle_of(session: &Option<Session>, volume: VolumeId) -> Result<VolumeHandle, String> {
+    let session = session.as_ref().ok_or("protocol: request before hello")?;
+    session.handles.get(volume.0 as usize).copied().ok_or_else(|| format!("protocol: unknown volume {volume}"))
 }
 
 async fn handle(
     message: HostMessage,
     store: &Arc<Store>,
-    volumes: &mut Option<Vec<VolumeHandle>>,
+    volumes: &mut Option<Session>,
     replies: &mpsc::UnboundedSender<ElementMessage>,
     commits: &std::sync::mpsc::Sender<CommitRequest>,
 ) -> Result<(), String> {
@@ -206,7 +213,9 @@ async fn handle(
                 return Err(format!("stale epoch {epoch}: this element already follows epoch {ours}"));
             }
             let store2 = store.clone();
+            let specs2 = specs.clone();
             let (handles, states) = tokio::task::spawn_blocking(move || {
+                let specs = specs2;
                 let mut handles = Vec::new();
                 let mut states = Vec::new();
                 for spec in &specs {
@@ -221,7 +230,7 @@ async fn handle(
             })
             .await
             .map_err(|e| e.to_string())??;
-            *volumes = Some(handles);
+            *volumes = Some(Session { epoch, specs, handles });
             let _ = replies.send(ElementMessage::Welcome { epoch: ours, volumes: states });
         }
         HostMessage::Apply(record) => {
@@ -266,6 +275,21 @@ async fn handle(
                 let _ = replies.send(ElementMessage::LogRecords { request_id, result });
             });
         }
+        HostMessage::Recover { volume, source, after, through, rate_bytes_per_s } => {
+            let handle = handle_of(volumes, volume)?;
+            let session = volumes.as_ref().expect("checked by handle_of");
+            let job = ReplayJob {
+                volume,
+                spec: session.specs[volume.0 as usize].clone(),
+                epoch: session.epoch,
+                handle,
+                source,
+                after,
+                through,
+                rate_bytes_per_s,
+            };
+            tokio::spawn(replay_from_peer(job, store.clone(), commits.clone(), replies.clone()));
+        }
         HostMessage::Ping { nonce } => {
             let _ = replies.send(ElementMessage::Pong { nonce });
         }
@@ -289,4 +313,146 @@ pub fn verify(data: &std::path::Path) -> Result<Vec<(String, u64, Sequence, Stri
         out.push((name, size_bytes, digest.applied_sequence, format!("{:016x}", digest.content_digest)));
     }
     Ok(out)
+}
+
+/// Replay recovery ordered by the host element: records pulled from a peer's replay log.
+struct ReplayJob {
+    volume: VolumeId,
+    spec: proto::VolumeSpec,
+    epoch: proto::Epoch,
+    handle: VolumeHandle,
+    source: String,
+    after: Sequence,
+    through: Sequence,
+    rate_bytes_per_s: u64,
+}
+
+/// Payload bytes asked of the peer per fetch.
+const REPLAY_FETCH_BYTES: u64 = 8 * 1024 * 1024;
+/// A peer that has had nothing new for this long while we wait for `through` has failed us.
+const REPLAY_IDLE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
+async fn replay_from_peer(
+    job: ReplayJob,
+    store: Arc<Store>,
+    commits: std::sync::mpsc::Sender<CommitRequest>,
+    replies: mpsc::UnboundedSender<ElementMessage>,
+) {
+    let started = std::time::Instant::now();
+    tracing::info!(source = %job.source, after = %job.after, through = %job.through, volume = %job.spec.name, "replay recovery: pulling from peer");
+    let result = pull_from_peer(&job, &store, &commits, &replies).await;
+    match &result {
+        Ok(reached) => tracing::info!(%reached, seconds = started.elapsed().as_secs_f64(), "replay recovery: pulled"),
+        Err(reason) => tracing::warn!(%reason, "replay recovery failed"),
+    }
+    let _ = replies.send(ElementMessage::RecoveryDone { volume: job.volume, result });
+}
+
+async fn send_frame<M: proto::Body>(stream: &mut TcpStream, message: &M) -> Result<(), String> {
+    let mut buf = BytesMut::new();
+    encode_frame(message, &mut buf);
+    stream.write_all(&buf).await.map_err(|e| format!("send to peer: {e}"))
+}
+
+async fn recv_frame<M: proto::Body>(stream: &mut TcpStream, buf: &mut BytesMut) -> Result<M, String> {
+    loop {
+        if let Some(message) = decode_frame::<M>(buf).map_err(|e| format!("bad frame from peer: {e}"))? {
+            return Ok(message);
+        }
+        let read = tokio::time::timeout(REPLAY_IDLE_TIMEOUT, stream.read_buf(buf))
+            .await
+            .map_err(|_| "peer stopped answering".to_string())?;
+        match read {
+            Ok(0) => return Err("peer closed the connection".into()),
+            Ok(_) => {}
+            Err(e) => return Err(format!("read from peer: {e}")),
+        }
+    }
+}
+
+async fn pull_from_peer(
+    job: &ReplayJob,
+    store: &Arc<Store>,
+    commits: &std::sync::mpsc::Sender<CommitRequest>,
+    replies: &mpsc::UnboundedSender<ElementMessage>,
+) -> Result<Sequence, String> {
+    let address: SocketAddr = job.source.parse().map_err(|e| format!("bad peer address {}: {e}", job.source))?;
+    let mut stream = tokio::time::timeout(std::time::Duration::from_secs(5), TcpStream::connect(address))
+        .await
+        .map_err(|_| format!("connecting to {address} timed out"))?
+        .map_err(|e| format!("cannot connect to {address}: {e}"))?;
+    let _ = stream.set_nodelay(true);
+    let mut buf = BytesMut::with_capacity(1 << 20);
+    send_frame(&mut stream, &HostMessage::Hello { epoch: job.epoch, volumes: vec![job.spec.clone()] }).await?;
+    match recv_frame::<ElementMessage>(&mut stream, &mut buf).await? {
+        ElementMessage::Welcome { .. } => {}
+        ElementMessage::Refused { reason } => return Err(format!("peer refused: {reason}")),
+        other => return Err(format!("peer answered {other:?} to hello")),
+    }
+    let started = std::time::Instant::now();
+    let mut bytes = 0u64;
+    let mut cursor = job.after.max(store.applied_sequence(job.handle));
+    let mut previous_batch_end = cursor;
+    let mut idle_since: Option<std::time::Instant> = None;
+    let mut request_id = 0u64;
+    while cursor < job.through {
+        if replies.is_closed() {
+            return Err("the host element's session ended".into());
+        }
+        // Keep at most about two fetches in the committer.
+        while store.applied_sequence(job.handle) < previous_batch_end {
+            if replies.is_closed() {
+                return Err("the host element's session ended".into());
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+        }
+        request_id += 1;
+        let fetch = HostMessage::FetchLog { request_id, volume: VolumeId(0), after: cursor, max_bytes: REPLAY_FETCH_BYTES };
+        send_frame(&mut stream, &fetch).await?;
+        let records = loop {
+            match recv_frame::<ElementMessage>(&mut stream, &mut buf).await? {
+                ElementMessage::LogRecords { request_id: id, result } if id == request_id => {
+                    break result.map_err(|e| format!("peer's replay log: {e}"))?
+                }
+                ElementMessage::Pong { .. } => continue,
+                other => return Err(format!("peer answered {other:?} to a log fetch")),
+            }
+        };
+        if records.is_empty() {
+            // The peer itself has not applied up to `through` yet.
+            let since = *idle_since.get_or_insert_with(std::time::Instant::now);
+            if since.elapsed() > REPLAY_IDLE_TIMEOUT {
+                return Err(format!("peer has had nothing after sequence {cursor} for {REPLAY_IDLE_TIMEOUT:?}"));
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            continue;
+        }
+        idle_since = None;
+        previous_batch_end = cursor;
+        for record in records {
+            if record.sequence != cursor.next() {
+                return Err(format!("peer sent sequence {} after {cursor}", record.sequence));
+            }
+            cursor = record.sequence;
+            bytes += record.op.payload_bytes();
+            let record = Record { volume: job.volume, ..record };
+            commits
+                .send(CommitRequest { record, handle: job.handle, session_volume: job.volume, reply: replies.clone() })
+                .map_err(|_| "committer stopped".to_string())?;
+        }
+        if job.rate_bytes_per_s > 0 {
+            let due = std::time::Duration::from_secs_f64(bytes as f64 / job.rate_bytes_per_s as f64);
+            if let Some(wait) = due.checked_sub(started.elapsed()) {
+                tokio::time::sleep(wait).await;
+            }
+        }
+    }
+    // Report only what is durable here (its acknowledgement precedes this answer or races it).
+    while store.applied_sequence(job.handle) < cursor {
+        if replies.is_closed() {
+            return Err("the host element's session ended".into());
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+    }
+    Ok(cursor)
 }

@@ -236,12 +236,14 @@ fn log_event(core: &HostCore, names: &[String], event: Event) {
         Event::ElementFailed { element, reason } => {
             tracing::warn!(element = name(element), %reason, "element failed")
         }
-        Event::RecoveryStarted { element, kind, records } => tracing::info!(
+        Event::RecoveryStarted { element, kind, records, source } => tracing::info!(
             element = name(element),
             kind = kind.as_str(),
             records,
+            source = source.map_or("host element write queue", name),
             "recovery started"
         ),
+        Event::RecoveryProgress { element, message } => tracing::info!(element = name(element), "{message}"),
         Event::ElementInSync { element } => tracing::info!(element = name(element), "element in sync"),
         Event::VolumeMode { volume, mode, in_sync } => {
             let volume = volume_name(volume);

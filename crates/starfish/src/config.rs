@@ -19,6 +19,8 @@ pub struct HostFile {
     /// Sizes as strings with units ("128MiB") or plain byte counts.
     pub write_queue: Option<String>,
     pub read_cache: Option<String>,
+    /// Pace of recovery traffic per recovering volume, e.g. "100MiB" (per second); unlimited if absent.
+    pub recovery_rate: Option<String>,
     #[serde(default)]
     pub element: Vec<ElementEntry>,
     #[serde(default)]
@@ -67,6 +69,10 @@ impl HostFile {
         if let Some(s) = &self.read_cache {
             config.read_cache_bytes = parse_size(s).map_err(anyhow::Error::msg).context("read cache")?;
         }
+        if let Some(s) = &self.recovery_rate {
+            config.recovery_rate_bytes_per_s = parse_size(s).map_err(anyhow::Error::msg).context("recovery rate")?;
+        }
+        config.element_addresses = self.element.iter().map(|e| e.address.to_string()).collect();
         config.validate().map_err(anyhow::Error::msg)?;
         Ok(HostOptions { nbd, admin, element_addresses: self.element.iter().map(|e| e.address).collect(), config })
     }

@@ -91,6 +91,9 @@ struct HostArgs {
     /// Read cache size (e.g. 256MiB; 0 turns it off).
     #[arg(long, value_parser = parse_size)]
     read_cache: Option<u64>,
+    /// Recovery pace per recovering volume in bytes per second (e.g. 100MiB); default unlimited.
+    #[arg(long, value_parser = parse_size)]
+    recovery_rate: Option<u64>,
 }
 
 #[derive(Args, Debug)]
@@ -208,6 +211,9 @@ fn host_options(args: HostArgs) -> Result<HostOptions> {
     }
     if let Some(b) = args.read_cache {
         file.read_cache = Some(b.to_string());
+    }
+    if let Some(b) = args.recovery_rate {
+        file.recovery_rate = Some(b.to_string());
     }
     file.into_options(fresh_epoch())
 }

@@ -66,6 +66,7 @@ impl Cluster {
             vec![VolumeSpec { name: "vol0".into(), size_bytes: SIZE }],
         );
         config.read_cache_bytes = 0;
+        config.element_addresses = (0..n).map(|i| format!("e{i}")).collect();
         tune(&mut config);
         let mut c = Cluster {
             core: HostCore::new(config, Time(0)),
@@ -155,6 +156,24 @@ impl Cluster {
                 result: Ok(vec![BlockExtent { length_bytes, allocated: false }]),
             }),
             HostMessage::Ping { nonce } => Some(ElementMessage::Pong { nonce }),
+            HostMessage::Recover { source, after, through, .. } => {
+                let source: usize = source[1..].parse().expect("fake address e<i>");
+                let records: Vec<Record> = self.elements[source]
+                    .log
+                    .iter()
+                    .filter(|r| r.sequence > after && r.sequence <= through)
+                    .cloned()
+                    .collect();
+                let fake = &mut self.elements[element.0 as usize];
+                for record in &records {
+                    if record.sequence == fake.applied.next() {
+                        fake.apply(record);
+                    }
+                }
+                let sequence = fake.applied;
+                self.core.handle_element_message(self.now, element, ElementMessage::Applied { volume: VOLUME, sequence });
+                Some(ElementMessage::RecoveryDone { volume: VOLUME, result: Ok(sequence) })
+            }
             HostMessage::FetchLog { request_id, after, .. } => Some(ElementMessage::LogRecords {
                 request_id,
                 result: Ok(fake.log.iter().filter(|r| r.sequence > after).cloned().collect()),
@@ -258,7 +277,7 @@ fn one_element_down_writes_go_on_two_down_read_only_and_back() {
     assert_eq!(c.mode(), VolumeMode::ReadWrite);
     c.connect(2);
     assert_eq!(c.states(), "in-sync,in-sync,in-sync");
-    assert!(c.events.iter().any(|e| matches!(e, Event::RecoveryStarted { kind: RecoveryKind::Quick, records: 1, .. })));
+    assert!(c.events.iter().any(|e| matches!(e, Event::RecoveryStarted { kind: RecoveryKind::Quick, records: 1, source: None, .. })));
     assert_eq!(c.elements[2].data[4096..8192], [0xbb; 4096]);
     let status = c.core.status(c.now);
     assert_eq!(status.elements[2].last_recovery.as_ref().map(|r| r.records), Some(1));
@@ -451,8 +470,58 @@ fn element_from_a_newer_epoch_fences_us() {
 }
 
 #[test]
-fn diverged_or_too_far_behind_elements_stay_out() {
+fn an_element_behind_the_write_queue_replays_from_a_peer() {
     let mut c = Cluster::with(3, 2, |cfg| cfg.write_queue_bytes = limits::WRITE_QUEUE_BYTES_MIN);
+    c.crash(2);
+    let big = proto::PAYLOAD_BYTES_MAX as usize / 2;
+    for i in 0..4u8 {
+        c.write(0, i + 1, big);
+    }
+    c.connect(2);
+    assert!(c.events.iter().any(|e| matches!(e, Event::RecoveryStarted { kind: RecoveryKind::Replay, records: 4, source: Some(_), .. })));
+    assert_eq!(c.states(), "in-sync,in-sync,in-sync");
+    assert_eq!(c.elements[2].data, c.elements[0].data);
+    let status = c.core.status(c.now);
+    assert_eq!(status.elements[2].last_recovery.as_ref().map(|r| r.kind), Some(RecoveryKind::Replay));
+}
+
+#[test]
+fn a_replaying_element_does_not_hold_the_write_queue() {
+    let mut c = Cluster::with(3, 2, |cfg| cfg.write_queue_bytes = limits::WRITE_QUEUE_BYTES_MIN);
+    c.crash(2);
+    let big = proto::PAYLOAD_BYTES_MAX as usize / 2;
+    for i in 0..4u8 {
+        c.write(0, i, big);
+    }
+    // Element 2 comes back, but its replay stalls: recover messages go nowhere.
+    c.elements[2].connected = true;
+    c.core.handle_element_connected(c.now, ElementId(2));
+    while let Some(action) = c.core.poll_action() {
+        if let Action::Send { message: HostMessage::Hello { .. }, .. } = action {
+            c.core.handle_element_message(c.now, ElementId(2), ElementMessage::Welcome {
+                epoch: Epoch(4),
+                volumes: vec![VolumeState { applied_sequence: Sequence::ZERO, applied_epoch: Epoch(0) }],
+            });
+        }
+    }
+    assert_eq!(c.states(), "in-sync,in-sync,recovering");
+    // Writes keep flowing and the queue keeps evicting without waiting for element 2.
+    for i in 0..4u8 {
+        let t = c.write(0, i, big);
+        assert_eq!(c.replies[&t], Reply::Done(Ok(())));
+    }
+    for _ in 0..10 {
+        c.advance_ms(limits::THROTTLE_TIMEOUT_MS_DEFAULT / 4);
+    }
+    assert_eq!(c.states(), "in-sync,in-sync,recovering", "not failed by the throttle");
+}
+
+#[test]
+fn diverged_or_too_far_behind_elements_stay_out() {
+    let mut c = Cluster::with(3, 2, |cfg| {
+        cfg.write_queue_bytes = limits::WRITE_QUEUE_BYTES_MIN;
+        cfg.element_addresses.clear();
+    });
     c.crash(2);
     let big = proto::PAYLOAD_BYTES_MAX as usize / 2;
     for i in 0..4u8 {
@@ -461,7 +530,7 @@ fn diverged_or_too_far_behind_elements_stay_out() {
     c.connect(2);
     let status = c.core.status(c.now);
     assert_eq!(status.elements[2].state, "failed");
-    assert!(status.elements[2].reason.as_deref().unwrap_or("").contains("no longer in the write queue"));
+    assert!(status.elements[2].reason.as_deref().unwrap_or("").contains("no in-sync peer to replay them from"));
     assert_eq!(c.mode(), VolumeMode::ReadWrite);
 }
 
