@@ -296,6 +296,8 @@ pub struct HostCore {
     config: HostConfig,
     started: Time,
     ready: bool,
+    /// The start-up grace period has passed (so it no longer sets a deadline).
+    grace_over: bool,
     elements: Vec<ElementRuntime>,
     volumes: Vec<VolumeRuntime>,
     cache: ReadCache,
@@ -393,7 +395,7 @@ impl HostCore {
             .map(|spec| VolumeRuntime {
                 spec: spec.clone(),
                 mode: VolumeMode::ReadOnly,
-                queue: WriteQueue::new(config.write_queue_bytes, Sequence::ZERO),
+                queue: WriteQueue::new(config.write_queue_bytes, Sequence::ZERO, Epoch(0)),
                 host_resolved: Sequence::ZERO,
                 host_acked: Sequence::ZERO,
                 admission: VecDeque::new(),
@@ -406,6 +408,7 @@ impl HostCore {
             config,
             started: now,
             ready: false,
+            grace_over: false,
             elements,
             volumes,
             reads: HashMap::new(),
@@ -432,12 +435,15 @@ impl HostCore {
     pub fn poll_timeout(&self) -> Option<Time> {
         let mut next: Option<Time> = None;
         let mut consider = |t: Time| next = Some(next.map_or(t, |n: Time| n.min(t)));
-        if !self.ready {
+        if !self.ready && !self.grace_over {
             consider(self.started.plus_ms(self.config.startup_grace_ms));
         }
         for e in &self.elements {
             if e.welcomed {
                 consider(e.next_ping);
+            }
+            if e.session {
+                // Also bounds a handshake whose element went silent before its welcome.
                 consider(e.last_heard.plus_ms(self.config.heartbeat_timeout_ms));
             }
         }
@@ -590,12 +596,12 @@ impl HostCore {
                 }
                 replaying[i] = true;
             }
-            if let Some(entry) = v.queue.get(applied) {
+            if let Some(ours) = v.queue.epoch_at(applied) {
                 // Epoch 0 means the element no longer knows (the record left its replay log).
-                if state.applied_epoch != Epoch(0) && entry.record.epoch != state.applied_epoch {
+                if state.applied_epoch != Epoch(0) && ours != state.applied_epoch {
                     return self.fail_element(now, element, format!(
-                        "volume {name}: its sequence {applied} comes from epoch {}, ours from epoch {}: diverged history; needs full recovery",
-                        state.applied_epoch, entry.record.epoch
+                        "volume {name}: its sequence {applied} comes from epoch {}, ours from epoch {ours}: diverged history; needs full recovery",
+                        state.applied_epoch
                     ), true);
                 }
             }
@@ -1130,7 +1136,7 @@ impl HostCore {
         let welcomed: Vec<usize> = (0..self.elements.len())
             .filter(|&i| self.elements[i].welcome.is_some())
             .collect();
-        let grace_over = now >= self.started.plus_ms(self.config.startup_grace_ms);
+        let grace_over = self.grace_over || now >= self.started.plus_ms(self.config.startup_grace_ms);
         let enough = welcomed.len() == self.elements.len()
             || (grace_over && welcomed.len() >= self.config.quorum);
         if !enough {
@@ -1145,18 +1151,28 @@ impl HostCore {
                 .iter()
                 .map(|&i| (i, self.elements[i].welcome.as_ref().expect("welcomed")[vi].clone()))
                 .collect();
-            let (source, top) = states
+            // A newer epoch's history supersedes an older one's at any sequence: the host
+            // element of that epoch started from everything a quorum had acknowledged.
+            let (source, top, top_epoch) = states
                 .iter()
-                .max_by_key(|(i, s)| (s.applied_sequence, std::cmp::Reverse(*i)))
-                .map(|(i, s)| (*i, s.applied_sequence))
+                .max_by_key(|(i, s)| (s.applied_epoch, s.applied_sequence, std::cmp::Reverse(*i)))
+                .map(|(i, s)| (*i, s.applied_sequence, s.applied_epoch))
                 .expect("at least one welcomed element");
-            let low = states.iter().map(|(_, s)| s.applied_sequence).min().expect("non-empty");
+            let low = states
+                .iter()
+                .map(|(_, s)| s.applied_sequence)
+                .filter(|&s| s <= top)
+                .min()
+                .expect("the source itself qualifies");
             let v = &mut self.volumes[vi];
             if low < top {
-                v.queue = WriteQueue::new(self.config.write_queue_bytes, low);
-                fetches.push(Fetch { volume: VolumeId(vi as u32), element: ElementId(source as u8), after: low, through: top });
+                // One record more than needed, so the epoch at `low` is known and a diverged
+                // element sitting there is recognised.
+                let after = Sequence(low.0.saturating_sub(1));
+                v.queue = WriteQueue::new(self.config.write_queue_bytes, after, Epoch(0));
+                fetches.push(Fetch { volume: VolumeId(vi as u32), element: ElementId(source as u8), after, through: top });
             } else {
-                v.queue = WriteQueue::new(self.config.write_queue_bytes, top);
+                v.queue = WriteQueue::new(self.config.write_queue_bytes, top, top_epoch);
             }
             v.host_resolved = v.queue.last_sequence();
             v.host_acked = v.queue.last_sequence();
@@ -1227,7 +1243,11 @@ impl HostCore {
                 v.queue.push(Entry { record, acked_by, host_reply: HostReply::Done });
             }
         } else {
-            v.queue = WriteQueue::new(self.config.write_queue_bytes, fetch.through);
+            let epoch = self.elements[fetch.element.0 as usize]
+                .welcome
+                .as_ref()
+                .map_or(Epoch(0), |w| w[vi].applied_epoch);
+            v.queue = WriteQueue::new(self.config.write_queue_bytes, fetch.through, epoch);
         }
         // Rolled-forward records are owed to no host request.
         v.host_resolved = v.queue.last_sequence();
@@ -1267,17 +1287,32 @@ impl HostCore {
 
     pub fn handle_timeout(&mut self, now: Time) {
         if !self.ready {
+            if now >= self.started.plus_ms(self.config.startup_grace_ms) {
+                self.grace_over = true;
+            }
             self.maybe_become_ready(now);
         }
         for i in 0..self.elements.len() {
             let element = ElementId(i as u8);
             let e = &mut self.elements[i];
-            if !e.welcomed {
+            if !e.session {
                 continue;
             }
             if now >= e.last_heard.plus_ms(self.config.heartbeat_timeout_ms) {
                 let silent_ms = now.micros_since(e.last_heard) / 1000;
-                self.fail_element(now, element, format!("no heartbeat for {silent_ms} ms"), true);
+                let reason = if e.welcomed {
+                    format!("no heartbeat for {silent_ms} ms")
+                } else {
+                    format!("no answer to the handshake for {silent_ms} ms")
+                };
+                if !e.welcomed {
+                    // Not live, so failing it would keep the old reason: set the new one.
+                    e.state = ElementState::Failed(reason.clone());
+                }
+                self.fail_element(now, element, reason, true);
+                continue;
+            }
+            if !e.welcomed {
                 continue;
             }
             if now >= e.next_ping {

@@ -4,7 +4,7 @@
 
 use std::collections::VecDeque;
 
-use proto::{Op, Record, Sequence};
+use proto::{Epoch, Op, Record, Sequence};
 
 use crate::limits::WRITE_QUEUE_ENTRY_OVERHEAD_BYTES;
 use crate::{ElementSet, Token};
@@ -39,12 +39,21 @@ pub struct WriteQueue {
     capacity_bytes: u64,
     /// Highest sequence ever evicted (0 if none): data older than this exists only on elements.
     evicted_through: Sequence,
+    /// Epoch of the record at `evicted_through` (0: unknown, or no record).
+    base_epoch: Epoch,
 }
 
 impl WriteQueue {
     /// `last` is the highest sequence already assigned (elements hold everything up to it).
-    pub fn new(capacity_bytes: u64, last: Sequence) -> WriteQueue {
-        WriteQueue { entries: VecDeque::new(), used_bytes: 0, capacity_bytes, evicted_through: last }
+    /// `last_epoch` is the epoch of the record at `last` (0 if unknown).
+    pub fn new(capacity_bytes: u64, last: Sequence, last_epoch: Epoch) -> WriteQueue {
+        WriteQueue {
+            entries: VecDeque::new(),
+            used_bytes: 0,
+            capacity_bytes,
+            evicted_through: last,
+            base_epoch: last_epoch,
+        }
     }
 
     pub fn capacity_bytes(&self) -> u64 {
@@ -94,7 +103,16 @@ impl WriteQueue {
         let entry = self.entries.pop_front().expect("pop_front on an empty write queue");
         self.used_bytes -= entry.cost_bytes();
         self.evicted_through = entry.record.sequence;
+        self.base_epoch = entry.record.epoch;
         entry
+    }
+
+    /// Epoch of the record at `sequence`, if the queue knows it (held, or just evicted).
+    pub fn epoch_at(&self, sequence: Sequence) -> Option<Epoch> {
+        if sequence == self.evicted_through {
+            return (self.base_epoch != Epoch(0)).then_some(self.base_epoch);
+        }
+        self.get(sequence).map(|e| e.record.epoch)
     }
 
     fn index(&self, sequence: Sequence) -> Option<usize> {
@@ -189,7 +207,7 @@ impl WriteQueue {
 mod tests {
     use super::*;
     use bytes::Bytes;
-    use proto::{Epoch, VolumeId};
+    use proto::VolumeId;
 
     fn entry(sequence: u64, offset_bytes: u64, fill: u8, len: usize) -> Entry {
         Entry {
@@ -206,7 +224,7 @@ mod tests {
 
     #[test]
     fn sequence_indexing_and_eviction() {
-        let mut q = WriteQueue::new(10_000, Sequence(5));
+        let mut q = WriteQueue::new(10_000, Sequence(5), Epoch(1));
         assert!(q.covers_after(Sequence(5)));
         assert!(!q.covers_after(Sequence(4)));
         for s in 6..=9 {
@@ -220,6 +238,9 @@ mod tests {
         assert_eq!(q.range(Sequence(2), Sequence(9)).count(), 4, "clamped to what is held");
         q.pop_front();
         assert_eq!(q.evicted_through(), Sequence(6));
+        assert_eq!(q.epoch_at(Sequence(6)), Some(Epoch(1)), "the base keeps its epoch");
+        assert_eq!(q.epoch_at(Sequence(7)), Some(Epoch(1)));
+        assert_eq!(q.epoch_at(Sequence(5)), None);
         assert!(!q.covers_after(Sequence(5)));
         assert!(q.covers_after(Sequence(6)));
         assert!(!q.covers_after(Sequence(10)), "an element ahead of the host is not covered");
@@ -228,7 +249,7 @@ mod tests {
 
     #[test]
     fn overlay_applies_newer_writes_in_order() {
-        let mut q = WriteQueue::new(100_000, Sequence(0));
+        let mut q = WriteQueue::new(100_000, Sequence(0), Epoch(0));
         q.push(entry(1, 0, 1, 1024));
         q.push(entry(2, 512, 2, 512));
         q.push(Entry {

@@ -30,7 +30,22 @@ pub struct ElementOptions {
     pub store: StoreOptions,
 }
 
+/// Work for the committer thread, in arrival order.
+enum Job {
+    Commit(CommitRequest),
+    /// A host element session starts: adopt its epoch durably and report what is applied. As
+    /// a job it is ordered after every record queued before it, and records of older
+    /// sessions queued after it are fenced: the host element never sees a stale position.
+    Hello {
+        epoch: proto::Epoch,
+        handles: Vec<VolumeHandle>,
+        reply: tokio::sync::oneshot::Sender<Result<(proto::Epoch, Vec<VolumeState>), String>>,
+    },
+}
+
 struct CommitRequest {
+    /// Epoch of the session that sent it: refused once a newer host element has said hello.
+    session_epoch: proto::Epoch,
     record: Record,
     handle: VolumeHandle,
     /// The session's own volume number, to address its acknowledgement.
@@ -50,7 +65,7 @@ pub async fn run(options: ElementOptions, shutdown: impl std::future::Future<Out
     let listener = TcpListener::bind(options.listen).await.map_err(|e| {
         std::io::Error::new(e.kind(), format!("cannot listen on {}: {e}", options.listen))
     })?;
-    let (commits, commit_rx) = std::sync::mpsc::channel::<CommitRequest>();
+    let (commits, commit_rx) = std::sync::mpsc::channel::<Job>();
     {
         let store = store.clone();
         std::thread::Builder::new()
@@ -79,64 +94,98 @@ pub async fn run(options: ElementOptions, shutdown: impl std::future::Future<Out
         .map_err(|e| std::io::Error::other(format!("checkpoint at shutdown: {e}")))
 }
 
-fn run_committer(store: &Store, requests: std::sync::mpsc::Receiver<CommitRequest>) {
+fn run_committer(store: &Store, jobs: std::sync::mpsc::Receiver<Job>) {
     let mut batch: Vec<CommitRequest> = Vec::with_capacity(COMMIT_BATCH_RECORDS_MAX);
-    while let Ok(first) = requests.recv() {
+    let mut next: Option<Job> = None;
+    loop {
+        let Some(first) = next.take().or_else(|| jobs.recv().ok()) else { return };
+        let first = match first {
+            Job::Hello { epoch, handles, reply } => {
+                let _ = reply.send(hello(store, epoch, &handles));
+                continue;
+            }
+            Job::Commit(request) => request,
+        };
         let mut bytes = first.record.op.payload_bytes();
         batch.push(first);
         while batch.len() < COMMIT_BATCH_RECORDS_MAX && bytes < COMMIT_BATCH_BYTES_MAX {
-            match requests.try_recv() {
-                Ok(next) => {
-                    bytes += next.record.op.payload_bytes();
-                    batch.push(next);
+            match jobs.try_recv() {
+                Ok(Job::Commit(request)) => {
+                    bytes += request.record.op.payload_bytes();
+                    batch.push(request);
+                }
+                Ok(hello) => {
+                    next = Some(hello);
+                    break;
                 }
                 Err(_) => break,
             }
         }
-        let newest_epoch = batch.iter().map(|r| r.record.epoch).max().expect("non-empty batch");
-        let outcome = if newest_epoch > store.epoch() {
-            store.set_epoch(newest_epoch)
-        } else {
-            Ok(())
-        }
-        .and_then(|()| {
-            let records: Vec<(VolumeHandle, Record)> =
-                batch.iter().map(|r| (r.handle, r.record.clone())).collect();
-            store.commit(&records)
-        });
-        match outcome {
-            Ok(outcome) => {
-                // A refused record (gap, stale epoch, damaged base block) ends its session:
-                // the host element marks this element failed with the reason.
-                for rejected in &outcome.rejected {
-                    let r = &batch[rejected.index];
-                    tracing::warn!(sequence = %r.record.sequence, error = %rejected.error, "record refused");
-                    let _ = r.reply.send(ElementMessage::Fault { reason: rejected.error.to_string() });
-                }
-                // One cumulative acknowledgement per (session, volume).
-                let mut acked: Vec<(usize, VolumeId, VolumeHandle)> = Vec::new();
-                for (i, r) in batch.iter().enumerate() {
-                    if !acked.iter().any(|(j, v, _)| batch[*j].reply.same_channel(&r.reply) && *v == r.session_volume) {
-                        acked.push((i, r.session_volume, r.handle));
-                    }
-                }
-                for (i, volume, handle) in acked {
-                    let sequence = store.applied_sequence(handle);
-                    let _ = batch[i].reply.send(ElementMessage::Applied { volume, sequence });
-                }
-            }
-            Err(e) => {
-                tracing::error!(error = %e, "commit failed");
-                for r in &batch {
-                    let _ = r.reply.send(ElementMessage::Fault { reason: format!("commit failed: {e}") });
-                }
-            }
-        }
+        commit_batch(store, &mut batch);
         batch.clear();
     }
 }
 
-async fn serve_session(stream: TcpStream, store: Arc<Store>, commits: std::sync::mpsc::Sender<CommitRequest>) -> String {
+fn hello(store: &Store, epoch: proto::Epoch, handles: &[VolumeHandle]) -> Result<(proto::Epoch, Vec<VolumeState>), String> {
+    let previous = store.epoch();
+    if epoch < previous {
+        return Err(format!("stale epoch {epoch}: this element already follows epoch {previous}"));
+    }
+    if epoch > previous {
+        store.set_epoch(epoch).map_err(|e| e.to_string())?;
+    }
+    let states = handles
+        .iter()
+        .map(|&h| VolumeState { applied_sequence: store.applied_sequence(h), applied_epoch: store.applied_epoch(h) })
+        .collect();
+    Ok((previous, states))
+}
+
+fn commit_batch(store: &Store, batch: &mut Vec<CommitRequest>) {
+    let current = store.epoch();
+    batch.retain(|r| {
+        if r.session_epoch >= current {
+            return true;
+        }
+        let reason = format!("fenced: a host element of epoch {current} superseded epoch {}", r.session_epoch);
+        let _ = r.reply.send(ElementMessage::Fault { reason });
+        false
+    });
+    if batch.is_empty() {
+        return;
+    }
+    let records: Vec<(VolumeHandle, Record)> = batch.iter().map(|r| (r.handle, r.record.clone())).collect();
+    match store.commit(&records) {
+        Ok(outcome) => {
+            // A refused record (gap, stale epoch, damaged base block) ends its session: the
+            // host element marks this element failed with the reason.
+            for rejected in &outcome.rejected {
+                let r = &batch[rejected.index];
+                tracing::warn!(sequence = %r.record.sequence, error = %rejected.error, "record refused");
+                let _ = r.reply.send(ElementMessage::Fault { reason: rejected.error.to_string() });
+            }
+            // One cumulative acknowledgement per (session, volume).
+            let mut acked: Vec<(usize, VolumeId, VolumeHandle)> = Vec::new();
+            for (i, r) in batch.iter().enumerate() {
+                if !acked.iter().any(|(j, v, _)| batch[*j].reply.same_channel(&r.reply) && *v == r.session_volume) {
+                    acked.push((i, r.session_volume, r.handle));
+                }
+            }
+            for (i, volume, handle) in acked {
+                let sequence = store.applied_sequence(handle);
+                let _ = batch[i].reply.send(ElementMessage::Applied { volume, sequence });
+            }
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "commit failed");
+            for r in batch.iter() {
+                let _ = r.reply.send(ElementMessage::Fault { reason: format!("commit failed: {e}") });
+            }
+        }
+    }
+}
+
+async fn serve_session(stream: TcpStream, store: Arc<Store>, commits: std::sync::mpsc::Sender<Job>) -> String {
     let (mut read_half, write_half) = stream.into_split();
     let (replies, mut reply_rx) = mpsc::unbounded_channel::<ElementMessage>();
     let writer = tokio::spawn(async move {
@@ -201,43 +250,37 @@ async fn handle(
     store: &Arc<Store>,
     volumes: &mut Option<Session>,
     replies: &mpsc::UnboundedSender<ElementMessage>,
-    commits: &std::sync::mpsc::Sender<CommitRequest>,
+    commits: &std::sync::mpsc::Sender<Job>,
 ) -> Result<(), String> {
     match message {
         HostMessage::Hello { epoch, volumes: specs } => {
             if volumes.is_some() {
                 return Err("protocol: second hello".into());
             }
-            let ours = store.epoch();
-            if epoch < ours {
-                return Err(format!("stale epoch {epoch}: this element already follows epoch {ours}"));
-            }
             let store2 = store.clone();
             let specs2 = specs.clone();
-            let (handles, states) = tokio::task::spawn_blocking(move || {
-                let specs = specs2;
-                let mut handles = Vec::new();
-                let mut states = Vec::new();
-                for spec in &specs {
-                    let handle = store2.ensure_volume(&spec.name, spec.size_bytes).map_err(|e| e.to_string())?;
-                    handles.push(handle);
-                    states.push(VolumeState {
-                        applied_sequence: store2.applied_sequence(handle),
-                        applied_epoch: store2.applied_epoch(handle),
-                    });
-                }
-                Ok::<_, String>((handles, states))
+            let handles = tokio::task::spawn_blocking(move || {
+                specs2
+                    .iter()
+                    .map(|spec| store2.ensure_volume(&spec.name, spec.size_bytes).map_err(|e| e.to_string()))
+                    .collect::<Result<Vec<_>, String>>()
             })
             .await
             .map_err(|e| e.to_string())??;
+            let (reply, answer) = tokio::sync::oneshot::channel();
+            commits
+                .send(Job::Hello { epoch, handles: handles.clone(), reply })
+                .map_err(|_| "committer stopped".to_string())?;
+            let (ours, states) = answer.await.map_err(|_| "committer stopped".to_string())??;
             *volumes = Some(Session { epoch, specs, handles });
             let _ = replies.send(ElementMessage::Welcome { epoch: ours, volumes: states });
         }
         HostMessage::Apply(record) => {
             let handle = handle_of(volumes, record.volume)?;
             let session_volume = record.volume;
+            let session_epoch = volumes.as_ref().expect("checked by handle_of").epoch;
             commits
-                .send(CommitRequest { record, handle, session_volume, reply: replies.clone() })
+                .send(Job::Commit(CommitRequest { session_epoch, record, handle, session_volume, reply: replies.clone() }))
                 .map_err(|_| "committer stopped".to_string())?;
         }
         HostMessage::Read { request_id, volume, offset_bytes, length_bytes } => {
@@ -335,7 +378,7 @@ const REPLAY_IDLE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(
 async fn replay_from_peer(
     job: ReplayJob,
     store: Arc<Store>,
-    commits: std::sync::mpsc::Sender<CommitRequest>,
+    commits: std::sync::mpsc::Sender<Job>,
     replies: mpsc::UnboundedSender<ElementMessage>,
 ) {
     let started = std::time::Instant::now();
@@ -373,7 +416,7 @@ async fn recv_frame<M: proto::Body>(stream: &mut TcpStream, buf: &mut BytesMut) 
 async fn pull_from_peer(
     job: &ReplayJob,
     store: &Arc<Store>,
-    commits: &std::sync::mpsc::Sender<CommitRequest>,
+    commits: &std::sync::mpsc::Sender<Job>,
     replies: &mpsc::UnboundedSender<ElementMessage>,
 ) -> Result<Sequence, String> {
     let address: SocketAddr = job.source.parse().map_err(|e| format!("bad peer address {}: {e}", job.source))?;
@@ -437,7 +480,13 @@ async fn pull_from_peer(
             bytes += record.op.payload_bytes();
             let record = Record { volume: job.volume, ..record };
             commits
-                .send(CommitRequest { record, handle: job.handle, session_volume: job.volume, reply: replies.clone() })
+                .send(Job::Commit(CommitRequest {
+                    session_epoch: job.epoch,
+                    record,
+                    handle: job.handle,
+                    session_volume: job.volume,
+                    reply: replies.clone(),
+                }))
                 .map_err(|_| "committer stopped".to_string())?;
         }
         if job.rate_bytes_per_s > 0 {

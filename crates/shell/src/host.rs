@@ -266,12 +266,18 @@ fn log_event(core: &HostCore, names: &[String], event: Event) {
     }
 }
 
+/// An element that does not accept a connection within this is reported unreachable.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+
 /// Keep one session to an element: connect, pump frames both ways, reconnect with backoff.
 async fn run_element_link(element: ElementId, address: SocketAddr, inputs: mpsc::UnboundedSender<Input>) {
     let mut session_id = (element.0 as u64) << 48;
     let mut backoff = Duration::from_millis(50);
     loop {
-        match TcpStream::connect(address).await {
+        let connected = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(address))
+            .await
+            .unwrap_or_else(|_| Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "connect timed out")));
+        match connected {
             Ok(stream) => {
                 backoff = Duration::from_millis(50);
                 session_id += 1;

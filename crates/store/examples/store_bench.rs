@@ -28,8 +28,8 @@ impl Bench {
         let slots = VOLUME_BYTES / size;
         let mut rng = 0x2545_f491_4f6c_dd1du64;
         let mut next_slot = 0;
-        let (mut ops, mut commits) = (0u64, 0u64);
-        let mut latency_max = Duration::ZERO;
+        let mut ops = 0u64;
+        let mut latencies: Vec<Duration> = Vec::new();
         let started = Instant::now();
         while started.elapsed().as_secs_f64() < seconds {
             let records: Vec<(VolumeHandle, Record)> = (0..batch)
@@ -61,19 +61,32 @@ impl Bench {
                 .collect();
             let commit_started = Instant::now();
             let outcome = self.store.commit(&records).expect("commit");
-            latency_max = latency_max.max(commit_started.elapsed());
+            latencies.push(commit_started.elapsed());
             assert!(outcome.rejected.is_empty());
             ops += batch as u64;
-            commits += 1;
         }
         let elapsed = started.elapsed().as_secs_f64();
+        let commits = latencies.len();
+        let mean_us = latencies.iter().map(|l| l.as_secs_f64()).sum::<f64>() * 1e6 / commits as f64;
+        latencies.sort_unstable();
+        let p99 = latencies[(commits * 99 / 100).min(commits - 1)];
+        let max = latencies[commits - 1];
+        // Share of the time spent in commits of 10 ms or more: what a stall costs the
+        // requests queued behind it, which a closed loop of one committer does not show.
+        let stalled = latencies
+            .iter()
+            .filter(|l| **l >= Duration::from_millis(10))
+            .map(|l| l.as_secs_f64())
+            .sum::<f64>();
         println!(
-            "{name:<34} {:>9.0} ops/s {:>8.1} MB/s {:>8.0} commits/s  mean commit {:>7.0} us  max {:>6.1} ms",
+            "{name:<34} {:>9.0} ops/s {:>8.1} MB/s {:>8.0} commits/s  commit mean {:>6.0} us  p99 {:>7.0} us  max {:>6.1} ms  stalled {:>4.1} %",
             ops as f64 / elapsed,
             (ops * size) as f64 / elapsed / 1e6,
             commits as f64 / elapsed,
-            elapsed * 1e6 / commits as f64,
-            latency_max.as_secs_f64() * 1e3,
+            mean_us,
+            p99.as_secs_f64() * 1e6,
+            max.as_secs_f64() * 1e3,
+            stalled / elapsed * 100.0,
         );
     }
 

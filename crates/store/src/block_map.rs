@@ -128,28 +128,15 @@ impl BlockMap {
     }
 }
 
-/// Which map file slot holds each chunk's current image, and which chunks changed since.
-pub struct Chunks {
-    /// Generation of the image each chunk was loaded from or last checkpointed to (0: never
-    /// written, all its blocks are never-written holes).
-    generations: Vec<u64>,
-    /// Slot (0 or 1) holding that image.
-    slots: Vec<u8>,
-    dirty: Vec<u64>,
+/// Chunks changed since the last snapshot (owned by the committer: every apply marks them).
+pub struct DirtyChunks {
+    bits: Vec<u64>,
 }
 
-impl Chunks {
-    /// A volume of `blocks` blocks that was never checkpointed.
-    pub fn for_blocks(blocks: u64) -> Chunks {
-        Chunks::new(chunk_count(blocks))
-    }
-
-    fn new(chunks: u64) -> Chunks {
-        let chunks = chunks as usize;
-        Chunks {
-            generations: vec![0; chunks],
-            slots: vec![0; chunks],
-            dirty: vec![0; chunks.div_ceil(64)],
+impl DirtyChunks {
+    pub fn for_blocks(blocks: u64) -> DirtyChunks {
+        DirtyChunks {
+            bits: vec![0; (chunk_count(blocks) as usize).div_ceil(64)],
         }
     }
 
@@ -158,38 +145,158 @@ impl Chunks {
             return;
         }
         for chunk in blocks.start / MAP_CHUNK_BLOCKS..=(blocks.end - 1) / MAP_CHUNK_BLOCKS {
-            self.dirty[(chunk / 64) as usize] |= 1 << (chunk % 64);
+            self.bits[(chunk / 64) as usize] |= 1 << (chunk % 64);
         }
     }
 
     pub fn is_dirty(&self) -> bool {
-        self.dirty.iter().any(|w| *w != 0)
+        self.bits.iter().any(|w| *w != 0)
     }
 
-    fn dirty_chunks(&self) -> impl Iterator<Item = u64> + '_ {
-        self.dirty.iter().enumerate().flat_map(|(i, word)| {
-            let word = *word;
-            (0..64)
-                .filter(move |bit| word & (1 << bit) != 0)
-                .map(move |bit| i as u64 * 64 + bit)
-        })
+    /// The dirty chunks, ascending; none is dirty afterwards.
+    pub fn take(&mut self) -> Vec<u64> {
+        let mut chunks = Vec::new();
+        for (i, word) in self.bits.iter_mut().enumerate() {
+            let mut w = std::mem::take(word);
+            while w != 0 {
+                chunks.push(i as u64 * 64 + w.trailing_zeros() as u64);
+                w &= w - 1;
+            }
+        }
+        chunks
+    }
+}
+
+/// Merge two ascending lists of chunks.
+pub fn merge_chunks(a: Vec<u64>, b: Vec<u64>) -> Vec<u64> {
+    if a.is_empty() {
+        return b;
+    }
+    let mut merged = Vec::with_capacity(a.len() + b.len());
+    let (mut i, mut j) = (0, 0);
+    while i < a.len() || j < b.len() {
+        let next = match (a.get(i), b.get(j)) {
+            (Some(x), Some(y)) if x == y => {
+                i += 1;
+                j += 1;
+                *x
+            }
+            (Some(x), Some(y)) if x < y => {
+                i += 1;
+                *x
+            }
+            (Some(x), None) => {
+                i += 1;
+                *x
+            }
+            (_, Some(y)) => {
+                j += 1;
+                *y
+            }
+            (None, None) => unreachable!("loop condition"),
+        };
+        merged.push(next);
+    }
+    merged
+}
+
+impl BlockMap {
+    /// Encode the slot image of `chunk` at `generation` into `image` (one slot).
+    pub fn encode_slot(&self, chunk: u64, generation: u64, image: &mut [u8]) {
+        debug_assert_eq!(image.len() as u64, SLOT_BYTES);
+        image.fill(0);
+        image[0..8].copy_from_slice(&generation.to_le_bytes());
+        image[12..16].copy_from_slice(&(chunk as u32).to_le_bytes());
+        let first = chunk * MAP_CHUNK_BLOCKS;
+        let last = (first + MAP_CHUNK_BLOCKS).min(self.blocks());
+        let entries = &mut image[SLOT_HEADER_BYTES as usize..];
+        for (block, entry) in (first..last).zip(entries.chunks_exact_mut(ENTRY_BYTES as usize)) {
+            let allocated = (self.allocated[(block / 64) as usize] >> (block % 64)) & 1;
+            let raw = self.sequences[block as usize] | (allocated << 63);
+            entry[0..8].copy_from_slice(&raw.to_le_bytes());
+            entry[8..12].copy_from_slice(&self.crcs[block as usize].to_le_bytes());
+        }
+        let crc = slot_crc(image);
+        image[8..12].copy_from_slice(&crc.to_le_bytes());
+    }
+
+    /// The newest sequence of any block.
+    pub fn sequence_max(&self) -> Sequence {
+        Sequence(self.sequences.iter().copied().max().unwrap_or(0))
+    }
+}
+
+/// Which map file slot holds each chunk's current image (owned by the checkpointer).
+pub struct ChunkImages {
+    /// Generation of the image each chunk was loaded from or last checkpointed to (0: never
+    /// written, all its blocks are never-written holes).
+    generations: Vec<u64>,
+    /// Slot (0 or 1) holding that image.
+    slots: Vec<u8>,
+}
+
+impl ChunkImages {
+    /// A volume of `blocks` blocks that was never checkpointed.
+    pub fn for_blocks(blocks: u64) -> ChunkImages {
+        ChunkImages::new(chunk_count(blocks))
+    }
+
+    fn new(chunks: u64) -> ChunkImages {
+        let chunks = chunks as usize;
+        ChunkImages {
+            generations: vec![0; chunks],
+            slots: vec![0; chunks],
+        }
     }
 
     /// Digest recorded in the metadata: crc32c of every chunk's generation (u64 LE, in order).
     pub fn digest(&self) -> u32 {
-        let mut crc = 0;
-        for generations in self.generations.chunks(1024) {
-            let bytes: Vec<u8> = generations.iter().flat_map(|g| g.to_le_bytes()).collect();
-            crc = crc32c::crc32c_append(crc, &bytes);
+        digest_of(&self.generations)
+    }
+
+    /// The chunk digest the metadata must record once `pending` is committed at `generation`.
+    pub fn digest_after(&self, pending: &PendingSlots, generation: u64) -> u32 {
+        if pending.writes.is_empty() {
+            return self.digest();
         }
-        crc
+        let mut generations = self.generations.clone();
+        for (chunk, _) in &pending.writes {
+            generations[*chunk as usize] = generation;
+        }
+        digest_of(&generations)
+    }
+
+    /// The slot the next image of `chunk` goes to: not the one holding its current image.
+    pub fn free_slot(&self, chunk: u64) -> u8 {
+        if self.generations[chunk as usize] == 0 {
+            0
+        } else {
+            1 - self.slots[chunk as usize]
+        }
+    }
+
+    /// The checkpoint of `generation` is committed: its images are now the current ones.
+    pub fn commit(&mut self, pending: &PendingSlots, generation: u64) {
+        for (chunk, slot) in &pending.writes {
+            self.generations[*chunk as usize] = generation;
+            self.slots[*chunk as usize] = *slot;
+        }
     }
 }
 
+fn digest_of(generations: &[u64]) -> u32 {
+    let mut crc = 0;
+    for generations in generations.chunks(1024) {
+        let bytes: Vec<u8> = generations.iter().flat_map(|g| g.to_le_bytes()).collect();
+        crc = crc32c::crc32c_append(crc, &bytes);
+    }
+    crc
+}
+
 /// Slot images written for a checkpoint, not yet committed.
+#[derive(Default)]
 pub struct PendingSlots {
-    writes: Vec<(u64, u8)>, // (chunk, slot)
-    buffer: Vec<u8>,
+    pub writes: Vec<(u64, u8)>, // (chunk, slot)
 }
 
 /// The open map file of one volume.
@@ -260,8 +367,8 @@ impl MapFile {
         }
     }
 
-    /// Open and load a map file as of checkpoint `generation`, where the volume's applied
-    /// sequence was `applied` and the chunk digest `digest`. Slot images newer than the
+    /// Open and load a map file as of checkpoint `generation`, whose chunk digest was
+    /// `digest`. Slot images newer than the
     /// committed generation (from a checkpoint that crashed before its commit) are erased, so
     /// a later generation number can never revive them.
     pub fn load(
@@ -270,9 +377,8 @@ impl MapFile {
         volume_number: u32,
         size_bytes: u64,
         generation: u64,
-        applied: Sequence,
         digest: u32,
-    ) -> Result<(MapFile, BlockMap, Chunks), StoreError> {
+    ) -> Result<(MapFile, BlockMap, ChunkImages), StoreError> {
         let file = OpenOptions::new()
             .read(true)
             .write(true)
@@ -297,7 +403,7 @@ impl MapFile {
         let blocks = size_bytes / BLOCK_BYTES;
         let chunk_total = chunk_count(blocks);
         let mut map = BlockMap::new(blocks);
-        let mut chunks = Chunks::new(chunk_total);
+        let mut chunks = ChunkImages::new(chunk_total);
         let mut stale_slots = Vec::new();
         let pairs_per_read = SCAN_BUFFER_BYTES / (2 * SLOT_BYTES);
         let mut buffer = vec![0u8; (pairs_per_read * 2 * SLOT_BYTES) as usize];
@@ -332,7 +438,7 @@ impl MapFile {
                     chunks.generations[chunk as usize] = slot_generation;
                     chunks.slots[chunk as usize] = slot;
                     let image = &pair[(slot as u64 * SLOT_BYTES) as usize..][..SLOT_BYTES as usize];
-                    map_file.decode_slot(image, chunk, &mut map, applied)?;
+                    map_file.decode_slot(image, chunk, &mut map)?;
                 }
                 chunk += 1;
             }
@@ -360,13 +466,7 @@ impl MapFile {
         Ok((map_file, map, chunks))
     }
 
-    fn decode_slot(
-        &self,
-        image: &[u8],
-        chunk: u64,
-        map: &mut BlockMap,
-        applied: Sequence,
-    ) -> Result<(), StoreError> {
+    fn decode_slot(&self, image: &[u8], chunk: u64, map: &mut BlockMap) -> Result<(), StoreError> {
         let first = chunk * MAP_CHUNK_BLOCKS;
         for (i, entry) in image[SLOT_HEADER_BYTES as usize..]
             .chunks_exact(ENTRY_BYTES as usize)
@@ -383,13 +483,10 @@ impl MapFile {
                 }
                 continue;
             }
+            // A checkpoint writes images of the map as it is when it writes them, so an entry
+            // may come from a record after its applied sequence: one in the log that replay
+            // applies again (checked once the log is replayed).
             let sequence = Sequence(raw & !ALLOCATED_BIT);
-            if sequence > applied {
-                return Err(self.corrupt(format!(
-                    "block {block} was written at sequence {sequence}, after the checkpoint's \
-                     applied sequence {applied}"
-                )));
-            }
             if raw & ALLOCATED_BIT != 0 {
                 map.set_written(block, sequence, crc);
             } else {
@@ -399,81 +496,17 @@ impl MapFile {
         Ok(())
     }
 
-    /// Write the dirty chunks of `map` into their free slots, stamped `generation`, and sync.
-    /// Nothing changes in `chunks` until [`MapFile::commit`], after the metadata rename.
-    pub fn write_dirty(
-        &self,
-        map: &BlockMap,
-        chunks: &Chunks,
-        generation: u64,
-    ) -> Result<PendingSlots, StoreError> {
-        let mut pending = PendingSlots {
-            writes: Vec::new(),
-            buffer: Vec::new(),
-        };
-        for chunk in chunks.dirty_chunks() {
-            let slot = if chunks.generations[chunk as usize] == 0 {
-                0
-            } else {
-                1 - chunks.slots[chunk as usize]
-            };
-            let start = pending.buffer.len();
-            pending.buffer.resize(start + SLOT_BYTES as usize, 0);
-            let image = &mut pending.buffer[start..];
-            image[0..8].copy_from_slice(&generation.to_le_bytes());
-            image[12..16].copy_from_slice(&(chunk as u32).to_le_bytes());
-            let first = chunk * MAP_CHUNK_BLOCKS;
-            let last = (first + MAP_CHUNK_BLOCKS).min(map.blocks());
-            for (block, entry) in (first..last)
-                .zip(image[SLOT_HEADER_BYTES as usize..].chunks_exact_mut(ENTRY_BYTES as usize))
-            {
-                let allocated = map.is_allocated(block);
-                let raw = map.sequences[block as usize] | if allocated { ALLOCATED_BIT } else { 0 };
-                entry[0..8].copy_from_slice(&raw.to_le_bytes());
-                entry[8..12].copy_from_slice(&map.crcs[block as usize].to_le_bytes());
-            }
-            let crc = slot_crc(image);
-            image[8..12].copy_from_slice(&crc.to_le_bytes());
-            pending.writes.push((chunk, slot));
-        }
-        for (i, (chunk, slot)) in pending.writes.iter().enumerate() {
-            let image = &pending.buffer[i * SLOT_BYTES as usize..][..SLOT_BYTES as usize];
-            self.file
-                .write_all_at(image, slot_offset(*chunk, *slot))
-                .map_err(io_error("write block map", &self.path))?;
-        }
-        if !pending.writes.is_empty() {
-            self.file
-                .sync_data()
-                .map_err(io_error("sync block map", &self.path))?;
-        }
-        Ok(pending)
+    /// Write one slot image (not synced: see [`MapFile::sync`]).
+    pub fn write_slot(&self, chunk: u64, slot: u8, image: &[u8]) -> Result<(), StoreError> {
+        self.file
+            .write_all_at(image, slot_offset(chunk, slot))
+            .map_err(io_error("write block map", &self.path))
     }
 
-    /// The checkpoint of `generation` is committed: its images are now the current ones.
-    pub fn commit(pending: &PendingSlots, chunks: &mut Chunks, generation: u64) {
-        for (chunk, slot) in &pending.writes {
-            chunks.generations[*chunk as usize] = generation;
-            chunks.slots[*chunk as usize] = *slot;
-        }
-        chunks.dirty.fill(0);
-    }
-
-    /// The chunk digest the metadata must record once `pending` is committed at `generation`.
-    pub fn digest_after(pending: &PendingSlots, chunks: &Chunks, generation: u64) -> u32 {
-        if pending.writes.is_empty() {
-            return chunks.digest();
-        }
-        let mut generations = chunks.generations.clone();
-        for (chunk, _) in &pending.writes {
-            generations[*chunk as usize] = generation;
-        }
-        Chunks {
-            generations,
-            slots: Vec::new(),
-            dirty: Vec::new(),
-        }
-        .digest()
+    pub fn sync(&self) -> Result<(), StoreError> {
+        self.file
+            .sync_data()
+            .map_err(io_error("sync block map", &self.path))
     }
 }
 

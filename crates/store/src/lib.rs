@@ -7,11 +7,18 @@
 //! the data files. Replaying the log therefore never needs to read a data file, and a record is
 //! never applied before it is durable. The byte layout is in `docs/on-disk-format.md`.
 //!
+//! Checkpoints (data files synced, block maps written, the log start moved) run off the commit
+//! path: a commit that fills the live log segment only seals it and snapshots the changed block
+//! map chunks; a background thread writes the checkpoint while commits go on in the next
+//! segment, which that thread prepared ahead (recycled or zero-filled, so appends overwrite).
+//!
 //! Blocking std I/O only: the element shell calls `commit` from one committer thread and
-//! `read`/`block_status` from any number of threads. The store runs one thread of its own,
-//! which reclaims the disk space of trimmed blocks in the background (`reclaim`).
+//! `read`/`block_status` from any number of threads. The store runs two threads of its own:
+//! the checkpointer (`checkpoint`) and one that reclaims the disk space of trimmed blocks
+//! (`reclaim`).
 
 mod block_map;
+mod checkpoint;
 mod error;
 mod log;
 mod meta;
@@ -32,8 +39,8 @@ use proto::{Sequence, BLOCK_BYTES, PAYLOAD_BYTES_MAX};
 // Bounds. Every size the store allocates or writes is bounded by one of these.
 // ---------------------------------------------------------------------------------------------
 
-/// Default for [`StoreOptions::checkpoint_log_bytes`]: the live log (and so crash replay) stays
-/// around this size; every checkpoint starts a new log segment.
+/// Default for [`StoreOptions::checkpoint_log_bytes`]: the live log segment stays around this
+/// size; each one filled starts a checkpoint in the background and a new segment.
 pub const CHECKPOINT_LOG_BYTES_DEFAULT: u64 = 64 * 1024 * 1024;
 /// Default for [`StoreOptions::replay_log_bytes`]: closed log segments kept for peer recovery.
 pub const REPLAY_LOG_BYTES_DEFAULT: u64 = 256 * 1024 * 1024;
@@ -41,6 +48,18 @@ pub const REPLAY_LOG_BYTES_DEFAULT: u64 = 256 * 1024 * 1024;
 pub const CHECKPOINT_LOG_BYTES_MIN: u64 = 64 * 1024;
 /// Largest accepted `checkpoint_log_bytes`: bounds replay time after a crash.
 pub const CHECKPOINT_LOG_BYTES_MAX: u64 = 4 * 1024 * 1024 * 1024;
+/// Log segments not covered by a committed checkpoint (the live one included): once a seal
+/// would exceed this, because the checkpointer lags behind, the commit that seals waits for
+/// it. Bounds crash replay to about this many times `checkpoint_log_bytes`.
+pub const CHECKPOINT_LAG_SEGMENTS_MAX: u64 = 4;
+/// Block map chunk images a checkpoint encodes per hold of a volume's lock (applies to the
+/// volume wait meanwhile: about 20 µs per image).
+pub const MAP_SLOTS_PER_LOCK: usize = 64;
+/// Files of segments dropped from the replay log kept to be recycled as the next segments.
+pub const FREE_SEGMENTS_MAX: usize = 2;
+/// Write unit of zero-filling a new log segment ahead of the writer (the checkpointer checks
+/// between steps whether a checkpoint waits).
+pub const SPARE_FILL_STEP_BYTES: u64 = 1024 * 1024;
 /// Largest log batch (header and records). A commit bigger than this is written as several
 /// batches, still with one `fdatasync`. One record of the largest payload always fits.
 pub const LOG_BATCH_BYTES_MAX: u64 = 64 * 1024 * 1024;
@@ -76,6 +95,7 @@ pub const SCAN_BUFFER_BYTES: u64 = 4 * 1024 * 1024;
 const _: () =
     assert!(LOG_RECORD_BYTES_MAX + (log::BATCH_HEADER_BYTES as u64) <= LOG_BATCH_BYTES_MAX);
 const _: () = assert!(CHECKPOINT_LOG_BYTES_MIN <= CHECKPOINT_LOG_BYTES_DEFAULT);
+const _: () = assert!(CHECKPOINT_LAG_SEGMENTS_MAX >= 2);
 const _: () = assert!(CHECKPOINT_LOG_BYTES_DEFAULT <= CHECKPOINT_LOG_BYTES_MAX);
 const _: () = assert!(
     block_map::SLOT_HEADER_BYTES + MAP_CHUNK_BLOCKS * block_map::ENTRY_BYTES == BLOCK_BYTES
@@ -96,8 +116,8 @@ const _: fn() = || {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct StoreOptions {
-    /// Checkpoint (sync the data files, persist the block maps, start a new log segment) once
-    /// the live log segment holds this many bytes.
+    /// Checkpoint (start a new log segment; in the background sync the data files and persist
+    /// the block maps) once the live log segment holds this many bytes.
     pub checkpoint_log_bytes: u64,
     /// Keep closed log segments (the replay log, served to recovering peers through
     /// [`Store::log_records`]) up to this many bytes; older segments are deleted.

@@ -24,6 +24,18 @@ use crate::{
 
 pub const LOG_DIR: &str = "log";
 const SEGMENT_SUFFIX: &str = ".seg";
+/// A prepared segment not yet written to (zero-filled or recycled): renamed to `.seg` when the
+/// writer moves to it. The rename is not synced, so recovery reads both names alike.
+const SPARE_SUFFIX: &str = ".spare";
+/// A segment dropped from the replay log, kept only to be recycled as a spare.
+const FREE_SUFFIX: &str = ".free";
+
+const SEGMENT_MAGIC: u32 = u32::from_le_bytes(*b"SFLS");
+/// Every used segment starts with this header; its first batch follows it.
+pub const SEGMENT_HEADER_BYTES: usize = 40;
+/// Zeroes written after a batch that ends inside the file (preallocated space), so the end of
+/// the log reads as zeroes, never as the stale bytes of a recycled segment.
+const END_MARK: [u8; BATCH_HEADER_BYTES] = [0; BATCH_HEADER_BYTES];
 
 const BATCH_MAGIC: u32 = u32::from_le_bytes(*b"SFLB");
 pub const BATCH_HEADER_BYTES: usize = 40;
@@ -383,7 +395,92 @@ pub fn segment_path(dir: &Path, id: u64) -> PathBuf {
     dir.join(LOG_DIR).join(format!("{id:020}{SEGMENT_SUFFIX}"))
 }
 
+pub fn spare_path(dir: &Path, id: u64) -> PathBuf {
+    dir.join(LOG_DIR).join(format!("{id:020}{SPARE_SUFFIX}"))
+}
+
+pub fn free_path(dir: &Path, id: u64) -> PathBuf {
+    dir.join(LOG_DIR).join(format!("{id:020}{FREE_SUFFIX}"))
+}
+
+/// The files of the log directory: per segment id its `.seg` and `.spare` files (normally
+/// one), and the free files awaiting recycling.
+#[derive(Default)]
+pub struct LogFiles {
+    pub segments: std::collections::BTreeMap<u64, Vec<PathBuf>>,
+    pub free: Vec<PathBuf>,
+}
+
+pub fn list_log_files(dir: &Path) -> Result<LogFiles, StoreError> {
+    let log_dir = dir.join(LOG_DIR);
+    let mut files = LogFiles::default();
+    for entry in std::fs::read_dir(&log_dir).map_err(io_error("list", &log_dir))? {
+        let entry = entry.map_err(io_error("list", &log_dir))?;
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        let id = |suffix: &str| {
+            name.strip_suffix(suffix)
+                .and_then(|n| n.parse::<u64>().ok())
+        };
+        if let Some(id) = id(SEGMENT_SUFFIX) {
+            // `.seg` first: it wins over a `.spare` of the same id when both are valid.
+            files
+                .segments
+                .entry(id)
+                .or_default()
+                .insert(0, entry.path());
+        } else if let Some(id) = id(SPARE_SUFFIX) {
+            files.segments.entry(id).or_default().push(entry.path());
+        } else if id(FREE_SUFFIX).is_some() {
+            files.free.push(entry.path());
+        } else {
+            tracing::warn!(file = %entry.path().display(), "ignoring a foreign file in the log directory");
+        }
+    }
+    Ok(files)
+}
+
+/// The header of segment `segment`: which segment precedes it and where that one's log ends.
+pub fn segment_header(
+    segment: u64,
+    previous: u64,
+    previous_end: u64,
+) -> [u8; SEGMENT_HEADER_BYTES] {
+    let mut header = [0u8; SEGMENT_HEADER_BYTES];
+    header[0..4].copy_from_slice(&SEGMENT_MAGIC.to_le_bytes());
+    header[8..16].copy_from_slice(&segment.to_le_bytes());
+    header[16..24].copy_from_slice(&previous.to_le_bytes());
+    header[24..32].copy_from_slice(&previous_end.to_le_bytes());
+    let crc = crc32c::crc32c(&header[8..]);
+    header[4..8].copy_from_slice(&crc.to_le_bytes());
+    header
+}
+
+/// `(previous segment, its end)` if `file` starts with a valid header of segment `segment`;
+/// `None` if the segment was never written to (or its first write was cut short).
+pub fn read_segment_header(
+    file: &File,
+    path: &Path,
+    segment: u64,
+) -> Result<Option<(u64, u64)>, StoreError> {
+    let mut header = [0u8; SEGMENT_HEADER_BYTES];
+    let file_bytes = file.metadata().map_err(io_error("stat", path))?.len();
+    if file_bytes < SEGMENT_HEADER_BYTES as u64 {
+        return Ok(None);
+    }
+    file.read_exact_at(&mut header, 0)
+        .map_err(io_error("read log", path))?;
+    let u32_at = |at: usize| u32::from_le_bytes(header[at..at + 4].try_into().expect("4"));
+    let u64_at = |at: usize| u64::from_le_bytes(header[at..at + 8].try_into().expect("8"));
+    let valid = u32_at(0) == SEGMENT_MAGIC
+        && crc32c::crc32c(&header[8..]) == u32_at(4)
+        && u64_at(8) == segment
+        && u64_at(32) == 0;
+    Ok(valid.then(|| (u64_at(16), u64_at(24))))
+}
+
 /// Ids of the segment files in `dir/log`, ascending.
+#[cfg_attr(not(test), allow(dead_code))]
 pub fn list_segments(dir: &Path) -> Result<Vec<u64>, StoreError> {
     let log_dir = dir.join(LOG_DIR);
     let mut ids = Vec::new();
@@ -458,39 +555,65 @@ fn parse_batch_header(header: &[u8], segment: u64, offset: u64) -> Result<(u64, 
 pub struct Torn {
     pub offset: u64,
     pub reason: String,
+    /// The log simply ends here: at the end of the file, or at zeroes (an end mark or
+    /// zero-filled space), not at the remains of a cut-short batch.
+    pub clean: bool,
 }
 
-/// Read the batches of a segment in order, handing every record of every complete, valid
-/// batch to `visit` (a batch is all or nothing). Returns the end of the valid prefix and, if
-/// the file goes on past it, why the next batch is invalid.
+/// Read the batches of a used segment in order (after its header), handing every record of
+/// every complete, valid batch to `visit` (a batch is all or nothing). Returns the end of the
+/// valid prefix and, if the file goes on past it, why the next batch is invalid. With `end`
+/// (a sealed segment whose end the next segment's header names), the scan stops there.
 pub fn scan_segment(
     file: &File,
     path: &Path,
     segment: u64,
+    end: Option<u64>,
     mut visit: impl FnMut(u64, u32, LogRecord) -> Result<(), StoreError>,
 ) -> Result<(u64, Option<Torn>), StoreError> {
     let file_bytes = file.metadata().map_err(io_error("stat", path))?.len();
-    let mut offset = 0;
+    let limit = end.map_or(file_bytes, |end| end.min(file_bytes));
+    let mut offset = SEGMENT_HEADER_BYTES as u64;
     let mut header = [0u8; BATCH_HEADER_BYTES];
-    while offset < file_bytes {
-        let torn = |reason: String| Ok((offset, Some(Torn { offset, reason })));
-        if file_bytes - offset < BATCH_HEADER_BYTES as u64 {
-            return torn(format!(
-                "{} bytes, too short for a batch header",
-                file_bytes - offset
-            ));
+    if end.is_some_and(|end| end > file_bytes) {
+        return Ok((
+            offset,
+            Some(Torn {
+                offset,
+                reason: format!("the segment is {file_bytes} bytes, shorter than its sealed end"),
+                clean: false,
+            }),
+        ));
+    }
+    while offset < limit {
+        let torn = |reason: String, clean: bool| {
+            Ok((
+                offset,
+                Some(Torn {
+                    offset,
+                    reason,
+                    clean,
+                }),
+            ))
+        };
+        if limit - offset < BATCH_HEADER_BYTES as u64 {
+            return torn(
+                format!("{} bytes, too short for a batch header", limit - offset),
+                false,
+            );
         }
         file.read_exact_at(&mut header, offset)
             .map_err(io_error("read log", path))?;
         let (body_bytes, records) = match parse_batch_header(&header, segment, offset) {
             Ok(parsed) => parsed,
-            Err(reason) => return torn(reason),
+            Err(reason) => return torn(reason, header.iter().all(|b| *b == 0)),
         };
         let body_start = offset + BATCH_HEADER_BYTES as u64;
-        if file_bytes - body_start < body_bytes {
-            return torn(format!(
-                "batch of {body_bytes} bytes runs past the end of the file"
-            ));
+        if limit - body_start < body_bytes {
+            return torn(
+                format!("batch of {body_bytes} bytes runs past the end of the segment"),
+                false,
+            );
         }
         let mut body = BytesMut::zeroed(body_bytes as usize);
         file.read_exact_at(&mut body, body_start)
@@ -500,26 +623,29 @@ pub fn scan_segment(
         let mut at = 0usize;
         for _ in 0..records {
             if body.len() - at < RECORD_FRAME_BYTES as usize {
-                return torn(format!("batch ends inside record {}", decoded.len()));
+                return torn(format!("batch ends inside record {}", decoded.len()), false);
             }
             let length = u32::from_le_bytes(body[at..at + 4].try_into().expect("4")) as usize;
             let crc = u32::from_le_bytes(body[at + 4..at + 8].try_into().expect("4"));
             let frame = RECORD_FRAME_BYTES as usize + length;
             if frame as u64 > LOG_RECORD_BYTES_MAX || body.len() - at < frame {
-                return torn(format!("record {} claims {length} bytes", decoded.len()));
+                return torn(
+                    format!("record {} claims {length} bytes", decoded.len()),
+                    false,
+                );
             }
             let payload = body.slice(at + RECORD_FRAME_BYTES as usize..at + frame);
             match LogRecord::decode(payload, crc) {
                 Ok(record) => decoded.push((body_start + at as u64, frame as u32, record)),
-                Err(reason) => return torn(format!("record {}: {reason}", decoded.len())),
+                Err(reason) => return torn(format!("record {}: {reason}", decoded.len()), false),
             }
             at += frame;
         }
         if at != body.len() {
-            return torn(format!(
-                "{} bytes after the batch's last record",
-                body.len() - at
-            ));
+            return torn(
+                format!("{} bytes after the batch's last record", body.len() - at),
+                false,
+            );
         }
         for (record_offset, frame, record) in decoded {
             visit(record_offset, frame, record)?;
@@ -599,7 +725,10 @@ pub struct Segment {
     pub id: u64,
     pub path: PathBuf,
     pub file: Arc<File>,
+    /// End of the segment's log.
     pub bytes: u64,
+    /// Size of its file (preallocated space included), if larger.
+    pub disk_bytes: u64,
     /// Per volume number: its first sequence in this segment and `(offset, frame bytes)` of
     /// each record, consecutive sequences.
     runs: HashMap<u32, Run>,
@@ -649,8 +778,24 @@ impl LogIndex {
             path,
             file,
             bytes,
+            disk_bytes: 0,
             runs: HashMap::new(),
         });
+    }
+
+    /// The newest segment was sealed: its log ends at `bytes`, its file holds `disk_bytes`.
+    pub fn seal_newest(&mut self, bytes: u64, disk_bytes: u64) {
+        let newest = self
+            .segments
+            .back_mut()
+            .expect("the live segment is indexed");
+        newest.bytes = bytes;
+        newest.disk_bytes = disk_bytes;
+    }
+
+    /// End of the log of segment `id`, if indexed.
+    pub fn segment_bytes(&self, id: u64) -> Option<u64> {
+        self.segments.iter().find(|s| s.id == id).map(|s| s.bytes)
     }
 
     fn last_sequence(&self, volume: u32, before_segment: usize) -> Option<Sequence> {
@@ -717,15 +862,25 @@ impl LogIndex {
         self.segments.drain(..).collect()
     }
 
-    /// Bytes of the closed segments (all but the newest).
+    /// Disk bytes of the closed segments (all but the newest).
     pub fn closed_bytes(&self) -> u64 {
-        self.segments.iter().rev().skip(1).map(|s| s.bytes).sum()
+        self.segments
+            .iter()
+            .rev()
+            .skip(1)
+            .map(|s| s.bytes.max(s.disk_bytes))
+            .sum()
     }
 
-    /// Drop the oldest closed segments until the closed ones fit in `budget` bytes.
-    pub fn trim_to(&mut self, budget: u64) -> Vec<Segment> {
+    /// Drop the oldest closed segments older than `before` (the checkpoint's first segment:
+    /// the newer ones are still needed for crash recovery) until the closed ones fit in
+    /// `budget` bytes.
+    pub fn trim_to(&mut self, budget: u64, before: u64) -> Vec<Segment> {
         let mut dropped = Vec::new();
-        while self.segments.len() > 1 && self.closed_bytes() > budget {
+        while self.segments.len() > 1
+            && self.segments[0].id < before
+            && self.closed_bytes() > budget
+        {
             dropped.push(self.segments.pop_front().expect("len > 1"));
         }
         dropped
@@ -788,28 +943,43 @@ impl LogIndex {
 enum Part {
     Scratch(Range<usize>),
     Data(Bytes),
+    EndMark,
 }
 
 /// Appends batches to the live segment.
 pub struct LogWriter {
-    dir: PathBuf,
     pub segment: u64,
     pub path: PathBuf,
     pub file: Arc<File>,
-    /// End of the valid log in the live segment.
+    /// End of the valid log in the live segment (0: not written to yet, not even its header).
     pub position: u64,
+    /// Size of the file. Past `position` it holds zeroes or a recycled segment's bytes that
+    /// appends overwrite, which is cheaper to sync than growing the file.
+    pub file_bytes: u64,
+    /// Written with the segment's first batch.
+    header: [u8; SEGMENT_HEADER_BYTES],
     scratch: Vec<u8>,
     parts: Vec<Part>,
 }
 
 impl LogWriter {
-    pub fn new(dir: &Path, segment: u64, file: Arc<File>, position: u64) -> LogWriter {
+    /// A writer appending to segment `segment` at `position`; if that is 0, it starts with the
+    /// segment header naming `previous` (`(segment, end of its log)`, `(0, 0)` if unknown).
+    pub fn new(
+        segment: u64,
+        path: PathBuf,
+        file: Arc<File>,
+        position: u64,
+        file_bytes: u64,
+        previous: (u64, u64),
+    ) -> LogWriter {
         LogWriter {
-            dir: dir.to_path_buf(),
             segment,
-            path: segment_path(dir, segment),
+            path,
             file,
             position,
+            file_bytes,
+            header: segment_header(segment, previous.0, previous.1),
             scratch: Vec::new(),
             parts: Vec::new(),
         }
@@ -829,13 +999,17 @@ impl LogWriter {
         Ok(Arc::new(file))
     }
 
-    /// Switch to the new, empty segment `id`; returns the old segment's file.
-    pub fn rotate(&mut self, id: u64, file: Arc<File>) {
-        assert!(id > self.segment, "segments only move forward");
+    /// Seal the live segment and switch to the unused segment `id`, whose file holds
+    /// `file_bytes` bytes.
+    pub fn rotate(&mut self, id: u64, path: PathBuf, file: Arc<File>, file_bytes: u64) {
+        assert!(id == self.segment + 1, "segments follow each other");
+        assert!(self.position > 0, "only a used segment is sealed");
+        self.header = segment_header(id, self.segment, self.position);
         self.segment = id;
-        self.path = segment_path(&self.dir, id);
+        self.path = path;
         self.file = file;
         self.position = 0;
+        self.file_bytes = file_bytes;
     }
 
     /// Write `records` as batches and make them durable: one vectored write and one
@@ -848,8 +1022,14 @@ impl LogWriter {
         while next < records.len() {
             self.scratch.clear();
             self.parts.clear();
+            let write_start = self.position;
+            if self.position == 0 {
+                self.scratch.extend_from_slice(&self.header);
+                self.position = SEGMENT_HEADER_BYTES as u64;
+            }
+            let batch_header_at = self.scratch.len();
             self.scratch.extend_from_slice(&[0; BATCH_HEADER_BYTES]);
-            self.parts.push(Part::Scratch(0..BATCH_HEADER_BYTES));
+            self.parts.push(Part::Scratch(0..self.scratch.len()));
             let batch_start = self.position;
             let mut batch_bytes = BATCH_HEADER_BYTES as u64;
             let mut count = 0u32;
@@ -862,7 +1042,13 @@ impl LogWriter {
                 positions.push((batch_start + batch_bytes, frame as u32));
                 let start = self.scratch.len();
                 record.encode_head(&mut self.scratch);
-                self.parts.push(Part::Scratch(start..self.scratch.len()));
+                // Consecutive scratch parts are merged: fewer iovecs.
+                match self.parts.last_mut() {
+                    Some(Part::Scratch(range)) if range.end == start => {
+                        range.end = self.scratch.len()
+                    }
+                    _ => self.parts.push(Part::Scratch(start..self.scratch.len())),
+                }
                 for piece in record.logged_pieces() {
                     self.parts.push(Part::Data(piece.clone()));
                 }
@@ -876,27 +1062,39 @@ impl LogWriter {
                 batch_bytes - BATCH_HEADER_BYTES as u64,
                 count,
             );
-            self.scratch[..BATCH_HEADER_BYTES].copy_from_slice(&header);
+            self.scratch[batch_header_at..batch_header_at + BATCH_HEADER_BYTES]
+                .copy_from_slice(&header);
+            let batch_end = batch_start + batch_bytes;
+            // Inside preallocated space, mark the end of the log with zeroes (they are
+            // overwritten by the next batch), so recovery never reads stale bytes there as
+            // the remains of a torn batch.
+            let end_mark = batch_end < self.file_bytes;
+            if end_mark {
+                self.parts.push(Part::EndMark);
+            }
             let slices: Vec<&[u8]> = self
                 .parts
                 .iter()
                 .map(|part| match part {
                     Part::Scratch(range) => &self.scratch[range.clone()],
                     Part::Data(bytes) => &bytes[..],
+                    Part::EndMark => &END_MARK[..],
                 })
                 .collect();
             debug_assert_eq!(
                 slices.iter().map(|s| s.len() as u64).sum::<u64>(),
-                batch_bytes
+                batch_end - write_start + if end_mark { END_MARK.len() as u64 } else { 0 }
             );
-            sys::write_all_vectored_at(&self.file, &slices, batch_start)
+            sys::write_all_vectored_at(&self.file, &slices, write_start)
                 .map_err(io_error("write log", &self.path))?;
             // One sync per batch: a later batch must never be durable before an earlier one,
             // or a crash could leave a valid batch after a torn one (read as corruption).
             self.file
                 .sync_data()
                 .map_err(io_error("sync log", &self.path))?;
-            self.position = batch_start + batch_bytes;
+            self.position = batch_end;
+            let written_end = batch_end + if end_mark { END_MARK.len() as u64 } else { 0 };
+            self.file_bytes = self.file_bytes.max(written_end);
         }
         Ok(positions)
     }

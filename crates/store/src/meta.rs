@@ -10,7 +10,9 @@ use crate::{error::io_error, sys, StoreError, VOLUMES_MAX, VOLUME_NAME_BYTES_MAX
 pub const META_FILE: &str = "meta";
 const META_TEMP_FILE: &str = "meta.tmp";
 const META_MAGIC: [u8; 8] = *b"SFSTMETA";
-const META_VERSION: u32 = 1;
+/// 2: log segments start with a segment header; `log_start` may be followed by several
+/// segments written since the checkpoint.
+const META_VERSION: u32 = 2;
 const META_HEADER_BYTES: usize = 24;
 const META_VOLUME_BYTES_MIN: usize = 4 + 4 + 8 + 8 + 8 + 2;
 const META_BYTES_MAX: usize =
@@ -21,7 +23,8 @@ pub struct Meta {
     pub epoch: Epoch,
     /// Generation of the last committed checkpoint (0: none yet).
     pub generation: u64,
-    /// The live log segment: every record after the checkpoint is in it or after it.
+    /// The first log segment not covered by the checkpoint: every record after the
+    /// checkpoint is in it or in the segments after it.
     pub log_start: u64,
     pub next_volume_number: u32,
     pub volumes: Vec<VolumeMeta>,

@@ -28,6 +28,8 @@ pub struct Reclaim {
 #[derive(Default)]
 struct Queue {
     ranges: VecDeque<(usize, Range<u64>)>,
+    /// Ranges popped and not yet finished (their rest may come back to the queue).
+    in_flight: usize,
     closing: bool,
 }
 
@@ -52,7 +54,7 @@ impl Reclaim {
             _ => queue.ranges.push_back((volume, blocks)),
         }
         drop(queue);
-        self.wake.notify_one();
+        self.wake.notify_all();
     }
 
     pub fn push_front(&self, volume: usize, blocks: Range<u64>) {
@@ -61,8 +63,29 @@ impl Reclaim {
         }
     }
 
+    /// The next range; the caller calls [`Reclaim::finish`] once done with it.
     pub fn pop(&self) -> Option<(usize, Range<u64>)> {
-        self.queue().ranges.pop_front()
+        let mut queue = self.queue();
+        let range = queue.ranges.pop_front();
+        queue.in_flight += range.is_some() as usize;
+        range
+    }
+
+    pub fn finish(&self) {
+        let mut queue = self.queue();
+        queue.in_flight -= 1;
+        drop(queue);
+        self.wake.notify_all();
+    }
+
+    /// Wait until a range is queued or none is in flight; `true` if the queue is empty and
+    /// nothing is in flight.
+    pub fn wait_settled(&self) -> bool {
+        let mut queue = self.queue();
+        while queue.ranges.is_empty() && queue.in_flight > 0 {
+            queue = self.wake.wait(queue).expect("reclaim queue lock");
+        }
+        queue.ranges.is_empty()
     }
 
     /// Wait for work; `None` once closing.

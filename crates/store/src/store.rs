@@ -1,8 +1,10 @@
-//! The store: opening and crash recovery, group commit, checkpoints, and the read side.
+//! The store: opening and crash recovery, group commit, sealing the log for checkpoints, and
+//! the read side. The checkpoints themselves run in the background (`checkpoint`).
 
 use std::{
-    collections::HashMap,
+    collections::{BTreeMap, HashMap},
     fs::{self, File, OpenOptions},
+    os::unix::fs::FileExt,
     path::{Path, PathBuf},
     sync::{
         atomic::{AtomicU64, Ordering},
@@ -14,7 +16,8 @@ use bytes::{Bytes, BytesMut};
 use proto::{BlockExtent, Epoch, Op, Record, Sequence, BLOCK_BYTES, PAYLOAD_BYTES_MAX};
 
 use crate::{
-    block_map::{BlockMap, Chunks, MapFile, PendingSlots},
+    block_map::{BlockMap, ChunkImages, DirtyChunks, MapFile},
+    checkpoint::{self, CheckpointJob, Checkpointer, PartialSpare, VolumeSeal},
     error::io_error,
     log::{self, Change, Edge, Geometry, Kind, LogIndex, LogRecord, LogWriter},
     meta::{Meta, VolumeMeta},
@@ -22,9 +25,9 @@ use crate::{
     sys,
     volume::{Volume, VolumeState},
     CommitOutcome, Rejected, StoreError, StoreOptions, VolumeDigest, VolumeHandle,
-    CHECKPOINT_LOG_BYTES_MAX, CHECKPOINT_LOG_BYTES_MIN, LOCK_WAIT_MS, RECLAIM_PUNCH_BYTES_MAX,
-    RECLAIM_SCAN_BLOCKS_MAX, VOLUMES_MAX, VOLUME_BYTES_MAX, VOLUME_NAME_BYTES_MAX,
-    WRITEBACK_KICK_BYTES,
+    CHECKPOINT_LAG_SEGMENTS_MAX, CHECKPOINT_LOG_BYTES_MAX, CHECKPOINT_LOG_BYTES_MIN, LOCK_WAIT_MS,
+    RECLAIM_PUNCH_BYTES_MAX, RECLAIM_SCAN_BLOCKS_MAX, VOLUMES_MAX, VOLUME_BYTES_MAX,
+    VOLUME_NAME_BYTES_MAX, WRITEBACK_KICK_BYTES,
 };
 
 const LOCK_FILE: &str = "lock";
@@ -40,7 +43,6 @@ fn map_path(dir: &Path, number: u32) -> PathBuf {
 
 /// The durable storage of one element. See the crate documentation.
 pub struct Store {
-    dir: PathBuf,
     options: StoreOptions,
     /// Held (flock) for the life of the store: one process per data directory.
     _lock: File,
@@ -48,43 +50,85 @@ pub struct Store {
     epoch: AtomicU64,
     /// Indexed by `VolumeHandle`; only grows.
     volumes: Arc<RwLock<Vec<Arc<Volume>>>>,
-    /// Everything that changes durable state; one commit (or checkpoint) at a time.
+    /// Everything that appends to the log or applies; one commit at a time.
     committer: Arc<Mutex<Committer>>,
+    /// What the committer shares with the checkpointer thread.
+    shared: Arc<Shared>,
     /// Ranges whose file space is to be reclaimed, and the thread that does it.
     reclaim: Arc<Reclaim>,
     reclaimer: Option<std::thread::JoinHandle<()>>,
+    checkpointer: Option<std::thread::JoinHandle<()>>,
+}
+
+/// State used by both the committer and the checkpointer thread. Lock order: the committer
+/// lock before any of these; `checkpointer.queue` before `log_index`; `meta` alone.
+pub(crate) struct Shared {
+    pub dir: PathBuf,
+    pub options: StoreOptions,
+    /// As last written to the metadata file; held while it is rewritten.
+    pub meta: Mutex<Meta>,
+    /// Set after an I/O error while changing durable state: from then on the in-memory state
+    /// may not match the disk, so only reopening (and replaying) may change anything again.
+    pub failure: Mutex<Option<String>>,
     /// Retained log records, for `log_records`; short critical sections only.
-    log_index: Mutex<LogIndex>,
+    pub log_index: Mutex<LogIndex>,
+    pub checkpointer: Checkpointer,
+}
+
+impl Shared {
+    pub fn fail(&self, error: &StoreError) {
+        tracing::error!(%error, "store failed; it accepts no more changes until reopened");
+        lock(&self.failure).get_or_insert_with(|| error.to_string());
+    }
+
+    pub fn check_failure(&self) -> Result<(), StoreError> {
+        match &*lock(&self.failure) {
+            Some(reason) => Err(StoreError::Failed {
+                reason: reason.clone(),
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// Drop the oldest closed segments beyond the replay log budget (never one the last
+    /// committed checkpoint still needs) and recycle or delete their files.
+    pub fn trim_replay_log(&self, checkpoint_log_start: u64) {
+        let dropped =
+            lock(&self.log_index).trim_to(self.options.replay_log_bytes, checkpoint_log_start);
+        for segment in dropped {
+            self.checkpointer.recycle_or_remove(&self.dir, segment);
+        }
+    }
 }
 
 struct Committer {
     log: LogWriter,
-    /// As last written to the metadata file.
-    meta: Meta,
-    /// Per volume (same index as `Store::volumes`).
-    maps: Vec<VolumeMapFile>,
-    /// Set after an I/O error while changing durable state: from then on the in-memory state
-    /// may not match the disk, so only reopening (and replaying) may change anything again.
-    failure: Option<String>,
+    /// Per volume (same index as `Store::volumes`): chunks changed since the last seal.
+    dirty: Vec<DirtyChunks>,
+    /// Per volume: bytes written to the data file since writeback was last started.
+    unflushed_bytes: Vec<u64>,
+    /// The checkpointer was asked to prepare the segment after the live one.
+    spare_requested: bool,
 }
 
-struct VolumeMapFile {
-    file: MapFile,
-    chunks: Chunks,
-    /// Bytes written to the data file since writeback was last started.
-    unflushed_bytes: u64,
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex
         .lock()
         .expect("a thread panicked while holding a store lock")
 }
 
+/// One log segment file found at open.
+struct FoundSegment {
+    path: PathBuf,
+    file: Arc<File>,
+    /// `(previous segment, end of its log)` if the segment was written to.
+    header: Option<(u64, u64)>,
+}
+
 impl Store {
     /// Open the store in `dir`, creating an empty one if `dir` is empty or missing, and
-    /// recover: load the last checkpoint, replay the live log after it (a torn tail is logged
-    /// and cut off), and index the replay log.
+    /// recover: load the last checkpoint, replay the log after it (a torn tail is logged and
+    /// cut off), and index the replay log.
     pub fn open(dir: &Path, options: StoreOptions) -> Result<Store, StoreError> {
         if !(CHECKPOINT_LOG_BYTES_MIN..=CHECKPOINT_LOG_BYTES_MAX)
             .contains(&options.checkpoint_log_bytes)
@@ -102,44 +146,198 @@ impl Store {
         };
 
         let mut volumes = Vec::with_capacity(meta.volumes.len());
-        let mut maps = Vec::with_capacity(meta.volumes.len());
+        let mut images = Vec::with_capacity(meta.volumes.len());
+        let mut dirty = Vec::with_capacity(meta.volumes.len());
         for volume_meta in &meta.volumes {
-            let (volume, map_file) = open_volume(dir, &meta, volume_meta)?;
+            let (volume, chunk_images) = open_volume(dir, &meta, volume_meta)?;
+            dirty.push(DirtyChunks::for_blocks(volume.blocks()));
             volumes.push(volume);
-            maps.push(map_file);
+            images.push(chunk_images);
         }
-        let mut index = LogIndex::default();
-        let segment_ids = log::list_segments(dir)?;
-        for &id in segment_ids.iter().filter(|id| **id > meta.log_start) {
-            // A checkpoint creates the next segment before committing; no record goes there
-            // until the commit, so a newer segment left by a crash is empty.
-            let path = log::segment_path(dir, id);
-            let bytes = fs::metadata(&path).map_err(io_error("stat", &path))?.len();
-            if bytes != 0 {
-                return Err(StoreError::CorruptLog {
+
+        let log_files = log::list_log_files(dir)?;
+        let mut found: BTreeMap<u64, FoundSegment> = BTreeMap::new();
+        for (id, paths) in log_files.segments {
+            for path in paths {
+                let file = OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .open(&path)
+                    .map_err(io_error("open log segment", &path))?;
+                let header = log::read_segment_header(&file, &path, id)?;
+                let candidate = FoundSegment {
                     path,
+                    file: Arc::new(file),
+                    header,
+                };
+                // Two files of one id: a spare prepared for an id the writer had already
+                // taken. The written one (else the `.seg`, listed first) is the segment.
+                let loser = match found.remove(&id) {
+                    Some(kept) if kept.header.is_some() || candidate.header.is_none() => {
+                        found.insert(id, kept);
+                        candidate
+                    }
+                    Some(kept) => {
+                        found.insert(id, candidate);
+                        kept
+                    }
+                    None => {
+                        found.insert(id, candidate);
+                        continue;
+                    }
+                };
+                fs::remove_file(&loser.path).map_err(io_error("remove", &loser.path))?;
+            }
+        }
+
+        let log_start = meta.log_start;
+        let mut index = LogIndex::default();
+        let closed: Vec<u64> = found.range(..log_start).map(|(id, _)| *id).collect();
+        for id in closed {
+            let mut segment = found.remove(&id).expect("listed");
+            if segment.header.is_some() {
+                rename_to_segment(dir, id, &segment.path)?;
+                segment.path = log::segment_path(dir, id);
+            }
+            let sealed_end = found
+                .get(&(id + 1))
+                .and_then(|next| next.header)
+                .filter(|(previous, _)| *previous == id)
+                .map(|(_, end)| end);
+            index_closed_segment(id, segment, sealed_end, &mut index)?;
+        }
+
+        // The segments written since the checkpoint: from `log_start`, consecutive.
+        let mut chain = Vec::new();
+        while let Some(segment) = found.get(&(log_start + chain.len() as u64)) {
+            if segment.header.is_none() {
+                break;
+            }
+            chain.push(log_start + chain.len() as u64);
+        }
+        let live = chain.last().copied().unwrap_or(log_start);
+        for (id, segment) in found.range(log_start..) {
+            let corrupt = |reason: String| {
+                Err(StoreError::CorruptLog {
+                    path: segment.path.clone(),
                     offset: 0,
+                    reason,
+                })
+            };
+            match segment.header {
+                Some(_) if *id > live => {
+                    return corrupt(format!(
+                        "segment {id} was written to, but segment {} before it was not",
+                        id - 1
+                    ))
+                }
+                Some((previous, _)) if *id > log_start && previous != id - 1 => {
+                    return corrupt(format!(
+                        "segment {id} says it follows segment {previous}, not {}",
+                        id - 1
+                    ))
+                }
+                _ => {}
+            }
+        }
+        if !found.contains_key(&log_start) {
+            return Err(StoreError::CorruptLog {
+                path: log::segment_path(dir, log_start),
+                offset: 0,
+                reason: "the first log segment after the checkpoint is missing".into(),
+            });
+        }
+        for id in &chain {
+            let segment = found.get_mut(id).expect("in the chain");
+            rename_to_segment(dir, *id, &segment.path)?;
+            segment.path = log::segment_path(dir, *id);
+        }
+        let mut log_epoch = Epoch(0);
+        let mut live_end = 0;
+        for &id in &chain {
+            let sealed_end = (id < live).then(|| {
+                found[&(id + 1)]
+                    .header
+                    .expect("segments of the chain are written")
+                    .1
+            });
+            let segment = &found[&id];
+            let (end, epoch) =
+                replay_segment(id, segment, sealed_end, &volumes, &mut dirty, &mut index)?;
+            log_epoch = log_epoch.max(epoch);
+            live_end = end;
+        }
+        let epoch = meta.epoch.max(log_epoch);
+        for volume in &volumes {
+            let state = volume.state.read().expect("not shared yet");
+            let newest = state.map.sequence_max();
+            if newest > state.applied {
+                return Err(StoreError::CorruptBlockMap {
+                    path: map_path(dir, volume.number),
+                    volume: volume.name.clone(),
                     reason: format!(
-                        "segment is newer than the live segment {} and not empty",
-                        meta.log_start
+                        "a block was written at sequence {newest}, after the applied sequence \
+                         {} (the checkpoint's and the log's)",
+                        state.applied
                     ),
                 });
             }
-            fs::remove_file(&path).map_err(io_error("remove", &path))?;
-        }
-        for &id in segment_ids.iter().filter(|id| **id < meta.log_start) {
-            index_closed_segment(dir, id, &mut index)?;
         }
 
-        let live = meta.log_start;
-        let (live_file, valid_end, log_epoch) =
-            replay_live_segment(dir, live, &volumes, &mut maps, &mut index)?;
-        let epoch = meta.epoch.max(log_epoch);
-        index.set_newest_bytes(valid_end);
-        for segment in index.trim_to(options.replay_log_bytes) {
-            fs::remove_file(&segment.path)
-                .map_err(io_error("remove log segment", &segment.path))?;
+        for id in &chain {
+            if *id != live {
+                found.remove(id).expect("in the chain: indexed now");
+            }
         }
+        // The writer continues the live segment (or starts it if it was never written).
+        let live_segment = found.remove(&live).expect("checked above");
+        let live_path = log::segment_path(dir, live);
+        let log_dir = dir.join(log::LOG_DIR);
+        rename_to_segment(dir, live, &live_segment.path)?;
+        let live_file = live_segment.file;
+        if live_segment.header.is_none() {
+            // A first batch cut short (its segment header lost) must never become valid
+            // under a later header: wipe both headers.
+            wipe_segment_start(&live_file, &live_path)?;
+            index.push_segment(live, live_path.clone(), live_file.clone(), 0);
+        }
+        let previous = match live.checked_sub(1) {
+            Some(previous) if live_segment.header.is_none() => {
+                (previous, index.segment_bytes(previous).unwrap_or(0))
+            }
+            _ => (0, 0),
+        };
+        let live_file_bytes = live_file
+            .metadata()
+            .map_err(io_error("stat", &live_path))?
+            .len();
+        let writer = LogWriter::new(
+            live,
+            live_path,
+            live_file,
+            live_end,
+            live_file_bytes,
+            previous,
+        );
+
+        // A spare prepared for the next segment is kept; anything newer is left over from a
+        // spare retargeted before a crash.
+        let mut partial_spare = None;
+        for (id, segment) in std::mem::take(&mut found) {
+            if id == live + 1 {
+                let spare_path = log::spare_path(dir, id);
+                if segment.path != spare_path {
+                    fs::rename(&segment.path, &spare_path)
+                        .map_err(io_error("rename log segment", &segment.path))?;
+                }
+                wipe_segment_start(&segment.file, &spare_path)?;
+                partial_spare = Some(PartialSpare::adopt(id, spare_path, segment.file)?);
+            } else {
+                fs::remove_file(&segment.path).map_err(io_error("remove", &segment.path))?;
+            }
+        }
+        sys::sync_dir(&log_dir).map_err(io_error("sync directory", &log_dir))?;
+
         for volume in &volumes {
             let state = volume.state.read().expect("not shared yet");
             tracing::info!(volume = %volume.name, applied = %state.applied, "volume recovered");
@@ -150,38 +348,59 @@ impl Store {
         for (i, volume) in volumes.iter().enumerate() {
             reclaim.push(i, 0..volume.blocks());
         }
+        let unflushed_bytes = vec![0; volumes.len()];
         let volumes = Arc::new(RwLock::new(volumes));
+        let shared = Arc::new(Shared {
+            dir: dir.to_path_buf(),
+            options,
+            meta: Mutex::new(meta),
+            failure: Mutex::new(None),
+            log_index: Mutex::new(index),
+            checkpointer: Checkpointer::new(log_start, live, log_files.free),
+        });
+        shared.trim_replay_log(log_start);
         let committer = Arc::new(Mutex::new(Committer {
-            log: LogWriter::new(dir, live, live_file, valid_end),
-            meta,
-            maps,
-            failure: None,
+            log: writer,
+            dirty,
+            unflushed_bytes,
+            spare_requested: false,
         }));
         let reclaimer = {
-            let (reclaim, committer, volumes) =
-                (reclaim.clone(), committer.clone(), volumes.clone());
+            let (reclaim, committer, volumes, shared) = (
+                reclaim.clone(),
+                committer.clone(),
+                volumes.clone(),
+                shared.clone(),
+            );
             std::thread::Builder::new()
                 .name("store-reclaim".into())
                 .spawn(move || {
                     while reclaim.wait().is_some() {
                         // Leave the commit lock free at least as long as a slice held it.
                         let started = std::time::Instant::now();
-                        reclaim_slice(&reclaim, &committer, &volumes);
+                        reclaim_slice(&reclaim, &committer, &volumes, &shared);
                         std::thread::sleep(started.elapsed());
                     }
                 })
                 .map_err(io_error("start the reclaim thread for", dir))?
         };
+        let checkpointer = {
+            let shared = shared.clone();
+            std::thread::Builder::new()
+                .name("store-checkpoint".into())
+                .spawn(move || checkpoint::run(&shared, images, partial_spare))
+                .map_err(io_error("start the checkpoint thread for", dir))?
+        };
         Ok(Store {
-            dir: dir.to_path_buf(),
             options,
             _lock: lock_file,
             epoch: AtomicU64::new(epoch.0),
             volumes,
             committer,
+            shared,
             reclaim,
             reclaimer: Some(reclaimer),
-            log_index: Mutex::new(index),
+            checkpointer: Some(checkpointer),
         })
     }
 
@@ -192,7 +411,7 @@ impl Store {
     /// Raise the epoch, durably. Setting the current epoch again is a no-op; an older one is
     /// refused.
     pub fn set_epoch(&self, epoch: Epoch) -> Result<(), StoreError> {
-        let mut committer = self.lock_committer()?;
+        let _committer = self.lock_committer()?;
         let current = self.epoch();
         if epoch < current {
             return Err(StoreError::EpochBackwards {
@@ -203,10 +422,21 @@ impl Store {
         if epoch == current {
             return Ok(());
         }
-        let mut meta = committer.meta.clone();
-        meta.epoch = epoch;
-        committer.write_meta(&self.dir, meta)?;
+        self.write_meta(|meta| meta.epoch = epoch)?;
         self.epoch.store(epoch.0, Ordering::Release);
+        Ok(())
+    }
+
+    /// Change the metadata durably (under its lock, which a checkpoint holds while it commits).
+    fn write_meta(&self, change: impl FnOnce(&mut Meta)) -> Result<(), StoreError> {
+        let mut meta = lock(&self.shared.meta);
+        let mut next = meta.clone();
+        change(&mut next);
+        if let Err(error) = next.write(&self.shared.dir) {
+            self.shared.fail(&error);
+            return Err(error);
+        }
+        *meta = next;
         Ok(())
     }
 
@@ -239,11 +469,15 @@ impl Store {
             }
             return Ok(handle);
         }
-        if committer.meta.volumes.len() >= VOLUMES_MAX {
+        let (count, number) = {
+            let meta = lock(&self.shared.meta);
+            (meta.volumes.len(), meta.next_volume_number)
+        };
+        if count >= VOLUMES_MAX {
             return invalid(format!("the store already holds {VOLUMES_MAX} volumes"));
         }
-        let number = committer.meta.next_volume_number;
-        let data_path = data_path(&self.dir, number);
+        let dir = &self.shared.dir;
+        let data_path = data_path(dir, number);
         let data = OpenOptions::new()
             .read(true)
             .write(true)
@@ -255,26 +489,25 @@ impl Store {
             .map_err(io_error("size volume data", &data_path))?;
         data.sync_all()
             .map_err(io_error("sync volume data", &data_path))?;
-        let map_file = MapFile::create(&map_path(&self.dir, number), name, number, size_bytes)?;
-        let volumes_dir = self.dir.join(VOLUMES_DIR);
+        let map_file = MapFile::create(&map_path(dir, number), name, number, size_bytes)?;
+        let volumes_dir = dir.join(VOLUMES_DIR);
         sys::sync_dir(&volumes_dir).map_err(io_error("sync directory", &volumes_dir))?;
-        let chunks = Chunks::for_blocks(size_bytes / BLOCK_BYTES);
-        let mut meta = committer.meta.clone();
-        meta.next_volume_number += 1;
-        meta.volumes.push(VolumeMeta {
-            number,
-            name: name.to_string(),
-            size_bytes,
-            applied: Sequence::ZERO,
-            applied_epoch: Epoch(0),
-            map_digest: chunks.digest(),
-        });
-        committer.write_meta(&self.dir, meta)?;
-        committer.maps.push(VolumeMapFile {
-            file: map_file,
-            chunks,
-            unflushed_bytes: 0,
-        });
+        let map_digest = ChunkImages::for_blocks(size_bytes / BLOCK_BYTES).digest();
+        self.write_meta(|meta| {
+            meta.next_volume_number += 1;
+            meta.volumes.push(VolumeMeta {
+                number,
+                name: name.to_string(),
+                size_bytes,
+                applied: Sequence::ZERO,
+                applied_epoch: Epoch(0),
+                map_digest,
+            });
+        })?;
+        committer
+            .dirty
+            .push(DirtyChunks::for_blocks(size_bytes / BLOCK_BYTES));
+        committer.unflushed_bytes.push(0);
         let mut volumes = self.volumes.write().expect("volume list lock");
         volumes.push(Arc::new(Volume {
             name: name.to_string(),
@@ -282,6 +515,7 @@ impl Store {
             size_bytes,
             data_path,
             data,
+            map_file,
             state: RwLock::new(VolumeState {
                 applied: Sequence::ZERO,
                 applied_epoch: Epoch(0),
@@ -339,15 +573,19 @@ impl Store {
         let volumes = self.volumes.read().expect("volume list lock");
         let mut outcome = CommitOutcome::default();
         let mut running_epoch = self.epoch();
-        // Applied sequence of each volume as of the records accepted so far.
-        let mut pending: HashMap<usize, Sequence> = HashMap::new();
+        // Applied sequence and its epoch, per volume, as of the records accepted so far.
+        // Fencing is per volume: along one volume's sequence epochs never go back, but a
+        // volume may legitimately still receive (replayed) records of an epoch that another
+        // volume has already left behind.
+        let mut pending: HashMap<usize, (Sequence, Epoch)> = HashMap::new();
         let mut accepted: Vec<(usize, LogRecord)> = Vec::new();
         for (index, (handle, record)) in batch.iter().enumerate() {
             let i = handle.index();
             let volume = volumes.get(i).expect("a volume handle of this store");
-            let applied = pending.entry(i).or_insert_with(|| {
+            let (applied, volume_epoch) = pending.entry(i).or_insert_with(|| {
                 outcome.applied.push((*handle, Sequence::ZERO));
-                volume.state.read().expect("volume lock").applied
+                let state = volume.state.read().expect("volume lock");
+                (state.applied, state.applied_epoch)
             });
             let reject = |error| Rejected {
                 index,
@@ -355,17 +593,17 @@ impl Store {
                 sequence: record.sequence,
                 error,
             };
-            if record.epoch < running_epoch {
+            if record.sequence <= *applied {
+                outcome.duplicates += 1;
+                continue;
+            }
+            if record.epoch < *volume_epoch {
                 outcome.rejected.push(reject(StoreError::StaleEpoch {
                     volume: volume.name.clone(),
                     sequence: record.sequence,
                     epoch: record.epoch,
-                    store_epoch: running_epoch,
+                    store_epoch: *volume_epoch,
                 }));
-                continue;
-            }
-            if record.sequence <= *applied {
-                outcome.duplicates += 1;
                 continue;
             }
             if record.sequence != applied.next() {
@@ -379,6 +617,7 @@ impl Store {
             match prepare(volume, i, record, &accepted) {
                 Ok(prepared) => {
                     *applied = record.sequence;
+                    *volume_epoch = record.epoch;
                     running_epoch = running_epoch.max(record.epoch);
                     accepted.push((i, prepared));
                 }
@@ -386,7 +625,8 @@ impl Store {
             }
         }
         if !accepted.is_empty() {
-            committer.commit_prepared(self, &volumes, accepted)?;
+            let result = committer.commit_prepared(self, &volumes, accepted);
+            self.guard(result)?;
             self.epoch.fetch_max(running_epoch.0, Ordering::AcqRel);
         }
         for (handle, applied) in &mut outcome.applied {
@@ -396,19 +636,33 @@ impl Store {
                 .expect("volume lock")
                 .applied;
         }
-        if committer.log.position >= self.options.checkpoint_log_bytes {
-            committer.checkpoint(self, &volumes)?;
+        let position = committer.log.position;
+        if !committer.spare_requested && position >= self.options.checkpoint_log_bytes / 8 {
+            committer.spare_requested = true;
+            self.shared.checkpointer.want_spare();
+        }
+        if position >= self.options.checkpoint_log_bytes {
+            let result = committer.seal(self, &volumes);
+            self.guard(result)?;
         }
         Ok(outcome)
     }
 
-    /// Write the data files and block maps durably and start a new log segment (also done by
-    /// `commit` when the live log outgrows `checkpoint_log_bytes`). A clean shutdown calls this
-    /// so the next open replays nothing.
+    /// Write the data files and block maps durably and start a new log segment, and wait for
+    /// it (`commit` starts the same in the background when the live log outgrows
+    /// `checkpoint_log_bytes`). A clean shutdown calls this so the next open replays nothing.
     pub fn checkpoint(&self) -> Result<(), StoreError> {
         let mut committer = self.lock_committer()?;
         let volumes = self.volumes.read().expect("volume list lock");
-        committer.checkpoint(self, &volumes)
+        let checkpointer = &self.shared.checkpointer;
+        let behind = checkpointer.committed_log_start() != committer.log.segment;
+        if committer.log.position > 0 || behind || committer.dirty.iter().any(|d| d.is_dirty()) {
+            let result = committer.seal(self, &volumes);
+            self.guard(result)?;
+        }
+        // Holding the commit lock: no later seal can queue more work meanwhile.
+        checkpointer.wait_idle(&self.shared);
+        self.shared.check_failure()
     }
 
     /// Read `length_bytes` at `offset_bytes`, with the applied sequence the data reflects.
@@ -479,7 +733,7 @@ impl Store {
         if after >= applied {
             return Ok(Vec::new());
         }
-        let locations = lock(&self.log_index)
+        let locations = lock(&self.shared.log_index)
             .locate(volume.number, after, applied, max_bytes)
             .map_err(|oldest| StoreError::NotInReplayLog {
                 volume: volume.name.clone(),
@@ -516,7 +770,13 @@ impl Store {
     /// Reclaim now, on this thread, the file space of every block that became a hole (the
     /// background thread otherwise does it a slice at a time).
     pub fn reclaim(&self) {
-        while reclaim_slice(&self.reclaim, &self.committer, &self.volumes) {}
+        loop {
+            while reclaim_slice(&self.reclaim, &self.committer, &self.volumes, &self.shared) {}
+            // The background thread may hold a slice whose rest it puts back.
+            if self.reclaim.wait_settled() {
+                break;
+            }
+        }
     }
 
     /// Bytes of volume ranges still to be examined for space to reclaim (an upper bound).
@@ -526,7 +786,13 @@ impl Store {
 
     /// Segment ids of the retained log, oldest first (the last is the live one).
     pub fn log_segments(&self) -> Vec<u64> {
-        lock(&self.log_index).segment_ids()
+        lock(&self.shared.log_index).segment_ids()
+    }
+
+    /// Stall the checkpointer (tests): a checkpoint waits at its start while this is held.
+    #[cfg(test)]
+    pub(crate) fn checkpoint_gate(&self) -> MutexGuard<'_, ()> {
+        lock(&self.shared.checkpointer.gate)
     }
 
     fn volume_at(&self, handle: VolumeHandle) -> Arc<Volume> {
@@ -539,150 +805,135 @@ impl Store {
 
     fn lock_committer(&self) -> Result<MutexGuard<'_, Committer>, StoreError> {
         let committer = lock(&self.committer);
-        if let Some(reason) = &committer.failure {
-            return Err(StoreError::Failed {
-                reason: reason.clone(),
-            });
-        }
+        self.shared.check_failure()?;
         Ok(committer)
+    }
+
+    /// Pass `result` on; on error remember the store as failed.
+    fn guard<T>(&self, result: Result<T, StoreError>) -> Result<T, StoreError> {
+        if let Err(error) = &result {
+            self.shared.fail(error);
+        }
+        result
     }
 }
 
 impl Committer {
-    /// Run `step`; on error remember the store as failed.
-    fn guard<T>(
-        &mut self,
-        step: impl FnOnce(&mut Committer) -> Result<T, StoreError>,
-    ) -> Result<T, StoreError> {
-        let result = step(self);
-        if let Err(error) = &result {
-            tracing::error!(%error, "store failed; it accepts no more changes until reopened");
-            self.failure = Some(error.to_string());
-        }
-        result
-    }
-
-    fn write_meta(&mut self, dir: &Path, meta: Meta) -> Result<(), StoreError> {
-        self.guard(|c| {
-            meta.write(dir)?;
-            c.meta = meta;
-            Ok(())
-        })
-    }
-
     fn commit_prepared(
         &mut self,
         store: &Store,
         volumes: &[Arc<Volume>],
         accepted: Vec<(usize, LogRecord)>,
     ) -> Result<(), StoreError> {
-        self.guard(|c| {
-            let (indices, records): (Vec<usize>, Vec<LogRecord>) = accepted.into_iter().unzip();
-            let mut holes = Vec::new();
-            let positions = c.log.append(&records)?;
-            {
-                let mut index = lock(&store.log_index);
-                for (record, (offset, frame)) in records.iter().zip(&positions) {
-                    add_to_index(&mut index, record, *offset, *frame);
-                }
-                index.set_newest_bytes(c.log.position);
+        let (indices, records): (Vec<usize>, Vec<LogRecord>) = accepted.into_iter().unzip();
+        let mut holes = Vec::new();
+        let positions = self.log.append(&records)?;
+        {
+            let mut index = lock(&store.shared.log_index);
+            for (record, (offset, frame)) in records.iter().zip(&positions) {
+                add_to_index(&mut index, record, *offset, *frame);
             }
-            // Lock each volume once per run of its records, so readers wait only for its own
-            // applies.
-            let mut locked: Option<(usize, RwLockWriteGuard<'_, VolumeState>)> = None;
-            for (&i, record) in indices.iter().zip(&records) {
-                if locked.as_ref().map(|(l, _)| *l) != Some(i) {
-                    drop(locked.take());
-                    locked = Some((i, volumes[i].state.write().expect("volume lock")));
-                }
-                let (_, state) = locked.as_mut().expect("just locked");
-                let new_holes = volumes[i].apply(state, &mut c.maps[i].chunks, record)?;
+            index.set_newest_bytes(self.log.position);
+        }
+        // Lock each volume once per run of its records, so readers wait only for its own
+        // applies.
+        let mut locked: Option<(usize, RwLockWriteGuard<'_, VolumeState>)> = None;
+        let mut k = 0;
+        while k < records.len() {
+            let i = indices[k];
+            if locked.as_ref().map(|(l, _)| *l) != Some(i) {
+                drop(locked.take());
+                locked = Some((i, volumes[i].state.write().expect("volume lock")));
+            }
+            let (_, state) = locked.as_mut().expect("just locked");
+            // Writes whose blocks follow each other (sequential I/O) go out in one pwritev.
+            let run_end = block_run_end(&indices, &records, k);
+            if run_end - k > 1 {
+                let run: Vec<&LogRecord> = records[k..run_end].iter().collect();
+                volumes[i].apply_run(state, &mut self.dirty[i], &run)?;
+            } else {
+                let new_holes = volumes[i].apply(state, &mut self.dirty[i], &records[k])?;
                 if !new_holes.is_empty() {
                     holes.push((i, new_holes));
                 }
-                c.maps[i].unflushed_bytes += record.written_bytes();
             }
-            drop(locked);
-            // Start writing back data files with enough dirty data, so the checkpoint's
-            // fdatasync finds little left to do (it otherwise stalls commits for its duration).
-            for (maps, volume) in c.maps.iter_mut().zip(volumes) {
-                if maps.unflushed_bytes >= WRITEBACK_KICK_BYTES {
-                    maps.unflushed_bytes = 0;
-                    sys::start_writeback(&volume.data, 0, 0).map_err(io_error(
-                        "start writeback of volume data",
-                        &volume.data_path,
-                    ))?;
-                }
+            for record in &records[k..run_end] {
+                self.unflushed_bytes[i] += record.written_bytes();
             }
-            for (i, blocks) in holes {
-                store.reclaim.push(i, blocks);
+            k = run_end;
+        }
+        drop(locked);
+        // Start writing back data files with enough dirty data, so the checkpoint's
+        // fdatasync finds little left to do.
+        for (unflushed, volume) in self.unflushed_bytes.iter_mut().zip(volumes) {
+            if *unflushed >= WRITEBACK_KICK_BYTES {
+                *unflushed = 0;
+                sys::start_writeback(&volume.data, 0, 0).map_err(io_error(
+                    "start writeback of volume data",
+                    &volume.data_path,
+                ))?;
             }
-            Ok(())
-        })
+        }
+        for (i, blocks) in holes {
+            store.reclaim.push(i, blocks);
+        }
+        Ok(())
     }
 
-    fn checkpoint(&mut self, store: &Store, volumes: &[Arc<Volume>]) -> Result<(), StoreError> {
-        self.guard(|c| {
-            let changed = |i: usize| {
-                c.maps[i].chunks.is_dirty()
-                    || volumes[i].state.read().expect("volume lock").applied
-                        != c.meta.volumes[i].applied
-            };
-            if c.log.position == 0 && !(0..volumes.len()).any(changed) {
-                return Ok(());
-            }
-            let generation = c.meta.generation + 1;
-            let mut meta = c.meta.clone();
-            let mut written: Vec<Option<PendingSlots>> = Vec::with_capacity(volumes.len());
-            for (i, volume) in volumes.iter().enumerate() {
-                let maps = &mut c.maps[i];
-                let state = volume.state.read().expect("volume lock");
-                if maps.chunks.is_dirty() {
-                    maps.unflushed_bytes = 0;
-                    volume
-                        .data
-                        .sync_data()
-                        .map_err(io_error("sync volume data", &volume.data_path))?;
-                    let pending = maps
-                        .file
-                        .write_dirty(&state.map, &maps.chunks, generation)?;
-                    meta.volumes[i].map_digest =
-                        MapFile::digest_after(&pending, &maps.chunks, generation);
-                    written.push(Some(pending));
-                } else {
-                    written.push(None);
+    /// Seal the log for a checkpoint: move the writer to the next segment (if the live one
+    /// was written to), snapshot what changed in the block maps, and hand the checkpoint to
+    /// the checkpointer thread. Waits only if the checkpointer has fallen
+    /// `CHECKPOINT_LAG_SEGMENTS_MAX` segments behind.
+    fn seal(&mut self, store: &Store, volumes: &[Arc<Volume>]) -> Result<(), StoreError> {
+        let shared = &store.shared;
+        let checkpointer = &shared.checkpointer;
+        if self.log.position > 0 {
+            let next = self.log.segment + 1;
+            checkpointer.wait_lag_below(shared, next, CHECKPOINT_LAG_SEGMENTS_MAX)?;
+            let (path, file, file_bytes) = match checkpointer.take_spare(next) {
+                Some(spare) => {
+                    let path = log::segment_path(&shared.dir, next);
+                    // Not synced: recovery reads a spare's name as the segment's.
+                    fs::rename(&spare.path, &path)
+                        .map_err(io_error("rename log segment", &spare.path))?;
+                    (path, spare.file, spare.file_bytes)
                 }
-                meta.volumes[i].applied = state.applied;
-                meta.volumes[i].applied_epoch = state.applied_epoch;
-            }
-            let next_segment = c.log.segment + 1;
-            let file = LogWriter::create_segment(&store.dir, next_segment)?;
-            meta.generation = generation;
-            meta.log_start = next_segment;
-            meta.epoch = meta.epoch.max(store.epoch());
-            meta.write(&store.dir)?;
-            // Committed.
-            c.meta = meta;
-            for (maps, pending) in c.maps.iter_mut().zip(&written) {
-                if let Some(pending) = pending {
-                    MapFile::commit(pending, &mut maps.chunks, generation);
-                }
-            }
-            let closed_bytes = c.log.position;
-            c.log.rotate(next_segment, file.clone());
-            let dropped = {
-                let mut index = lock(&store.log_index);
-                index.set_newest_bytes(closed_bytes);
-                index.push_segment(next_segment, c.log.path.clone(), file, 0);
-                index.trim_to(store.options.replay_log_bytes)
+                None => (
+                    log::segment_path(&shared.dir, next),
+                    LogWriter::create_segment(&shared.dir, next)?,
+                    0,
+                ),
             };
-            for segment in dropped {
-                fs::remove_file(&segment.path)
-                    .map_err(io_error("remove log segment", &segment.path))?;
+            {
+                let mut index = lock(&shared.log_index);
+                index.seal_newest(self.log.position, self.log.file_bytes);
+                index.push_segment(next, path.clone(), file.clone(), 0);
             }
-            tracing::debug!(generation, segment = next_segment, "checkpoint");
-            Ok(())
-        })
+            self.log.rotate(next, path, file, file_bytes);
+            self.spare_requested = false;
+            checkpointer.set_live_segment(next);
+        }
+        let job = CheckpointJob {
+            log_start: self.log.segment,
+            epoch: store.epoch(),
+            volumes: volumes
+                .iter()
+                .enumerate()
+                .map(|(i, volume)| {
+                    let state = volume.state.read().expect("volume lock");
+                    VolumeSeal {
+                        volume: volume.clone(),
+                        index: i,
+                        applied: state.applied,
+                        applied_epoch: state.applied_epoch,
+                        chunks: self.dirty[i].take(),
+                    }
+                })
+                .collect(),
+        };
+        checkpointer.enqueue(job);
+        shared.trim_replay_log(checkpointer.committed_log_start());
+        Ok(())
     }
 }
 
@@ -694,6 +945,12 @@ impl Drop for Store {
                 tracing::error!("the reclaim thread panicked");
             }
         }
+        self.shared.checkpointer.close();
+        if let Some(checkpointer) = self.checkpointer.take() {
+            if checkpointer.join().is_err() {
+                tracing::error!("the checkpoint thread panicked");
+            }
+        }
     }
 }
 
@@ -703,13 +960,15 @@ fn reclaim_slice(
     reclaim: &Reclaim,
     committer: &Mutex<Committer>,
     volumes: &RwLock<Vec<Arc<Volume>>>,
+    shared: &Shared,
 ) -> bool {
     let Some((i, blocks)) = reclaim.pop() else {
         return false;
     };
     let committer = lock(committer);
-    if committer.failure.is_some() {
+    if shared.check_failure().is_err() {
         reclaim.clear();
+        reclaim.finish();
         return false;
     }
     let volume = volumes.read().expect("volume list lock")[i].clone();
@@ -731,7 +990,31 @@ fn reclaim_slice(
     }
     drop(state);
     drop(committer);
+    reclaim.finish();
     true
+}
+
+/// End of the run of records from `k` that write blocks of one volume, each starting where the
+/// previous one ends (at least `k + 1`).
+fn block_run_end(indices: &[usize], records: &[LogRecord], k: usize) -> usize {
+    let block_end = |record: &LogRecord| match &record.change {
+        Change::Blocks {
+            first_block, crcs, ..
+        } => Some((*first_block, first_block + crcs.len() as u64)),
+        _ => None,
+    };
+    let Some((_, mut end)) = block_end(&records[k]) else {
+        return k + 1;
+    };
+    let mut next = k + 1;
+    while next < records.len() && indices[next] == indices[k] {
+        match block_end(&records[next]) {
+            Some((first, last)) if first == end => end = last,
+            _ => break,
+        }
+        next += 1;
+    }
+    next
 }
 
 /// Index a record of the newest segment. If the older segments do not lead up to it (some
@@ -750,11 +1033,7 @@ fn add_to_index(index: &mut LogIndex, record: &LogRecord, offset: u64, frame: u3
             segments = dropped.len(),
             "the replay log does not lead up to the live log; forgetting its older segments"
         );
-        for segment in dropped {
-            if let Err(error) = fs::remove_file(&segment.path) {
-                tracing::warn!(segment = %segment.path.display(), %error, "cannot remove a forgotten log segment");
-            }
-        }
+        remove_segments(dropped);
         index
             .add(record.volume_number, record.sequence, offset, frame)
             .expect("the first record of a volume in the only segment always fits");
@@ -785,70 +1064,105 @@ fn lock_directory(dir: &Path) -> Result<File, StoreError> {
     Ok(lock_file)
 }
 
-/// Replay the live segment on top of the checkpoint: apply every valid batch, cut a torn tail
-/// (with a warning), refuse damage followed by valid batches. Returns the segment, the end of
-/// its valid log, and the newest epoch of its records.
-fn replay_live_segment(
-    dir: &Path,
-    live: u64,
+/// Give a segment found under its spare name (the writer's rename was not synced) its own.
+fn rename_to_segment(dir: &Path, id: u64, path: &Path) -> Result<(), StoreError> {
+    let segment_path = log::segment_path(dir, id);
+    if path != segment_path {
+        fs::rename(path, &segment_path).map_err(io_error("rename log segment", path))?;
+    }
+    Ok(())
+}
+
+/// Zero the segment header and the first batch header of an unused segment, durably: a first
+/// batch that was written but whose segment header was lost must never become valid later.
+fn wipe_segment_start(file: &File, path: &Path) -> Result<(), StoreError> {
+    let file_bytes = file.metadata().map_err(io_error("stat", path))?.len();
+    if file_bytes == 0 {
+        return Ok(());
+    }
+    let wiped = (log::SEGMENT_HEADER_BYTES + log::BATCH_HEADER_BYTES) as u64;
+    file.write_all_at(&vec![0u8; wiped.min(file_bytes) as usize], 0)
+        .map_err(io_error("wipe log segment", path))?;
+    file.sync_data().map_err(io_error("sync log", path))
+}
+
+/// Replay one segment written since the checkpoint: apply every valid batch. A sealed segment
+/// (`sealed_end`: where the next segment's header says its log ends) must be valid up to
+/// there. The last segment's log ends at its first invalid batch: a torn tail is cut off (with
+/// a warning), damage followed by valid batches refuses to open. Returns the end of its log
+/// and the newest epoch of its records.
+fn replay_segment(
+    id: u64,
+    segment: &FoundSegment,
+    sealed_end: Option<u64>,
     volumes: &[Arc<Volume>],
-    maps: &mut [VolumeMapFile],
+    dirty: &mut [DirtyChunks],
     index: &mut LogIndex,
-) -> Result<(Arc<File>, u64, Epoch), StoreError> {
+) -> Result<(u64, Epoch), StoreError> {
     let numbers: HashMap<u32, usize> = volumes
         .iter()
         .enumerate()
         .map(|(i, v)| (v.number, i))
         .collect();
-    let path = log::segment_path(dir, live);
-    let file = Arc::new(
-        OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(&path)
-            .map_err(io_error("open live log segment", &path))?,
-    );
-    index.push_segment(live, path.clone(), file.clone(), 0);
+    let (path, file) = (&segment.path, &segment.file);
+    index.push_segment(id, path.clone(), file.clone(), 0);
     let mut epoch = Epoch(0);
-    let (valid_end, torn) = log::scan_segment(&file, &path, live, |offset, frame, record| {
-        let corrupt = |reason: String| StoreError::CorruptLog {
-            path: path.clone(),
-            offset,
-            reason,
-        };
-        let Some(&i) = numbers.get(&record.volume_number) else {
-            return Err(corrupt(format!(
-                "record for unknown volume number {}",
-                record.volume_number
-            )));
-        };
-        let volume = &volumes[i];
-        let mut state = volume.state.write().expect("volume lock");
-        if record.sequence != state.applied.next() {
-            return Err(corrupt(format!(
-                "record of sequence {} for volume {:?} does not follow its applied sequence {}",
-                record.sequence, volume.name, state.applied
-            )));
-        }
-        if volume
-            .check_range(record.offset_bytes, record.length_bytes)
-            .is_err()
-        {
-            return Err(corrupt(format!(
-                "record of sequence {} ends past volume {:?}",
-                record.sequence, volume.name
-            )));
-        }
-        add_to_index(index, &record, offset, frame);
-        // The holes need no reclaiming here: `open` queues every volume whole.
-        volume.apply(&mut state, &mut maps[i].chunks, &record)?;
-        epoch = epoch.max(record.epoch);
-        Ok(())
-    })?;
-    if let Some(torn) = torn {
-        if let Some(next) = log::find_batch_after(&file, &path, live, torn.offset)? {
+    let (valid_end, torn) =
+        log::scan_segment(file, path, id, sealed_end, |offset, frame, record| {
+            let corrupt = |reason: String| StoreError::CorruptLog {
+                path: path.clone(),
+                offset,
+                reason,
+            };
+            let Some(&i) = numbers.get(&record.volume_number) else {
+                return Err(corrupt(format!(
+                    "record for unknown volume number {}",
+                    record.volume_number
+                )));
+            };
+            let volume = &volumes[i];
+            let mut state = volume.state.write().expect("volume lock");
+            if record.sequence != state.applied.next() {
+                return Err(corrupt(format!(
+                    "record of sequence {} for volume {:?} does not follow its applied sequence {}",
+                    record.sequence, volume.name, state.applied
+                )));
+            }
+            if volume
+                .check_range(record.offset_bytes, record.length_bytes)
+                .is_err()
+            {
+                return Err(corrupt(format!(
+                    "record of sequence {} ends past volume {:?}",
+                    record.sequence, volume.name
+                )));
+            }
+            add_to_index(index, &record, offset, frame);
+            // The holes need no reclaiming here: `open` queues every volume whole.
+            volume.apply(&mut state, &mut dirty[i], &record)?;
+            epoch = epoch.max(record.epoch);
+            Ok(())
+        })?;
+    let file_bytes = file.metadata().map_err(io_error("stat", path))?.len();
+    index.seal_newest(valid_end, file_bytes);
+    if let Some(end) = sealed_end {
+        if valid_end != end || torn.is_some() {
             return Err(StoreError::CorruptLog {
-                path,
+                path: path.clone(),
+                offset: valid_end,
+                reason: format!(
+                    "{}; the segment was sealed with its log ending at byte {end} (refusing to \
+                     skip records)",
+                    torn.map_or("the log ends early".to_string(), |t| t.reason)
+                ),
+            });
+        }
+        return Ok((valid_end, epoch));
+    }
+    if let Some(torn) = torn {
+        if let Some(next) = log::find_batch_after(file, path, id, torn.offset)? {
+            return Err(StoreError::CorruptLog {
+                path: path.clone(),
                 offset: torn.offset,
                 reason: format!(
                     "{}; a valid batch follows at byte {next}, so this is damage in the middle of \
@@ -857,19 +1171,20 @@ fn replay_live_segment(
                 ),
             });
         }
-        let file_bytes = file.metadata().map_err(io_error("stat", &path))?.len();
-        tracing::warn!(
-            segment = %path.display(),
-            offset = torn.offset,
-            bytes_discarded = file_bytes - torn.offset,
-            reason = %torn.reason,
-            "torn tail of the log (a commit cut short by a crash): discarding it"
-        );
-        file.set_len(valid_end)
-            .map_err(io_error("truncate log", &path))?;
-        file.sync_all().map_err(io_error("sync log", &path))?;
+        if !torn.clean {
+            tracing::warn!(
+                segment = %path.display(),
+                offset = torn.offset,
+                bytes_discarded = file_bytes - torn.offset,
+                reason = %torn.reason,
+                "torn tail of the log (a commit cut short by a crash): discarding it"
+            );
+            file.set_len(valid_end)
+                .map_err(io_error("truncate log", path))?;
+            file.sync_all().map_err(io_error("sync log", path))?;
+        }
     }
-    Ok((file, valid_end, epoch))
+    Ok((valid_end, epoch))
 }
 
 /// Create the layout of an empty store in `dir`, which must hold nothing else.
@@ -924,7 +1239,7 @@ fn open_volume(
     dir: &Path,
     meta: &Meta,
     volume_meta: &VolumeMeta,
-) -> Result<(Arc<Volume>, VolumeMapFile), StoreError> {
+) -> Result<(Arc<Volume>, ChunkImages), StoreError> {
     let data_path = data_path(dir, volume_meta.number);
     let data = OpenOptions::new()
         .read(true)
@@ -942,13 +1257,12 @@ fn open_volume(
             ),
         });
     }
-    let (file, map, chunks) = MapFile::load(
+    let (map_file, map, images) = MapFile::load(
         &map_path(dir, volume_meta.number),
         &volume_meta.name,
         volume_meta.number,
         volume_meta.size_bytes,
         meta.generation,
-        volume_meta.applied,
         volume_meta.map_digest,
     )?;
     let volume = Volume {
@@ -957,64 +1271,92 @@ fn open_volume(
         size_bytes: volume_meta.size_bytes,
         data_path,
         data,
+        map_file,
         state: RwLock::new(VolumeState {
             applied: volume_meta.applied,
             applied_epoch: volume_meta.applied_epoch,
             map,
         }),
     };
-    Ok((
-        Arc::new(volume),
-        VolumeMapFile {
-            file,
-            chunks,
-            unflushed_bytes: 0,
-        },
-    ))
+    Ok((Arc::new(volume), images))
 }
 
-/// Index a closed segment of the replay log. Damage there costs only history: the segment
-/// and everything older are forgotten (and deleted), with a warning, never skipped over.
-fn index_closed_segment(dir: &Path, id: u64, index: &mut LogIndex) -> Result<(), StoreError> {
-    let path = log::segment_path(dir, id);
-    let file = Arc::new(File::open(&path).map_err(io_error("open log segment", &path))?);
+/// Index a closed segment of the replay log (`sealed_end`: where the next segment's header
+/// says its log ends, if it says). Damage there costs only history: the segment and
+/// everything older are forgotten (and deleted), with a warning, never skipped over.
+fn index_closed_segment(
+    id: u64,
+    segment: FoundSegment,
+    sealed_end: Option<u64>,
+    index: &mut LogIndex,
+) -> Result<(), StoreError> {
+    let FoundSegment { path, file, header } = segment;
+    let file_bytes = file.metadata().map_err(io_error("stat", &path))?.len();
     index.push_segment(id, path.clone(), file.clone(), 0);
-    let scanned = log::scan_segment(&file, &path, id, |offset, frame, record| {
-        match index.add(record.volume_number, record.sequence, offset, frame) {
-            Ok(()) => Ok(()),
-            Err(discontinuity) if discontinuity.at_segment_start => {
-                let dropped = index.drop_older_than_newest();
-                tracing::warn!(
-                    segment = %path.display(),
-                    expected = %discontinuity.expected,
-                    found = %discontinuity.found,
-                    "replay log segments do not follow each other; forgetting the older ones"
-                );
-                remove_segments(dropped);
-                index
-                    .add(record.volume_number, record.sequence, offset, frame)
-                    .expect("fits after the drop");
-                Ok(())
-            }
-            Err(discontinuity) => Err(StoreError::CorruptLog {
-                path: path.clone(),
-                offset,
-                reason: format!(
-                    "sequence {} where {} was expected",
-                    discontinuity.found, discontinuity.expected
-                ),
+    let scanned = if header.is_none() {
+        Ok((
+            0,
+            Some(log::Torn {
+                offset: 0,
+                reason: "no valid segment header".into(),
+                clean: false,
             }),
-        }
-    });
+        ))
+    } else {
+        log::scan_segment(
+            &file,
+            &path,
+            id,
+            sealed_end,
+            |offset, frame, record| match index.add(
+                record.volume_number,
+                record.sequence,
+                offset,
+                frame,
+            ) {
+                Ok(()) => Ok(()),
+                Err(discontinuity) if discontinuity.at_segment_start => {
+                    let dropped = index.drop_older_than_newest();
+                    tracing::warn!(
+                        segment = %path.display(),
+                        expected = %discontinuity.expected,
+                        found = %discontinuity.found,
+                        "replay log segments do not follow each other; forgetting the older ones"
+                    );
+                    remove_segments(dropped);
+                    index
+                        .add(record.volume_number, record.sequence, offset, frame)
+                        .expect("fits after the drop");
+                    Ok(())
+                }
+                Err(discontinuity) => Err(StoreError::CorruptLog {
+                    path: path.clone(),
+                    offset,
+                    reason: format!(
+                        "sequence {} where {} was expected",
+                        discontinuity.found, discontinuity.expected
+                    ),
+                }),
+            },
+        )
+    };
     let damage = match scanned {
-        Ok((end, None)) => {
-            index.set_newest_bytes(end);
+        // Without a known end, the log of a preallocated segment ends at its first invalid
+        // batch; with one, it must reach it.
+        Ok((end, torn))
+            if (sealed_end.is_none() && torn.as_ref().map_or(true, |t| t.clean))
+                || (sealed_end == Some(end) && torn.is_none()) =>
+        {
+            index.seal_newest(end, file_bytes);
             return Ok(());
         }
-        Ok((_, Some(torn))) => StoreError::CorruptLog {
+        Ok((end, torn)) => StoreError::CorruptLog {
             path: path.clone(),
-            offset: torn.offset,
-            reason: torn.reason,
+            offset: end,
+            reason: torn.map_or_else(
+                || format!("the log ends before byte {sealed_end:?}, where it was sealed"),
+                |t| t.reason,
+            ),
         },
         Err(error @ StoreError::CorruptLog { .. }) => error,
         Err(error) => return Err(error),

@@ -8,7 +8,7 @@ use std::{
     path::{Path, PathBuf},
     process::{Command, Stdio},
     sync::{
-        atomic::{AtomicBool, AtomicUsize, Ordering},
+        atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering},
         Arc,
     },
 };
@@ -17,7 +17,8 @@ use bytes::Bytes;
 use proto::{BlockExtent, Epoch, Op, Record, Sequence, VolumeId, BLOCK_BYTES, PAYLOAD_BYTES_MAX};
 
 use crate::{
-    log, CommitOutcome, Store, StoreError, StoreOptions, VolumeHandle, CHECKPOINT_LOG_BYTES_MIN,
+    log, CommitOutcome, Store, StoreError, StoreOptions, VolumeHandle, CHECKPOINT_LAG_SEGMENTS_MAX,
+    CHECKPOINT_LOG_BYTES_MIN,
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -370,6 +371,28 @@ fn one_batch_with_overlapping_partial_writes() {
 }
 
 #[test]
+fn a_batch_of_sequential_writes_is_applied_in_one_run() {
+    let mut f = Fixture::new("run", 1 << 20, StoreOptions::default());
+    f.commit(&[write_op(5 * BLOCK_BYTES, 4096, 9)]);
+    let b = BLOCK_BYTES;
+    // Blocks 0, 1-2, 3-4 (the last partial), 5 (partial, merged with its content), then a
+    // trim and writes that continue after it: one run, a break, another run.
+    f.commit(&[
+        write_op(0, 4096, 1),
+        write_op(b, 8192, 2),
+        write_op(3 * b, 4096 + 100, 3),
+        write_op(5 * b + 512, 512, 4),
+        trim_op(6 * b, 2 * b),
+        write_op(8 * b, 4096, 5),
+        write_op(9 * b, 4096, 6),
+        write_op(9 * b + 1000, 100, 7),
+    ]);
+    f.check();
+    f.reopen();
+    f.check();
+}
+
+#[test]
 fn a_commit_larger_than_a_log_batch() {
     // 96 MiB of writes in one commit: several log batches, each synced before the next.
     let mut f = Fixture::new("big-commit", 128 << 20, StoreOptions::default());
@@ -593,7 +616,10 @@ fn stale_epochs_are_fenced_and_the_epoch_is_durable() {
             ref other => panic!("unexpected {other}"),
         })
         .collect();
-    assert_eq!(stale, vec![(0, 4), (3, 6)]);
+    // Sequence 1 of epoch 4 is accepted: fencing is per volume (the store-wide epoch set
+    // above only says what the newest host element is); sequence 3 of epoch 6 follows a
+    // record of epoch 7 on the same volume and is refused.
+    assert_eq!(stale, vec![(3, 6)]);
     assert_eq!(
         f.store().epoch(),
         Epoch(7),
@@ -1149,12 +1175,250 @@ fn reads_never_see_half_an_apply() {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Background checkpoints, sealed segments, preallocated and recycled segments.
+// ---------------------------------------------------------------------------------------------
+
+/// The write of sequence `sequence` in the tests below: one block, 256 blocks round.
+fn block_write(sequence: u64) -> Op {
+    write_op((sequence % 256) * BLOCK_BYTES, 4096, sequence)
+}
+
+fn meta_log_start(dir: &Path) -> u64 {
+    crate::meta::Meta::read(dir)
+        .expect("read meta")
+        .expect("a store")
+        .log_start
+}
+
+#[test]
+fn commits_go_on_during_a_checkpoint_and_wait_only_at_the_lag_bound() {
+    let mut f = Fixture::new("lag", 1 << 20, small_options());
+    let store = Arc::new(f.store.take().expect("open"));
+    let volume = f.volume;
+    let total = 120u64; // 16 commits fill a 64 KiB segment: about 7 segments
+    let committed = Arc::new(AtomicU64::new(0));
+    let gate = store.checkpoint_gate();
+    let committer = {
+        let (store, committed) = (store.clone(), committed.clone());
+        std::thread::spawn(move || {
+            for sequence in 1..=total {
+                store
+                    .commit(&[(volume, record(sequence, block_write(sequence)))])
+                    .expect("commit");
+                committed.store(sequence, Ordering::Relaxed);
+            }
+        })
+    };
+    // The first seal starts a checkpoint, which stalls; the next seals queue behind it until
+    // the log not covered by a committed checkpoint spans `CHECKPOINT_LAG_SEGMENTS_MAX`
+    // segments. Then the committer waits.
+    let mut stalled_at = 0;
+    for _ in 0..100 {
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        let now = committed.load(Ordering::Relaxed);
+        if now == stalled_at && now > 0 {
+            break;
+        }
+        stalled_at = now;
+    }
+    let segments = store.log_segments();
+    assert!(stalled_at < total, "the committer never waited");
+    assert_eq!(
+        segments.last().copied(),
+        Some(CHECKPOINT_LAG_SEGMENTS_MAX),
+        "live segment while stalled ({stalled_at} commits): {segments:?}"
+    );
+    assert!(
+        stalled_at >= 3 * 15,
+        "commits went on through three seals: {stalled_at}"
+    );
+    assert_eq!(meta_log_start(&f.dir.0), 1, "nothing was checkpointed yet");
+    drop(gate);
+    committer.join().expect("committer");
+    assert_eq!(committed.load(Ordering::Relaxed), total);
+    store.checkpoint().expect("checkpoint");
+    assert_eq!(
+        Some(meta_log_start(&f.dir.0)),
+        store.log_segments().last().copied()
+    );
+    f.store = Some(Arc::into_inner(store).expect("the only owner"));
+    for sequence in 1..=total {
+        f.model.apply(&block_write(sequence));
+    }
+    f.applied = total;
+    f.check();
+    f.reopen();
+    f.check();
+}
+
+#[test]
+fn a_sealed_segment_must_hold_its_whole_log() {
+    let mut f = Fixture::new("sealed", 1 << 20, StoreOptions::default());
+    f.commit(&[write_op(0, 4096, 1)]);
+    f.store().checkpoint().expect("first checkpoint");
+    let meta = fs::read(f.dir.0.join("meta")).expect("read meta");
+    let sealed = f.live_segment();
+    f.commit(&[write_op(4096, 4096, 2), write_op(8192, 8192, 3)]);
+    f.commit(&[write_op(10 * BLOCK_BYTES + 512, 100, 4)]);
+    // The second checkpoint seals the segment, but "crashes" before its metadata commit:
+    // recovery replays the sealed segment and the next one.
+    f.store().checkpoint().expect("second checkpoint");
+    f.commit(&[write_op(20 * BLOCK_BYTES, 4096, 5)]);
+    f.close();
+    fs::write(f.dir.0.join("meta"), &meta).expect("restore meta");
+    f.reopen();
+    f.check();
+    f.close();
+    fs::write(f.dir.0.join("meta"), &meta).expect("restore meta");
+    let bytes = fs::read(&sealed).expect("read sealed segment");
+    let mut flipped = bytes.clone();
+    *flipped.last_mut().expect("not empty") ^= 1;
+    // (content of the sealed segment, what): the next segment's header says where its log
+    // ends, so losing its last batch is damage, not a torn tail.
+    for (damaged, what) in [
+        (flipped, "last batch damaged"),
+        (bytes[..bytes.len() - 100].to_vec(), "last batch cut short"),
+    ] {
+        fs::write(&sealed, &damaged).expect("damage");
+        let error = Store::open(&f.dir.0, f.options)
+            .err()
+            .unwrap_or_else(|| panic!("{what}: opened"));
+        let message = error.to_string();
+        assert!(
+            matches!(&error, StoreError::CorruptLog { path, .. } if *path == sealed),
+            "{what}: {message}"
+        );
+        assert!(message.contains("sealed"), "{what}: {message}");
+    }
+    fs::write(&sealed, &bytes).expect("restore");
+    f.reopen();
+    f.check();
+}
+
+#[test]
+fn stale_batches_after_the_end_of_the_log_are_never_read_as_records() {
+    // A recycled segment file still holds the batches of the segment it was: valid ones, of
+    // another segment id. Past the end of the log they must read as its end.
+    let mut f = Fixture::new("stale", 1 << 20, StoreOptions::default());
+    f.commit(&[write_op(0, 4096, 1), write_op(4096, 8192, 2)]);
+    f.commit(&[write_op(40 * BLOCK_BYTES, 4096, 3)]);
+    let old = f.live_segment();
+    f.store().checkpoint().expect("checkpoint");
+    f.commit(&[write_op(80 * BLOCK_BYTES, 4096, 4)]);
+    let live = f.live_segment();
+    assert_eq!(
+        live,
+        log::segment_path(&f.dir.0, f.store().log_segments()[1])
+    );
+    f.close();
+    let old_bytes = fs::read(&old).expect("read old");
+    let live_bytes = fs::read(&live).expect("read live");
+    assert!(old_bytes.len() > live_bytes.len() + 40);
+    // (bytes between the log and the stale rest: none (cut short) or an end mark)
+    for gap in [0usize, 40] {
+        let mut recycled = old_bytes.clone();
+        recycled[..live_bytes.len()].copy_from_slice(&live_bytes);
+        recycled[live_bytes.len()..live_bytes.len() + gap].fill(0);
+        fs::write(&live, &recycled).expect("write recycled");
+        f.reopen();
+        f.check();
+        f.close();
+    }
+    f.reopen();
+    f.commit(&[write_op(90 * BLOCK_BYTES, 4096, 5), write_op(0, 512, 6)]);
+    f.reopen();
+    f.check();
+}
+
+#[test]
+fn a_first_batch_without_its_segment_header_never_comes_back() {
+    let mut f = Fixture::new("headerless", 1 << 20, StoreOptions::default());
+    f.commit(&[write_op(0, 4096, 1)]);
+    f.store().checkpoint().expect("checkpoint");
+    let segment = f.live_segment();
+    let (model, applied) = (f.model.clone(), f.applied);
+    f.commit(&[write_op(8 * BLOCK_BYTES, 4096, 7)]);
+    f.close();
+    // Power failure: the first batch reached the disk, the segment header written with it
+    // did not. The segment counts as never written: the batch was never acknowledged.
+    let mut bytes = fs::read(&segment).expect("read");
+    bytes[..log::SEGMENT_HEADER_BYTES].fill(0);
+    fs::write(&segment, &bytes).expect("write");
+    (f.model, f.applied) = (model.clone(), applied);
+    f.reopen();
+    f.check();
+    let before_next = fs::read(&segment).expect("read");
+    // The same sequence again, other content.
+    f.commit(&[write_op(16 * BLOCK_BYTES, 4096, 8)]);
+    f.close();
+    // Power failure again: this time the segment header landed and the batch did not. The
+    // old batch below it must not count.
+    let after = fs::read(&segment).expect("read");
+    let mut lost = before_next.clone();
+    lost.resize(after.len().max(lost.len()), 0);
+    lost[..log::SEGMENT_HEADER_BYTES].copy_from_slice(&after[..log::SEGMENT_HEADER_BYTES]);
+    fs::write(&segment, &lost).expect("write");
+    (f.model, f.applied) = (model, applied);
+    f.reopen();
+    f.check();
+}
+
+#[test]
+fn segments_are_recycled_and_the_replay_log_stays_bounded() {
+    let options = StoreOptions {
+        checkpoint_log_bytes: CHECKPOINT_LOG_BYTES_MIN,
+        replay_log_bytes: 2 * CHECKPOINT_LOG_BYTES_MIN,
+    };
+    let mut f = Fixture::new("recycle", 1 << 20, options);
+    let mut inodes = std::collections::HashSet::new();
+    let mut reused = 0;
+    for sequence in 1..=400u64 {
+        f.commit(&[block_write(sequence)]);
+        let live = f.live_segment();
+        if let Ok(metadata) = fs::metadata(&live) {
+            if !inodes.insert(metadata.ino()) && sequence % 16 == 1 {
+                reused += 1;
+            }
+        }
+        if sequence % 100 == 0 {
+            f.store().checkpoint().expect("checkpoint");
+        }
+    }
+    assert!(reused > 0, "no segment file was recycled");
+    f.store().checkpoint().expect("checkpoint");
+    let segments = f.store().log_segments();
+    let closed: u64 = segments[..segments.len() - 1]
+        .iter()
+        .map(|id| {
+            fs::metadata(log::segment_path(&f.dir.0, *id))
+                .expect("stat")
+                .len()
+        })
+        .sum();
+    assert!(
+        closed <= options.replay_log_bytes,
+        "replay log of {closed} bytes"
+    );
+    let records = f
+        .store()
+        .log_records(f.volume, Sequence(399), 1 << 20)
+        .expect("recent records");
+    assert_eq!(records.len(), 1);
+    assert_eq!(records[0].op, block_write(400));
+    f.reopen();
+    f.check();
+}
+
+// ---------------------------------------------------------------------------------------------
 // kill -9: a child process (this test binary, re-executed) commits in a loop and reports every
 // returned commit; the parent kills it at some point, reopens, and checks every reported
 // record is there, and the content is exactly the model of what was applied.
 // ---------------------------------------------------------------------------------------------
 
 const CRASH_CHILD_ENV: &str = "STARFISH_STORE_CRASH_CHILD_DIR";
+/// Milliseconds every checkpoint of the child sleeps first: its checkpointer lags behind, so
+/// several segments await a checkpoint and seals wait at the lag bound.
+const CRASH_CHILD_DELAY_ENV: &str = "STARFISH_STORE_CRASH_CHILD_CHECKPOINT_DELAY_MS";
 const CRASH_VOLUME_BYTES: u64 = 2 << 20;
 
 /// The operation of sequence `sequence` in the crash test (a pure function of it).
@@ -1176,6 +1440,10 @@ fn crash_child() {
     let Ok(dir) = std::env::var(CRASH_CHILD_ENV) else {
         return;
     };
+    if let Ok(delay) = std::env::var(CRASH_CHILD_DELAY_ENV) {
+        crate::checkpoint::CHECKPOINT_DELAY_MS
+            .store(delay.parse().expect("child: delay"), Ordering::Relaxed);
+    }
     let store = Store::open(Path::new(&dir), small_options()).expect("child: open");
     let volume = store
         .ensure_volume("vol", CRASH_VOLUME_BYTES)
@@ -1197,10 +1465,23 @@ fn crash_child() {
 
 #[test]
 fn every_returned_commit_survives_kill_9() {
-    let dir = TempDir::new("kill-9");
+    kill_9_rounds("kill-9", 0, 6);
+}
+
+#[test]
+fn every_returned_commit_survives_kill_9_with_a_lagging_checkpointer() {
+    // Checkpoints start 30 ms late: up to `CHECKPOINT_LAG_SEGMENTS_MAX` segments await one,
+    // seals merge into a queued checkpoint or wait, and recovery replays several segments.
+    kill_9_rounds("kill-9-lagging", 30, 6);
+}
+
+/// Rounds of: a child commits in a loop (its checkpoints delayed by `delay_ms`), is killed,
+/// and the store must hold every reported commit and exactly the model of what it applied.
+fn kill_9_rounds(name: &str, delay_ms: u64, rounds: u64) {
+    let dir = TempDir::new(name);
     let executable = std::env::current_exe().expect("test binary");
     let mut reported = 0u64;
-    for round in 0..6u64 {
+    for round in 0..rounds {
         let started = std::time::Instant::now();
         let mut child = Command::new(&executable)
             .args([
@@ -1210,6 +1491,7 @@ fn every_returned_commit_survives_kill_9() {
                 "--test-threads=1",
             ])
             .env(CRASH_CHILD_ENV, &dir.0)
+            .env(CRASH_CHILD_DELAY_ENV, delay_ms.to_string())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()

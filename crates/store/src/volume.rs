@@ -6,7 +6,7 @@ use std::{fs::File, ops::Range, os::unix::fs::FileExt, path::PathBuf, sync::RwLo
 use proto::{BlockExtent, Epoch, Sequence, BLOCK_BYTES};
 
 use crate::{
-    block_map::{zero_block_crc, BlockMap, Chunks},
+    block_map::{zero_block_crc, BlockMap, DirtyChunks, MapFile},
     error::io_error,
     log::{Change, LogRecord},
     sys, StoreError, BLOCK_STATUS_EXTENTS_MAX, SCAN_BUFFER_BYTES,
@@ -18,6 +18,8 @@ pub struct Volume {
     pub size_bytes: u64,
     pub data_path: PathBuf,
     pub data: File,
+    /// Written only by checkpoints (one at a time).
+    pub map_file: MapFile,
     /// Held for writing only while a record is applied, so a reader sees the block map, the
     /// data file and the applied sequence of one moment.
     pub state: RwLock<VolumeState>,
@@ -53,8 +55,58 @@ impl Volume {
     pub fn apply(
         &self,
         state: &mut VolumeState,
-        chunks: &mut Chunks,
+        chunks: &mut DirtyChunks,
         record: &LogRecord,
+    ) -> Result<Range<u64>, StoreError> {
+        self.apply_written(state, chunks, record, false)
+    }
+
+    /// Write the blocks of consecutive block-writing records (whose blocks follow each other)
+    /// with one `pwritev`, then apply them. The caller holds `state` for writing.
+    pub fn apply_run(
+        &self,
+        state: &mut VolumeState,
+        chunks: &mut DirtyChunks,
+        records: &[&LogRecord],
+    ) -> Result<(), StoreError> {
+        let mut slices: Vec<&[u8]> = Vec::new();
+        let mut start = None;
+        let mut next = 0;
+        for record in records {
+            let Change::Blocks {
+                first_block,
+                pieces,
+                crcs,
+            } = &record.change
+            else {
+                unreachable!("a run holds block writes only")
+            };
+            if start.is_some() {
+                assert_eq!(next, *first_block, "the blocks of a run follow each other");
+            }
+            start.get_or_insert(*first_block);
+            next = first_block + crcs.len() as u64;
+            slices.extend(pieces.iter().map(|p| &p[..]));
+        }
+        let Some(start) = start else {
+            return Ok(());
+        };
+        sys::write_all_vectored_at(&self.data, &slices, start * BLOCK_BYTES)
+            .map_err(io_error("write volume data", &self.data_path))?;
+        for record in records {
+            let holes = self.apply_written(state, chunks, record, true)?;
+            debug_assert!(holes.is_empty());
+        }
+        Ok(())
+    }
+
+    /// `apply`; with `blocks_written`, a record's carried blocks are already in the data file.
+    fn apply_written(
+        &self,
+        state: &mut VolumeState,
+        chunks: &mut DirtyChunks,
+        record: &LogRecord,
+        blocks_written: bool,
     ) -> Result<Range<u64>, StoreError> {
         assert_eq!(
             record.sequence,
@@ -71,9 +123,11 @@ impl Volume {
                 pieces,
                 crcs,
             } => {
-                let slices: Vec<&[u8]> = pieces.iter().map(|p| &p[..]).collect();
-                sys::write_all_vectored_at(&self.data, &slices, first_block * BLOCK_BYTES)
-                    .map_err(io_error("write volume data", &self.data_path))?;
+                if !blocks_written {
+                    let slices: Vec<&[u8]> = pieces.iter().map(|p| &p[..]).collect();
+                    sys::write_all_vectored_at(&self.data, &slices, first_block * BLOCK_BYTES)
+                        .map_err(io_error("write volume data", &self.data_path))?;
+                }
                 for (i, crc) in crcs.iter().enumerate() {
                     state
                         .map

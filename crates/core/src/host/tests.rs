@@ -537,7 +537,7 @@ fn diverged_or_too_far_behind_elements_stay_out() {
 #[test]
 fn block_status_marks_queued_writes_as_data() {
     let extents = vec![BlockExtent { length_bytes: 16384, allocated: false }];
-    let mut q = WriteQueue::new(1 << 30, Sequence::ZERO);
+    let mut q = WriteQueue::new(1 << 30, Sequence::ZERO, Epoch(0));
     q.push(Entry {
         record: Record {
             volume: VOLUME,

@@ -1,0 +1,703 @@
+//! An element in memory, with the semantics of the real one (`crates/shell/src/element.rs`
+//! over `crates/store`): group commit (records wait for one simulated fdatasync, then are
+//! applied and acknowledged cumulatively), strict sequence order, duplicates skipped, gaps and
+//! older epochs refused with a `Fault`, a bounded replay log, per-block checksums that fail
+//! reads of a corrupt block, and crash behaviour that depends on what crashed: a killed process
+//! keeps what it had written (the page cache survives), a power loss keeps a random prefix of
+//! the unsynced batch and may tear the next record (discarded by its checksum).
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+
+use bytes::Bytes;
+use proto::{
+    BlockExtent, ElementMessage, Epoch, HostMessage, Op, Record, Sequence, VolumeId, VolumeState,
+    BLOCK_BYTES,
+};
+
+use crate::options::Broken;
+use crate::rng::Rng;
+
+/// Records taken into one group commit at most (as the real committer).
+const COMMIT_BATCH_RECORDS_MAX: usize = 1024;
+/// Replay-log bookkeeping per record beyond its payload.
+const LOG_RECORD_OVERHEAD_BYTES: u64 = 64;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CrashKind {
+    Kill,
+    PowerLoss,
+}
+
+/// What the element asks the world to do.
+#[derive(Debug)]
+pub enum Out {
+    Send {
+        session: u64,
+        message: ElementMessage,
+        delay_us: u64,
+    },
+    /// Schedule the end of the fdatasync of the current batch.
+    SyncAfter { delay_us: u64 },
+    /// The element ends this session (after a refusal).
+    Close { session: u64 },
+    /// A record was refused. `ordering`: for arriving out of order (a gap not caused by an
+    /// earlier refusal in the same commit) or from an older epoch than the element holds.
+    Refused {
+        session: u64,
+        reason: String,
+        ordering: bool,
+    },
+    /// A replay recovery asks for records of a peer's replay log.
+    Recover {
+        session: u64,
+        volume: VolumeId,
+        source: String,
+        after: Sequence,
+        through: Sequence,
+    },
+}
+
+pub struct Volume {
+    pub data: Vec<u8>,
+    /// Per 4 KiB block: holds data (false: a hole that reads as zeroes).
+    pub allocated: Vec<bool>,
+    /// Epoch of every applied record, index = sequence − 1. The simulator's ground truth of
+    /// this replica's history (the real element keeps only the bounded replay log).
+    pub history: Vec<Epoch>,
+    log: VecDeque<Record>,
+    log_bytes: u64,
+    /// Ack-before-sync variant: highest sequence received in order.
+    received_through: Sequence,
+}
+
+impl Volume {
+    pub fn applied(&self) -> Sequence {
+        Sequence(self.history.len() as u64)
+    }
+}
+
+struct Pending {
+    session: u64,
+    record: Record,
+}
+
+struct Batch {
+    records: Vec<Record>,
+    /// Who gets a cumulative `Applied` once the batch is durable.
+    acks: Vec<(u64, VolumeId)>,
+}
+
+pub struct Element {
+    pub name: String,
+    pub alive: bool,
+    /// False while powered off: connection attempts time out instead of being refused.
+    pub machine_up: bool,
+    pub incarnation: u64,
+    /// Newest epoch seen in committed records (durable).
+    pub epoch: Epoch,
+    pub vols: Vec<Volume>,
+    sessions: BTreeMap<u64, bool>,
+    pending: VecDeque<Pending>,
+    batch: Option<Batch>,
+    pub disk_full: bool,
+    /// A commit failed (I/O error): the store refuses changes until the element restarts.
+    pub poisoned: bool,
+    pub fsync_us: u64,
+    pub slow_disk_factor: u64,
+    pub corrupt_blocks: BTreeSet<(usize, u64)>,
+    pub corrupt_log: BTreeSet<(usize, u64)>,
+    replay_log_bytes: u64,
+    recover_waiters: Vec<(u64, VolumeId, Sequence)>,
+    /// (session, volume) that had a record refused.
+    refused: BTreeSet<(u64, usize)>,
+    broken: Broken,
+    pub torn_records: u64,
+    pub unsynced_lost: u64,
+}
+
+impl Element {
+    pub fn new(
+        name: String,
+        volumes: usize,
+        volume_bytes: u64,
+        fsync_us: u64,
+        replay_log_bytes: u64,
+        broken: Broken,
+    ) -> Element {
+        let blocks = (volume_bytes / BLOCK_BYTES) as usize;
+        Element {
+            name,
+            alive: true,
+            machine_up: true,
+            incarnation: 1,
+            epoch: Epoch(0),
+            vols: (0..volumes)
+                .map(|_| Volume {
+                    data: vec![0; volume_bytes as usize],
+                    allocated: vec![false; blocks],
+                    history: Vec::new(),
+                    log: VecDeque::new(),
+                    log_bytes: 0,
+                    received_through: Sequence::ZERO,
+                })
+                .collect(),
+            sessions: BTreeMap::new(),
+            pending: VecDeque::new(),
+            batch: None,
+            disk_full: false,
+            poisoned: false,
+            fsync_us,
+            slow_disk_factor: 1,
+            corrupt_blocks: BTreeSet::new(),
+            corrupt_log: BTreeSet::new(),
+            replay_log_bytes,
+            recover_waiters: Vec::new(),
+            refused: BTreeSet::new(),
+            broken,
+            torn_records: 0,
+            unsynced_lost: 0,
+        }
+    }
+
+    pub fn has_session(&self, session: u64) -> bool {
+        self.sessions.contains_key(&session)
+    }
+
+    pub fn open_session(&mut self, session: u64) {
+        assert!(self.alive);
+        self.sessions.insert(session, false);
+    }
+
+    pub fn close_session(&mut self, session: u64) {
+        self.sessions.remove(&session);
+    }
+
+    pub fn sessions(&self) -> Vec<u64> {
+        self.sessions.keys().copied().collect()
+    }
+
+    fn read_delay_us(&self, rng: &mut Rng, bytes: u64) -> u64 {
+        (rng.range(20, 400) + bytes / 1000) * self.slow_disk_factor
+    }
+
+    pub fn handle(
+        &mut self,
+        rng: &mut Rng,
+        session: u64,
+        message: HostMessage,
+        out: &mut Vec<Out>,
+    ) {
+        assert!(self.alive && self.sessions.contains_key(&session));
+        let hello_done = self.sessions[&session];
+        if !hello_done && !matches!(message, HostMessage::Hello { .. }) {
+            out.push(Out::Send {
+                session,
+                message: ElementMessage::Refused {
+                    reason: "protocol: request before hello".into(),
+                },
+                delay_us: 0,
+            });
+            out.push(Out::Close { session });
+            return;
+        }
+        match message {
+            HostMessage::Hello { epoch, volumes } => {
+                if hello_done {
+                    out.push(Out::Send {
+                        session,
+                        message: ElementMessage::Refused {
+                            reason: "protocol: second hello".into(),
+                        },
+                        delay_us: 0,
+                    });
+                    out.push(Out::Close { session });
+                    return;
+                }
+                if epoch < self.epoch {
+                    let reason = format!(
+                        "stale epoch {epoch}: this element already follows epoch {}",
+                        self.epoch
+                    );
+                    out.push(Out::Send {
+                        session,
+                        message: ElementMessage::Refused { reason },
+                        delay_us: 0,
+                    });
+                    out.push(Out::Close { session });
+                    return;
+                }
+                assert_eq!(
+                    volumes.len(),
+                    self.vols.len(),
+                    "the simulator configures every volume everywhere"
+                );
+                self.sessions.insert(session, true);
+                let states = self
+                    .vols
+                    .iter()
+                    .map(|v| {
+                        let applied = v.applied();
+                        let applied_epoch = v
+                            .log
+                            .back()
+                            .filter(|r| r.sequence == applied)
+                            .map_or(Epoch(0), |r| r.epoch);
+                        VolumeState {
+                            applied_sequence: applied,
+                            applied_epoch,
+                        }
+                    })
+                    .collect();
+                let delay_us = self.read_delay_us(rng, 0);
+                out.push(Out::Send {
+                    session,
+                    message: ElementMessage::Welcome {
+                        epoch: self.epoch,
+                        volumes: states,
+                    },
+                    delay_us,
+                });
+            }
+            HostMessage::Apply(record) => {
+                if self.broken == Broken::AckBeforeSync {
+                    let v = &mut self.vols[record.volume.0 as usize];
+                    v.received_through = v.received_through.max(v.applied());
+                    if record.sequence == v.received_through.next() {
+                        v.received_through = record.sequence;
+                        let message = ElementMessage::Applied {
+                            volume: record.volume,
+                            sequence: record.sequence,
+                        };
+                        out.push(Out::Send {
+                            session,
+                            message,
+                            delay_us: 0,
+                        });
+                    }
+                }
+                self.pending.push_back(Pending { session, record });
+                if self.batch.is_none() {
+                    self.start_batch(out);
+                }
+            }
+            HostMessage::Read {
+                request_id,
+                volume,
+                offset_bytes,
+                length_bytes,
+            } => {
+                let v = &self.vols[volume.0 as usize];
+                let applied_sequence = v.applied();
+                let first = offset_bytes / BLOCK_BYTES;
+                let end = (offset_bytes + length_bytes as u64).div_ceil(BLOCK_BYTES);
+                let corrupt =
+                    (first..end).find(|b| self.corrupt_blocks.contains(&(volume.0 as usize, *b)));
+                let result = match corrupt {
+                    Some(b) => Err(format!("volume {volume} block {b}: checksum mismatch")),
+                    None => Ok(Bytes::copy_from_slice(
+                        &v.data
+                            [offset_bytes as usize..(offset_bytes + length_bytes as u64) as usize],
+                    )),
+                };
+                let delay_us = self.read_delay_us(rng, length_bytes as u64);
+                out.push(Out::Send {
+                    session,
+                    message: ElementMessage::ReadReply {
+                        request_id,
+                        applied_sequence,
+                        result,
+                    },
+                    delay_us,
+                });
+            }
+            HostMessage::BlockStatus {
+                request_id,
+                volume,
+                offset_bytes,
+                length_bytes,
+            } => {
+                let v = &self.vols[volume.0 as usize];
+                let mut extents: Vec<BlockExtent> = Vec::new();
+                let end_bytes = offset_bytes + length_bytes;
+                let mut at = offset_bytes;
+                while at < end_bytes {
+                    let block = at / BLOCK_BYTES;
+                    let next = ((block + 1) * BLOCK_BYTES).min(end_bytes);
+                    let allocated = v.allocated[block as usize];
+                    match extents.last_mut() {
+                        Some(last) if last.allocated == allocated => last.length_bytes += next - at,
+                        _ => extents.push(BlockExtent {
+                            length_bytes: next - at,
+                            allocated,
+                        }),
+                    }
+                    at = next;
+                }
+                let delay_us = self.read_delay_us(rng, 0);
+                let message = ElementMessage::BlockStatusReply {
+                    request_id,
+                    applied_sequence: v.applied(),
+                    result: Ok(extents),
+                };
+                out.push(Out::Send {
+                    session,
+                    message,
+                    delay_us,
+                });
+            }
+            HostMessage::Ping { nonce } => {
+                out.push(Out::Send {
+                    session,
+                    message: ElementMessage::Pong { nonce },
+                    delay_us: 0,
+                });
+            }
+            HostMessage::FetchLog {
+                request_id,
+                volume,
+                after,
+                max_bytes,
+            } => {
+                let result =
+                    self.log_records(volume.0 as usize, after, Sequence(u64::MAX), max_bytes);
+                let bytes: u64 = result
+                    .as_ref()
+                    .map_or(0, |r| r.iter().map(|r| r.op.payload_bytes()).sum());
+                let delay_us = self.read_delay_us(rng, bytes);
+                out.push(Out::Send {
+                    session,
+                    message: ElementMessage::LogRecords { request_id, result },
+                    delay_us,
+                });
+            }
+            HostMessage::Recover {
+                volume,
+                source,
+                after,
+                through,
+                ..
+            } => {
+                out.push(Out::Recover {
+                    session,
+                    volume,
+                    source,
+                    after,
+                    through,
+                });
+            }
+        }
+    }
+
+    /// Records of a volume after `after` through `through` from the replay log: at least one,
+    /// then as many as fit in `max_bytes` (as `Store::log_records`).
+    pub fn log_records(
+        &self,
+        vi: usize,
+        after: Sequence,
+        through: Sequence,
+        max_bytes: u64,
+    ) -> Result<Vec<Record>, String> {
+        let v = &self.vols[vi];
+        let last = v.applied().min(through);
+        if after >= last {
+            return Ok(Vec::new());
+        }
+        let Some(front) = v.log.front() else {
+            return Err(format!(
+                "sequence {} is no longer in the replay log (it is empty)",
+                after.next()
+            ));
+        };
+        if front.sequence > after.next() {
+            return Err(format!(
+                "sequence {} is no longer in the replay log (oldest {})",
+                after.next(),
+                front.sequence
+            ));
+        }
+        let mut records = Vec::new();
+        let mut bytes = 0;
+        let start = (after.next().0 - front.sequence.0) as usize;
+        for record in v.log.iter().skip(start) {
+            if record.sequence > last
+                || (!records.is_empty() && bytes + record.op.payload_bytes() > max_bytes)
+            {
+                break;
+            }
+            if self.corrupt_log.contains(&(vi, record.sequence.0)) {
+                return Err(format!(
+                    "replay log record {} fails its checksum",
+                    record.sequence
+                ));
+            }
+            bytes += record.op.payload_bytes();
+            records.push(record.clone());
+        }
+        Ok(records)
+    }
+
+    /// Records pulled from a peer for a replay recovery: committed as if the host element had
+    /// sent them on `session`; `RecoveryDone` follows once `through` is applied.
+    pub fn recover_records(
+        &mut self,
+        session: u64,
+        volume: VolumeId,
+        through: Sequence,
+        records: Vec<Record>,
+        out: &mut Vec<Out>,
+    ) {
+        if !self.sessions.contains_key(&session) {
+            return;
+        }
+        for record in records {
+            self.pending.push_back(Pending {
+                session,
+                record: Record { volume, ..record },
+            });
+        }
+        self.recover_waiters.push((session, volume, through));
+        if self.batch.is_none() {
+            self.start_batch(out);
+        }
+        self.answer_recover_waiters(out);
+    }
+
+    fn answer_recover_waiters(&mut self, out: &mut Vec<Out>) {
+        let vols = &self.vols;
+        self.recover_waiters.retain(|(session, volume, through)| {
+            let applied = vols[volume.0 as usize].applied();
+            if applied >= *through {
+                let message = ElementMessage::RecoveryDone {
+                    volume: *volume,
+                    result: Ok(applied),
+                };
+                out.push(Out::Send {
+                    session: *session,
+                    message,
+                    delay_us: 0,
+                });
+                false
+            } else {
+                true
+            }
+        });
+    }
+
+    /// The committer takes everything waiting, checks it as `Store::commit` does, and starts
+    /// one write + fdatasync for what it accepts.
+    fn start_batch(&mut self, out: &mut Vec<Out>) {
+        assert!(self.batch.is_none());
+        if self.pending.is_empty() {
+            return;
+        }
+        let take = self.pending.len().min(COMMIT_BATCH_RECORDS_MAX);
+        let items: Vec<Pending> = self.pending.drain(..take).collect();
+        if self.disk_full || self.poisoned {
+            self.poisoned = true;
+            let mut told = BTreeSet::new();
+            for p in &items {
+                if told.insert(p.session) {
+                    let reason = "commit failed: no space left on device (the store refuses changes until reopened)".to_string();
+                    out.push(Out::Send {
+                        session: p.session,
+                        message: ElementMessage::Fault { reason },
+                        delay_us: 0,
+                    });
+                }
+            }
+            return;
+        }
+        let mut running_epoch = self.epoch;
+        let mut applied: Vec<Sequence> = self.vols.iter().map(|v| v.applied()).collect();
+        let mut batch = Batch {
+            records: Vec::new(),
+            acks: Vec::new(),
+        };
+        let mut bytes = 0;
+        for p in items {
+            let record = p.record;
+            let vi = record.volume.0 as usize;
+            if !batch.acks.contains(&(p.session, record.volume)) {
+                batch.acks.push((p.session, record.volume));
+            }
+            let mut refuse = |reason: String, ordering: bool, out: &mut Vec<Out>| {
+                // Records behind a refused one on the same session are refused as gaps too;
+                // only the first says something about the order the host element sent.
+                let ordering = ordering && self.refused.insert((p.session, vi));
+                out.push(Out::Refused {
+                    session: p.session,
+                    reason: reason.clone(),
+                    ordering,
+                });
+                out.push(Out::Send {
+                    session: p.session,
+                    message: ElementMessage::Fault { reason },
+                    delay_us: 0,
+                });
+            };
+            if record.epoch < running_epoch && self.broken != Broken::NoFencing {
+                let own = self.vols[vi].history.last().copied().unwrap_or(Epoch(0));
+                let why = if own > record.epoch {
+                    "this volume already holds a record of a newer epoch: diverged history"
+                } else {
+                    "the newer epoch comes from another volume: epochs are fenced store-wide"
+                };
+                refuse(format!("volume {}: record {} of stale epoch {} (element follows {running_epoch}; {why})", record.volume, record.sequence, record.epoch), true, out);
+                continue;
+            }
+            if record.sequence <= applied[vi] {
+                continue; // duplicate
+            }
+            if record.sequence != applied[vi].next() {
+                refuse(
+                    format!(
+                        "volume {}: gap: applied {} but got {}",
+                        record.volume, applied[vi], record.sequence
+                    ),
+                    true,
+                    out,
+                );
+                continue;
+            }
+            if let Some(block) = self.partially_covered_corrupt_block(&record) {
+                self.refused.insert((p.session, vi));
+                out.push(Out::Send {
+                    session: p.session,
+                    message: ElementMessage::Fault { reason: format!("volume {}: block {block}: checksum mismatch in the base of a partial write", record.volume) },
+                    delay_us: 0,
+                });
+                continue;
+            }
+            applied[vi] = record.sequence;
+            running_epoch = running_epoch.max(record.epoch);
+            bytes += record.op.payload_bytes();
+            batch.records.push(record);
+        }
+        let delay_us = (self.fsync_us + bytes / 400) * self.slow_disk_factor;
+        self.batch = Some(batch);
+        out.push(Out::SyncAfter { delay_us });
+    }
+
+    fn partially_covered_corrupt_block(&self, record: &Record) -> Option<u64> {
+        let start = record.op.offset_bytes();
+        let end = start + record.op.length_bytes();
+        let vi = record.volume.0 as usize;
+        (start / BLOCK_BYTES..end.div_ceil(BLOCK_BYTES)).find(|b| {
+            let covered = start <= b * BLOCK_BYTES && end >= (b + 1) * BLOCK_BYTES;
+            !covered && self.corrupt_blocks.contains(&(vi, *b))
+        })
+    }
+
+    /// The fdatasync of the current batch completed: apply it and acknowledge.
+    pub fn sync_done(&mut self, out: &mut Vec<Out>) {
+        let batch = self.batch.take().expect("a sync completes a batch");
+        for record in &batch.records {
+            self.apply(record);
+        }
+        for (session, volume) in batch.acks {
+            if self.sessions.contains_key(&session) {
+                let sequence = self.vols[volume.0 as usize].applied();
+                out.push(Out::Send {
+                    session,
+                    message: ElementMessage::Applied { volume, sequence },
+                    delay_us: 0,
+                });
+            }
+        }
+        self.answer_recover_waiters(out);
+        self.start_batch(out);
+    }
+
+    fn apply(&mut self, record: &Record) {
+        let vi = record.volume.0 as usize;
+        let v = &mut self.vols[vi];
+        assert_eq!(
+            record.sequence,
+            v.applied().next(),
+            "elements apply strictly in sequence order"
+        );
+        let start = record.op.offset_bytes();
+        let end = start + record.op.length_bytes();
+        let zeroing = !matches!(record.op, Op::Write { .. });
+        match &record.op {
+            Op::Write { data, .. } => v.data[start as usize..end as usize].copy_from_slice(data),
+            _ => v.data[start as usize..end as usize].fill(0),
+        }
+        for b in start / BLOCK_BYTES..end.div_ceil(BLOCK_BYTES) {
+            let covered = start <= b * BLOCK_BYTES && end >= (b + 1) * BLOCK_BYTES;
+            if !zeroing {
+                v.allocated[b as usize] = true;
+            } else if covered {
+                v.allocated[b as usize] = false;
+            }
+            if covered {
+                self.corrupt_blocks.remove(&(vi, b));
+            }
+        }
+        v.history.push(record.epoch);
+        self.epoch = self.epoch.max(record.epoch);
+        v.log_bytes += record.op.payload_bytes() + LOG_RECORD_OVERHEAD_BYTES;
+        v.log.push_back(record.clone());
+        while v.log_bytes > self.replay_log_bytes && v.log.len() > 1 {
+            let old = v.log.pop_front().expect("non-empty");
+            v.log_bytes -= old.op.payload_bytes() + LOG_RECORD_OVERHEAD_BYTES;
+            self.corrupt_log.remove(&(vi, old.sequence.0));
+        }
+    }
+
+    pub fn crash(&mut self, kind: CrashKind, rng: &mut Rng) {
+        assert!(self.alive);
+        if let Some(batch) = self.batch.take() {
+            // The batch was written (not yet synced) when it was started.
+            let keep = match kind {
+                CrashKind::Kill => batch.records.len(),
+                CrashKind::PowerLoss => rng.range(0, batch.records.len() as u64) as usize,
+            };
+            if keep < batch.records.len() && rng.chance(0.5) {
+                self.torn_records += 1;
+            }
+            self.unsynced_lost += (batch.records.len() - keep) as u64;
+            for record in &batch.records[..keep] {
+                self.apply(record);
+            }
+        }
+        self.unsynced_lost += self.pending.len() as u64;
+        self.pending.clear();
+        self.sessions.clear();
+        self.recover_waiters.clear();
+        for v in &mut self.vols {
+            v.received_through = Sequence::ZERO;
+        }
+        self.alive = false;
+        self.machine_up = kind == CrashKind::Kill;
+        self.incarnation += 1;
+    }
+
+    pub fn restart(&mut self) {
+        assert!(!self.alive);
+        self.alive = true;
+        self.machine_up = true;
+        self.poisoned = false;
+    }
+
+    /// A block that holds data, to corrupt.
+    pub fn allocated_block(&self, rng: &mut Rng) -> Option<(usize, u64)> {
+        let vi = rng.below(self.vols.len() as u64) as usize;
+        let blocks: Vec<u64> = (0..self.vols[vi].allocated.len() as u64)
+            .filter(|b| self.vols[vi].allocated[*b as usize])
+            .collect();
+        if blocks.is_empty() {
+            return None;
+        }
+        Some((vi, blocks[rng.below(blocks.len() as u64) as usize]))
+    }
+
+    pub fn logged_record(&self, rng: &mut Rng) -> Option<(usize, u64)> {
+        let vi = rng.below(self.vols.len() as u64) as usize;
+        let log = &self.vols[vi].log;
+        if log.is_empty() {
+            return None;
+        }
+        Some((vi, log[rng.below(log.len() as u64) as usize].sequence.0))
+    }
+}

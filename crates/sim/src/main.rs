@@ -1,0 +1,153 @@
+//! `cargo run --release -p sim -- --seeds K [--elements N --quorum Q] [--seed S] [--json]`
+//!
+//! Runs seeded simulations and prints runs, faults injected, violations and the replay command
+//! of each failure. Exit status 1 when any run breached the contract.
+
+use std::process::ExitCode;
+
+use sim::{Broken, SimOptions, Summary};
+
+const USAGE: &str =
+    "usage: sim [--seeds K] [--seed S] [--elements N] [--quorum Q] [--swarm] [--json]
+           [--fault-phase-ms MS] [--fault-interval-ms MS] [--broken none|ack-before-sync|no-fencing]
+           [--threads T] [--trace]
+
+  --seeds K       run K seeds, starting at --seed (default 0); without --seeds, run --seed alone
+  --swarm         draw the fault mix and rates from each seed (swarm testing)
+  --broken X      run a deliberately broken variant, to show the checkers catch it
+  --trace         print every event (for replaying one seed)";
+
+fn main() -> ExitCode {
+    let mut args = std::env::args().skip(1);
+    let mut options = SimOptions::new(0, 3, 2);
+    let mut seeds: Option<u64> = None;
+    let mut json = false;
+    let mut threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let mut quorum_given = false;
+    while let Some(arg) = args.next() {
+        let mut value = |name: &str| -> Result<String, String> {
+            args.next().ok_or(format!("{name} needs a value"))
+        };
+        let parsed: Result<(), String> = (|| {
+            match arg.as_str() {
+                "--seeds" => {
+                    seeds = Some(
+                        value("--seeds")?
+                            .parse()
+                            .map_err(|e| format!("--seeds: {e}"))?,
+                    )
+                }
+                "--seed" => {
+                    options.seed = value("--seed")?
+                        .parse()
+                        .map_err(|e| format!("--seed: {e}"))?
+                }
+                "--elements" => {
+                    options.elements = value("--elements")?
+                        .parse()
+                        .map_err(|e| format!("--elements: {e}"))?
+                }
+                "--quorum" => {
+                    options.quorum = value("--quorum")?
+                        .parse()
+                        .map_err(|e| format!("--quorum: {e}"))?;
+                    quorum_given = true;
+                }
+                "--fault-phase-ms" => {
+                    options.fault_phase_ms = value("--fault-phase-ms")?
+                        .parse()
+                        .map_err(|e| format!("--fault-phase-ms: {e}"))?
+                }
+                "--fault-interval-ms" => {
+                    options.fault_interval_ms = value("--fault-interval-ms")?
+                        .parse()
+                        .map_err(|e| format!("--fault-interval-ms: {e}"))?
+                }
+                "--broken" => {
+                    let v = value("--broken")?;
+                    options.broken =
+                        Broken::parse(&v).ok_or(format!("--broken: unknown variant {v}"))?;
+                }
+                "--threads" => {
+                    threads = value("--threads")?
+                        .parse()
+                        .map_err(|e| format!("--threads: {e}"))?
+                }
+                "--swarm" => options.swarm = true,
+                "--json" => json = true,
+                "--trace" => options.trace = true,
+                "-h" | "--help" => return Err(String::new()),
+                other => return Err(format!("unknown argument {other}")),
+            }
+            Ok(())
+        })();
+        if let Err(message) = parsed {
+            if !message.is_empty() {
+                eprintln!("sim: {message}");
+            }
+            eprintln!("{USAGE}");
+            return ExitCode::from(2);
+        }
+    }
+    if !quorum_given {
+        options.quorum = options.elements / 2 + 1;
+    }
+    if options.elements == 0
+        || options.elements > starfish_core::limits::ELEMENTS_MAX
+        || options.quorum == 0
+        || options.quorum > options.elements
+    {
+        eprintln!(
+            "sim: need 1 ≤ Q ≤ N ≤ {}",
+            starfish_core::limits::ELEMENTS_MAX
+        );
+        return ExitCode::from(2);
+    }
+    let count = seeds.unwrap_or(1);
+    if options.trace {
+        threads = 1;
+    }
+    let started = std::time::Instant::now();
+    let reports = sim::run_many(&options, options.seed, count, threads);
+    let mut summary = Summary::default();
+    for r in &reports {
+        summary.add(r);
+    }
+    if json {
+        println!("{}", summary.json());
+    } else {
+        println!(
+            "N={} Q={} seeds {}..{}{}{} in {:.1} s",
+            options.elements,
+            options.quorum,
+            options.seed,
+            options.seed + count - 1,
+            if options.swarm { " (swarm)" } else { "" },
+            if options.broken != Broken::None {
+                format!(" BROKEN VARIANT {}", options.broken.name())
+            } else {
+                String::new()
+            },
+            started.elapsed().as_secs_f64()
+        );
+        print!("{}", summary.text());
+        if count == 1 {
+            let r = &reports[0];
+            for v in &r.violations {
+                println!("  violation: {v}");
+            }
+            for n in &r.notes {
+                println!("  note: {n}");
+            }
+            println!(
+                "  digest {:016x}, {} events, longest past-deadline stretch {} ms",
+                r.digest, r.events, r.past_deadline_ms_max
+            );
+        }
+    }
+    if summary.violations > 0 {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    }
+}

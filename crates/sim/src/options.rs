@@ -1,0 +1,286 @@
+//! What one run simulates: the options given on the command line, and the scenario (sizes,
+//! latencies, timeouts, fault rates) drawn from the seed.
+
+use crate::rng::Rng;
+
+/// Every fault the simulator can inject. The weights of the default mix are in
+/// [`FaultKind::default_weight`]; swarm runs draw their own per seed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum FaultKind {
+    /// kill -9 of an element process: its page cache survives, its sessions get a reset.
+    ElementKill,
+    /// Power loss of an element machine: unsynced log writes are lost, the last one may be
+    /// torn; silence until it is back.
+    ElementPowerLoss,
+    /// kill -9 of the host element: its memory (write queue, cache) is gone.
+    HostCrash,
+    /// The host element and the Q most up-to-date elements fail together (the paper's
+    /// section 4.2 case): elements stay down long enough for a new host element to start
+    /// without them.
+    Disaster,
+    /// A TCP reset on one link: both ends see the session break at once.
+    LinkReset,
+    /// Both directions of a link go silent for a while (no reset: heartbeats notice).
+    Partition,
+    /// Only host element → element stalls.
+    StallToElement,
+    /// Only element → host element stalls.
+    StallToHost,
+    /// Latency ×10–100 and a bandwidth cap on one link.
+    SlowLink,
+    /// fdatasync ×10–100 slower on one element.
+    SlowDisk,
+    /// The element's disk is full for a while: commits fail, the store refuses changes until
+    /// the element is restarted (an operator frees space and restarts it).
+    DiskFull,
+    /// A data block's checksum no longer matches (bit rot): reads of it fail.
+    CorruptBlock,
+    /// A replay-log record's checksum no longer matches: serving it fails.
+    CorruptLog,
+}
+
+impl FaultKind {
+    pub const ALL: [FaultKind; 13] = [
+        FaultKind::ElementKill,
+        FaultKind::ElementPowerLoss,
+        FaultKind::HostCrash,
+        FaultKind::Disaster,
+        FaultKind::LinkReset,
+        FaultKind::Partition,
+        FaultKind::StallToElement,
+        FaultKind::StallToHost,
+        FaultKind::SlowLink,
+        FaultKind::SlowDisk,
+        FaultKind::DiskFull,
+        FaultKind::CorruptBlock,
+        FaultKind::CorruptLog,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            FaultKind::ElementKill => "element_kill",
+            FaultKind::ElementPowerLoss => "element_power_loss",
+            FaultKind::HostCrash => "host_crash",
+            FaultKind::Disaster => "host_and_q_elements_crash",
+            FaultKind::LinkReset => "link_reset",
+            FaultKind::Partition => "partition",
+            FaultKind::StallToElement => "one_way_stall_to_element",
+            FaultKind::StallToHost => "one_way_stall_to_host",
+            FaultKind::SlowLink => "slow_link",
+            FaultKind::SlowDisk => "slow_disk",
+            FaultKind::DiskFull => "disk_full",
+            FaultKind::CorruptBlock => "corrupt_block",
+            FaultKind::CorruptLog => "corrupt_log_record",
+        }
+    }
+
+    fn default_weight(self) -> f64 {
+        match self {
+            FaultKind::ElementKill => 3.0,
+            FaultKind::ElementPowerLoss => 3.0,
+            FaultKind::HostCrash => 1.5,
+            FaultKind::Disaster => 0.7,
+            FaultKind::LinkReset => 2.0,
+            FaultKind::Partition => 1.5,
+            FaultKind::StallToElement => 1.0,
+            FaultKind::StallToHost => 1.0,
+            FaultKind::SlowLink => 1.5,
+            FaultKind::SlowDisk => 1.0,
+            FaultKind::DiskFull => 0.7,
+            FaultKind::CorruptBlock => 0.7,
+            FaultKind::CorruptLog => 0.5,
+        }
+    }
+}
+
+/// Faults that come from outside the system (the environment), as opposed to the
+/// deliberately broken variants below, which break our own code on purpose.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Broken {
+    /// Correct code.
+    None,
+    /// Elements send `Applied` when a record arrives, before its fdatasync: acknowledgement
+    /// before durability.
+    AckBeforeSync,
+    /// Elements accept a record whose epoch is older than one they have applied (no fencing).
+    NoFencing,
+}
+
+impl Broken {
+    pub fn parse(s: &str) -> Option<Broken> {
+        match s {
+            "none" => Some(Broken::None),
+            "ack-before-sync" => Some(Broken::AckBeforeSync),
+            "no-fencing" => Some(Broken::NoFencing),
+            _ => None,
+        }
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            Broken::None => "none",
+            Broken::AckBeforeSync => "ack-before-sync",
+            Broken::NoFencing => "no-fencing",
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct SimOptions {
+    pub seed: u64,
+    pub elements: usize,
+    pub quorum: usize,
+    /// Draw the fault mix and rates from the seed (some kinds off, others frequent).
+    pub swarm: bool,
+    /// Simulated length of the phase with workload and faults.
+    pub fault_phase_ms: u64,
+    /// Mean time between faults in the fault phase (swarm runs draw their own).
+    pub fault_interval_ms: f64,
+    pub broken: Broken,
+    /// Print every event to stderr.
+    pub trace: bool,
+}
+
+impl SimOptions {
+    pub fn new(seed: u64, elements: usize, quorum: usize) -> SimOptions {
+        SimOptions {
+            seed,
+            elements,
+            quorum,
+            swarm: false,
+            fault_phase_ms: 20_000,
+            fault_interval_ms: 1_000.0,
+            broken: Broken::None,
+            trace: false,
+        }
+    }
+
+    /// The command that replays this run exactly.
+    pub fn replay_command(&self) -> String {
+        let mut cmd = format!(
+            "cargo run --release -p sim -- --seed {} --elements {} --quorum {}",
+            self.seed, self.elements, self.quorum
+        );
+        if self.swarm {
+            cmd.push_str(" --swarm");
+        }
+        if self.fault_phase_ms != SimOptions::new(0, 1, 1).fault_phase_ms {
+            cmd.push_str(&format!(" --fault-phase-ms {}", self.fault_phase_ms));
+        }
+        if self.fault_interval_ms != SimOptions::new(0, 1, 1).fault_interval_ms {
+            cmd.push_str(&format!(" --fault-interval-ms {}", self.fault_interval_ms));
+        }
+        if self.broken != Broken::None {
+            cmd.push_str(&format!(" --broken {}", self.broken.name()));
+        }
+        cmd.push_str(" --trace");
+        cmd
+    }
+}
+
+/// One-way latency and jitter of a link, in microseconds.
+#[derive(Clone, Copy, Debug)]
+pub struct LinkProfile {
+    pub latency_us: u64,
+    pub jitter_us: u64,
+    /// Bytes per second (0: unlimited).
+    pub bandwidth_bytes_per_s: u64,
+}
+
+/// Everything the seed decides before the run starts.
+#[derive(Clone, Debug)]
+pub struct Scenario {
+    pub volumes: usize,
+    pub volume_bytes: u64,
+    pub links: Vec<LinkProfile>,
+    pub fsync_us: Vec<u64>,
+    pub replay_log_bytes: Vec<u64>,
+    pub write_queue_bytes: u64,
+    pub read_cache_bytes: u64,
+    pub heartbeat_interval_ms: u64,
+    pub heartbeat_timeout_ms: u64,
+    pub throttle_timeout_ms: u64,
+    pub startup_grace_ms: u64,
+    /// Let the host element use replay recovery (elements pull from a peer's replay log).
+    pub replay_recovery: bool,
+    pub clients: usize,
+    /// Share of big writes (128 KiB – 1 MiB), which fill the write queue.
+    pub big_write_share: f64,
+    pub fault_weights: Vec<f64>,
+    pub fault_interval_ms: f64,
+}
+
+impl Scenario {
+    pub fn draw(options: &SimOptions, rng: &mut Rng) -> Scenario {
+        let n = options.elements;
+        // Elements by site: the first local, the second near, the rest far.
+        let links = (0..n)
+            .map(|i| {
+                let (lo, hi) = match i {
+                    0 => (20, 150),
+                    1 => (300, 2_000),
+                    _ => (4_000, 30_000),
+                };
+                let latency_us = rng.range(lo, hi);
+                LinkProfile {
+                    latency_us,
+                    jitter_us: latency_us / 10 + 1,
+                    bandwidth_bytes_per_s: *[0u64, 0, 12_500_000, 125_000_000]
+                        .get(rng.below(4) as usize)
+                        .expect("index below 4"),
+                }
+            })
+            .collect();
+        let fsync_us = (0..n).map(|_| rng.range(100, 4_000)).collect();
+        let replay_log_bytes = (0..n)
+            .map(|_| {
+                *[256u64 << 10, 4 << 20, 64 << 20]
+                    .get(rng.below(3) as usize)
+                    .expect("3")
+            })
+            .collect();
+        let write_queue_bytes =
+            starfish_core::limits::WRITE_QUEUE_BYTES_MIN + rng.below(3) * (8 << 20);
+        let read_cache_bytes = *[0u64, 16 << 10, 256 << 10, 8 << 20]
+            .get(rng.below(4) as usize)
+            .expect("4");
+        let heartbeat_interval_ms = rng.range(100, 500);
+        let heartbeat_timeout_ms = heartbeat_interval_ms * rng.range(3, 6);
+        let mut fault_weights: Vec<f64> =
+            FaultKind::ALL.iter().map(|k| k.default_weight()).collect();
+        let mut fault_interval_ms = options.fault_interval_ms;
+        if options.swarm {
+            // Swarm testing: each run has its own mix, with some kinds switched off entirely.
+            for w in &mut fault_weights {
+                *w = if rng.chance(0.3) {
+                    0.0
+                } else {
+                    rng.f64() * 4.0
+                };
+            }
+            if fault_weights.iter().all(|w| *w == 0.0) {
+                fault_weights[0] = 1.0;
+            }
+            fault_interval_ms = 50.0 + rng.f64() * 1_500.0;
+        }
+        Scenario {
+            volumes: rng.range(1, 2) as usize,
+            volume_bytes: *[512u64 << 10, 2 << 20]
+                .get(rng.below(2) as usize)
+                .expect("2"),
+            links,
+            fsync_us,
+            replay_log_bytes,
+            write_queue_bytes,
+            read_cache_bytes,
+            heartbeat_interval_ms,
+            heartbeat_timeout_ms,
+            throttle_timeout_ms: rng.range(300, 2_000),
+            startup_grace_ms: rng.range(500, 3_000),
+            replay_recovery: rng.chance(0.5),
+            clients: rng.range(2, 6) as usize,
+            big_write_share: *[0.0, 0.02, 0.08].get(rng.below(3) as usize).expect("3"),
+            fault_weights,
+            fault_interval_ms,
+        }
+    }
+}

@@ -1,0 +1,219 @@
+//! What a run found, and the summary of many runs (human text and JSON).
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+#[derive(Clone, Debug, Default)]
+pub struct RunReport {
+    pub seed: u64,
+    pub replay: String,
+    /// Contract breaches.
+    pub violations: Vec<String>,
+    /// Acknowledged writes not in the history the replicas ended with, allowed or not.
+    pub acked_writes_lost: u64,
+    /// Of those, the ones the contract allows (Q ≤ N/2, host element and every holder failed
+    /// together).
+    pub acked_writes_lost_allowed: u64,
+    pub faults: BTreeMap<&'static str, u64>,
+    pub requests: u64,
+    pub writes_acked: u64,
+    pub reads_checked: u64,
+    pub sectors_checked: u64,
+    pub host_starts: u64,
+    pub recoveries: BTreeMap<String, u64>,
+    pub elements_in_sync_at_end: u64,
+    /// Elements left failed at the end for a reason the core documents as needing a recovery
+    /// it does not implement (replay or full), or a diverged history.
+    pub elements_needing_recovery: u64,
+    pub torn_records: u64,
+    pub unsynced_records_lost: u64,
+    /// Longest stretch during which the core's `poll_timeout` stayed in the past (a shell
+    /// that sleeps until it would spin).
+    pub past_deadline_ms_max: u64,
+    pub sim_ms: u64,
+    pub events: u64,
+    pub digest: u64,
+    /// Observations that are not contract breaches, worth a look.
+    pub notes: Vec<String>,
+}
+
+impl RunReport {
+    pub fn faults_total(&self) -> u64 {
+        self.faults.values().sum()
+    }
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct Summary {
+    pub runs: u64,
+    pub runs_failed: u64,
+    pub violations: u64,
+    pub acked_writes_lost: u64,
+    pub acked_writes_lost_allowed: u64,
+    pub faults: BTreeMap<&'static str, u64>,
+    pub requests: u64,
+    pub writes_acked: u64,
+    pub reads_checked: u64,
+    pub host_starts: u64,
+    pub recoveries: BTreeMap<String, u64>,
+    pub elements_needing_recovery: u64,
+    pub torn_records: u64,
+    pub unsynced_records_lost: u64,
+    pub past_deadline_ms_max: u64,
+    pub sim_ms: u64,
+    pub events: u64,
+    /// (seed, first violation, count, replay command)
+    pub failures: Vec<(u64, String, usize, String)>,
+    /// (seed, acked writes lost) of runs that lost acknowledged writes within the contract.
+    pub allowed_losses: Vec<(u64, u64)>,
+}
+
+impl Summary {
+    pub fn add(&mut self, r: &RunReport) {
+        self.runs += 1;
+        self.violations += r.violations.len() as u64;
+        self.acked_writes_lost += r.acked_writes_lost;
+        self.acked_writes_lost_allowed += r.acked_writes_lost_allowed;
+        for (k, v) in &r.faults {
+            *self.faults.entry(k).or_default() += v;
+        }
+        for (k, v) in &r.recoveries {
+            *self.recoveries.entry(k.clone()).or_default() += v;
+        }
+        self.requests += r.requests;
+        self.writes_acked += r.writes_acked;
+        self.reads_checked += r.reads_checked;
+        self.host_starts += r.host_starts;
+        self.elements_needing_recovery += r.elements_needing_recovery;
+        self.torn_records += r.torn_records;
+        self.unsynced_records_lost += r.unsynced_records_lost;
+        self.past_deadline_ms_max = self.past_deadline_ms_max.max(r.past_deadline_ms_max);
+        self.sim_ms += r.sim_ms;
+        self.events += r.events;
+        if !r.violations.is_empty() {
+            self.runs_failed += 1;
+            self.failures.push((
+                r.seed,
+                r.violations[0].clone(),
+                r.violations.len(),
+                r.replay.clone(),
+            ));
+        }
+        if r.acked_writes_lost_allowed > 0 {
+            self.allowed_losses
+                .push((r.seed, r.acked_writes_lost_allowed));
+        }
+    }
+
+    pub fn faults_total(&self) -> u64 {
+        self.faults.values().sum()
+    }
+
+    pub fn text(&self) -> String {
+        let mut s = String::new();
+        let _ = writeln!(
+            s,
+            "runs: {} ({} with violations), simulated time {:.0} s, {} events",
+            self.runs,
+            self.runs_failed,
+            self.sim_ms as f64 / 1000.0,
+            self.events
+        );
+        let _ = writeln!(
+            s,
+            "requests: {} ({} writes acknowledged, {} reads checked)",
+            self.requests, self.writes_acked, self.reads_checked
+        );
+        let _ = writeln!(s, "faults injected: {}", self.faults_total());
+        for (k, v) in &self.faults {
+            let _ = writeln!(s, "  {k:<28} {v}");
+        }
+        let _ = writeln!(
+            s,
+            "  (records lost unsynced at crashes: {}, torn: {})",
+            self.unsynced_records_lost, self.torn_records
+        );
+        let _ = writeln!(
+            s,
+            "host element starts: {}; recoveries: {:?}",
+            self.host_starts, self.recoveries
+        );
+        let _ = writeln!(
+            s,
+            "elements ended failed needing replay/full recovery: {}",
+            self.elements_needing_recovery
+        );
+        let _ = writeln!(
+            s,
+            "acknowledged writes lost: {} ({} allowed by the contract)",
+            self.acked_writes_lost, self.acked_writes_lost_allowed
+        );
+        let _ = writeln!(
+            s,
+            "longest stretch with the core's deadline in the past: {} ms",
+            self.past_deadline_ms_max
+        );
+        let _ = writeln!(s, "violations: {}", self.violations);
+        for (seed, first, count, replay) in &self.failures {
+            let _ = writeln!(
+                s,
+                "FAILED seed {seed}: {count} violation(s); first: {first}\n  replay: {replay}"
+            );
+        }
+        s
+    }
+
+    pub fn json(&self) -> String {
+        let mut s = String::from("{");
+        let _ = write!(
+            s,
+            "\"runs\":{},\"runs_failed\":{},\"violations\":{},\"acked_writes_lost\":{},\"acked_writes_lost_allowed\":{},\"faults_injected\":{},",
+            self.runs, self.runs_failed, self.violations, self.acked_writes_lost, self.acked_writes_lost_allowed, self.faults_total()
+        );
+        s.push_str("\"faults\":{");
+        let faults: Vec<String> = self
+            .faults
+            .iter()
+            .map(|(k, v)| format!("\"{k}\":{v}"))
+            .collect();
+        s.push_str(&faults.join(","));
+        s.push_str("},");
+        let _ = write!(
+            s,
+            "\"requests\":{},\"writes_acked\":{},\"reads_checked\":{},\"host_element_starts\":{},\"elements_needing_recovery\":{},\"unsynced_records_lost\":{},\"torn_records\":{},\"simulated_seconds\":{:.3},\"events\":{},\"past_deadline_ms_max\":{},",
+            self.requests, self.writes_acked, self.reads_checked, self.host_starts, self.elements_needing_recovery, self.unsynced_records_lost, self.torn_records, self.sim_ms as f64 / 1000.0, self.events, self.past_deadline_ms_max
+        );
+        s.push_str("\"failures\":[");
+        let failures: Vec<String> = self
+            .failures
+            .iter()
+            .map(|(seed, first, count, replay)| {
+                format!(
+                    "{{\"seed\":{seed},\"violations\":{count},\"first\":{},\"replay\":{}}}",
+                    json_string(first),
+                    json_string(replay)
+                )
+            })
+            .collect();
+        s.push_str(&failures.join(","));
+        s.push_str("]}");
+        s
+    }
+}
+
+pub fn json_string(s: &str) -> String {
+    let mut out = String::from("\"");
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            c if (c as u32) < 0x20 => {
+                let _ = write!(out, "\\u{:04x}", c as u32);
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}

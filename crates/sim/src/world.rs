@@ -1,0 +1,1901 @@
+//! The simulated world: one thread, one clock, one event queue. It runs the real
+//! [`HostCore`] behind a model of its shell (element links that connect, break and reconnect
+//! with backoff; a session id filter), in-memory [`Element`]s, TCP-like sessions over links
+//! that delay, stall, slow down and reset, simulated hosts issuing requests, a fault schedule
+//! drawn from the seed, and the checkers.
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap, HashMap, VecDeque};
+
+use bytes::Bytes;
+use proto::{ElementMessage, Epoch, HostMessage, Op, Record, Sequence, VolumeId, VolumeSpec};
+use starfish_core::{
+    Action, ElementId, Event, HostConfig, HostCore, HostError, Reply, Time, Token,
+};
+
+use crate::element::{CrashKind, Element, Out};
+use crate::model::{Model, OpKind, Outcome};
+use crate::options::{FaultKind, Scenario, SimOptions};
+use crate::report::RunReport;
+use crate::rng::{splitmix64, Rng};
+use crate::sector::{fill_sector, SECTOR_BYTES};
+
+/// How long the system gets, after every fault is healed, to converge before it is judged.
+const QUIET_MS: u64 = 20_000;
+/// How long the final probe requests get to be answered.
+const FINAL_MS: u64 = 15_000;
+/// A connection attempt to an unreachable element gives up after this (the real shell relies
+/// on the operating system's connect timeout, which is much longer).
+const CONNECT_TIMEOUT_MS: u64 = 1_000;
+const BACKOFF_MS_MIN: u64 = 50;
+const BACKOFF_MS_MAX: u64 = 1_000;
+/// A run that needs more events than this is stuck.
+const EVENTS_MAX: u64 = 20_000_000;
+
+const TO_ELEMENT: usize = 0;
+const TO_HOST: usize = 1;
+
+#[derive(Debug)]
+enum ToElement {
+    Msg(HostMessage),
+    /// The host element closed the session (FIN after the data already sent).
+    Close,
+}
+
+#[derive(Debug)]
+enum ToHost {
+    Msg(ElementMessage),
+    /// The element's end closed or reset.
+    Close(String),
+}
+
+#[derive(Debug)]
+enum Wire {
+    ToElement(ToElement),
+    ToHost(ToHost),
+}
+
+impl Wire {
+    fn bytes(&self) -> u64 {
+        let payload = match self {
+            Wire::ToElement(ToElement::Msg(HostMessage::Apply(r))) => r.op.payload_bytes(),
+            Wire::ToHost(ToHost::Msg(ElementMessage::ReadReply { result: Ok(d), .. })) => {
+                d.len() as u64
+            }
+            Wire::ToHost(ToHost::Msg(ElementMessage::LogRecords { result: Ok(rs), .. })) => {
+                rs.iter().map(|r| r.op.payload_bytes() + 48).sum()
+            }
+            _ => 0,
+        };
+        64 + payload
+    }
+}
+
+#[derive(Debug)]
+enum Ev {
+    Deliver {
+        session: u64,
+        wire: Wire,
+    },
+    LinkEnded {
+        instance: u32,
+        element: usize,
+        session: u64,
+        reason: String,
+    },
+    ConnectStart {
+        instance: u32,
+        element: usize,
+    },
+    ConnectDone {
+        instance: u32,
+        element: usize,
+    },
+    ElementSend {
+        element: usize,
+        incarnation: u64,
+        session: u64,
+        message: ElementMessage,
+    },
+    SyncDone {
+        element: usize,
+        incarnation: u64,
+    },
+    RecoverFetched {
+        element: usize,
+        incarnation: u64,
+        session: u64,
+        volume: VolumeId,
+        after: Sequence,
+        result: Result<Vec<Record>, String>,
+    },
+    ElementRestart {
+        element: usize,
+    },
+    HostRestart,
+    HealStall {
+        element: usize,
+        dir: usize,
+    },
+    HealSlowLink {
+        element: usize,
+    },
+    HealSlowDisk {
+        element: usize,
+    },
+    HealDiskFull {
+        element: usize,
+    },
+    NextFault,
+    ClientWake {
+        client: usize,
+    },
+    EndFaultPhase,
+    EndQuiet,
+    EndFinal,
+}
+
+impl Ev {
+    fn code(&self) -> u64 {
+        match self {
+            Ev::Deliver { session, .. } => 1 ^ (session << 8),
+            Ev::LinkEnded { session, .. } => 2 ^ (session << 8),
+            Ev::ConnectStart { element, .. } => 3 ^ ((*element as u64) << 8),
+            Ev::ConnectDone { element, .. } => 4 ^ ((*element as u64) << 8),
+            Ev::ElementSend { session, .. } => 5 ^ (session << 8),
+            Ev::SyncDone { element, .. } => 6 ^ ((*element as u64) << 8),
+            Ev::RecoverFetched { element, .. } => 7 ^ ((*element as u64) << 8),
+            Ev::ElementRestart { element } => 8 ^ ((*element as u64) << 8),
+            Ev::HostRestart => 9,
+            Ev::HealStall { element, .. } => 10 ^ ((*element as u64) << 8),
+            Ev::HealSlowLink { element } => 11 ^ ((*element as u64) << 8),
+            Ev::HealSlowDisk { element } => 12 ^ ((*element as u64) << 8),
+            Ev::HealDiskFull { element } => 13 ^ ((*element as u64) << 8),
+            Ev::NextFault => 14,
+            Ev::ClientWake { client } => 15 ^ ((*client as u64) << 8),
+            Ev::EndFaultPhase => 16,
+            Ev::EndQuiet => 17,
+            Ev::EndFinal => 18,
+        }
+    }
+}
+
+struct Scheduled {
+    at: Time,
+    id: u64,
+    ev: Ev,
+}
+
+impl PartialEq for Scheduled {
+    fn eq(&self, other: &Self) -> bool {
+        (self.at, self.id) == (other.at, other.id)
+    }
+}
+impl Eq for Scheduled {}
+impl PartialOrd for Scheduled {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Scheduled {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        (self.at, self.id).cmp(&(other.at, other.id))
+    }
+}
+
+#[derive(Default, Clone, Copy)]
+struct Channel {
+    busy_until: Time,
+    last_arrival: Time,
+}
+
+/// One TCP connection between the host element and an element.
+struct NetSession {
+    element: usize,
+    instance: u32,
+    incarnation: u64,
+    host_open: bool,
+    element_open: bool,
+    /// Reset: whatever is in flight is dropped.
+    dead: bool,
+    channels: [Channel; 2],
+}
+
+/// The state of the network path to one element.
+struct Link {
+    latency_us: u64,
+    jitter_us: u64,
+    bandwidth_bytes_per_s: u64,
+    stalled: [bool; 2],
+    stall_until: [Time; 2],
+    held: [VecDeque<(u64, Wire)>; 2],
+    slow_factor: u64,
+    slow_bandwidth_bytes_per_s: u64,
+    slow_until: Time,
+}
+
+/// The shell's view of one element: the current session and the reconnect loop.
+#[derive(Clone)]
+struct HostLink {
+    /// The session messages are accepted from (the shell's session id filter).
+    current: Option<u64>,
+    /// The session whose end the link task has not reported yet.
+    running: Option<u64>,
+    backoff_ms: u64,
+}
+
+struct Host {
+    instance: u32,
+    epoch: Epoch,
+    core: HostCore,
+    links: Vec<HostLink>,
+    /// The core has taken a Welcome in the current session.
+    welcomed: Vec<bool>,
+    ready: bool,
+    /// Per volume, the sequence the next accepted write gets.
+    next_sequence: Vec<u64>,
+    /// Per volume, write-like requests in submission order not yet given a sequence.
+    unsequenced: Vec<VecDeque<u64>>,
+    last_timeout: Option<Time>,
+    past_deadline_since: Option<Time>,
+}
+
+#[derive(PartialEq, Eq, Clone, Copy, Debug)]
+enum Phase {
+    Faults,
+    Quiet,
+    Final,
+    Done,
+}
+
+pub struct World {
+    o: SimOptions,
+    sc: Scenario,
+    now: Time,
+    queue: BinaryHeap<Reverse<Scheduled>>,
+    next_event: u64,
+    rng_net: Rng,
+    rng_work: Rng,
+    rng_fault: Rng,
+    rng_disk: Rng,
+    elements: Vec<Element>,
+    links: Vec<Link>,
+    sessions: BTreeMap<u64, NetSession>,
+    next_session: u64,
+    host: Option<Host>,
+    instances: u32,
+    model: Model,
+    clients: Vec<Option<u64>>,
+    phase: Phase,
+    /// (volume, epoch, sequence) → request id. Looked up only, never iterated.
+    sequences: HashMap<(usize, u64, u64), u64>,
+    final_requests: Vec<u64>,
+    in_sync_at_quiet: usize,
+    /// Per element, the newest reason the core gave for failing it.
+    last_failure: Vec<String>,
+    sectors_per_volume: u64,
+    report: RunReport,
+}
+
+fn us(ms: u64) -> u64 {
+    ms * 1000
+}
+
+fn at_delay(now: Time, delay_us: u64) -> Time {
+    Time(now.0 + delay_us)
+}
+
+impl World {
+    pub fn new(o: SimOptions) -> World {
+        let mut rng_scenario = Rng::new(o.seed, 1);
+        let sc = Scenario::draw(&o, &mut rng_scenario);
+        let names: Vec<String> = (0..o.elements).map(|i| format!("e{i}")).collect();
+        let elements = (0..o.elements)
+            .map(|i| {
+                Element::new(
+                    names[i].clone(),
+                    sc.volumes,
+                    sc.volume_bytes,
+                    sc.fsync_us[i],
+                    sc.replay_log_bytes[i],
+                    o.broken,
+                )
+            })
+            .collect();
+        let links = sc
+            .links
+            .iter()
+            .map(|p| Link {
+                latency_us: p.latency_us,
+                jitter_us: p.jitter_us,
+                bandwidth_bytes_per_s: p.bandwidth_bytes_per_s,
+                stalled: [false; 2],
+                stall_until: [Time(0); 2],
+                held: [VecDeque::new(), VecDeque::new()],
+                slow_factor: 1,
+                slow_bandwidth_bytes_per_s: 0,
+                slow_until: Time(0),
+            })
+            .collect();
+        let sectors_per_volume = sc.volume_bytes / SECTOR_BYTES;
+        let report = RunReport {
+            seed: o.seed,
+            replay: o.replay_command(),
+            ..RunReport::default()
+        };
+        let n = o.elements;
+        World {
+            model: Model::new(sc.volumes, sectors_per_volume),
+            clients: vec![None; sc.clients],
+            rng_net: Rng::new(o.seed, 2),
+            rng_work: Rng::new(o.seed, 3),
+            rng_fault: Rng::new(o.seed, 4),
+            rng_disk: Rng::new(o.seed, 5),
+            sc,
+            o,
+            now: Time(0),
+            queue: BinaryHeap::new(),
+            next_event: 0,
+            elements,
+            links,
+            sessions: BTreeMap::new(),
+            next_session: 1,
+            host: None,
+            instances: 0,
+            phase: Phase::Faults,
+            sequences: HashMap::new(),
+            final_requests: Vec::new(),
+            in_sync_at_quiet: 0,
+            last_failure: vec![String::new(); n],
+            sectors_per_volume,
+            report,
+        }
+    }
+
+    fn trace(&self, what: impl FnOnce() -> String) {
+        if self.o.trace {
+            eprintln!("{:>11.6} {}", self.now.0 as f64 / 1e6, what());
+        }
+    }
+
+    fn schedule(&mut self, at: Time, ev: Ev) {
+        let at = at.max(self.now);
+        self.next_event += 1;
+        self.queue.push(Reverse(Scheduled {
+            at,
+            id: self.next_event,
+            ev,
+        }));
+    }
+
+    fn violation(&mut self, message: String) {
+        self.trace(|| format!("VIOLATION {message}"));
+        self.model.violation(message);
+    }
+
+    fn count_fault(&mut self, kind: FaultKind) {
+        *self.report.faults.entry(kind.name()).or_default() += 1;
+    }
+
+    // ----- the run ----------------------------------------------------------------------------
+
+    pub fn run(mut self) -> RunReport {
+        self.start_host();
+        for c in 0..self.clients.len() {
+            let at = at_delay(self.now, self.rng_work.range(0, 2_000));
+            self.schedule(at, Ev::ClientWake { client: c });
+        }
+        let first_fault = at_delay(
+            self.now,
+            (self.rng_fault.exp(self.sc.fault_interval_ms) * 1000.0) as u64,
+        );
+        self.schedule(first_fault, Ev::NextFault);
+        self.schedule(Time(us(self.o.fault_phase_ms)), Ev::EndFaultPhase);
+        while self.phase != Phase::Done {
+            self.report.events += 1;
+            if self.report.events > EVENTS_MAX {
+                self.violation(format!("the run did not finish within {EVENTS_MAX} events"));
+                break;
+            }
+            let next_at = self.queue.peek().map(|s| s.0.at);
+            if let Some(deadline) = self.core_deadline() {
+                if next_at.is_none_or(|t| deadline < t) {
+                    self.now = self.now.max(deadline);
+                    self.report.digest = splitmix64(self.report.digest ^ self.now.0 ^ 0xC0);
+                    let now = self.now;
+                    let host = self.host.as_mut().expect("a deadline comes from a host");
+                    host.last_timeout = Some(now);
+                    host.core.handle_timeout(now);
+                    self.drain();
+                    continue;
+                }
+            }
+            let Some(Reverse(s)) = self.queue.pop() else {
+                self.violation("nothing left to do before the end of the run".into());
+                break;
+            };
+            self.now = s.at;
+            self.report.digest =
+                splitmix64(self.report.digest ^ self.now.0.rotate_left(17) ^ s.ev.code());
+            self.dispatch(s.ev);
+        }
+        self.report.sim_ms = self.now.0 / 1000;
+        self.report.violations = std::mem::take(&mut self.model.violations);
+        self.report.reads_checked = self.model.reads_checked;
+        self.report.sectors_checked = self.model.sectors_checked;
+        self.report.requests = self.model.len() as u64;
+        self.report.writes_acked = self
+            .model
+            .ops()
+            .filter(|(_, op)| op.kind.write_like() && op.outcome == Outcome::Ok)
+            .count() as u64;
+        self.report.torn_records = self.elements.iter().map(|e| e.torn_records).sum();
+        self.report.unsynced_records_lost = self.elements.iter().map(|e| e.unsynced_lost).sum();
+        self.report
+    }
+
+    /// When the core wants `handle_timeout`. A deadline already handled and still in the past
+    /// (the core has nothing to do until another input) is polled every 10 ms instead, as a
+    /// shell with a coarse timer would; how long that lasts is reported.
+    fn core_deadline(&mut self) -> Option<Time> {
+        let now = self.now;
+        let host = self.host.as_mut()?;
+        let t = host.core.poll_timeout()?;
+        match host.last_timeout {
+            Some(last) if t <= last => {
+                let since = *host.past_deadline_since.get_or_insert(last);
+                let ms = now.micros_since(since) / 1000;
+                self.report.past_deadline_ms_max = self.report.past_deadline_ms_max.max(ms);
+                Some(last.plus_ms(10))
+            }
+            _ => {
+                host.past_deadline_since = None;
+                Some(t.max(now))
+            }
+        }
+    }
+
+    fn dispatch(&mut self, ev: Ev) {
+        match ev {
+            Ev::Deliver { session, wire } => self.deliver(session, wire),
+            Ev::LinkEnded {
+                instance,
+                element,
+                session,
+                reason,
+            } => {
+                if self.host.as_ref().is_some_and(|h| h.instance == instance) {
+                    self.link_ended(element, session, reason);
+                }
+            }
+            Ev::ConnectStart { instance, element } => self.connect_start(instance, element),
+            Ev::ConnectDone { instance, element } => self.connect_done(instance, element),
+            Ev::ElementSend {
+                element,
+                incarnation,
+                session,
+                message,
+            } => {
+                if self.elements[element].alive && self.elements[element].incarnation == incarnation
+                {
+                    self.element_send(element, session, message);
+                }
+            }
+            Ev::SyncDone {
+                element,
+                incarnation,
+            } => {
+                let el = &mut self.elements[element];
+                if el.alive && el.incarnation == incarnation {
+                    let mut out = Vec::new();
+                    el.sync_done(&mut out);
+                    self.element_outputs(element, out);
+                }
+            }
+            Ev::RecoverFetched {
+                element,
+                incarnation,
+                session,
+                volume,
+                after,
+                result,
+            } => {
+                let el = &mut self.elements[element];
+                if !(el.alive && el.incarnation == incarnation && el.has_session(session)) {
+                    return;
+                }
+                let mut out = Vec::new();
+                match result {
+                    Ok(records) => {
+                        let through = records.last().map_or(after, |r| r.sequence);
+                        el.recover_records(session, volume, through, records, &mut out);
+                    }
+                    Err(reason) => out.push(Out::Send {
+                        session,
+                        message: ElementMessage::RecoveryDone {
+                            volume,
+                            result: Err(reason),
+                        },
+                        delay_us: 0,
+                    }),
+                }
+                self.element_outputs(element, out);
+            }
+            Ev::ElementRestart { element } => {
+                if !self.elements[element].alive {
+                    self.trace(|| format!("element e{element} restarts"));
+                    self.elements[element].restart();
+                }
+            }
+            Ev::HostRestart => {
+                if self.host.is_none() {
+                    self.start_host();
+                }
+            }
+            Ev::HealStall { element, dir } => {
+                if self.links[element].stalled[dir]
+                    && self.now >= self.links[element].stall_until[dir]
+                {
+                    self.heal_stall(element, dir);
+                }
+            }
+            Ev::HealSlowLink { element } => {
+                if self.now >= self.links[element].slow_until {
+                    self.links[element].slow_factor = 1;
+                    self.links[element].slow_bandwidth_bytes_per_s = 0;
+                }
+            }
+            Ev::HealSlowDisk { element } => self.elements[element].slow_disk_factor = 1,
+            Ev::HealDiskFull { element } => self.heal_disk_full(element),
+            Ev::NextFault => {
+                if self.phase == Phase::Faults {
+                    self.inject_fault();
+                    let at = at_delay(
+                        self.now,
+                        (self.rng_fault.exp(self.sc.fault_interval_ms) * 1000.0) as u64 + 1,
+                    );
+                    self.schedule(at, Ev::NextFault);
+                }
+            }
+            Ev::ClientWake { client } => self.client_wake(client),
+            Ev::EndFaultPhase => self.end_fault_phase(),
+            Ev::EndQuiet => self.end_quiet(),
+            Ev::EndFinal => self.end_final(),
+        }
+    }
+
+    // ----- network ----------------------------------------------------------------------------
+
+    /// Put a message on a session's channel: serialised behind earlier ones at the link's
+    /// bandwidth, delayed by latency and jitter, never overtaking (TCP is in order).
+    fn net_send(&mut self, session: u64, wire: Wire) {
+        let dir = match wire {
+            Wire::ToElement(_) => TO_ELEMENT,
+            Wire::ToHost(_) => TO_HOST,
+        };
+        let element = self.sessions[&session].element;
+        let link = &mut self.links[element];
+        if link.stalled[dir] {
+            link.held[dir].push_back((session, wire));
+            return;
+        }
+        let mut bandwidth = link.bandwidth_bytes_per_s;
+        if link.slow_bandwidth_bytes_per_s > 0 {
+            bandwidth = if bandwidth == 0 {
+                link.slow_bandwidth_bytes_per_s
+            } else {
+                bandwidth.min(link.slow_bandwidth_bytes_per_s)
+            };
+        }
+        let serialise_us = (wire.bytes() * 1_000_000)
+            .checked_div(bandwidth)
+            .unwrap_or(0);
+        let latency_us = link.latency_us * link.slow_factor
+            + self.rng_net.below(link.jitter_us * link.slow_factor + 1);
+        let now = self.now;
+        let channel = &mut self.sessions.get_mut(&session).expect("checked").channels[dir];
+        let depart = Time(now.0.max(channel.busy_until.0) + serialise_us);
+        channel.busy_until = depart;
+        let arrive = Time((depart.0 + latency_us).max(channel.last_arrival.0));
+        channel.last_arrival = arrive;
+        self.schedule(arrive, Ev::Deliver { session, wire });
+    }
+
+    fn heal_stall(&mut self, element: usize, dir: usize) {
+        self.trace(|| format!("link e{element} direction {dir} heals"));
+        self.links[element].stalled[dir] = false;
+        let held = std::mem::take(&mut self.links[element].held[dir]);
+        for (session, wire) in held {
+            self.net_send(session, wire);
+        }
+    }
+
+    fn deliver(&mut self, session: u64, wire: Wire) {
+        let Some(s) = self.sessions.get(&session) else {
+            return;
+        };
+        if s.dead {
+            return;
+        }
+        let element = s.element;
+        match wire {
+            Wire::ToElement(m) => {
+                let el = &self.elements[element];
+                if !s.element_open
+                    || !el.alive
+                    || el.incarnation != s.incarnation
+                    || !el.has_session(session)
+                {
+                    return;
+                }
+                match m {
+                    ToElement::Close => {
+                        self.sessions
+                            .get_mut(&session)
+                            .expect("exists")
+                            .element_open = false;
+                        self.elements[element].close_session(session);
+                    }
+                    ToElement::Msg(message) => {
+                        self.trace(|| format!("e{element} <- s{session} {}", brief_host(&message)));
+                        let mut out = Vec::new();
+                        self.elements[element].handle(
+                            &mut self.rng_disk,
+                            session,
+                            message,
+                            &mut out,
+                        );
+                        self.element_outputs(element, out);
+                    }
+                }
+            }
+            Wire::ToHost(m) => {
+                let Some(host) = &self.host else { return };
+                if host.instance != s.instance || !s.host_open {
+                    return;
+                }
+                match m {
+                    ToHost::Close(reason) => self.link_ended(element, session, reason),
+                    ToHost::Msg(message) => {
+                        if host.links[element].current != Some(session) {
+                            return; // The shell's filter: a late message of another session.
+                        }
+                        self.trace(|| {
+                            format!("HE <- e{element} s{session} {}", brief_element(&message))
+                        });
+                        let host = self.host.as_mut().expect("checked");
+                        if matches!(message, ElementMessage::Welcome { .. }) {
+                            host.welcomed[element] = true;
+                        }
+                        host.core.handle_element_message(
+                            self.now,
+                            ElementId(element as u8),
+                            message,
+                        );
+                        self.drain();
+                    }
+                }
+            }
+        }
+    }
+
+    fn element_send(&mut self, element: usize, session: u64, message: ElementMessage) {
+        let Some(s) = self.sessions.get(&session) else {
+            return;
+        };
+        if s.dead || !s.element_open || !self.elements[element].has_session(session) {
+            return;
+        }
+        self.net_send(session, Wire::ToHost(ToHost::Msg(message)));
+    }
+
+    fn element_outputs(&mut self, element: usize, out: Vec<Out>) {
+        for o in out {
+            match o {
+                Out::Send {
+                    session,
+                    message,
+                    delay_us,
+                } => {
+                    if delay_us == 0 {
+                        self.element_send(element, session, message);
+                    } else {
+                        let incarnation = self.elements[element].incarnation;
+                        let at = at_delay(self.now, delay_us);
+                        self.schedule(
+                            at,
+                            Ev::ElementSend {
+                                element,
+                                incarnation,
+                                session,
+                                message,
+                            },
+                        );
+                    }
+                }
+                Out::SyncAfter { delay_us } => {
+                    let incarnation = self.elements[element].incarnation;
+                    let at = at_delay(self.now, delay_us);
+                    self.schedule(
+                        at,
+                        Ev::SyncDone {
+                            element,
+                            incarnation,
+                        },
+                    );
+                }
+                Out::Close { session } => {
+                    self.elements[element].close_session(session);
+                    if let Some(s) = self.sessions.get_mut(&session) {
+                        if s.element_open && !s.dead {
+                            s.element_open = false;
+                            self.net_send(
+                                session,
+                                Wire::ToHost(ToHost::Close("element closed the connection".into())),
+                            );
+                        }
+                    }
+                }
+                Out::Refused {
+                    session,
+                    reason,
+                    ordering,
+                } => {
+                    let live = self.sessions.get(&session).is_some_and(|s| {
+                        self.host.as_ref().is_some_and(|h| {
+                            h.instance == s.instance && h.links[element].current == Some(session)
+                        })
+                    });
+                    if live && ordering {
+                        let what = if reason.contains("stale epoch") {
+                            "a record of an older epoch than it already holds"
+                        } else {
+                            "a record out of order"
+                        };
+                        self.violation(format!(
+                            "element e{element} was sent {what} on the live session: {reason}"
+                        ));
+                    }
+                }
+                Out::Recover {
+                    session,
+                    volume,
+                    source,
+                    after,
+                    through,
+                } => {
+                    let incarnation = self.elements[element].incarnation;
+                    let peer = self.elements.iter().position(|e| e.name == source);
+                    let (result, delay_us) = match peer {
+                        None => (Err(format!("unknown peer {source}")), 100),
+                        Some(p) if !self.elements[p].alive || p == element => {
+                            (Err(format!("cannot connect to {source}")), 1_000)
+                        }
+                        Some(p) => {
+                            let result = self.elements[p].log_records(
+                                volume.0 as usize,
+                                after,
+                                through,
+                                u64::MAX,
+                            );
+                            let bytes: u64 = result
+                                .as_ref()
+                                .map_or(0, |r| r.iter().map(|r| r.op.payload_bytes()).sum());
+                            let rtt =
+                                2 * (self.links[element].latency_us + self.links[p].latency_us);
+                            (result, rtt + bytes / 100)
+                        }
+                    };
+                    let at = at_delay(self.now, delay_us);
+                    self.schedule(
+                        at,
+                        Ev::RecoverFetched {
+                            element,
+                            incarnation,
+                            session,
+                            volume,
+                            after,
+                            result,
+                        },
+                    );
+                }
+            }
+        }
+    }
+
+    // ----- the host element's shell ------------------------------------------------------------
+
+    fn start_host(&mut self) {
+        self.instances += 1;
+        self.report.host_starts += 1;
+        let instance = self.instances;
+        let epoch = Epoch(instance as u64);
+        let mut config = HostConfig::new(
+            epoch,
+            self.o.quorum,
+            self.elements.iter().map(|e| e.name.clone()).collect(),
+            (0..self.sc.volumes)
+                .map(|v| VolumeSpec {
+                    name: format!("vol{v}"),
+                    size_bytes: self.sc.volume_bytes,
+                })
+                .collect(),
+        );
+        config.write_queue_bytes = self.sc.write_queue_bytes;
+        config.read_cache_bytes = self.sc.read_cache_bytes;
+        config.heartbeat_interval_ms = self.sc.heartbeat_interval_ms;
+        config.heartbeat_timeout_ms = self.sc.heartbeat_timeout_ms;
+        config.throttle_timeout_ms = self.sc.throttle_timeout_ms;
+        config.startup_grace_ms = self.sc.startup_grace_ms;
+        if self.sc.replay_recovery {
+            config.element_addresses = self.elements.iter().map(|e| e.name.clone()).collect();
+        }
+        self.trace(|| format!("host element starts: instance {instance}, epoch {epoch}"));
+        let n = self.elements.len();
+        self.host = Some(Host {
+            instance,
+            epoch,
+            core: HostCore::new(config, self.now),
+            links: vec![
+                HostLink {
+                    current: None,
+                    running: None,
+                    backoff_ms: BACKOFF_MS_MIN
+                };
+                n
+            ],
+            welcomed: vec![false; n],
+            ready: false,
+            next_sequence: vec![0; self.sc.volumes],
+            unsequenced: vec![VecDeque::new(); self.sc.volumes],
+            last_timeout: None,
+            past_deadline_since: None,
+        });
+        for element in 0..n {
+            let at = at_delay(self.now, self.rng_net.range(0, 200));
+            self.schedule(at, Ev::ConnectStart { instance, element });
+        }
+        for client in 0..self.clients.len() {
+            let at = at_delay(self.now, self.rng_work.range(0, 5_000));
+            self.schedule(at, Ev::ClientWake { client });
+        }
+    }
+
+    fn reachable(&self, element: usize) -> bool {
+        !self.links[element].stalled[TO_ELEMENT] && !self.links[element].stalled[TO_HOST]
+    }
+
+    fn connect_start(&mut self, instance: u32, element: usize) {
+        let Some(host) = &self.host else { return };
+        if host.instance != instance || host.links[element].running.is_some() {
+            return;
+        }
+        let rtt = 2 * self.links[element].latency_us * self.links[element].slow_factor;
+        let delay_us = if self.reachable(element) && self.elements[element].machine_up {
+            rtt
+        } else {
+            us(CONNECT_TIMEOUT_MS)
+        };
+        let at = at_delay(self.now, delay_us);
+        self.schedule(at, Ev::ConnectDone { instance, element });
+    }
+
+    fn connect_done(&mut self, instance: u32, element: usize) {
+        let Some(host) = &self.host else { return };
+        if host.instance != instance || host.links[element].running.is_some() {
+            return;
+        }
+        let el = &self.elements[element];
+        let now = self.now;
+        if self.reachable(element) && el.alive {
+            let session = self.next_session;
+            self.next_session += 1;
+            self.sessions.insert(
+                session,
+                NetSession {
+                    element,
+                    instance,
+                    incarnation: el.incarnation,
+                    host_open: true,
+                    element_open: true,
+                    dead: false,
+                    channels: [Channel::default(); 2],
+                },
+            );
+            self.elements[element].open_session(session);
+            self.trace(|| format!("HE connects to e{element}: session s{session}"));
+            let host = self.host.as_mut().expect("checked");
+            let link = &mut host.links[element];
+            link.current = Some(session);
+            link.running = Some(session);
+            link.backoff_ms = BACKOFF_MS_MIN;
+            host.welcomed[element] = false;
+            host.core
+                .handle_element_connected(now, ElementId(element as u8));
+            self.drain();
+        } else {
+            let reason = if self.reachable(element) && el.machine_up {
+                "connection refused"
+            } else {
+                "connection timed out"
+            };
+            let host = self.host.as_mut().expect("checked");
+            if host.links[element].current.is_none() {
+                host.welcomed[element] = false;
+                host.core
+                    .handle_element_disconnected(now, ElementId(element as u8), reason);
+            }
+            self.retry_later(element);
+            self.drain();
+        }
+    }
+
+    fn retry_later(&mut self, element: usize) {
+        let host = self.host.as_mut().expect("a host retries");
+        let instance = host.instance;
+        let link = &mut host.links[element];
+        let at = Time(self.now.0 + us(link.backoff_ms));
+        link.backoff_ms = (link.backoff_ms * 2).min(BACKOFF_MS_MAX);
+        self.schedule(at, Ev::ConnectStart { instance, element });
+    }
+
+    /// The link task saw its session end (as `run_element_link` reports `Disconnected`).
+    fn link_ended(&mut self, element: usize, session: u64, reason: String) {
+        let now = self.now;
+        self.trace(|| format!("HE link to e{element} ended (s{session}): {reason}"));
+        let host = self.host.as_mut().expect("checked by callers");
+        let link = &mut host.links[element];
+        if link.running != Some(session) {
+            return;
+        }
+        link.running = None;
+        let notify = link.current == Some(session) || link.current.is_none();
+        if link.current == Some(session) {
+            link.current = None;
+        }
+        if let Some(s) = self.sessions.get_mut(&session) {
+            s.host_open = false;
+        }
+        if notify {
+            host.welcomed[element] = false;
+            host.core
+                .handle_element_disconnected(now, ElementId(element as u8), &reason);
+        }
+        self.retry_later(element);
+        self.drain();
+    }
+
+    /// Carry out every action the core has queued.
+    fn drain(&mut self) {
+        loop {
+            let Some(host) = self.host.as_mut() else {
+                return;
+            };
+            let Some(action) = host.core.poll_action() else {
+                break;
+            };
+            self.report.digest = splitmix64(self.report.digest ^ action_code(&action));
+            match action {
+                Action::Send { to, message } => {
+                    if let HostMessage::Apply(record) = &message {
+                        self.map_sequence(record);
+                    }
+                    let host = self.host.as_ref().expect("checked");
+                    let targets: Vec<(usize, u64)> = to
+                        .iter()
+                        .filter_map(|e| host.links[e.0 as usize].current.map(|s| (e.0 as usize, s)))
+                        .collect();
+                    for (element, session) in targets {
+                        self.trace(|| {
+                            format!("HE -> e{element} s{session} {}", brief_host(&message))
+                        });
+                        self.net_send(session, Wire::ToElement(ToElement::Msg(message.clone())));
+                    }
+                }
+                Action::Disconnect { element } => {
+                    let e = element.0 as usize;
+                    let host = self.host.as_mut().expect("checked");
+                    let instance = host.instance;
+                    if let Some(session) = host.links[e].current.take() {
+                        self.trace(|| format!("HE closes s{session} to e{e}"));
+                        self.sessions
+                            .get_mut(&session)
+                            .expect("a current session exists")
+                            .host_open = false;
+                        self.net_send(session, Wire::ToElement(ToElement::Close));
+                        let at = at_delay(self.now, 30);
+                        self.schedule(
+                            at,
+                            Ev::LinkEnded {
+                                instance,
+                                element: e,
+                                session,
+                                reason: "closed by the host element".into(),
+                            },
+                        );
+                    }
+                }
+                Action::Reply { token, reply } => self.on_reply(token, reply),
+                Action::Event(event) => self.on_event(event),
+            }
+        }
+        if let Some(host) = &self.host {
+            host.core.assert_invariants();
+        }
+    }
+
+    fn on_event(&mut self, event: Event) {
+        self.trace(|| format!("HE event {event:?}"));
+        match event {
+            Event::Ready { volume, last } => {
+                let host = self.host.as_mut().expect("events come from a host");
+                host.next_sequence[volume.0 as usize] = last.0 + 1;
+                if !host.ready {
+                    host.ready = true;
+                    self.mark_at_risk();
+                }
+            }
+            Event::ElementFailed { element, reason } if !transient_failure(&reason) => {
+                self.last_failure[element.0 as usize] = reason;
+            }
+            Event::RecoveryStarted { kind, .. } => {
+                *self
+                    .report
+                    .recoveries
+                    .entry(kind.as_str().to_string())
+                    .or_default() += 1;
+            }
+            _ => {}
+        }
+    }
+
+    /// A host element became ready: every acknowledged write of an earlier host element that
+    /// no element it started with holds durably may be lost, within the contract when
+    /// Q ≤ N/2 (the host element and every holder failed together).
+    fn mark_at_risk(&mut self) {
+        let host = self.host.as_ref().expect("called when ready");
+        let mut at_risk = Vec::new();
+        for (id, op) in self.model.ops() {
+            if !op.kind.write_like()
+                || op.outcome != Outcome::Ok
+                || op.instance >= host.instance
+                || op.at_risk
+            {
+                continue;
+            }
+            let Some((epoch, sequence)) = op.seq else {
+                continue;
+            };
+            let held = (0..self.elements.len()).any(|e| {
+                host.welcomed[e]
+                    && self.elements[e].vols[op.volume]
+                        .history
+                        .get((sequence.0 - 1) as usize)
+                        == Some(&epoch)
+            });
+            if !held {
+                at_risk.push(id);
+            }
+        }
+        self.trace(|| {
+            format!(
+                "host element ready; {} acknowledged writes at risk",
+                at_risk.len()
+            )
+        });
+        for id in at_risk {
+            self.model.op_mut(id).at_risk = true;
+        }
+    }
+
+    /// Learn which request a sequence belongs to: the core gives sequences to accepted writes
+    /// in submission order, so the first `Apply` of a new sequence belongs to the oldest
+    /// write-like request not yet sequenced and not refused.
+    fn map_sequence(&mut self, record: &Record) {
+        let v = record.volume.0 as usize;
+        let key = (v, record.epoch.0, record.sequence.0);
+        if self.sequences.contains_key(&key) {
+            return;
+        }
+        let host = self.host.as_mut().expect("sends come from a host");
+        if record.epoch != host.epoch {
+            let message = format!("the host element sent volume {v} sequence {} of epoch {} that no host element created", record.sequence, record.epoch);
+            return self.violation(message);
+        }
+        while host.next_sequence[v] <= record.sequence.0 {
+            let id = loop {
+                match host.unsequenced[v].pop_front() {
+                    Some(id) if self.model.op(id).outcome == Outcome::ReadOnly => continue,
+                    other => break other,
+                }
+            };
+            let sequence = host.next_sequence[v];
+            host.next_sequence[v] += 1;
+            let Some(id) = id else {
+                let message = format!("volume {v} sequence {sequence} has no host write");
+                return self.violation(message);
+            };
+            self.sequences.insert((v, record.epoch.0, sequence), id);
+            self.model.op_mut(id).seq = Some((record.epoch, Sequence(sequence)));
+        }
+        let Some(&id) = self.sequences.get(&key) else {
+            return;
+        };
+        let op = self.model.op(id);
+        let kind = match record.op {
+            Op::Write { .. } => OpKind::Write,
+            Op::Trim { .. } => OpKind::Trim,
+            Op::WriteZeroes { .. } => OpKind::Zero,
+        };
+        if op.kind != kind
+            || op.first_sector * SECTOR_BYTES != record.op.offset_bytes()
+            || op.sectors * SECTOR_BYTES != record.op.length_bytes()
+        {
+            let message = format!(
+                "volume {v} sequence {} carries {:?} but request #{id} is {:?}",
+                record.sequence, kind, op.kind
+            );
+            self.violation(message);
+        }
+    }
+
+    fn holders(&self, volume: usize, epoch: Epoch, sequence: Sequence) -> usize {
+        self.elements
+            .iter()
+            .filter(|e| e.vols[volume].history.get((sequence.0 - 1) as usize) == Some(&epoch))
+            .count()
+    }
+
+    fn on_reply(&mut self, token: Token, reply: Reply) {
+        let id = token.0;
+        if self.model.op(id).outcome != Outcome::Pending {
+            return self.violation(format!("request #{id} answered twice"));
+        }
+        let op = self.model.op(id).clone();
+        let outcome = |result: Result<(), &HostError>| match result {
+            Ok(()) => Outcome::Ok,
+            Err(HostError::ReadOnly) => Outcome::ReadOnly,
+            Err(HostError::QuorumLost) => Outcome::QuorumLost,
+            Err(HostError::Unavailable) => Outcome::Unavailable,
+        };
+        let result = match &reply {
+            Reply::Done(r) => outcome(r.as_ref().map(|_| ())),
+            Reply::Read(r) => outcome(r.as_ref().map(|_| ())),
+            Reply::BlockStatus(r) => outcome(r.as_ref().map(|_| ())),
+        };
+        self.trace(|| format!("reply #{id} {:?} {:?}", op.kind, result));
+        match (op.kind, &reply) {
+            (OpKind::Read, Reply::Read(Ok(data))) => self.model.check_read(id, data),
+            (OpKind::BlockStatus, Reply::BlockStatus(Ok(extents))) => {
+                self.model.check_block_status(id, extents)
+            }
+            (OpKind::Flush, Reply::Done(Ok(()))) => self.model.check_flush(id),
+            (OpKind::Write | OpKind::Trim | OpKind::Zero, Reply::Done(Ok(()))) => match op.seq {
+                None => self.violation(format!(
+                    "write #{id} acknowledged but never sent to an element"
+                )),
+                Some((epoch, sequence)) => {
+                    let holders = self.holders(op.volume, epoch, sequence);
+                    if holders < self.o.quorum {
+                        self.violation(format!(
+                            "write #{id} (volume {} sequence {sequence}) acknowledged while {holders} element(s) hold it durably, fewer than Q={}",
+                            op.volume, self.o.quorum
+                        ));
+                    }
+                }
+            },
+            (_, Reply::Done(_) | Reply::Read(Err(_)) | Reply::BlockStatus(Err(_))) => {}
+            (kind, reply) => self.violation(format!(
+                "request #{id} ({kind:?}) got a reply of the wrong kind: {reply:?}"
+            )),
+        }
+        self.model.resolve(id, result);
+        if let Some(client) = self.clients.iter().position(|c| *c == Some(id)) {
+            self.clients[client] = None;
+            let think_us = if self.rng_work.chance(0.02) {
+                self.rng_work.range(50_000, 300_000)
+            } else {
+                self.rng_work.exp(1_500.0) as u64
+            };
+            let at = at_delay(self.now, think_us);
+            self.schedule(at, Ev::ClientWake { client });
+        }
+    }
+
+    // ----- hosts (the workload) ------------------------------------------------------------------
+
+    fn client_wake(&mut self, client: usize) {
+        if self.phase != Phase::Faults || self.clients[client].is_some() || self.host.is_none() {
+            return;
+        }
+        let volume = self.rng_work.below(self.sc.volumes as u64) as usize;
+        let kind = match self.rng_work.below(100) {
+            0..=41 => OpKind::Write,
+            42..=46 => OpKind::Trim,
+            47..=51 => OpKind::Zero,
+            52..=83 => OpKind::Read,
+            84..=91 => OpKind::Flush,
+            _ => OpKind::BlockStatus,
+        };
+        let (first, sectors) = self.pick_range(kind);
+        self.submit(kind, volume, first, sectors, Some(client));
+    }
+
+    fn pick_range(&mut self, kind: OpKind) -> (u64, u64) {
+        let total = self.sectors_per_volume;
+        let r = &mut self.rng_work;
+        let span = if r.chance(0.5) { total.min(256) } else { total };
+        let mut count = match kind {
+            OpKind::Flush => return (0, 0),
+            OpKind::Write | OpKind::Trim | OpKind::Zero => {
+                if r.chance(self.sc.big_write_share) {
+                    r.range(256, 2048)
+                } else if r.chance(0.25) {
+                    r.range(16, 128)
+                } else {
+                    r.range(1, 16)
+                }
+            }
+            OpKind::Read => {
+                if r.chance(0.05) {
+                    r.range(128, 1024)
+                } else {
+                    r.range(1, 128)
+                }
+            }
+            OpKind::BlockStatus => r.range(8, 1024),
+        };
+        let span = if count > span { total } else { span };
+        count = count.min(total);
+        let mut first = r.below(span - count + 1);
+        if r.chance(0.3) {
+            first = first / 8 * 8;
+            count = (count.div_ceil(8) * 8).min(total - first);
+        }
+        (first, count)
+    }
+
+    /// Hand a request to the core; `client` waits for its reply (which may come at once).
+    fn submit(
+        &mut self,
+        kind: OpKind,
+        volume: usize,
+        first: u64,
+        sectors: u64,
+        client: Option<usize>,
+    ) -> u64 {
+        let now = self.now;
+        let host = self.host.as_mut().expect("requests need a host element");
+        let instance = host.instance;
+        let id = self.model.submit(kind, volume, first, sectors, instance);
+        if let Some(c) = client {
+            self.clients[c] = Some(id);
+        }
+        self.trace(|| format!("request #{id} {kind:?} volume {volume} sectors {first}+{sectors}"));
+        let host = self.host.as_mut().expect("checked");
+        let token = Token(id);
+        let vid = VolumeId(volume as u32);
+        let offset_bytes = first * SECTOR_BYTES;
+        let length_bytes = sectors * SECTOR_BYTES;
+        match kind {
+            OpKind::Write => {
+                let mut data = vec![0u8; length_bytes as usize];
+                for (i, chunk) in data.chunks_exact_mut(SECTOR_BYTES as usize).enumerate() {
+                    fill_sector(chunk, id, volume as u32, first + i as u64);
+                }
+                host.unsequenced[volume].push_back(id);
+                host.core.handle_host_write(
+                    now,
+                    token,
+                    vid,
+                    Op::Write {
+                        offset_bytes,
+                        data: Bytes::from(data),
+                    },
+                );
+            }
+            OpKind::Trim => {
+                host.unsequenced[volume].push_back(id);
+                host.core.handle_host_write(
+                    now,
+                    token,
+                    vid,
+                    Op::Trim {
+                        offset_bytes,
+                        length_bytes,
+                    },
+                );
+            }
+            OpKind::Zero => {
+                host.unsequenced[volume].push_back(id);
+                host.core.handle_host_write(
+                    now,
+                    token,
+                    vid,
+                    Op::WriteZeroes {
+                        offset_bytes,
+                        length_bytes,
+                    },
+                );
+            }
+            OpKind::Read => {
+                host.core
+                    .handle_host_read(now, token, vid, offset_bytes, length_bytes as u32)
+            }
+            OpKind::Flush => host.core.handle_host_flush(now, token, vid),
+            OpKind::BlockStatus => {
+                host.core
+                    .handle_host_block_status(now, token, vid, offset_bytes, length_bytes)
+            }
+        }
+        self.drain();
+        id
+    }
+
+    // ----- faults -------------------------------------------------------------------------------
+
+    fn pick_element(&mut self, alive: bool) -> Option<usize> {
+        let candidates: Vec<usize> = (0..self.elements.len())
+            .filter(|&e| self.elements[e].alive == alive)
+            .collect();
+        if candidates.is_empty() {
+            return None;
+        }
+        Some(candidates[self.rng_fault.below(candidates.len() as u64) as usize])
+    }
+
+    fn crash_element(&mut self, element: usize, kind: CrashKind) {
+        self.trace(|| format!("FAULT element e{element} crashes ({kind:?})"));
+        let sessions = self.elements[element].sessions();
+        self.elements[element].crash(kind, &mut self.rng_disk);
+        for session in sessions {
+            let s = self
+                .sessions
+                .get_mut(&session)
+                .expect("an element session is a network session");
+            if !s.element_open || s.dead {
+                continue;
+            }
+            s.element_open = false;
+            if kind == CrashKind::Kill {
+                // The kernel resets the connection after what was already sent.
+                self.net_send(
+                    session,
+                    Wire::ToHost(ToHost::Close("connection reset by peer".into())),
+                );
+            }
+        }
+    }
+
+    fn crash_host(&mut self) {
+        let Some(host) = self.host.take() else { return };
+        self.trace(|| format!("FAULT host element crashes (instance {})", host.instance));
+        let sessions: Vec<u64> = self
+            .sessions
+            .iter()
+            .filter(|(_, s)| s.instance == host.instance && s.host_open && !s.dead)
+            .map(|(id, _)| *id)
+            .collect();
+        for session in sessions {
+            self.sessions.get_mut(&session).expect("listed").host_open = false;
+            if self.rng_net.chance(0.5) {
+                // A reset: data not yet delivered is dropped.
+                let s = self.sessions.get_mut(&session).expect("listed");
+                s.dead = true;
+                s.element_open = false;
+                let element = s.element;
+                self.elements[element].close_session(session);
+            } else {
+                // The kernel still delivers what the process had sent, then a FIN.
+                self.net_send(session, Wire::ToElement(ToElement::Close));
+            }
+        }
+        let pending: Vec<u64> = self
+            .model
+            .ops()
+            .filter(|(_, op)| op.outcome == Outcome::Pending)
+            .map(|(id, _)| id)
+            .collect();
+        for id in pending {
+            self.model.resolve(id, Outcome::NoReply);
+        }
+        self.clients.iter_mut().for_each(|c| *c = None);
+        self.final_requests.clear();
+    }
+
+    fn stall(&mut self, element: usize, dir: usize, ms: u64) {
+        let until = at_delay(self.now, us(ms));
+        let link = &mut self.links[element];
+        link.stalled[dir] = true;
+        link.stall_until[dir] = link.stall_until[dir].max(until);
+        self.schedule(until, Ev::HealStall { element, dir });
+    }
+
+    fn inject_fault(&mut self) {
+        let kind = FaultKind::ALL[self.rng_fault.weighted(&self.sc.fault_weights)];
+        let n = self.elements.len();
+        let applied = match kind {
+            FaultKind::ElementKill | FaultKind::ElementPowerLoss => match self.pick_element(true) {
+                Some(e) => {
+                    let (crash, down_ms) = if kind == FaultKind::ElementKill {
+                        (CrashKind::Kill, self.rng_fault.range(50, 3_000))
+                    } else {
+                        (CrashKind::PowerLoss, self.rng_fault.range(100, 5_000))
+                    };
+                    self.crash_element(e, crash);
+                    let at = at_delay(self.now, us(down_ms));
+                    self.schedule(at, Ev::ElementRestart { element: e });
+                    true
+                }
+                None => false,
+            },
+            FaultKind::HostCrash => {
+                if self.host.is_some() {
+                    self.crash_host();
+                    let at = at_delay(self.now, us(self.rng_fault.range(50, 4_000)));
+                    self.schedule(at, Ev::HostRestart);
+                    true
+                } else {
+                    false
+                }
+            }
+            FaultKind::Disaster => {
+                if self.host.is_some() {
+                    self.crash_host();
+                    let mut alive: Vec<usize> =
+                        (0..n).filter(|&e| self.elements[e].alive).collect();
+                    alive.sort_by_key(|&e| {
+                        Reverse(
+                            self.elements[e]
+                                .vols
+                                .iter()
+                                .map(|v| v.applied().0)
+                                .sum::<u64>(),
+                        )
+                    });
+                    let grace = self.sc.startup_grace_ms;
+                    for &e in alive.iter().take(self.o.quorum) {
+                        let crash = if self.rng_fault.chance(0.5) {
+                            CrashKind::Kill
+                        } else {
+                            CrashKind::PowerLoss
+                        };
+                        self.crash_element(e, crash);
+                        let at = at_delay(self.now, us(grace + self.rng_fault.range(2_000, 6_000)));
+                        self.schedule(at, Ev::ElementRestart { element: e });
+                    }
+                    let at = at_delay(self.now, us(self.rng_fault.range(50, 1_000)));
+                    self.schedule(at, Ev::HostRestart);
+                    true
+                } else {
+                    false
+                }
+            }
+            FaultKind::LinkReset => {
+                let e = self.rng_fault.below(n as u64) as usize;
+                let sessions: Vec<u64> = self
+                    .sessions
+                    .iter()
+                    .filter(|(_, s)| s.element == e && !s.dead && (s.host_open || s.element_open))
+                    .map(|(id, _)| *id)
+                    .collect();
+                self.trace(|| format!("FAULT link to e{e} reset ({} sessions)", sessions.len()));
+                for session in &sessions {
+                    let s = self.sessions.get_mut(session).expect("listed");
+                    s.dead = true;
+                    s.element_open = false;
+                    let (instance, host_open) = (s.instance, s.host_open);
+                    self.elements[e].close_session(*session);
+                    if host_open {
+                        let at = at_delay(self.now, self.links[e].latency_us);
+                        self.schedule(
+                            at,
+                            Ev::LinkEnded {
+                                instance,
+                                element: e,
+                                session: *session,
+                                reason: "connection reset".into(),
+                            },
+                        );
+                    }
+                }
+                !sessions.is_empty()
+            }
+            FaultKind::Partition | FaultKind::StallToElement | FaultKind::StallToHost => {
+                let e = self.rng_fault.below(n as u64) as usize;
+                let ms = self.rng_fault.range(100, 6_000);
+                self.trace(|| format!("FAULT {} of e{e} for {ms} ms", kind.name()));
+                if kind != FaultKind::StallToHost {
+                    self.stall(e, TO_ELEMENT, ms);
+                }
+                if kind != FaultKind::StallToElement {
+                    self.stall(e, TO_HOST, ms);
+                }
+                true
+            }
+            FaultKind::SlowLink => {
+                let e = self.rng_fault.below(n as u64) as usize;
+                let link = &mut self.links[e];
+                link.slow_factor = self.rng_fault.range(10, 100);
+                link.slow_bandwidth_bytes_per_s = self.rng_fault.range(100_000, 10_000_000);
+                link.slow_until = link
+                    .slow_until
+                    .max(Time(self.now.0 + us(self.rng_fault.range(1_000, 8_000))));
+                let until = link.slow_until;
+                self.trace(|| format!("FAULT slow link to e{e}"));
+                self.schedule(until, Ev::HealSlowLink { element: e });
+                true
+            }
+            FaultKind::SlowDisk => {
+                let e = self.rng_fault.below(n as u64) as usize;
+                self.elements[e].slow_disk_factor = self.rng_fault.range(10, 100);
+                let at = at_delay(self.now, us(self.rng_fault.range(1_000, 5_000)));
+                self.trace(|| format!("FAULT slow disk on e{e}"));
+                self.schedule(at, Ev::HealSlowDisk { element: e });
+                true
+            }
+            FaultKind::DiskFull => {
+                let e = self.rng_fault.below(n as u64) as usize;
+                if self.elements[e].disk_full {
+                    false
+                } else {
+                    self.elements[e].disk_full = true;
+                    let at = at_delay(self.now, us(self.rng_fault.range(200, 3_000)));
+                    self.trace(|| format!("FAULT disk full on e{e}"));
+                    self.schedule(at, Ev::HealDiskFull { element: e });
+                    true
+                }
+            }
+            FaultKind::CorruptBlock => {
+                let e = self.rng_fault.below(n as u64) as usize;
+                match self.elements[e].allocated_block(&mut self.rng_fault) {
+                    Some(block) => {
+                        self.trace(|| format!("FAULT corrupt block {block:?} on e{e}"));
+                        self.elements[e].corrupt_blocks.insert(block);
+                        true
+                    }
+                    None => false,
+                }
+            }
+            FaultKind::CorruptLog => {
+                let e = self.rng_fault.below(n as u64) as usize;
+                match self.elements[e].logged_record(&mut self.rng_fault) {
+                    Some(record) => {
+                        self.trace(|| {
+                            format!("FAULT corrupt replay-log record {record:?} on e{e}")
+                        });
+                        self.elements[e].corrupt_log.insert(record);
+                        true
+                    }
+                    None => false,
+                }
+            }
+        };
+        if applied {
+            self.count_fault(kind);
+        }
+    }
+
+    fn heal_disk_full(&mut self, element: usize) {
+        self.elements[element].disk_full = false;
+        if self.elements[element].alive && self.elements[element].poisoned {
+            // The operator frees space and restarts the element.
+            self.crash_element(element, CrashKind::Kill);
+            let at = at_delay(self.now, us(self.rng_fault.range(100, 1_000)));
+            self.schedule(at, Ev::ElementRestart { element });
+        }
+    }
+
+    // ----- the end: heal, let it converge, judge ------------------------------------------------
+
+    fn end_fault_phase(&mut self) {
+        self.trace(|| "end of the fault phase: healing everything".into());
+        self.phase = Phase::Quiet;
+        for e in 0..self.elements.len() {
+            if self.elements[e].disk_full || self.elements[e].poisoned {
+                self.elements[e].disk_full = false;
+                if self.elements[e].alive {
+                    self.crash_element(e, CrashKind::Kill);
+                }
+            }
+            if !self.elements[e].alive {
+                self.elements[e].restart();
+            }
+            self.elements[e].slow_disk_factor = 1;
+            // Scrubbing replaces corrupt blocks (the model kept their intended bytes).
+            self.elements[e].corrupt_blocks.clear();
+            self.elements[e].corrupt_log.clear();
+            for dir in [TO_ELEMENT, TO_HOST] {
+                if self.links[e].stalled[dir] {
+                    self.heal_stall(e, dir);
+                }
+            }
+            self.links[e].slow_factor = 1;
+            self.links[e].slow_bandwidth_bytes_per_s = 0;
+        }
+        if self.host.is_none() {
+            self.start_host();
+        }
+        let at = at_delay(self.now, us(QUIET_MS));
+        self.schedule(at, Ev::EndQuiet);
+    }
+
+    fn end_quiet(&mut self) {
+        self.phase = Phase::Final;
+        let at = at_delay(self.now, us(FINAL_MS));
+        self.schedule(at, Ev::EndFinal);
+        let Some(host) = &self.host else {
+            unreachable!("healed")
+        };
+        let status = host.core.status(self.now);
+        if !status.ready {
+            self.violation(format!(
+                "liveness: the host element is not ready {QUIET_MS} ms after every fault healed"
+            ));
+            return;
+        }
+        let mut in_sync = 0;
+        for (e, s) in status.elements.iter().enumerate() {
+            match s.state {
+                "in-sync" => in_sync += 1,
+                // Failed for a documented reason, or caught between two rounds of the reconnect loop
+                // of an element that keeps failing for one.
+                "failed" | "recovering"
+                    if s.reason.as_deref().is_some_and(needs_recovery)
+                        || (s.reason.as_deref().is_none_or(transient_failure)
+                            && needs_recovery(&self.last_failure[e])) =>
+                {
+                    self.report.elements_needing_recovery += 1;
+                    let reason = if s.reason.as_deref().is_some_and(needs_recovery) {
+                        s.reason.clone().unwrap_or_default()
+                    } else {
+                        self.last_failure[e].clone()
+                    };
+                    self.report
+                        .notes
+                        .push(format!("e{e} ended failed: {reason}"));
+                }
+                state => self.violation(format!(
+                    "liveness: element e{e} is {state} ({}) {QUIET_MS} ms after every fault healed",
+                    s.reason.as_deref().unwrap_or("-")
+                )),
+            }
+        }
+        self.in_sync_at_quiet = in_sync;
+        self.report.elements_in_sync_at_end = in_sync as u64;
+        // Probe: a write per volume, then the whole volume read back.
+        for v in 0..self.sc.volumes {
+            let first = self.rng_work.below(self.sectors_per_volume - 8);
+            let id = self.submit(OpKind::Write, v, first, 8, None);
+            self.final_requests.push(id);
+            let mut at = 0;
+            while at < self.sectors_per_volume {
+                let count = 256.min(self.sectors_per_volume - at);
+                let id = self.submit(OpKind::Read, v, at, count, None);
+                self.final_requests.push(id);
+                at += count;
+            }
+        }
+    }
+
+    fn end_final(&mut self) {
+        self.phase = Phase::Done;
+        let quorum = self.o.quorum;
+        for id in self.final_requests.clone() {
+            let op = self.model.op(id).clone();
+            let expected = self.in_sync_at_quiet >= quorum
+                || (op.kind == OpKind::Read && self.in_sync_at_quiet > 0);
+            if op.outcome == Outcome::Pending {
+                self.violation(format!(
+                    "liveness: final request #{id} ({:?}) not answered within {FINAL_MS} ms",
+                    op.kind
+                ));
+            } else if expected && op.outcome != Outcome::Ok {
+                self.violation(format!(
+                    "liveness: final request #{id} ({:?}) failed with {:?} while {} of Q={quorum} elements are in sync",
+                    op.kind, op.outcome, self.in_sync_at_quiet
+                ));
+            }
+        }
+        self.check_replicas();
+        self.model.settle(2 * self.o.quorum <= self.o.elements);
+    }
+
+    /// Replicas in sync are byte-identical and hold the same history; every acknowledged write
+    /// is in that history (or its loss is counted, and allowed only as the contract says).
+    fn check_replicas(&mut self) {
+        let Some(host) = &self.host else { return };
+        let status = host.core.status(self.now);
+        let in_sync: Vec<usize> = (0..self.elements.len())
+            .filter(|&e| status.elements[e].state == "in-sync")
+            .collect();
+        let canonical = match in_sync.first() {
+            Some(&e) => e,
+            None => {
+                self.report.notes.push(
+                    "no element in sync at the end: history taken from the most advanced".into(),
+                );
+                (0..self.elements.len())
+                    .max_by_key(|&e| {
+                        (
+                            self.elements[e]
+                                .vols
+                                .iter()
+                                .map(|v| v.applied().0)
+                                .sum::<u64>(),
+                            Reverse(e),
+                        )
+                    })
+                    .expect("at least one element")
+            }
+        };
+        for &e in in_sync.iter().skip(1) {
+            for v in 0..self.sc.volumes {
+                let (a, b) = (&self.elements[canonical].vols[v], &self.elements[e].vols[v]);
+                if a.history != b.history {
+                    let at = a.history.iter().zip(&b.history).position(|(x, y)| x != y);
+                    let message = format!(
+                        "replicas diverge: e{canonical} and e{e} (both in sync) hold volume {v} histories of {} and {} records, first differing at index {at:?}",
+                        a.history.len(),
+                        b.history.len()
+                    );
+                    self.violation(message);
+                } else if a.data != b.data {
+                    let sector = a
+                        .data
+                        .chunks(512)
+                        .zip(b.data.chunks(512))
+                        .position(|(x, y)| x != y)
+                        .expect("they differ");
+                    self.violation(format!("replicas differ: e{canonical} and e{e} (both in sync) differ at volume {v} sector {sector}"));
+                }
+            }
+        }
+        for &e in &in_sync {
+            for v in 0..self.sc.volumes {
+                let applied = self.elements[e].vols[v].applied();
+                if applied != status.volumes[v].last_sequence {
+                    let message = format!(
+                        "in-sync element e{e} has applied volume {v} through {applied}, the host element is at {}",
+                        status.volumes[v].last_sequence
+                    );
+                    self.violation(message);
+                }
+            }
+        }
+        let loss_allowed = 2 * self.o.quorum <= self.o.elements;
+        let history: Vec<Vec<Epoch>> = self.elements[canonical]
+            .vols
+            .iter()
+            .map(|v| v.history.clone())
+            .collect();
+        let mut lost = Vec::new();
+        for (id, op) in self.model.ops() {
+            if !op.kind.write_like() || op.outcome != Outcome::Ok {
+                continue;
+            }
+            let Some((epoch, sequence)) = op.seq else {
+                continue;
+            };
+            if history[op.volume].get((sequence.0 - 1) as usize) != Some(&epoch) {
+                lost.push((id, op.volume, epoch, sequence, op.at_risk));
+            }
+        }
+        for (id, volume, epoch, sequence, at_risk) in lost {
+            self.model.mark_lost(id);
+            self.report.acked_writes_lost += 1;
+            if loss_allowed && at_risk {
+                self.report.acked_writes_lost_allowed += 1;
+            } else {
+                self.violation(format!(
+                    "acknowledged write #{id} (volume {volume}, epoch {epoch}, sequence {sequence}) is not in the history the replicas ended with{}",
+                    if at_risk { " (Q > N/2: never allowed)" } else { " (an element that held it was there when the host element restarted)" }
+                ));
+            }
+        }
+    }
+}
+
+/// Failure reasons the core gives for an element it cannot bring back with the recovery it
+/// implements (the write queue or a peer's replay log no longer covers its gap, or its history
+/// diverged): a figure, not a liveness violation.
+fn needs_recovery(reason: &str) -> bool {
+    reason.contains("needs")
+        || reason.contains("no longer in the write queue")
+        || reason.contains("diverged")
+}
+
+/// Failure reasons of the reconnect loop itself, which say nothing about why an element keeps
+/// failing.
+fn transient_failure(reason: &str) -> bool {
+    reason.contains("handshake in progress")
+        || reason.contains("connection lost")
+        || reason.contains("cannot connect")
+}
+
+fn action_code(action: &Action) -> u64 {
+    match action {
+        Action::Send { to, message } => {
+            let m = match message {
+                HostMessage::Apply(r) => r.sequence.0 << 8 | 1,
+                HostMessage::Read { request_id, .. } => request_id << 8 | 2,
+                _ => 3,
+            };
+            to.0.rotate_left(40) ^ m
+        }
+        Action::Disconnect { element } => 0xD0 ^ element.0 as u64,
+        Action::Reply { token, .. } => 0xE0 ^ (token.0 << 8),
+        Action::Event(_) => 0xF0,
+    }
+}
+
+fn brief_host(m: &HostMessage) -> String {
+    match m {
+        HostMessage::Apply(r) => format!(
+            "Apply vol {} epoch {} seq {} {} {}+{}",
+            r.volume,
+            r.epoch,
+            r.sequence,
+            match r.op {
+                Op::Write { .. } => "write",
+                Op::Trim { .. } => "trim",
+                Op::WriteZeroes { .. } => "zero",
+            },
+            r.op.offset_bytes(),
+            r.op.length_bytes()
+        ),
+        HostMessage::Hello { epoch, .. } => format!("Hello epoch {epoch}"),
+        HostMessage::Read {
+            request_id,
+            volume,
+            offset_bytes,
+            length_bytes,
+        } => {
+            format!("Read #{request_id} vol {volume} {offset_bytes}+{length_bytes}")
+        }
+        HostMessage::BlockStatus { request_id, .. } => format!("BlockStatus #{request_id}"),
+        HostMessage::Ping { .. } => "Ping".into(),
+        HostMessage::FetchLog {
+            request_id,
+            volume,
+            after,
+            ..
+        } => format!("FetchLog #{request_id} vol {volume} after {after}"),
+        HostMessage::Recover {
+            volume,
+            source,
+            after,
+            through,
+            ..
+        } => format!("Recover vol {volume} from {source} ({after}, {through}]"),
+    }
+}
+
+fn brief_element(m: &ElementMessage) -> String {
+    match m {
+        ElementMessage::ReadReply {
+            request_id,
+            applied_sequence,
+            result,
+        } => format!(
+            "ReadReply #{request_id} applied {applied_sequence} {}",
+            match result {
+                Ok(d) => format!("{} bytes", d.len()),
+                Err(e) => format!("error {e}"),
+            }
+        ),
+        ElementMessage::LogRecords { request_id, result } => format!(
+            "LogRecords #{request_id} {}",
+            match result {
+                Ok(r) => format!(
+                    "{} records {:?}..{:?}",
+                    r.len(),
+                    r.first().map(|r| r.sequence.0),
+                    r.last().map(|r| r.sequence.0)
+                ),
+                Err(e) => format!("error {e}"),
+            }
+        ),
+        other => format!("{other:?}"),
+    }
+}

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Installs what the real-process tests (tests/) need on a Debian machine.
+# Idempotent: installs only what is missing, runs `apt-get update` at most once,
+# and prints nothing unless something fails.
+set -euo pipefail
+
+packages=(
+    qemu-utils
+    libnbd-bin
+    nbdkit
+    nbdfuse
+    fuse3
+    fio
+    postmark
+    e2fsprogs
+    python3-pytest
+    python3-libnbd
+    util-linux
+)
+
+missing=()
+for package in "${packages[@]}"; do
+    status="$(dpkg-query -W -f='${Status}' "$package" 2>/dev/null || true)"
+    if [[ "$status" != "install ok installed" ]]; then
+        missing+=("$package")
+    fi
+done
+
+if ! command -v cargo >/dev/null 2>&1 && [[ ! -x "${HOME:-/root}/.cargo/bin/cargo" ]]; then
+    missing+=(cargo rustc)
+fi
+
+if [[ ${#missing[@]} -eq 0 ]]; then
+    exit 0
+fi
+
+if [[ "$(id -u)" -ne 0 ]]; then
+    if command -v sudo >/dev/null 2>&1; then
+        sudo=(sudo)
+    else
+        echo "install-test-deps: missing packages (${missing[*]}) and not root" >&2
+        exit 1
+    fi
+else
+    sudo=()
+fi
+
+log="$(mktemp -t install-test-deps.XXXXXX.log)"
+trap 'rm -f "$log"' EXIT
+
+export DEBIAN_FRONTEND=noninteractive
+if ! "${sudo[@]}" apt-get update >"$log" 2>&1; then
+    cat "$log" >&2
+    echo "install-test-deps: apt-get update failed" >&2
+    exit 1
+fi
+if ! "${sudo[@]}" apt-get install -y --no-install-recommends "${missing[@]}" >"$log" 2>&1; then
+    cat "$log" >&2
+    echo "install-test-deps: apt-get install ${missing[*]} failed" >&2
+    exit 1
+fi

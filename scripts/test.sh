@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# The project's test command: unit and simulator tests (cargo), then the
+# real-process tests (tests/, pytest) against the release binary.
+#
+#     bash scripts/test.sh            # everything
+#     bash scripts/test.sh -k nbdinfo # extra arguments go to pytest
+set -euo pipefail
+
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$repo"
+
+if [[ -d "${HOME:-/root}/.cargo/bin" ]]; then
+    PATH="${HOME:-/root}/.cargo/bin:$PATH"
+fi
+# losetup, mkfs.ext4, fsck.ext4 live in sbin.
+PATH="$PATH:/usr/local/sbin:/usr/sbin:/sbin"
+export PATH
+
+echo "== installing test dependencies"
+bash scripts/install-test-deps.sh
+
+echo "== cargo build --release --workspace"
+cargo build --release --workspace
+
+echo "== cargo test --release --workspace"
+cargo test --release --workspace
+
+target_dir="${CARGO_TARGET_DIR:-$repo/target}"
+export STARFISH_BIN="${STARFISH_BIN:-$target_dir/release/starfish}"
+
+echo "== pytest tests/ (STARFISH_BIN=$STARFISH_BIN)"
+# Debian's python3 has the libnbd bindings (module `nbd`). Each test has its
+# own time limit; this bounds the whole run, with SIGINT first so pytest still
+# tears down (stops processes, unmounts, detaches loop devices).
+status=0
+timeout -s INT -k 60 "${STARFISH_TEST_TIMEOUT:-1200}" \
+    /usr/bin/python3 -m pytest -q -p no:cacheprovider -rfEs tests/ "$@" || status=$?
+if [[ $status -eq 5 ]]; then
+    echo "pytest collected no tests" >&2
+fi
+exit $status

@@ -1,0 +1,148 @@
+"""Fixtures for the real-process tests: a StarFish cluster per test (three
+elements and a host, as subprocesses on 127.0.0.1), per-test time limits,
+and the processes' logs attached to every failure report.
+
+Environment:
+    STARFISH_BIN                path of the binary (default target/release/starfish)
+    STARFISH_TEST_REFERENCE     "nbdkit": run the data-path tests against
+                                nbdkit's memory plugin (harness self-check);
+                                cluster-only tests are skipped
+    STARFISH_TEST_KEEP          keep the temporary directories (for debugging)
+"""
+
+import os
+import shutil
+import signal
+
+import pytest
+
+import harness
+
+DEFAULT_TIME_LIMIT = 300  # seconds, for a test without its own time_limit mark
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "time_limit(seconds): fail the test if its body runs longer (SIGALRM)"
+    )
+
+
+class TestTimeLimit(Exception):
+    pass
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    mark = item.get_closest_marker("time_limit")
+    seconds = int(mark.args[0]) if mark else DEFAULT_TIME_LIMIT
+
+    def expired(signum, frame):
+        raise TestTimeLimit(f"test ran longer than its time limit of {seconds}s")
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if not report.failed:
+        return
+    for source in getattr(item, "_starfish_log_sources", []):
+        try:
+            for name, text in source.logs():
+                report.sections.append((f"log of {name} ({report.when})", text))
+        except Exception as e:  # noqa: BLE001 - a report must not fail
+            report.sections.append(("logs", f"could not read logs: {e}"))
+
+
+def attach_logs(request, source):
+    """Makes `source.logs()` part of the report if the test fails."""
+    sources = getattr(request.node, "_starfish_log_sources", None)
+    if sources is None:
+        sources = request.node._starfish_log_sources = []
+    sources.append(source)
+
+
+def require_tools(*tools):
+    """Skips the test (saying which) if an external tool is not installed."""
+    path = os.environ.get("PATH", "") + ":/usr/sbin:/sbin"
+    missing = [t for t in tools if shutil.which(t, path=path) is None]
+    if missing:
+        pytest.skip(f"missing tool(s): {', '.join(missing)} (run scripts/install-test-deps.sh)")
+
+
+def cluster_only():
+    if harness.reference_mode():
+        pytest.skip("needs a StarFish cluster; STARFISH_TEST_REFERENCE=nbdkit runs data-path tests only")
+
+
+@pytest.fixture(scope="session")
+def starfish_bin():
+    path = harness.starfish_bin()
+    if not (os.path.isfile(path) and os.access(path, os.X_OK)):
+        pytest.fail(
+            f"StarFish binary not found at {path}: run `cargo build --release -p starfish` "
+            "or set STARFISH_BIN",
+            pytrace=False,
+        )
+    return path
+
+
+@pytest.fixture
+def workdir():
+    path = harness.make_workdir()
+    yield path
+    harness.remove_workdir(path)
+
+
+@pytest.fixture
+def make_cluster(request, workdir):
+    """Returns a function that builds and starts a Cluster (keyword arguments
+    as Cluster's); every cluster it built is destroyed at teardown."""
+    cluster_only()
+    request.getfixturevalue("starfish_bin")
+    clusters = []
+
+    def make(start=True, **kwargs):
+        index = len(clusters)
+        directory = os.path.join(workdir, f"cluster{index}")
+        os.makedirs(directory)
+        cluster = harness.Cluster(directory, **kwargs)
+        clusters.append(cluster)
+        attach_logs(request, cluster)
+        if start:
+            cluster.start()
+        return cluster
+
+    yield make
+    for cluster in clusters:
+        cluster.destroy()
+
+
+@pytest.fixture
+def cluster(make_cluster):
+    """A started, healthy cluster: elements local/near/far, Q=2, vol0 of 1 GiB."""
+    return make_cluster()
+
+
+@pytest.fixture
+def target(request, workdir):
+    """An NBD server exporting `vol0` (1 GiB): a StarFish cluster, or nbdkit in
+    reference mode. Has .uri(volume), .nbd_port and .host (a harness.Process)."""
+    if harness.reference_mode():
+        require_tools("nbdkit")
+        server = harness.ReferenceServer(workdir)
+        attach_logs(request, server)
+        try:
+            yield server.start()
+        finally:
+            server.destroy()
+    else:
+        yield request.getfixturevalue("cluster")

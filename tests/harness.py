@@ -1,0 +1,941 @@
+"""Process harness for the real-process tests: ports, subprocesses with logs,
+a StarFish cluster (three elements and a host), an NBD client whose every
+operation is bounded in time, and data patterns that describe themselves.
+
+Everything here stops what it starts by PID and never waits without a bound.
+"""
+
+import errno
+import hashlib
+import json
+import os
+import random
+import shlex
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import tempfile
+import time
+
+import nbd
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LOCALHOST = "127.0.0.1"
+
+KiB = 1024
+MiB = 1024 * KiB
+GiB = 1024 * MiB
+
+# Bounds on waiting, in seconds. Generous: CI machines are small and busy.
+START_TIMEOUT = 30.0
+STATUS_TIMEOUT = 10.0
+STOP_TIMEOUT = 20.0
+NBD_OP_TIMEOUT = 60.0
+
+ELEMENT_NAMES = ("local", "near", "far")
+
+
+def starfish_bin():
+    return os.environ.get("STARFISH_BIN") or os.path.join(REPO, "target", "release", "starfish")
+
+
+def reference_mode():
+    """STARFISH_TEST_REFERENCE=nbdkit runs the data-path tests against nbdkit's
+    memory plugin instead of StarFish: a known-good server, to tell a broken
+    test from a broken StarFish."""
+    return os.environ.get("STARFISH_TEST_REFERENCE", "") == "nbdkit"
+
+
+# ---------------------------------------------------------------------------
+# Ports
+
+_handed_out = set()
+
+
+def free_port():
+    """A TCP port on 127.0.0.1 that nothing listens on, below the kernel's
+    ephemeral range (so client sockets do not take it meanwhile) and never
+    handed out twice in one test run."""
+    rng = random.Random()
+    for _ in range(1000):
+        port = rng.randrange(20000, 32000)
+        if port in _handed_out:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((LOCALHOST, port))
+            except OSError:
+                continue
+        _handed_out.add(port)
+        return port
+    raise RuntimeError("no free TCP port found in 20000..32000")
+
+
+def listening_ports():
+    """Ports in LISTEN state on IPv4, read from /proc (no connection made)."""
+    ports = set()
+    for path in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(path) as f:
+                next(f)
+                for line in f:
+                    fields = line.split()
+                    if fields[3] == "0A":
+                        ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+        except FileNotFoundError:
+            pass
+    return ports
+
+
+# ---------------------------------------------------------------------------
+# Commands and processes
+
+
+class CommandFailed(AssertionError):
+    pass
+
+
+def run(args, timeout=120, check=True, input=None, env=None, cwd=None):
+    """Runs a command to completion within `timeout` seconds; returns the
+    CompletedProcess (text). A timeout kills it and fails."""
+    args = [str(a) for a in args]
+    try:
+        result = subprocess.run(
+            args,
+            input=input,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=env,
+            cwd=cwd,
+        )
+    except subprocess.TimeoutExpired as e:
+        raise CommandFailed(
+            f"timed out after {timeout}s: {shlex.join(args)}\n"
+            f"stdout:\n{_text(e.stdout)}\nstderr:\n{_text(e.stderr)}"
+        ) from None
+    if check and result.returncode != 0:
+        raise CommandFailed(
+            f"exit {result.returncode}: {shlex.join(args)}\n"
+            f"stdout:\n{tail(result.stdout)}\nstderr:\n{tail(result.stderr)}"
+        )
+    return result
+
+
+def _text(b):
+    if b is None:
+        return ""
+    if isinstance(b, bytes):
+        return b.decode(errors="replace")
+    return b
+
+
+def tail(text, lines=60):
+    parts = text.splitlines()
+    if len(parts) > lines:
+        parts = [f"... ({len(parts) - lines} lines cut)"] + parts[-lines:]
+    return "\n".join(parts)
+
+
+def tail_file(path, lines=150):
+    try:
+        with open(path, errors="replace") as f:
+            return tail(f.read(), lines)
+    except OSError as e:
+        return f"(cannot read {path}: {e})"
+
+
+class Process:
+    """A long-running child process whose output goes to a log file."""
+
+    def __init__(self, name, args, log_path, env=None, cwd=None):
+        self.name = name
+        self.args = [str(a) for a in args]
+        self.log_path = log_path
+        self.env = env
+        self.cwd = cwd
+        self.popen = None
+
+    def start(self):
+        assert self.popen is None or self.popen.poll() is not None, f"{self.name} already running"
+        log = open(self.log_path, "ab")
+        log.write(f"\n==== {time.strftime('%H:%M:%S')} start: {shlex.join(self.args)}\n".encode())
+        log.flush()
+        try:
+            self.popen = subprocess.Popen(
+                self.args,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=self.env,
+                cwd=self.cwd,
+                start_new_session=True,
+            )
+        finally:
+            log.close()
+        return self
+
+    @property
+    def pid(self):
+        return self.popen.pid if self.popen else None
+
+    def alive(self):
+        return self.popen is not None and self.popen.poll() is None
+
+    def returncode(self):
+        return self.popen.poll() if self.popen else None
+
+    def send_signal(self, sig):
+        if self.alive():
+            os.kill(self.popen.pid, sig)
+
+    def wait(self, timeout):
+        """Waits for exit; returns the exit code or None on timeout."""
+        if self.popen is None:
+            return None
+        try:
+            return self.popen.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def kill9(self):
+        if self.alive():
+            os.kill(self.popen.pid, signal.SIGKILL)
+            self.popen.wait(timeout=STOP_TIMEOUT)
+
+    def stop(self, sig=signal.SIGTERM, timeout=STOP_TIMEOUT):
+        """Sends `sig`, waits up to `timeout`, then SIGKILL. Returns
+        (exit code, whether it had to be killed)."""
+        if self.popen is None:
+            return None, False
+        if self.popen.poll() is not None:
+            return self.popen.returncode, False
+        os.kill(self.popen.pid, sig)
+        code = self.wait(timeout)
+        if code is not None:
+            return code, False
+        self.kill9()
+        return self.popen.returncode, True
+
+    def reap_group(self):
+        """Kills what is left of this child's own process group (processes it
+        forked), by the group id that is this child's PID."""
+        if self.popen is None:
+            return
+        try:
+            os.killpg(self.popen.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def log(self, lines=150):
+        return tail_file(self.log_path, lines)
+
+
+def wait_until(predicate, timeout, what, interval=0.2):
+    """Polls `predicate` until it returns a true value (returned) or `timeout`
+    passes (AssertionError naming `what` and the last value or error)."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while True:
+        try:
+            value = predicate()
+            if value:
+                return value
+            last = value
+        except Exception as e:  # noqa: BLE001 - reported below
+            last = f"{type(e).__name__}: {e}"
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}; last: {last}")
+        time.sleep(interval)
+
+
+def wait_listening(process, port, timeout=START_TIMEOUT):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not process.alive():
+            raise AssertionError(
+                f"{process.name} exited with {process.returncode()} before listening on {port}\n"
+                f"--- {process.name} log:\n{process.log()}"
+            )
+        if port in listening_ports():
+            return
+        time.sleep(0.05)
+    raise AssertionError(
+        f"{process.name} is not listening on {port} after {timeout}s\n--- {process.name} log:\n{process.log()}"
+    )
+
+
+# ---------------------------------------------------------------------------
+# The StarFish cluster
+
+
+class Element:
+    def __init__(self, name, workdir):
+        self.name = name
+        self.port = free_port()
+        self.data = os.path.join(workdir, f"element-{name}")
+        os.makedirs(self.data, exist_ok=True)
+        self.process = Process(
+            f"element-{name}",
+            [starfish_bin(), "element", "--listen", self.address, "--data", self.data],
+            os.path.join(workdir, f"element-{name}.log"),
+        )
+
+    @property
+    def address(self):
+        return f"{LOCALHOST}:{self.port}"
+
+    def start(self):
+        self.process.start()
+        wait_listening(self.process, self.port)
+
+    def verify(self):
+        """`starfish element verify --json` of this (stopped) element."""
+        assert not self.process.alive(), f"element {self.name} must be stopped before verify"
+        result = run([starfish_bin(), "element", "verify", "--data", self.data, "--json"], timeout=300)
+        try:
+            return json.loads(result.stdout)
+        except json.JSONDecodeError as e:
+            raise AssertionError(f"element verify printed no JSON ({e}):\n{result.stdout}") from None
+
+
+class Cluster:
+    """Three elements (local, near, far) and a host exporting volumes over
+    NBD. Logs go to files in `workdir`; `logs()` gathers their tails."""
+
+    def __init__(self, workdir, volumes=(("vol0", "1GiB"),), quorum=2, host_extra=(), use_config=False):
+        self.workdir = workdir
+        self.volumes = list(volumes)
+        self.quorum = quorum
+        self.host_extra = list(host_extra)
+        self.use_config = use_config
+        self.elements = {name: Element(name, workdir) for name in ELEMENT_NAMES}
+        self.nbd_port = free_port()
+        self.admin_port = free_port()
+        self.host = Process("host", self.host_args(), os.path.join(workdir, "host.log"))
+
+    # -- configuration
+
+    @property
+    def admin(self):
+        return f"{LOCALHOST}:{self.admin_port}"
+
+    @property
+    def nbd_address(self):
+        return f"{LOCALHOST}:{self.nbd_port}"
+
+    def config_toml(self):
+        lines = [
+            f'nbd = "{self.nbd_address}"',
+            f'admin = "{self.admin}"',
+            f"quorum = {self.quorum}",
+            "",
+        ]
+        for element in self.elements.values():
+            lines += ["[[element]]", f'name = "{element.name}"', f'address = "{element.address}"', ""]
+        for name, size in self.volumes:
+            lines += ["[[volume]]", f'name = "{name}"', f'size = "{size}"', ""]
+        return "\n".join(lines)
+
+    def host_args(self):
+        if self.use_config:
+            path = os.path.join(self.workdir, "host.toml")
+            with open(path, "w") as f:
+                f.write(self.config_toml())
+            return [starfish_bin(), "host", "--config", path] + self.host_extra
+        args = [starfish_bin(), "host", "--nbd", self.nbd_address, "--admin", self.admin]
+        for element in self.elements.values():
+            args += ["--element", f"{element.name}={element.address}"]
+        args += ["--quorum", str(self.quorum)]
+        for name, size in self.volumes:
+            args += ["--volume", f"{name}:{size}"]
+        return args + self.host_extra
+
+    def uri(self, volume="vol0"):
+        return f"nbd://{LOCALHOST}:{self.nbd_port}/{volume}"
+
+    # -- lifecycle
+
+    def start(self):
+        for element in self.elements.values():
+            element.start()
+        self.start_host()
+        return self
+
+    def start_host(self, ready=True):
+        self.host.start()
+        wait_listening(self.host, self.admin_port)
+        wait_listening(self.host, self.nbd_port)
+        if ready:
+            self.wait_healthy()
+
+    def stop_host(self, sig=signal.SIGTERM):
+        code, killed = self.host.stop(sig)
+        return code, killed
+
+    def kill_element(self, name, sig=signal.SIGKILL):
+        element = self.elements[name]
+        element.process.send_signal(sig)
+        code = element.process.wait(STOP_TIMEOUT)
+        assert code is not None, f"element {name} did not exit on signal {sig}"
+        return code
+
+    def restart_element(self, name):
+        element = self.elements[name]
+        assert not element.process.alive(), f"element {name} is still running"
+        element.start()
+
+    def stop(self):
+        """Stops the host, then the elements, with SIGTERM. Returns a list of
+        complaints (a process that needed SIGKILL or exited non-zero)."""
+        complaints = []
+        processes = [self.host] + [e.process for e in self.elements.values()]
+        for process in processes:
+            was_alive = process.alive()
+            code, killed = process.stop(signal.SIGTERM)
+            if was_alive and killed:
+                complaints.append(f"{process.name} ignored SIGTERM for {STOP_TIMEOUT}s and was killed")
+            elif was_alive and code not in (0, None):
+                complaints.append(f"{process.name} exited with {code} on SIGTERM")
+        return complaints
+
+    def destroy(self):
+        """Kills everything still running (teardown); never raises."""
+        for process in [self.host] + [e.process for e in self.elements.values()]:
+            try:
+                process.kill9()
+            except Exception:  # noqa: BLE001 - teardown must go on
+                pass
+            process.reap_group()
+
+    # -- observation
+
+    def status(self, timeout=STATUS_TIMEOUT):
+        result = run([starfish_bin(), "status", "--admin", self.admin, "--json"], timeout=timeout)
+        try:
+            return json.loads(result.stdout)
+        except json.JSONDecodeError as e:
+            raise AssertionError(f"status printed no JSON ({e}):\n{result.stdout}") from None
+
+    def wait_status(self, predicate, timeout, what):
+        """Polls status until `predicate(status)` holds; returns that status."""
+        seen = {}
+
+        def check():
+            if not self.host.alive():
+                raise HostDied(f"host exited with {self.host.returncode()}\n--- host log:\n{self.host.log()}")
+            status = self.status()
+            seen["last"] = status
+            return status if predicate(status) else None
+
+        try:
+            return wait_until(check, timeout, what, interval=0.25)
+        except HostDied as e:
+            raise AssertionError(str(e)) from None
+        except AssertionError as e:
+            raise AssertionError(f"{e}\nlast status: {json.dumps(seen.get('last'), indent=1)}") from None
+
+    def wait_healthy(self, timeout=START_TIMEOUT):
+        return self.wait_status(healthy, timeout, "all elements in-sync and every volume read-write")
+
+    def element_state(self, status, name):
+        for element in status["elements"]:
+            if element["name"] == name:
+                return element["state"]
+        raise AssertionError(f"element {name} missing from status: {status}")
+
+    def logs(self, lines=150):
+        parts = []
+        for process in [self.host] + [e.process for e in self.elements.values()]:
+            parts.append((process.name, tail_file(process.log_path, lines)))
+        return parts
+
+
+class HostDied(Exception):
+    pass
+
+
+def volume_status(status, name="vol0"):
+    for volume in status["volumes"]:
+        if volume["name"] == name:
+            return volume
+    raise AssertionError(f"volume {name} missing from status: {status}")
+
+
+def healthy(status):
+    return all(e["state"] == "in-sync" for e in status["elements"]) and all(
+        v["mode"] == "read-write" for v in status["volumes"]
+    )
+
+
+# ---------------------------------------------------------------------------
+# Reference server (nbdkit), for STARFISH_TEST_REFERENCE=nbdkit
+
+
+class ReferenceServer:
+    """nbdkit's memory plugin with the block size constraints StarFish
+    advertises (512 / 4096 / 32 MiB) and errors on unaligned requests, one
+    export named like the volume."""
+
+    def __init__(self, workdir, volume="vol0", size="1G"):
+        self.workdir = workdir
+        self.volume = volume
+        self.nbd_port = free_port()
+        self.process = Process(
+            "nbdkit",
+            [
+                "nbdkit", "--foreground", "--exit-with-parent", "-i", LOCALHOST, "-p", self.nbd_port,
+                "--filter=exportname", "--filter=blocksize-policy",
+                "memory", size,
+                f"exportname={volume}", "exportname-strict=true", "exportname-list=explicit",
+                "blocksize-minimum=512", "blocksize-preferred=4096",
+                "blocksize-maximum=33554432", "blocksize-error-policy=error",
+            ],
+            os.path.join(workdir, "nbdkit.log"),
+        )
+
+    def start(self):
+        self.process.start()
+        wait_listening(self.process, self.nbd_port)
+        return self
+
+    def uri(self, volume="vol0"):
+        return f"nbd://{LOCALHOST}:{self.nbd_port}/{volume}"
+
+    @property
+    def host(self):
+        return self.process
+
+    def destroy(self):
+        self.process.kill9()
+
+    def logs(self, lines=150):
+        return [("nbdkit", tail_file(self.process.log_path, lines))]
+
+
+# ---------------------------------------------------------------------------
+# NBD client with bounded operations
+
+
+class Timeout(AssertionError):
+    pass
+
+
+class Client:
+    """A libnbd handle whose every operation runs asynchronously and is
+    abandoned (as a test failure) after `timeout` seconds, so a server that
+    hangs fails the test instead of hanging it."""
+
+    def __init__(self, uri, timeout=NBD_OP_TIMEOUT, strict=True, meta_contexts=()):
+        self.uri = uri
+        self.timeout = timeout
+        self.h = nbd.NBD()
+        self.h.set_handle_name("test-client")
+        for context in meta_contexts:
+            self.h.add_meta_context(context)
+        if not strict:
+            self.h.set_strict_mode(0)
+        self.h.aio_connect_uri(uri)
+        self._poll_until(lambda: not self.h.aio_is_connecting(), f"connect to {uri}")
+        if not self.h.aio_is_ready():
+            raise AssertionError(f"NBD connection to {uri} not ready (state {self.h.connection_state()})")
+
+    def _poll_until(self, done, what):
+        deadline = time.monotonic() + self.timeout
+        while not done():
+            if time.monotonic() > deadline:
+                raise Timeout(f"NBD {what} did not complete within {self.timeout}s ({self.uri})")
+            if self.h.aio_is_dead() or self.h.aio_is_closed():
+                raise nbd.Error(f"connection dead during {what}: {self.h.connection_state()}", errno.ECONNRESET)
+            self.h.poll(100)
+
+    def _wait(self, cookie, what):
+        self._poll_until(lambda: self.h.aio_command_completed(cookie), what)
+
+    def pread(self, length, offset, flags=0):
+        buf = nbd.Buffer(length)
+        cookie = self.h.aio_pread(buf, offset, flags=flags)
+        self._wait(cookie, f"read {length}@{offset}")
+        return buf.to_bytearray()
+
+    def pwrite(self, data, offset, flags=0):
+        buf = nbd.Buffer.from_bytearray(bytearray(data))
+        cookie = self.h.aio_pwrite(buf, offset, flags=flags)
+        self._wait(cookie, f"write {len(data)}@{offset}")
+
+    def trim(self, length, offset, flags=0):
+        self._wait(self.h.aio_trim(length, offset, flags=flags), f"trim {length}@{offset}")
+
+    def zero(self, length, offset, flags=0):
+        self._wait(self.h.aio_zero(length, offset, flags=flags), f"zero {length}@{offset}")
+
+    def flush(self):
+        self._wait(self.h.aio_flush(), "flush")
+
+    def block_status(self, length, offset):
+        """Returns [(length, flags)] extents of base:allocation."""
+        extents = []
+
+        def callback(metacontext, offset_, entries, err):
+            if metacontext == nbd.CONTEXT_BASE_ALLOCATION:
+                for i in range(0, len(entries), 2):
+                    extents.append((entries[i], entries[i + 1]))
+            return 0
+
+        self._wait(self.h.aio_block_status(length, offset, callback), f"block status {length}@{offset}")
+        return extents
+
+    def size(self):
+        return self.h.get_size()
+
+    def close(self):
+        try:
+            if self.h.aio_is_ready():
+                self.h.aio_disconnect()
+                deadline = time.monotonic() + 5
+                while not self.h.aio_is_closed() and not self.h.aio_is_dead() and time.monotonic() < deadline:
+                    self.h.poll(100)
+        except nbd.Error:
+            pass
+        # Dropping the last reference closes the handle and its socket.
+        self.h = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        if self.h is not None:
+            self.close()
+
+
+def expect_nbd_error(fn, errnos, what):
+    """Runs `fn`, which must fail with an NBD error whose errno is in `errnos`;
+    returns the nbd.Error."""
+    try:
+        fn()
+    except nbd.Error as e:
+        assert e.errnum in errnos, (
+            f"{what}: expected errno {[errno.errorcode.get(n, n) for n in errnos]}, "
+            f"got {errno.errorcode.get(e.errnum, e.errnum)} ({e.string})"
+        )
+        return e
+    raise AssertionError(f"{what}: succeeded, expected an NBD error {[errno.errorcode.get(n, n) for n in errnos]}")
+
+
+# ---------------------------------------------------------------------------
+# Data patterns
+
+BLOCK = 4096
+STAMP_MAGIC = b"SFTESTBK"
+_STAMP = struct.Struct("<8sQQ")  # magic, offset, generation
+
+
+def stamp_block(offset, generation, size=BLOCK):
+    """A block that says where it belongs and which write put it there, with
+    a body derived from both, so torn or misplaced blocks are recognised."""
+    header = _STAMP.pack(STAMP_MAGIC, offset, generation)
+    seed = hashlib.sha256(header).digest()
+    body = (seed * (size // len(seed) + 1))[: size - len(header)]
+    return header + body
+
+
+def parse_block(data, size=BLOCK):
+    """Returns (offset, generation) of a stamped block, 'zero' for an
+    all-zero block, or None if the block is neither (torn or foreign)."""
+    if data == bytes(size):
+        return "zero"
+    magic, offset, generation = _STAMP.unpack_from(data)
+    if magic != STAMP_MAGIC or stamp_block(offset, generation, size) != bytes(data):
+        return None
+    return offset, generation
+
+
+def random_bytes(n, seed):
+    return random.Random(seed).randbytes(n)
+
+
+def sha256_file(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+# ---------------------------------------------------------------------------
+# Raw NBD protocol, for malformed input
+
+NBDMAGIC = 0x4E42444D41474943
+IHAVEOPT = 0x49484156454F5054
+OPT_REPLY_MAGIC = 0x3E889045565A9
+REQUEST_MAGIC = 0x25609513
+SIMPLE_REPLY_MAGIC = 0x67446698
+STRUCTURED_REPLY_MAGIC = 0x668E33EF
+NBD_OPT_EXPORT_NAME = 1
+NBD_OPT_ABORT = 2
+NBD_OPT_LIST = 3
+NBD_OPT_GO = 7
+NBD_REP_ACK = 1
+NBD_REP_SERVER = 2
+NBD_REP_INFO = 3
+NBD_REP_ERR_UNSUP = 0x80000001
+NBD_FLAG_FIXED_NEWSTYLE = 1
+NBD_FLAG_NO_ZEROES = 2
+NBD_CMD_READ = 0
+
+
+class RawNbd:
+    """A hand-driven NBD connection (fixed newstyle, simple replies)."""
+
+    def __init__(self, port, timeout=10.0):
+        self.sock = socket.create_connection((LOCALHOST, port), timeout=timeout)
+        self.sock.settimeout(timeout)
+
+    def recv_exact(self, n):
+        data = b""
+        while len(data) < n:
+            chunk = self.sock.recv(n - len(data))
+            if not chunk:
+                raise ConnectionError(f"server closed the connection after {len(data)} of {n} bytes")
+            data += chunk
+        return data
+
+    def greeting(self):
+        magic, opt, flags = struct.unpack(">QQH", self.recv_exact(18))
+        assert magic == NBDMAGIC and opt == IHAVEOPT, f"bad greeting {magic:#x} {opt:#x}"
+        assert flags & NBD_FLAG_FIXED_NEWSTYLE, f"server is not fixed newstyle (flags {flags:#x})"
+        return flags
+
+    def client_flags(self, flags=NBD_FLAG_FIXED_NEWSTYLE | NBD_FLAG_NO_ZEROES):
+        self.sock.sendall(struct.pack(">I", flags))
+
+    def send_option(self, option, data=b""):
+        self.sock.sendall(struct.pack(">QII", IHAVEOPT, option, len(data)) + data)
+
+    def option_reply(self):
+        magic, option, reply, length = struct.unpack(">QIII", self.recv_exact(20))
+        assert magic == OPT_REPLY_MAGIC, f"bad option reply magic {magic:#x}"
+        return option, reply, self.recv_exact(length)
+
+    def go(self, name):
+        """NBD_OPT_GO; returns (size, transmission flags)."""
+        encoded = name.encode()
+        self.send_option(NBD_OPT_GO, struct.pack(">I", len(encoded)) + encoded + struct.pack(">H", 0))
+        size = flags = None
+        while True:
+            option, reply, data = self.option_reply()
+            assert option == NBD_OPT_GO, f"reply to option {option}"
+            if reply == NBD_REP_ACK:
+                break
+            assert reply == NBD_REP_INFO, f"NBD_OPT_GO {name!r} failed with reply {reply:#x}: {data!r}"
+            (info,) = struct.unpack_from(">H", data)
+            if info == 0:  # NBD_INFO_EXPORT
+                _, size, flags = struct.unpack(">HQH", data)
+        assert size is not None, "NBD_OPT_GO: no NBD_INFO_EXPORT"
+        return size, flags
+
+    def handshake(self, name):
+        self.greeting()
+        self.client_flags()
+        return self.go(name)
+
+    def request(self, cmd, offset, length, handle, flags=0, payload=b""):
+        self.sock.sendall(struct.pack(">IHHQQI", REQUEST_MAGIC, flags, cmd, handle, offset, length) + payload)
+
+    def simple_reply(self):
+        magic, error, handle = struct.unpack(">IIQ", self.recv_exact(16))
+        assert magic == SIMPLE_REPLY_MAGIC, f"expected a simple reply, got magic {magic:#x}"
+        return error, handle
+
+    def closed_by_server(self, timeout):
+        """True if the server closes the connection within `timeout` seconds
+        (whatever it sends before); False if it stays open and silent."""
+        self.sock.settimeout(timeout)
+        deadline = time.monotonic() + timeout
+        try:
+            while time.monotonic() < deadline:
+                if not self.sock.recv(65536):
+                    return True
+        except (ConnectionResetError, BrokenPipeError):
+            return True
+        except socket.timeout:
+            return False
+        return False
+
+    def close(self):
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+
+def make_workdir(prefix="starfish-test-"):
+    return tempfile.mkdtemp(prefix=prefix)
+
+
+def remove_workdir(path):
+    if os.environ.get("STARFISH_TEST_KEEP"):
+        return
+    shutil.rmtree(path, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------
+# Write load (nbd_writer.py) and its checker
+
+
+class WriteLog:
+    """What nbd_writer.py logged: per block, the generations submitted and the
+    newest acknowledged one; the writes that failed."""
+
+    def __init__(self, path, offset, blocks):
+        self.offset = offset
+        self.blocks = blocks
+        self.submitted = {}  # block index -> set of generations
+        self.acked = {}  # block index -> newest acknowledged generation
+        self.failed = []  # (generation, errno, message)
+        self.max_generation = 0
+        self.spans = {}  # generation -> range of block indexes
+        self.acked_count = 0
+        self.done = False
+        spans = {}
+        with open(path) as f:
+            for line in f:
+                parts = line.split(maxsplit=3)
+                if not parts:
+                    continue
+                if parts[0] == "S":
+                    gen, off, n = int(parts[1]), int(parts[2]), int(parts[3])
+                    first = (off - offset) // BLOCK
+                    spans[gen] = range(first, first + n)
+                    self.max_generation = max(self.max_generation, gen)
+                    for b in spans[gen]:
+                        self.submitted.setdefault(b, set()).add(gen)
+                elif parts[0] == "A":
+                    gen = int(parts[1])
+                    self.acked_count += 1
+                    for b in spans[gen]:
+                        self.acked[b] = max(self.acked.get(b, 0), gen)
+                elif parts[0] == "E":
+                    self.failed.append(line.strip())
+                elif line.startswith("# done"):
+                    self.done = True
+        self.spans = spans
+
+
+def count_acks(path):
+    try:
+        with open(path) as f:
+            return sum(1 for line in f if line.startswith("A "))
+    except FileNotFoundError:
+        return 0
+
+
+def check_stamped_region(client, write_log, chunk=1 * MiB):
+    """Reads the whole region back; returns a list of problems: a block that
+    is torn or misplaced, older than its newest acknowledged write, or holds
+    a generation never written there."""
+    problems = []
+    base, blocks = write_log.offset, write_log.blocks
+    found_generation = {}  # block index -> generation found (0 for zero)
+    per_chunk = chunk // BLOCK
+    for first in range(0, blocks, per_chunk):
+        n = min(per_chunk, blocks - first)
+        data = client.pread(n * BLOCK, base + first * BLOCK)
+        for i in range(n):
+            b = first + i
+            offset = base + b * BLOCK
+            found = parse_block(bytes(data[i * BLOCK:(i + 1) * BLOCK]))
+            acked = write_log.acked.get(b)
+            submitted = write_log.submitted.get(b, set())
+            if found is None:
+                problems.append(f"block @{offset}: neither zero nor a whole stamped block (torn or corrupt)")
+            elif found == "zero":
+                found_generation[b] = 0
+                if acked is not None:
+                    problems.append(f"block @{offset}: zero, but generation {acked} was acknowledged")
+            else:
+                off, gen = found
+                found_generation[b] = gen
+                if off != offset:
+                    problems.append(f"block @{offset}: holds the block of offset {off} (gen {gen})")
+                elif gen not in submitted:
+                    problems.append(f"block @{offset}: generation {gen} was never written there")
+                elif acked is not None and gen < acked:
+                    problems.append(f"block @{offset}: generation {gen} older than acknowledged {acked}")
+        if len(problems) > 50:
+            problems.append("... (stopped after 50 problems)")
+            return problems
+    # Each request is atomic: a multi-block write whose data shows in one of
+    # its blocks shows in all of them (or was overwritten there by a later one).
+    for gen, span in write_log.spans.items():
+        if len(span) < 2:
+            continue
+        seen = [b for b in span if found_generation.get(b) == gen]
+        older = [b for b in span if found_generation.get(b, gen) < gen]
+        if seen and older:
+            problems.append(
+                f"write {gen} of blocks {span.start}..{span.stop - 1} is torn: "
+                f"found in {seen}, older data in {older} ({[found_generation.get(b) for b in span]})"
+            )
+            if len(problems) > 50:
+                break
+    return problems
+
+
+def start_writer(workdir, uri, offset, blocks, seed, name="writer", **options):
+    """Starts nbd_writer.py; returns (process, log path, stop-file path)."""
+    log_path = os.path.join(workdir, f"{name}.log")
+    stop_file = os.path.join(workdir, f"{name}.stop")
+    args = [
+        "/usr/bin/python3", os.path.join(REPO, "tests", "nbd_writer.py"), uri, log_path,
+        "--offset", offset, "--blocks", blocks, "--seed", seed, "--stop-file", stop_file,
+    ]
+    for key, value in options.items():
+        args += ["--" + key.replace("_", "-"), value]
+    process = Process(name, args, os.path.join(workdir, f"{name}.out"))
+    process.start()
+    return process, log_path, stop_file
+
+
+class LoadWriter:
+    """nbd_writer.py as a context manager: started on entry, stopped (and
+    killed if need be) on exit."""
+
+    def __init__(self, workdir, uri, blocks, seed, name="writer", offset=0, **options):
+        self.args = (workdir, uri, offset, blocks, seed)
+        self.name = name
+        self.options = options
+        self.process = self.log_path = self.stop_file = None
+
+    def __enter__(self):
+        workdir, uri, offset, blocks, seed = self.args
+        self.process, self.log_path, self.stop_file = start_writer(
+            workdir, uri, offset, blocks, seed, name=self.name, **self.options
+        )
+        return self
+
+    def acks(self):
+        return count_acks(self.log_path)
+
+    def wait_acks(self, more, timeout=120, what="acknowledged writes"):
+        """Waits until `more` writes beyond the current count are acknowledged."""
+        target = self.acks() + more
+        wait_until(lambda: self.acks() >= target or not self.process.alive(), timeout, f"{more} more {what}")
+        assert self.process.alive(), (
+            f"writer exited with {self.process.returncode()} while waiting for {what}:\n"
+            f"{self.process.log()}\n{tail_file(self.log_path, 20)}"
+        )
+
+    def finish(self, timeout=90):
+        """Asks the writer to stop; returns its exit code."""
+        open(self.stop_file, "w").close()
+        return self.process.wait(timeout)
+
+    def output(self):
+        return f"{self.process.log()}\n--- last lines of {self.log_path}:\n{tail_file(self.log_path, 20)}"
+
+    def __exit__(self, *exc):
+        open(self.stop_file, "w").close()
+        self.process.stop(signal.SIGTERM, timeout=10)

@@ -1,0 +1,79 @@
+"""The host configured from a TOML file behaves as the same settings given
+as flags; bad settings are refused with a clear message."""
+
+import json
+import os
+
+import pytest
+
+import harness
+from conftest import require_tools
+from harness import Client, run
+
+
+def view(cluster):
+    """What must not depend on how the host was configured."""
+    status = cluster.status()
+    exports = json.loads(
+        run(["nbdinfo", "--json", "--list", f"nbd://127.0.0.1:{cluster.nbd_port}"], timeout=60).stdout
+    )["exports"]
+    return {
+        "quorum": status["quorum"],
+        "volumes": sorted((v["name"], v["size_bytes"], v["mode"]) for v in status["volumes"]),
+        "elements": sorted((e["name"], e["address"], e["state"]) for e in status["elements"]),
+        "exports": sorted(
+            (e["export-name"], e["export-size"], e["block_size_minimum"], e["block_size_preferred"],
+             e["block_size_maximum"], e["can_multi_conn"])
+            for e in exports
+        ),
+    }
+
+
+@pytest.mark.time_limit(300)
+def test_config_file_equals_flags(make_cluster):
+    require_tools("nbdinfo")
+    cluster = make_cluster(volumes=[("vol0", "1GiB"), ("vol1", "16MiB")])
+    from_flags = view(cluster)
+    assert from_flags["quorum"] == 2
+    assert from_flags["volumes"] == [("vol0", 1 << 30, "read-write"), ("vol1", 16 << 20, "read-write")]
+    assert from_flags["elements"] == sorted(
+        (e.name, e.address, "in-sync") for e in cluster.elements.values()
+    )
+    data = harness.random_bytes(1 << 20, seed=5)
+    with Client(cluster.uri("vol1")) as client:
+        client.pwrite(data, 4096)
+        client.flush()
+
+    code, killed = cluster.stop_host()
+    assert (code, killed) == (0, False), f"host did not stop cleanly on SIGTERM: exit {code}"
+    cluster.use_config = True
+    cluster.host.args = cluster.host_args()
+    assert "--config" in cluster.host.args
+    cluster.start_host()
+    assert view(cluster) == from_flags
+    with Client(cluster.uri("vol1")) as client:
+        assert client.pread(1 << 20, 4096) == data
+
+
+def host_refuses(workdir, config_text, extra_args=()):
+    path = os.path.join(workdir, "bad.toml")
+    with open(path, "w") as f:
+        f.write(config_text)
+    result = run([harness.starfish_bin(), "host", "--config", path, *extra_args], timeout=20, check=False)
+    assert result.returncode != 0, f"host accepted a bad configuration:\n{config_text}\n{result.stdout}{result.stderr}"
+    message = (result.stdout + result.stderr).strip()
+    assert message, "host refused a bad configuration without saying why"
+    assert "panicked" not in message, f"host panicked on a bad configuration:\n{message}"
+    return message
+
+
+@pytest.mark.time_limit(120)
+def test_bad_configuration_is_refused(make_cluster, workdir):
+    cluster = make_cluster(start=False)
+    good = cluster.config_toml()
+    host_refuses(workdir, good.replace("quorum = 2", "quorum = 4"))
+    host_refuses(workdir, good.replace("quorum = 2", "quorum = 0"))
+    host_refuses(workdir, good.replace('size = "1GiB"', 'size = "1 parsec"'))
+    host_refuses(workdir, good + '\n[[volume]]\nname = "vol0"\nsize = "1MiB"\n')  # duplicate volume
+    host_refuses(workdir, good.replace('nbd = "', 'nbd = "not-an-address'))
+    host_refuses(workdir, "this is [not toml")
