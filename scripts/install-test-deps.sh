@@ -16,6 +16,8 @@ packages=(
     python3-pytest
     python3-libnbd
     util-linux
+    iproute2
+    python3-matplotlib
 )
 
 missing=()

@@ -4,5 +4,4 @@
 pub mod admin;
 pub mod element;
 pub mod host;
-pub mod link;
 pub mod nbd_server;

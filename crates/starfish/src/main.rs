@@ -35,6 +35,8 @@ enum Command {
     Demo(DemoArgs),
     /// Availability of a configuration (the StarFish paper's section 4).
     Availability(availability::cli::AvailabilityArgs),
+    /// Emulate a WAN link (delay, rate, loss, cut/heal): a TCP proxy or network namespaces.
+    Link(netem::cli::LinkArgs),
 }
 
 #[derive(Args, Debug)]
@@ -167,6 +169,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Status(args) => status(args),
         Command::Demo(args) => demo(args),
         Command::Availability(args) => availability::cli::run(&args, &mut std::io::stdout()),
+        Command::Link(args) => netem::cli::run(&args),
     }
 }
 
@@ -302,6 +305,7 @@ fn demo(args: DemoArgs) -> Result<()> {
         // (name, one-way delay) of the three sites, as in the paper's setting.
         let sites = [("local", 0u64), ("near", 1), ("far", 8)];
         let mut elements = Vec::new();
+        let mut links = Vec::new();
         for (i, (name, delay_ms)) in sites.iter().enumerate() {
             let port = args.element_port + i as u16;
             let listen: SocketAddr = format!("127.0.0.1:{port}").parse().expect("valid address");
@@ -315,7 +319,12 @@ fn demo(args: DemoArgs) -> Result<()> {
                 listen
             } else {
                 let any: SocketAddr = "127.0.0.1:0".parse().expect("valid address");
-                shell::link::start_delay_proxy(any, listen, Duration::from_millis(*delay_ms)).await?
+                let params = netem::LinkParams { delay_ms_one_way: *delay_ms as f64, ..netem::LinkParams::default() };
+                let proxy = netem::Proxy::start(any, listen, params)
+                    .with_context(|| format!("emulated {name} link"))?;
+                let address = proxy.address();
+                links.push(proxy);
+                address
             };
             elements.push(config::ElementEntry { name: name.to_string(), address });
         }
