@@ -17,7 +17,6 @@ packages=(
     python3-libnbd
     util-linux
     iproute2
-    python3-matplotlib
 )
 
 missing=()

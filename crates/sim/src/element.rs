@@ -1,10 +1,15 @@
 //! An element in memory, with the semantics of the real one (`crates/shell/src/element.rs`
-//! over `crates/store`): group commit (records wait for one simulated fdatasync, then are
-//! applied and acknowledged cumulatively), strict sequence order, duplicates skipped, gaps and
-//! older epochs refused with a `Fault`, a bounded replay log, per-block checksums that fail
-//! reads of a corrupt block, and crash behaviour that depends on what crashed: a killed process
-//! keeps what it had written (the page cache survives), a power loss keeps a random prefix of
-//! the unsynced batch and may tear the next record (discarded by its checksum).
+//! over `crates/store`): one committer that takes, in arrival order, records and the `Hello`s
+//! of new sessions; group commit (records wait for one simulated fdatasync, then are applied
+//! and acknowledged cumulatively); fencing at two levels — a `Hello` of an older epoch is
+//! refused, a newer one is adopted durably in order with the records queued before it, and a
+//! record whose *session* epoch is older than the element's is refused ("fenced"); in the
+//! store, per volume, a record older than the volume's last record is refused (epochs never
+//! decrease along one volume's sequence); strict sequence order, duplicates skipped, gaps
+//! refused with a `Fault`; a bounded replay log, per-block checksums that fail reads of a
+//! corrupt block, and crash behaviour that depends on what crashed: a killed process keeps
+//! what it had written (the page cache survives), a power loss keeps a random prefix of the
+//! unsynced batch and may tear the next record (discarded by its checksum).
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
@@ -47,9 +52,12 @@ pub enum Out {
         reason: String,
         ordering: bool,
     },
-    /// A replay recovery asks for records of a peer's replay log.
+    /// A replay recovery asks for records of a peer's replay log. `epoch`: the epoch of the
+    /// session that ordered it, which the element says hello with to the peer and which the
+    /// pulled records are committed under.
     Recover {
         session: u64,
+        epoch: Epoch,
         volume: VolumeId,
         source: String,
         after: Sequence,
@@ -74,17 +82,49 @@ impl Volume {
     pub fn applied(&self) -> Sequence {
         Sequence(self.history.len() as u64)
     }
+
+    /// Epoch of the last applied record (0 before the first), as `Store::applied_epoch`.
+    pub fn applied_epoch(&self) -> Epoch {
+        self.history.last().copied().unwrap_or(Epoch(0))
+    }
 }
 
-struct Pending {
-    session: u64,
-    record: Record,
+/// Work for the committer, in arrival order (the real element's `Job`).
+enum Job {
+    Commit {
+        session: u64,
+        /// Epoch of the session that sent it (or that ordered the replay it came from).
+        session_epoch: Epoch,
+        record: Record,
+    },
+    /// A session starts (`session` None: a peer's replay recovery saying hello to fetch from
+    /// this element's replay log). Ordered after every record queued before it.
+    Hello { session: Option<u64>, epoch: Epoch },
 }
 
-struct Batch {
-    records: Vec<Record>,
-    /// Who gets a cumulative `Applied` once the batch is durable.
-    acks: Vec<(u64, VolumeId)>,
+/// What the committer is busy with until its simulated sync completes.
+enum Batch {
+    Records {
+        records: Vec<Record>,
+        /// Who gets a cumulative `Applied` once the batch is durable.
+        acks: Vec<(u64, VolumeId)>,
+    },
+    /// Adopting a newer epoch durably (a metadata write).
+    Hello {
+        session: Option<u64>,
+        epoch: Epoch,
+    },
+}
+
+/// One session's state as the element sees it.
+#[derive(Default)]
+struct SessionState {
+    /// Epoch of the session, once its `Hello` was accepted.
+    epoch: Option<Epoch>,
+    /// Its `Hello` waits in the committer: the session reads nothing more until it is answered.
+    hello_pending: bool,
+    /// Messages that arrived meanwhile (the real session task reads them after the Welcome).
+    deferred: VecDeque<HostMessage>,
 }
 
 pub struct Element {
@@ -93,11 +133,11 @@ pub struct Element {
     /// False while powered off: connection attempts time out instead of being refused.
     pub machine_up: bool,
     pub incarnation: u64,
-    /// Newest epoch seen in committed records (durable).
+    /// The store's epoch (durable): adopted from accepted `Hello`s, raised by committed records.
     pub epoch: Epoch,
     pub vols: Vec<Volume>,
-    sessions: BTreeMap<u64, bool>,
-    pending: VecDeque<Pending>,
+    sessions: BTreeMap<u64, SessionState>,
+    pending: VecDeque<Job>,
     batch: Option<Batch>,
     pub disk_full: bool,
     /// A commit failed (I/O error): the store refuses changes until the element restarts.
@@ -165,7 +205,7 @@ impl Element {
 
     pub fn open_session(&mut self, session: u64) {
         assert!(self.alive);
-        self.sessions.insert(session, false);
+        self.sessions.insert(session, SessionState::default());
     }
 
     pub fn close_session(&mut self, session: u64) {
@@ -188,8 +228,16 @@ impl Element {
         out: &mut Vec<Out>,
     ) {
         assert!(self.alive && self.sessions.contains_key(&session));
-        let hello_done = self.sessions[&session];
-        if !hello_done && !matches!(message, HostMessage::Hello { .. }) {
+        let state = self.sessions.get_mut(&session).expect("checked");
+        if state.hello_pending {
+            state.deferred.push_back(message);
+            return;
+        }
+        let session_epoch = state.epoch;
+        let Some(session_epoch) = session_epoch.or(match message {
+            HostMessage::Hello { .. } => Some(Epoch(0)),
+            _ => None,
+        }) else {
             out.push(Out::Send {
                 session,
                 message: ElementMessage::Refused {
@@ -199,10 +247,10 @@ impl Element {
             });
             out.push(Out::Close { session });
             return;
-        }
+        };
         match message {
             HostMessage::Hello { epoch, volumes } => {
-                if hello_done {
+                if self.sessions[&session].epoch.is_some() {
                     out.push(Out::Send {
                         session,
                         message: ElementMessage::Refused {
@@ -213,50 +261,21 @@ impl Element {
                     out.push(Out::Close { session });
                     return;
                 }
-                if epoch < self.epoch {
-                    let reason = format!(
-                        "stale epoch {epoch}: this element already follows epoch {}",
-                        self.epoch
-                    );
-                    out.push(Out::Send {
-                        session,
-                        message: ElementMessage::Refused { reason },
-                        delay_us: 0,
-                    });
-                    out.push(Out::Close { session });
-                    return;
-                }
                 assert_eq!(
                     volumes.len(),
                     self.vols.len(),
                     "the simulator configures every volume everywhere"
                 );
-                self.sessions.insert(session, true);
-                let states = self
-                    .vols
-                    .iter()
-                    .map(|v| {
-                        let applied = v.applied();
-                        let applied_epoch = v
-                            .log
-                            .back()
-                            .filter(|r| r.sequence == applied)
-                            .map_or(Epoch(0), |r| r.epoch);
-                        VolumeState {
-                            applied_sequence: applied,
-                            applied_epoch,
-                        }
-                    })
-                    .collect();
-                let delay_us = self.read_delay_us(rng, 0);
-                out.push(Out::Send {
-                    session,
-                    message: ElementMessage::Welcome {
-                        epoch: self.epoch,
-                        volumes: states,
-                    },
-                    delay_us,
+                // As the real element: the hello goes through the committer, after every
+                // record queued before it; the session reads nothing more until it is answered.
+                self.sessions.get_mut(&session).expect("checked").hello_pending = true;
+                self.pending.push_back(Job::Hello {
+                    session: Some(session),
+                    epoch,
                 });
+                if self.batch.is_none() {
+                    self.start_batch(rng, out);
+                }
             }
             HostMessage::Apply(record) => {
                 if self.broken == Broken::AckBeforeSync {
@@ -275,9 +294,13 @@ impl Element {
                         });
                     }
                 }
-                self.pending.push_back(Pending { session, record });
+                self.pending.push_back(Job::Commit {
+                    session,
+                    session_epoch,
+                    record,
+                });
                 if self.batch.is_none() {
-                    self.start_batch(out);
+                    self.start_batch(rng, out);
                 }
             }
             HostMessage::Read {
@@ -379,6 +402,7 @@ impl Element {
             } => {
                 out.push(Out::Recover {
                     session,
+                    epoch: session_epoch,
                     volume,
                     source,
                     after,
@@ -437,10 +461,14 @@ impl Element {
     }
 
     /// Records pulled from a peer for a replay recovery: committed as if the host element had
-    /// sent them on `session`; `RecoveryDone` follows once `through` is applied.
+    /// sent them on `session`, under the epoch of the session that ordered the replay;
+    /// `RecoveryDone` follows once `through` is applied.
+    #[allow(clippy::too_many_arguments)]
     pub fn recover_records(
         &mut self,
+        rng: &mut Rng,
         session: u64,
+        session_epoch: Epoch,
         volume: VolumeId,
         through: Sequence,
         records: Vec<Record>,
@@ -450,16 +478,39 @@ impl Element {
             return;
         }
         for record in records {
-            self.pending.push_back(Pending {
+            self.pending.push_back(Job::Commit {
                 session,
+                session_epoch,
                 record: Record { volume, ..record },
             });
         }
         self.recover_waiters.push((session, volume, through));
         if self.batch.is_none() {
-            self.start_batch(out);
+            self.start_batch(rng, out);
         }
         self.answer_recover_waiters(out);
+    }
+
+    /// A peer's replay recovery says hello (with the epoch of its own host element session)
+    /// before fetching from this element's replay log: refused if older than this element's
+    /// epoch, otherwise adopted, in order with the records queued here.
+    pub fn peer_hello(&mut self, rng: &mut Rng, epoch: Epoch, out: &mut Vec<Out>) -> Result<(), String> {
+        if epoch < self.epoch {
+            return Err(format!(
+                "peer refused: stale epoch {epoch}: this element already follows epoch {}",
+                self.epoch
+            ));
+        }
+        if epoch > self.epoch {
+            self.pending.push_back(Job::Hello {
+                session: None,
+                epoch,
+            });
+            if self.batch.is_none() {
+                self.start_batch(rng, out);
+            }
+        }
+        Ok(())
     }
 
     fn answer_recover_waiters(&mut self, out: &mut Vec<Out>) {
@@ -483,23 +534,141 @@ impl Element {
         });
     }
 
-    /// The committer takes everything waiting, checks it as `Store::commit` does, and starts
-    /// one write + fdatasync for what it accepts.
-    fn start_batch(&mut self, out: &mut Vec<Out>) {
+    fn volume_states(&self) -> Vec<VolumeState> {
+        self.vols
+            .iter()
+            .map(|v| VolumeState {
+                applied_sequence: v.applied(),
+                applied_epoch: v.applied_epoch(),
+            })
+            .collect()
+    }
+
+    /// The committer takes the next job: a `Hello` alone, or every record waiting up to the
+    /// next `Hello`, checked as `run_committer`/`commit_batch` and `Store::commit` do, with one
+    /// write + fdatasync for what it accepts.
+    fn start_batch(&mut self, rng: &mut Rng, out: &mut Vec<Out>) {
+        while self.batch.is_none() {
+            match self.pending.front() {
+                None => return,
+                Some(Job::Hello { .. }) => {
+                    let Some(Job::Hello { session, epoch }) = self.pending.pop_front() else {
+                        unreachable!("just looked")
+                    };
+                    self.start_hello(rng, session, epoch, out);
+                }
+                Some(Job::Commit { .. }) => self.start_records(out),
+            }
+        }
+    }
+
+    /// `hello` of the real element: refuse an older epoch; adopt a newer one durably (a
+    /// metadata write, which keeps the committer busy); answer with the epoch held before.
+    fn start_hello(&mut self, rng: &mut Rng, session: Option<u64>, epoch: Epoch, out: &mut Vec<Out>) {
+        let live = session.filter(|s| self.sessions.contains_key(s));
+        let refuse = |reason: String, out: &mut Vec<Out>| {
+            if let Some(session) = live {
+                out.push(Out::Send {
+                    session,
+                    message: ElementMessage::Refused { reason },
+                    delay_us: 0,
+                });
+                out.push(Out::Close { session });
+            }
+        };
+        if epoch < self.epoch {
+            let reason = format!(
+                "stale epoch {epoch}: this element already follows epoch {}",
+                self.epoch
+            );
+            return refuse(reason, out);
+        }
+        if epoch == self.epoch {
+            return self.welcome(rng, live, epoch, self.epoch, out);
+        }
+        if self.disk_full || self.poisoned {
+            // The metadata write fails: the store refuses changes until reopened.
+            self.poisoned = true;
+            return refuse("no space left on device".into(), out);
+        }
+        let delay_us = self.fsync_us * self.slow_disk_factor;
+        self.batch = Some(Batch::Hello { session, epoch });
+        out.push(Out::SyncAfter { delay_us });
+    }
+
+    /// The hello's answer, then whatever the session sent meanwhile.
+    fn welcome(&mut self, rng: &mut Rng, session: Option<u64>, epoch: Epoch, previous: Epoch, out: &mut Vec<Out>) {
+        let Some(session) = session.filter(|s| self.sessions.contains_key(s)) else {
+            return;
+        };
+        let state = self.sessions.get_mut(&session).expect("checked");
+        state.hello_pending = false;
+        state.epoch = Some(epoch);
+        let deferred = std::mem::take(&mut state.deferred);
+        out.push(Out::Send {
+            session,
+            message: ElementMessage::Welcome {
+                epoch: previous,
+                volumes: self.volume_states(),
+            },
+            delay_us: 0,
+        });
+        for message in deferred {
+            if !self.sessions.contains_key(&session) {
+                break;
+            }
+            self.handle(rng, session, message, out);
+        }
+    }
+
+    fn start_records(&mut self, out: &mut Vec<Out>) {
         assert!(self.batch.is_none());
-        if self.pending.is_empty() {
+        let mut items = Vec::new();
+        while items.len() < COMMIT_BATCH_RECORDS_MAX {
+            match self.pending.front() {
+                Some(Job::Commit { .. }) => {
+                    let Some(Job::Commit {
+                        session,
+                        session_epoch,
+                        record,
+                    }) = self.pending.pop_front()
+                    else {
+                        unreachable!("just looked")
+                    };
+                    items.push((session, session_epoch, record));
+                }
+                _ => break,
+            }
+        }
+        // `commit_batch`: records of sessions a newer host element superseded are fenced.
+        let current = self.epoch;
+        if self.broken != Broken::NoFencing {
+            items.retain(|(session, session_epoch, _)| {
+                if *session_epoch >= current {
+                    return true;
+                }
+                let reason = format!(
+                    "fenced: a host element of epoch {current} superseded epoch {session_epoch}"
+                );
+                out.push(Out::Send {
+                    session: *session,
+                    message: ElementMessage::Fault { reason },
+                    delay_us: 0,
+                });
+                false
+            });
+        }
+        if items.is_empty() {
             return;
         }
-        let take = self.pending.len().min(COMMIT_BATCH_RECORDS_MAX);
-        let items: Vec<Pending> = self.pending.drain(..take).collect();
         if self.disk_full || self.poisoned {
             self.poisoned = true;
             let mut told = BTreeSet::new();
-            for p in &items {
-                if told.insert(p.session) {
+            for (session, _, _) in &items {
+                if told.insert(*session) {
                     let reason = "commit failed: no space left on device (the store refuses changes until reopened)".to_string();
                     out.push(Out::Send {
-                        session: p.session,
+                        session: *session,
                         message: ElementMessage::Fault { reason },
                         delay_us: 0,
                     });
@@ -507,52 +676,56 @@ impl Element {
             }
             return;
         }
-        let mut running_epoch = self.epoch;
-        let mut applied: Vec<Sequence> = self.vols.iter().map(|v| v.applied()).collect();
-        let mut batch = Batch {
-            records: Vec::new(),
-            acks: Vec::new(),
-        };
+        // `Store::commit`: per volume, the applied sequence and the epoch of its last record
+        // as of the records accepted so far.
+        let mut applied: Vec<(Sequence, Epoch)> = self
+            .vols
+            .iter()
+            .map(|v| (v.applied(), v.applied_epoch()))
+            .collect();
+        let mut records = Vec::new();
+        let mut acks: Vec<(u64, VolumeId)> = Vec::new();
         let mut bytes = 0;
-        for p in items {
-            let record = p.record;
+        for (session, _, record) in items {
             let vi = record.volume.0 as usize;
-            if !batch.acks.contains(&(p.session, record.volume)) {
-                batch.acks.push((p.session, record.volume));
+            if !acks.contains(&(session, record.volume)) {
+                acks.push((session, record.volume));
             }
             let mut refuse = |reason: String, ordering: bool, out: &mut Vec<Out>| {
                 // Records behind a refused one on the same session are refused as gaps too;
                 // only the first says something about the order the host element sent.
-                let ordering = ordering && self.refused.insert((p.session, vi));
+                let ordering = ordering && self.refused.insert((session, vi));
                 out.push(Out::Refused {
-                    session: p.session,
+                    session,
                     reason: reason.clone(),
                     ordering,
                 });
                 out.push(Out::Send {
-                    session: p.session,
+                    session,
                     message: ElementMessage::Fault { reason },
                     delay_us: 0,
                 });
             };
-            if record.epoch < running_epoch && self.broken != Broken::NoFencing {
-                let own = self.vols[vi].history.last().copied().unwrap_or(Epoch(0));
-                let why = if own > record.epoch {
-                    "this volume already holds a record of a newer epoch: diverged history"
-                } else {
-                    "the newer epoch comes from another volume: epochs are fenced store-wide"
-                };
-                refuse(format!("volume {}: record {} of stale epoch {} (element follows {running_epoch}; {why})", record.volume, record.sequence, record.epoch), true, out);
-                continue;
-            }
-            if record.sequence <= applied[vi] {
+            let (volume_applied, volume_epoch) = applied[vi];
+            if record.sequence <= volume_applied {
                 continue; // duplicate
             }
-            if record.sequence != applied[vi].next() {
+            if record.epoch < volume_epoch && self.broken != Broken::NoFencing {
                 refuse(
                     format!(
-                        "volume {}: gap: applied {} but got {}",
-                        record.volume, applied[vi], record.sequence
+                        "volume {}: record {} of stale epoch {} (the volume's last record, {volume_applied}, is of epoch {volume_epoch})",
+                        record.volume, record.sequence, record.epoch
+                    ),
+                    true,
+                    out,
+                );
+                continue;
+            }
+            if record.sequence != volume_applied.next() {
+                refuse(
+                    format!(
+                        "volume {}: gap: applied {volume_applied} but got {}",
+                        record.volume, record.sequence
                     ),
                     true,
                     out,
@@ -560,21 +733,20 @@ impl Element {
                 continue;
             }
             if let Some(block) = self.partially_covered_corrupt_block(&record) {
-                self.refused.insert((p.session, vi));
+                self.refused.insert((session, vi));
                 out.push(Out::Send {
-                    session: p.session,
+                    session,
                     message: ElementMessage::Fault { reason: format!("volume {}: block {block}: checksum mismatch in the base of a partial write", record.volume) },
                     delay_us: 0,
                 });
                 continue;
             }
-            applied[vi] = record.sequence;
-            running_epoch = running_epoch.max(record.epoch);
+            applied[vi] = (record.sequence, record.epoch);
             bytes += record.op.payload_bytes();
-            batch.records.push(record);
+            records.push(record);
         }
         let delay_us = (self.fsync_us + bytes / 400) * self.slow_disk_factor;
-        self.batch = Some(batch);
+        self.batch = Some(Batch::Records { records, acks });
         out.push(Out::SyncAfter { delay_us });
     }
 
@@ -588,24 +760,33 @@ impl Element {
         })
     }
 
-    /// The fdatasync of the current batch completed: apply it and acknowledge.
-    pub fn sync_done(&mut self, out: &mut Vec<Out>) {
-        let batch = self.batch.take().expect("a sync completes a batch");
-        for record in &batch.records {
-            self.apply(record);
-        }
-        for (session, volume) in batch.acks {
-            if self.sessions.contains_key(&session) {
-                let sequence = self.vols[volume.0 as usize].applied();
-                out.push(Out::Send {
-                    session,
-                    message: ElementMessage::Applied { volume, sequence },
-                    delay_us: 0,
-                });
+    /// The fdatasync of the current batch (or the metadata write of a hello) completed:
+    /// apply and acknowledge, then take the next job.
+    pub fn sync_done(&mut self, rng: &mut Rng, out: &mut Vec<Out>) {
+        match self.batch.take().expect("a sync completes a batch") {
+            Batch::Records { records, acks } => {
+                for record in &records {
+                    self.apply(record);
+                }
+                for (session, volume) in acks {
+                    if self.sessions.contains_key(&session) {
+                        let sequence = self.vols[volume.0 as usize].applied();
+                        out.push(Out::Send {
+                            session,
+                            message: ElementMessage::Applied { volume, sequence },
+                            delay_us: 0,
+                        });
+                    }
+                }
+                self.answer_recover_waiters(out);
+            }
+            Batch::Hello { session, epoch } => {
+                let previous = self.epoch;
+                self.epoch = self.epoch.max(epoch);
+                self.welcome(rng, session, epoch, previous, out);
             }
         }
-        self.answer_recover_waiters(out);
-        self.start_batch(out);
+        self.start_batch(rng, out);
     }
 
     fn apply(&mut self, record: &Record) {
@@ -647,21 +828,35 @@ impl Element {
 
     pub fn crash(&mut self, kind: CrashKind, rng: &mut Rng) {
         assert!(self.alive);
-        if let Some(batch) = self.batch.take() {
-            // The batch was written (not yet synced) when it was started.
-            let keep = match kind {
-                CrashKind::Kill => batch.records.len(),
-                CrashKind::PowerLoss => rng.range(0, batch.records.len() as u64) as usize,
-            };
-            if keep < batch.records.len() && rng.chance(0.5) {
-                self.torn_records += 1;
+        match self.batch.take() {
+            Some(Batch::Records { records, .. }) => {
+                // The batch was written (not yet synced) when it was started.
+                let keep = match kind {
+                    CrashKind::Kill => records.len(),
+                    CrashKind::PowerLoss => rng.range(0, records.len() as u64) as usize,
+                };
+                if keep < records.len() && rng.chance(0.5) {
+                    self.torn_records += 1;
+                }
+                self.unsynced_lost += (records.len() - keep) as u64;
+                for record in &records[..keep] {
+                    self.apply(record);
+                }
             }
-            self.unsynced_lost += (batch.records.len() - keep) as u64;
-            for record in &batch.records[..keep] {
-                self.apply(record);
+            Some(Batch::Hello { epoch, .. }) => {
+                // The metadata write of a newer epoch may or may not have reached the disk;
+                // its Welcome never went out.
+                if rng.chance(0.5) {
+                    self.epoch = self.epoch.max(epoch);
+                }
             }
+            None => {}
         }
-        self.unsynced_lost += self.pending.len() as u64;
+        self.unsynced_lost += self
+            .pending
+            .iter()
+            .filter(|j| matches!(j, Job::Commit { .. }))
+            .count() as u64;
         self.pending.clear();
         self.sessions.clear();
         self.recover_waiters.clear();

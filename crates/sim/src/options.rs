@@ -37,10 +37,15 @@ pub enum FaultKind {
     CorruptBlock,
     /// A replay-log record's checksum no longer matches: serving it fails.
     CorruptLog,
+    /// A new host element starts (with a newer epoch) while the old one still runs — a
+    /// supervisor's false failure detection, or an operator restarting a host element that
+    /// only looked dead. The old one keeps its sessions, timers and hosts for 0.2–4 s, then is
+    /// killed: what it sends meanwhile must be fenced.
+    HostSuperseded,
 }
 
 impl FaultKind {
-    pub const ALL: [FaultKind; 13] = [
+    pub const ALL: [FaultKind; 14] = [
         FaultKind::ElementKill,
         FaultKind::ElementPowerLoss,
         FaultKind::HostCrash,
@@ -54,6 +59,7 @@ impl FaultKind {
         FaultKind::DiskFull,
         FaultKind::CorruptBlock,
         FaultKind::CorruptLog,
+        FaultKind::HostSuperseded,
     ];
 
     pub fn name(self) -> &'static str {
@@ -71,6 +77,7 @@ impl FaultKind {
             FaultKind::DiskFull => "disk_full",
             FaultKind::CorruptBlock => "corrupt_block",
             FaultKind::CorruptLog => "corrupt_log_record",
+            FaultKind::HostSuperseded => "host_superseded",
         }
     }
 
@@ -89,6 +96,7 @@ impl FaultKind {
             FaultKind::DiskFull => 0.7,
             FaultKind::CorruptBlock => 0.7,
             FaultKind::CorruptLog => 0.5,
+            FaultKind::HostSuperseded => 0.7,
         }
     }
 }

@@ -105,6 +105,7 @@ enum Ev {
         element: usize,
         incarnation: u64,
         session: u64,
+        epoch: Epoch,
         volume: VolumeId,
         after: Sequence,
         result: Result<Vec<Record>, String>,
@@ -113,6 +114,10 @@ enum Ev {
         element: usize,
     },
     HostRestart,
+    /// The superseded host element `instance` is finally killed.
+    KillSuperseded {
+        instance: u32,
+    },
     HealStall {
         element: usize,
         dir: usize,
@@ -156,6 +161,7 @@ impl Ev {
             Ev::EndFaultPhase => 16,
             Ev::EndQuiet => 17,
             Ev::EndFinal => 18,
+            Ev::KillSuperseded { instance } => 19 ^ ((*instance as u64) << 8),
         }
     }
 }
@@ -262,7 +268,14 @@ pub struct World {
     links: Vec<Link>,
     sessions: BTreeMap<u64, NetSession>,
     next_session: u64,
+    /// The current host element: the newest one started.
     host: Option<Host>,
+    /// A host element a newer one took over from while it still runs (`host_superseded`):
+    /// it keeps its sessions, its clients and its timers until it is killed. Its inputs run
+    /// through the same code as the current one's: while one is handled, it is swapped into
+    /// `host` (and the current one into this field), with `in_superseded` set.
+    superseded: Option<Host>,
+    in_superseded: bool,
     instances: u32,
     model: Model,
     clients: Vec<Option<u64>>,
@@ -341,6 +354,8 @@ impl World {
             sessions: BTreeMap::new(),
             next_session: 1,
             host: None,
+            superseded: None,
+            in_superseded: false,
             instances: 0,
             phase: Phase::Faults,
             sequences: HashMap::new(),
@@ -354,7 +369,8 @@ impl World {
 
     fn trace(&self, what: impl FnOnce() -> String) {
         if self.o.trace {
-            eprintln!("{:>11.6} {}", self.now.0 as f64 / 1e6, what());
+            let who = if self.in_superseded { "[superseded HE] " } else { "" };
+            eprintln!("{:>11.6} {who}{}", self.now.0 as f64 / 1e6, what());
         }
     }
 
@@ -398,15 +414,17 @@ impl World {
                 break;
             }
             let next_at = self.queue.peek().map(|s| s.0.at);
-            if let Some(deadline) = self.core_deadline() {
+            if let Some((deadline, instance)) = self.core_deadline() {
                 if next_at.is_none_or(|t| deadline < t) {
                     self.now = self.now.max(deadline);
                     self.report.digest = splitmix64(self.report.digest ^ self.now.0 ^ 0xC0);
                     let now = self.now;
-                    let host = self.host.as_mut().expect("a deadline comes from a host");
-                    host.last_timeout = Some(now);
-                    host.core.handle_timeout(now);
-                    self.drain();
+                    self.with_host(instance, |w| {
+                        let host = w.host.as_mut().expect("a deadline comes from a host");
+                        host.last_timeout = Some(now);
+                        host.core.handle_timeout(now);
+                        w.drain();
+                    });
                     continue;
                 }
             }
@@ -434,25 +452,54 @@ impl World {
         self.report
     }
 
-    /// When the core wants `handle_timeout`. A deadline already handled and still in the past
-    /// (the core has nothing to do until another input) is polled every 10 ms instead, as a
-    /// shell with a coarse timer would; how long that lasts is reported.
-    fn core_deadline(&mut self) -> Option<Time> {
+    /// When a core wants `handle_timeout`, and which host element's (the current one's, or the
+    /// superseded one's while it runs). A deadline already handled and still in the past (the
+    /// core has nothing to do until another input) is polled every 10 ms instead, as a shell
+    /// with a coarse timer would; how long that lasts is reported.
+    fn core_deadline(&mut self) -> Option<(Time, u32)> {
         let now = self.now;
-        let host = self.host.as_mut()?;
-        let t = host.core.poll_timeout()?;
-        match host.last_timeout {
-            Some(last) if t <= last => {
-                let since = *host.past_deadline_since.get_or_insert(last);
-                let ms = now.micros_since(since) / 1000;
-                self.report.past_deadline_ms_max = self.report.past_deadline_ms_max.max(ms);
-                Some(last.plus_ms(10))
-            }
-            _ => {
-                host.past_deadline_since = None;
-                Some(t.max(now))
+        let mut next: Option<(Time, u32)> = None;
+        for host in [self.host.as_mut(), self.superseded.as_mut()].into_iter().flatten() {
+            let Some(t) = host.core.poll_timeout() else {
+                continue;
+            };
+            let at = match host.last_timeout {
+                Some(last) if t <= last => {
+                    let since = *host.past_deadline_since.get_or_insert(last);
+                    let ms = now.micros_since(since) / 1000;
+                    self.report.past_deadline_ms_max = self.report.past_deadline_ms_max.max(ms);
+                    last.plus_ms(10)
+                }
+                _ => {
+                    host.past_deadline_since = None;
+                    t.max(now)
+                }
+            };
+            if next.is_none_or(|(n, _)| at < n) {
+                next = Some((at, host.instance));
             }
         }
+        next
+    }
+
+    /// Run `f` with host element `instance` as `self.host` (see `superseded`); nothing if it
+    /// no longer runs.
+    fn with_host(&mut self, instance: u32, f: impl FnOnce(&mut World)) {
+        if self.host.as_ref().is_some_and(|h| h.instance == instance) {
+            f(self);
+        } else if self.superseded.as_ref().is_some_and(|h| h.instance == instance) {
+            std::mem::swap(&mut self.host, &mut self.superseded);
+            self.in_superseded = true;
+            f(self);
+            self.in_superseded = false;
+            std::mem::swap(&mut self.host, &mut self.superseded);
+        }
+    }
+
+    /// The host element the hosts' requests go to: a superseded one while it runs (the hosts
+    /// are still connected to it), else the current one.
+    fn serving_instance(&self) -> Option<u32> {
+        self.superseded.as_ref().or(self.host.as_ref()).map(|h| h.instance)
     }
 
     fn dispatch(&mut self, ev: Ev) {
@@ -463,13 +510,13 @@ impl World {
                 element,
                 session,
                 reason,
-            } => {
-                if self.host.as_ref().is_some_and(|h| h.instance == instance) {
-                    self.link_ended(element, session, reason);
-                }
+            } => self.with_host(instance, |w| w.link_ended(element, session, reason)),
+            Ev::ConnectStart { instance, element } => {
+                self.with_host(instance, |w| w.connect_start(instance, element))
             }
-            Ev::ConnectStart { instance, element } => self.connect_start(instance, element),
-            Ev::ConnectDone { instance, element } => self.connect_done(instance, element),
+            Ev::ConnectDone { instance, element } => {
+                self.with_host(instance, |w| w.connect_done(instance, element))
+            }
             Ev::ElementSend {
                 element,
                 incarnation,
@@ -488,7 +535,7 @@ impl World {
                 let el = &mut self.elements[element];
                 if el.alive && el.incarnation == incarnation {
                     let mut out = Vec::new();
-                    el.sync_done(&mut out);
+                    el.sync_done(&mut self.rng_disk, &mut out);
                     self.element_outputs(element, out);
                 }
             }
@@ -496,6 +543,7 @@ impl World {
                 element,
                 incarnation,
                 session,
+                epoch,
                 volume,
                 after,
                 result,
@@ -508,7 +556,15 @@ impl World {
                 match result {
                     Ok(records) => {
                         let through = records.last().map_or(after, |r| r.sequence);
-                        el.recover_records(session, volume, through, records, &mut out);
+                        el.recover_records(
+                            &mut self.rng_disk,
+                            session,
+                            epoch,
+                            volume,
+                            through,
+                            records,
+                            &mut out,
+                        );
                     }
                     Err(reason) => out.push(Out::Send {
                         session,
@@ -532,6 +588,7 @@ impl World {
                     self.start_host();
                 }
             }
+            Ev::KillSuperseded { instance } => self.kill_superseded(instance),
             Ev::HealStall { element, dir } => {
                 if self.links[element].stalled[dir]
                     && self.now >= self.links[element].stall_until[dir]
@@ -650,31 +707,31 @@ impl World {
                 }
             }
             Wire::ToHost(m) => {
-                let Some(host) = &self.host else { return };
-                if host.instance != s.instance || !s.host_open {
-                    return;
+                if s.host_open {
+                    let instance = s.instance;
+                    self.with_host(instance, |w| w.deliver_to_host(element, session, m));
                 }
-                match m {
-                    ToHost::Close(reason) => self.link_ended(element, session, reason),
-                    ToHost::Msg(message) => {
-                        if host.links[element].current != Some(session) {
-                            return; // The shell's filter: a late message of another session.
-                        }
-                        self.trace(|| {
-                            format!("HE <- e{element} s{session} {}", brief_element(&message))
-                        });
-                        let host = self.host.as_mut().expect("checked");
-                        if matches!(message, ElementMessage::Welcome { .. }) {
-                            host.welcomed[element] = true;
-                        }
-                        host.core.handle_element_message(
-                            self.now,
-                            ElementId(element as u8),
-                            message,
-                        );
-                        self.drain();
-                    }
+            }
+        }
+    }
+
+    /// A message or the end of a session reaches the host element `self.host`.
+    fn deliver_to_host(&mut self, element: usize, session: u64, m: ToHost) {
+        match m {
+            ToHost::Close(reason) => self.link_ended(element, session, reason),
+            ToHost::Msg(message) => {
+                let host = self.host.as_mut().expect("routed to a running host element");
+                if host.links[element].current != Some(session) {
+                    return; // The shell's filter: a late message of another session.
                 }
+                if matches!(message, ElementMessage::Welcome { .. }) {
+                    host.welcomed[element] = true;
+                }
+                self.trace(|| format!("HE <- e{element} s{session} {}", brief_element(&message)));
+                let host = self.host.as_mut().expect("checked");
+                host.core
+                    .handle_element_message(self.now, ElementId(element as u8), message);
+                self.drain();
             }
         }
     }
@@ -759,6 +816,7 @@ impl World {
                 }
                 Out::Recover {
                     session,
+                    epoch,
                     volume,
                     source,
                     after,
@@ -772,12 +830,20 @@ impl World {
                             (Err(format!("cannot connect to {source}")), 1_000)
                         }
                         Some(p) => {
-                            let result = self.elements[p].log_records(
-                                volume.0 as usize,
-                                after,
-                                through,
-                                u64::MAX,
-                            );
+                            // `pull_from_peer` says hello to the peer with the epoch of the
+                            // session that ordered the replay, then fetches.
+                            let mut peer_out = Vec::new();
+                            let hello =
+                                self.elements[p].peer_hello(&mut self.rng_disk, epoch, &mut peer_out);
+                            self.element_outputs(p, peer_out);
+                            let result = hello.and_then(|()| {
+                                self.elements[p].log_records(
+                                    volume.0 as usize,
+                                    after,
+                                    through,
+                                    u64::MAX,
+                                )
+                            });
                             let bytes: u64 = result
                                 .as_ref()
                                 .map_or(0, |r| r.iter().map(|r| r.op.payload_bytes()).sum());
@@ -793,6 +859,7 @@ impl World {
                             element,
                             incarnation,
                             session,
+                            epoch,
                             volume,
                             after,
                             result,
@@ -1035,7 +1102,9 @@ impl World {
                     self.mark_at_risk();
                 }
             }
-            Event::ElementFailed { element, reason } if !transient_failure(&reason) => {
+            Event::ElementFailed { element, reason }
+                if !transient_failure(&reason) && !self.in_superseded =>
+            {
                 self.last_failure[element.0 as usize] = reason;
             }
             Event::RecoveryStarted { kind, .. } => {
@@ -1175,6 +1244,12 @@ impl World {
                     "write #{id} acknowledged but never sent to an element"
                 )),
                 Some((epoch, sequence)) => {
+                    if self.in_superseded {
+                        // Acknowledged by a host element after a newer one started: with
+                        // Q ≤ N/2 the two can hold disjoint quorums, and only then may it be
+                        // lost (fencing protects it when Q > N/2).
+                        self.model.op_mut(id).at_risk = true;
+                    }
                     let holders = self.holders(op.volume, epoch, sequence);
                     if holders < self.o.quorum {
                         self.violation(format!(
@@ -1205,9 +1280,12 @@ impl World {
     // ----- hosts (the workload) ------------------------------------------------------------------
 
     fn client_wake(&mut self, client: usize) {
-        if self.phase != Phase::Faults || self.clients[client].is_some() || self.host.is_none() {
+        if self.phase != Phase::Faults || self.clients[client].is_some() {
             return;
         }
+        let Some(instance) = self.serving_instance() else {
+            return;
+        };
         let volume = self.rng_work.below(self.sc.volumes as u64) as usize;
         let kind = match self.rng_work.below(100) {
             0..=41 => OpKind::Write,
@@ -1218,7 +1296,9 @@ impl World {
             _ => OpKind::BlockStatus,
         };
         let (first, sectors) = self.pick_range(kind);
-        self.submit(kind, volume, first, sectors, Some(client));
+        self.with_host(instance, |w| {
+            w.submit(kind, volume, first, sectors, Some(client));
+        });
     }
 
     fn pick_range(&mut self, kind: OpKind) -> (u64, u64) {
@@ -1393,14 +1473,35 @@ impl World {
         let pending: Vec<u64> = self
             .model
             .ops()
-            .filter(|(_, op)| op.outcome == Outcome::Pending)
+            .filter(|(_, op)| op.outcome == Outcome::Pending && op.instance == host.instance)
             .map(|(id, _)| id)
             .collect();
         for id in pending {
             self.model.resolve(id, Outcome::NoReply);
         }
-        self.clients.iter_mut().for_each(|c| *c = None);
+        for client in &mut self.clients {
+            if client.is_some_and(|id| self.model.op(id).instance == host.instance) {
+                *client = None;
+            }
+        }
         self.final_requests.clear();
+    }
+
+    /// The superseded host element is killed at last; its hosts turn to the current one.
+    fn kill_superseded(&mut self, instance: u32) {
+        self.with_host(instance, |w| {
+            w.trace(|| "the superseded host element is killed".into());
+            w.crash_host();
+        });
+        if self.superseded.as_ref().is_some_and(|h| h.instance == instance) {
+            unreachable!("crash_host took it");
+        }
+        for client in 0..self.clients.len() {
+            if self.clients[client].is_none() {
+                let at = at_delay(self.now, self.rng_work.range(0, 5_000));
+                self.schedule(at, Ev::ClientWake { client });
+            }
+        }
     }
 
     fn stall(&mut self, element: usize, dir: usize, ms: u64) {
@@ -1430,7 +1531,7 @@ impl World {
                 None => false,
             },
             FaultKind::HostCrash => {
-                if self.host.is_some() {
+                if self.host.is_some() && self.superseded.is_none() {
                     self.crash_host();
                     let at = at_delay(self.now, us(self.rng_fault.range(50, 4_000)));
                     self.schedule(at, Ev::HostRestart);
@@ -1440,7 +1541,7 @@ impl World {
                 }
             }
             FaultKind::Disaster => {
-                if self.host.is_some() {
+                if self.host.is_some() && self.superseded.is_none() {
                     self.crash_host();
                     let mut alive: Vec<usize> =
                         (0..n).filter(|&e| self.elements[e].alive).collect();
@@ -1466,6 +1567,22 @@ impl World {
                     }
                     let at = at_delay(self.now, us(self.rng_fault.range(50, 1_000)));
                     self.schedule(at, Ev::HostRestart);
+                    true
+                } else {
+                    false
+                }
+            }
+            FaultKind::HostSuperseded => {
+                if self.host.is_some() && self.superseded.is_none() {
+                    let old = self.host.take().expect("checked");
+                    let instance = old.instance;
+                    self.trace(|| {
+                        format!("FAULT host element {instance} superseded while it still runs")
+                    });
+                    self.superseded = Some(old);
+                    self.start_host();
+                    let at = at_delay(self.now, us(self.rng_fault.range(200, 4_000)));
+                    self.schedule(at, Ev::KillSuperseded { instance });
                     true
                 } else {
                     false
@@ -1591,6 +1708,9 @@ impl World {
     fn end_fault_phase(&mut self) {
         self.trace(|| "end of the fault phase: healing everything".into());
         self.phase = Phase::Quiet;
+        if let Some(instance) = self.superseded.as_ref().map(|h| h.instance) {
+            self.kill_superseded(instance);
+        }
         for e in 0..self.elements.len() {
             if self.elements[e].disk_full || self.elements[e].poisoned {
                 self.elements[e].disk_full = false;

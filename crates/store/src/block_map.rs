@@ -7,6 +7,10 @@
 //! intact. The metadata file, renamed last, names the committed generation and a digest of the
 //! generation chosen for every chunk: loading picks per chunk the newest slot not newer than
 //! the committed generation, and the digest proves nothing fell back to an older image.
+//!
+//! The committer marks the chunks each apply changes ([`DirtyChunks`]); a seal takes that set
+//! for the checkpointer, which alone knows which slot holds each chunk's image
+//! ([`ChunkImages`]) and encodes the images from the map as it is when it writes them.
 
 use std::{
     fs::{File, OpenOptions},
@@ -513,6 +517,74 @@ impl MapFile {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn dirty_chunks_are_taken_once_and_merged() {
+        let mut dirty = DirtyChunks::for_blocks(200 * MAP_CHUNK_BLOCKS);
+        assert!(!dirty.is_dirty());
+        // (blocks marked) -> chunks
+        for (blocks, chunks) in [
+            (0..1, vec![0]),
+            (MAP_CHUNK_BLOCKS - 1..MAP_CHUNK_BLOCKS + 1, vec![0, 1]),
+            (64 * MAP_CHUNK_BLOCKS..64 * MAP_CHUNK_BLOCKS + 1, vec![64]),
+            (5..5, vec![]),
+        ] {
+            dirty.mark_dirty(blocks.clone());
+            assert_eq!(dirty.take(), chunks, "{blocks:?}");
+            assert!(!dirty.is_dirty());
+        }
+        dirty.mark_dirty(130 * MAP_CHUNK_BLOCKS..133 * MAP_CHUNK_BLOCKS);
+        assert_eq!(dirty.take(), vec![130, 131, 132]);
+        // (a, b) -> union
+        let check = |a: Vec<u64>, b: Vec<u64>, union: Vec<u64>| {
+            assert_eq!(merge_chunks(a.clone(), b.clone()), union, "{a:?} + {b:?}");
+        };
+        check(vec![], vec![1, 2], vec![1, 2]);
+        check(vec![1, 2], vec![], vec![1, 2]);
+        check(vec![1, 3, 5], vec![2, 3, 9], vec![1, 2, 3, 5, 9]);
+        check(vec![7], vec![7], vec![7]);
+    }
+
+    #[test]
+    fn slot_images_round_trip() {
+        let mut map = BlockMap::new(MAP_CHUNK_BLOCKS + 10);
+        map.set_written(3, Sequence(5), 0xabcd);
+        map.set_written(MAP_CHUNK_BLOCKS + 2, Sequence(6), 7);
+        map.set_holes(MAP_CHUNK_BLOCKS + 3..MAP_CHUNK_BLOCKS + 5, Sequence(8));
+        let mut image = vec![0u8; SLOT_BYTES as usize];
+        let mut loaded = BlockMap::new(MAP_CHUNK_BLOCKS + 10);
+        for chunk in 0..2 {
+            map.encode_slot(chunk, 9, &mut image);
+            assert_eq!(u64::from_le_bytes(image[0..8].try_into().expect("8")), 9);
+            assert_eq!(
+                u32::from_le_bytes(image[8..12].try_into().expect("4")),
+                slot_crc(&image)
+            );
+            let file = MapFile {
+                file: tempfile_like(),
+                path: "map".into(),
+                volume: "v".into(),
+            };
+            file.decode_slot(&image, chunk, &mut loaded)
+                .expect("decodes");
+        }
+        for block in 0..map.blocks() {
+            assert_eq!(
+                (
+                    loaded.is_allocated(block),
+                    loaded.crc(block),
+                    loaded.sequence(block)
+                ),
+                (map.is_allocated(block), map.crc(block), map.sequence(block)),
+                "block {block}"
+            );
+        }
+        assert_eq!(map.sequence_max(), Sequence(8));
+    }
+
+    fn tempfile_like() -> File {
+        File::open("/dev/null").expect("open /dev/null")
+    }
 
     #[test]
     fn holes_and_runs() {

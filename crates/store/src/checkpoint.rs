@@ -23,7 +23,7 @@ use std::{
     sync::{Arc, Condvar, Mutex},
 };
 
-use proto::{Epoch, Sequence};
+use proto::{Epoch, Sequence, BLOCK_BYTES};
 
 use crate::{
     block_map::{merge_chunks, ChunkImages, PendingSlots, SLOT_BYTES},
@@ -32,7 +32,8 @@ use crate::{
     store::{lock, Shared},
     sys,
     volume::Volume,
-    StoreError, FREE_SEGMENTS_MAX, MAP_SLOTS_PER_LOCK, SPARE_FILL_STEP_BYTES, WRITEBACK_KICK_BYTES,
+    StoreError, DATA_SYNC_RANGE_BYTES, FREE_SEGMENTS_MAX, MAP_CHUNK_BLOCKS, MAP_SLOTS_PER_LOCK,
+    SPARE_FILL_STEP_BYTES, WRITEBACK_KICK_BYTES,
 };
 
 /// Tests: how long every checkpoint sleeps before it starts (a checkpointer falling behind).
@@ -114,6 +115,8 @@ struct Queue {
     spare: Option<Spare>,
     /// Files of segments dropped from the replay log, to recycle as spares.
     free: Vec<PathBuf>,
+    /// Volumes (by index) whose data file writeback is to be started.
+    writeback: Vec<(usize, Arc<Volume>)>,
     closing: bool,
 }
 
@@ -184,6 +187,16 @@ impl Checkpointer {
         self.wake.notify_all();
     }
 
+    /// Start the writeback of a volume's data file (`sync_file_range`, not waited for).
+    pub fn start_writeback(&self, index: usize, volume: &Arc<Volume>) {
+        let mut queue = lock(&self.queue);
+        if queue.writeback.iter().all(|(i, _)| *i != index) {
+            queue.writeback.push((index, volume.clone()));
+        }
+        drop(queue);
+        self.wake.notify_all();
+    }
+
     /// Start preparing the segment after the live one.
     pub fn want_spare(&self) {
         lock(&self.queue).spare_wanted = true;
@@ -242,6 +255,7 @@ impl Checkpointer {
 
 enum Work {
     Job(CheckpointJob),
+    Writeback(Vec<(usize, Arc<Volume>)>),
     Spare(u64),
 }
 
@@ -259,6 +273,9 @@ pub fn run(shared: &Shared, mut images: Vec<ChunkImages>, mut partial: Option<Pa
                 if let Some(job) = queue.queued.take() {
                     queue.running = true;
                     break Work::Job(job);
+                }
+                if !queue.writeback.is_empty() {
+                    break Work::Writeback(std::mem::take(&mut queue.writeback));
                 }
                 let wanted = queue.live_segment + 1;
                 if queue.spare.as_ref().is_some_and(|s| s.id != wanted) {
@@ -301,6 +318,14 @@ pub fn run(shared: &Shared, mut images: Vec<ChunkImages>, mut partial: Option<Pa
                 drop(queue);
                 checkpointer.progress.notify_all();
             }
+            Work::Writeback(volumes) => {
+                for (_, volume) in volumes {
+                    // A failed write shows again in the checkpoint's fdatasync.
+                    if let Err(error) = sys::start_writeback(&volume.data, 0, 0) {
+                        tracing::warn!(path = %volume.data_path.display(), %error, "cannot start writeback");
+                    }
+                }
+            }
             Work::Spare(id) => {
                 if let Err(error) = prepare_spare(shared, id, &mut partial) {
                     tracing::warn!(%error, "cannot prepare a log segment ahead; the log grows its segments as it goes");
@@ -336,6 +361,23 @@ fn run_job(
             continue;
         }
         let volume = &seal.volume;
+        // Write the dirty data back a range at a time, so the device queue never holds more
+        // than a slice of it: the log's syncs, which wait for what is queued before them, go
+        // on meanwhile with short delays. The fdatasync then finds only metadata to commit.
+        let mut ranges: Vec<u64> = seal
+            .chunks
+            .iter()
+            .map(|chunk| chunk * MAP_CHUNK_BLOCKS * BLOCK_BYTES / DATA_SYNC_RANGE_BYTES)
+            .collect();
+        ranges.dedup();
+        for range in ranges {
+            sys::write_back(
+                &volume.data,
+                range * DATA_SYNC_RANGE_BYTES,
+                DATA_SYNC_RANGE_BYTES,
+            )
+            .map_err(io_error("write back volume data", &volume.data_path))?;
+        }
         volume
             .data
             .sync_data()
@@ -391,8 +433,8 @@ fn run_job(
 
 /// Prepare the spare for segment `id`: resume `partial`, or recycle a free segment file, or
 /// create one; fill it with zeroes to the expected segment size; make it and its name durable;
-/// hand it over. Gives way (keeping the work in `partial`) to a checkpoint, to closing, or if
-/// the writer moved on meanwhile.
+/// hand it over. Gives way (keeping the work in `partial`) to a checkpoint, to a writeback, to
+/// closing, or if the writer moved on meanwhile.
 fn prepare_spare(
     shared: &Shared,
     id: u64,
@@ -443,7 +485,11 @@ fn prepare_spare(
     while spare.file_bytes < target_bytes {
         {
             let queue = lock(&checkpointer.queue);
-            if queue.closing || queue.queued.is_some() || queue.live_segment + 1 != id {
+            if queue.closing
+                || queue.queued.is_some()
+                || !queue.writeback.is_empty()
+                || queue.live_segment + 1 != id
+            {
                 *partial = Some(PartialSpare { spare });
                 return Ok(());
             }

@@ -52,6 +52,10 @@ pub const CHECKPOINT_LOG_BYTES_MAX: u64 = 4 * 1024 * 1024 * 1024;
 /// would exceed this, because the checkpointer lags behind, the commit that seals waits for
 /// it. Bounds crash replay to about this many times `checkpoint_log_bytes`.
 pub const CHECKPOINT_LAG_SEGMENTS_MAX: u64 = 4;
+/// Before its `fdatasync`, a checkpoint writes a data file back one range of this many bytes
+/// (each holding changed blocks) at a time, so that the log's syncs never queue behind all of
+/// it.
+pub const DATA_SYNC_RANGE_BYTES: u64 = 32 * 1024 * 1024;
 /// Block map chunk images a checkpoint encodes per hold of a volume's lock (applies to the
 /// volume wait meanwhile: about 20 µs per image).
 pub const MAP_SLOTS_PER_LOCK: usize = 64;
@@ -96,6 +100,7 @@ const _: () =
     assert!(LOG_RECORD_BYTES_MAX + (log::BATCH_HEADER_BYTES as u64) <= LOG_BATCH_BYTES_MAX);
 const _: () = assert!(CHECKPOINT_LOG_BYTES_MIN <= CHECKPOINT_LOG_BYTES_DEFAULT);
 const _: () = assert!(CHECKPOINT_LAG_SEGMENTS_MAX >= 2);
+const _: () = assert!(DATA_SYNC_RANGE_BYTES % BLOCK_BYTES == 0);
 const _: () = assert!(CHECKPOINT_LOG_BYTES_DEFAULT <= CHECKPOINT_LOG_BYTES_MAX);
 const _: () = assert!(
     block_map::SLOT_HEADER_BYTES + MAP_CHUNK_BLOCKS * block_map::ENTRY_BYTES == BLOCK_BYTES

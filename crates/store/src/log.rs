@@ -1193,6 +1193,34 @@ mod tests {
     }
 
     #[test]
+    fn segment_headers_are_valid_only_for_their_segment() {
+        let dir =
+            std::env::temp_dir().join(format!("starfish-store-header-{}", std::process::id()));
+        let path = dir.join("segment");
+        std::fs::create_dir_all(&dir).expect("create dir");
+        let header = segment_header(7, 6, 12345);
+        // (bytes at the start of the file, id asked for) -> header
+        let mut damaged = header;
+        damaged[20] ^= 1;
+        for (bytes, id, expected) in [
+            (header.to_vec(), 7, Some((6, 12345))),
+            (header.to_vec(), 8, None),
+            (damaged.to_vec(), 7, None),
+            (header[..39].to_vec(), 7, None),
+            (vec![0; 40], 7, None),
+        ] {
+            std::fs::write(&path, &bytes).expect("write");
+            let file = File::open(&path).expect("open");
+            assert_eq!(
+                read_segment_header(&file, &path, id).expect("read"),
+                expected,
+                "{bytes:?} as segment {id}"
+            );
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
     fn records_round_trip() {
         for record in sample_records() {
             let decoded = decode(&encode(&record)).expect("decodes");

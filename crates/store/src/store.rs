@@ -863,15 +863,13 @@ impl Committer {
             k = run_end;
         }
         drop(locked);
-        // Start writing back data files with enough dirty data, so the checkpoint's
-        // fdatasync finds little left to do.
-        for (unflushed, volume) in self.unflushed_bytes.iter_mut().zip(volumes) {
+        // Have data files with enough dirty data written back, so the checkpoint's fdatasync
+        // finds little left to do. The checkpointer thread starts it: submitting the writes
+        // can block for as long as the device queue is full.
+        for (i, (unflushed, volume)) in self.unflushed_bytes.iter_mut().zip(volumes).enumerate() {
             if *unflushed >= WRITEBACK_KICK_BYTES {
                 *unflushed = 0;
-                sys::start_writeback(&volume.data, 0, 0).map_err(io_error(
-                    "start writeback of volume data",
-                    &volume.data_path,
-                ))?;
+                store.shared.checkpointer.start_writeback(i, volume);
             }
         }
         for (i, blocks) in holes {
