@@ -191,7 +191,6 @@ struct Recovery {
     /// The peer a replay pulls from.
     source: Option<ElementId>,
     started: Time,
-    records_total: u64,
     /// Per volume, what the element held when recovery began.
     start: Vec<Sequence>,
 }
@@ -227,6 +226,14 @@ struct ElementRuntime {
     /// Per volume: a finished pull reached this sequence, whose acknowledgement is still on
     /// its way; the next pull waits for it rather than asking for the same records again.
     replay_reached: Vec<Option<Sequence>>,
+    /// Peers that could not serve this element's replay (their log no longer holds its gap,
+    /// or they failed mid-way); cleared when a recovery completes.
+    replay_tried: ElementSet,
+    /// The verdict "no peer's replay log can bring it back", with the sequences it held then:
+    /// while it comes back with the same, it is not sent after the same peers again.
+    needs_full: Option<(Vec<Sequence>, String)>,
+    /// The current session ended in a failure with a reason of its own.
+    failed_in_session: bool,
 }
 
 impl ElementRuntime {
@@ -387,6 +394,9 @@ impl HostCore {
                 last_recovery: None,
                 replaying: vec![false; volume_count],
                 replay_reached: vec![None; volume_count],
+                replay_tried: ElementSet::default(),
+                needs_full: None,
+                failed_in_session: false,
             })
             .collect();
         let volumes = config
@@ -475,8 +485,9 @@ impl HostCore {
         assert!(!e.session, "connected twice without a disconnect");
         e.session = true;
         e.welcomed = false;
+        e.failed_in_session = false;
         e.last_heard = now;
-        e.state = ElementState::Failed("handshake in progress".into());
+        // The state stays what it was (failed, with its reason) until the welcome decides.
         let message =
             HostMessage::Hello { epoch: self.config.epoch, volumes: self.config.volumes.clone() };
         let mut to = ElementSet::default();
@@ -495,10 +506,10 @@ impl HostCore {
             ElementState::InSync | ElementState::Recovering(_) => {
                 return self.fail_element(now, element, format!("connection lost: {reason}"), false)
             }
-            // A reason given when the element was failed on purpose stays: it says more.
-            ElementState::Failed(old) if old != "handshake in progress" && was_session => {}
+            // A reason given when the element was failed in this session stays: it says more.
+            ElementState::Failed(_) if was_session && e.failed_in_session => {}
             ElementState::Failed(_) if was_session => {
-                e.state = ElementState::Failed(format!("connection lost: {reason}"))
+                e.state = ElementState::Failed(format!("connection lost during the handshake: {reason}"))
             }
             ElementState::Failed(_) => e.state = ElementState::Failed(format!("cannot connect: {reason}")),
         }
@@ -574,6 +585,15 @@ impl HostCore {
     /// Decide how a welcomed element joins: in sync, quick recovery, or failed.
     fn admit_element(&mut self, now: Time, element: ElementId) {
         let welcome = self.elements[element.0 as usize].welcome.take().expect("welcomed");
+        let held: Vec<Sequence> = welcome.iter().map(|s| s.applied_sequence).collect();
+        if let Some((at, reason)) = &self.elements[element.0 as usize].needs_full {
+            if *at == held {
+                let reason = reason.clone();
+                return self.fail_element(now, element, reason, true);
+            }
+            self.elements[element.0 as usize].needs_full = None;
+            self.elements[element.0 as usize].replay_tried = ElementSet::default();
+        }
         let mut behind = 0u64;
         let mut replaying = vec![false; self.volumes.len()];
         let source = self.replay_source(element);
@@ -636,7 +656,6 @@ impl HostCore {
             kind,
             source,
             started: now,
-            records_total: behind,
             start: welcome.iter().map(|s| s.applied_sequence).collect(),
         });
         self.emit(Action::Event(Event::RecoveryStarted { element, kind, records: behind, source }));
@@ -658,6 +677,7 @@ impl HostCore {
             .iter()
             .enumerate()
             .filter(|(i, e)| *i != element.0 as usize && e.state == ElementState::InSync && e.session)
+            .filter(|(i, _)| !self.elements[element.0 as usize].replay_tried.contains(ElementId(*i as u8)))
             .min_by_key(|(i, e)| (e.rtt_us.unwrap_or(u64::MAX), *i))
             .map(|(i, _)| ElementId(i as u8))
     }
@@ -692,8 +712,38 @@ impl HostCore {
             }
             Ok(_) => self.send_recover(element, volume),
             Err(reason) => {
-                let source = e.recovery.as_ref().and_then(|r| r.source).map_or("?", |s| self.elements[s.0 as usize].name.as_str());
-                let reason = format!("replay recovery from {source} failed: {reason}; needs full recovery");
+                // Try the next peer; when none is left, the verdict is full recovery.
+                let source = e.recovery.as_ref().and_then(|r| r.source).expect("a replay has a source");
+                let source_name = self.elements[source.0 as usize].name.clone();
+                self.elements[element.0 as usize].replay_tried.insert(source);
+                if let Some(next) = self.replay_source(element) {
+                    self.emit(Action::Event(Event::RecoveryProgress {
+                        element,
+                        message: format!(
+                            "replay from {source_name} failed ({reason}); trying {}",
+                            self.elements[next.0 as usize].name
+                        ),
+                    }));
+                    let e = &mut self.elements[element.0 as usize];
+                    e.recovery.as_mut().expect("recovering").source = Some(next);
+                    e.replay_reached.iter_mut().for_each(|r| *r = None);
+                    let replaying: Vec<usize> = (0..e.replaying.len()).filter(|&i| e.replaying[i]).collect();
+                    for i in replaying {
+                        self.send_recover(element, VolumeId(i as u32));
+                    }
+                    return;
+                }
+                let reason = format!(
+                    "no peer could replay what it misses (last: {source_name}: {reason}); needs full recovery, which is not built yet"
+                );
+                let elements = self.elements.len();
+                let e = &mut self.elements[element.0 as usize];
+                if e.replay_tried.len() + 1 >= elements {
+                    // Every other element was asked: remember it, so reconnecting does not
+                    // start the same hopeless replay over and over.
+                    e.needs_full = Some((e.applied.clone(), reason.clone()));
+                }
+                e.replay_tried = ElementSet::default();
                 self.fail_element(now, element, reason, true)
             }
         }
@@ -720,6 +770,7 @@ impl HostCore {
         let e = &mut self.elements[element.0 as usize];
         let was_live = e.live();
         e.state = ElementState::Failed(reason.clone());
+        e.failed_in_session = e.session;
         e.recovery = None;
         e.replaying.iter_mut().for_each(|r| *r = false);
         e.replay_reached.iter_mut().for_each(|r| *r = None);
@@ -798,12 +849,13 @@ impl HostCore {
                 let recovery = e.recovery.as_ref().expect("recovering has a recovery");
                 let last = LastRecovery {
                     kind,
-                    records: recovery.records_total,
+                    records: recovery.start.iter().zip(&e.applied).map(|(s, a)| a.0.saturating_sub(s.0)).sum(),
                     micros: now.micros_since(recovery.started),
                 };
                 let e = &mut self.elements[element.0 as usize];
                 e.last_recovery = Some(last);
                 e.recovery = None;
+                e.replay_tried = ElementSet::default();
                 e.state = ElementState::InSync;
                 self.emit(Action::Event(Event::ElementInSync { element }));
                 return self.after_membership_change(now);
@@ -1388,14 +1440,9 @@ impl HostCore {
                 let recovery = e.recovery.as_ref().map(|r| RecoveryStatus {
                     kind: r.kind,
                     source: r.source.map(|s| self.elements[s.0 as usize].name.clone()),
-                    done_records: r
-                        .start
-                        .iter()
-                        .zip(&e.applied)
-                        .map(|(s, a)| a.0.saturating_sub(s.0))
-                        .sum::<u64>()
-                        .min(r.records_total),
-                    total_records: r.records_total,
+                    done_records: r.start.iter().zip(&e.applied).map(|(s, a)| a.0.saturating_sub(s.0)).sum::<u64>(),
+                    // Writes that arrived meanwhile are part of the way back too.
+                    total_records: r.start.iter().zip(&self.volumes).map(|(s, v)| v.queue.last_sequence().0.saturating_sub(s.0)).sum::<u64>(),
                     elapsed_us: now.micros_since(r.started),
                 });
                 let last_recovery = e.last_recovery.as_ref().map(|r| LastRecoveryStatus {

@@ -266,6 +266,10 @@ fn log_event(core: &HostCore, names: &[String], event: Event) {
     }
 }
 
+/// Reconnect backoff bounds, and how long a session must last to reset the backoff.
+const BACKOFF_MAX: Duration = Duration::from_secs(2);
+const SESSION_STABLE: Duration = Duration::from_secs(10);
+
 /// An element that does not accept a connection within this is reported unreachable.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -279,8 +283,8 @@ async fn run_element_link(element: ElementId, address: SocketAddr, inputs: mpsc:
             .unwrap_or_else(|_| Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "connect timed out")));
         match connected {
             Ok(stream) => {
-                backoff = Duration::from_millis(50);
                 session_id += 1;
+                let opened = tokio::time::Instant::now();
                 let _ = stream.set_nodelay(true);
                 let (frames_tx, frames_rx) = mpsc::unbounded_channel();
                 let (close_tx, close_rx) = oneshot::channel();
@@ -291,6 +295,12 @@ async fn run_element_link(element: ElementId, address: SocketAddr, inputs: mpsc:
                     return;
                 }
                 let reason = run_session(element, session_id, stream, frames_rx, close_rx, &inputs).await;
+                // Only a session that lasted resets the backoff: an element the host element
+                // keeps refusing (say, one that needs full recovery) is not redialled 20 times
+                // a second.
+                if opened.elapsed() >= SESSION_STABLE {
+                    backoff = Duration::from_millis(50);
+                }
                 if inputs.send(Input::Disconnected { element, session: session_id, reason }).is_err() {
                     return;
                 }
@@ -303,7 +313,7 @@ async fn run_element_link(element: ElementId, address: SocketAddr, inputs: mpsc:
             }
         }
         tokio::time::sleep(backoff).await;
-        backoff = (backoff * 2).min(Duration::from_secs(1));
+        backoff = (backoff * 2).min(BACKOFF_MAX);
     }
 }
 

@@ -15,6 +15,8 @@ struct FakeElement {
     responsive: bool,
     held: Vec<Record>,
     connected: bool,
+    /// As a replay source: its log no longer holds what is asked.
+    log_truncated: bool,
 }
 
 impl FakeElement {
@@ -27,6 +29,7 @@ impl FakeElement {
             responsive: true,
             held: Vec::new(),
             connected: false,
+            log_truncated: false,
         }
     }
 
@@ -158,6 +161,11 @@ impl Cluster {
             HostMessage::Ping { nonce } => Some(ElementMessage::Pong { nonce }),
             HostMessage::Recover { source, after, through, .. } => {
                 let source: usize = source[1..].parse().expect("fake address e<i>");
+                if self.elements[source].log_truncated {
+                    let result = Err(format!("the replay log no longer holds sequence {}", after.next()));
+                    self.core.handle_element_message(self.now, element, ElementMessage::RecoveryDone { volume: VOLUME, result });
+                    return;
+                }
                 let records: Vec<Record> = self.elements[source]
                     .log
                     .iter()
@@ -483,6 +491,38 @@ fn an_element_behind_the_write_queue_replays_from_a_peer() {
     assert_eq!(c.elements[2].data, c.elements[0].data);
     let status = c.core.status(c.now);
     assert_eq!(status.elements[2].last_recovery.as_ref().map(|r| r.kind), Some(RecoveryKind::Replay));
+}
+
+#[test]
+fn replay_tries_every_peer_then_stays_failed_without_retrying() {
+    let mut c = Cluster::with(3, 2, |cfg| cfg.write_queue_bytes = limits::WRITE_QUEUE_BYTES_MIN);
+    c.crash(2);
+    let big = proto::PAYLOAD_BYTES_MAX as usize / 2;
+    for i in 0..4u8 {
+        c.write(0, i + 1, big);
+    }
+    // The first peer asked cannot serve; the other can.
+    c.elements[1].log_truncated = true;
+    c.connect(2);
+    assert_eq!(c.states(), "in-sync,in-sync,in-sync", "fell back to the other peer");
+    // Next time neither can: the element stays failed, says why, and a reconnect with the same
+    // position is refused at once instead of replaying again.
+    c.crash(2);
+    for i in 0..4u8 {
+        c.write(0, i + 1, big);
+    }
+    c.elements[0].log_truncated = true;
+    c.connect(2);
+    let reason = c.core.status(c.now).elements[2].reason.clone().unwrap_or_default();
+    assert!(reason.contains("needs full recovery"), "{reason}");
+    let recoveries = c.events.iter().filter(|e| matches!(e, Event::RecoveryStarted { .. })).count();
+    c.connect(2);
+    assert_eq!(c.states(), "in-sync,in-sync,failed");
+    assert_eq!(
+        c.events.iter().filter(|e| matches!(e, Event::RecoveryStarted { .. })).count(),
+        recoveries,
+        "no new recovery for an unchanged element"
+    );
 }
 
 #[test]

@@ -1,0 +1,574 @@
+"""Recovery of an element that comes back, under a continuous verified write
+load: quick recovery (its gap is still in the host element's write queue),
+replay recovery (the gap left the queue: pulled from an in-sync peer's replay
+log, paced by `--recovery-rate`), the replay source killed mid-replay, a host
+element restarted while an element is down, and today's limit (a gap no
+peer's replay log covers needs full recovery, which is not built: the element
+stays failed and says so).
+
+Two writers, on disjoint regions of vol0:
+  - "load": small writes (1..4 blocks, 2 in flight) all through the test;
+  - "burst": large writes (up to 1 MiB, 4 in flight) while an element is down,
+    to push its gap past the write queue.
+Every acknowledged write of both is read back at the end; then the cluster is
+stopped cleanly, every element's data directory must pass `element verify`
+and the digests must be identical (on all three; on the two in sync where an
+element is left failed by design).
+"""
+
+import errno
+import json
+import signal
+import time
+
+import pytest
+
+import harness
+from harness import MiB, Client, LoadWriter, volume_status, wait_until
+
+REGION_BLOCKS = 16384  # 64 MiB of 4 KiB blocks per writer region
+LOAD_OFFSET = 0
+BURST_OFFSET = 256 * MiB
+LOAD = dict(max_blocks=4, inflight=2)
+BURST = dict(max_blocks=256, inflight=4)
+SMALL_QUEUE = "40MiB"
+# Paced replays must still outrun the foreground load (else they never reach the write queue):
+# the load writes about 5..15 MiB/s here (up to 30 with Q=1).
+PACED_RATE = "32MiB"  # per second: the ~120 MiB to replay take several seconds
+FAST_PACED_RATE = "64MiB"
+BIG_REPLAY_LOG = "1GiB"  # paced tests: the peers' replay logs are not what is tested there
+
+
+# ---------------------------------------------------------------------------
+# Helpers
+
+
+class AckedBytes:
+    """Bytes acknowledged so far in an nbd_writer.py log (read incrementally)."""
+
+    def __init__(self, path):
+        self.path = path
+        self.position = 0
+        self.rest = b""
+        self.spans = {}
+        self.bytes = 0
+
+    def __call__(self):
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.position)
+                data = f.read()
+                self.position = f.tell()
+        except FileNotFoundError:
+            return 0
+        lines = (self.rest + data).split(b"\n")
+        self.rest = lines.pop()
+        for line in lines:
+            parts = line.split()
+            if not parts:
+                continue
+            if parts[0] == b"S":
+                self.spans[parts[1]] = int(parts[3])
+            elif parts[0] == b"A":
+                self.bytes += self.spans.pop(parts[1]) * harness.BLOCK
+        return self.bytes
+
+
+def element_of(status, name):
+    for element in status["elements"]:
+        if element["name"] == name:
+            return element
+    raise AssertionError(f"element {name} missing from status: {status}")
+
+
+def applied(status, name, volume="vol0"):
+    return element_of(status, name)["applied_sequence"][volume]
+
+
+def start_load(workdir, uri, seed, name="load", first_generation=1):
+    return LoadWriter(
+        workdir, uri, REGION_BLOCKS, seed, name=name, offset=LOAD_OFFSET, first_generation=first_generation, **LOAD
+    )
+
+
+def write_burst(workdir, uri, megabytes, seed, name="burst", timeout=120):
+    """Large writes to the burst region until `megabytes` MiB are acknowledged;
+    returns the burst's WriteLog (checked: no write failed)."""
+    with LoadWriter(workdir, uri, REGION_BLOCKS, seed, name=name, offset=BURST_OFFSET, **BURST) as burst:
+        acked = AckedBytes(burst.log_path)
+        wait_until(
+            lambda: acked() >= megabytes * MiB or not burst.process.alive(),
+            timeout,
+            f"{megabytes} MiB of acknowledged burst writes",
+        )
+        assert burst.process.alive(), f"burst writer exited early:\n{burst.output()}"
+        code = burst.finish()
+        assert code == 0, f"burst writer exit {code}\n{burst.output()}"
+    log = harness.WriteLog(burst.log_path, BURST_OFFSET, REGION_BLOCKS)
+    assert log.done
+    assert not log.failed, f"burst writes failed: {log.failed[:10]}"
+    return log
+
+
+def load_log(workdir, *writers):
+    """The load region's WriteLog, over one or more successive load writers."""
+    path = f"{workdir}/load-combined.log"
+    with open(path, "w") as out:
+        for writer in writers:
+            with open(writer.log_path) as f:
+                out.write(f.read())
+    return harness.WriteLog(path, LOAD_OFFSET, REGION_BLOCKS)
+
+
+def check_writes(uri, *write_logs):
+    """Reads every region back: every acknowledged write is there, nothing torn."""
+    with Client(uri) as client:
+        for write_log in write_logs:
+            problems = harness.check_stamped_region(client, write_log)
+            assert not problems, "\n".join(problems)
+
+
+def watch(cluster, predicate, timeout, what, interval=0.1, on_sample=None):
+    """Polls status until `predicate(status)`; returns (status, samples) where
+    samples are (seconds since start, status, on_sample(status)) in order."""
+    samples = []
+    started = time.monotonic()
+    while True:
+        if not cluster.host.alive():
+            raise AssertionError(f"host exited with {cluster.host.returncode()}\n--- host log:\n{cluster.host.log()}")
+        status = cluster.status()
+        extra = on_sample(status) if on_sample else None
+        samples.append((time.monotonic() - started, status, extra))
+        if predicate(status):
+            return status, samples
+        if time.monotonic() - started > timeout:
+            raise AssertionError(
+                f"timed out after {timeout}s waiting for {what}\n"
+                f"timeline: {timeline(samples)}\nlast status: {json.dumps(status, indent=1)}"
+            )
+        time.sleep(interval)
+
+
+def timeline(samples, name=None):
+    """Compact history of the elements' states (or one element's) in samples."""
+    out, previous = [], None
+    for t, status, _ in samples:
+        elements = [element_of(status, name)] if name else status["elements"]
+        now = tuple(
+            (
+                e["name"],
+                e["state"],
+                (e.get("recovery") or {}).get("kind"),
+                (e.get("recovery") or {}).get("source"),
+                (e.get("reason") or "")[:160],
+            )
+            for e in elements
+        ) + (volume_status(status)["mode"],)
+        if now != previous:
+            out.append(f"{t:.2f}s {now}")
+            previous = now
+    return "\n  " + "\n  ".join(out)
+
+
+def back_in_sync(name):
+    return lambda s: element_of(s, name)["state"] == "in-sync" and "last_recovery" in element_of(s, name)
+
+
+def recovering_samples(samples, name):
+    return [(t, element_of(s, name)["recovery"], extra) for t, s, extra in samples
+            if element_of(s, name)["state"] == "recovering" and "recovery" in element_of(s, name)]
+
+
+def wait_caught_up(cluster, names=harness.ELEMENT_NAMES, timeout=60):
+    """The named elements are in sync and have applied every acknowledged write."""
+
+    def caught_up(status):
+        for volume in status["volumes"]:
+            if volume["mode"] != "read-write":
+                return False
+            for name in names:
+                element = element_of(status, name)
+                if element["state"] != "in-sync" or element["applied_sequence"][volume["name"]] != volume["acked_sequence"]:
+                    return False
+        return True
+
+    return cluster.wait_status(caught_up, timeout, f"{', '.join(names)} to apply every acknowledged write")
+
+
+def stop_and_compare(cluster, identical=harness.ELEMENT_NAMES):
+    """Stops the cluster cleanly; every element's data directory verifies clean
+    and the `identical` ones hold the same volumes with equal digests."""
+    complaints = cluster.stop()
+    assert not complaints, complaints
+    reports = {name: element.verify() for name, element in cluster.elements.items()}
+    for volume, _ in cluster.volumes:
+        per_element = {}
+        for name in identical:
+            found = [v for v in reports[name]["volumes"] if v["name"] == volume]
+            assert found, f"{volume} missing on {name}: {reports}"
+            per_element[name] = found[0]
+        for key in ("digest", "applied_sequence", "size_bytes"):
+            values = {name: v[key] for name, v in per_element.items()}
+            assert len(set(values.values())) == 1, f"{volume}: replicas differ in {key}: {values}"
+    return reports
+
+
+def make_cluster_with_replay_log(make_cluster, replay_log, **kwargs):
+    """A started cluster whose elements run with `--replay-log replay_log`."""
+    cluster = make_cluster(start=False, **kwargs)
+    for element in cluster.elements.values():
+        element.process.args += ["--replay-log", replay_log]
+    return cluster.start()
+
+
+def kill_and_wait_out(cluster, name):
+    cluster.kill_element(name, signal.SIGKILL)
+    cluster.wait_status(
+        lambda s: element_of(s, name)["state"] != "in-sync", 30, f"{name} reported not in-sync after kill -9"
+    )
+
+
+def recovery_attempts(cluster, name):
+    """Recoveries of `name` the host element has started, from its log."""
+    with open(cluster.host.log_path, errors="replace") as f:
+        return sum(1 for line in f if "recovery started" in line and f'"{name}"' in line)
+
+
+def replay_switches(cluster, name):
+    """Replays of `name` that reached the write queue (and went on from it), from the host's log."""
+    with open(cluster.host.log_path, errors="replace") as f:
+        return sum(1 for line in f if "reached the write queue" in line and f'"{name}"' in line)
+
+
+def gap_left_the_queue(status, name):
+    """The element's applied sequence is older than what the write queue holds."""
+    oldest = volume_status(status)["write_queue_oldest_sequence"]
+    return oldest is not None and oldest > applied(status, name) + 1
+
+
+# ---------------------------------------------------------------------------
+# Tests
+
+
+@pytest.mark.time_limit(150)
+def test_kill9_element_quick_recovery(cluster, workdir):
+    """An element killed and restarted quickly finds its gap in the write
+    queue: quick recovery."""
+    uri = cluster.uri()
+    with start_load(workdir, uri, seed=31) as load:
+        load.wait_acks(300)
+        kill_and_wait_out(cluster, "near")
+        load.wait_acks(500, what="acknowledged writes with near down")
+        cluster.restart_element("near")
+        status, samples = watch(cluster, back_in_sync("near"), 60, "near back in sync")
+        last = element_of(status, "near")["last_recovery"]
+        assert last["kind"] == "quick", f"last_recovery {last}; timeline: {timeline(samples, 'near')}"
+        assert last["records"] > 0, last
+        for _, recovery, _ in recovering_samples(samples, "near"):
+            assert recovery["kind"] == "quick", recovery
+        assert volume_status(status)["mode"] == "read-write", status
+        load.wait_acks(300, what="acknowledged writes after near came back")
+        code = load.finish()
+        assert code == 0, f"writer exit {code}\n{load.output()}"
+    log = load_log(workdir, load)
+    assert log.done
+    assert not log.failed, f"writes failed with one element down: {log.failed[:10]}"
+    check_writes(uri, log)
+    wait_caught_up(cluster)
+    stop_and_compare(cluster)
+
+
+@pytest.mark.time_limit(150)
+def test_replay_recovery_past_the_write_queue(make_cluster, workdir):
+    """With a 40 MiB write queue, 100 MiB written while an element is down
+    leave the queue but not the peers' replay logs (256 MiB): the element
+    pulls its gap from a peer (replay recovery) and ends in sync."""
+    cluster = make_cluster(host_extra=["--write-queue", SMALL_QUEUE])
+    uri = cluster.uri()
+    with start_load(workdir, uri, seed=41) as load:
+        load.wait_acks(300)
+        kill_and_wait_out(cluster, "far")
+        burst = write_burst(workdir, uri, 100, seed=42)
+        status = cluster.status()
+        assert gap_left_the_queue(status, "far"), f"setup: far's gap is still in the write queue: {status}"
+        cluster.restart_element("far")
+        status, samples = watch(cluster, back_in_sync("far"), 90, "far back in sync", interval=0.05)
+        last = element_of(status, "far")["last_recovery"]
+        recovering = recovering_samples(samples, "far")
+        print(f"replay: last_recovery {last}; recovery seen in {len(recovering)} status samples; "
+              f"timeline: {timeline(samples, 'far')}")
+        assert last["kind"] == "replay", f"last_recovery {last}; timeline: {timeline(samples, 'far')}"
+        assert last["records"] >= burst.acked_count, (last, burst.acked_count)
+        for _, recovery, _ in recovering:
+            assert recovery["kind"] == "replay", recovery
+            assert recovery["source"] in ("local", "near"), recovery
+            assert 0 <= recovery["done_records"] <= recovery["total_records"], recovery
+        assert volume_status(status)["mode"] == "read-write", status
+        load.wait_acks(300, what="acknowledged writes after far came back")
+        code = load.finish()
+        assert code == 0, f"writer exit {code}\n{load.output()}"
+    log = load_log(workdir, load)
+    assert log.done
+    assert not log.failed, f"writes failed: {log.failed[:10]}"
+    check_writes(uri, log, burst)
+    wait_caught_up(cluster)
+    stop_and_compare(cluster)
+
+
+@pytest.mark.time_limit(150)
+def test_paced_replay_shows_progress(make_cluster, workdir):
+    """`--recovery-rate` paces a replay so that it takes seconds: status shows
+    it (kind replay, a peer as source, done_records going up) while foreground
+    writes keep being acknowledged."""
+    cluster = make_cluster_with_replay_log(
+        make_cluster, BIG_REPLAY_LOG, host_extra=["--write-queue", SMALL_QUEUE, "--recovery-rate", PACED_RATE]
+    )
+    uri = cluster.uri()
+    with start_load(workdir, uri, seed=51) as load:
+        load.wait_acks(300)
+        kill_and_wait_out(cluster, "far")
+        burst = write_burst(workdir, uri, 160, seed=52)
+        assert gap_left_the_queue(cluster.status(), "far"), "setup: far's gap is still in the write queue"
+        cluster.restart_element("far")
+        status, samples = watch(
+            cluster, back_in_sync("far"), 90, "far back in sync", interval=0.2, on_sample=lambda s: load.acks()
+        )
+        recovering = recovering_samples(samples, "far")
+        print(f"paced replay: {len(recovering)} samples; "
+              + ", ".join(f"{t:.1f}s {r['source']} {r['done_records']}/{r['total_records']} "
+                          f"{r['records_per_second']:.0f}/s acks {a}" for t, r, a in recovering))
+        assert recovering, f"no recovery seen in status; timeline: {timeline(samples, 'far')}"
+        seen_for = recovering[-1][0] - recovering[0][0]
+        assert seen_for >= 2.0, f"paced replay was visible for only {seen_for:.1f}s"
+        sources = {r["source"] for _, r, _ in recovering}
+        assert all(r["kind"] == "replay" for _, r, _ in recovering), recovering
+        assert sources <= {"local", "near"} and len(sources) == 1, f"replay sources {sources}"
+        done = [r["done_records"] for _, r, _ in recovering]
+        assert done == sorted(done), f"done_records went down: {done}"
+        assert len(set(done)) >= 3, f"done_records did not visibly increase: {done}"
+        assert all(r["total_records"] > 0 and r["done_records"] <= r["total_records"] for _, r, _ in recovering)
+        assert recovering[-1][2] > recovering[0][2], "no foreground write was acknowledged during the replay"
+        last = element_of(status, "far")["last_recovery"]
+        assert last["kind"] == "replay", last
+        assert last["records"] >= burst.acked_count, (last, burst.acked_count)
+        assert last["seconds"] >= 2.0, last
+        load.wait_acks(300, what="acknowledged writes after far came back")
+        code = load.finish()
+        assert code == 0, f"writer exit {code}\n{load.output()}"
+    log = load_log(workdir, load)
+    assert log.done
+    assert not log.failed, f"writes failed: {log.failed[:10]}"
+    check_writes(uri, log, burst)
+    wait_caught_up(cluster)
+    stop_and_compare(cluster)
+
+
+@pytest.mark.time_limit(150)
+def test_gap_beyond_every_replay_log_stays_failed(make_cluster, workdir):
+    """Today's limit: with 32 MiB replay logs, 150 MiB written while an element
+    is down cannot be replayed and full recovery is not built, so the element
+    stays failed and says why; the volume stays read-write on the other two
+    and reads are correct. (To change when full recovery lands.)"""
+    cluster = make_cluster_with_replay_log(make_cluster, "32MiB", host_extra=["--write-queue", SMALL_QUEUE])
+    uri = cluster.uri()
+    with start_load(workdir, uri, seed=61) as load:
+        load.wait_acks(300)
+        kill_and_wait_out(cluster, "far")
+        burst = write_burst(workdir, uri, 150, seed=62)
+        status = cluster.status()
+        assert gap_left_the_queue(status, "far"), f"setup: far's gap is still in the write queue: {status}"
+        cluster.restart_element("far")
+
+        def failed_for_full_recovery(s):
+            far = element_of(s, "far")
+            return far["state"] == "failed" and "full recovery" in (far.get("reason") or "")
+
+        status, samples = watch(cluster, failed_for_full_recovery, 30, "far failed, needing full recovery",
+                                on_sample=lambda s: load.acks())
+        reason = element_of(status, "far")["reason"]
+        print(f"far: {reason}")
+        # For 8 s: the volume goes on with two, and far stays failed for that reason (checked
+        # after the data checks below, so that a failure here still reports on those).
+        observed_from = len(samples)
+        attempts_before = recovery_attempts(cluster, "far")
+        acks_before = load.acks()
+        start, base = time.monotonic(), samples[-1][0]
+        while time.monotonic() < start + 8:
+            s = cluster.status()
+            samples.append((base + time.monotonic() - start, s, load.acks()))
+            assert volume_status(s)["mode"] == "read-write", s
+            time.sleep(0.1)
+        attempts = recovery_attempts(cluster, "far") - attempts_before
+        assert load.acks() > acks_before, "no write acknowledged with far failed"
+        load.wait_acks(200, what="acknowledged writes with far failed")
+        code = load.finish()
+        assert code == 0, f"writer exit {code}\n{load.output()}"
+    log = load_log(workdir, load)
+    assert log.done
+    assert not log.failed, f"writes failed: {log.failed[:10]}"
+    check_writes(uri, log, burst)
+    wait_caught_up(cluster, names=("local", "near"))
+    reports = stop_and_compare(cluster, identical=("local", "near"))
+    far_sequence = reports["far"]["volumes"][0]["applied_sequence"]
+    near_sequence = reports["near"]["volumes"][0]["applied_sequence"]
+    assert far_sequence < near_sequence, reports
+
+    not_failed = [
+        (t, element_of(s, "far")["state"], element_of(s, "far").get("reason"))
+        for t, s, _ in samples[observed_from:]
+        if not failed_for_full_recovery(s)
+    ]
+    assert not not_failed and attempts == 0, (
+        f"far did not stay failed: over 8 s, {len(not_failed)} of {len(samples) - observed_from} status samples "
+        f"showed it otherwise (first: {not_failed[:5]}), and the host started {attempts} more recoveries of it; "
+        f"timeline: {timeline(samples[observed_from:], 'far')}"
+    )
+
+
+@pytest.mark.time_limit(180)
+@pytest.mark.parametrize("quorum", [1, 2], ids=["Q1", "Q2"])
+def test_replay_source_killed_mid_replay(make_cluster, workdir, quorum):
+    """The peer a paced replay pulls from is killed in the middle of it. The
+    recovering element ends failed (and says why) or goes on from the other
+    peer; the volume keeps serving (read-write with Q=1; with Q=2 one in-sync
+    element is below quorum, so read-only until two are in sync again); no
+    acknowledged write is lost. The killed source then returns and all three
+    end identical."""
+    cluster = make_cluster_with_replay_log(
+        make_cluster,
+        BIG_REPLAY_LOG,
+        quorum=quorum,
+        host_extra=["--write-queue", SMALL_QUEUE, "--recovery-rate", FAST_PACED_RATE],
+    )
+    uri = cluster.uri()
+    with start_load(workdir, uri, seed=71) as load:
+        load.wait_acks(300)
+        kill_and_wait_out(cluster, "far")
+        burst = write_burst(workdir, uri, 160, seed=72)
+        assert gap_left_the_queue(cluster.status(), "far"), "setup: far's gap is still in the write queue"
+        cluster.restart_element("far")
+
+        switches_before = replay_switches(cluster, "far")
+
+        def replaying(s):
+            """far is pulling from a peer: records arrived, and it has not switched to the queue."""
+            far = element_of(s, "far")
+            r = far.get("recovery")
+            return (far["state"] == "recovering" and r and r["kind"] == "replay"
+                    and r["source"] in ("local", "near") and 0 < r["done_records"] < r["total_records"] // 2
+                    and replay_switches(cluster, "far") == switches_before)
+
+        status, samples = watch(cluster, replaying, 30, "far replaying from a peer", interval=0.05)
+        source = element_of(status, "far")["recovery"]["source"]
+        other = ({"local", "near"} - {source}).pop()
+        cluster.kill_element(source, signal.SIGKILL)
+        killed_at = len(samples)
+
+        # Within 30 s: far failed with a reason, or replaying from (or in sync through) the other peer.
+        def settled(s):
+            far = element_of(s, "far")
+            if far["state"] == "failed" and far.get("reason") and far["reason"] != "handshake in progress":
+                return True
+            if far["state"] == "recovering" and (far.get("recovery") or {}).get("source") == other:
+                return True
+            return far["state"] == "in-sync"
+
+        status, after = watch(cluster, settled, 30, f"far to fail or go on from {other} after {source} was killed",
+                              on_sample=lambda s: load.acks())
+        samples += after
+        far = element_of(status, "far")
+        print(f"after killing the source {source}: far {far['state']} "
+              f"{far.get('reason') or far.get('recovery')}; timeline: {timeline(samples[killed_at - 1:])}")
+        for _, s, _ in after:
+            assert element_of(s, other)["state"] == "in-sync", s
+            mode = volume_status(s)["mode"]
+            assert mode in (("read-write",) if quorum == 1 else ("read-write", "read-only")), s
+
+        # The volume serves reads; with Q=1 it also keeps taking writes.
+        with Client(uri) as client:
+            client.pread(4 * MiB, LOAD_OFFSET)
+            client.pread(4 * MiB, BURST_OFFSET)
+        if quorum == 1:
+            load.wait_acks(200, what=f"acknowledged writes with {source} killed and far not in sync")
+
+        # The source comes back. Today far is re-admitted by itself; should a failed far instead
+        # stay failed, it is restarted as an operator would, and must then catch up.
+        cluster.restart_element(source)
+        back_at = time.monotonic()
+
+        def healthy_or_far_left_failed(s):
+            return harness.healthy(s) or (
+                time.monotonic() - back_at > 10
+                and element_of(s, source)["state"] == "in-sync"
+                and element_of(s, "far")["state"] == "failed"
+            )
+
+        status, after = watch(cluster, healthy_or_far_left_failed, 120,
+                              "all three in sync after the source came back", interval=0.25)
+        samples += after
+        restarted_far = not harness.healthy(status)
+        if restarted_far:
+            cluster.kill_element("far", signal.SIGKILL)
+            cluster.restart_element("far")
+            status, more = watch(cluster, harness.healthy, 120, "all three in sync after far was restarted",
+                                 interval=0.25)
+            after += more
+        print(f"recovered{' (far restarted)' if restarted_far else ''}: "
+              f"{[(e['name'], e.get('last_recovery')) for e in status['elements']]}; timeline: {timeline(after)}")
+        load.wait_acks(300, what="acknowledged writes after everything came back")
+        code = load.finish()
+        assert code == 0, f"writer exit {code}\n{load.output()}"
+    log = load_log(workdir, load)
+    assert log.done
+    if quorum == 1:
+        assert not log.failed, f"writes failed with Q=1 and an in-sync element: {log.failed[:10]}"
+    else:
+        # Read-only below quorum: writes then fail with EPERM (new) or EIO (in flight), never silently.
+        bad = [line for line in log.failed if int(line.split()[2]) not in (errno.EPERM, errno.EIO)]
+        assert not bad, f"writes failed otherwise than EPERM/EIO: {bad[:10]}"
+    check_writes(uri, log, burst)
+    wait_caught_up(cluster)
+    stop_and_compare(cluster)
+
+
+@pytest.mark.time_limit(150)
+def test_host_restart_while_an_element_is_down(cluster, workdir):
+    """The host element is restarted (SIGTERM) while an element is down; the
+    new host element's write queue is empty, so when the element returns it
+    replays its gap from a peer and the three end identical."""
+    uri = cluster.uri()
+    with start_load(workdir, uri, seed=81, name="load1") as load1:
+        load1.wait_acks(300)
+        kill_and_wait_out(cluster, "far")
+        load1.wait_acks(500, what="acknowledged writes with far down")
+        code, killed = cluster.stop_host(signal.SIGTERM)
+        assert not killed, "host ignored SIGTERM"
+        assert code == 0, f"host exited with {code} on SIGTERM"
+        assert load1.process.wait(60) is not None, "writer did not stop when the host element went away"
+    first = load_log(workdir, load1)
+
+    cluster.start_host(ready=False)
+    cluster.wait_status(
+        lambda s: volume_status(s)["mode"] == "read-write"
+        and all(element_of(s, n)["state"] == "in-sync" for n in ("local", "near")),
+        30,
+        "the new host element read-write with local and near",
+    )
+    with start_load(workdir, uri, seed=82, name="load2", first_generation=first.max_generation + 1) as load2:
+        load2.wait_acks(500)
+        cluster.restart_element("far")
+        status, samples = watch(cluster, back_in_sync("far"), 60, "far back in sync", interval=0.05)
+        last = element_of(status, "far")["last_recovery"]
+        print(f"far after the host restart: last_recovery {last}; timeline: {timeline(samples, 'far')}")
+        assert last["kind"] == "replay", f"last_recovery {last}; timeline: {timeline(samples, 'far')}"
+        for _, recovery, _ in recovering_samples(samples, "far"):
+            assert recovery["kind"] == "replay" and recovery["source"] in ("local", "near"), recovery
+        load2.wait_acks(300, what="acknowledged writes after far came back")
+        code = load2.finish()
+        assert code == 0, f"writer exit {code}\n{load2.output()}"
+    log = load_log(workdir, load1, load2)
+    failed_after_restart = [line for line in log.failed if int(line.split()[1]) > first.max_generation]
+    assert not failed_after_restart, f"writes failed after the host restart: {failed_after_restart[:10]}"
+    check_writes(uri, log)
+    wait_caught_up(cluster)
+    stop_and_compare(cluster)
