@@ -607,7 +607,12 @@ impl HostCore {
                     "volume {name}: holds sequence {applied}, beyond the newest this host element knows ({last}); needs full recovery"
                 ), true);
             }
-            if !v.queue.covers_after(applied) {
+            // Where the queue cannot vouch for the epoch of the element's newest record, the
+            // replay path checks it against a peer's log before pulling anything.
+            let unverifiable = applied != Sequence::ZERO
+                && state.applied_epoch != Epoch(0)
+                && v.queue.epoch_at(applied).is_none();
+            if !v.queue.covers_after(applied) || unverifiable {
                 if source.is_none() {
                     return self.fail_element(now, element, format!(
                         "volume {name}: missed writes {}..={last}, no longer in the write queue (it starts after {}), and no in-sync peer to replay them from",

@@ -432,9 +432,33 @@ async fn pull_from_peer(
         ElementMessage::Refused { reason } => return Err(format!("peer refused: {reason}")),
         other => return Err(format!("peer answered {other:?} to hello")),
     }
+    // First make sure our newest record is the peer's record at that sequence: a replay onto
+    // a diverged history would make a wrong replica look in sync.
+    let own = store.applied_sequence(job.handle);
+    if own != Sequence::ZERO {
+        let own_epoch = store.applied_epoch(job.handle);
+        let probe = HostMessage::FetchLog { request_id: 0, volume: VolumeId(0), after: Sequence(own.0 - 1), max_bytes: 1 };
+        send_frame(&mut stream, &probe).await?;
+        let theirs = match recv_frame::<ElementMessage>(&mut stream, &mut buf).await? {
+            ElementMessage::LogRecords { result: Ok(records), .. } => records.first().filter(|r| r.sequence == own).map(|r| r.epoch),
+            ElementMessage::LogRecords { result: Err(e), .. } => {
+                return Err(format!("cannot check sequence {own} against the peer's replay log ({e}); needs full recovery"))
+            }
+            other => return Err(format!("peer answered {other:?} to a log fetch")),
+        };
+        match theirs {
+            Some(epoch) if epoch == own_epoch => {}
+            Some(epoch) => {
+                return Err(format!(
+                    "diverged: sequence {own} is from epoch {own_epoch} here and from epoch {epoch} on the peer; needs full recovery"
+                ))
+            }
+            None => return Err(format!("the peer's replay log does not hold sequence {own} to check it; needs full recovery")),
+        }
+    }
     let started = std::time::Instant::now();
     let mut bytes = 0u64;
-    let mut cursor = job.after.max(store.applied_sequence(job.handle));
+    let mut cursor = job.after.max(own);
     let mut previous_batch_end = cursor;
     let mut idle_since: Option<std::time::Instant> = None;
     let mut request_id = 0u64;

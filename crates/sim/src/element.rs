@@ -51,6 +51,9 @@ pub enum Out {
         session: u64,
         reason: String,
         ordering: bool,
+        /// The record came from a peer's replay log (a replay recovery), not from the host
+        /// element.
+        replayed: bool,
     },
     /// A replay recovery asks for records of a peer's replay log. `epoch`: the epoch of the
     /// session that ordered it, which the element says hello with to the peer and which the
@@ -96,6 +99,8 @@ enum Job {
         /// Epoch of the session that sent it (or that ordered the replay it came from).
         session_epoch: Epoch,
         record: Record,
+        /// Pulled from a peer by a replay recovery.
+        replayed: bool,
     },
     /// A session starts (`session` None: a peer's replay recovery saying hello to fetch from
     /// this element's replay log). Ordered after every record queued before it.
@@ -110,10 +115,7 @@ enum Batch {
         acks: Vec<(u64, VolumeId)>,
     },
     /// Adopting a newer epoch durably (a metadata write).
-    Hello {
-        session: Option<u64>,
-        epoch: Epoch,
-    },
+    Hello { session: Option<u64>, epoch: Epoch },
 }
 
 /// One session's state as the element sees it.
@@ -153,6 +155,10 @@ pub struct Element {
     broken: Broken,
     pub torn_records: u64,
     pub unsynced_lost: u64,
+    /// Records applied with an epoch older than the last record of another volume here (the
+    /// roll-forward of a volume that another volume had already left behind; the old
+    /// store-wide fencing refused them: core bug 1 in docs/testing.md).
+    pub applied_behind_another_volume: u64,
 }
 
 impl Element {
@@ -196,6 +202,7 @@ impl Element {
             broken,
             torn_records: 0,
             unsynced_lost: 0,
+            applied_behind_another_volume: 0,
         }
     }
 
@@ -268,7 +275,10 @@ impl Element {
                 );
                 // As the real element: the hello goes through the committer, after every
                 // record queued before it; the session reads nothing more until it is answered.
-                self.sessions.get_mut(&session).expect("checked").hello_pending = true;
+                self.sessions
+                    .get_mut(&session)
+                    .expect("checked")
+                    .hello_pending = true;
                 self.pending.push_back(Job::Hello {
                     session: Some(session),
                     epoch,
@@ -298,6 +308,7 @@ impl Element {
                     session,
                     session_epoch,
                     record,
+                    replayed: false,
                 });
                 if self.batch.is_none() {
                     self.start_batch(rng, out);
@@ -482,6 +493,7 @@ impl Element {
                 session,
                 session_epoch,
                 record: Record { volume, ..record },
+                replayed: true,
             });
         }
         self.recover_waiters.push((session, volume, through));
@@ -494,7 +506,12 @@ impl Element {
     /// A peer's replay recovery says hello (with the epoch of its own host element session)
     /// before fetching from this element's replay log: refused if older than this element's
     /// epoch, otherwise adopted, in order with the records queued here.
-    pub fn peer_hello(&mut self, rng: &mut Rng, epoch: Epoch, out: &mut Vec<Out>) -> Result<(), String> {
+    pub fn peer_hello(
+        &mut self,
+        rng: &mut Rng,
+        epoch: Epoch,
+        out: &mut Vec<Out>,
+    ) -> Result<(), String> {
         if epoch < self.epoch {
             return Err(format!(
                 "peer refused: stale epoch {epoch}: this element already follows epoch {}",
@@ -564,7 +581,13 @@ impl Element {
 
     /// `hello` of the real element: refuse an older epoch; adopt a newer one durably (a
     /// metadata write, which keeps the committer busy); answer with the epoch held before.
-    fn start_hello(&mut self, rng: &mut Rng, session: Option<u64>, epoch: Epoch, out: &mut Vec<Out>) {
+    fn start_hello(
+        &mut self,
+        rng: &mut Rng,
+        session: Option<u64>,
+        epoch: Epoch,
+        out: &mut Vec<Out>,
+    ) {
         let live = session.filter(|s| self.sessions.contains_key(s));
         let refuse = |reason: String, out: &mut Vec<Out>| {
             if let Some(session) = live {
@@ -597,7 +620,14 @@ impl Element {
     }
 
     /// The hello's answer, then whatever the session sent meanwhile.
-    fn welcome(&mut self, rng: &mut Rng, session: Option<u64>, epoch: Epoch, previous: Epoch, out: &mut Vec<Out>) {
+    fn welcome(
+        &mut self,
+        rng: &mut Rng,
+        session: Option<u64>,
+        epoch: Epoch,
+        previous: Epoch,
+        out: &mut Vec<Out>,
+    ) {
         let Some(session) = session.filter(|s| self.sessions.contains_key(s)) else {
             return;
         };
@@ -631,11 +661,12 @@ impl Element {
                         session,
                         session_epoch,
                         record,
+                        replayed,
                     }) = self.pending.pop_front()
                     else {
                         unreachable!("just looked")
                     };
-                    items.push((session, session_epoch, record));
+                    items.push((session, session_epoch, record, replayed));
                 }
                 _ => break,
             }
@@ -643,7 +674,7 @@ impl Element {
         // `commit_batch`: records of sessions a newer host element superseded are fenced.
         let current = self.epoch;
         if self.broken != Broken::NoFencing {
-            items.retain(|(session, session_epoch, _)| {
+            items.retain(|(session, session_epoch, _, _)| {
                 if *session_epoch >= current {
                     return true;
                 }
@@ -664,7 +695,7 @@ impl Element {
         if self.disk_full || self.poisoned {
             self.poisoned = true;
             let mut told = BTreeSet::new();
-            for (session, _, _) in &items {
+            for (session, _, _, _) in &items {
                 if told.insert(*session) {
                     let reason = "commit failed: no space left on device (the store refuses changes until reopened)".to_string();
                     out.push(Out::Send {
@@ -686,7 +717,7 @@ impl Element {
         let mut records = Vec::new();
         let mut acks: Vec<(u64, VolumeId)> = Vec::new();
         let mut bytes = 0;
-        for (session, _, record) in items {
+        for (session, _, record, replayed) in items {
             let vi = record.volume.0 as usize;
             if !acks.contains(&(session, record.volume)) {
                 acks.push((session, record.volume));
@@ -699,6 +730,7 @@ impl Element {
                     session,
                     reason: reason.clone(),
                     ordering,
+                    replayed,
                 });
                 out.push(Out::Send {
                     session,
@@ -791,6 +823,14 @@ impl Element {
 
     fn apply(&mut self, record: &Record) {
         let vi = record.volume.0 as usize;
+        if self
+            .vols
+            .iter()
+            .enumerate()
+            .any(|(j, w)| j != vi && w.applied_epoch() > record.epoch)
+        {
+            self.applied_behind_another_volume += 1;
+        }
         let v = &mut self.vols[vi];
         assert_eq!(
             record.sequence,
@@ -843,14 +883,12 @@ impl Element {
                     self.apply(record);
                 }
             }
-            Some(Batch::Hello { epoch, .. }) => {
-                // The metadata write of a newer epoch may or may not have reached the disk;
-                // its Welcome never went out.
-                if rng.chance(0.5) {
-                    self.epoch = self.epoch.max(epoch);
-                }
+            // The metadata write of a newer epoch may or may not have reached the disk; its
+            // Welcome never went out.
+            Some(Batch::Hello { epoch, .. }) if rng.chance(0.5) => {
+                self.epoch = self.epoch.max(epoch);
             }
-            None => {}
+            Some(Batch::Hello { .. }) | None => {}
         }
         self.unsynced_lost += self
             .pending

@@ -9,11 +9,12 @@ use sim::{Broken, SimOptions, Summary};
 
 const USAGE: &str =
     "usage: sim [--seeds K] [--seed S] [--elements N] [--quorum Q] [--swarm] [--json]
-           [--fault-phase-ms MS] [--fault-interval-ms MS] [--broken none|ack-before-sync|no-fencing]
-           [--threads T] [--trace]
+           [--fault-phase-ms MS] [--fault-interval-ms MS] [--faults KIND,…]
+           [--broken none|ack-before-sync|no-fencing] [--threads T] [--trace]
 
   --seeds K       run K seeds, starting at --seed (default 0); without --seeds, run --seed alone
   --swarm         draw the fault mix and rates from each seed (swarm testing)
+  --faults K,…    inject only these kinds of fault (names as in the report, e.g. host_superseded)
   --broken X      run a deliberately broken variant, to show the checkers catch it
   --trace         print every event (for replaying one seed)";
 
@@ -62,6 +63,14 @@ fn main() -> ExitCode {
                     options.fault_interval_ms = value("--fault-interval-ms")?
                         .parse()
                         .map_err(|e| format!("--fault-interval-ms: {e}"))?
+                }
+                "--faults" => {
+                    for name in value("--faults")?.split(',') {
+                        options.only_faults.push(
+                            sim::FaultKind::parse(name)
+                                .ok_or(format!("--faults: unknown kind {name}"))?,
+                        );
+                    }
                 }
                 "--broken" => {
                     let v = value("--broken")?;

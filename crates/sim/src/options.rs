@@ -81,6 +81,10 @@ impl FaultKind {
         }
     }
 
+    pub fn parse(name: &str) -> Option<FaultKind> {
+        FaultKind::ALL.into_iter().find(|k| k.name() == name)
+    }
+
     fn default_weight(self) -> f64 {
         match self {
             FaultKind::ElementKill => 3.0,
@@ -110,7 +114,9 @@ pub enum Broken {
     /// Elements send `Applied` when a record arrives, before its fdatasync: acknowledgement
     /// before durability.
     AckBeforeSync,
-    /// Elements accept a record whose epoch is older than one they have applied (no fencing).
+    /// Elements fence nothing: records of a session an element's newer epoch superseded are
+    /// committed, and so are records older than their volume's last (a `Hello` of an older
+    /// epoch is still refused).
     NoFencing,
 }
 
@@ -144,6 +150,9 @@ pub struct SimOptions {
     /// Mean time between faults in the fault phase (swarm runs draw their own).
     pub fault_interval_ms: f64,
     pub broken: Broken,
+    /// Inject only these kinds of fault (each at its usual weight; swarm runs draw theirs).
+    /// Empty: every kind.
+    pub only_faults: Vec<FaultKind>,
     /// Print every event to stderr.
     pub trace: bool,
 }
@@ -158,6 +167,7 @@ impl SimOptions {
             fault_phase_ms: 20_000,
             fault_interval_ms: 1_000.0,
             broken: Broken::None,
+            only_faults: Vec::new(),
             trace: false,
         }
     }
@@ -179,6 +189,10 @@ impl SimOptions {
         }
         if self.broken != Broken::None {
             cmd.push_str(&format!(" --broken {}", self.broken.name()));
+        }
+        if !self.only_faults.is_empty() {
+            let names: Vec<&str> = self.only_faults.iter().map(|k| k.name()).collect();
+            cmd.push_str(&format!(" --faults {}", names.join(",")));
         }
         cmd.push_str(" --trace");
         cmd
@@ -269,6 +283,20 @@ impl Scenario {
                 fault_weights[0] = 1.0;
             }
             fault_interval_ms = 50.0 + rng.f64() * 1_500.0;
+        }
+        if !options.only_faults.is_empty() {
+            for (w, kind) in fault_weights.iter_mut().zip(FaultKind::ALL) {
+                if !options.only_faults.contains(&kind) {
+                    *w = 0.0;
+                }
+            }
+            if fault_weights.iter().all(|w| *w == 0.0) {
+                // A swarm run drew zero for every kind asked for.
+                let first = FaultKind::ALL
+                    .iter()
+                    .position(|k| options.only_faults.contains(k));
+                fault_weights[first.expect("non-empty")] = 1.0;
+            }
         }
         Scenario {
             volumes: rng.range(1, 2) as usize,

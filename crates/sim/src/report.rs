@@ -27,6 +27,15 @@ pub struct RunReport {
     pub elements_needing_recovery: u64,
     pub torn_records: u64,
     pub unsynced_records_lost: u64,
+    /// Records elements applied with an epoch older than another volume's last record there
+    /// (what the old store-wide fencing refused).
+    pub records_applied_behind_another_volume: u64,
+    /// Elements the current host element failed for not answering a handshake (the fix of
+    /// core bug 3 at work).
+    pub handshake_timeouts: u64,
+    /// Elements the current host element refused for a diverged history (the check of core
+    /// bug 2's fix, among others).
+    pub diverged_elements_refused: u64,
     /// Longest stretch during which the core's `poll_timeout` stayed in the past (a shell
     /// that sleeps until it would spin).
     pub past_deadline_ms_max: u64,
@@ -59,6 +68,7 @@ pub struct Summary {
     pub elements_needing_recovery: u64,
     pub torn_records: u64,
     pub unsynced_records_lost: u64,
+    pub records_applied_behind_another_volume: u64,
     pub past_deadline_ms_max: u64,
     pub sim_ms: u64,
     pub events: u64,
@@ -87,6 +97,7 @@ impl Summary {
         self.elements_needing_recovery += r.elements_needing_recovery;
         self.torn_records += r.torn_records;
         self.unsynced_records_lost += r.unsynced_records_lost;
+        self.records_applied_behind_another_volume += r.records_applied_behind_another_volume;
         self.past_deadline_ms_max = self.past_deadline_ms_max.max(r.past_deadline_ms_max);
         self.sim_ms += r.sim_ms;
         self.events += r.events;
@@ -140,6 +151,11 @@ impl Summary {
         );
         let _ = writeln!(
             s,
+            "records applied with an epoch older than another volume's last (refused before bug 1's fix): {}",
+            self.records_applied_behind_another_volume
+        );
+        let _ = writeln!(
+            s,
             "elements ended failed needing replay/full recovery: {}",
             self.elements_needing_recovery
         );
@@ -180,8 +196,8 @@ impl Summary {
         s.push_str("},");
         let _ = write!(
             s,
-            "\"requests\":{},\"writes_acked\":{},\"reads_checked\":{},\"host_element_starts\":{},\"elements_needing_recovery\":{},\"unsynced_records_lost\":{},\"torn_records\":{},\"simulated_seconds\":{:.3},\"events\":{},\"past_deadline_ms_max\":{},",
-            self.requests, self.writes_acked, self.reads_checked, self.host_starts, self.elements_needing_recovery, self.unsynced_records_lost, self.torn_records, self.sim_ms as f64 / 1000.0, self.events, self.past_deadline_ms_max
+            "\"requests\":{},\"writes_acked\":{},\"reads_checked\":{},\"host_element_starts\":{},\"elements_needing_recovery\":{},\"unsynced_records_lost\":{},\"torn_records\":{},\"records_applied_behind_another_volume\":{},\"simulated_seconds\":{:.3},\"events\":{},\"past_deadline_ms_max\":{},",
+            self.requests, self.writes_acked, self.reads_checked, self.host_starts, self.elements_needing_recovery, self.unsynced_records_lost, self.torn_records, self.records_applied_behind_another_volume, self.sim_ms as f64 / 1000.0, self.events, self.past_deadline_ms_max
         );
         s.push_str("\"failures\":[");
         let failures: Vec<String> = self

@@ -24,11 +24,14 @@ use crate::sector::{fill_sector, SECTOR_BYTES};
 const QUIET_MS: u64 = 20_000;
 /// How long the final probe requests get to be answered.
 const FINAL_MS: u64 = 15_000;
-/// A connection attempt to an unreachable element gives up after this (the real shell relies
-/// on the operating system's connect timeout, which is much longer).
-const CONNECT_TIMEOUT_MS: u64 = 1_000;
+/// A connection attempt to an unreachable element gives up after this (`CONNECT_TIMEOUT` of
+/// `crates/shell/src/host.rs`).
+const CONNECT_TIMEOUT_MS: u64 = 2_000;
+/// Reconnect backoff: from 50 ms, doubling to 2 s; reset only by a session that lasted 10 s
+/// (`run_element_link`).
 const BACKOFF_MS_MIN: u64 = 50;
-const BACKOFF_MS_MAX: u64 = 1_000;
+const BACKOFF_MS_MAX: u64 = 2_000;
+const SESSION_STABLE_MS: u64 = 10_000;
 /// A run that needs more events than this is stuck.
 const EVENTS_MAX: u64 = 20_000_000;
 
@@ -76,6 +79,8 @@ enum Ev {
     Deliver {
         session: u64,
         wire: Wire,
+        /// When its last byte leaves the sender (later than now: still queued there).
+        departs: Time,
     },
     LinkEnded {
         instance: u32,
@@ -228,6 +233,8 @@ struct HostLink {
     /// The session whose end the link task has not reported yet.
     running: Option<u64>,
     backoff_ms: u64,
+    /// When the running session was opened.
+    opened: Time,
 }
 
 struct Host {
@@ -244,6 +251,10 @@ struct Host {
     unsequenced: Vec<VecDeque<u64>>,
     last_timeout: Option<Time>,
     past_deadline_since: Option<Time>,
+    /// `welcomed` when the core, not yet ready, last asked for a start-up roll-forward
+    /// (`FetchLog`): the elements its start-up decision was made from. Welcomes that arrive
+    /// while that fetch is under way do not change the decision.
+    decided_with: Option<Vec<bool>>,
 }
 
 #[derive(PartialEq, Eq, Clone, Copy, Debug)]
@@ -286,6 +297,8 @@ pub struct World {
     in_sync_at_quiet: usize,
     /// Per element, the newest reason the core gave for failing it.
     last_failure: Vec<String>,
+    /// Per element, the kind of the recovery under way (to say how a diverged one got in).
+    recovery_kind: Vec<Option<&'static str>>,
     sectors_per_volume: u64,
     report: RunReport,
 }
@@ -362,6 +375,7 @@ impl World {
             final_requests: Vec::new(),
             in_sync_at_quiet: 0,
             last_failure: vec![String::new(); n],
+            recovery_kind: vec![None; n],
             sectors_per_volume,
             report,
         }
@@ -369,7 +383,11 @@ impl World {
 
     fn trace(&self, what: impl FnOnce() -> String) {
         if self.o.trace {
-            let who = if self.in_superseded { "[superseded HE] " } else { "" };
+            let who = if self.in_superseded {
+                "[superseded HE] "
+            } else {
+                ""
+            };
             eprintln!("{:>11.6} {who}{}", self.now.0 as f64 / 1e6, what());
         }
     }
@@ -449,6 +467,11 @@ impl World {
             .count() as u64;
         self.report.torn_records = self.elements.iter().map(|e| e.torn_records).sum();
         self.report.unsynced_records_lost = self.elements.iter().map(|e| e.unsynced_lost).sum();
+        self.report.records_applied_behind_another_volume = self
+            .elements
+            .iter()
+            .map(|e| e.applied_behind_another_volume)
+            .sum();
         self.report
     }
 
@@ -459,7 +482,10 @@ impl World {
     fn core_deadline(&mut self) -> Option<(Time, u32)> {
         let now = self.now;
         let mut next: Option<(Time, u32)> = None;
-        for host in [self.host.as_mut(), self.superseded.as_mut()].into_iter().flatten() {
+        for host in [self.host.as_mut(), self.superseded.as_mut()]
+            .into_iter()
+            .flatten()
+        {
             let Some(t) = host.core.poll_timeout() else {
                 continue;
             };
@@ -487,7 +513,11 @@ impl World {
     fn with_host(&mut self, instance: u32, f: impl FnOnce(&mut World)) {
         if self.host.as_ref().is_some_and(|h| h.instance == instance) {
             f(self);
-        } else if self.superseded.as_ref().is_some_and(|h| h.instance == instance) {
+        } else if self
+            .superseded
+            .as_ref()
+            .is_some_and(|h| h.instance == instance)
+        {
             std::mem::swap(&mut self.host, &mut self.superseded);
             self.in_superseded = true;
             f(self);
@@ -499,12 +529,15 @@ impl World {
     /// The host element the hosts' requests go to: a superseded one while it runs (the hosts
     /// are still connected to it), else the current one.
     fn serving_instance(&self) -> Option<u32> {
-        self.superseded.as_ref().or(self.host.as_ref()).map(|h| h.instance)
+        self.superseded
+            .as_ref()
+            .or(self.host.as_ref())
+            .map(|h| h.instance)
     }
 
     fn dispatch(&mut self, ev: Ev) {
         match ev {
-            Ev::Deliver { session, wire } => self.deliver(session, wire),
+            Ev::Deliver { session, wire, .. } => self.deliver(session, wire),
             Ev::LinkEnded {
                 instance,
                 element,
@@ -597,9 +630,10 @@ impl World {
                 }
             }
             Ev::HealSlowLink { element } => {
-                if self.now >= self.links[element].slow_until {
-                    self.links[element].slow_factor = 1;
-                    self.links[element].slow_bandwidth_bytes_per_s = 0;
+                if self.now >= self.links[element].slow_until
+                    && self.links[element].slow_factor != 1
+                {
+                    self.heal_slow_link(element);
                 }
             }
             Ev::HealSlowDisk { element } => self.elements[element].slow_disk_factor = 1,
@@ -636,6 +670,27 @@ impl World {
             link.held[dir].push_back((session, wire));
             return;
         }
+        let (serialise_us, latency_us) = self.link_timing(element, wire.bytes());
+        let now = self.now;
+        let channel = &mut self.sessions.get_mut(&session).expect("checked").channels[dir];
+        let departs = Time(now.0.max(channel.busy_until.0) + serialise_us);
+        channel.busy_until = departs;
+        let arrive = Time((departs.0 + latency_us).max(channel.last_arrival.0));
+        channel.last_arrival = arrive;
+        self.schedule(
+            arrive,
+            Ev::Deliver {
+                session,
+                wire,
+                departs,
+            },
+        );
+    }
+
+    /// Time to put `bytes` on the link to `element` and one-way latency (with jitter), as the
+    /// link is now.
+    fn link_timing(&mut self, element: usize, bytes: u64) -> (u64, u64) {
+        let link = &self.links[element];
         let mut bandwidth = link.bandwidth_bytes_per_s;
         if link.slow_bandwidth_bytes_per_s > 0 {
             bandwidth = if bandwidth == 0 {
@@ -644,18 +699,84 @@ impl World {
                 bandwidth.min(link.slow_bandwidth_bytes_per_s)
             };
         }
-        let serialise_us = (wire.bytes() * 1_000_000)
-            .checked_div(bandwidth)
-            .unwrap_or(0);
+        let serialise_us = (bytes * 1_000_000).checked_div(bandwidth).unwrap_or(0);
         let latency_us = link.latency_us * link.slow_factor
             + self.rng_net.below(link.jitter_us * link.slow_factor + 1);
+        (serialise_us, latency_us)
+    }
+
+    /// A slow link is fast again: what its sessions still had queued at the sender (not yet
+    /// departed) now leaves at the link's normal rate, in the same order, as TCP would send
+    /// its backlog; what was already on the wire arrives as scheduled.
+    fn heal_slow_link(&mut self, element: usize) {
+        self.trace(|| format!("slow link to e{element} heals"));
+        self.links[element].slow_factor = 1;
+        self.links[element].slow_bandwidth_bytes_per_s = 0;
         let now = self.now;
-        let channel = &mut self.sessions.get_mut(&session).expect("checked").channels[dir];
-        let depart = Time(now.0.max(channel.busy_until.0) + serialise_us);
-        channel.busy_until = depart;
-        let arrive = Time((depart.0 + latency_us).max(channel.last_arrival.0));
-        channel.last_arrival = arrive;
-        self.schedule(arrive, Ev::Deliver { session, wire });
+        let mut events = std::mem::take(&mut self.queue).into_vec();
+        // Per (session, direction): where the channel stands after what keeps its timing.
+        let mut channels: BTreeMap<(u64, usize), Channel> = BTreeMap::new();
+        let mut requeue: Vec<usize> = Vec::new();
+        for (i, Reverse(s)) in events.iter().enumerate() {
+            let Ev::Deliver {
+                session,
+                wire,
+                departs,
+            } = &s.ev
+            else {
+                continue;
+            };
+            if self
+                .sessions
+                .get(session)
+                .is_none_or(|n| n.element != element)
+            {
+                continue;
+            }
+            let dir = match wire {
+                Wire::ToElement(_) => TO_ELEMENT,
+                Wire::ToHost(_) => TO_HOST,
+            };
+            let c = channels.entry((*session, dir)).or_insert(Channel {
+                busy_until: now,
+                last_arrival: Time(0),
+            });
+            if *departs > now {
+                requeue.push(i);
+            } else {
+                c.last_arrival = c.last_arrival.max(s.at);
+            }
+        }
+        requeue.sort_by_key(|&i| (events[i].0.at, events[i].0.id));
+        for i in requeue {
+            let Ev::Deliver { session, wire, .. } = &events[i].0.ev else {
+                unreachable!("selected above")
+            };
+            let (session, bytes) = (*session, wire.bytes());
+            let dir = match wire {
+                Wire::ToElement(_) => TO_ELEMENT,
+                Wire::ToHost(_) => TO_HOST,
+            };
+            let (serialise_us, latency_us) = self.link_timing(element, bytes);
+            let c = channels.get_mut(&(session, dir)).expect("collected above");
+            let departs = Time(c.busy_until.0 + serialise_us);
+            c.busy_until = departs;
+            let arrive = Time((departs.0 + latency_us).max(c.last_arrival.0));
+            c.last_arrival = arrive;
+            let s = &mut events[i].0;
+            s.at = arrive;
+            if let Ev::Deliver { departs: d, .. } = &mut s.ev {
+                *d = departs;
+            }
+        }
+        for ((session, dir), c) in channels {
+            if let Some(n) = self.sessions.get_mut(&session) {
+                let channel = &mut n.channels[dir];
+                channel.busy_until = c.busy_until.max(now);
+                channel.last_arrival = c.last_arrival;
+            }
+        }
+        self.queue = BinaryHeap::from(events);
     }
 
     fn heal_stall(&mut self, element: usize, dir: usize) {
@@ -720,7 +841,10 @@ impl World {
         match m {
             ToHost::Close(reason) => self.link_ended(element, session, reason),
             ToHost::Msg(message) => {
-                let host = self.host.as_mut().expect("routed to a running host element");
+                let host = self
+                    .host
+                    .as_mut()
+                    .expect("routed to a running host element");
                 if host.links[element].current != Some(session) {
                     return; // The shell's filter: a late message of another session.
                 }
@@ -797,6 +921,7 @@ impl World {
                     session,
                     reason,
                     ordering,
+                    replayed,
                 } => {
                     let live = self.sessions.get(&session).is_some_and(|s| {
                         self.host.as_ref().is_some_and(|h| {
@@ -809,8 +934,13 @@ impl World {
                         } else {
                             "a record out of order"
                         };
+                        let how = if replayed {
+                            "by the replay recovery the host element ordered on the live session"
+                        } else {
+                            "on the live session"
+                        };
                         self.violation(format!(
-                            "element e{element} was sent {what} on the live session: {reason}"
+                            "element e{element} was sent {what} {how}: {reason}"
                         ));
                     }
                 }
@@ -833,8 +963,11 @@ impl World {
                             // `pull_from_peer` says hello to the peer with the epoch of the
                             // session that ordered the replay, then fetches.
                             let mut peer_out = Vec::new();
-                            let hello =
-                                self.elements[p].peer_hello(&mut self.rng_disk, epoch, &mut peer_out);
+                            let hello = self.elements[p].peer_hello(
+                                &mut self.rng_disk,
+                                epoch,
+                                &mut peer_out,
+                            );
                             self.element_outputs(p, peer_out);
                             let result = hello.and_then(|()| {
                                 self.elements[p].log_records(
@@ -898,6 +1031,7 @@ impl World {
             config.element_addresses = self.elements.iter().map(|e| e.name.clone()).collect();
         }
         self.trace(|| format!("host element starts: instance {instance}, epoch {epoch}"));
+        self.recovery_kind.iter_mut().for_each(|k| *k = None);
         let n = self.elements.len();
         self.host = Some(Host {
             instance,
@@ -907,7 +1041,8 @@ impl World {
                 HostLink {
                     current: None,
                     running: None,
-                    backoff_ms: BACKOFF_MS_MIN
+                    backoff_ms: BACKOFF_MS_MIN,
+                    opened: Time(0),
                 };
                 n
             ],
@@ -917,6 +1052,7 @@ impl World {
             unsequenced: vec![VecDeque::new(); self.sc.volumes],
             last_timeout: None,
             past_deadline_since: None,
+            decided_with: None,
         });
         for element in 0..n {
             let at = at_delay(self.now, self.rng_net.range(0, 200));
@@ -975,7 +1111,7 @@ impl World {
             let link = &mut host.links[element];
             link.current = Some(session);
             link.running = Some(session);
-            link.backoff_ms = BACKOFF_MS_MIN;
+            link.opened = now;
             host.welcomed[element] = false;
             host.core
                 .handle_element_connected(now, ElementId(element as u8));
@@ -1016,6 +1152,9 @@ impl World {
             return;
         }
         link.running = None;
+        if now.micros_since(link.opened) >= us(SESSION_STABLE_MS) {
+            link.backoff_ms = BACKOFF_MS_MIN;
+        }
         let notify = link.current == Some(session) || link.current.is_none();
         if link.current == Some(session) {
             link.current = None;
@@ -1046,6 +1185,12 @@ impl World {
                 Action::Send { to, message } => {
                     if let HostMessage::Apply(record) = &message {
                         self.map_sequence(record);
+                    }
+                    if matches!(message, HostMessage::FetchLog { .. }) {
+                        let host = self.host.as_mut().expect("checked");
+                        if !host.ready {
+                            host.decided_with = Some(host.welcomed.clone());
+                        }
                     }
                     let host = self.host.as_ref().expect("checked");
                     let targets: Vec<(usize, u64)> = to
@@ -1102,17 +1247,30 @@ impl World {
                     self.mark_at_risk();
                 }
             }
-            Event::ElementFailed { element, reason }
-                if !transient_failure(&reason) && !self.in_superseded =>
-            {
-                self.last_failure[element.0 as usize] = reason;
+            Event::ElementFailed { element, reason } if !self.in_superseded => {
+                self.recovery_kind[element.0 as usize] = None;
+                if reason.contains("no answer to the handshake") {
+                    self.report.handshake_timeouts += 1;
+                }
+                if reason.contains("diverged history") {
+                    self.report.diverged_elements_refused += 1;
+                }
+                if !transient_failure(&reason) {
+                    self.last_failure[element.0 as usize] = reason;
+                }
             }
-            Event::RecoveryStarted { kind, .. } => {
+            Event::RecoveryStarted { kind, element, .. } => {
                 *self
                     .report
                     .recoveries
                     .entry(kind.as_str().to_string())
                     .or_default() += 1;
+                if !self.in_superseded {
+                    self.recovery_kind[element.0 as usize] = Some(kind.as_str());
+                }
+            }
+            Event::ElementInSync { element } if !self.in_superseded => {
+                self.check_joined_history(element.0 as usize);
             }
             _ => {}
         }
@@ -1120,8 +1278,14 @@ impl World {
 
     /// A host element became ready: every acknowledged write of an earlier host element that
     /// no element it started with holds durably may be lost, within the contract when
-    /// Q ≤ N/2 (the host element and every holder failed together).
+    /// Q ≤ N/2 (the host element and every holder failed together). "Started with": welcomed
+    /// when it made its start-up decision (when it asked for the roll-forward, if it did).
     fn mark_at_risk(&mut self) {
+        let host = self.host.as_mut().expect("called when ready");
+        let welcomed = host
+            .decided_with
+            .take()
+            .unwrap_or_else(|| host.welcomed.clone());
         let host = self.host.as_ref().expect("called when ready");
         let mut at_risk = Vec::new();
         for (id, op) in self.model.ops() {
@@ -1136,7 +1300,7 @@ impl World {
                 continue;
             };
             let held = (0..self.elements.len()).any(|e| {
-                host.welcomed[e]
+                welcomed[e]
                     && self.elements[e].vols[op.volume]
                         .history
                         .get((sequence.0 - 1) as usize)
@@ -1154,6 +1318,40 @@ impl World {
         });
         for id in at_risk {
             self.model.op_mut(id).at_risk = true;
+        }
+    }
+
+    /// An element the current host element just declared in sync must hold the same history
+    /// as every other in-sync element, as far as both reach (the end of the run compares
+    /// whole replicas; this says when and how a diverged one got in).
+    fn check_joined_history(&mut self, element: usize) {
+        let how = match self.recovery_kind[element].take() {
+            Some(kind) => format!(" after a {kind} recovery"),
+            None => String::new(),
+        };
+        let host = self.host.as_ref().expect("events come from a host");
+        let status = host.core.status(self.now);
+        let mut found = None;
+        'others: for (other, s) in status.elements.iter().enumerate() {
+            if other == element || s.state != "in-sync" {
+                continue;
+            }
+            for v in 0..self.sc.volumes {
+                let (a, b) = (
+                    &self.elements[element].vols[v].history,
+                    &self.elements[other].vols[v].history,
+                );
+                if let Some(i) = a.iter().zip(b).position(|(x, y)| x != y) {
+                    found = Some((other, v, i, a[i], b[i]));
+                    break 'others;
+                }
+            }
+        }
+        if let Some((other, v, i, mine, theirs)) = found {
+            self.violation(format!(
+                "diverged element in sync: e{element} became in sync{how} holding volume {v} sequence {} of epoch {mine}, where in-sync e{other} holds epoch {theirs}",
+                i + 1
+            ));
         }
     }
 
@@ -1493,7 +1691,11 @@ impl World {
             w.trace(|| "the superseded host element is killed".into());
             w.crash_host();
         });
-        if self.superseded.as_ref().is_some_and(|h| h.instance == instance) {
+        if self
+            .superseded
+            .as_ref()
+            .is_some_and(|h| h.instance == instance)
+        {
             unreachable!("crash_host took it");
         }
         for client in 0..self.clients.len() {
@@ -1730,8 +1932,9 @@ impl World {
                     self.heal_stall(e, dir);
                 }
             }
-            self.links[e].slow_factor = 1;
-            self.links[e].slow_bandwidth_bytes_per_s = 0;
+            if self.links[e].slow_factor != 1 || self.links[e].slow_bandwidth_bytes_per_s != 0 {
+                self.heal_slow_link(e);
+            }
         }
         if self.host.is_none() {
             self.start_host();
