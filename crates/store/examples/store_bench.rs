@@ -115,6 +115,58 @@ impl Bench {
     }
 }
 
+/// A 4 KiB `pwrite` + `fdatasync` loop on a plain file for `seconds`, overwriting a written
+/// 64 MiB file or appending to an empty one: what one commit of one block costs at least.
+fn bare_syncs(dir: &std::path::Path, overwrite: bool, seconds: f64) {
+    use std::os::unix::fs::FileExt;
+    std::fs::create_dir_all(dir).expect("bench directory");
+    let path = dir.join("bare");
+    let file = std::fs::File::create(&path).expect("bare file");
+    let block = vec![0x5au8; 4096];
+    if overwrite {
+        for i in 0..(64 << 20) / 4096u64 {
+            file.write_all_at(&block, i * 4096).expect("fill");
+        }
+        file.sync_all().expect("sync");
+    }
+    let mut latencies = Vec::new();
+    let started = Instant::now();
+    let mut i = 0u64;
+    while started.elapsed().as_secs_f64() < seconds {
+        let commit_started = Instant::now();
+        file.write_all_at(
+            &block,
+            (i % ((64 << 20) / 4096)) * 4096
+                + if overwrite {
+                    0
+                } else {
+                    (i / ((64 << 20) / 4096)) << 26
+                },
+        )
+        .expect("write");
+        file.sync_data().expect("sync");
+        latencies.push(commit_started.elapsed());
+        i += 1;
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    let n = latencies.len();
+    let mean_us = latencies.iter().map(|l| l.as_secs_f64()).sum::<f64>() * 1e6 / n as f64;
+    latencies.sort_unstable();
+    println!(
+        "{:<34} {:>9.0} ops/s  mean {:>6.0} us  p99 {:>7.0} us",
+        if overwrite {
+            "bare 4 KiB overwrite + fdatasync"
+        } else {
+            "bare 4 KiB append + fdatasync"
+        },
+        n as f64 / elapsed,
+        mean_us,
+        latencies[(n * 99 / 100).min(n - 1)].as_secs_f64() * 1e6,
+    );
+    drop(file);
+    let _ = std::fs::remove_file(&path);
+}
+
 fn main() {
     let mut args = std::env::args().skip(1);
     let dir = PathBuf::from(
@@ -125,6 +177,9 @@ fn main() {
         .next()
         .map(|s| s.parse().expect("seconds"))
         .unwrap_or(3.0);
+    let _ = std::fs::remove_dir_all(&dir);
+    bare_syncs(&dir, true, seconds);
+    bare_syncs(&dir, false, seconds);
     let _ = std::fs::remove_dir_all(&dir);
     let options = StoreOptions::default();
     let store = Store::open(&dir, options).expect("open");

@@ -132,7 +132,7 @@ impl BlockMap {
     }
 }
 
-/// Chunks changed since the last snapshot (owned by the committer: every apply marks them).
+/// Chunks changed since the last seal (owned by the committer: every apply marks them).
 pub struct DirtyChunks {
     bits: Vec<u64>,
 }

@@ -23,7 +23,7 @@ use std::{
     sync::{Arc, Condvar, Mutex},
 };
 
-use proto::{Epoch, Sequence, BLOCK_BYTES};
+use proto::{Epoch, Sequence};
 
 use crate::{
     block_map::{merge_chunks, ChunkImages, PendingSlots, SLOT_BYTES},
@@ -32,8 +32,7 @@ use crate::{
     store::{lock, Shared},
     sys,
     volume::Volume,
-    StoreError, DATA_SYNC_RANGE_BYTES, FREE_SEGMENTS_MAX, MAP_CHUNK_BLOCKS, MAP_SLOTS_PER_LOCK,
-    SPARE_FILL_STEP_BYTES, WRITEBACK_KICK_BYTES,
+    StoreError, FREE_SEGMENTS_MAX, MAP_SLOTS_PER_LOCK, SPARE_FILL_STEP_BYTES, WRITEBACK_KICK_BYTES,
 };
 
 /// Tests: how long every checkpoint sleeps before it starts (a checkpointer falling behind).
@@ -231,13 +230,12 @@ impl Checkpointer {
     /// it (a reader may still read records from it), else delete it.
     pub fn recycle_or_remove(&self, dir: &std::path::Path, segment: Segment) {
         let Segment { id, path, file, .. } = segment;
-        let mut queue = lock(&self.queue);
-        if Arc::strong_count(&file) == 1 && queue.free.len() < FREE_SEGMENTS_MAX {
+        // Once out of the index, no reader can take a new reference to the file.
+        if Arc::strong_count(&file) == 1 && lock(&self.queue).free.len() < FREE_SEGMENTS_MAX {
             let free = log::free_path(dir, id);
             match fs::rename(&path, &free) {
                 Ok(()) => {
-                    queue.free.push(free);
-                    drop(queue);
+                    lock(&self.queue).free.push(free);
                     self.wake.notify_all();
                     return;
                 }
@@ -246,7 +244,6 @@ impl Checkpointer {
                 }
             }
         }
-        drop(queue);
         if let Err(error) = fs::remove_file(&path) {
             tracing::warn!(segment = %path.display(), %error, "cannot remove a log segment");
         }
@@ -280,7 +277,11 @@ pub fn run(shared: &Shared, mut images: Vec<ChunkImages>, mut partial: Option<Pa
                 let wanted = queue.live_segment + 1;
                 if queue.spare.as_ref().is_some_and(|s| s.id != wanted) {
                     let stale = queue.spare.take().expect("just checked");
-                    partial = Some(PartialSpare { spare: stale });
+                    if partial.is_some() {
+                        let _ = fs::remove_file(&stale.path);
+                    } else {
+                        partial = Some(PartialSpare { spare: stale });
+                    }
                 }
                 if queue.spare_wanted
                     && !spares_disabled
@@ -361,23 +362,6 @@ fn run_job(
             continue;
         }
         let volume = &seal.volume;
-        // Write the dirty data back a range at a time, so the device queue never holds more
-        // than a slice of it: the log's syncs, which wait for what is queued before them, go
-        // on meanwhile with short delays. The fdatasync then finds only metadata to commit.
-        let mut ranges: Vec<u64> = seal
-            .chunks
-            .iter()
-            .map(|chunk| chunk * MAP_CHUNK_BLOCKS * BLOCK_BYTES / DATA_SYNC_RANGE_BYTES)
-            .collect();
-        ranges.dedup();
-        for range in ranges {
-            sys::write_back(
-                &volume.data,
-                range * DATA_SYNC_RANGE_BYTES,
-                DATA_SYNC_RANGE_BYTES,
-            )
-            .map_err(io_error("write back volume data", &volume.data_path))?;
-        }
         volume
             .data
             .sync_data()

@@ -8,9 +8,10 @@
 //! never applied before it is durable. The byte layout is in `docs/on-disk-format.md`.
 //!
 //! Checkpoints (data files synced, block maps written, the log start moved) run off the commit
-//! path: a commit that fills the live log segment only seals it and snapshots the changed block
-//! map chunks; a background thread writes the checkpoint while commits go on in the next
-//! segment, which that thread prepared ahead (recycled or zero-filled, so appends overwrite).
+//! path: a commit that fills the live log segment only seals it (moves to the next segment,
+//! notes which block map chunks changed); a background thread writes the checkpoint while
+//! commits go on in the next segment, which that thread prepared ahead (recycled or
+//! zero-filled, so appends overwrite).
 //!
 //! Blocking std I/O only: the element shell calls `commit` from one committer thread and
 //! `read`/`block_status` from any number of threads. The store runs two threads of its own:
@@ -52,10 +53,6 @@ pub const CHECKPOINT_LOG_BYTES_MAX: u64 = 4 * 1024 * 1024 * 1024;
 /// would exceed this, because the checkpointer lags behind, the commit that seals waits for
 /// it. Bounds crash replay to about this many times `checkpoint_log_bytes`.
 pub const CHECKPOINT_LAG_SEGMENTS_MAX: u64 = 4;
-/// Before its `fdatasync`, a checkpoint writes a data file back one range of this many bytes
-/// (each holding changed blocks) at a time, so that the log's syncs never queue behind all of
-/// it.
-pub const DATA_SYNC_RANGE_BYTES: u64 = 32 * 1024 * 1024;
 /// Block map chunk images a checkpoint encodes per hold of a volume's lock (applies to the
 /// volume wait meanwhile: about 20 µs per image).
 pub const MAP_SLOTS_PER_LOCK: usize = 64;
@@ -100,7 +97,6 @@ const _: () =
     assert!(LOG_RECORD_BYTES_MAX + (log::BATCH_HEADER_BYTES as u64) <= LOG_BATCH_BYTES_MAX);
 const _: () = assert!(CHECKPOINT_LOG_BYTES_MIN <= CHECKPOINT_LOG_BYTES_DEFAULT);
 const _: () = assert!(CHECKPOINT_LAG_SEGMENTS_MAX >= 2);
-const _: () = assert!(DATA_SYNC_RANGE_BYTES % BLOCK_BYTES == 0);
 const _: () = assert!(CHECKPOINT_LOG_BYTES_DEFAULT <= CHECKPOINT_LOG_BYTES_MAX);
 const _: () = assert!(
     block_map::SLOT_HEADER_BYTES + MAP_CHUNK_BLOCKS * block_map::ENTRY_BYTES == BLOCK_BYTES
@@ -125,7 +121,8 @@ pub struct StoreOptions {
     /// the block maps) once the live log segment holds this many bytes.
     pub checkpoint_log_bytes: u64,
     /// Keep closed log segments (the replay log, served to recovering peers through
-    /// [`Store::log_records`]) up to this many bytes; older segments are deleted.
+    /// [`Store::log_records`]) up to this many bytes of their files; older segments are
+    /// recycled or deleted (never one a committed checkpoint does not cover yet).
     pub replay_log_bytes: u64,
 }
 

@@ -301,12 +301,11 @@ impl Store {
             wipe_segment_start(&live_file, &live_path)?;
             index.push_segment(live, live_path.clone(), live_file.clone(), 0);
         }
-        let previous = match live.checked_sub(1) {
-            Some(previous) if live_segment.header.is_none() => {
-                (previous, index.segment_bytes(previous).unwrap_or(0))
-            }
-            _ => (0, 0),
-        };
+        // The header the live segment gets with its first batch, if it has none yet.
+        let previous = live
+            .checked_sub(1)
+            .and_then(|previous| Some((previous, index.segment_bytes(previous)?)))
+            .unwrap_or((0, 0));
         let live_file_bytes = live_file
             .metadata()
             .map_err(io_error("stat", &live_path))?
@@ -879,7 +878,7 @@ impl Committer {
     }
 
     /// Seal the log for a checkpoint: move the writer to the next segment (if the live one
-    /// was written to), snapshot what changed in the block maps, and hand the checkpoint to
+    /// was written to), take the set of block map chunks changed since, and hand the checkpoint to
     /// the checkpointer thread. Waits only if the checkpointer has fallen
     /// `CHECKPOINT_LAG_SEGMENTS_MAX` segments behind.
     fn seal(&mut self, store: &Store, volumes: &[Arc<Volume>]) -> Result<(), StoreError> {

@@ -150,29 +150,6 @@ pub fn next_hole(file: &File, offset: u64) -> io::Result<u64> {
     Err(io::Error::last_os_error())
 }
 
-/// Write back the dirty pages of a range and wait for them (`sync_file_range` with
-/// `WAIT_BEFORE | WRITE | WAIT_AFTER`): no metadata, no cache flush (that is `fdatasync`'s).
-pub fn write_back(file: &File, offset: u64, length: u64) -> io::Result<()> {
-    let offset = libc::off64_t::try_from(offset).expect("file offsets stay below 2^63");
-    let length = libc::off64_t::try_from(length).expect("lengths stay below 2^63");
-    // SAFETY: plain system call on an owned descriptor.
-    let result = unsafe {
-        libc::sync_file_range(
-            file.as_raw_fd(),
-            offset,
-            length,
-            libc::SYNC_FILE_RANGE_WAIT_BEFORE
-                | libc::SYNC_FILE_RANGE_WRITE
-                | libc::SYNC_FILE_RANGE_WAIT_AFTER,
-        )
-    };
-    if result == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
-    }
-}
-
 /// Start writing back the dirty pages of a range without waiting for it
 /// (`sync_file_range(SYNC_FILE_RANGE_WRITE)`), so a later `fdatasync` has less to do.
 pub fn start_writeback(file: &File, offset: u64, length: u64) -> io::Result<()> {
