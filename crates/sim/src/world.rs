@@ -969,10 +969,28 @@ impl World {
                                 &mut peer_out,
                             );
                             self.element_outputs(p, peer_out);
-                            let result = hello.and_then(|()| {
+                            // As `pull_from_peer`: first check our newest record against the
+                            // peer's record at that sequence; a diverged history is refused.
+                            let vi = volume.0 as usize;
+                            let own = self.elements[element].vols[vi].applied();
+                            let own_epoch = self.elements[element].vols[vi].applied_epoch();
+                            let verified = hello.and_then(|()| {
+                                if own == Sequence::ZERO {
+                                    return Ok(());
+                                }
+                                let theirs = self.elements[p]
+                                    .log_records(vi, Sequence(own.0 - 1), own, 1)
+                                    .map_err(|e| format!("cannot check sequence {own} against the peer's replay log ({e}); needs full recovery"))?;
+                                match theirs.first().filter(|r| r.sequence == own).map(|r| r.epoch) {
+                                    Some(epoch) if epoch == own_epoch => Ok(()),
+                                    Some(epoch) => Err(format!("diverged: sequence {own} is from epoch {own_epoch} here and from epoch {epoch} on the peer; needs full recovery")),
+                                    None => Err(format!("the peer's replay log does not hold sequence {own} to check it; needs full recovery")),
+                                }
+                            });
+                            let result = verified.and_then(|()| {
                                 self.elements[p].log_records(
                                     volume.0 as usize,
-                                    after,
+                                    after.max(own),
                                     through,
                                     u64::MAX,
                                 )

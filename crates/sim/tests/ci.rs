@@ -9,14 +9,9 @@ use sim::{run, run_many, Broken, FaultKind, RunReport, SimOptions, Summary};
 /// that are still open (docs/testing.md, "Bugs found"). Such a run is reported, not failed, so
 /// CI guards against every *other* breach while a bug is open. Delete an entry when its bug is
 /// fixed (and un-ignore its `bug_*` test below); with the list empty, any violation fails CI.
-const KNOWN_CORE_BUGS: &[(&str, &str)] = &[
-    ("became in sync after a replay recovery", BUG_4),
-    ("became in sync after a quick recovery", BUG_4),
-    ("by the replay recovery the host element ordered", BUG_4),
-];
-
-const BUG_4: &str =
-    "4: an element is admitted without checking the epoch of the record at its applied sequence";
+/// Violations explained by a known, still open core bug: (signature, bug). Empty: any
+/// violation fails CI.
+const KNOWN_CORE_BUGS: &[(&str, &str)] = &[];
 
 fn known_bug(r: &RunReport) -> Option<&'static str> {
     let first = r.violations.first()?;
@@ -224,11 +219,10 @@ fn bug_3_handshake_with_a_silently_dead_element_times_out() {
     );
 }
 
-/// Bug 4 (open): an element whose last record is a never-acknowledged record of an older
-/// epoch, and whose gap left the write queue, is replayed from a peer without any epoch check
-/// and declared in sync with a diverged history.
+/// Bug 4 (fixed): an element whose last record is a never-acknowledged record of an older
+/// epoch, and whose gap left the write queue, was replayed from a peer without any epoch check
+/// and declared in sync with a diverged history. The replay now checks that record first.
 #[test]
-#[ignore = "core bug 4 (docs/testing.md): an element is admitted without checking the epoch at its applied sequence"]
 fn bug_4_diverged_element_admitted_by_replay_recovery() {
     replay(109, 3, 2);
 }
