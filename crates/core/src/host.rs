@@ -295,7 +295,15 @@ struct Fetch {
     element: ElementId,
     after: Sequence,
     through: Sequence,
+    /// Epoch of the source's record at `through`.
+    through_epoch: Epoch,
+    /// Records received so far (a reply is bounded in size, so it may take several).
+    collected: Vec<Record>,
 }
+
+/// Payload asked of an element's replay log per start-up fetch reply: well inside one frame
+/// even with per-record overhead (a single larger record still comes alone).
+const FETCH_BYTES_MAX: u64 = proto::PAYLOAD_BYTES_MAX as u64 / 2;
 
 const READ_ATTEMPTS_MAX: u32 = 8;
 
@@ -803,7 +811,7 @@ impl HostCore {
         fetches.sort_unstable();
         for id in fetches {
             let fetch = self.fetches.remove(&id).expect("listed above");
-            self.finish_fetch(now, fetch, Vec::new());
+            self.finish_fetch(now, fetch);
         }
     }
 
@@ -1227,7 +1235,14 @@ impl HostCore {
                 // element sitting there is recognised.
                 let after = Sequence(low.0.saturating_sub(1));
                 v.queue = WriteQueue::new(self.config.write_queue_bytes, after, Epoch(0));
-                fetches.push(Fetch { volume: VolumeId(vi as u32), element: ElementId(source as u8), after, through: top });
+                fetches.push(Fetch {
+                    volume: VolumeId(vi as u32),
+                    element: ElementId(source as u8),
+                    after,
+                    through: top,
+                    through_epoch: top_epoch,
+                    collected: Vec::new(),
+                });
             } else {
                 v.queue = WriteQueue::new(self.config.write_queue_bytes, top, top_epoch);
             }
@@ -1238,19 +1253,20 @@ impl HostCore {
             return self.become_ready(now);
         }
         for fetch in fetches {
-            let request_id = self.next_request_id;
-            self.next_request_id += 1;
-            let mut to = ElementSet::default();
-            to.insert(fetch.element);
-            let message = HostMessage::FetchLog {
-                request_id,
-                volume: fetch.volume,
-                after: fetch.after,
-                max_bytes: self.config.write_queue_bytes / 2,
-            };
-            self.fetches.insert(request_id, fetch);
-            self.emit(Action::Send { to, message });
+            self.send_fetch(fetch);
         }
+    }
+
+    /// Ask the source for the next part of what a start-up fetch still misses.
+    fn send_fetch(&mut self, fetch: Fetch) {
+        let request_id = self.next_request_id;
+        self.next_request_id += 1;
+        let mut to = ElementSet::default();
+        to.insert(fetch.element);
+        let after = fetch.collected.last().map_or(fetch.after, |r| r.sequence);
+        let message = HostMessage::FetchLog { request_id, volume: fetch.volume, after, max_bytes: FETCH_BYTES_MAX };
+        self.fetches.insert(request_id, fetch);
+        self.emit(Action::Send { to, message });
     }
 
     fn on_log_records(&mut self, now: Time, element: ElementId, request_id: u64, result: Result<Vec<Record>, String>) {
@@ -1259,22 +1275,36 @@ impl HostCore {
             self.fetches.insert(request_id, fetch);
             return self.fail_element(now, element, "protocol: log records for another element's request".into(), true);
         }
-        let records = match result {
-            Ok(records) => records,
+        let mut fetch = fetch;
+        match result {
+            Ok(records) => {
+                let before = fetch.collected.len();
+                for record in records {
+                    let expected = fetch.collected.last().map_or(fetch.after, |r| r.sequence).next();
+                    if record.sequence != expected || record.volume != fetch.volume || expected > fetch.through {
+                        break;
+                    }
+                    fetch.collected.push(record);
+                }
+                let reached = fetch.collected.last().map_or(fetch.after, |r| r.sequence);
+                if reached < fetch.through && fetch.collected.len() > before {
+                    return self.send_fetch(fetch);
+                }
+            }
             Err(reason) => {
                 self.emit(Action::Event(Event::ElementFailed {
                     element,
                     reason: format!("could not read its replay log: {reason}"),
                 }));
-                Vec::new()
             }
-        };
-        self.finish_fetch(now, fetch, records);
+        }
+        self.finish_fetch(now, fetch);
     }
 
     /// Put fetched records into the write queue; what could not be fetched leaves the queue
     /// starting at the source's position, so elements behind it fail admission with a reason.
-    fn finish_fetch(&mut self, now: Time, fetch: Fetch, records: Vec<Record>) {
+    fn finish_fetch(&mut self, now: Time, mut fetch: Fetch) {
+        let records = std::mem::take(&mut fetch.collected);
         let vi = fetch.volume.0 as usize;
         let mut expected = fetch.after.next();
         let mut valid = Vec::new();
@@ -1300,11 +1330,7 @@ impl HostCore {
                 v.queue.push(Entry { record, acked_by, host_reply: HostReply::Done });
             }
         } else {
-            let epoch = self.elements[fetch.element.0 as usize]
-                .welcome
-                .as_ref()
-                .map_or(Epoch(0), |w| w[vi].applied_epoch);
-            v.queue = WriteQueue::new(self.config.write_queue_bytes, fetch.through, epoch);
+            v.queue = WriteQueue::new(self.config.write_queue_bytes, fetch.through, fetch.through_epoch);
         }
         // Rolled-forward records are owed to no host request.
         v.host_resolved = v.queue.last_sequence();

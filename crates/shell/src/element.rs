@@ -309,8 +309,9 @@ async fn handle(
             let handle = handle_of(volumes, volume)?;
             let (store, replies) = (store.clone(), replies.clone());
             tokio::task::spawn_blocking(move || {
+                // Bounded so that the reply always fits one frame, whatever was asked.
                 let result = store
-                    .log_records(handle, after, max_bytes)
+                    .log_records(handle, after, max_bytes.min(LOG_REPLY_BYTES_MAX))
                     .map(|records| {
                         records.into_iter().map(|r| Record { volume, ..r }).collect::<Vec<_>>()
                     })
@@ -369,6 +370,10 @@ struct ReplayJob {
     through: Sequence,
     rate_bytes_per_s: u64,
 }
+
+/// Payload bytes in one `LogRecords` reply at most (beyond a single larger record), so the
+/// frame stays within `FRAME_BODY_BYTES_MAX` with the per-record overhead of small records.
+const LOG_REPLY_BYTES_MAX: u64 = proto::PAYLOAD_BYTES_MAX as u64 / 2;
 
 /// Payload bytes asked of the peer per fetch.
 const REPLAY_FETCH_BYTES: u64 = 8 * 1024 * 1024;
