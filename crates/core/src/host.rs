@@ -145,6 +145,9 @@ pub enum RecoveryKind {
     Quick,
     /// The gap is older: the element pulls it from a peer's replay log, then continues quick.
     Replay,
+    /// No replay log covers the gap (or the element's history diverged, or its disk is new):
+    /// the element copies the blocks that differ from a peer, then replays from there.
+    Full,
 }
 
 impl RecoveryKind {
@@ -152,6 +155,7 @@ impl RecoveryKind {
         match self {
             RecoveryKind::Quick => "quick",
             RecoveryKind::Replay => "replay",
+            RecoveryKind::Full => "full",
         }
     }
 }
@@ -193,12 +197,15 @@ struct Recovery {
     started: Time,
     /// Per volume, what the element held when recovery began.
     start: Vec<Sequence>,
+    /// Block content received by finished copy passes.
+    copied_bytes: u64,
 }
 
 #[derive(Clone, Debug)]
 struct LastRecovery {
     kind: RecoveryKind,
     records: u64,
+    copied_bytes: u64,
     micros: u64,
 }
 
@@ -229,6 +236,14 @@ struct ElementRuntime {
     /// Peers that could not serve this element's replay (their log no longer holds its gap,
     /// or they failed mid-way); cleared when a recovery completes.
     replay_tried: ElementSet,
+    /// Per volume: a full recovery (block copy from the recovery's source) is running; the
+    /// volume is also `replaying` (the queue neither streams to it nor waits for it).
+    copying: Vec<bool>,
+    /// Per volume: the copy's last progress report (done bytes, total bytes, copied bytes).
+    copy_progress: Vec<(u64, u64, u64)>,
+    /// Copy passes since the element last was in sync: a pass whose replay the peers' logs no
+    /// longer cover starts another one, up to `COPY_PASSES_MAX`.
+    copy_passes: u32,
     /// The verdict "no peer's replay log can bring it back", with the sequences it held then:
     /// while it comes back with the same, it is not sent after the same peers again.
     needs_full: Option<(Vec<Sequence>, String)>,
@@ -343,6 +358,11 @@ pub struct RecoveryStatus {
     pub source: Option<String>,
     pub done_records: u64,
     pub total_records: u64,
+    /// A full recovery's block copy: volume bytes compared so far and in all (of the volumes
+    /// being copied), and block content received.
+    pub copy_done_bytes: Option<u64>,
+    pub copy_total_bytes: Option<u64>,
+    pub copied_bytes: Option<u64>,
     pub elapsed_us: u64,
 }
 
@@ -350,6 +370,8 @@ pub struct RecoveryStatus {
 pub struct LastRecoveryStatus {
     pub kind: RecoveryKind,
     pub records: u64,
+    /// Block content a full recovery copied (0 for quick and replay).
+    pub copied_bytes: u64,
     pub seconds: f64,
 }
 
@@ -403,6 +425,9 @@ impl HostCore {
                 replaying: vec![false; volume_count],
                 replay_reached: vec![None; volume_count],
                 replay_tried: ElementSet::default(),
+                copying: vec![false; volume_count],
+                copy_progress: vec![(0, 0, 0); volume_count],
+                copy_passes: 0,
                 needs_full: None,
                 failed_in_session: false,
             })
@@ -555,6 +580,16 @@ impl HostCore {
             ElementMessage::RecoveryDone { volume, result } => {
                 self.on_recovery_done(now, element, volume, result)
             }
+            ElementMessage::CopyDone { volume, result } => self.on_copy_done(now, element, volume, result),
+            ElementMessage::CopyProgress { volume, done_bytes, total_bytes, copied_bytes } => {
+                let e = &mut self.elements[element.0 as usize];
+                if let Some(p) = e.copy_progress.get_mut(volume.0 as usize) {
+                    *p = (done_bytes.min(total_bytes), total_bytes, copied_bytes);
+                }
+            }
+            ElementMessage::Blocks { .. } => {
+                self.fail_element(now, element, "protocol: unsolicited blocks".into(), true)
+            }
             ElementMessage::Fault { reason } => {
                 self.fail_element(now, element, format!("fault: {reason}"), true)
             }
@@ -604,16 +639,37 @@ impl HostCore {
         }
         let mut behind = 0u64;
         let mut replaying = vec![false; self.volumes.len()];
+        let mut copying = vec![false; self.volumes.len()];
         let source = self.replay_source(element);
         for (i, state) in welcome.iter().enumerate() {
             let v = &self.volumes[i];
             let applied = state.applied_sequence;
             let last = v.queue.last_sequence();
             let name = &v.spec.name;
-            if applied > last {
-                return self.fail_element(now, element, format!(
-                    "volume {name}: holds sequence {applied}, beyond the newest this host element knows ({last}); needs full recovery"
-                ), true);
+            // What the volume holds cannot be brought forward by records: copy blocks.
+            let why_copy = if state.copying {
+                Some("an interrupted full recovery resumes".to_string())
+            } else if applied > last {
+                Some(format!("holds sequence {applied}, beyond the newest this host element knows ({last})"))
+            } else {
+                match v.queue.epoch_at(applied) {
+                    Some(ours) if state.applied_epoch != Epoch(0) && ours != state.applied_epoch => Some(format!(
+                        "its sequence {applied} comes from epoch {}, ours from epoch {ours}: diverged history",
+                        state.applied_epoch
+                    )),
+                    _ => None,
+                }
+            };
+            if let Some(why) = why_copy {
+                if source.is_none() {
+                    return self.fail_element(now, element, format!(
+                        "volume {name}: {why}; needs full recovery, and no in-sync peer to copy from"
+                    ), true);
+                }
+                copying[i] = true;
+                replaying[i] = true;
+                behind += last.0;
+                continue;
             }
             // Where the queue cannot vouch for the epoch of the element's newest record, the
             // replay path checks it against a peer's log before pulling anything.
@@ -629,23 +685,19 @@ impl HostCore {
                 }
                 replaying[i] = true;
             }
-            if let Some(ours) = v.queue.epoch_at(applied) {
-                // Epoch 0 means the element no longer knows (the record left its replay log).
-                if state.applied_epoch != Epoch(0) && ours != state.applied_epoch {
-                    return self.fail_element(now, element, format!(
-                        "volume {name}: its sequence {applied} comes from epoch {}, ours from epoch {ours}: diverged history; needs full recovery",
-                        state.applied_epoch
-                    ), true);
-                }
-            }
             behind += last.0 - applied.0;
         }
         let e = &mut self.elements[element.0 as usize];
         for (i, state) in welcome.iter().enumerate() {
-            e.applied[i] = state.applied_sequence;
-            e.sent_through[i] = state.applied_sequence;
+            // A volume to copy holds nothing the queue can count on.
+            let held = if copying[i] { Sequence::ZERO } else { state.applied_sequence };
+            e.applied[i] = held;
+            e.sent_through[i] = held;
         }
         for (i, state) in welcome.iter().enumerate() {
+            if copying[i] {
+                continue;
+            }
             let through = state.applied_sequence;
             let queue = &mut self.volumes[i].queue;
             let after = queue.evicted_through();
@@ -661,19 +713,30 @@ impl HostCore {
             return;
         }
         let replay = replaying.iter().any(|r| *r);
-        let kind = if replay { RecoveryKind::Replay } else { RecoveryKind::Quick };
+        let kind = if copying.iter().any(|c| *c) {
+            RecoveryKind::Full
+        } else if replay {
+            RecoveryKind::Replay
+        } else {
+            RecoveryKind::Quick
+        };
         let source = if replay { source } else { None };
         e.state = ElementState::Recovering(kind);
         e.replaying = replaying.clone();
+        e.copying = copying.clone();
+        e.copy_progress.iter_mut().for_each(|p| *p = (0, 0, 0));
         e.recovery = Some(Recovery {
             kind,
             source,
             started: now,
             start: welcome.iter().map(|s| s.applied_sequence).collect(),
+            copied_bytes: 0,
         });
         self.emit(Action::Event(Event::RecoveryStarted { element, kind, records: behind, source }));
         for (i, replay) in replaying.into_iter().enumerate() {
-            if replay {
+            if copying[i] {
+                self.send_copy(element, VolumeId(i as u32));
+            } else if replay {
                 self.send_recover(element, VolumeId(i as u32));
             } else {
                 self.pump(element, VolumeId(i as u32));
@@ -712,10 +775,136 @@ impl HostCore {
         self.emit(Action::Send { to, message });
     }
 
+    /// Ask an element to copy the blocks of `volume` that differ from its recovery's source.
+    fn send_copy(&mut self, element: ElementId, volume: VolumeId) {
+        let e = &self.elements[element.0 as usize];
+        let source = e.recovery.as_ref().and_then(|r| r.source).expect("a copy has a source");
+        let message = HostMessage::Copy {
+            volume,
+            source: self.config.element_addresses[source.0 as usize].clone(),
+            rate_bytes_per_s: self.config.recovery_rate_bytes_per_s,
+        };
+        let mut to = ElementSet::default();
+        to.insert(element);
+        self.emit(Action::Send { to, message });
+    }
+
+    /// Switch one replaying volume of a recovering element to a full recovery (another pass,
+    /// if it copied before), or fail the element when it has had its passes.
+    fn start_copy(&mut self, now: Time, element: ElementId, volume: VolumeId, why: String) {
+        let vi = volume.0 as usize;
+        let e = &mut self.elements[element.0 as usize];
+        e.copy_passes += 1;
+        if e.copy_passes > limits::COPY_PASSES_MAX {
+            let reason = format!(
+                "{why}; {} full recovery passes did not catch up (writes outrun the recovery: raise --recovery-rate or the peers' --replay-log)",
+                limits::COPY_PASSES_MAX
+            );
+            return self.fail_element(now, element, reason, true);
+        }
+        e.replay_tried = ElementSet::default();
+        let Some(source) = self.replay_source(element) else {
+            return self.fail_element(now, element, format!("{why}; needs full recovery, and no in-sync peer to copy from"), true);
+        };
+        let e = &mut self.elements[element.0 as usize];
+        e.copying[vi] = true;
+        e.replaying[vi] = true;
+        e.replay_reached[vi] = None;
+        e.applied[vi] = Sequence::ZERO;
+        e.sent_through[vi] = Sequence::ZERO;
+        e.copy_progress[vi] = (0, 0, 0);
+        e.state = ElementState::Recovering(RecoveryKind::Full);
+        let recovery = e.recovery.as_mut().expect("recovering");
+        recovery.kind = RecoveryKind::Full;
+        recovery.source = Some(source);
+        let message = format!(
+            "{why}; full recovery of volume {} from {}",
+            self.volumes[vi].spec.name, self.elements[source.0 as usize].name
+        );
+        self.emit(Action::Event(Event::RecoveryProgress { element, message }));
+        self.send_copy(element, volume);
+    }
+
+    fn on_copy_done(&mut self, now: Time, element: ElementId, volume: VolumeId, result: Result<Sequence, String>) {
+        let vi = volume.0 as usize;
+        let e = &self.elements[element.0 as usize];
+        if vi >= self.volumes.len() || !e.live() || !e.copying[vi] {
+            return;
+        }
+        match result {
+            Ok(base) => {
+                let v = &self.volumes[vi];
+                if base > v.queue.last_sequence() {
+                    return self.fail_element(now, element, format!(
+                        "protocol: copied volume {} up to sequence {base}, newer than any assigned", v.spec.name
+                    ), true);
+                }
+                let name = v.spec.name.clone();
+                let e = &mut self.elements[element.0 as usize];
+                let copied = e.copy_progress[vi].2;
+                if let Some(r) = e.recovery.as_mut() {
+                    r.copied_bytes += copied;
+                }
+                e.copy_progress[vi] = (0, 0, 0);
+                e.copying[vi] = false;
+                e.applied[vi] = base;
+                e.sent_through[vi] = base;
+                let queue = &mut self.volumes[vi].queue;
+                let after = queue.evicted_through();
+                for entry in queue.range_mut(after, base) {
+                    entry.acked_by.insert(element);
+                }
+                let message = format!("copy of volume {name} done at sequence {base}; replaying the writes after it");
+                self.emit(Action::Event(Event::RecoveryProgress { element, message }));
+                // From here it is a replay: from the write queue if it still holds the rest,
+                // else from a peer's replay log (one that fails sends it back to copying).
+                if self.volumes[vi].queue.covers_after(base) {
+                    self.elements[element.0 as usize].replaying[vi] = false;
+                    self.pump(element, volume);
+                    // Nothing after the base yet: it may be caught up already.
+                    self.maybe_in_sync(now, element);
+                } else {
+                    self.elements[element.0 as usize].replay_tried = ElementSet::default();
+                    match self.replay_source(element) {
+                        Some(source) => {
+                            self.elements[element.0 as usize].recovery.as_mut().expect("recovering").source = Some(source);
+                            self.send_recover(element, volume);
+                        }
+                        None => self.fail_element(now, element, format!(
+                            "copy of volume {name} done at sequence {base}, but no in-sync peer to replay the rest from"
+                        ), true),
+                    }
+                }
+            }
+            Err(reason) => {
+                let source = e.recovery.as_ref().and_then(|r| r.source).expect("a copy has a source");
+                let source_name = self.elements[source.0 as usize].name.clone();
+                self.elements[element.0 as usize].replay_tried.insert(source);
+                match self.replay_source(element) {
+                    Some(next) => {
+                        let message = format!(
+                            "copy from {source_name} failed ({reason}); resuming from {}",
+                            self.elements[next.0 as usize].name
+                        );
+                        self.emit(Action::Event(Event::RecoveryProgress { element, message }));
+                        self.elements[element.0 as usize].recovery.as_mut().expect("recovering").source = Some(next);
+                        self.send_copy(element, volume);
+                    }
+                    None => {
+                        self.elements[element.0 as usize].replay_tried = ElementSet::default();
+                        self.fail_element(now, element, format!(
+                            "full recovery from {source_name} failed: {reason} (it resumes when the element reconnects)"
+                        ), true)
+                    }
+                }
+            }
+        }
+    }
+
     fn on_recovery_done(&mut self, now: Time, element: ElementId, volume: VolumeId, result: Result<Sequence, String>) {
         let vi = volume.0 as usize;
         let e = &self.elements[element.0 as usize];
-        if vi >= self.volumes.len() || !e.live() || !e.replaying[vi] {
+        if vi >= self.volumes.len() || !e.live() || !e.replaying[vi] || e.copying[vi] {
             return; // Already switched to the write queue, or failed meanwhile.
         }
         match result {
@@ -746,9 +935,11 @@ impl HostCore {
                     }
                     return;
                 }
-                let reason = format!(
-                    "no peer could replay what it misses (last: {source_name}: {reason}); needs full recovery, which is not built yet"
-                );
+                let reason = format!("no peer could replay what it misses (last: {source_name}: {reason})");
+                if self.elements.iter().enumerate().any(|(i, p)| i != element.0 as usize && p.state == ElementState::InSync && p.session) {
+                    return self.start_copy(now, element, volume, reason);
+                }
+                let reason = format!("{reason}; needs full recovery, and no in-sync peer to copy from");
                 let elements = self.elements.len();
                 let e = &mut self.elements[element.0 as usize];
                 if e.replay_tried.len() + 1 >= elements {
@@ -786,6 +977,7 @@ impl HostCore {
         e.failed_in_session = e.session;
         e.recovery = None;
         e.replaying.iter_mut().for_each(|r| *r = false);
+        e.copying.iter_mut().for_each(|c| *c = false);
         e.replay_reached.iter_mut().for_each(|r| *r = None);
         if disconnect && e.session {
             self.emit(Action::Disconnect { element });
@@ -823,7 +1015,7 @@ impl HostCore {
                 "protocol: acknowledged sequence {sequence} of volume {volume}, newer than any assigned"
             ), true);
         }
-        if !e.live() {
+        if !e.live() || e.copying[vi] {
             return;
         }
         let old = e.applied[vi];
@@ -851,30 +1043,40 @@ impl HostCore {
             e.replay_reached[vi] = None;
             self.send_recover(element, volume);
         }
-        let e = &self.elements[element.0 as usize];
-        if let ElementState::Recovering(kind) = e.state {
-            let caught_up = self
-                .volumes
-                .iter()
-                .enumerate()
-                .all(|(i, v)| !e.replaying[i] && e.applied[i] >= v.queue.last_sequence());
-            if caught_up {
-                let recovery = e.recovery.as_ref().expect("recovering has a recovery");
-                let last = LastRecovery {
-                    kind,
-                    records: recovery.start.iter().zip(&e.applied).map(|(s, a)| a.0.saturating_sub(s.0)).sum(),
-                    micros: now.micros_since(recovery.started),
-                };
-                let e = &mut self.elements[element.0 as usize];
-                e.last_recovery = Some(last);
-                e.recovery = None;
-                e.replay_tried = ElementSet::default();
-                e.state = ElementState::InSync;
-                self.emit(Action::Event(Event::ElementInSync { element }));
-                return self.after_membership_change(now);
-            }
+        if self.maybe_in_sync(now, element) {
+            return;
         }
         self.settle_volume(now, volume);
+    }
+
+    /// A recovering element that holds everything the queues hold rejoins: true if it did.
+    fn maybe_in_sync(&mut self, now: Time, element: ElementId) -> bool {
+        let e = &self.elements[element.0 as usize];
+        let ElementState::Recovering(kind) = e.state else { return false };
+        let caught_up = self
+            .volumes
+            .iter()
+            .enumerate()
+            .all(|(i, v)| !e.replaying[i] && e.applied[i] >= v.queue.last_sequence());
+        if !caught_up {
+            return false;
+        }
+        let recovery = e.recovery.as_ref().expect("recovering has a recovery");
+        let last = LastRecovery {
+            kind,
+            records: recovery.start.iter().zip(&e.applied).map(|(s, a)| a.0.saturating_sub(s.0)).sum(),
+            copied_bytes: recovery.copied_bytes,
+            micros: now.micros_since(recovery.started),
+        };
+        let e = &mut self.elements[element.0 as usize];
+        e.last_recovery = Some(last);
+        e.recovery = None;
+        e.replay_tried = ElementSet::default();
+        e.copy_passes = 0;
+        e.state = ElementState::InSync;
+        self.emit(Action::Event(Event::ElementInSync { element }));
+        self.after_membership_change(now);
+        true
     }
 
     /// Re-evaluate every volume after the set of in-sync elements changed.
@@ -1474,11 +1676,21 @@ impl HostCore {
                     done_records: r.start.iter().zip(&e.applied).map(|(s, a)| a.0.saturating_sub(s.0)).sum::<u64>(),
                     // Writes that arrived meanwhile are part of the way back too.
                     total_records: r.start.iter().zip(&self.volumes).map(|(s, v)| v.queue.last_sequence().0.saturating_sub(s.0)).sum::<u64>(),
+                    copy_done_bytes: e.copying.iter().any(|c| *c).then(|| {
+                        (0..self.volumes.len()).filter(|&i| e.copying[i]).map(|i| e.copy_progress[i].0).sum()
+                    }),
+                    copy_total_bytes: e.copying.iter().any(|c| *c).then(|| {
+                        (0..self.volumes.len()).filter(|&i| e.copying[i]).map(|i| self.volumes[i].spec.size_bytes).sum()
+                    }),
+                    copied_bytes: e.copying.iter().any(|c| *c).then(|| {
+                        (0..self.volumes.len()).filter(|&i| e.copying[i]).map(|i| e.copy_progress[i].2).sum()
+                    }),
                     elapsed_us: now.micros_since(r.started),
                 });
                 let last_recovery = e.last_recovery.as_ref().map(|r| LastRecoveryStatus {
                     kind: r.kind,
                     records: r.records,
+                    copied_bytes: r.copied_bytes,
                     seconds: r.micros as f64 / 1e6,
                 });
                 ElementStatus {

@@ -30,3 +30,7 @@ pub const STARTUP_GRACE_MS_DEFAULT: u64 = 3_000;
 const _: () = assert!(ELEMENTS_MAX <= 64);
 const _: () = assert!(WRITE_QUEUE_BYTES_DEFAULT >= WRITE_QUEUE_BYTES_MIN);
 const _: () = assert!(HEARTBEAT_TIMEOUT_MS_DEFAULT > 2 * HEARTBEAT_INTERVAL_MS_DEFAULT);
+
+/// Full recovery passes in a row (each followed by a replay the peers' logs no longer cover)
+/// before the element is failed as unable to catch up.
+pub const COPY_PASSES_MAX: u32 = 4;

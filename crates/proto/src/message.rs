@@ -2,7 +2,7 @@
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 
-use crate::{Epoch, Sequence, VolumeId, PAYLOAD_BYTES_MAX};
+use crate::{Epoch, Sequence, VolumeId, BLOCK_BYTES, PAYLOAD_BYTES_MAX};
 
 /// `[u32 body_len][u32 crc32c(body)]`.
 pub const FRAME_HEADER_BYTES: usize = 8;
@@ -13,6 +13,12 @@ const NAME_BYTES_MAX: usize = 255;
 const REASON_BYTES_MAX: usize = 4096;
 const VOLUMES_MAX: usize = 4096;
 const EXTENTS_MAX: usize = 1 << 20;
+/// Blocks one `FetchBlocks` may ask about (and one `Blocks` reply may carry): 16 MiB of data,
+/// so that a reply with its per-block headers always fits one frame.
+pub const COPY_CHUNK_BLOCKS_MAX: usize = (PAYLOAD_BYTES_MAX as u64 / BLOCK_BYTES / 2) as usize;
+const _: () = assert!(
+    COPY_CHUNK_BLOCKS_MAX as u64 * (BLOCK_BYTES + 32) + 64 <= FRAME_BODY_BYTES_MAX as u64
+);
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum DecodeError {
@@ -88,6 +94,39 @@ pub struct VolumeState {
     /// Epoch of the record at `applied_sequence` (0 if none): two elements at the same sequence
     /// with different epochs hold different histories.
     pub applied_epoch: Epoch,
+    /// A full recovery (block copy) of this volume was interrupted here: its blocks are not
+    /// one consistent image and the two fields above mean nothing; the copy must resume.
+    pub copying: bool,
+}
+
+/// What an element holds of one block, as the block map says: sent by a full recovery's
+/// target so that its source sends only the blocks that differ.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BlockSummary {
+    /// Sequence of the record that last changed the block (0: never).
+    pub sequence: Sequence,
+    /// crc32c of the block's 4096 bytes (of zeroes for a hole).
+    pub crc: u32,
+    pub allocated: bool,
+}
+
+/// One block sent by a full recovery's source: its content (`None`: a hole) and the sequence
+/// of the record that last changed it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BlockCopy {
+    pub block: u64,
+    pub sequence: Sequence,
+    /// Exactly `BLOCK_BYTES` bytes, or `None` for a hole.
+    pub content: Option<Bytes>,
+}
+
+/// The answer to one `FetchBlocks`: the blocks that differ, read at one moment of the source.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BlockChunk {
+    /// The source's applied sequence (and its record's epoch) when it read the chunk.
+    pub applied: Sequence,
+    pub applied_epoch: Epoch,
+    pub blocks: Vec<BlockCopy>,
 }
 
 /// A run of blocks with the same allocation state, for NBD block status.
@@ -120,6 +159,20 @@ pub enum HostMessage {
         through: Sequence,
         rate_bytes_per_s: u64,
     },
+    /// Full recovery: copy the blocks of `volume` that differ from the element at `source`
+    /// (resuming an interrupted copy where it stopped), at most `rate_bytes_per_s` (0:
+    /// unlimited). `CopyProgress` reports meanwhile; answered by `CopyDone`.
+    Copy { volume: VolumeId, source: String, rate_bytes_per_s: u64 },
+    /// Element to element, during a full recovery: the blocks from `first_block` on whose
+    /// summary differs from `have` (one entry per block), read once the applied sequence is at
+    /// least `min_applied`. Answered by `Blocks`.
+    FetchBlocks {
+        request_id: u64,
+        volume: VolumeId,
+        first_block: u64,
+        min_applied: Sequence,
+        have: Vec<BlockSummary>,
+    },
 }
 
 /// Element → host element.
@@ -142,6 +195,14 @@ pub enum ElementMessage {
     LogRecords { request_id: u64, result: Result<Vec<Record>, String> },
     /// A `Recover` ended: the sequence reached, or why it could not go on.
     RecoveryDone { volume: VolumeId, result: Result<Sequence, String> },
+    /// Answer to `FetchBlocks`.
+    Blocks { request_id: u64, result: Result<BlockChunk, String> },
+    /// A full recovery's progress: `done_bytes` of the volume's `total_bytes` compared,
+    /// `copied_bytes` of block content received in this run.
+    CopyProgress { volume: VolumeId, done_bytes: u64, total_bytes: u64, copied_bytes: u64 },
+    /// A `Copy` ended: on success the sequence the blocks are now at least as new as (the
+    /// element has adopted it as its applied sequence: replay from there makes it exact).
+    CopyDone { volume: VolumeId, result: Result<Sequence, String> },
     /// The element hit a fault it cannot continue from in this session (I/O error, a gap in
     /// the sequence, a checksum mismatch on its own disk). The host element marks it failed.
     Fault { reason: String },
@@ -317,6 +378,8 @@ const HOST_BLOCK_STATUS: u8 = 4;
 const HOST_PING: u8 = 5;
 const HOST_FETCH_LOG: u8 = 6;
 const HOST_RECOVER: u8 = 7;
+const HOST_COPY: u8 = 8;
+const HOST_FETCH_BLOCKS: u8 = 9;
 
 impl Body for HostMessage {
     fn encode_body(&self, out: &mut BytesMut) {
@@ -366,6 +429,26 @@ impl Body for HostMessage {
                 out.put_u64_le(after.0);
                 out.put_u64_le(through.0);
                 out.put_u64_le(*rate_bytes_per_s);
+            }
+            HostMessage::Copy { volume, source, rate_bytes_per_s } => {
+                out.put_u8(HOST_COPY);
+                out.put_u32_le(volume.0);
+                put_bytes(out, source.as_bytes());
+                out.put_u64_le(*rate_bytes_per_s);
+            }
+            HostMessage::FetchBlocks { request_id, volume, first_block, min_applied, have } => {
+                out.put_u8(HOST_FETCH_BLOCKS);
+                out.put_u64_le(*request_id);
+                out.put_u32_le(volume.0);
+                out.put_u64_le(*first_block);
+                out.put_u64_le(min_applied.0);
+                assert!(have.len() <= COPY_CHUNK_BLOCKS_MAX, "a fetch asks about at most COPY_CHUNK_BLOCKS_MAX blocks");
+                out.put_u32_le(have.len() as u32);
+                for h in have {
+                    out.put_u64_le(h.sequence.0);
+                    out.put_u32_le(h.crc);
+                    out.put_u8(h.allocated as u8);
+                }
             }
         }
     }
@@ -418,6 +501,26 @@ impl Body for HostMessage {
                 through: Sequence(r.u64("recover through")?),
                 rate_bytes_per_s: r.u64("recover rate")?,
             },
+            HOST_COPY => HostMessage::Copy {
+                volume: VolumeId(r.u32("copy volume")?),
+                source: r.string("copy source", NAME_BYTES_MAX)?,
+                rate_bytes_per_s: r.u64("copy rate")?,
+            },
+            HOST_FETCH_BLOCKS => {
+                let request_id = r.u64("fetch blocks request id")?;
+                let volume = VolumeId(r.u32("fetch blocks volume")?);
+                let first_block = r.u64("fetch blocks first block")?;
+                let min_applied = Sequence(r.u64("fetch blocks min applied")?);
+                let n = r.count("fetch blocks count", COPY_CHUNK_BLOCKS_MAX)?;
+                let mut have = Vec::with_capacity(n);
+                for _ in 0..n {
+                    let sequence = Sequence(r.u64("block summary sequence")?);
+                    let crc = r.u32("block summary crc")?;
+                    let allocated = r.u8("block summary allocated")? != 0;
+                    have.push(BlockSummary { sequence, crc, allocated });
+                }
+                HostMessage::FetchBlocks { request_id, volume, first_block, min_applied, have }
+            }
             tag => return Err(DecodeError::UnknownTag(tag)),
         };
         r.finish()?;
@@ -434,6 +537,9 @@ const ELEMENT_PONG: u8 = 6;
 const ELEMENT_FAULT: u8 = 7;
 const ELEMENT_LOG_RECORDS: u8 = 8;
 const ELEMENT_RECOVERY_DONE: u8 = 9;
+const ELEMENT_BLOCKS: u8 = 10;
+const ELEMENT_COPY_PROGRESS: u8 = 11;
+const ELEMENT_COPY_DONE: u8 = 12;
 const LOG_RECORDS_MAX: usize = 1 << 20;
 
 const RESULT_OK: u8 = 0;
@@ -449,6 +555,7 @@ impl Body for ElementMessage {
                 for v in volumes {
                     out.put_u64_le(v.applied_sequence.0);
                     out.put_u64_le(v.applied_epoch.0);
+                    out.put_u8(v.copying as u8);
                 }
             }
             ElementMessage::Refused { reason } => {
@@ -533,6 +640,56 @@ impl Body for ElementMessage {
                     }
                 }
             }
+            ElementMessage::Blocks { request_id, result } => {
+                out.put_u8(ELEMENT_BLOCKS);
+                out.put_u64_le(*request_id);
+                match result {
+                    Ok(chunk) => {
+                        out.put_u8(RESULT_OK);
+                        out.put_u64_le(chunk.applied.0);
+                        out.put_u64_le(chunk.applied_epoch.0);
+                        assert!(chunk.blocks.len() <= COPY_CHUNK_BLOCKS_MAX, "a chunk holds at most COPY_CHUNK_BLOCKS_MAX blocks");
+                        out.put_u32_le(chunk.blocks.len() as u32);
+                        for b in &chunk.blocks {
+                            out.put_u64_le(b.block);
+                            out.put_u64_le(b.sequence.0);
+                            match &b.content {
+                                Some(content) => {
+                                    assert_eq!(content.len() as u64, BLOCK_BYTES, "a copied block is one block");
+                                    out.put_u8(1);
+                                    out.put_slice(content);
+                                }
+                                None => out.put_u8(0),
+                            }
+                        }
+                    }
+                    Err(reason) => {
+                        out.put_u8(RESULT_ERR);
+                        put_bytes(out, truncate(reason).as_bytes());
+                    }
+                }
+            }
+            ElementMessage::CopyProgress { volume, done_bytes, total_bytes, copied_bytes } => {
+                out.put_u8(ELEMENT_COPY_PROGRESS);
+                out.put_u32_le(volume.0);
+                out.put_u64_le(*done_bytes);
+                out.put_u64_le(*total_bytes);
+                out.put_u64_le(*copied_bytes);
+            }
+            ElementMessage::CopyDone { volume, result } => {
+                out.put_u8(ELEMENT_COPY_DONE);
+                out.put_u32_le(volume.0);
+                match result {
+                    Ok(sequence) => {
+                        out.put_u8(RESULT_OK);
+                        out.put_u64_le(sequence.0);
+                    }
+                    Err(reason) => {
+                        out.put_u8(RESULT_ERR);
+                        put_bytes(out, truncate(reason).as_bytes());
+                    }
+                }
+            }
         }
     }
 
@@ -546,7 +703,8 @@ impl Body for ElementMessage {
                 for _ in 0..n {
                     let applied_sequence = Sequence(r.u64("applied")?);
                     let applied_epoch = Epoch(r.u64("applied epoch")?);
-                    volumes.push(VolumeState { applied_sequence, applied_epoch });
+                    let copying = r.u8("copying")? != 0;
+                    volumes.push(VolumeState { applied_sequence, applied_epoch, copying });
                 }
                 ElementMessage::Welcome { epoch, volumes }
             }
@@ -612,6 +770,49 @@ impl Body for ElementMessage {
                     tag => return Err(DecodeError::UnknownTag(tag)),
                 };
                 ElementMessage::LogRecords { request_id, result }
+            }
+            ELEMENT_BLOCKS => {
+                let request_id = r.u64("blocks id")?;
+                let result = match r.u8("blocks result")? {
+                    RESULT_OK => {
+                        let applied = Sequence(r.u64("blocks applied")?);
+                        let applied_epoch = Epoch(r.u64("blocks applied epoch")?);
+                        let n = r.count("block count", COPY_CHUNK_BLOCKS_MAX)?;
+                        let mut blocks = Vec::with_capacity(n.min(4096));
+                        for _ in 0..n {
+                            let block = r.u64("copied block number")?;
+                            let sequence = Sequence(r.u64("copied block sequence")?);
+                            let content = match r.u8("copied block kind")? {
+                                0 => None,
+                                1 => {
+                                    r.need("copied block content", BLOCK_BYTES as usize)?;
+                                    Some(r.body.split_to(BLOCK_BYTES as usize))
+                                }
+                                tag => return Err(DecodeError::UnknownTag(tag)),
+                            };
+                            blocks.push(BlockCopy { block, sequence, content });
+                        }
+                        Ok(BlockChunk { applied, applied_epoch, blocks })
+                    }
+                    RESULT_ERR => Err(r.string("blocks error", REASON_BYTES_MAX)?),
+                    tag => return Err(DecodeError::UnknownTag(tag)),
+                };
+                ElementMessage::Blocks { request_id, result }
+            }
+            ELEMENT_COPY_PROGRESS => ElementMessage::CopyProgress {
+                volume: VolumeId(r.u32("copy progress volume")?),
+                done_bytes: r.u64("copy progress done")?,
+                total_bytes: r.u64("copy progress total")?,
+                copied_bytes: r.u64("copy progress copied")?,
+            },
+            ELEMENT_COPY_DONE => {
+                let volume = VolumeId(r.u32("copy done volume")?);
+                let result = match r.u8("copy done result")? {
+                    RESULT_OK => Ok(Sequence(r.u64("copy done sequence")?)),
+                    RESULT_ERR => Err(r.string("copy done error", REASON_BYTES_MAX)?),
+                    tag => return Err(DecodeError::UnknownTag(tag)),
+                };
+                ElementMessage::CopyDone { volume, result }
             }
             tag => return Err(DecodeError::UnknownTag(tag)),
         };
@@ -688,6 +889,17 @@ mod tests {
             through: Sequence(90),
             rate_bytes_per_s: 1 << 20,
         });
+        round_trip(HostMessage::Copy { volume: VolumeId(0), source: "127.0.0.1:7103".into(), rate_bytes_per_s: 0 });
+        round_trip(HostMessage::FetchBlocks {
+            request_id: 8,
+            volume: VolumeId(0),
+            first_block: 256,
+            min_applied: Sequence(17),
+            have: vec![
+                BlockSummary { sequence: Sequence(3), crc: 0xdead_beef, allocated: true },
+                BlockSummary { sequence: Sequence(0), crc: 0, allocated: false },
+            ],
+        });
         round_trip(HostMessage::FetchLog {
             request_id: 3,
             volume: VolumeId(0),
@@ -700,8 +912,26 @@ mod tests {
     fn element_messages_round_trip() {
         round_trip(ElementMessage::Welcome {
             epoch: Epoch(1),
-            volumes: vec![VolumeState { applied_sequence: Sequence(10), applied_epoch: Epoch(2) }],
+            volumes: vec![
+                VolumeState { applied_sequence: Sequence(10), applied_epoch: Epoch(2), copying: false },
+                VolumeState { applied_sequence: Sequence(0), applied_epoch: Epoch(0), copying: true },
+            ],
         });
+        round_trip(ElementMessage::Blocks {
+            request_id: 5,
+            result: Ok(BlockChunk {
+                applied: Sequence(40),
+                applied_epoch: Epoch(2),
+                blocks: vec![
+                    BlockCopy { block: 7, sequence: Sequence(39), content: Some(Bytes::from(vec![3u8; 4096])) },
+                    BlockCopy { block: 9, sequence: Sequence(12), content: None },
+                ],
+            }),
+        });
+        round_trip(ElementMessage::Blocks { request_id: 5, result: Err("not in sync".into()) });
+        round_trip(ElementMessage::CopyProgress { volume: VolumeId(0), done_bytes: 1 << 20, total_bytes: 1 << 30, copied_bytes: 4096 });
+        round_trip(ElementMessage::CopyDone { volume: VolumeId(0), result: Ok(Sequence(40)) });
+        round_trip(ElementMessage::CopyDone { volume: VolumeId(0), result: Err("source gone".into()) });
         round_trip(ElementMessage::Refused { reason: "stale epoch".into() });
         round_trip(ElementMessage::Applied { volume: VolumeId(0), sequence: Sequence(4) });
         round_trip(ElementMessage::ReadReply {

@@ -97,19 +97,42 @@ pub fn status_json(status: &HostStatus, addresses: &[String]) -> Value {
                 o["reason"] = json!(reason);
             }
             if let Some(r) = &e.recovery {
-                let rate = if r.elapsed_us > 0 { r.done_records as f64 * 1e6 / r.elapsed_us as f64 } else { 0.0 };
-                let eta = if rate > 0.0 { Some((r.total_records - r.done_records) as f64 / rate) } else { None };
-                o["recovery"] = json!({
+                let seconds = r.elapsed_us as f64 / 1e6;
+                let mut recovery = json!({
                     "kind": r.kind.as_str(),
                     "source": r.source.as_deref().unwrap_or("host element write queue"),
                     "done_records": r.done_records,
                     "total_records": r.total_records,
-                    "records_per_second": rate,
-                    "eta_seconds": eta,
+                    "seconds": seconds,
                 });
+                match (r.copy_done_bytes, r.copy_total_bytes) {
+                    // A block copy: progress in bytes of volume compared.
+                    (Some(done), Some(total)) => {
+                        let rate = if seconds > 0.0 { done as f64 / seconds } else { 0.0 };
+                        recovery["phase"] = json!("copy");
+                        recovery["done_bytes"] = json!(done);
+                        recovery["total_bytes"] = json!(total);
+                        recovery["copied_bytes"] = json!(r.copied_bytes.unwrap_or(0));
+                        recovery["bytes_per_second"] = json!(rate);
+                        recovery["eta_seconds"] = json!((rate > 0.0).then(|| total.saturating_sub(done) as f64 / rate));
+                    }
+                    _ => {
+                        let rate = if seconds > 0.0 { r.done_records as f64 / seconds } else { 0.0 };
+                        recovery["phase"] = json!("replay");
+                        recovery["records_per_second"] = json!(rate);
+                        recovery["eta_seconds"] =
+                            json!((rate > 0.0).then(|| r.total_records.saturating_sub(r.done_records) as f64 / rate));
+                    }
+                }
+                o["recovery"] = recovery;
             }
             if let Some(r) = &e.last_recovery {
-                o["last_recovery"] = json!({"kind": r.kind.as_str(), "records": r.records, "seconds": r.seconds});
+                o["last_recovery"] = json!({
+                    "kind": r.kind.as_str(),
+                    "records": r.records,
+                    "copied_bytes": r.copied_bytes,
+                    "seconds": r.seconds,
+                });
             }
             o
         })

@@ -136,7 +136,15 @@ fn hello(store: &Store, epoch: proto::Epoch, handles: &[VolumeHandle]) -> Result
     }
     let states = handles
         .iter()
-        .map(|&h| VolumeState { applied_sequence: store.applied_sequence(h), applied_epoch: store.applied_epoch(h) })
+        .map(|&h| match store.copy_state(h) {
+            // An interrupted full recovery: nothing consistent to report.
+            Some(_) => VolumeState { applied_sequence: Sequence::ZERO, applied_epoch: proto::Epoch(0), copying: true },
+            None => VolumeState {
+                applied_sequence: store.applied_sequence(h),
+                applied_epoch: store.applied_epoch(h),
+                copying: false,
+            },
+        })
         .collect();
     Ok((previous, states))
 }
@@ -334,6 +342,27 @@ async fn handle(
             };
             tokio::spawn(replay_from_peer(job, store.clone(), commits.clone(), replies.clone()));
         }
+        HostMessage::Copy { volume, source, rate_bytes_per_s } => {
+            let handle = handle_of(volumes, volume)?;
+            let session = volumes.as_ref().expect("checked by handle_of");
+            let job = crate::copy::CopyJob {
+                volume,
+                spec: session.specs[volume.0 as usize].clone(),
+                epoch: session.epoch,
+                handle,
+                source,
+                rate_bytes_per_s,
+            };
+            tokio::spawn(crate::copy::copy_from_peer(job, store.clone(), replies.clone()));
+        }
+        HostMessage::FetchBlocks { request_id, volume, first_block, min_applied, have } => {
+            let handle = handle_of(volumes, volume)?;
+            let (store, replies) = (store.clone(), replies.clone());
+            tokio::task::spawn_blocking(move || {
+                let result = crate::copy::serve_chunk(&store, handle, first_block, min_applied, &have);
+                let _ = replies.send(ElementMessage::Blocks { request_id, result });
+            });
+        }
         HostMessage::Ping { nonce } => {
             let _ = replies.send(ElementMessage::Pong { nonce });
         }
@@ -378,7 +407,7 @@ const LOG_REPLY_BYTES_MAX: u64 = proto::PAYLOAD_BYTES_MAX as u64 / 2;
 /// Payload bytes asked of the peer per fetch.
 const REPLAY_FETCH_BYTES: u64 = 8 * 1024 * 1024;
 /// A peer that has had nothing new for this long while we wait for `through` has failed us.
-const REPLAY_IDLE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+pub(crate) const REPLAY_IDLE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 
 async fn replay_from_peer(
     job: ReplayJob,
@@ -396,13 +425,13 @@ async fn replay_from_peer(
     let _ = replies.send(ElementMessage::RecoveryDone { volume: job.volume, result });
 }
 
-async fn send_frame<M: proto::Body>(stream: &mut TcpStream, message: &M) -> Result<(), String> {
+pub(crate) async fn send_frame<M: proto::Body>(stream: &mut TcpStream, message: &M) -> Result<(), String> {
     let mut buf = BytesMut::new();
     encode_frame(message, &mut buf);
     stream.write_all(&buf).await.map_err(|e| format!("send to peer: {e}"))
 }
 
-async fn recv_frame<M: proto::Body>(stream: &mut TcpStream, buf: &mut BytesMut) -> Result<M, String> {
+pub(crate) async fn recv_frame<M: proto::Body>(stream: &mut TcpStream, buf: &mut BytesMut) -> Result<M, String> {
     loop {
         if let Some(message) = decode_frame::<M>(buf).map_err(|e| format!("bad frame from peer: {e}"))? {
             return Ok(message);
@@ -418,25 +447,31 @@ async fn recv_frame<M: proto::Body>(stream: &mut TcpStream, buf: &mut BytesMut) 
     }
 }
 
-async fn pull_from_peer(
-    job: &ReplayJob,
-    store: &Arc<Store>,
-    commits: &std::sync::mpsc::Sender<Job>,
-    replies: &mpsc::UnboundedSender<ElementMessage>,
-) -> Result<Sequence, String> {
-    let address: SocketAddr = job.source.parse().map_err(|e| format!("bad peer address {}: {e}", job.source))?;
+/// Open a session with a peer element as the host element's epoch would, for one volume (its
+/// volume number in that session is 0).
+pub(crate) async fn connect_peer(source: &str, epoch: proto::Epoch, spec: &proto::VolumeSpec) -> Result<(TcpStream, BytesMut), String> {
+    let address: SocketAddr = source.parse().map_err(|e| format!("bad peer address {source}: {e}"))?;
     let mut stream = tokio::time::timeout(std::time::Duration::from_secs(5), TcpStream::connect(address))
         .await
         .map_err(|_| format!("connecting to {address} timed out"))?
         .map_err(|e| format!("cannot connect to {address}: {e}"))?;
     let _ = stream.set_nodelay(true);
     let mut buf = BytesMut::with_capacity(1 << 20);
-    send_frame(&mut stream, &HostMessage::Hello { epoch: job.epoch, volumes: vec![job.spec.clone()] }).await?;
+    send_frame(&mut stream, &HostMessage::Hello { epoch, volumes: vec![spec.clone()] }).await?;
     match recv_frame::<ElementMessage>(&mut stream, &mut buf).await? {
-        ElementMessage::Welcome { .. } => {}
-        ElementMessage::Refused { reason } => return Err(format!("peer refused: {reason}")),
-        other => return Err(format!("peer answered {other:?} to hello")),
+        ElementMessage::Welcome { .. } => Ok((stream, buf)),
+        ElementMessage::Refused { reason } => Err(format!("peer refused: {reason}")),
+        other => Err(format!("peer answered {other:?} to hello")),
     }
+}
+
+async fn pull_from_peer(
+    job: &ReplayJob,
+    store: &Arc<Store>,
+    commits: &std::sync::mpsc::Sender<Job>,
+    replies: &mpsc::UnboundedSender<ElementMessage>,
+) -> Result<Sequence, String> {
+    let (mut stream, mut buf) = connect_peer(&job.source, job.epoch, &job.spec).await?;
     // First make sure our newest record is the peer's record at that sequence: a replay onto
     // a diverged history would make a wrong replica look in sync.
     let own = store.applied_sequence(job.handle);

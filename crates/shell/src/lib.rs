@@ -2,6 +2,7 @@
 //! and disk events into inputs of the sans-IO cores and carries out the actions they emit.
 
 pub mod admin;
+mod copy;
 pub mod element;
 pub mod host;
 pub mod nbd_server;

@@ -420,6 +420,25 @@ impl Element {
                     through,
                 });
             }
+            HostMessage::Copy { volume, .. } => {
+                // Not modelled yet: the element answers as one whose copy cannot start, which
+                // the host element reports as a failed full recovery.
+                out.push(Out::Send {
+                    session,
+                    message: ElementMessage::CopyDone {
+                        volume,
+                        result: Err("the simulator does not model full recovery; needs full recovery".into()),
+                    },
+                    delay_us: 0,
+                });
+            }
+            HostMessage::FetchBlocks { request_id, .. } => {
+                out.push(Out::Send {
+                    session,
+                    message: ElementMessage::Blocks { request_id, result: Err("not modelled".into()) },
+                    delay_us: 0,
+                });
+            }
         }
     }
 
@@ -557,6 +576,7 @@ impl Element {
             .map(|v| VolumeState {
                 applied_sequence: v.applied(),
                 applied_epoch: v.applied_epoch(),
+                copying: false,
             })
             .collect()
     }

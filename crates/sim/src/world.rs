@@ -2209,6 +2209,10 @@ fn brief_host(m: &HostMessage) -> String {
             through,
             ..
         } => format!("Recover vol {volume} from {source} ({after}, {through}]"),
+        HostMessage::Copy { volume, source, .. } => format!("Copy vol {volume} from {source}"),
+        HostMessage::FetchBlocks { request_id, first_block, have, .. } => {
+            format!("FetchBlocks #{request_id} {first_block}+{}", have.len())
+        }
     }
 }
 

@@ -271,11 +271,37 @@ fn print_status(doc: &serde_json::Value) {
     println!("{:<10} {:<22} {:<11} {:>8} {:>9}  DETAIL", "ELEMENT", "ADDRESS", "STATE", "LAG", "RTT ms");
     for e in doc["elements"].as_array().into_iter().flatten() {
         let detail = if let Some(r) = e.get("recovery") {
-            format!("{} recovery {}/{} writes", r["kind"].as_str().unwrap_or("?"), r["done_records"], r["total_records"])
+            let kind = r["kind"].as_str().unwrap_or("?");
+            let source = r["source"].as_str().unwrap_or("?");
+            if r["phase"] == "copy" {
+                let (done, total) = (r["done_bytes"].as_u64().unwrap_or(0), r["total_bytes"].as_u64().unwrap_or(0));
+                format!(
+                    "{kind} recovery from {source}: copy {}/{} ({:.0}%), {} sent, ETA {}",
+                    config::format_size(done),
+                    config::format_size(total),
+                    100.0 * done as f64 / total.max(1) as f64,
+                    config::format_size(r["copied_bytes"].as_u64().unwrap_or(0)),
+                    r["eta_seconds"].as_f64().map_or("?".to_string(), |s| format!("{s:.0}s")),
+                )
+            } else {
+                format!(
+                    "{kind} recovery from {source}: {}/{} writes, ETA {}",
+                    r["done_records"],
+                    r["total_records"],
+                    r["eta_seconds"].as_f64().map_or("?".to_string(), |s| format!("{s:.0}s")),
+                )
+            }
         } else if let Some(reason) = e["reason"].as_str() {
             reason.to_string()
         } else if let Some(r) = e.get("last_recovery") {
-            format!("last recovery: {} {} writes in {:.2}s", r["kind"].as_str().unwrap_or("?"), r["records"], r["seconds"].as_f64().unwrap_or(0.0))
+            let copied = r["copied_bytes"].as_u64().unwrap_or(0);
+            let copied = if copied > 0 { format!(", {} copied", config::format_size(copied)) } else { String::new() };
+            format!(
+                "last recovery: {} {} writes{copied} in {:.2}s",
+                r["kind"].as_str().unwrap_or("?"),
+                r["records"],
+                r["seconds"].as_f64().unwrap_or(0.0)
+            )
         } else {
             String::new()
         };

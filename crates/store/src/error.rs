@@ -88,6 +88,10 @@ pub enum StoreError {
         existing_bytes: u64,
         requested_bytes: u64,
     },
+    #[error("volume {volume:?} is being rebuilt by a full recovery (block copy): it holds no consistent image yet")]
+    Copying { volume: String },
+    #[error("volume {volume:?} has no full recovery in progress")]
+    NotCopying { volume: String },
     #[error("invalid volume {name:?}: {reason}")]
     InvalidVolume { name: String, reason: String },
     #[error(

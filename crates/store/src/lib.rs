@@ -32,7 +32,7 @@ mod volume;
 mod tests;
 
 pub use error::StoreError;
-pub use store::Store;
+pub use store::{CopyState, Store};
 
 use proto::{Sequence, BLOCK_BYTES, PAYLOAD_BYTES_MAX};
 

@@ -886,6 +886,11 @@ impl LogIndex {
         dropped
     }
 
+    /// Whether any indexed segment holds records of `volume`.
+    pub fn holds_volume(&self, volume: u32) -> bool {
+        self.segments.iter().any(|s| s.runs.contains_key(&volume))
+    }
+
     pub fn segment_ids(&self) -> Vec<u64> {
         self.segments.iter().map(|s| s.id).collect()
     }

@@ -30,6 +30,10 @@ use crate::{
     VOLUME_NAME_BYTES_MAX, WRITEBACK_KICK_BYTES,
 };
 
+mod copy;
+
+pub use copy::CopyState;
+
 const LOCK_FILE: &str = "lock";
 const VOLUMES_DIR: &str = "volumes";
 
@@ -271,7 +275,9 @@ impl Store {
         for volume in &volumes {
             let state = volume.state.read().expect("not shared yet");
             let newest = state.map.sequence_max();
-            if newest > state.applied {
+            // Blocks a full recovery installed carry their source's sequences until it ends.
+            let copying = lock(&volume.copy).is_some();
+            if newest > state.applied && !copying {
                 return Err(StoreError::CorruptBlockMap {
                     path: map_path(dir, volume.number),
                     volume: volume.name.clone(),
@@ -520,6 +526,7 @@ impl Store {
                 applied_epoch: Epoch(0),
                 map: BlockMap::new(size_bytes / BLOCK_BYTES),
             }),
+            copy: Mutex::new(None),
         }));
         tracing::info!(volume = name, size_bytes, number, "volume created");
         Ok(VolumeHandle(volumes.len() as u32 - 1))
@@ -593,6 +600,13 @@ impl Store {
                 error,
             };
             if record.sequence <= *applied {
+                outcome.duplicates += 1;
+                continue;
+            }
+            if lock(&volume.copy).is_some() {
+                // A full recovery rebuilds the volume and supersedes records still on their way
+                // from before it began (a replay that gave up): skipped, not a fault.
+                tracing::debug!(volume = %volume.name, sequence = %record.sequence, "record skipped: the volume is being copied");
                 outcome.duplicates += 1;
                 continue;
             }
@@ -728,6 +742,9 @@ impl Store {
         max_bytes: u64,
     ) -> Result<Vec<Record>, StoreError> {
         let volume = self.volume_at(volume);
+        if lock(&volume.copy).is_some() {
+            return Err(StoreError::Copying { volume: volume.name.clone() });
+        }
         let applied = volume.state.read().expect("volume lock").applied;
         if after >= applied {
             return Ok(Vec::new());
@@ -1274,6 +1291,7 @@ fn open_volume(
             applied_epoch: volume_meta.applied_epoch,
             map,
         }),
+        copy: Mutex::new(copy::load(dir, volume_meta.number)?),
     };
     Ok((Arc::new(volume), images))
 }

@@ -23,6 +23,9 @@ pub struct Volume {
     /// Held for writing only while a record is applied, so a reader sees the block map, the
     /// data file and the applied sequence of one moment.
     pub state: RwLock<VolumeState>,
+    /// A full recovery in progress (mirrors `volumes/<n>.copy`): while set, records of the
+    /// volume are skipped and its log is not served.
+    pub copy: std::sync::Mutex<Option<crate::CopyState>>,
 }
 
 pub struct VolumeState {

@@ -17,6 +17,8 @@ struct FakeElement {
     connected: bool,
     /// As a replay source: its log no longer holds what is asked.
     log_truncated: bool,
+    /// Full recoveries (block copies) it went through.
+    copies: u32,
 }
 
 impl FakeElement {
@@ -30,6 +32,7 @@ impl FakeElement {
             held: Vec::new(),
             connected: false,
             log_truncated: false,
+            copies: 0,
         }
     }
 
@@ -132,6 +135,7 @@ impl Cluster {
                 volumes: vec![VolumeState {
                     applied_sequence: fake.applied,
                     applied_epoch: fake.applied_epoch,
+                    copying: false,
                 }],
             }),
             HostMessage::Apply(record) => {
@@ -182,6 +186,21 @@ impl Cluster {
                 self.core.handle_element_message(self.now, element, ElementMessage::Applied { volume: VOLUME, sequence });
                 Some(ElementMessage::RecoveryDone { volume: VOLUME, result: Ok(sequence) })
             }
+            HostMessage::Copy { source, volume, .. } => {
+                let source: usize = source[1..].parse().expect("fake address e<i>");
+                let (data, applied, applied_epoch, log) = {
+                    let s = &self.elements[source];
+                    (s.data.clone(), s.applied, s.applied_epoch, s.log.clone())
+                };
+                let fake = &mut self.elements[element.0 as usize];
+                fake.data = data;
+                fake.applied = applied;
+                fake.applied_epoch = applied_epoch;
+                fake.log = log;
+                fake.copies += 1;
+                Some(ElementMessage::CopyDone { volume, result: Ok(applied) })
+            }
+            HostMessage::FetchBlocks { .. } => panic!("the host element never fetches blocks"),
             HostMessage::FetchLog { request_id, after, .. } => Some(ElementMessage::LogRecords {
                 request_id,
                 result: Ok(fake.log.iter().filter(|r| r.sequence > after).cloned().collect()),
@@ -470,7 +489,7 @@ fn element_from_a_newer_epoch_fences_us() {
     while c.core.poll_action().is_some() {}
     c.core.handle_element_message(c.now, ElementId(0), ElementMessage::Welcome {
         epoch: Epoch(99),
-        volumes: vec![VolumeState { applied_sequence: Sequence::ZERO, applied_epoch: Epoch(0) }],
+        volumes: vec![VolumeState { applied_sequence: Sequence::ZERO, applied_epoch: Epoch(0), copying: false }],
     });
     c.run();
     let status = c.core.status(c.now);
@@ -494,7 +513,7 @@ fn an_element_behind_the_write_queue_replays_from_a_peer() {
 }
 
 #[test]
-fn replay_tries_every_peer_then_stays_failed_without_retrying() {
+fn replay_tries_every_peer_then_copies_blocks() {
     let mut c = Cluster::with(3, 2, |cfg| cfg.write_queue_bytes = limits::WRITE_QUEUE_BYTES_MIN);
     c.crash(2);
     let big = proto::PAYLOAD_BYTES_MAX as usize / 2;
@@ -505,24 +524,42 @@ fn replay_tries_every_peer_then_stays_failed_without_retrying() {
     c.elements[1].log_truncated = true;
     c.connect(2);
     assert_eq!(c.states(), "in-sync,in-sync,in-sync", "fell back to the other peer");
-    // Next time neither can: the element stays failed, says why, and a reconnect with the same
-    // position is refused at once instead of replaying again.
+    assert_eq!(c.elements[2].copies, 0);
+    // Next time neither can: it copies blocks from a peer, then follows the write queue.
     c.crash(2);
     for i in 0..4u8 {
         c.write(0, i + 1, big);
     }
     c.elements[0].log_truncated = true;
     c.connect(2);
-    let reason = c.core.status(c.now).elements[2].reason.clone().unwrap_or_default();
-    assert!(reason.contains("needs full recovery"), "{reason}");
-    let recoveries = c.events.iter().filter(|e| matches!(e, Event::RecoveryStarted { .. })).count();
+    assert_eq!(c.elements[2].copies, 1);
+    assert_eq!(c.states(), "in-sync,in-sync,in-sync");
+    let status = c.core.status(c.now);
+    assert_eq!(status.elements[2].last_recovery.as_ref().map(|r| r.kind), Some(RecoveryKind::Full));
+    assert_eq!(c.elements[2].data, c.elements[0].data);
+    c.write(0, 9, 4096);
+    assert_eq!(c.elements[2].data, c.elements[0].data, "in the quorum again");
+}
+
+#[test]
+fn a_diverged_or_copy_interrupted_element_is_copied_not_failed() {
+    let mut c = Cluster::new(3, 2);
+    c.write(0, 1, 4096);
+    c.crash(2);
+    // It holds a record of an epoch this host element never wrote at that sequence.
+    let stray = Record {
+        volume: VOLUME,
+        epoch: Epoch(3),
+        sequence: Sequence(2),
+        op: Op::Write { offset_bytes: 8192, data: Bytes::from(vec![9u8; 4096]) },
+    };
+    c.elements[2].apply(&stray);
+    c.write(0, 2, 4096);
+    c.write(4096, 3, 4096);
     c.connect(2);
-    assert_eq!(c.states(), "in-sync,in-sync,failed");
-    assert_eq!(
-        c.events.iter().filter(|e| matches!(e, Event::RecoveryStarted { .. })).count(),
-        recoveries,
-        "no new recovery for an unchanged element"
-    );
+    assert_eq!(c.elements[2].copies, 1, "a diverged history is copied over");
+    assert_eq!(c.states(), "in-sync,in-sync,in-sync");
+    assert_eq!(c.elements[2].data, c.elements[0].data);
 }
 
 #[test]
@@ -540,7 +577,7 @@ fn a_replaying_element_does_not_hold_the_write_queue() {
         if let Action::Send { message: HostMessage::Hello { .. }, .. } = action {
             c.core.handle_element_message(c.now, ElementId(2), ElementMessage::Welcome {
                 epoch: Epoch(4),
-                volumes: vec![VolumeState { applied_sequence: Sequence::ZERO, applied_epoch: Epoch(0) }],
+                volumes: vec![VolumeState { applied_sequence: Sequence::ZERO, applied_epoch: Epoch(0), copying: false }],
             });
         }
     }

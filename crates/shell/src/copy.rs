@@ -1,0 +1,216 @@
+//! Full recovery in the element's shell: the target pulls, chunk by chunk, the blocks that
+//! differ from a peer (the source), keeping several chunks in flight so a long fat link stays
+//! full, installs them in order, saves a resume cursor every few MiB, and finally adopts the
+//! pass's base sequence. The host element then replays (or streams) the writes after it. The
+//! reasoning and the durable state are in `store::Store::copy_chunk` and its module.
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use proto::{BlockChunk, ElementMessage, Epoch, HostMessage, Sequence, VolumeId, BLOCK_BYTES};
+use store::{Store, VolumeHandle};
+use tokio::sync::mpsc;
+
+use crate::element::{connect_peer, recv_frame, send_frame, REPLAY_IDLE_TIMEOUT};
+
+/// Blocks asked about per request: 1 MiB of volume.
+const CHUNK_BLOCKS: u64 = 256;
+/// Requests in flight: 16 MiB of volume, more than the bandwidth-delay product of a
+/// 124 Mbit/s link with a 130 ms round trip (2 MiB) even when every block differs.
+const WINDOW_CHUNKS: usize = 16;
+/// Save the resume cursor (a checkpoint) after this much installed content, or this long.
+const CURSOR_SAVE_BYTES: u64 = 64 * 1024 * 1024;
+const CURSOR_SAVE_INTERVAL: Duration = Duration::from_secs(2);
+const PROGRESS_INTERVAL: Duration = Duration::from_millis(500);
+/// How long a source waits for its applied sequence to reach a request's `min_applied`.
+const SOURCE_CATCH_UP_TIMEOUT: Duration = Duration::from_secs(10);
+
+pub(crate) struct CopyJob {
+    pub volume: VolumeId,
+    pub spec: proto::VolumeSpec,
+    pub epoch: Epoch,
+    pub handle: VolumeHandle,
+    pub source: String,
+    pub rate_bytes_per_s: u64,
+}
+
+/// Volumes with a copy task running, per store: a new order waits for the old task to stop.
+static RUNNING: Mutex<Option<HashSet<(usize, VolumeHandle)>>> = Mutex::new(None);
+
+struct RunningGuard((usize, VolumeHandle));
+
+impl Drop for RunningGuard {
+    fn drop(&mut self) {
+        if let Some(set) = RUNNING.lock().expect("running copies lock").as_mut() {
+            set.remove(&self.0);
+        }
+    }
+}
+
+async fn claim(store: &Arc<Store>, handle: VolumeHandle) -> Result<RunningGuard, String> {
+    let key = (Arc::as_ptr(store) as usize, handle);
+    let deadline = Instant::now() + REPLAY_IDLE_TIMEOUT;
+    loop {
+        {
+            let mut running = RUNNING.lock().expect("running copies lock");
+            let set = running.get_or_insert_with(HashSet::new);
+            if set.insert(key) {
+                return Ok(RunningGuard(key));
+            }
+        }
+        if Instant::now() > deadline {
+            return Err("an earlier copy of this volume did not stop".into());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Source side of one `FetchBlocks` (on the blocking pool).
+pub(crate) fn serve_chunk(
+    store: &Store,
+    handle: VolumeHandle,
+    first_block: u64,
+    min_applied: Sequence,
+    have: &[proto::BlockSummary],
+) -> Result<BlockChunk, String> {
+    let deadline = Instant::now() + SOURCE_CATCH_UP_TIMEOUT;
+    while store.applied_sequence(handle) < min_applied {
+        if Instant::now() > deadline {
+            return Err(format!(
+                "this element has applied only sequence {} after {SOURCE_CATCH_UP_TIMEOUT:?}; the copy needs {min_applied}",
+                store.applied_sequence(handle)
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    store.copy_chunk(handle, first_block, have).map_err(|e| e.to_string())
+}
+
+pub(crate) async fn copy_from_peer(job: CopyJob, store: Arc<Store>, replies: mpsc::UnboundedSender<ElementMessage>) {
+    let started = Instant::now();
+    tracing::info!(source = %job.source, volume = %job.spec.name, "full recovery: copying from peer");
+    let result = match claim(&store, job.handle).await {
+        Ok(_guard) => copy(&job, &store, &replies).await,
+        Err(e) => Err(e),
+    };
+    let result = match result {
+        Ok((base, copied_bytes)) => {
+            let seconds = started.elapsed().as_secs_f64();
+            tracing::info!(%base, seconds, copied_bytes, volume = %job.spec.name, "full recovery: copy done");
+            let (done_bytes, total_bytes) = (job.spec.size_bytes, job.spec.size_bytes);
+            let _ = replies.send(ElementMessage::CopyProgress { volume: job.volume, done_bytes, total_bytes, copied_bytes });
+            Ok(base)
+        }
+        Err(reason) => {
+            tracing::warn!(%reason, volume = %job.spec.name, "full recovery: copy failed");
+            Err(reason)
+        }
+    };
+    let _ = replies.send(ElementMessage::CopyDone { volume: job.volume, result });
+}
+
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T, store::StoreError> + Send + 'static) -> Result<T, String> {
+    tokio::task::spawn_blocking(f).await.map_err(|e| e.to_string())?.map_err(|e| e.to_string())
+}
+
+/// Returns the base adopted and the bytes of block content received.
+async fn copy(job: &CopyJob, store: &Arc<Store>, replies: &mpsc::UnboundedSender<ElementMessage>) -> Result<(Sequence, u64), String> {
+    let (mut stream, mut buf) = connect_peer(&job.source, job.epoch, &job.spec).await?;
+    let (s, h, epoch) = (store.clone(), job.handle, job.epoch);
+    let state = blocking(move || s.begin_copy(h, epoch)).await?;
+    let blocks = job.spec.size_bytes / BLOCK_BYTES;
+    // The pass's base: the lowest applied sequence any of its chunks was read at. Unset on a
+    // fresh pass until the first reply.
+    let mut base = (state.cursor_block > 0 || state.base != Sequence::ZERO).then_some((state.base, state.base_epoch));
+    let min_applied = base.map_or(Sequence::ZERO, |(b, _)| b);
+    if state.cursor_block > 0 {
+        tracing::info!(cursor_block = state.cursor_block, blocks, volume = %job.spec.name, "full recovery: resuming an interrupted copy");
+    }
+    let mut next_request = state.cursor_block;
+    let mut installed = state.cursor_block;
+    let mut saved = state.cursor_block;
+    let mut request_id = 0u64;
+    let mut in_flight: BTreeMap<u64, u64> = BTreeMap::new(); // request id -> first block
+    let mut ready: BTreeMap<u64, BlockChunk> = BTreeMap::new(); // first block -> reply
+    let mut copied_bytes = 0u64;
+    let mut unsaved_bytes = 0u64;
+    let mut last_save = Instant::now();
+    let mut last_progress = Instant::now();
+    let pace_started = Instant::now();
+    while installed < blocks {
+        if replies.is_closed() {
+            return Err("the host element's session ended".into());
+        }
+        while in_flight.len() < WINDOW_CHUNKS && next_request < blocks {
+            let count = CHUNK_BLOCKS.min(blocks - next_request);
+            let have = store.block_summaries(job.handle, next_request, count).map_err(|e| e.to_string())?;
+            request_id += 1;
+            let request = HostMessage::FetchBlocks {
+                request_id,
+                volume: VolumeId(0),
+                first_block: next_request,
+                min_applied,
+                have,
+            };
+            send_frame(&mut stream, &request).await?;
+            in_flight.insert(request_id, next_request);
+            next_request += count;
+        }
+        let (id, result) = match recv_frame::<ElementMessage>(&mut stream, &mut buf).await? {
+            ElementMessage::Blocks { request_id, result } => (request_id, result),
+            ElementMessage::Pong { .. } => continue,
+            other => return Err(format!("peer answered {other:?} to a block fetch")),
+        };
+        let first = in_flight.remove(&id).ok_or_else(|| format!("peer answered request {id}, which was not asked"))?;
+        let chunk = result.map_err(|e| format!("peer could not send blocks from {first}: {e}"))?;
+        ready.insert(first, chunk);
+        // Install in block order, so that the cursor means "everything before is done".
+        while let Some(chunk) = ready.remove(&installed) {
+            let count = CHUNK_BLOCKS.min(blocks - installed);
+            if let Some(block) = chunk.blocks.iter().find(|b| b.block < installed || b.block >= installed + count) {
+                return Err(format!("peer sent block {} for the chunk at {installed}", block.block));
+            }
+            if base.map_or(true, |(b, _)| chunk.applied < b) {
+                base = Some((chunk.applied, chunk.applied_epoch));
+                let (s, h) = (store.clone(), job.handle);
+                let (b, e) = (chunk.applied, chunk.applied_epoch);
+                blocking(move || s.set_copy_base(h, b, e)).await?;
+            }
+            let bytes = chunk.blocks.iter().filter(|b| b.content.is_some()).count() as u64 * BLOCK_BYTES;
+            copied_bytes += bytes;
+            unsaved_bytes += bytes;
+            if !chunk.blocks.is_empty() {
+                let (s, h) = (store.clone(), job.handle);
+                blocking(move || s.install_blocks(h, &chunk.blocks)).await?;
+            }
+            installed += count;
+            if unsaved_bytes >= CURSOR_SAVE_BYTES || (last_save.elapsed() >= CURSOR_SAVE_INTERVAL && installed > saved) {
+                let (s, h, cursor) = (store.clone(), job.handle, installed);
+                blocking(move || s.save_copy_cursor(h, cursor)).await?;
+                saved = installed;
+                unsaved_bytes = 0;
+                last_save = Instant::now();
+            }
+        }
+        if last_progress.elapsed() >= PROGRESS_INTERVAL {
+            last_progress = Instant::now();
+            let _ = replies.send(ElementMessage::CopyProgress {
+                volume: job.volume,
+                done_bytes: installed * BLOCK_BYTES,
+                total_bytes: job.spec.size_bytes,
+                copied_bytes,
+            });
+        }
+        if job.rate_bytes_per_s > 0 {
+            let due = Duration::from_secs_f64(copied_bytes as f64 / job.rate_bytes_per_s as f64);
+            if let Some(wait) = due.checked_sub(pace_started.elapsed()) {
+                tokio::time::sleep(wait).await;
+            }
+        }
+    }
+    let (s, h) = (store.clone(), job.handle);
+    // Its checkpoint makes the installed blocks durable before the copy state goes.
+    let base = blocking(move || s.finish_copy(h)).await?;
+    Ok((base, copied_bytes))
+}
