@@ -663,7 +663,7 @@ impl HostCore {
             if let Some(why) = why_copy {
                 if source.is_none() {
                     return self.fail_element(now, element, format!(
-                        "volume {name}: {why}; needs full recovery, and no in-sync peer to copy from"
+                        "volume {name}: {why}; needs full recovery, and no in-sync peer (with a known address) to copy from"
                     ), true);
                 }
                 copying[i] = true;
@@ -804,7 +804,7 @@ impl HostCore {
         }
         e.replay_tried = ElementSet::default();
         let Some(source) = self.replay_source(element) else {
-            return self.fail_element(now, element, format!("{why}; needs full recovery, and no in-sync peer to copy from"), true);
+            return self.fail_element(now, element, format!("{why}; needs full recovery, and no in-sync peer (with a known address) to copy from"), true);
         };
         let e = &mut self.elements[element.0 as usize];
         e.copying[vi] = true;
@@ -939,7 +939,7 @@ impl HostCore {
                 if self.elements.iter().enumerate().any(|(i, p)| i != element.0 as usize && p.state == ElementState::InSync && p.session) {
                     return self.start_copy(now, element, volume, reason);
                 }
-                let reason = format!("{reason}; needs full recovery, and no in-sync peer to copy from");
+                let reason = format!("{reason}; needs full recovery, and no in-sync peer (with a known address) to copy from");
                 let elements = self.elements.len();
                 let e = &mut self.elements[element.0 as usize];
                 if e.replay_tried.len() + 1 >= elements {

@@ -66,6 +66,24 @@ pub enum Out {
         after: Sequence,
         through: Sequence,
     },
+    /// A full recovery asks for a copy of a peer's volume (the world takes it as one snapshot
+    /// at the peer's applied sequence: the real copy's chunk-by-chunk, resumable walk is not
+    /// modelled, only its outcome — the peer's content and history, durably, and the volume's
+    /// replay log dropped).
+    Copy {
+        session: u64,
+        epoch: Epoch,
+        volume: VolumeId,
+        source: String,
+    },
+}
+
+/// A peer's volume as a full recovery copies it.
+#[derive(Debug)]
+pub struct VolumeCopy {
+    pub data: Vec<u8>,
+    pub allocated: Vec<bool>,
+    pub history: Vec<Epoch>,
 }
 
 pub struct Volume {
@@ -420,17 +438,8 @@ impl Element {
                     through,
                 });
             }
-            HostMessage::Copy { volume, .. } => {
-                // Not modelled yet: the element answers as one whose copy cannot start, which
-                // the host element reports as a failed full recovery.
-                out.push(Out::Send {
-                    session,
-                    message: ElementMessage::CopyDone {
-                        volume,
-                        result: Err("the simulator does not model full recovery; needs full recovery".into()),
-                    },
-                    delay_us: 0,
-                });
+            HostMessage::Copy { volume, source, .. } => {
+                out.push(Out::Copy { session, epoch: session_epoch, volume, source });
             }
             HostMessage::FetchBlocks { request_id, .. } => {
                 out.push(Out::Send {
@@ -525,6 +534,53 @@ impl Element {
     /// A peer's replay recovery says hello (with the epoch of its own host element session)
     /// before fetching from this element's replay log: refused if older than this element's
     /// epoch, otherwise adopted, in order with the records queued here.
+    /// The volume as a full recovery copies it (`Err` if a block fails its checksum, as the
+    /// real source's verified read does).
+    pub fn copy_volume(&self, vi: usize) -> Result<VolumeCopy, String> {
+        if let Some((_, b)) = self.corrupt_blocks.iter().find(|(v, _)| *v == vi) {
+            return Err(format!("peer could not send blocks: block {b} fails its checksum"));
+        }
+        let v = &self.vols[vi];
+        Ok(VolumeCopy { data: v.data.clone(), allocated: v.allocated.clone(), history: v.history.clone() })
+    }
+
+    /// Whether records of volume `vi` wait in the committer (a copy is installed only when
+    /// none do: the real store skips them while the volume is being copied).
+    pub fn commits_pending(&self, vi: usize) -> bool {
+        let in_batch = match &self.batch {
+            Some(Batch::Records { records, .. }) => records.iter().any(|r| r.volume.0 as usize == vi),
+            _ => false,
+        };
+        in_batch || self.pending.iter().any(|j| matches!(j, Job::Commit { record, .. } if record.volume.0 as usize == vi))
+    }
+
+    /// Install a finished copy durably and answer `CopyDone` with the sequence adopted.
+    pub fn install_copy(&mut self, session: u64, volume: VolumeId, copy: VolumeCopy, out: &mut Vec<Out>) {
+        let vi = volume.0 as usize;
+        let v = &mut self.vols[vi];
+        v.data = copy.data;
+        v.allocated = copy.allocated;
+        v.history = copy.history;
+        v.log.clear();
+        v.log_bytes = 0;
+        v.received_through = v.applied();
+        let applied = v.applied();
+        self.corrupt_blocks.retain(|(w, _)| *w != vi);
+        self.corrupt_log.retain(|(w, _)| *w != vi);
+        self.epoch = self.epoch.max(self.vols[vi].applied_epoch());
+        out.push(Out::Send {
+            session,
+            message: ElementMessage::CopyProgress {
+                volume,
+                done_bytes: self.vols[vi].data.len() as u64,
+                total_bytes: self.vols[vi].data.len() as u64,
+                copied_bytes: self.vols[vi].allocated.iter().filter(|a| **a).count() as u64 * BLOCK_BYTES,
+            },
+            delay_us: 0,
+        });
+        out.push(Out::Send { session, message: ElementMessage::CopyDone { volume, result: Ok(applied) }, delay_us: 0 });
+    }
+
     pub fn peer_hello(
         &mut self,
         rng: &mut Rng,

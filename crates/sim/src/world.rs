@@ -106,6 +106,13 @@ enum Ev {
         element: usize,
         incarnation: u64,
     },
+    CopyFetched {
+        element: usize,
+        incarnation: u64,
+        session: u64,
+        volume: VolumeId,
+        result: Result<crate::element::VolumeCopy, String>,
+    },
     RecoverFetched {
         element: usize,
         incarnation: u64,
@@ -167,6 +174,7 @@ impl Ev {
             Ev::EndQuiet => 17,
             Ev::EndFinal => 18,
             Ev::KillSuperseded { instance } => 19 ^ ((*instance as u64) << 8),
+            Ev::CopyFetched { element, .. } => 20 ^ ((*element as u64) << 8),
         }
     }
 }
@@ -610,6 +618,31 @@ impl World {
                 }
                 self.element_outputs(element, out);
             }
+            Ev::CopyFetched { element, incarnation, session, volume, result } => {
+                let el = &mut self.elements[element];
+                if !(el.alive && el.incarnation == incarnation && el.has_session(session)) {
+                    return;
+                }
+                let mut out = Vec::new();
+                match result {
+                    Ok(copy) if el.commits_pending(volume.0 as usize) => {
+                        // Let the committer finish first, as the real store's lock order does.
+                        let at = at_delay(self.now, 1_000);
+                        self.schedule(at, Ev::CopyFetched { element, incarnation, session, volume, result: Ok(copy) });
+                        return;
+                    }
+                    Ok(copy) => {
+                        self.trace(|| format!("element e{element} installs a copy of vol {volume}"));
+                        self.elements[element].install_copy(session, volume, copy, &mut out);
+                    }
+                    Err(reason) => out.push(Out::Send {
+                        session,
+                        message: ElementMessage::CopyDone { volume, result: Err(reason) },
+                        delay_us: 0,
+                    }),
+                }
+                self.element_outputs(element, out);
+            }
             Ev::ElementRestart { element } => {
                 if !self.elements[element].alive {
                     self.trace(|| format!("element e{element} restarts"));
@@ -943,6 +976,29 @@ impl World {
                             "element e{element} was sent {what} {how}: {reason}"
                         ));
                     }
+                }
+                Out::Copy { session, epoch, volume, source } => {
+                    let incarnation = self.elements[element].incarnation;
+                    let peer = self.elements.iter().position(|e| e.name == source);
+                    let (result, delay_us) = match peer {
+                        None => (Err(format!("unknown peer {source}")), 100),
+                        Some(p) if !self.elements[p].alive || p == element => {
+                            (Err(format!("cannot connect to {source}")), 1_000)
+                        }
+                        Some(p) => {
+                            let mut peer_out = Vec::new();
+                            let hello = self.elements[p].peer_hello(&mut self.rng_disk, epoch, &mut peer_out);
+                            self.element_outputs(p, peer_out);
+                            let result = hello.and_then(|()| self.elements[p].copy_volume(volume.0 as usize));
+                            let bytes = result
+                                .as_ref()
+                                .map_or(0, |c| c.allocated.iter().filter(|a| **a).count() as u64 * proto::BLOCK_BYTES);
+                            let rtt = 2 * (self.links[element].latency_us + self.links[p].latency_us);
+                            (result, rtt + bytes / 100)
+                        }
+                    };
+                    let at = at_delay(self.now, delay_us);
+                    self.schedule(at, Ev::CopyFetched { element, incarnation, session, volume, result });
                 }
                 Out::Recover {
                     session,
