@@ -46,6 +46,8 @@ pub struct PathStats {
     pub dropped_queue: u64,
     pub dropped_loss: u64,
     pub dropped_burst: u64,
+    /// Scheduled but never delivered because their connection (proxy) or relay ended first.
+    pub abandoned: u64,
     /// Sum and maximum, over delivered packets, of how late the shell handed them over: the
     /// emulator's own timing error (the OS timer, scheduling).
     pub late_ns_total: u64,
@@ -54,7 +56,7 @@ pub struct PathStats {
 
 impl PathStats {
     pub fn dropped(&self) -> u64 {
-        self.dropped_cut + self.dropped_queue + self.dropped_loss + self.dropped_burst
+        self.dropped_cut + self.dropped_queue + self.dropped_loss + self.dropped_burst + self.abandoned
     }
 }
 
@@ -62,14 +64,15 @@ impl std::fmt::Display for PathStats {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{} of {} packets delivered ({} bytes); dropped: {} cut, {} queue, {} loss, {} burst",
+            "{} of {} packets delivered ({} bytes); dropped: {} cut, {} queue, {} loss, {} burst, {} abandoned",
             self.packets_delivered,
             self.packets_in,
             self.bytes_delivered,
             self.dropped_cut,
             self.dropped_queue,
             self.dropped_loss,
-            self.dropped_burst
+            self.dropped_burst,
+            self.abandoned
         )
     }
 }
@@ -234,6 +237,8 @@ impl PathModel {
     pub fn handle_abandoned(&mut self, packets: u64) {
         assert!(packets <= self.packets_in_flight);
         self.packets_in_flight -= packets;
+        self.stats.abandoned += packets;
+        self.assert_invariants();
     }
 
     fn count_drop(&mut self, reason: DropReason) {
@@ -285,6 +290,22 @@ mod tests {
 
     fn at(at_ns: u64) -> Verdict {
         Verdict::Deliver { at_ns }
+    }
+
+    #[test]
+    fn packets_of_an_ended_connection_are_counted_and_the_path_goes_on() {
+        // Regression: abandoned packets were forgotten without being counted, so the next
+        // packet broke the accounting invariant (a panic in the proxy after a kill -9).
+        let mut model = PathModel::new(LinkParams { delay_ms_one_way: 8.0, ..LinkParams::default() });
+        let mut rng = StdRng::seed_from_u64(1);
+        for _ in 0..3 {
+            assert!(matches!(model.handle_packet(0, 1500, &mut rng), Verdict::Deliver { .. }));
+        }
+        model.handle_abandoned(3);
+        assert_eq!(model.stats().abandoned, 3);
+        assert!(matches!(model.handle_packet(MS, 1500, &mut rng), Verdict::Deliver { .. }));
+        assert!(model.handle_due(9 * MS, 9 * MS, 1500));
+        model.assert_invariants();
     }
 
     #[test]
