@@ -255,6 +255,12 @@ impl ElementRuntime {
     fn live(&self) -> bool {
         matches!(self.state, ElementState::InSync | ElementState::Recovering(_))
     }
+
+    /// Failed in this session, whose end the shell has been asked for: nothing more to time
+    /// out (else every timeout until the shell closes it would fail it again).
+    fn closing(&self) -> bool {
+        self.failed_in_session && matches!(self.state, ElementState::Failed(_))
+    }
 }
 
 #[derive(Debug)]
@@ -485,7 +491,7 @@ impl HostCore {
             if e.welcomed {
                 consider(e.next_ping);
             }
-            if e.session {
+            if e.session && !e.closing() {
                 // Also bounds a handshake whose element went silent before its welcome.
                 consider(e.last_heard.plus_ms(self.config.heartbeat_timeout_ms));
             }
@@ -1580,7 +1586,7 @@ impl HostCore {
         for i in 0..self.elements.len() {
             let element = ElementId(i as u8);
             let e = &mut self.elements[i];
-            if !e.session {
+            if !e.session || e.closing() {
                 continue;
             }
             if now >= e.last_heard.plus_ms(self.config.heartbeat_timeout_ms) {

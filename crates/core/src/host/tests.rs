@@ -636,3 +636,25 @@ fn block_status_marks_queued_writes_as_data() {
     );
     assert_eq!(overlay_extents(&q, Sequence(1), 0, 16384, extents), vec![BlockExtent { length_bytes: 16384, allocated: false }]);
 }
+
+#[test]
+fn a_heartbeat_failure_is_reported_once_while_the_session_closes() {
+    let mut c = Cluster::new(3, 2);
+    // The shell is slow to close the session: timeouts keep coming meanwhile.
+    c.core.handle_element_message(c.now, ElementId(2), ElementMessage::Pong { nonce: 0 });
+    for _ in 0..20 {
+        c.now = Time(c.now.0 + 1_000_000);
+        c.core.handle_timeout(c.now);
+        while let Some(action) = c.core.poll_action() {
+            if let Action::Event(event) = action {
+                c.events.push(event);
+            }
+        }
+    }
+    let failures = c
+        .events
+        .iter()
+        .filter(|e| matches!(e, Event::ElementFailed { element, .. } if *element == ElementId(2)))
+        .count();
+    assert_eq!(failures, 1, "a silent element fails once per session, not at every timeout");
+}
