@@ -5,6 +5,7 @@
 //! replays it. See `docs/testing.md`.
 
 pub mod element;
+pub mod history;
 pub mod model;
 pub mod options;
 pub mod report;

@@ -2,6 +2,10 @@
 //!
 //! Runs seeded simulations and prints runs, faults injected, violations and the replay command
 //! of each failure. Exit status 1 when any run breached the contract.
+//!
+//! `sim check-history FILE [--data PATH] [--json]` judges a history recorded against real
+//! processes with the same model (see [`sim::history`]): exit status 1 on a violation, 2 when
+//! the history cannot be read.
 
 use std::process::ExitCode;
 
@@ -16,10 +20,88 @@ const USAGE: &str =
   --swarm         draw the fault mix and rates from each seed (swarm testing)
   --faults K,…    inject only these kinds of fault (names as in the report, e.g. host_superseded)
   --broken X      run a deliberately broken variant, to show the checkers catch it
-  --trace         print every event (for replaying one seed)";
+  --trace         print every event (for replaying one seed)
+
+       sim check-history FILE [--data PATH] [--json]
+
+  judge a history recorded against real processes (tests/test_fault_history.py) with the
+  simulator's checkers; the reads' data are in PATH (default FILE.data)";
+
+fn check_history(args: impl Iterator<Item = String>) -> ExitCode {
+    let mut file = None;
+    let mut data_path = None;
+    let mut json = false;
+    let mut args = args.peekable();
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--json" => json = true,
+            "--data" => match args.next() {
+                Some(p) => data_path = Some(p),
+                None => {
+                    eprintln!("sim check-history: --data needs a value\n{USAGE}");
+                    return ExitCode::from(2);
+                }
+            },
+            other if file.is_none() && !other.starts_with("--") => file = Some(other.to_string()),
+            other => {
+                eprintln!("sim check-history: unexpected argument {other}\n{USAGE}");
+                return ExitCode::from(2);
+            }
+        }
+    }
+    let Some(file) = file else {
+        eprintln!("sim check-history: which history file?\n{USAGE}");
+        return ExitCode::from(2);
+    };
+    let data_path = data_path.unwrap_or_else(|| format!("{file}.data"));
+    let text = match std::fs::read_to_string(&file) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("sim check-history: {file}: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let data = match std::fs::read(&data_path) {
+        Ok(d) => d,
+        // A history without successful reads needs no data file.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+        Err(e) => {
+            eprintln!("sim check-history: {data_path}: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let started = std::time::Instant::now();
+    let report = match sim::history::History::parse(&text)
+        .and_then(|h| sim::history::check(&h, &data))
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("sim check-history: {file}: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    if json {
+        println!("{}", report.json());
+    } else {
+        println!(
+            "history {file}: checked in {:.2} s",
+            started.elapsed().as_secs_f64()
+        );
+        print!("{}", report.text());
+    }
+    if report.violations.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    }
+}
 
 fn main() -> ExitCode {
-    let mut args = std::env::args().skip(1);
+    let mut args = std::env::args().skip(1).peekable();
+    if args.peek().map(String::as_str) == Some("check-history") {
+        args.next();
+        return check_history(args);
+    }
     let mut options = SimOptions::new(0, 3, 2);
     let mut seeds: Option<u64> = None;
     let mut json = false;
