@@ -157,7 +157,7 @@ impl WriteQueue {
     /// Overlay every queued operation newer than `applied` onto `data`, which holds the
     /// element's content of `[offset_bytes, offset_bytes + data.len())` as of `applied`.
     /// Returns whether anything changed.
-    pub fn overlay(&self, applied: Sequence, offset_bytes: u64, data: &mut Vec<u8>) -> bool {
+    pub fn overlay(&self, applied: Sequence, offset_bytes: u64, data: &mut [u8]) -> bool {
         let end_bytes = offset_bytes + data.len() as u64;
         let mut changed = false;
         for entry in self.range(applied, self.last_sequence()) {

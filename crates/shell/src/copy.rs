@@ -171,7 +171,7 @@ async fn copy(job: &CopyJob, store: &Arc<Store>, replies: &mpsc::UnboundedSender
             if let Some(block) = chunk.blocks.iter().find(|b| b.block < installed || b.block >= installed + count) {
                 return Err(format!("peer sent block {} for the chunk at {installed}", block.block));
             }
-            if base.map_or(true, |(b, _)| chunk.applied < b) {
+            if !matches!(base, Some((b, _)) if chunk.applied >= b) {
                 base = Some((chunk.applied, chunk.applied_epoch));
                 let (s, h) = (store.clone(), job.handle);
                 let (b, e) = (chunk.applied, chunk.applied_epoch);
