@@ -1,6 +1,7 @@
 //! `starfish`: the one binary. Subcommands run an element, a host element, the demo cluster,
 //! print status, and compute availability.
 
+mod bench;
 mod config;
 
 use std::net::SocketAddr;
@@ -37,6 +38,8 @@ enum Command {
     Availability(availability::cli::AvailabilityArgs),
     /// Emulate a WAN link (delay, rate, loss, cut/heal): a TCP proxy or network namespaces.
     Link(netem::cli::LinkArgs),
+    /// Reproduce the paper's Tables 5–7 with real processes, emulated links and baselines.
+    Bench(bench::BenchArgs),
 }
 
 #[derive(Args, Debug)]
@@ -170,6 +173,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Demo(args) => demo(args),
         Command::Availability(args) => availability::cli::run(&args, &mut std::io::stdout()),
         Command::Link(args) => netem::cli::run(&args),
+        Command::Bench(args) => bench::run(args),
     }
 }
 
