@@ -128,6 +128,18 @@ def check_writes(uri, *write_logs):
             assert not problems, "\n".join(problems)
 
 
+def verify_all(cluster, workdir, uri, load, *others):
+    """After a test: no write of `load` failed, every acknowledged write of it and of
+    `others` (WriteLogs) reads back, all three elements catch up, stop cleanly and
+    hold identical volumes."""
+    log = load_log(workdir, load)
+    assert log.done
+    assert not log.failed, f"writes failed: {log.failed[:10]}"
+    check_writes(uri, log, *others)
+    wait_caught_up(cluster)
+    stop_and_compare(cluster)
+
+
 def watch(cluster, predicate, timeout, what, interval=0.1, on_sample=None):
     """Polls status until `predicate(status)`; returns (status, samples) where
     samples are (seconds since start, status, on_sample(status)) in order."""
@@ -307,12 +319,7 @@ def test_replay_recovery_past_the_write_queue(make_cluster, workdir):
         load.wait_acks(300, what="acknowledged writes after far came back")
         code = load.finish()
         assert code == 0, f"writer exit {code}\n{load.output()}"
-    log = load_log(workdir, load)
-    assert log.done
-    assert not log.failed, f"writes failed: {log.failed[:10]}"
-    check_writes(uri, log, burst)
-    wait_caught_up(cluster)
-    stop_and_compare(cluster)
+    verify_all(cluster, workdir, uri, load, burst)
 
 
 @pytest.mark.time_limit(150)
@@ -355,12 +362,7 @@ def test_paced_replay_shows_progress(make_cluster, workdir):
         load.wait_acks(300, what="acknowledged writes after far came back")
         code = load.finish()
         assert code == 0, f"writer exit {code}\n{load.output()}"
-    log = load_log(workdir, load)
-    assert log.done
-    assert not log.failed, f"writes failed: {log.failed[:10]}"
-    check_writes(uri, log, burst)
-    wait_caught_up(cluster)
-    stop_and_compare(cluster)
+    verify_all(cluster, workdir, uri, load, burst)
 
 
 def copying(s, name="far"):
@@ -409,12 +411,7 @@ def test_full_recovery_past_every_replay_log(make_cluster, workdir):
         load.wait_acks(200, what="acknowledged writes after far came back")
         code = load.finish()
         assert code == 0, f"writer exit {code}\n{load.output()}"
-    log = load_log(workdir, load)
-    assert log.done
-    assert not log.failed, f"writes failed: {log.failed[:10]}"
-    check_writes(uri, log, burst)
-    wait_caught_up(cluster)
-    stop_and_compare(cluster)
+    verify_all(cluster, workdir, uri, load, burst)
 
 
 @pytest.mark.time_limit(150)
@@ -441,11 +438,7 @@ def test_full_recovery_of_a_wiped_element(make_cluster, workdir):
         load.wait_acks(200, what="acknowledged writes after far came back")
         code = load.finish()
         assert code == 0, f"writer exit {code}\n{load.output()}"
-    log = load_log(workdir, load)
-    assert not log.failed, f"writes failed: {log.failed[:10]}"
-    check_writes(uri, log, burst)
-    wait_caught_up(cluster)
-    stop_and_compare(cluster)
+    verify_all(cluster, workdir, uri, load, burst)
 
 
 @pytest.mark.time_limit(180)
@@ -455,30 +448,41 @@ def test_full_recovery_resumes_after_a_kill(make_cluster, workdir, victim):
     the element copying (it restarts and resumes from its saved cursor) or of
     the peer it copies from (it goes on from the other peer, from where it
     was). It converges either way and all three end identical. Q=1, so that the
-    volume stays writable while the source is down."""
+    volume stays writable while the source is down. Sizes: about 420 MiB of
+    history (more than the 128 MiB replay logs, so the wiped element cannot
+    replay it all), about 380 MiB of it live data (the copy at 40 MiB/s takes
+    seconds), a light load meanwhile (one 4 KiB write at a time), whose writes
+    during the copy the replay logs still hold after it."""
     cluster = make_cluster_with_replay_log(
-        make_cluster, "32MiB", quorum=1, host_extra=["--write-queue", SMALL_QUEUE, "--recovery-rate", "12MiB"]
+        make_cluster, "128MiB", quorum=1, host_extra=["--write-queue", SMALL_QUEUE, "--recovery-rate", "40MiB"]
     )
     uri = cluster.uri()
-    with start_load(workdir, uri, seed=91) as load:
+    fill_offset, fill_blocks = 512 * MiB, 65536  # 256 MiB
+    light = dict(max_blocks=1, inflight=1)
+    with LoadWriter(workdir, uri, REGION_BLOCKS, 91, name="load", offset=LOAD_OFFSET, **light) as load:
         load.wait_acks(300)
+        with LoadWriter(workdir, uri, fill_blocks, 93, name="fill", offset=fill_offset, **BURST) as fill:
+            acked = AckedBytes(fill.log_path)
+            wait_until(lambda: acked() >= 256 * MiB or not fill.process.alive(), 120, "256 MiB of fill writes")
+            assert fill.finish() == 0, fill.output()
+        fill_log = harness.WriteLog(fill.log_path, fill_offset, fill_blocks)
         burst = write_burst(workdir, uri, 100, seed=92)
         kill_and_wait_out(cluster, "far")
         data = cluster.elements["far"].data
         harness.shutil.rmtree(data)
         harness.os.makedirs(data)
         cluster.restart_element("far")
+        # The target is killed after its first cursor save (every 64 MiB), the source early.
+        enough = (72 if victim == "target" else 24) * MiB
 
         def well_into_the_copy(s):
             r = element_of(s, "far").get("recovery") or {}
-            return copying(s) and r.get("copied_bytes", 0) >= 24 * MiB and r.get("done_bytes", 0) > 0
+            return copying(s) and r.get("copied_bytes", 0) >= enough and r.get("done_bytes", 0) > 0
 
-        status, samples = watch(cluster, well_into_the_copy, 60, "far well into a paced copy", interval=0.1)
+        status, samples = watch(cluster, well_into_the_copy, 60, "far well into a paced copy", interval=0.05)
         r = element_of(status, "far")["recovery"]
         print(f"before the kill: {r}")
         if victim == "target":
-            # Let a cursor save happen (every 2 s), then kill the copying element.
-            time.sleep(2.5)
             cluster.kill_element("far", signal.SIGKILL)
             cluster.restart_element("far")
         else:
@@ -498,11 +502,7 @@ def test_full_recovery_resumes_after_a_kill(make_cluster, workdir, victim):
         load.wait_acks(200, what="acknowledged writes after the interruption")
         code = load.finish()
         assert code == 0, f"writer exit {code}\n{load.output()}"
-    log = load_log(workdir, load)
-    assert not log.failed, f"writes failed with Q=1: {log.failed[:10]}"
-    check_writes(uri, log, burst)
-    wait_caught_up(cluster)
-    stop_and_compare(cluster)
+    verify_all(cluster, workdir, uri, load, burst, fill_log)
 
 
 @pytest.mark.time_limit(180)

@@ -641,8 +641,9 @@ impl HostCore {
                 return self.fail_element(now, element, reason, true);
             }
             self.elements[element.0 as usize].needs_full = None;
-            self.elements[element.0 as usize].replay_tried = ElementSet::default();
         }
+        // A new session tries every peer again.
+        self.elements[element.0 as usize].replay_tried = ElementSet::default();
         let mut behind = 0u64;
         let mut replaying = vec![false; self.volumes.len()];
         let mut copying = vec![false; self.volumes.len()];
@@ -802,8 +803,11 @@ impl HostCore {
         let e = &mut self.elements[element.0 as usize];
         e.copy_passes += 1;
         if e.copy_passes > limits::COPY_PASSES_MAX {
+            // Start afresh when it reconnects: the writes may have calmed down by then.
+            e.copy_passes = 0;
+            e.replay_tried = ElementSet::default();
             let reason = format!(
-                "{why}; {} full recovery passes did not catch up (writes outrun the recovery: raise --recovery-rate or the peers' --replay-log)",
+                "{why}; {} full recovery passes did not catch up (writes outrun the recovery: raise --recovery-rate or the peers' --replay-log); retrying when it reconnects",
                 limits::COPY_PASSES_MAX
             );
             return self.fail_element(now, element, reason, true);

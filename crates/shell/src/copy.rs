@@ -14,11 +14,15 @@ use tokio::sync::mpsc;
 
 use crate::element::{connect_peer, recv_frame, send_frame, REPLAY_IDLE_TIMEOUT};
 
-/// Blocks asked about per request: 1 MiB of volume.
-const CHUNK_BLOCKS: u64 = 256;
-/// Requests in flight: 16 MiB of volume, more than the bandwidth-delay product of a
-/// 124 Mbit/s link with a 130 ms round trip (2 MiB) even when every block differs.
+/// Blocks asked about per request: 1 MiB of volume to begin with; doubled (up to
+/// `COPY_CHUNK_BLOCKS_MAX`, 16 MiB) while replies carry little content (holes, blocks equal on
+/// both sides), halved again when they carry much.
+const CHUNK_BLOCKS_MIN: u64 = 256;
+/// Requests in flight at most, and volume bytes they cover at most: at least 16 MiB of content
+/// in flight, more than the bandwidth-delay product of a 124 Mbit/s link with a 130 ms round
+/// trip (2 MiB), and up to 64 MiB of volume per round trip over never-written space.
 const WINDOW_CHUNKS: usize = 16;
+const WINDOW_VOLUME_BYTES: u64 = 64 * 1024 * 1024;
 /// Save the resume cursor (a checkpoint) after this much installed content, or this long.
 const CURSOR_SAVE_BYTES: u64 = 64 * 1024 * 1024;
 const CURSOR_SAVE_INTERVAL: Duration = Duration::from_secs(2);
@@ -131,8 +135,10 @@ async fn copy(job: &CopyJob, store: &Arc<Store>, replies: &mpsc::UnboundedSender
     let mut installed = state.cursor_block;
     let mut saved = state.cursor_block;
     let mut request_id = 0u64;
-    let mut in_flight: BTreeMap<u64, u64> = BTreeMap::new(); // request id -> first block
-    let mut ready: BTreeMap<u64, BlockChunk> = BTreeMap::new(); // first block -> reply
+    let mut in_flight: BTreeMap<u64, (u64, u64)> = BTreeMap::new(); // request id -> (first block, count)
+    let mut ready: BTreeMap<u64, (u64, BlockChunk)> = BTreeMap::new(); // first block -> (count, reply)
+    let mut chunk_blocks = CHUNK_BLOCKS_MIN;
+    let chunk_blocks_max = proto::COPY_CHUNK_BLOCKS_MAX as u64;
     let mut copied_bytes = 0u64;
     let mut unsaved_bytes = 0u64;
     let mut last_save = Instant::now();
@@ -142,8 +148,11 @@ async fn copy(job: &CopyJob, store: &Arc<Store>, replies: &mpsc::UnboundedSender
         if replies.is_closed() {
             return Err("the host element's session ended".into());
         }
-        while in_flight.len() < WINDOW_CHUNKS && next_request < blocks {
-            let count = CHUNK_BLOCKS.min(blocks - next_request);
+        while in_flight.len() < WINDOW_CHUNKS
+            && next_request < blocks
+            && (in_flight.is_empty() || (next_request - installed + chunk_blocks) * BLOCK_BYTES <= WINDOW_VOLUME_BYTES)
+        {
+            let count = chunk_blocks.min(blocks - next_request);
             let have = store.block_summaries(job.handle, next_request, count).map_err(|e| e.to_string())?;
             request_id += 1;
             let request = HostMessage::FetchBlocks {
@@ -154,7 +163,7 @@ async fn copy(job: &CopyJob, store: &Arc<Store>, replies: &mpsc::UnboundedSender
                 have,
             };
             send_frame(&mut stream, &request).await?;
-            in_flight.insert(request_id, next_request);
+            in_flight.insert(request_id, (next_request, count));
             next_request += count;
         }
         let (id, result) = match recv_frame::<ElementMessage>(&mut stream, &mut buf).await? {
@@ -162,12 +171,17 @@ async fn copy(job: &CopyJob, store: &Arc<Store>, replies: &mpsc::UnboundedSender
             ElementMessage::Pong { .. } => continue,
             other => return Err(format!("peer answered {other:?} to a block fetch")),
         };
-        let first = in_flight.remove(&id).ok_or_else(|| format!("peer answered request {id}, which was not asked"))?;
+        let (first, count) = in_flight.remove(&id).ok_or_else(|| format!("peer answered request {id}, which was not asked"))?;
         let chunk = result.map_err(|e| format!("peer could not send blocks from {first}: {e}"))?;
-        ready.insert(first, chunk);
+        let content_blocks = chunk.blocks.iter().filter(|b| b.content.is_some()).count() as u64;
+        if content_blocks * 8 < count {
+            chunk_blocks = (chunk_blocks * 2).min(chunk_blocks_max);
+        } else if content_blocks * 2 > count {
+            chunk_blocks = (chunk_blocks / 2).max(CHUNK_BLOCKS_MIN);
+        }
+        ready.insert(first, (count, chunk));
         // Install in block order, so that the cursor means "everything before is done".
-        while let Some(chunk) = ready.remove(&installed) {
-            let count = CHUNK_BLOCKS.min(blocks - installed);
+        while let Some((count, chunk)) = ready.remove(&installed) {
             if let Some(block) = chunk.blocks.iter().find(|b| b.block < installed || b.block >= installed + count) {
                 return Err(format!("peer sent block {} for the chunk at {installed}", block.block));
             }

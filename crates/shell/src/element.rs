@@ -404,8 +404,9 @@ struct ReplayJob {
 /// frame stays within `FRAME_BODY_BYTES_MAX` with the per-record overhead of small records.
 const LOG_REPLY_BYTES_MAX: u64 = proto::PAYLOAD_BYTES_MAX as u64 / 2;
 
-/// Payload bytes asked of the peer per fetch.
-const REPLAY_FETCH_BYTES: u64 = 8 * 1024 * 1024;
+/// Payload bytes asked of the peer per fetch: one fetch is in flight at a time, so each costs
+/// an idle round trip; 16 MiB keeps a 124 Mbit/s link with a 130 ms round trip about 90 % busy.
+const REPLAY_FETCH_BYTES: u64 = LOG_REPLY_BYTES_MAX;
 /// A peer that has had nothing new for this long while we wait for `through` has failed us.
 pub(crate) const REPLAY_IDLE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 

@@ -979,17 +979,10 @@ impl World {
                 }
                 Out::Copy { session, epoch, volume, source } => {
                     let incarnation = self.elements[element].incarnation;
-                    let peer = self.elements.iter().position(|e| e.name == source);
-                    let (result, delay_us) = match peer {
-                        None => (Err(format!("unknown peer {source}")), 100),
-                        Some(p) if !self.elements[p].alive || p == element => {
-                            (Err(format!("cannot connect to {source}")), 1_000)
-                        }
-                        Some(p) => {
-                            let mut peer_out = Vec::new();
-                            let hello = self.elements[p].peer_hello(&mut self.rng_disk, epoch, &mut peer_out);
-                            self.element_outputs(p, peer_out);
-                            let result = hello.and_then(|()| self.elements[p].copy_volume(volume.0 as usize));
+                    let (result, delay_us) = match self.hello_peer(element, &source, epoch) {
+                        Err((reason, delay_us)) => (Err(reason), delay_us),
+                        Ok(p) => {
+                            let result = self.elements[p].copy_volume(volume.0 as usize);
                             let bytes = result
                                 .as_ref()
                                 .map_or(0, |c| c.allocated.iter().filter(|a| **a).count() as u64 * proto::BLOCK_BYTES);
@@ -1009,28 +1002,15 @@ impl World {
                     through,
                 } => {
                     let incarnation = self.elements[element].incarnation;
-                    let peer = self.elements.iter().position(|e| e.name == source);
-                    let (result, delay_us) = match peer {
-                        None => (Err(format!("unknown peer {source}")), 100),
-                        Some(p) if !self.elements[p].alive || p == element => {
-                            (Err(format!("cannot connect to {source}")), 1_000)
-                        }
-                        Some(p) => {
-                            // `pull_from_peer` says hello to the peer with the epoch of the
-                            // session that ordered the replay, then fetches.
-                            let mut peer_out = Vec::new();
-                            let hello = self.elements[p].peer_hello(
-                                &mut self.rng_disk,
-                                epoch,
-                                &mut peer_out,
-                            );
-                            self.element_outputs(p, peer_out);
+                    let (result, delay_us) = match self.hello_peer(element, &source, epoch) {
+                        Err((reason, delay_us)) => (Err(reason), delay_us),
+                        Ok(p) => {
                             // As `pull_from_peer`: first check our newest record against the
                             // peer's record at that sequence; a diverged history is refused.
                             let vi = volume.0 as usize;
                             let own = self.elements[element].vols[vi].applied();
                             let own_epoch = self.elements[element].vols[vi].applied_epoch();
-                            let verified = hello.and_then(|()| {
+                            let verified = (|| {
                                 if own == Sequence::ZERO {
                                     return Ok(());
                                 }
@@ -1042,7 +1022,7 @@ impl World {
                                     Some(epoch) => Err(format!("diverged: sequence {own} is from epoch {own_epoch} here and from epoch {epoch} on the peer; needs full recovery")),
                                     None => Err(format!("the peer's replay log does not hold sequence {own} to check it; needs full recovery")),
                                 }
-                            });
+                            })();
                             let result = verified.and_then(|()| {
                                 self.elements[p].log_records(
                                     volume.0 as usize,
@@ -1075,6 +1055,24 @@ impl World {
                 }
             }
         }
+    }
+
+    /// A recovering element's own session to a peer (replay or copy), as `connect_peer`: the
+    /// peer's index once it took the `Hello` with the ordering session's epoch, or why not
+    /// and after how long (µs) the element learns it.
+    fn hello_peer(&mut self, element: usize, source: &str, epoch: Epoch) -> Result<usize, (String, u64)> {
+        let p = match self.elements.iter().position(|e| e.name == source) {
+            None => return Err((format!("unknown peer {source}"), 100)),
+            Some(p) if !self.elements[p].alive || p == element => {
+                return Err((format!("cannot connect to {source}"), 1_000))
+            }
+            Some(p) => p,
+        };
+        let mut peer_out = Vec::new();
+        let hello = self.elements[p].peer_hello(&mut self.rng_disk, epoch, &mut peer_out);
+        self.element_outputs(p, peer_out);
+        let rtt = 2 * (self.links[element].latency_us + self.links[p].latency_us);
+        hello.map(|()| p).map_err(|reason| (reason, rtt))
     }
 
     // ----- the host element's shell ------------------------------------------------------------
