@@ -294,6 +294,14 @@ impl Reader {
         }
         Ok(n)
     }
+    /// `u8 ok`, then a sequence or a reason (`RecoveryDone`, `CopyDone`).
+    fn sequence_result(&mut self, what: &'static str) -> Result<Result<Sequence, String>, DecodeError> {
+        Ok(match self.u8(what)? {
+            RESULT_OK => Ok(Sequence(self.u64(what)?)),
+            RESULT_ERR => Err(self.string(what, REASON_BYTES_MAX)?),
+            tag => return Err(DecodeError::UnknownTag(tag)),
+        })
+    }
     fn finish(self) -> Result<(), DecodeError> {
         match self.body.remaining() {
             0 => Ok(()),
@@ -612,16 +620,7 @@ impl Body for ElementMessage {
             ElementMessage::RecoveryDone { volume, result } => {
                 out.put_u8(ELEMENT_RECOVERY_DONE);
                 out.put_u32_le(volume.0);
-                match result {
-                    Ok(sequence) => {
-                        out.put_u8(RESULT_OK);
-                        out.put_u64_le(sequence.0);
-                    }
-                    Err(reason) => {
-                        out.put_u8(RESULT_ERR);
-                        put_bytes(out, truncate(reason).as_bytes());
-                    }
-                }
+                put_sequence_result(out, result);
             }
             ElementMessage::LogRecords { request_id, result } => {
                 out.put_u8(ELEMENT_LOG_RECORDS);
@@ -679,16 +678,7 @@ impl Body for ElementMessage {
             ElementMessage::CopyDone { volume, result } => {
                 out.put_u8(ELEMENT_COPY_DONE);
                 out.put_u32_le(volume.0);
-                match result {
-                    Ok(sequence) => {
-                        out.put_u8(RESULT_OK);
-                        out.put_u64_le(sequence.0);
-                    }
-                    Err(reason) => {
-                        out.put_u8(RESULT_ERR);
-                        put_bytes(out, truncate(reason).as_bytes());
-                    }
-                }
+                put_sequence_result(out, result);
             }
         }
     }
@@ -748,11 +738,7 @@ impl Body for ElementMessage {
             ELEMENT_FAULT => ElementMessage::Fault { reason: r.string("fault", REASON_BYTES_MAX)? },
             ELEMENT_RECOVERY_DONE => {
                 let volume = VolumeId(r.u32("recovery done volume")?);
-                let result = match r.u8("recovery done result")? {
-                    RESULT_OK => Ok(Sequence(r.u64("recovery done sequence")?)),
-                    RESULT_ERR => Err(r.string("recovery done error", REASON_BYTES_MAX)?),
-                    tag => return Err(DecodeError::UnknownTag(tag)),
-                };
+                let result = r.sequence_result("recovery done")?;
                 ElementMessage::RecoveryDone { volume, result }
             }
             ELEMENT_LOG_RECORDS => {
@@ -807,17 +793,26 @@ impl Body for ElementMessage {
             },
             ELEMENT_COPY_DONE => {
                 let volume = VolumeId(r.u32("copy done volume")?);
-                let result = match r.u8("copy done result")? {
-                    RESULT_OK => Ok(Sequence(r.u64("copy done sequence")?)),
-                    RESULT_ERR => Err(r.string("copy done error", REASON_BYTES_MAX)?),
-                    tag => return Err(DecodeError::UnknownTag(tag)),
-                };
+                let result = r.sequence_result("copy done")?;
                 ElementMessage::CopyDone { volume, result }
             }
             tag => return Err(DecodeError::UnknownTag(tag)),
         };
         r.finish()?;
         Ok(message)
+    }
+}
+
+fn put_sequence_result(out: &mut BytesMut, result: &Result<Sequence, String>) {
+    match result {
+        Ok(sequence) => {
+            out.put_u8(RESULT_OK);
+            out.put_u64_le(sequence.0);
+        }
+        Err(reason) => {
+            out.put_u8(RESULT_ERR);
+            put_bytes(out, truncate(reason).as_bytes());
+        }
     }
 }
 
