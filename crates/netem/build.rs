@@ -23,10 +23,7 @@ fn main() {
     }
     if !missing.is_empty() {
         println!("cargo::rustc-cfg=netem_no_netns");
-        println!(
-            "cargo::warning=netem's namespace tests will be ignored: missing {}",
-            missing.join(", ")
-        );
+        println!("cargo::warning=netem's namespace tests will be ignored: missing {}", missing.join(", "));
     }
 }
 

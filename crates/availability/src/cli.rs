@@ -11,8 +11,8 @@ use serde_json::{json, Value};
 
 use crate::decimal::{format_percent, format_truncated, to_f64, Decimal};
 use crate::model::{
-    loss_exposure, paper_loss_bound, unavailability, write_quorum_unavailability, Component,
-    Consistency, Deployment, Reading, Unavailability,
+    loss_exposure, paper_loss_bound, unavailability, write_quorum_unavailability, Component, Consistency, Deployment,
+    Reading, Unavailability,
 };
 use crate::plot::{self, Overlay, PlotOptions};
 use crate::recommend::{recommend, Recommendation};
@@ -66,21 +66,11 @@ pub struct AvailabilityArgs {
     pub rho: Option<Decimal>,
 
     /// Each element's failure rate λ per hour (with --repair-rate).
-    #[arg(
-        long,
-        allow_negative_numbers = true,
-        value_name = "LAMBDA",
-        requires = "repair_rate"
-    )]
+    #[arg(long, allow_negative_numbers = true, value_name = "LAMBDA", requires = "repair_rate")]
     pub failure_rate: Option<Decimal>,
 
     /// Each element's repair rate μ per hour (with --failure-rate).
-    #[arg(
-        long,
-        allow_negative_numbers = true,
-        value_name = "MU",
-        requires = "failure_rate"
-    )]
+    #[arg(long, allow_negative_numbers = true, value_name = "MU", requires = "failure_rate")]
     pub repair_rate: Option<Decimal>,
 
     /// The host element's availability (default: the elements'; for --table 2, 99.99%).
@@ -92,21 +82,11 @@ pub struct AvailabilityArgs {
     pub he_rho: Option<Decimal>,
 
     /// The host element's failure rate per hour (with --he-repair-rate).
-    #[arg(
-        long,
-        allow_negative_numbers = true,
-        value_name = "LAMBDA",
-        requires = "he_repair_rate"
-    )]
+    #[arg(long, allow_negative_numbers = true, value_name = "LAMBDA", requires = "he_repair_rate")]
     pub he_failure_rate: Option<Decimal>,
 
     /// The host element's repair rate per hour (with --he-failure-rate).
-    #[arg(
-        long,
-        allow_negative_numbers = true,
-        value_name = "MU",
-        requires = "he_failure_rate"
-    )]
+    #[arg(long, allow_negative_numbers = true, value_name = "MU", requires = "he_failure_rate")]
     pub he_repair_rate: Option<Decimal>,
 
     /// Read every availability A the way the paper's tables do, as the load ρ = 1 − A
@@ -136,22 +116,12 @@ pub struct AvailabilityArgs {
     pub seed: Option<u64>,
 
     /// Simulated time in years [default: 10000].
-    #[arg(
-        long,
-        allow_negative_numbers = true,
-        value_name = "Y",
-        requires = "simulate"
-    )]
+    #[arg(long, allow_negative_numbers = true, value_name = "Y", requires = "simulate")]
     pub years: Option<f64>,
 
     /// Mean time to repair in hours, for the simulation of components given by availability
     /// or load [default: 24].
-    #[arg(
-        long,
-        allow_negative_numbers = true,
-        value_name = "HOURS",
-        requires = "simulate"
-    )]
+    #[arg(long, allow_negative_numbers = true, value_name = "HOURS", requires = "simulate")]
     pub mttr_hours: Option<f64>,
 
     /// Draw the paper's Figure 3 or Figure 4 as a PNG into --out.
@@ -180,15 +150,9 @@ pub enum UsageError {
     #[error("choose one of --table, --recommend and --plot")]
     ModesConflict,
     #[error("{flag} does not apply to {mode}")]
-    NotApplicable {
-        flag: &'static str,
-        mode: &'static str,
-    },
+    NotApplicable { flag: &'static str, mode: &'static str },
     #[error("{flag} is required {purpose}")]
-    Missing {
-        flag: &'static str,
-        purpose: &'static str,
-    },
+    Missing { flag: &'static str, purpose: &'static str },
     #[error(
         "give the elements' availability: --element-availability A, --rho ρ, or --failure-rate λ \
          with --repair-rate μ"
@@ -212,8 +176,7 @@ pub fn run(args: &AvailabilityArgs, out: &mut dyn Write) -> anyhow::Result<()> {
         Mode::Recommend(target) => print_recommendations(args, target)?,
         Mode::Plot(figure, path) => draw_plot(args, figure, &path)?,
     };
-    out.write_all(text.as_bytes())
-        .context("cannot write the output")?;
+    out.write_all(text.as_bytes()).context("cannot write the output")?;
     Ok(())
 }
 
@@ -222,23 +185,14 @@ fn mode(args: &AvailabilityArgs) -> Result<Mode, UsageError> {
     if chosen.iter().filter(|&&c| c).count() > 1 {
         return Err(UsageError::ModesConflict);
     }
-    let not_for = |mode: &'static str, flags: &[(&'static str, bool)]| match flags
-        .iter()
-        .find(|(_, given)| *given)
-    {
+    let not_for = |mode: &'static str, flags: &[(&'static str, bool)]| match flags.iter().find(|(_, given)| *given) {
         Some(&(flag, _)) => Err(UsageError::NotApplicable { flag, mode }),
         None => Ok(()),
     };
-    let deployment_flags = [
-        ("--elements", args.elements.is_some()),
-        ("--quorum", args.quorum.is_some()),
-        ("--read-only", args.read_only),
-    ];
+    let deployment_flags =
+        [("--elements", args.elements.is_some()), ("--quorum", args.quorum.is_some()), ("--read-only", args.read_only)];
     let element_flags = [
-        (
-            "--element-availability",
-            args.element_availability.is_some(),
-        ),
+        ("--element-availability", args.element_availability.is_some()),
         ("--rho", args.rho.is_some()),
         ("--failure-rate", args.failure_rate.is_some()),
     ];
@@ -265,24 +219,13 @@ fn mode(args: &AvailabilityArgs) -> Result<Mode, UsageError> {
     }
     if args.recommend {
         not_for("--recommend", &deployment_flags[..2])?;
-        not_for(
-            "--recommend",
-            &[
-                ("--read-only (both are shown)", args.read_only),
-                ("--simulate", args.simulate),
-            ],
-        )?;
-        let target = args.target_nines.ok_or(UsageError::Missing {
-            flag: "--target-nines",
-            purpose: "with --recommend",
-        })?;
+        not_for("--recommend", &[("--read-only (both are shown)", args.read_only), ("--simulate", args.simulate)])?;
+        let target =
+            args.target_nines.ok_or(UsageError::Missing { flag: "--target-nines", purpose: "with --recommend" })?;
         return Ok(Mode::Recommend(target));
     }
     if let Some(figure) = args.plot {
-        let path = args.out.as_ref().ok_or(UsageError::Missing {
-            flag: "--out",
-            purpose: "with --plot",
-        })?;
+        let path = args.out.as_ref().ok_or(UsageError::Missing { flag: "--out", purpose: "with --plot" })?;
         not_for("--plot", &deployment_flags)?;
         not_for("--plot", &[("--json", args.json)])?;
         if figure == PlotFigure::Figure3 {
@@ -292,16 +235,10 @@ fn mode(args: &AvailabilityArgs) -> Result<Mode, UsageError> {
     }
     const EVALUATE: &str = "to evaluate a deployment (or use --table, --recommend or --plot)";
     if args.elements.is_none() {
-        return Err(UsageError::Missing {
-            flag: "--elements",
-            purpose: EVALUATE,
-        });
+        return Err(UsageError::Missing { flag: "--elements", purpose: EVALUATE });
     }
     if args.quorum.is_none() {
-        return Err(UsageError::Missing {
-            flag: "--quorum",
-            purpose: EVALUATE,
-        });
+        return Err(UsageError::Missing { flag: "--quorum", purpose: EVALUATE });
     }
     Ok(Mode::Evaluate)
 }
@@ -331,32 +268,19 @@ fn component(
     rates: Option<(&Decimal, &Decimal)>,
 ) -> anyhow::Result<Option<Given>> {
     if let Some(a) = availability {
-        let component = Component::from_availability_read(a.value(), reading)
-            .with_context(|| format!("{} {a}", names[0]))?;
-        return Ok(Some(Given {
-            component,
-            rates: None,
-            note: None,
-        }));
+        let component =
+            Component::from_availability_read(a.value(), reading).with_context(|| format!("{} {a}", names[0]))?;
+        return Ok(Some(Given { component, rates: None, note: None }));
     }
     if let Some(rho) = load {
-        let component =
-            Component::from_load(rho.value()).with_context(|| format!("{} {rho}", names[1]))?;
-        return Ok(Some(Given {
-            component,
-            rates: None,
-            note: None,
-        }));
+        let component = Component::from_load(rho.value()).with_context(|| format!("{} {rho}", names[1]))?;
+        return Ok(Some(Given { component, rates: None, note: None }));
     }
     if let Some((failure, repair)) = rates {
         let component = Component::from_rates(failure.value(), repair.value())
             .with_context(|| format!("{} {failure} {} {repair}", names[2], names[3]))?;
         let rates = Some((to_f64(failure.value()), to_f64(repair.value())));
-        return Ok(Some(Given {
-            component,
-            rates,
-            note: None,
-        }));
+        return Ok(Some(Given { component, rates, note: None }));
     }
     Ok(None)
 }
@@ -365,12 +289,7 @@ fn element(args: &AvailabilityArgs) -> anyhow::Result<Given> {
     let rates = args.failure_rate.as_ref().zip(args.repair_rate.as_ref());
     component(
         reading(args),
-        [
-            "--element-availability",
-            "--rho",
-            "--failure-rate",
-            "--repair-rate",
-        ],
+        ["--element-availability", "--rho", "--failure-rate", "--repair-rate"],
         args.element_availability.as_ref(),
         args.rho.as_ref(),
         rates,
@@ -379,22 +298,11 @@ fn element(args: &AvailabilityArgs) -> anyhow::Result<Given> {
 }
 
 /// The HE as given, else `default` (with a note saying so).
-fn he(
-    args: &AvailabilityArgs,
-    default: impl FnOnce() -> anyhow::Result<Given>,
-) -> anyhow::Result<Given> {
-    let rates = args
-        .he_failure_rate
-        .as_ref()
-        .zip(args.he_repair_rate.as_ref());
+fn he(args: &AvailabilityArgs, default: impl FnOnce() -> anyhow::Result<Given>) -> anyhow::Result<Given> {
+    let rates = args.he_failure_rate.as_ref().zip(args.he_repair_rate.as_ref());
     let given = component(
         reading(args),
-        [
-            "--he-availability",
-            "--he-rho",
-            "--he-failure-rate",
-            "--he-repair-rate",
-        ],
+        ["--he-availability", "--he-rho", "--he-failure-rate", "--he-repair-rate"],
         args.he_availability.as_ref(),
         args.he_rho.as_ref(),
         rates,
@@ -413,22 +321,12 @@ fn simulation_rates(given: &Given, mean_repair_hours: f64) -> anyhow::Result<Rat
 }
 
 fn evaluate(args: &AvailabilityArgs) -> anyhow::Result<String> {
-    let deployment = Deployment::new(
-        args.elements.expect("checked by mode()"),
-        args.quorum.expect("checked by mode()"),
-    )?;
-    let consistency = if args.read_only {
-        Consistency::ReadOnly
-    } else {
-        Consistency::WriteQuorum
-    };
+    let deployment =
+        Deployment::new(args.elements.expect("checked by mode()"), args.quorum.expect("checked by mode()"))?;
+    let consistency = if args.read_only { Consistency::ReadOnly } else { Consistency::WriteQuorum };
     let element = element(args)?;
     let he = he(args, || {
-        Ok(Given {
-            component: element.component.clone(),
-            rates: element.rates,
-            note: Some("same as the elements"),
-        })
+        Ok(Given { component: element.component.clone(), rates: element.rates, note: Some("same as the elements") })
     })?;
     let result = unavailability(deployment, consistency, &element.component, &he.component);
     let writes = write_quorum_unavailability(deployment, &element.component);
@@ -448,11 +346,7 @@ fn evaluate(args: &AvailabilityArgs) -> anyhow::Result<String> {
     };
     let closed_forms = ClosedForms {
         write_quorum: writes.clone(),
-        read_only: crate::model::read_only_unavailability(
-            deployment,
-            &element.component,
-            &he.component,
-        ),
+        read_only: crate::model::read_only_unavailability(deployment, &element.component, &he.component),
         exposure: exposure.clone(),
     };
 
@@ -487,25 +381,12 @@ fn evaluate(args: &AvailabilityArgs) -> anyhow::Result<String> {
         Consistency::ReadOnly => "read-only consistency (the paper's Eq. 2)",
     };
     writeln!(text, "N = {n} elements, write quorum Q = {q}: {what}")?;
-    writeln!(
-        text,
-        "  element availability   {}",
-        describe_component(&element)
-    )?;
+    writeln!(text, "  element availability   {}", describe_component(&element))?;
     writeln!(text, "  HE availability        {}", describe_component(&he))?;
     writeln!(text)?;
-    writeln!(
-        text,
-        "  availability           {} %  ({})",
-        availability_percent(&result),
-        nines(&result)
-    )?;
+    writeln!(text, "  availability           {} %  ({})", availability_percent(&result), nines(&result))?;
     writeln!(text, "  unavailability         {:.4e}", result.to_f64())?;
-    writeln!(
-        text,
-        "  expected downtime      {} per year",
-        duration(result.downtime_minutes_per_year())
-    )?;
+    writeln!(text, "  expected downtime      {} per year", duration(result.downtime_minutes_per_year()))?;
     match consistency {
         Consistency::WriteQuorum => writeln!(
             text,
@@ -521,32 +402,26 @@ fn evaluate(args: &AvailabilityArgs) -> anyhow::Result<String> {
     }
     writeln!(text)?;
     let half = n / 2;
-    let holders = if q == 1 {
-        "the element that holds".to_string()
-    } else {
-        format!("the {q} elements that hold")
-    };
+    let holders = if q == 1 { "the element that holds".to_string() } else { format!("the {q} elements that hold") };
     match (&bound, &exposure) {
         (Some(bound), Some(exposure)) => {
             writeln!(text, "  data loss              possible, as Q = {q} ≤ ⌊N/2⌋ = {half}: if the HE and {holders}")?;
             writeln!(text, "                         the latest writes fail together, the writes still in the HE's")?;
-            writeln!(
-                text,
-                "                         write queue are lost (the paper's section 4.2)"
-            )?;
+            writeln!(text, "                         write queue are lost (the paper's section 4.2)")?;
             writeln!(text, "  paper's bound          1/4^Q = {}", to_f64(bound))?;
-            writeln!(text, "  loss exposure          {:.4e}: steady-state probability that the HE and {holders}", to_f64(exposure))?;
             writeln!(
                 text,
-                "                         the latest writes are down together"
+                "  loss exposure          {:.4e}: steady-state probability that the HE and {holders}",
+                to_f64(exposure)
             )?;
+            writeln!(text, "                         the latest writes are down together")?;
         }
         _ => {
-            writeln!(text, "  data loss              not possible while Q elements survive: Q = {q} > ⌊N/2⌋ = {half},")?;
             writeln!(
                 text,
-                "                         so every two write quorums share an element"
+                "  data loss              not possible while Q elements survive: Q = {q} > ⌊N/2⌋ = {half},"
             )?;
+            writeln!(text, "                         so every two write quorums share an element")?;
         }
     }
     if let Some(report) = &simulation {
@@ -562,11 +437,7 @@ struct ClosedForms {
     exposure: Option<BigRational>,
 }
 
-fn simulation_text(
-    report: &SimulationReport,
-    closed: &ClosedForms,
-    deployment: Deployment,
-) -> String {
+fn simulation_text(report: &SimulationReport, closed: &ClosedForms, deployment: Deployment) -> String {
     let config = &report.config;
     let mut text = String::new();
     let _ = writeln!(
@@ -585,26 +456,15 @@ fn simulation_text(
         "unavailability", "closed form", "simulated [95 % interval]", "outages"
     );
     let mut rows = vec![
-        (
-            "write quorum (Eq. 1)",
-            closed.write_quorum.to_f64(),
-            report.write_quorum,
-        ),
-        (
-            "read-only (Eq. 2)",
-            closed.read_only.to_f64(),
-            report.read_only,
-        ),
+        ("write quorum (Eq. 1)", closed.write_quorum.to_f64(), report.write_quorum),
+        ("read-only (Eq. 2)", closed.read_only.to_f64(), report.read_only),
     ];
     if let (true, Some(exposure)) = (deployment.can_lose_data(), &closed.exposure) {
         rows.push(("loss exposure", to_f64(exposure), report.loss_exposure));
     }
     for (name, expected, estimate) in rows {
         let (low, high) = estimate.interval_95();
-        let simulated = format!(
-            "{:.4e} [{:.3e}, {:.3e}]",
-            estimate.unavailability, low, high
-        );
+        let simulated = format!("{:.4e} [{:.3e}, {:.3e}]", estimate.unavailability, low, high);
         let _ = writeln!(
             text,
             "  {name:<22} {expected:>12.4e}  {simulated:<36} {:>9}  {}",
@@ -660,12 +520,7 @@ fn simulation_json(report: &SimulationReport, closed: &ClosedForms) -> Value {
 }
 
 fn print_table(args: &AvailabilityArgs, which: PaperTable) -> anyhow::Result<String> {
-    let he = match (
-        which,
-        &args.he_availability,
-        &args.he_rho,
-        &args.he_failure_rate,
-    ) {
+    let he = match (which, &args.he_availability, &args.he_rho, &args.he_failure_rate) {
         (PaperTable::Two, None, Some(_), _) | (PaperTable::Two, None, _, Some(_)) => {
             anyhow::bail!("--table 2 takes the HE as --he-availability")
         }
@@ -673,10 +528,7 @@ fn print_table(args: &AvailabilityArgs, which: PaperTable) -> anyhow::Result<Str
     };
     let table = table::compute(which, reading(args), he).context("--he-availability")?;
     if args.json {
-        return Ok(format!(
-            "{}\n",
-            serde_json::to_string_pretty(&table_json(&table))?
-        ));
+        return Ok(format!("{}\n", serde_json::to_string_pretty(&table_json(&table))?));
     }
     Ok(table.to_string())
 }
@@ -718,11 +570,7 @@ fn table_json(table: &Table) -> Value {
 fn print_recommendations(args: &AvailabilityArgs, target: u32) -> anyhow::Result<String> {
     let element = element(args)?;
     let he = he(args, || {
-        Ok(Given {
-            component: element.component.clone(),
-            rates: None,
-            note: Some("same as the elements"),
-        })
+        Ok(Given { component: element.component.clone(), rates: None, note: Some("same as the elements") })
     })?;
     let recommendations = recommend(target, &element.component, &he.component)?;
     if args.json {
@@ -736,15 +584,8 @@ fn print_recommendations(args: &AvailabilityArgs, target: u32) -> anyhow::Result
         return Ok(format!("{}\n", serde_json::to_string_pretty(&value)?));
     }
     let mut text = String::new();
-    writeln!(
-        text,
-        "Smallest N, then Q, with at least {target} nines (unavailability ≤ 1e-{target})"
-    )?;
-    writeln!(
-        text,
-        "  element availability   {}",
-        describe_component(&element)
-    )?;
+    writeln!(text, "Smallest N, then Q, with at least {target} nines (unavailability ≤ 1e-{target})")?;
+    writeln!(text, "  element availability   {}", describe_component(&element))?;
     writeln!(text, "  HE availability        {}", describe_component(&he))?;
     writeln!(text)?;
     writeln!(
@@ -765,8 +606,7 @@ fn print_recommendations(args: &AvailabilityArgs, target: u32) -> anyhow::Result
         match &recommendation.choice {
             Some(choice) => {
                 let d = choice.deployment;
-                let show =
-                    |u: &Unavailability| format!("{} % ({}★9)", availability_percent(u), u.nines());
+                let show = |u: &Unavailability| format!("{} % ({}★9)", availability_percent(u), u.nines());
                 writeln!(
                     text,
                     "  {name:<36} {:>3} {:>3}  {:<14} {:<26} {}",
@@ -777,11 +617,7 @@ fn print_recommendations(args: &AvailabilityArgs, target: u32) -> anyhow::Result
                     show(&choice.read_only),
                 )?;
             }
-            None => writeln!(
-                text,
-                "  {name:<36} not reachable with at most {} elements",
-                crate::model::ELEMENTS_MAX
-            )?,
+            None => writeln!(text, "  {name:<36} not reachable with at most {} elements", crate::model::ELEMENTS_MAX)?,
         }
     }
     Ok(text)
@@ -810,11 +646,7 @@ fn recommendation_json(recommendation: &Recommendation) -> Value {
     value
 }
 
-fn draw_plot(
-    args: &AvailabilityArgs,
-    figure: PlotFigure,
-    path: &std::path::Path,
-) -> anyhow::Result<String> {
+fn draw_plot(args: &AvailabilityArgs, figure: PlotFigure, path: &std::path::Path) -> anyhow::Result<String> {
     let overlay = args.simulate.then(|| Overlay {
         years: args.years.unwrap_or(YEARS_DEFAULT),
         seed: args.seed.unwrap_or(SEED_DEFAULT),
@@ -831,15 +663,8 @@ fn draw_plot(
         PlotFigure::Figure3 => plot::Figure::Three,
         PlotFigure::Figure4 => plot::Figure::Four,
     };
-    plot::render(
-        figure,
-        &PlotOptions {
-            overlay,
-            element_loads,
-        },
-        path,
-    )
-    .with_context(|| format!("--out {}", path.display()))?;
+    plot::render(figure, &PlotOptions { overlay, element_loads }, path)
+        .with_context(|| format!("--out {}", path.display()))?;
     Ok(format!("wrote {}\n", path.display()))
 }
 
@@ -944,9 +769,7 @@ mod tests {
     fn run_cli(args: &[&str]) -> Result<String, String> {
         let argv = ["starfish", "availability"].iter().chain(args);
         let parsed = Starfish::try_parse_from(argv).map_err(|e| e.to_string())?;
-        let Subcommands::Availability(args) = parsed.command else {
-            unreachable!("parsed availability")
-        };
+        let Subcommands::Availability(args) = parsed.command else { unreachable!("parsed availability") };
         let mut out = Vec::new();
         run(&args, &mut out).map_err(|e| format!("{e:#}"))?;
         Ok(String::from_utf8(out).expect("UTF-8 output"))
@@ -976,79 +799,17 @@ mod tests {
             let v = run_json(args);
             assert_eq!(v["nines"], nines, "{args:?}: {v}");
             let u = v["unavailability"].as_f64().expect("unavailability");
-            assert!(
-                close(u, unavailability),
-                "{args:?}: {u} vs {unavailability}"
-            );
+            assert!(close(u, unavailability), "{args:?}: {u} vs {unavailability}");
             let a = v["availability"].as_f64().expect("availability");
             assert!(close(a, 1.0 - unavailability), "{args:?}: {a}");
             let minutes = v["downtime_minutes_per_year"].as_f64().expect("downtime");
-            assert!(
-                close(minutes, unavailability * 525_960.0),
-                "{args:?}: {minutes}"
-            );
+            assert!(close(minutes, unavailability * 525_960.0), "{args:?}: {minutes}");
         }
-        check(
-            &[
-                "--elements",
-                "1",
-                "--quorum",
-                "1",
-                "--element-availability",
-                "99%",
-            ],
-            2,
-            1e-2,
-        );
-        check(
-            &[
-                "--elements",
-                "3",
-                "--quorum",
-                "1",
-                "--element-availability",
-                "0.99",
-            ],
-            6,
-            1e-6,
-        );
-        check(
-            &[
-                "--elements",
-                "3",
-                "--quorum",
-                "2",
-                "--element-availability",
-                "90%",
-            ],
-            1,
-            0.028,
-        );
-        check(
-            &[
-                "--elements",
-                "3",
-                "--quorum",
-                "3",
-                "--element-availability",
-                "90%",
-            ],
-            0,
-            0.271,
-        );
-        check(
-            &[
-                "--elements",
-                "3",
-                "--quorum",
-                "2",
-                "--element-availability",
-                "99%",
-                "--read-only",
-            ],
-            5,
-            1.99e-6,
-        );
+        check(&["--elements", "1", "--quorum", "1", "--element-availability", "99%"], 2, 1e-2);
+        check(&["--elements", "3", "--quorum", "1", "--element-availability", "0.99"], 6, 1e-6);
+        check(&["--elements", "3", "--quorum", "2", "--element-availability", "90%"], 1, 0.028);
+        check(&["--elements", "3", "--quorum", "3", "--element-availability", "90%"], 0, 0.271);
+        check(&["--elements", "3", "--quorum", "2", "--element-availability", "99%", "--read-only"], 5, 1.99e-6);
         check(
             &[
                 "--elements",
@@ -1065,39 +826,11 @@ mod tests {
             1.0099e-6,
         );
         // ρ = 0.01 is the paper's "99 %": 3ρ²/(1+ρ)³·… for Q = 2.
-        check(
-            &["--elements", "3", "--quorum", "1", "--rho", "0.01"],
-            6,
-            1.0 / 1.01f64.powi(3) * 1e-6,
-        );
+        check(&["--elements", "3", "--quorum", "1", "--rho", "0.01"], 6, 1.0 / 1.01f64.powi(3) * 1e-6);
         // λ = 1/99 per hour, μ = 1 per hour: p = 0.01.
-        check(
-            &[
-                "--elements",
-                "2",
-                "--quorum",
-                "1",
-                "--failure-rate",
-                "1",
-                "--repair-rate",
-                "99",
-            ],
-            4,
-            1e-4,
-        );
+        check(&["--elements", "2", "--quorum", "1", "--failure-rate", "1", "--repair-rate", "99"], 4, 1e-4);
         // Far beyond an f64's resolution next to 1: U is still exact.
-        check(
-            &[
-                "--elements",
-                "7",
-                "--quorum",
-                "1",
-                "--element-availability",
-                "99.99%",
-            ],
-            28,
-            1e-28,
-        );
+        check(&["--elements", "7", "--quorum", "1", "--element-availability", "99.99%"], 28, 1e-28);
     }
 
     #[test]
@@ -1114,11 +847,7 @@ mod tests {
             "--he-availability",
             "99.99%",
         ];
-        assert_eq!(
-            run_json(&base)["nines"],
-            5,
-            "A = 99 % exactly falls just short"
-        );
+        assert_eq!(run_json(&base)["nines"], 5, "A = 99 % exactly falls just short");
         let mut paper = base.to_vec();
         paper.push("--paper-rho");
         assert_eq!(run_json(&paper)["nines"], 6, "ρ = 0.01 reaches it");
@@ -1137,26 +866,9 @@ mod tests {
             "90%",
         ]);
         assert_eq!(v["reliability"]["data_loss_possible"], true);
-        assert!(close(
-            v["reliability"]["paper_loss_bound"]
-                .as_f64()
-                .expect("bound"),
-            0.25
-        ));
-        assert!(close(
-            v["reliability"]["loss_exposure"]
-                .as_f64()
-                .expect("exposure"),
-            1e-3
-        ));
-        let v = run_json(&[
-            "--elements",
-            "3",
-            "--quorum",
-            "2",
-            "--element-availability",
-            "99%",
-        ]);
+        assert!(close(v["reliability"]["paper_loss_bound"].as_f64().expect("bound"), 0.25));
+        assert!(close(v["reliability"]["loss_exposure"].as_f64().expect("exposure"), 1e-3));
+        let v = run_json(&["--elements", "3", "--quorum", "2", "--element-availability", "99%"]);
         assert_eq!(v["reliability"]["data_loss_possible"], false);
         assert!(v["reliability"]["paper_loss_bound"].is_null());
         assert!(v["reliability"]["loss_exposure"].is_null());
@@ -1164,21 +876,10 @@ mod tests {
 
     #[test]
     fn read_only_json_carries_writes_too() {
-        let v = run_json(&[
-            "--elements",
-            "3",
-            "--quorum",
-            "2",
-            "--element-availability",
-            "90%",
-            "--read-only",
-        ]);
+        let v = run_json(&["--elements", "3", "--quorum", "2", "--element-availability", "90%", "--read-only"]);
         assert_eq!(v["consistency"], "read-only");
         assert_eq!(v["write_quorum"]["nines"], 1);
-        assert!(close(
-            v["write_quorum"]["unavailability"].as_f64().expect("u"),
-            0.028
-        ));
+        assert!(close(v["write_quorum"]["unavailability"].as_f64().expect("u"), 0.028));
     }
 
     #[test]
@@ -1194,23 +895,14 @@ mod tests {
         check(&["--table", "1", "--paper-rho"], 0);
         check(&["--table", "2"], 20);
         check(&["--table", "2", "--paper-rho"], 0);
-        check(
-            &["--table", "2", "--paper-rho", "--he-availability", "99.99%"],
-            0,
-        );
+        check(&["--table", "2", "--paper-rho", "--he-availability", "99.99%"], 0);
         let text = run_cli(&["--table", "2", "--paper-rho"]).expect("runs");
         assert!(text.contains("Every cell matches the paper."), "{text}");
     }
 
     #[test]
     fn recommendations() {
-        let v = run_json(&[
-            "--recommend",
-            "--target-nines",
-            "6",
-            "--element-availability",
-            "99%",
-        ]);
+        let v = run_json(&["--recommend", "--target-nines", "6", "--element-availability", "99%"]);
         let got: Vec<(u64, u64, bool)> = v["recommendations"]
             .as_array()
             .expect("list")
@@ -1223,18 +915,8 @@ mod tests {
                 )
             })
             .collect();
-        assert_eq!(
-            got,
-            [(3, 1, true), (7, 4, false), (3, 3, false), (3, 3, false)]
-        );
-        let text = run_cli(&[
-            "--recommend",
-            "--target-nines",
-            "6",
-            "--element-availability",
-            "99%",
-        ])
-        .expect("runs");
+        assert_eq!(got, [(3, 1, true), (7, 4, false), (3, 3, false), (3, 3, false)]);
+        let text = run_cli(&["--recommend", "--target-nines", "6", "--element-availability", "99%"]).expect("runs");
         assert!(text.contains("write quorum, no data loss"), "{text}");
     }
 
@@ -1256,60 +938,26 @@ mod tests {
         let simulation = &v["simulation"];
         for what in ["write_quorum", "read_only", "loss_exposure"] {
             let estimate = &simulation[what];
-            assert_eq!(
-                estimate["contains_closed_form"], true,
-                "{what}: {simulation}"
-            );
-            assert!(
-                estimate["outages"].as_u64().expect("outages") > 500,
-                "{what}: {simulation}"
-            );
+            assert_eq!(estimate["contains_closed_form"], true, "{what}: {simulation}");
+            assert!(estimate["outages"].as_u64().expect("outages") > 500, "{what}: {simulation}");
         }
         assert_eq!(simulation["seed"], 3);
-        let text = run_cli(&[
-            "--elements",
-            "3",
-            "--quorum",
-            "2",
-            "--rho",
-            "0.25",
-            "--simulate",
-            "--years",
-            "300",
-        ])
-        .expect("runs");
+        let text = run_cli(&["--elements", "3", "--quorum", "2", "--rho", "0.25", "--simulate", "--years", "300"])
+            .expect("runs");
         assert!(text.contains("Simulation: 300 years, seed 1"), "{text}");
         assert!(text.contains("agrees"), "{text}");
     }
 
     #[test]
     fn human_output() {
-        let text = run_cli(&[
-            "--elements",
-            "3",
-            "--quorum",
-            "2",
-            "--element-availability",
-            "99%",
-            "--read-only",
-        ])
-        .expect("runs");
-        for expected in [
-            "availability           99.999801 %  (5 nines)",
-            "writes (Eq. 1)",
-            "data loss              not possible",
-        ] {
+        let text = run_cli(&["--elements", "3", "--quorum", "2", "--element-availability", "99%", "--read-only"])
+            .expect("runs");
+        for expected in
+            ["availability           99.999801 %  (5 nines)", "writes (Eq. 1)", "data loss              not possible"]
+        {
             assert!(text.contains(expected), "{expected:?} in\n{text}");
         }
-        let text = run_cli(&[
-            "--elements",
-            "2",
-            "--quorum",
-            "1",
-            "--element-availability",
-            "90%",
-        ])
-        .expect("runs");
+        let text = run_cli(&["--elements", "2", "--quorum", "1", "--element-availability", "90%"]).expect("runs");
         assert!(text.contains("(2 nines)"), "{text}");
         assert!(text.contains("1/4^Q = 0.25"), "{text}");
     }
@@ -1328,13 +976,8 @@ mod tests {
             assert!(bytes.len() > 20_000, "{figure}: {} bytes", bytes.len());
         }
         let missing = dir.join("no-such-directory").join("f.png");
-        let error = run_cli(&[
-            "--plot",
-            "figure4",
-            "--out",
-            missing.to_str().expect("UTF-8"),
-        ])
-        .expect_err("cannot write");
+        let error =
+            run_cli(&["--plot", "figure4", "--out", missing.to_str().expect("UTF-8")]).expect_err("cannot write");
         assert!(error.contains("--out"), "{error}");
         std::fs::remove_dir_all(&dir).expect("clean up");
     }
@@ -1344,32 +987,18 @@ mod tests {
         // (arguments clap would have refused, part of the message)
         #[track_caller]
         fn check(args: AvailabilityArgs, message: &str) {
-            let error = run(&args, &mut Vec::new())
-                .expect_err("must fail")
-                .to_string();
+            let error = run(&args, &mut Vec::new()).expect_err("must fail").to_string();
             assert!(error.contains(message), "{error:?} lacks {message:?}");
         }
         check(
-            AvailabilityArgs {
-                plot: Some(PlotFigure::Figure3),
-                ..Default::default()
-            },
+            AvailabilityArgs { plot: Some(PlotFigure::Figure3), ..Default::default() },
             "--out is required with --plot",
         );
         check(
-            AvailabilityArgs {
-                recommend: true,
-                ..Default::default()
-            },
+            AvailabilityArgs { recommend: true, ..Default::default() },
             "--target-nines is required with --recommend",
         );
-        check(
-            AvailabilityArgs {
-                table: Some(7),
-                ..Default::default()
-            },
-            "no Table 7",
-        );
+        check(AvailabilityArgs { table: Some(7), ..Default::default() }, "no Table 7");
         check(AvailabilityArgs::default(), "--elements is required");
     }
 
@@ -1379,196 +1008,53 @@ mod tests {
         #[track_caller]
         fn check(args: &[&str], message: &str) {
             let error = run_cli(args).expect_err("must fail");
-            assert!(
-                error.contains(message),
-                "{args:?}: {error:?} lacks {message:?}"
-            );
+            assert!(error.contains(message), "{args:?}: {error:?} lacks {message:?}");
         }
         let a = "--element-availability";
-        check(
-            &["--elements", "3", "--quorum", "2", a, "1.2"],
-            "strictly between 0 and 1",
-        );
-        check(
-            &["--elements", "3", "--quorum", "2", a, "100%"],
-            "strictly between 0 and 1",
-        );
-        check(
-            &["--elements", "3", "--quorum", "2", a, "0"],
-            "strictly between 0 and 1",
-        );
-        check(
-            &["--elements", "3", "--quorum", "2", a, "-0.5"],
-            "strictly between 0 and 1",
-        );
-        check(
-            &["--elements", "3", "--quorum", "2", a, "ninety"],
-            "not a number",
-        );
-        check(
-            &["--elements", "3", "--quorum", "4", a, "0.9"],
-            "1 ≤ Q ≤ N = 3, got Q = 4",
-        );
+        check(&["--elements", "3", "--quorum", "2", a, "1.2"], "strictly between 0 and 1");
+        check(&["--elements", "3", "--quorum", "2", a, "100%"], "strictly between 0 and 1");
+        check(&["--elements", "3", "--quorum", "2", a, "0"], "strictly between 0 and 1");
+        check(&["--elements", "3", "--quorum", "2", a, "-0.5"], "strictly between 0 and 1");
+        check(&["--elements", "3", "--quorum", "2", a, "ninety"], "not a number");
+        check(&["--elements", "3", "--quorum", "4", a, "0.9"], "1 ≤ Q ≤ N = 3, got Q = 4");
         check(&["--elements", "3", "--quorum", "0", a, "0.9"], "got Q = 0");
-        check(
-            &["--elements", "0", "--quorum", "1", a, "0.9"],
-            "at least one element",
-        );
-        check(
-            &["--elements", "65", "--quorum", "1", a, "0.9"],
-            "at most 64 elements",
-        );
-        check(
-            &["--elements", "-1", "--quorum", "1", a, "0.9"],
-            "--elements",
-        );
+        check(&["--elements", "0", "--quorum", "1", a, "0.9"], "at least one element");
+        check(&["--elements", "65", "--quorum", "1", a, "0.9"], "at most 64 elements");
+        check(&["--elements", "-1", "--quorum", "1", a, "0.9"], "--elements");
         check(&["--quorum", "1", a, "0.9"], "--elements is required");
         check(&["--elements", "3", a, "0.9"], "--quorum is required");
+        check(&["--elements", "3", "--quorum", "2"], "give the elements' availability");
+        check(&["--elements", "3", "--quorum", "2", a, "0.9", "--rho", "0.1"], "cannot be used with");
+        check(&["--elements", "3", "--quorum", "2", "--rho", "0"], "the load ρ must be greater than 0");
+        check(&["--elements", "3", "--quorum", "2", "--failure-rate", "1"], "--repair-rate");
         check(
-            &["--elements", "3", "--quorum", "2"],
-            "give the elements' availability",
-        );
-        check(
-            &["--elements", "3", "--quorum", "2", a, "0.9", "--rho", "0.1"],
-            "cannot be used with",
-        );
-        check(
-            &["--elements", "3", "--quorum", "2", "--rho", "0"],
-            "the load ρ must be greater than 0",
-        );
-        check(
-            &["--elements", "3", "--quorum", "2", "--failure-rate", "1"],
-            "--repair-rate",
-        );
-        check(
-            &[
-                "--elements",
-                "3",
-                "--quorum",
-                "2",
-                "--failure-rate",
-                "0",
-                "--repair-rate",
-                "1",
-            ],
+            &["--elements", "3", "--quorum", "2", "--failure-rate", "0", "--repair-rate", "1"],
             "failure rate must be greater than 0",
         );
+        check(&["--elements", "3", "--quorum", "2", a, "0.9", "--he-availability", "1"], "--he-availability 1");
         check(
-            &[
-                "--elements",
-                "3",
-                "--quorum",
-                "2",
-                a,
-                "0.9",
-                "--he-availability",
-                "1",
-            ],
-            "--he-availability 1",
-        );
-        check(
-            &[
-                "--elements",
-                "3",
-                "--quorum",
-                "2",
-                a,
-                "0.9",
-                "--simulate",
-                "--years",
-                "-1",
-            ],
+            &["--elements", "3", "--quorum", "2", a, "0.9", "--simulate", "--years", "-1"],
             "simulated time in years",
         );
         check(
-            &[
-                "--elements",
-                "3",
-                "--quorum",
-                "2",
-                a,
-                "0.9",
-                "--simulate",
-                "--mttr-hours",
-                "0",
-            ],
+            &["--elements", "3", "--quorum", "2", a, "0.9", "--simulate", "--mttr-hours", "0"],
             "mean time to repair",
         );
-        check(
-            &[
-                "--elements",
-                "3",
-                "--quorum",
-                "2",
-                "--rho",
-                "1",
-                "--simulate",
-                "--years",
-                "1e12",
-            ],
-            "fewer years",
-        );
-        check(
-            &[
-                "--elements",
-                "3",
-                "--quorum",
-                "2",
-                a,
-                "0.9",
-                "--years",
-                "10",
-            ],
-            "--simulate",
-        );
+        check(&["--elements", "3", "--quorum", "2", "--rho", "1", "--simulate", "--years", "1e12"], "fewer years");
+        check(&["--elements", "3", "--quorum", "2", a, "0.9", "--years", "10"], "--simulate");
         check(&["--table", "3"], "--table");
-        check(
-            &["--table", "1", "--elements", "3"],
-            "--elements does not apply to --table",
-        );
-        check(
-            &["--table", "1", "--he-availability", "0.9"],
-            "Eq. 1 has no HE",
-        );
-        check(
-            &["--table", "2", "--he-availability", "2"],
-            "strictly between 0 and 1",
-        );
-        check(
-            &["--table", "1", "--recommend", "--target-nines", "3"],
-            "choose one of",
-        );
+        check(&["--table", "1", "--elements", "3"], "--elements does not apply to --table");
+        check(&["--table", "1", "--he-availability", "0.9"], "Eq. 1 has no HE");
+        check(&["--table", "2", "--he-availability", "2"], "strictly between 0 and 1");
+        check(&["--table", "1", "--recommend", "--target-nines", "3"], "choose one of");
         check(&["--recommend", a, "0.9"], "--target-nines");
-        check(
-            &["--recommend", "--target-nines", "0", a, "0.9"],
-            "between 1 and 30 nines",
-        );
-        check(
-            &["--recommend", "--target-nines", "31", a, "0.9"],
-            "between 1 and 30 nines",
-        );
-        check(
-            &["--recommend", "--target-nines", "3"],
-            "give the elements' availability",
-        );
-        check(
-            &[
-                "--recommend",
-                "--target-nines",
-                "3",
-                a,
-                "0.9",
-                "--elements",
-                "3",
-            ],
-            "--elements does not apply",
-        );
+        check(&["--recommend", "--target-nines", "0", a, "0.9"], "between 1 and 30 nines");
+        check(&["--recommend", "--target-nines", "31", a, "0.9"], "between 1 and 30 nines");
+        check(&["--recommend", "--target-nines", "3"], "give the elements' availability");
+        check(&["--recommend", "--target-nines", "3", a, "0.9", "--elements", "3"], "--elements does not apply");
         check(&["--plot", "figure3"], "--out");
         check(&["--plot", "figure5", "--out", "x.png"], "figure5");
-        check(
-            &["--plot", "figure3", "--out", "x.png", a, "0.9"],
-            "spans the element load",
-        );
+        check(&["--plot", "figure3", "--out", "x.png", a, "0.9"], "spans the element load");
         check(&["--out", "x.png"], "--plot");
     }
 }

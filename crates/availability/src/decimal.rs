@@ -97,10 +97,7 @@ impl FromStr for Decimal {
         let fraction_len = i64::try_from(fraction.len()).map_err(|_| malformed())?;
         let scale = exponent - fraction_len - if percent { 2 } else { 0 };
         let value = BigRational::from_integer(numerator) * pow10(scale);
-        Ok(Decimal {
-            value,
-            text: trimmed.to_string(),
-        })
+        Ok(Decimal { value, text: trimmed.to_string() })
     }
 }
 
@@ -117,9 +114,7 @@ pub fn pow10(exponent: i64) -> BigRational {
 
 /// The nearest `f64` (correctly rounded; tiny values may become subnormal or 0).
 pub fn to_f64(value: &BigRational) -> f64 {
-    value
-        .to_f64()
-        .expect("a BigRational always converts to some f64")
+    value.to_f64().expect("a BigRational always converts to some f64")
 }
 
 /// `value` with `fraction_digits` digits after the point, rounded toward zero — an availability
@@ -156,10 +151,7 @@ pub fn format_percent(value: &BigRational, fraction_digits_max: usize) -> String
 
 /// A percentage with exactly `fraction_digits` digits after the point, truncated.
 pub fn format_percent_fixed(value: &BigRational, fraction_digits: usize) -> String {
-    format_truncated(
-        &(value * BigRational::from_integer(BigInt::from(100u32))),
-        fraction_digits,
-    )
+    format_truncated(&(value * BigRational::from_integer(BigInt::from(100u32))), fraction_digits)
 }
 
 /// Is `value` strictly between 0 and 1?

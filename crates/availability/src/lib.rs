@@ -17,7 +17,6 @@ pub mod table;
 
 pub use decimal::Decimal;
 pub use model::{
-    loss_exposure, paper_loss_bound, read_only_unavailability, unavailability,
-    write_quorum_unavailability, Component, Consistency, Deployment, ModelError, Reading,
-    Unavailability, ELEMENTS_MAX,
+    loss_exposure, paper_loss_bound, read_only_unavailability, unavailability, write_quorum_unavailability, Component,
+    Consistency, Deployment, ModelError, Reading, Unavailability, ELEMENTS_MAX,
 };

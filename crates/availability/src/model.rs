@@ -75,10 +75,7 @@ impl Deployment {
             return Err(ModelError::NoElements);
         }
         if elements > ELEMENTS_MAX {
-            return Err(ModelError::TooManyElements {
-                elements,
-                max: ELEMENTS_MAX,
-            });
+            return Err(ModelError::TooManyElements { elements, max: ELEMENTS_MAX });
         }
         if quorum == 0 || quorum > elements {
             return Err(ModelError::QuorumOutOfRange { quorum, elements });
@@ -123,27 +120,18 @@ impl Component {
     /// Up with probability `availability`, 0 < A < 1.
     pub fn from_availability(availability: &BigRational) -> Result<Self, ModelError> {
         if !is_open_unit(availability) {
-            return Err(ModelError::AvailabilityOutOfRange {
-                value: to_f64(availability),
-            });
+            return Err(ModelError::AvailabilityOutOfRange { value: to_f64(availability) });
         }
-        Ok(Component {
-            down: BigRational::one() - availability,
-        })
+        Ok(Component { down: BigRational::one() - availability })
     }
 
     /// An availability figure read as `reading` says.
-    pub fn from_availability_read(
-        availability: &BigRational,
-        reading: Reading,
-    ) -> Result<Self, ModelError> {
+    pub fn from_availability_read(availability: &BigRational, reading: Reading) -> Result<Self, ModelError> {
         match reading {
             Reading::Exact => Component::from_availability(availability),
             Reading::PaperLoad => {
                 if !is_open_unit(availability) {
-                    return Err(ModelError::AvailabilityOutOfRange {
-                        value: to_f64(availability),
-                    });
+                    return Err(ModelError::AvailabilityOutOfRange { value: to_f64(availability) });
                 }
                 Component::from_load(&(BigRational::one() - availability))
             }
@@ -153,37 +141,21 @@ impl Component {
     /// Load ρ = λ/μ > 0; down with probability ρ/(1+ρ).
     pub fn from_load(load: &BigRational) -> Result<Self, ModelError> {
         if !load.is_positive() {
-            return Err(ModelError::NotPositive {
-                what: "the load ρ",
-                value: to_f64(load),
-            });
+            return Err(ModelError::NotPositive { what: "the load ρ", value: to_f64(load) });
         }
-        Ok(Component {
-            down: load / (BigRational::one() + load),
-        })
+        Ok(Component { down: load / (BigRational::one() + load) })
     }
 
     /// Failure rate λ and recovery rate μ, both > 0 and in the same unit; down with
     /// probability λ/(λ+μ).
-    pub fn from_rates(
-        failure_rate: &BigRational,
-        repair_rate: &BigRational,
-    ) -> Result<Self, ModelError> {
+    pub fn from_rates(failure_rate: &BigRational, repair_rate: &BigRational) -> Result<Self, ModelError> {
         if !failure_rate.is_positive() {
-            return Err(ModelError::NotPositive {
-                what: "the failure rate",
-                value: to_f64(failure_rate),
-            });
+            return Err(ModelError::NotPositive { what: "the failure rate", value: to_f64(failure_rate) });
         }
         if !repair_rate.is_positive() {
-            return Err(ModelError::NotPositive {
-                what: "the repair rate",
-                value: to_f64(repair_rate),
-            });
+            return Err(ModelError::NotPositive { what: "the repair rate", value: to_f64(repair_rate) });
         }
-        Ok(Component {
-            down: failure_rate / (failure_rate + repair_rate),
-        })
+        Ok(Component { down: failure_rate / (failure_rate + repair_rate) })
     }
 
     /// Steady-state probability of being down, p.
@@ -209,10 +181,7 @@ pub struct Unavailability(BigRational);
 impl Unavailability {
     /// Wraps a probability in [0, 1].
     pub fn new(probability: BigRational) -> Self {
-        assert!(
-            !probability.is_negative() && probability <= BigRational::one(),
-            "a probability"
-        );
+        assert!(!probability.is_negative() && probability <= BigRational::one(), "a probability");
         Unavailability(probability)
     }
 
@@ -301,11 +270,7 @@ pub fn write_quorum_unavailability(deployment: Deployment, element: &Component) 
 /// Eq. 2's complement. Eq. 2 is (1−x)·(1 − p^N) + x·(1 − p^Q) with x the HE's probability of
 /// being down: readable if the HE and any element are up, or, the HE down, if any of the Q
 /// elements holding the latest writes is up. Its complement is (1−x)·p^N + x·p^Q.
-pub fn read_only_unavailability(
-    deployment: Deployment,
-    element: &Component,
-    he: &Component,
-) -> Unavailability {
+pub fn read_only_unavailability(deployment: Deployment, element: &Component, he: &Component) -> Unavailability {
     let p = element.down();
     let all_down = p.pow(exponent(deployment.elements()));
     let quorum_down = p.pow(exponent(deployment.quorum()));
@@ -327,23 +292,15 @@ pub fn unavailability(
 /// The paper's bound on the probability of data loss, 1/4^Q (section 4.2), where data loss is
 /// possible at all (Q ≤ ⌊N/2⌋).
 pub fn paper_loss_bound(deployment: Deployment) -> Option<BigRational> {
-    deployment
-        .can_lose_data()
-        .then(|| BigRational::new(BigInt::one(), BigInt::from(4u32).pow(deployment.quorum())))
+    deployment.can_lose_data().then(|| BigRational::new(BigInt::one(), BigInt::from(4u32).pow(deployment.quorum())))
 }
 
 /// Where data loss is possible: the steady-state probability of the paper's loss condition, the
 /// HE and the Q elements holding the latest acknowledged writes all down at once, x·p^Q. It is
 /// the share of time during which a failover to the remaining (stale) elements would lose the
 /// writes still in the failed HE's write queue.
-pub fn loss_exposure(
-    deployment: Deployment,
-    element: &Component,
-    he: &Component,
-) -> Option<BigRational> {
-    deployment
-        .can_lose_data()
-        .then(|| he.down() * element.down().pow(exponent(deployment.quorum())))
+pub fn loss_exposure(deployment: Deployment, element: &Component, he: &Component) -> Option<BigRational> {
+    deployment.can_lose_data().then(|| he.down() * element.down().pow(exponent(deployment.quorum())))
 }
 
 fn exponent(k: u32) -> i32 {
@@ -364,9 +321,8 @@ mod tests {
 
     /// The paper's Eq. 1 exactly as printed: A(Q,N) = Σ_{i=0..N−Q} C(N,i) ρⁱ / (1+ρ)^N.
     fn eq1_as_printed(n: u32, q: u32, rho: &BigRational) -> BigRational {
-        let sum = (0..=n - q).fold(BigRational::zero(), |acc, i| {
-            acc + BigRational::from_integer(binomial(n, i)) * rho.pow(exponent(i))
-        });
+        let sum = (0..=n - q)
+            .fold(BigRational::zero(), |acc, i| acc + BigRational::from_integer(binomial(n, i)) * rho.pow(exponent(i)));
         sum / (BigRational::one() + rho).pow(exponent(n))
     }
 
@@ -389,21 +345,11 @@ mod tests {
             let deployment = Deployment::new(n, q).expect("valid deployment");
             let component = Component::from_load(&rho).expect("valid load");
             let ours = write_quorum_unavailability(deployment, &component);
-            assert_eq!(
-                ours.availability(),
-                eq1_as_printed(n, q, &rho),
-                "N={n} Q={q} ρ={rho}"
-            );
+            assert_eq!(ours.availability(), eq1_as_printed(n, q, &rho), "N={n} Q={q} ρ={rho}");
         }
         for n in 1..=8 {
             for q in 1..=n {
-                for rho in [
-                    ratio(1, 10),
-                    ratio(1, 1000),
-                    ratio(1, 1),
-                    ratio(7, 3),
-                    ratio(1, 99),
-                ] {
+                for rho in [ratio(1, 10), ratio(1, 1000), ratio(1, 1), ratio(7, 3), ratio(1, 99)] {
                     check(n, q, rho);
                 }
             }
@@ -418,11 +364,7 @@ mod tests {
             let component = Component::from_load(&rho).expect("valid load");
             let he = Component::from_load(&rho_he).expect("valid load");
             let ours = read_only_unavailability(deployment, &component, &he);
-            assert_eq!(
-                ours.availability(),
-                eq2_as_printed(n, q, &rho, &rho_he),
-                "N={n} Q={q}"
-            );
+            assert_eq!(ours.availability(), eq2_as_printed(n, q, &rho, &rho_he), "N={n} Q={q}");
         }
         for n in 1..=6 {
             for q in 1..=n {
@@ -452,53 +394,18 @@ mod tests {
         // one element: U = p
         check(1, 1, WriteQuorum, ratio(99, 100), he.clone(), ratio(1, 100));
         // Q = 1: all N down, p^N
-        check(
-            3,
-            1,
-            WriteQuorum,
-            ratio(99, 100),
-            he.clone(),
-            ratio(1, 1_000_000),
-        );
+        check(3, 1, WriteQuorum, ratio(99, 100), he.clone(), ratio(1, 1_000_000));
         // N = 3, Q = 2: 3p²(1−p) + p³ = 3·0.01·0.9 + 0.001
         check(3, 2, WriteQuorum, ratio(9, 10), he.clone(), ratio(28, 1000));
         // Q = N: 1 − (1−p)^N
-        check(
-            3,
-            3,
-            WriteQuorum,
-            ratio(9, 10),
-            he.clone(),
-            ratio(271, 1000),
-        );
+        check(3, 3, WriteQuorum, ratio(9, 10), he.clone(), ratio(271, 1000));
         // read-only: (1−x)p^N + x·p^Q
-        check(
-            3,
-            2,
-            ReadOnly,
-            ratio(99, 100),
-            ratio(99, 100),
-            ratio(199, 100_000_000),
-        );
-        check(
-            3,
-            2,
-            ReadOnly,
-            ratio(99, 100),
-            he.clone(),
-            ratio(10099, 10_000_000_000),
-        );
+        check(3, 2, ReadOnly, ratio(99, 100), ratio(99, 100), ratio(199, 100_000_000));
+        check(3, 2, ReadOnly, ratio(99, 100), he.clone(), ratio(10099, 10_000_000_000));
         // read-only with Q = N does not depend on the HE: p^N
         check(3, 3, ReadOnly, ratio(9, 10), ratio(1, 2), ratio(1, 1000));
         // read-only with Q = 1: (1−x)p^N + x·p
-        check(
-            2,
-            1,
-            ReadOnly,
-            ratio(9, 10),
-            ratio(9, 10),
-            ratio(9 + 10, 1000),
-        );
+        check(2, 1, ReadOnly, ratio(9, 10), ratio(9, 10), ratio(9 + 10, 1000));
     }
 
     #[test]
@@ -507,17 +414,9 @@ mod tests {
         let deployment = Deployment::new(7, 1).expect("valid deployment");
         let u = write_quorum_unavailability(deployment, &element(ratio(9999, 10000)));
         assert_eq!(u.nines(), 28);
-        assert_eq!(
-            u.availability_f64(),
-            1.0,
-            "availability alone cannot show it in an f64"
-        );
+        assert_eq!(u.availability_f64(), 1.0, "availability alone cannot show it in an f64");
         let relative_error = (u.to_f64() - 1e-28).abs() / 1e-28;
-        assert!(
-            relative_error < 1e-15,
-            "U as f64 is still accurate: {}",
-            u.to_f64()
-        );
+        assert!(relative_error < 1e-15, "U as f64 is still accurate: {}", u.to_f64());
         // 1 − A in floating point would have said 0.
         assert_eq!(1.0 - (1.0 - 1e-28_f64), 0.0);
     }
@@ -528,38 +427,21 @@ mod tests {
         fn check(u: BigRational, nines: u32, fractional: f64) {
             let u = Unavailability::new(u);
             assert_eq!(u.nines(), nines, "{:?}", u.exact());
-            assert!(
-                (u.nines_fractional() - fractional).abs() < 1e-12,
-                "{}",
-                u.nines_fractional()
-            );
+            assert!((u.nines_fractional() - fractional).abs() < 1e-12, "{}", u.nines_fractional());
         }
         check(ratio(1, 10), 1, 1.0);
         check(ratio(1, 1_000_000), 6, 6.0);
-        check(
-            ratio(1_000_001, 1_000_000_000_000),
-            5,
-            6.0 - 1.000001f64.log10(),
-        );
+        check(ratio(1_000_001, 1_000_000_000_000), 5, 6.0 - 1.000001f64.log10());
         check(ratio(5, 10_000), 3, 3.0 + 2f64.log10());
         check(ratio(1, 2), 0, 2f64.log10());
         check(ratio(1, 1), 0, 0.0);
-        check(
-            BigRational::new(1.into(), BigInt::from(10u32).pow(400)),
-            400,
-            400.0,
-        );
+        check(BigRational::new(1.into(), BigInt::from(10u32).pow(400)), 400, 400.0);
         assert_eq!(Unavailability::new(BigRational::zero()).nines(), u32::MAX);
     }
 
     #[test]
     fn meets_agrees_with_nines() {
-        for u in [
-            ratio(1, 1000),
-            ratio(1001, 1_000_000),
-            ratio(999, 1_000_000),
-            ratio(3, 10),
-        ] {
+        for u in [ratio(1, 1000), ratio(1001, 1_000_000), ratio(999, 1_000_000), ratio(3, 10)] {
             let u = Unavailability::new(u);
             for k in 0..8 {
                 assert_eq!(u.meets(k), k <= u.nines(), "{:?} {k}", u.exact());
@@ -583,30 +465,9 @@ mod tests {
         check(3, 2, Ok(()));
         check(ELEMENTS_MAX, ELEMENTS_MAX, Ok(()));
         check(0, 0, Err(ModelError::NoElements));
-        check(
-            3,
-            0,
-            Err(ModelError::QuorumOutOfRange {
-                quorum: 0,
-                elements: 3,
-            }),
-        );
-        check(
-            3,
-            4,
-            Err(ModelError::QuorumOutOfRange {
-                quorum: 4,
-                elements: 3,
-            }),
-        );
-        check(
-            65,
-            1,
-            Err(ModelError::TooManyElements {
-                elements: 65,
-                max: ELEMENTS_MAX,
-            }),
-        );
+        check(3, 0, Err(ModelError::QuorumOutOfRange { quorum: 0, elements: 3 }));
+        check(3, 4, Err(ModelError::QuorumOutOfRange { quorum: 4, elements: 3 }));
+        check(65, 1, Err(ModelError::TooManyElements { elements: 65, max: ELEMENTS_MAX }));
     }
 
     #[test]
@@ -620,22 +481,17 @@ mod tests {
         assert!(Component::from_rates(&ratio(0, 1), &ratio(1, 1)).is_err());
         assert!(Component::from_rates(&ratio(1, 1), &ratio(-1, 1)).is_err());
         // ρ ≥ 1 is a valid (if poor) component: Eq. 1 holds for any ρ with independent repair.
-        assert_eq!(
-            Component::from_load(&ratio(3, 1)).expect("valid").down(),
-            &ratio(3, 4)
-        );
+        assert_eq!(Component::from_load(&ratio(3, 1)).expect("valid").down(), &ratio(3, 4));
     }
 
     #[test]
     fn readings_and_rates_agree() {
-        let paper =
-            Component::from_availability_read(&ratio(99, 100), Reading::PaperLoad).expect("valid");
+        let paper = Component::from_availability_read(&ratio(99, 100), Reading::PaperLoad).expect("valid");
         assert_eq!(paper.load(), ratio(1, 100));
         assert_eq!(paper.down(), &ratio(1, 101));
         let rates = Component::from_rates(&ratio(1, 100), &ratio(1, 1)).expect("valid");
         assert_eq!(rates, paper);
-        let exact =
-            Component::from_availability_read(&ratio(99, 100), Reading::Exact).expect("valid");
+        let exact = Component::from_availability_read(&ratio(99, 100), Reading::Exact).expect("valid");
         assert_eq!(exact.load(), ratio(1, 99));
     }
 

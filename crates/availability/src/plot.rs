@@ -90,15 +90,11 @@ struct Panels {
 
 fn log_space(low: f64, high: f64, count: usize) -> Vec<f64> {
     let (a, b) = (low.log10(), high.log10());
-    (0..count)
-        .map(|i| 10f64.powf(a + (b - a) * i as f64 / (count - 1) as f64))
-        .collect()
+    (0..count).map(|i| 10f64.powf(a + (b - a) * i as f64 / (count - 1) as f64)).collect()
 }
 
 fn component_of_load(load: f64) -> Result<Component, PlotError> {
-    let exact = BigRational::from_float(load)
-        .filter(|_| load > 0.0)
-        .ok_or(PlotError::Load(load))?;
+    let exact = BigRational::from_float(load).filter(|_| load > 0.0).ok_or(PlotError::Load(load))?;
     Component::from_load(&exact).map_err(|_| PlotError::Load(load))
 }
 
@@ -119,17 +115,13 @@ fn figure_3(options: &PlotOptions) -> Result<Panels, PlotError> {
         let mut points = Vec::with_capacity(POINTS);
         for load in log_space(x_range.0, x_range.1, POINTS) {
             let element = component_of_load(load)?;
-            points.push((
-                load,
-                to_f64(write_quorum_unavailability(deployment, &element).exact()),
-            ));
+            points.push((load, to_f64(write_quorum_unavailability(deployment, &element).exact())));
         }
         let mut simulated = Vec::new();
         // The paper validated Eq. 1 by simulation up to N = 3.
         if let (Some(overlay), true) = (options.overlay, n <= 3) {
             for (index, &load) in simulated_loads.iter().enumerate() {
-                let rates =
-                    Rates::from_component(&component_of_load(load)?, overlay.mean_repair_hours)?;
+                let rates = Rates::from_component(&component_of_load(load)?, overlay.mean_repair_hours)?;
                 let report = simulate(&SimulationConfig {
                     deployment,
                     element: rates,
@@ -156,16 +148,12 @@ fn figure_3(options: &PlotOptions) -> Result<Panels, PlotError> {
         None => "Lines: Eq. 1.".to_string(),
     };
     Ok(Panels {
-        title: "Figure 3: availability with write quorum Q = 1, N = 1–6 elements (Eq. 1)"
-            .to_string(),
+        title: "Figure 3: availability with write quorum Q = 1, N = 1–6 elements (Eq. 1)".to_string(),
         x_description: "element load ρ = λ/μ".to_string(),
         x_range,
         availability_min: 0.5,
         unavailability_min: 1e-18,
-        legends: [
-            SeriesLabelPosition::LowerLeft,
-            SeriesLabelPosition::LowerRight,
-        ],
+        legends: [SeriesLabelPosition::LowerLeft, SeriesLabelPosition::LowerRight],
         curves,
         footnote,
     })
@@ -173,11 +161,7 @@ fn figure_3(options: &PlotOptions) -> Result<Panels, PlotError> {
 
 fn figure_4(options: &PlotOptions) -> Result<Panels, PlotError> {
     let x_range = (1e-3, 1.0);
-    let loads = if options.element_loads.is_empty() {
-        vec![1.0, 0.1]
-    } else {
-        options.element_loads.clone()
-    };
+    let loads = if options.element_loads.is_empty() { vec![1.0, 0.1] } else { options.element_loads.clone() };
     let simulated_he_loads = [0.01, 0.1, 0.3, 1.0];
     let mut curves = Vec::new();
     for (family, &load) in loads.iter().enumerate() {
@@ -187,20 +171,14 @@ fn figure_4(options: &PlotOptions) -> Result<Panels, PlotError> {
             let mut points = Vec::with_capacity(POINTS);
             for he_load in log_space(x_range.0, x_range.1, POINTS) {
                 let he = component_of_load(he_load)?;
-                points.push((
-                    he_load,
-                    to_f64(read_only_unavailability(deployment, &element, &he).exact()),
-                ));
+                points.push((he_load, to_f64(read_only_unavailability(deployment, &element, &he).exact())));
             }
             let mut simulated = Vec::new();
             // Simulate the first family only: it is the one a simulation resolves quickly.
             if let (Some(overlay), 0) = (options.overlay, family) {
                 let rates = Rates::from_component(&element, overlay.mean_repair_hours)?;
                 for (index, &he_load) in simulated_he_loads.iter().enumerate() {
-                    let he = Rates::from_component(
-                        &component_of_load(he_load)?,
-                        overlay.mean_repair_hours,
-                    )?;
+                    let he = Rates::from_component(&component_of_load(he_load)?, overlay.mean_repair_hours)?;
                     let report = simulate(&SimulationConfig {
                         deployment,
                         element: rates,
@@ -228,16 +206,12 @@ fn figure_4(options: &PlotOptions) -> Result<Panels, PlotError> {
         None => "Lines: Eq. 2.".to_string(),
     };
     Ok(Panels {
-        title: "Figure 4: availability with N = 3, Q = 1–3, read-only consistency (Eq. 2)"
-            .to_string(),
+        title: "Figure 4: availability with N = 3, Q = 1–3, read-only consistency (Eq. 2)".to_string(),
         x_description: "HE load ρ(HE) = λ(HE)/μ(HE)".to_string(),
         x_range,
         availability_min: 0.65,
         unavailability_min: 1e-5,
-        legends: [
-            SeriesLabelPosition::LowerLeft,
-            SeriesLabelPosition::LowerRight,
-        ],
+        legends: [SeriesLabelPosition::LowerLeft, SeriesLabelPosition::LowerRight],
         curves,
         footnote,
     })
@@ -251,13 +225,7 @@ fn draw(panels: &Panels, path: &Path) -> Result<(), PlotError> {
     let (top, rest) = root.split_vertically(50);
     top.titled(&panels.title, (FONT, 26)).map_err(draw_error)?;
     let (body, bottom) = rest.split_vertically(HEIGHT - 50 - 34);
-    bottom
-        .draw_text(
-            &panels.footnote,
-            &(FONT, 16).into_text_style(&bottom),
-            (20, 8),
-        )
-        .map_err(draw_error)?;
+    bottom.draw_text(&panels.footnote, &(FONT, 16).into_text_style(&bottom), (20, 8)).map_err(draw_error)?;
     let (left, right) = body.split_horizontally(WIDTH / 2);
     let (x_low, x_high) = panels.x_range;
     // A hair below the first power of ten, so that the axis labels it.
@@ -269,10 +237,7 @@ fn draw(panels: &Panels, path: &Path) -> Result<(), PlotError> {
         .margin(12)
         .x_label_area_size(48)
         .y_label_area_size(64)
-        .build_cartesian_2d(
-            (x_axis_low..x_high).log_scale(),
-            panels.availability_min..1.0,
-        )
+        .build_cartesian_2d((x_axis_low..x_high).log_scale(), panels.availability_min..1.0)
         .map_err(draw_error)?;
     chart
         .configure_mesh()
@@ -307,10 +272,7 @@ fn draw(panels: &Panels, path: &Path) -> Result<(), PlotError> {
         .margin(12)
         .x_label_area_size(48)
         .y_label_area_size(64)
-        .build_cartesian_2d(
-            (x_axis_low..x_high).log_scale(),
-            (panels.unavailability_min * 0.999..1.0).log_scale(),
-        )
+        .build_cartesian_2d((x_axis_low..x_high).log_scale(), (panels.unavailability_min * 0.999..1.0).log_scale())
         .map_err(draw_error)?;
     chart
         .configure_mesh()
@@ -325,14 +287,10 @@ fn draw(panels: &Panels, path: &Path) -> Result<(), PlotError> {
     let floor = panels.unavailability_min;
     for curve in &panels.curves {
         let points = curve.points.iter().filter(|&&(_, u)| u >= floor).copied();
-        let marks = curve
-            .simulated
-            .iter()
-            .filter(|(_, e)| e.unavailability > 0.0)
-            .map(|&(x, e)| {
-                let (low, high) = e.interval_95();
-                (x, e.unavailability, low.max(floor), high)
-            });
+        let marks = curve.simulated.iter().filter(|(_, e)| e.unavailability > 0.0).map(|&(x, e)| {
+            let (low, high) = e.interval_95();
+            (x, e.unavailability, low.max(floor), high)
+        });
         draw_curve(&mut chart, curve, points, marks)?;
     }
     chart
@@ -347,11 +305,8 @@ fn draw(panels: &Panels, path: &Path) -> Result<(), PlotError> {
     Ok(())
 }
 
-type Chart<'a, 'b, Y> = ChartContext<
-    'a,
-    BitMapBackend<'b>,
-    Cartesian2d<plotters::coord::combinators::LogCoord<f64>, Y>,
->;
+type Chart<'a, 'b, Y> =
+    ChartContext<'a, BitMapBackend<'b>, Cartesian2d<plotters::coord::combinators::LogCoord<f64>, Y>>;
 
 /// Draws one curve and its simulated points: (x, value, interval low, interval high).
 fn draw_curve<'a, 'b, Y>(
@@ -370,9 +325,7 @@ where
             .draw_series(DashedLineSeries::new(points, 8, 5, style))
             .map_err(draw_error)?
             .label(&curve.label)
-            .legend(move |(x, y)| {
-                plotters::element::DashedPathElement::new(vec![(x, y), (x + 22, y)], 8, 5, style)
-            });
+            .legend(move |(x, y)| plotters::element::DashedPathElement::new(vec![(x, y), (x + 22, y)], 8, 5, style));
     } else {
         chart
             .draw_series(LineSeries::new(points, style))
@@ -383,21 +336,10 @@ where
     let color = curve.color;
     for (x, value, low, high) in marks {
         chart
-            .draw_series(std::iter::once(PathElement::new(
-                vec![(x, low), (x, high)],
-                BLACK.stroke_width(1),
-            )))
+            .draw_series(std::iter::once(PathElement::new(vec![(x, low), (x, high)], BLACK.stroke_width(1))))
             .map_err(draw_error)?;
-        chart
-            .draw_series(std::iter::once(Circle::new((x, value), 4, color.filled())))
-            .map_err(draw_error)?;
-        chart
-            .draw_series(std::iter::once(Circle::new(
-                (x, value),
-                4,
-                BLACK.stroke_width(1),
-            )))
-            .map_err(draw_error)?;
+        chart.draw_series(std::iter::once(Circle::new((x, value), 4, color.filled()))).map_err(draw_error)?;
+        chart.draw_series(std::iter::once(Circle::new((x, value), 4, BLACK.stroke_width(1)))).map_err(draw_error)?;
     }
     Ok(())
 }

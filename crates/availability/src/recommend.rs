@@ -3,8 +3,8 @@
 //! deployments that cannot lose data (Q > ⌊N/2⌋).
 
 use crate::model::{
-    read_only_unavailability, unavailability, write_quorum_unavailability, Component, Consistency,
-    Deployment, Unavailability, ELEMENTS_MAX,
+    read_only_unavailability, unavailability, write_quorum_unavailability, Component, Consistency, Deployment,
+    Unavailability, ELEMENTS_MAX,
 };
 
 /// Largest target accepted, in nines.
@@ -26,22 +26,10 @@ pub struct Goal {
 
 /// The four goals, in the order they are reported.
 pub const GOALS: [Goal; 4] = [
-    Goal {
-        consistency: Consistency::WriteQuorum,
-        loss_free: false,
-    },
-    Goal {
-        consistency: Consistency::WriteQuorum,
-        loss_free: true,
-    },
-    Goal {
-        consistency: Consistency::ReadOnly,
-        loss_free: false,
-    },
-    Goal {
-        consistency: Consistency::ReadOnly,
-        loss_free: true,
-    },
+    Goal { consistency: Consistency::WriteQuorum, loss_free: false },
+    Goal { consistency: Consistency::WriteQuorum, loss_free: true },
+    Goal { consistency: Consistency::ReadOnly, loss_free: false },
+    Goal { consistency: Consistency::ReadOnly, loss_free: true },
 ];
 
 #[derive(Debug, Clone)]
@@ -70,13 +58,7 @@ pub fn recommend(
     if target_nines == 0 || target_nines > TARGET_NINES_MAX {
         return Err(RecommendError::TargetOutOfRange(target_nines));
     }
-    Ok(GOALS
-        .iter()
-        .map(|&goal| Recommendation {
-            goal,
-            choice: search(goal, target_nines, element, he),
-        })
-        .collect())
+    Ok(GOALS.iter().map(|&goal| Recommendation { goal, choice: search(goal, target_nines, element, he) }).collect())
 }
 
 fn search(goal: Goal, target_nines: u32, element: &Component, he: &Component) -> Option<Choice> {
@@ -104,14 +86,7 @@ fn search(goal: Goal, target_nines: u32, element: &Component, he: &Component) ->
     None
 }
 
-fn meets(
-    goal: Goal,
-    elements: u32,
-    quorum: u32,
-    target_nines: u32,
-    element: &Component,
-    he: &Component,
-) -> bool {
+fn meets(goal: Goal, elements: u32, quorum: u32, target_nines: u32, element: &Component, he: &Component) -> bool {
     let deployment = Deployment::new(elements, quorum).expect("1 ≤ Q ≤ N ≤ ELEMENTS_MAX");
     unavailability(deployment, goal.consistency, element, he).meets(target_nines)
 }
@@ -128,20 +103,13 @@ mod tests {
     }
 
     /// Brute force over every (N, Q) up to `n_max`, smallest first.
-    fn brute_force(
-        goal: Goal,
-        target: u32,
-        element: &Component,
-        he: &Component,
-        n_max: u32,
-    ) -> Option<(u32, u32)> {
-        (1..=n_max)
-            .flat_map(|n| (1..=n).map(move |q| (n, q)))
-            .filter(|&(n, q)| !goal.loss_free || q > n / 2)
-            .find(|&(n, q)| {
+    fn brute_force(goal: Goal, target: u32, element: &Component, he: &Component, n_max: u32) -> Option<(u32, u32)> {
+        (1..=n_max).flat_map(|n| (1..=n).map(move |q| (n, q))).filter(|&(n, q)| !goal.loss_free || q > n / 2).find(
+            |&(n, q)| {
                 let deployment = Deployment::new(n, q).expect("valid");
                 unavailability(deployment, goal.consistency, element, he).meets(target)
-            })
+            },
+        )
     }
 
     #[test]
@@ -163,27 +131,12 @@ mod tests {
         // Loss-free, Q = ⌊N/2⌋+1: N = 5, Q = 3 gives 9.85·10⁻⁶, N = 6, Q = 4 gives 1.94·10⁻⁵,
         // N = 7, Q = 4 gives 3.4·10⁻⁷.
         // Read-only, HE 99 %: (1−x)p³ + x·p^Q is 10⁻⁶ only at Q = 3.
-        check(
-            6,
-            component(99, 100),
-            component(99, 100),
-            [(3, 1), (7, 4), (3, 3), (3, 3)],
-        );
+        check(6, component(99, 100), component(99, 100), [(3, 1), (7, 4), (3, 3), (3, 3)]);
         // 5 nines, HE 99.99 % (x = 10⁻⁴): read-only N = 3 reaches it with Q = 1,
         // (1−x)·10⁻⁶ + x·10⁻² ≈ 2·10⁻⁶, and loss-free with Q = 2; a loss-free write quorum
         // needs N = 5, Q = 3 (9.85·10⁻⁶), since N = 3, Q = 2 gives 2.98·10⁻⁴.
-        check(
-            5,
-            component(99, 100),
-            component(9999, 10000),
-            [(3, 1), (5, 3), (3, 1), (3, 2)],
-        );
-        check(
-            2,
-            component(9, 10),
-            component(9, 10),
-            [(2, 1), (5, 3), (2, 2), (2, 2)],
-        );
+        check(5, component(99, 100), component(9999, 10000), [(3, 1), (5, 3), (3, 1), (3, 2)]);
+        check(2, component(9, 10), component(9, 10), [(2, 1), (5, 3), (2, 2), (2, 2)]);
     }
 
     #[test]
@@ -195,9 +148,7 @@ mod tests {
             for he in &hes {
                 for target in 1..=7 {
                     for recommendation in recommend(target, element, he).expect("valid") {
-                        let got = recommendation
-                            .choice
-                            .map(|c| (c.deployment.elements(), c.deployment.quorum()));
+                        let got = recommendation.choice.map(|c| (c.deployment.elements(), c.deployment.quorum()));
                         let expected = brute_force(recommendation.goal, target, element, he, N_MAX);
                         if got.is_some_and(|(n, _)| n <= N_MAX) || expected.is_some() {
                             assert_eq!(got, expected, "{:?} target {target}", recommendation.goal);
@@ -210,8 +161,7 @@ mod tests {
 
     #[test]
     fn loss_free_choices_cannot_lose_data() {
-        for recommendation in recommend(7, &component(99, 100), &component(99, 100)).expect("valid")
-        {
+        for recommendation in recommend(7, &component(99, 100), &component(99, 100)).expect("valid") {
             let choice = recommendation.choice.expect("reachable");
             if recommendation.goal.loss_free {
                 assert!(!choice.deployment.can_lose_data());
@@ -224,13 +174,7 @@ mod tests {
         let poor = component(1, 10);
         let recommendations = recommend(30, &poor, &poor).expect("valid target");
         assert!(recommendations.iter().all(|r| r.choice.is_none()));
-        assert_eq!(
-            recommend(0, &poor, &poor).err(),
-            Some(RecommendError::TargetOutOfRange(0))
-        );
-        assert_eq!(
-            recommend(31, &poor, &poor).err(),
-            Some(RecommendError::TargetOutOfRange(31))
-        );
+        assert_eq!(recommend(0, &poor, &poor).err(), Some(RecommendError::TargetOutOfRange(0)));
+        assert_eq!(recommend(31, &poor, &poor).err(), Some(RecommendError::TargetOutOfRange(31)));
     }
 }

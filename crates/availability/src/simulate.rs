@@ -43,18 +43,12 @@ impl Rates {
     pub fn new(failure_per_hour: f64, repair_per_hour: f64) -> Result<Self, SimulationError> {
         positive("the failure rate", failure_per_hour)?;
         positive("the repair rate", repair_per_hour)?;
-        Ok(Rates {
-            failure_per_hour,
-            repair_per_hour,
-        })
+        Ok(Rates { failure_per_hour, repair_per_hour })
     }
 
     /// The rates of `component` when a repair takes `mean_repair_hours` on average: μ = 1/MTTR,
     /// λ = ρ·μ.
-    pub fn from_component(
-        component: &Component,
-        mean_repair_hours: f64,
-    ) -> Result<Self, SimulationError> {
+    pub fn from_component(component: &Component, mean_repair_hours: f64) -> Result<Self, SimulationError> {
         positive("the mean time to repair", mean_repair_hours)?;
         let repair_per_hour = 1.0 / mean_repair_hours;
         let load = crate::decimal::to_f64(&component.load());
@@ -76,8 +70,7 @@ impl Rates {
 
     /// Transitions per hour in steady state: 2λμ/(λ+μ).
     fn transitions_per_hour(self) -> f64 {
-        2.0 * self.failure_per_hour * self.repair_per_hour
-            / (self.failure_per_hour + self.repair_per_hour)
+        2.0 * self.failure_per_hour * self.repair_per_hour / (self.failure_per_hour + self.repair_per_hour)
     }
 }
 
@@ -153,10 +146,7 @@ pub struct Estimate {
 
 impl Estimate {
     pub fn interval_95(&self) -> (f64, f64) {
-        (
-            (self.unavailability - self.half_width_95).max(0.0),
-            self.unavailability + self.half_width_95,
-        )
+        ((self.unavailability - self.half_width_95).max(0.0), self.unavailability + self.half_width_95)
     }
 
     pub fn contains(&self, unavailability: f64) -> bool {
@@ -211,10 +201,7 @@ struct Tally {
 
 impl Tally {
     fn new() -> Self {
-        Tally {
-            down_hours: [0.0; BATCHES],
-            outages: 0,
-        }
+        Tally { down_hours: [0.0; BATCHES], outages: 0 }
     }
 
     fn estimate(&self, batch_hours: f64) -> Estimate {
@@ -248,26 +235,15 @@ pub fn simulate(config: &SimulationConfig) -> Result<SimulationReport, Simulatio
     let mut rng = SplitMix64(config.seed);
 
     // Component i < n is element i; component n is the HE.
-    let rates: Vec<Rates> = (0..=n)
-        .map(|i| if i < n { config.element } else { config.he })
-        .collect();
+    let rates: Vec<Rates> = (0..=n).map(|i| if i < n { config.element } else { config.he }).collect();
     let mut up: Vec<bool> = rates.iter().map(|r| !rng.bernoulli(r.down())).collect();
     let mut next_hours: Vec<f64> = rates
         .iter()
         .zip(&up)
-        .map(|(r, &is_up)| {
-            rng.exponential(if is_up {
-                r.failure_per_hour
-            } else {
-                r.repair_per_hour
-            })
-        })
+        .map(|(r, &is_up)| rng.exponential(if is_up { r.failure_per_hour } else { r.repair_per_hour }))
         .collect();
     let state_of = |up: &[bool]| State {
-        elements_up: up[..n]
-            .iter()
-            .enumerate()
-            .fold(0u64, |m, (i, &u)| m | (u64::from(u) << i)),
+        elements_up: up[..n].iter().enumerate().fold(0u64, |m, (i, &u)| m | (u64::from(u) << i)),
         he_up: up[n],
     };
     let predicates = |state: State| {
@@ -287,19 +263,12 @@ pub fn simulate(config: &SimulationConfig) -> Result<SimulationReport, Simulatio
     let (mut element_failures, mut he_failures, mut event_count) = (0u64, 0u64, 0u64);
 
     loop {
-        let (component, &at) = next_hours
-            .iter()
-            .enumerate()
-            .min_by(|a, b| a.1.total_cmp(b.1))
-            .expect("at least one element and the HE");
+        let (component, &at) =
+            next_hours.iter().enumerate().min_by(|a, b| a.1.total_cmp(b.1)).expect("at least one element and the HE");
         let until = at.min(total_hours);
         // Account [now, until) to the predicates' current values, batch by batch.
         while now < until {
-            let batch_end = if batch + 1 == BATCHES {
-                total_hours
-            } else {
-                (batch + 1) as f64 * batch_hours
-            };
+            let batch_end = if batch + 1 == BATCHES { total_hours } else { (batch + 1) as f64 * batch_hours };
             let step_end = until.min(batch_end);
             for (tally, &ok) in tallies.iter_mut().zip(&holding) {
                 if !ok {
@@ -324,12 +293,8 @@ pub fn simulate(config: &SimulationConfig) -> Result<SimulationReport, Simulatio
                 he_failures += 1;
             }
         }
-        next_hours[component] = at
-            + rng.exponential(if up[component] {
-                rate.failure_per_hour
-            } else {
-                rate.repair_per_hour
-            });
+        next_hours[component] =
+            at + rng.exponential(if up[component] { rate.failure_per_hour } else { rate.repair_per_hour });
         let state = state_of(&up);
         let now_holding = predicates(state);
         for ((tally, &was), &is) in tallies.iter_mut().zip(&holding).zip(&now_holding) {
@@ -404,21 +369,11 @@ mod tests {
                 let deployment = Deployment::new(n, q).expect("valid");
                 for element in &components {
                     for he in &hes {
-                        let write =
-                            failing_probability(deployment, element, he, write_quorum_available);
-                        assert_eq!(
-                            &write,
-                            write_quorum_unavailability(deployment, element).exact()
-                        );
-                        let read =
-                            failing_probability(deployment, element, he, read_only_available);
-                        assert_eq!(
-                            &read,
-                            read_only_unavailability(deployment, element, he).exact()
-                        );
-                        let exposed = failing_probability(deployment, element, he, |d, s| {
-                            !loss_exposed(d, s)
-                        });
+                        let write = failing_probability(deployment, element, he, write_quorum_available);
+                        assert_eq!(&write, write_quorum_unavailability(deployment, element).exact());
+                        let read = failing_probability(deployment, element, he, read_only_available);
+                        assert_eq!(&read, read_only_unavailability(deployment, element, he).exact());
+                        let exposed = failing_probability(deployment, element, he, |d, s| !loss_exposed(d, s));
                         let expected = loss_exposure(deployment, element, he);
                         if let Some(expected) = expected {
                             assert_eq!(exposed, expected);
@@ -436,14 +391,7 @@ mod tests {
         #[track_caller]
         fn check(d: Deployment, elements_up: u64, he_up: bool, expected: (bool, bool, bool)) {
             let s = State { elements_up, he_up };
-            assert_eq!(
-                (
-                    write_quorum_available(d, s),
-                    read_only_available(d, s),
-                    loss_exposed(d, s)
-                ),
-                expected
-            );
+            assert_eq!((write_quorum_available(d, s), read_only_available(d, s), loss_exposed(d, s)), expected);
         }
         check(d, 0b111, true, (true, true, false));
         check(d, 0b011, false, (true, true, false));
@@ -496,11 +444,7 @@ mod tests {
                     report.write_quorum,
                     to_f64(write_quorum_unavailability(deployment, &element).exact()),
                 ),
-                (
-                    "read-only",
-                    report.read_only,
-                    to_f64(read_only_unavailability(deployment, &element, &he).exact()),
-                ),
+                ("read-only", report.read_only, to_f64(read_only_unavailability(deployment, &element, &he).exact())),
                 (
                     "exposure",
                     report.loss_exposure,
@@ -508,10 +452,7 @@ mod tests {
                 ),
             ];
             for (what, estimate, expected) in closed {
-                assert!(
-                    estimate.outages > 300,
-                    "{what}: too few outages to judge: {estimate:?}"
-                );
+                assert!(estimate.outages > 300, "{what}: too few outages to judge: {estimate:?}");
                 // Four half-widths of a 95 % interval: a seed that fails this is a bug, not luck.
                 let tolerance = 4.0 * estimate.half_width_95;
                 assert!(
@@ -519,10 +460,7 @@ mod tests {
                     "N={n} Q={q} {what}: simulated {estimate:?}, closed form {expected}"
                 );
                 // And the interval is tight enough to mean something.
-                assert!(
-                    estimate.half_width_95 < 0.15 * expected,
-                    "{what}: {estimate:?} vs {expected}"
-                );
+                assert!(estimate.half_width_95 < 0.15 * expected, "{what}: {estimate:?} vs {expected}");
             }
         }
         check(1, 1, (1, 9), (1, 9), 1000.0, 1);
@@ -572,22 +510,13 @@ mod tests {
             years: 1e9,
             seed: 1,
         };
+        assert!(matches!(simulate(&config), Err(SimulationError::TooLong { .. })));
         assert!(matches!(
-            simulate(&config),
-            Err(SimulationError::TooLong { .. })
-        ));
-        assert!(matches!(
-            simulate(&SimulationConfig {
-                years: 0.0,
-                ..config
-            }),
+            simulate(&SimulationConfig { years: 0.0, ..config }),
             Err(SimulationError::NotPositive { .. })
         ));
         assert!(matches!(
-            simulate(&SimulationConfig {
-                years: f64::NAN,
-                ..config
-            }),
+            simulate(&SimulationConfig { years: f64::NAN, ..config }),
             Err(SimulationError::NotPositive { .. })
         ));
     }

@@ -12,8 +12,7 @@ use num_rational::BigRational;
 
 use crate::decimal::{format_percent, format_percent_fixed};
 use crate::model::{
-    read_only_unavailability, write_quorum_unavailability, Component, Deployment, ModelError,
-    Reading, Unavailability,
+    read_only_unavailability, write_quorum_unavailability, Component, Deployment, ModelError, Reading, Unavailability,
 };
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -28,18 +27,8 @@ pub enum PaperTable {
 pub const ROW_AVAILABILITIES: [(i64, i64); 4] = [(9, 10), (99, 100), (999, 1000), (9999, 10000)];
 
 /// Table 1's columns as (Q, N).
-pub const TABLE_1_COLUMNS: [(u32, u32); 10] = [
-    (1, 2),
-    (1, 3),
-    (1, 4),
-    (2, 3),
-    (2, 4),
-    (2, 5),
-    (3, 3),
-    (3, 5),
-    (3, 6),
-    (3, 7),
-];
+pub const TABLE_1_COLUMNS: [(u32, u32); 10] =
+    [(1, 2), (1, 3), (1, 4), (2, 3), (2, 4), (2, 5), (3, 3), (3, 5), (3, 6), (3, 7)];
 
 /// Table 1 as printed in the paper, nines per cell, rows as [`ROW_AVAILABILITIES`]. Our text copy
 /// of the paper lists the 90 % and 99 % rows' cells out of order; their placement here is
@@ -52,17 +41,7 @@ pub const PAPER_TABLE_1: [[u32; 10]; 4] = [
 ];
 
 /// Table 2's columns as (Q, N).
-pub const TABLE_2_COLUMNS: [(u32, u32); 9] = [
-    (1, 2),
-    (1, 3),
-    (1, 4),
-    (2, 3),
-    (2, 4),
-    (2, 5),
-    (3, 3),
-    (3, 4),
-    (3, 5),
-];
+pub const TABLE_2_COLUMNS: [(u32, u32); 9] = [(1, 2), (1, 3), (1, 4), (2, 3), (2, 4), (2, 5), (3, 3), (3, 4), (3, 5)];
 
 /// Table 2 as printed in the paper.
 pub const PAPER_TABLE_2: [[u32; 9]; 4] = [
@@ -124,11 +103,7 @@ pub fn compute(
 ) -> Result<Table, ModelError> {
     let he_availability = match which {
         PaperTable::One => None,
-        PaperTable::Two => Some(
-            he_availability
-                .cloned()
-                .unwrap_or_else(|| ratio(TABLE_2_HE_AVAILABILITY)),
-        ),
+        PaperTable::Two => Some(he_availability.cloned().unwrap_or_else(|| ratio(TABLE_2_HE_AVAILABILITY))),
     };
     let he = he_availability
         .as_ref()
@@ -148,24 +123,11 @@ pub fn compute(
                 None => write_quorum_unavailability(deployment, &element),
                 Some(he) => read_only_unavailability(deployment, &element, he),
             };
-            cells.push(Cell {
-                deployment,
-                unavailability,
-                paper_nines,
-            });
+            cells.push(Cell { deployment, unavailability, paper_nines });
         }
-        rows.push(Row {
-            element_availability: availability,
-            element,
-            cells,
-        });
+        rows.push(Row { element_availability: availability, element, cells });
     }
-    Ok(Table {
-        which,
-        reading,
-        he_availability,
-        rows,
-    })
+    Ok(Table { which, reading, he_availability, rows })
 }
 
 const LABEL_WIDTH: usize = 16;
@@ -176,10 +138,7 @@ const CELL_WIDTH: usize = 7;
 impl fmt::Display for Table {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let (number, what) = match self.which {
-            PaperTable::One => (
-                1,
-                "Availability of StarFish for typical configurations (Eq. 1)",
-            ),
+            PaperTable::One => (1, "Availability of StarFish for typical configurations (Eq. 1)"),
             PaperTable::Two => (
                 2,
                 "Availability of StarFish with read-only consistency for typical failure and \
@@ -189,20 +148,14 @@ impl fmt::Display for Table {
         writeln!(f, "Table {number}: {what}")?;
         match self.reading {
             Reading::Exact => writeln!(f, "element availability A exactly (load ρ = (1−A)/A)")?,
-            Reading::PaperLoad => writeln!(
-                f,
-                "paper's reading: availability A taken as the load ρ = 1 − A"
-            )?,
+            Reading::PaperLoad => writeln!(f, "paper's reading: availability A taken as the load ρ = 1 − A")?,
         }
         if let Some(he) = &self.he_availability {
             writeln!(f, "HE availability {} %", format_percent(he, 6))?;
         }
         writeln!(f)?;
-        let columns: Vec<Deployment> = self
-            .rows
-            .first()
-            .map(|row| row.cells.iter().map(|c| c.deployment).collect())
-            .unwrap_or_default();
+        let columns: Vec<Deployment> =
+            self.rows.first().map(|row| row.cells.iter().map(|c| c.deployment).collect()).unwrap_or_default();
         // Header line 1: the Q groups, each centred over its columns.
         let mut groups: Vec<(u32, usize)> = Vec::new();
         for deployment in &columns {
@@ -213,29 +166,18 @@ impl fmt::Display for Table {
         }
         let mut line = format!("{:LABEL_WIDTH$}", "");
         for (quorum, count) in &groups {
-            line.push_str(&format!(
-                " {:^width$}",
-                format!("Q = {quorum}"),
-                width = count * CELL_WIDTH + count - 1
-            ));
+            line.push_str(&format!(" {:^width$}", format!("Q = {quorum}"), width = count * CELL_WIDTH + count - 1));
         }
         writeln!(f, "{}", line.trim_end())?;
         write!(f, "{:<LABEL_WIDTH$}", "SE availability")?;
         for deployment in &columns {
-            write!(
-                f,
-                " {:>CELL_WIDTH$}",
-                format!("N = {}", deployment.elements())
-            )?;
+            write!(f, " {:>CELL_WIDTH$}", format!("N = {}", deployment.elements()))?;
         }
         writeln!(f)?;
         let mut notes = Vec::new();
         for row in &self.rows {
             let element_nines = Unavailability::new(row.element.down().clone()).nines();
-            let label = format!(
-                "{}% ({element_nines}★9)",
-                format_percent_fixed(&row.element_availability, 2)
-            );
+            let label = format!("{}% ({element_nines}★9)", format_percent_fixed(&row.element_availability, 2));
             let mut line = format!("{label:<LABEL_WIDTH$}");
             for cell in &row.cells {
                 let nines = cell.unavailability.nines();
@@ -259,12 +201,7 @@ impl fmt::Display for Table {
         if notes.is_empty() {
             writeln!(f, "Every cell matches the paper.")?;
         } else {
-            writeln!(
-                f,
-                "† differs from the paper ({} of {} cells):",
-                notes.len(),
-                self.rows.len() * columns.len()
-            )?;
+            writeln!(f, "† differs from the paper ({} of {} cells):", notes.len(), self.rows.len() * columns.len())?;
             for note in notes {
                 writeln!(f, "  {note}")?;
             }
@@ -285,11 +222,7 @@ mod tests {
         #[track_caller]
         fn check(which: PaperTable, reading: Reading, differences: usize) {
             let table = compute(which, reading, None).expect("the paper's tables are valid");
-            assert_eq!(
-                table.differences(),
-                differences,
-                "{which:?} {reading:?}\n{table}"
-            );
+            assert_eq!(table.differences(), differences, "{which:?} {reading:?}\n{table}");
         }
         check(PaperTable::One, Reading::PaperLoad, 0);
         check(PaperTable::Two, Reading::PaperLoad, 0);
@@ -305,10 +238,7 @@ mod tests {
             let table = compute(which, Reading::Exact, None).expect("valid");
             for cell in table.rows.iter().flat_map(|r| &r.cells) {
                 let nines = cell.unavailability.nines();
-                assert!(
-                    nines == cell.paper_nines || nines + 1 == cell.paper_nines,
-                    "{cell:?}"
-                );
+                assert!(nines == cell.paper_nines || nines + 1 == cell.paper_nines, "{cell:?}");
             }
         }
     }
@@ -317,32 +247,21 @@ mod tests {
     fn table_1_cell_that_differs() {
         let table = compute(PaperTable::One, Reading::Exact, None).expect("valid");
         let cell = &table.rows[0].cells[8];
-        assert_eq!(
-            (cell.deployment.quorum(), cell.deployment.elements()),
-            (3, 6)
-        );
+        assert_eq!((cell.deployment.quorum(), cell.deployment.elements()), (3, 6));
         // 15p⁴q² + 6p⁵q + p⁶ at p = 0.1: 0.001215 + 0.000054 + 0.000001
-        assert_eq!(
-            cell.unavailability.exact(),
-            &BigRational::new(1270.into(), 1_000_000.into())
-        );
+        assert_eq!(cell.unavailability.exact(), &BigRational::new(1270.into(), 1_000_000.into()));
         assert_eq!((cell.unavailability.nines(), cell.paper_nines), (2, 3));
     }
 
     #[test]
     fn layout() {
-        let text = compute(PaperTable::One, Reading::PaperLoad, None)
-            .expect("valid")
-            .to_string();
+        let text = compute(PaperTable::One, Reading::PaperLoad, None).expect("valid").to_string();
         let lines: Vec<&str> = text.lines().collect();
         assert!(lines[0].starts_with("Table 1: "), "{text}");
         assert!(text.contains("90.00% (1★9)"), "{text}");
         assert!(text.contains("99.99% (4★9)"), "{text}");
         assert!(text.contains("Every cell matches the paper."), "{text}");
-        let header = lines
-            .iter()
-            .find(|l| l.starts_with("SE availability"))
-            .expect("header");
+        let header = lines.iter().find(|l| l.starts_with("SE availability")).expect("header");
         assert_eq!(header.matches("N = ").count(), 10);
     }
 }

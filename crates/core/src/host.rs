@@ -8,10 +8,7 @@
 use std::collections::{HashMap, VecDeque};
 
 use bytes::Bytes;
-use proto::{
-    BlockExtent, ElementMessage, Epoch, HostMessage, Op, Record, Sequence, VolumeId, VolumeSpec,
-    VolumeState,
-};
+use proto::{BlockExtent, ElementMessage, Epoch, HostMessage, Op, Record, Sequence, VolumeId, VolumeSpec, VolumeState};
 
 use crate::limits;
 use crate::read_cache::ReadCache;
@@ -175,10 +172,18 @@ pub enum Event {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Action {
     /// Send one message to every element in the set (encode once).
-    Send { to: ElementSet, message: HostMessage },
+    Send {
+        to: ElementSet,
+        message: HostMessage,
+    },
     /// Close the session with this element; the shell reconnects later.
-    Disconnect { element: ElementId },
-    Reply { token: Token, reply: Reply },
+    Disconnect {
+        element: ElementId,
+    },
+    Reply {
+        token: Token,
+        reply: Reply,
+    },
     Event(Event),
 }
 
@@ -527,8 +532,7 @@ impl HostCore {
         e.failed_in_session = false;
         e.last_heard = now;
         // The state stays what it was (failed, with its reason) until the welcome decides.
-        let message =
-            HostMessage::Hello { epoch: self.config.epoch, volumes: self.config.volumes.clone() };
+        let message = HostMessage::Hello { epoch: self.config.epoch, volumes: self.config.volumes.clone() };
         let mut to = ElementSet::default();
         to.insert(element);
         self.emit(Action::Send { to, message });
@@ -570,8 +574,9 @@ impl HostCore {
             ElementMessage::ReadReply { request_id, applied_sequence, result } => {
                 self.on_read_reply(now, element, request_id, applied_sequence, ReadResult::Data(result))
             }
-            ElementMessage::BlockStatusReply { request_id, applied_sequence, result } => self
-                .on_read_reply(now, element, request_id, applied_sequence, ReadResult::Extents(result)),
+            ElementMessage::BlockStatusReply { request_id, applied_sequence, result } => {
+                self.on_read_reply(now, element, request_id, applied_sequence, ReadResult::Extents(result))
+            }
             ElementMessage::Pong { nonce } => {
                 let sample = now.0.saturating_sub(nonce);
                 let e = &mut self.elements[element.0 as usize];
@@ -580,12 +585,8 @@ impl HostCore {
                     Some(old) => (old * 7 + sample) / 8,
                 });
             }
-            ElementMessage::LogRecords { request_id, result } => {
-                self.on_log_records(now, element, request_id, result)
-            }
-            ElementMessage::RecoveryDone { volume, result } => {
-                self.on_recovery_done(now, element, volume, result)
-            }
+            ElementMessage::LogRecords { request_id, result } => self.on_log_records(now, element, request_id, result),
+            ElementMessage::RecoveryDone { volume, result } => self.on_recovery_done(now, element, volume, result),
             ElementMessage::CopyDone { volume, result } => self.on_copy_done(now, element, volume, result),
             ElementMessage::CopyProgress { volume, done_bytes, total_bytes, copied_bytes } => {
                 let e = &mut self.elements[element.0 as usize];
@@ -596,9 +597,7 @@ impl HostCore {
             ElementMessage::Blocks { .. } => {
                 self.fail_element(now, element, "protocol: unsolicited blocks".into(), true)
             }
-            ElementMessage::Fault { reason } => {
-                self.fail_element(now, element, format!("fault: {reason}"), true)
-            }
+            ElementMessage::Fault { reason } => self.fail_element(now, element, format!("fault: {reason}"), true),
         }
     }
 
@@ -680,9 +679,8 @@ impl HostCore {
             }
             // Where the queue cannot vouch for the epoch of the element's newest record, the
             // replay path checks it against a peer's log before pulling anything.
-            let unverifiable = applied != Sequence::ZERO
-                && state.applied_epoch != Epoch(0)
-                && v.queue.epoch_at(applied).is_none();
+            let unverifiable =
+                applied != Sequence::ZERO && state.applied_epoch != Epoch(0) && v.queue.epoch_at(applied).is_none();
             if !v.queue.covers_after(applied) || unverifiable {
                 if source.is_none() {
                     return self.fail_element(now, element, format!(
@@ -814,7 +812,12 @@ impl HostCore {
         }
         e.replay_tried = ElementSet::default();
         let Some(source) = self.replay_source(element) else {
-            return self.fail_element(now, element, format!("{why}; needs full recovery, and no in-sync peer (with a known address) to copy from"), true);
+            return self.fail_element(
+                now,
+                element,
+                format!("{why}; needs full recovery, and no in-sync peer (with a known address) to copy from"),
+                true,
+            );
         };
         let e = &mut self.elements[element.0 as usize];
         e.copying[vi] = true;
@@ -845,9 +848,15 @@ impl HostCore {
             Ok(base) => {
                 let v = &self.volumes[vi];
                 if base > v.queue.last_sequence() {
-                    return self.fail_element(now, element, format!(
-                        "protocol: copied volume {} up to sequence {base}, newer than any assigned", v.spec.name
-                    ), true);
+                    return self.fail_element(
+                        now,
+                        element,
+                        format!(
+                            "protocol: copied volume {} up to sequence {base}, newer than any assigned",
+                            v.spec.name
+                        ),
+                        true,
+                    );
                 }
                 let name = v.spec.name.clone();
                 let e = &mut self.elements[element.0 as usize];
@@ -877,12 +886,18 @@ impl HostCore {
                     self.elements[element.0 as usize].replay_tried = ElementSet::default();
                     match self.replay_source(element) {
                         Some(source) => {
-                            self.elements[element.0 as usize].recovery.as_mut().expect("recovering").source = Some(source);
+                            self.elements[element.0 as usize].recovery.as_mut().expect("recovering").source =
+                                Some(source);
                             self.send_recover(element, volume);
                         }
-                        None => self.fail_element(now, element, format!(
+                        None => self.fail_element(
+                            now,
+                            element,
+                            format!(
                             "copy of volume {name} done at sequence {base}, but no in-sync peer to replay the rest from"
-                        ), true),
+                        ),
+                            true,
+                        ),
                     }
                 }
             }
@@ -902,9 +917,14 @@ impl HostCore {
                     }
                     None => {
                         self.elements[element.0 as usize].replay_tried = ElementSet::default();
-                        self.fail_element(now, element, format!(
+                        self.fail_element(
+                            now,
+                            element,
+                            format!(
                             "full recovery from {source_name} failed: {reason} (it resumes when the element reconnects)"
-                        ), true)
+                        ),
+                            true,
+                        )
                     }
                 }
             }
@@ -946,10 +966,16 @@ impl HostCore {
                     return;
                 }
                 let reason = format!("no peer could replay what it misses (last: {source_name}: {reason})");
-                if self.elements.iter().enumerate().any(|(i, p)| i != element.0 as usize && p.state == ElementState::InSync && p.session) {
+                if self
+                    .elements
+                    .iter()
+                    .enumerate()
+                    .any(|(i, p)| i != element.0 as usize && p.state == ElementState::InSync && p.session)
+                {
                     return self.start_copy(now, element, volume, reason);
                 }
-                let reason = format!("{reason}; needs full recovery, and no in-sync peer (with a known address) to copy from");
+                let reason =
+                    format!("{reason}; needs full recovery, and no in-sync peer (with a known address) to copy from");
                 let elements = self.elements.len();
                 let e = &mut self.elements[element.0 as usize];
                 if e.replay_tried.len() + 1 >= elements {
@@ -1021,9 +1047,12 @@ impl HostCore {
         let vi = volume.0 as usize;
         let e = &self.elements[element.0 as usize];
         if vi >= self.volumes.len() || sequence > self.volumes[vi].queue.last_sequence() {
-            return self.fail_element(now, element, format!(
-                "protocol: acknowledged sequence {sequence} of volume {volume}, newer than any assigned"
-            ), true);
+            return self.fail_element(
+                now,
+                element,
+                format!("protocol: acknowledged sequence {sequence} of volume {volume}, newer than any assigned"),
+                true,
+            );
         }
         if !e.live() || e.copying[vi] {
             return;
@@ -1044,7 +1073,10 @@ impl HostCore {
             self.elements[element.0 as usize].replaying[vi] = false;
             self.emit(Action::Event(Event::RecoveryProgress {
                 element,
-                message: format!("replay of volume {} reached the write queue at sequence {sequence}; continuing from the queue", self.volumes[vi].spec.name),
+                message: format!(
+                    "replay of volume {} reached the write queue at sequence {sequence}; continuing from the queue",
+                    self.volumes[vi].spec.name
+                ),
             }));
             self.pump(element, volume);
         }
@@ -1063,11 +1095,8 @@ impl HostCore {
     fn maybe_in_sync(&mut self, now: Time, element: ElementId) -> bool {
         let e = &self.elements[element.0 as usize];
         let ElementState::Recovering(kind) = e.state else { return false };
-        let caught_up = self
-            .volumes
-            .iter()
-            .enumerate()
-            .all(|(i, v)| !e.replaying[i] && e.applied[i] >= v.queue.last_sequence());
+        let caught_up =
+            self.volumes.iter().enumerate().all(|(i, v)| !e.replaying[i] && e.applied[i] >= v.queue.last_sequence());
         if !caught_up {
             return false;
         }
@@ -1163,9 +1192,11 @@ impl HostCore {
     fn evictable(&self, entry: &Entry) -> bool {
         let vi = entry.record.volume.0 as usize;
         entry.host_reply == HostReply::Done
-            && self.elements.iter().enumerate().all(|(i, e)| {
-                !e.live() || e.replaying[vi] || entry.acked_by.contains(ElementId(i as u8))
-            })
+            && self
+                .elements
+                .iter()
+                .enumerate()
+                .all(|(i, e)| !e.live() || e.replaying[vi] || entry.acked_by.contains(ElementId(i as u8)))
     }
 
     fn admit_writes(&mut self, now: Time, volume: VolumeId) {
@@ -1268,7 +1299,14 @@ impl HostCore {
         self.settle_volume(now, volume);
     }
 
-    pub fn handle_host_read(&mut self, now: Time, token: Token, volume: VolumeId, offset_bytes: u64, length_bytes: u32) {
+    pub fn handle_host_read(
+        &mut self,
+        now: Time,
+        token: Token,
+        volume: VolumeId,
+        offset_bytes: u64,
+        length_bytes: u32,
+    ) {
         self.check_range(volume, offset_bytes, length_bytes as u64);
         if !self.ready {
             return self.deferred.push(Deferred::Read { token, volume, offset_bytes, length_bytes });
@@ -1290,7 +1328,14 @@ impl HostCore {
         self.dispatch_read(now, read);
     }
 
-    pub fn handle_host_block_status(&mut self, now: Time, token: Token, volume: VolumeId, offset_bytes: u64, length_bytes: u64) {
+    pub fn handle_host_block_status(
+        &mut self,
+        now: Time,
+        token: Token,
+        volume: VolumeId,
+        offset_bytes: u64,
+        length_bytes: u64,
+    ) {
         self.check_range(volume, offset_bytes, length_bytes);
         if !self.ready {
             return self.deferred.push(Deferred::BlockStatus { token, volume, offset_bytes, length_bytes });
@@ -1332,12 +1377,9 @@ impl HostCore {
         let request_id = self.next_request_id;
         self.next_request_id += 1;
         let message = match read.kind {
-            ReadKind::Data { length_bytes } => HostMessage::Read {
-                request_id,
-                volume: read.volume,
-                offset_bytes: read.offset_bytes,
-                length_bytes,
-            },
+            ReadKind::Data { length_bytes } => {
+                HostMessage::Read { request_id, volume: read.volume, offset_bytes: read.offset_bytes, length_bytes }
+            }
             ReadKind::BlockStatus { length_bytes } => HostMessage::BlockStatus {
                 request_id,
                 volume: read.volume,
@@ -1363,7 +1405,12 @@ impl HostCore {
         let queue = &self.volumes[vi].queue;
         if applied > queue.last_sequence() {
             self.reads.insert(request_id, read);
-            return self.fail_element(now, element, format!("protocol: read reply claims sequence {applied}, beyond the newest"), true);
+            return self.fail_element(
+                now,
+                element,
+                format!("protocol: read reply claims sequence {applied}, beyond the newest"),
+                true,
+            );
         }
         match (read.kind, result) {
             (_, ReadResult::Data(Err(reason)) | ReadResult::Extents(Err(reason))) => {
@@ -1410,12 +1457,9 @@ impl HostCore {
         if self.ready || !self.fetches.is_empty() {
             return;
         }
-        let welcomed: Vec<usize> = (0..self.elements.len())
-            .filter(|&i| self.elements[i].welcome.is_some())
-            .collect();
+        let welcomed: Vec<usize> = (0..self.elements.len()).filter(|&i| self.elements[i].welcome.is_some()).collect();
         let grace_over = self.grace_over || now >= self.started.plus_ms(self.config.startup_grace_ms);
-        let enough = welcomed.len() == self.elements.len()
-            || (grace_over && welcomed.len() >= self.config.quorum);
+        let enough = welcomed.len() == self.elements.len() || (grace_over && welcomed.len() >= self.config.quorum);
         if !enough {
             return;
         }
@@ -1635,8 +1679,7 @@ impl HostCore {
                 .collect();
             let name = self.volumes[vi].spec.name.clone();
             for element in laggards {
-                let behind = self.volumes[vi].queue.last_sequence().0
-                    - self.elements[element.0 as usize].applied[vi].0;
+                let behind = self.volumes[vi].queue.last_sequence().0 - self.elements[element.0 as usize].applied[vi].0;
                 self.fail_element(now, element, format!(
                     "too slow: volume {name} write queue full for {} ms waiting for it to acknowledge sequence {sequence} ({behind} writes behind)",
                     self.config.throttle_timeout_ms
@@ -1665,56 +1708,64 @@ impl HostCore {
                 writes_waiting: v.admission.len(),
             })
             .collect();
-        let elements = self
-            .elements
-            .iter()
-            .map(|e| {
-                let (state, reason) = match &e.state {
-                    ElementState::InSync => ("in-sync", None),
-                    ElementState::Recovering(_) => ("recovering", None),
-                    ElementState::Failed(reason) => ("failed", Some(reason.clone())),
-                };
-                let lag = self
-                    .volumes
-                    .iter()
-                    .enumerate()
-                    .map(|(i, v)| v.queue.last_sequence().0.saturating_sub(e.applied[i].0))
-                    .sum();
-                let recovery = e.recovery.as_ref().map(|r| RecoveryStatus {
-                    kind: r.kind,
-                    source: r.source.map(|s| self.elements[s.0 as usize].name.clone()),
-                    done_records: r.start.iter().zip(&e.applied).map(|(s, a)| a.0.saturating_sub(s.0)).sum::<u64>(),
-                    // Writes that arrived meanwhile are part of the way back too.
-                    total_records: r.start.iter().zip(&self.volumes).map(|(s, v)| v.queue.last_sequence().0.saturating_sub(s.0)).sum::<u64>(),
-                    copy_done_bytes: e.copying.iter().any(|c| *c).then(|| {
-                        (0..self.volumes.len()).filter(|&i| e.copying[i]).map(|i| e.copy_progress[i].0).sum()
-                    }),
-                    copy_total_bytes: e.copying.iter().any(|c| *c).then(|| {
-                        (0..self.volumes.len()).filter(|&i| e.copying[i]).map(|i| self.volumes[i].spec.size_bytes).sum()
-                    }),
-                    copied_bytes: e.copying.iter().any(|c| *c).then(|| {
-                        (0..self.volumes.len()).filter(|&i| e.copying[i]).map(|i| e.copy_progress[i].2).sum()
-                    }),
-                    elapsed_us: now.micros_since(r.started),
-                });
-                let last_recovery = e.last_recovery.as_ref().map(|r| LastRecoveryStatus {
-                    kind: r.kind,
-                    records: r.records,
-                    copied_bytes: r.copied_bytes,
-                    seconds: r.micros as f64 / 1e6,
-                });
-                ElementStatus {
-                    name: e.name.clone(),
-                    state,
-                    reason,
-                    applied_sequence: e.applied.clone(),
-                    lag,
-                    rtt_us: e.rtt_us,
-                    recovery,
-                    last_recovery,
-                }
-            })
-            .collect();
+        let elements =
+            self.elements
+                .iter()
+                .map(|e| {
+                    let (state, reason) = match &e.state {
+                        ElementState::InSync => ("in-sync", None),
+                        ElementState::Recovering(_) => ("recovering", None),
+                        ElementState::Failed(reason) => ("failed", Some(reason.clone())),
+                    };
+                    let lag = self
+                        .volumes
+                        .iter()
+                        .enumerate()
+                        .map(|(i, v)| v.queue.last_sequence().0.saturating_sub(e.applied[i].0))
+                        .sum();
+                    let recovery = e.recovery.as_ref().map(|r| RecoveryStatus {
+                        kind: r.kind,
+                        source: r.source.map(|s| self.elements[s.0 as usize].name.clone()),
+                        done_records: r.start.iter().zip(&e.applied).map(|(s, a)| a.0.saturating_sub(s.0)).sum::<u64>(),
+                        // Writes that arrived meanwhile are part of the way back too.
+                        total_records: r
+                            .start
+                            .iter()
+                            .zip(&self.volumes)
+                            .map(|(s, v)| v.queue.last_sequence().0.saturating_sub(s.0))
+                            .sum::<u64>(),
+                        copy_done_bytes: e.copying.iter().any(|c| *c).then(|| {
+                            (0..self.volumes.len()).filter(|&i| e.copying[i]).map(|i| e.copy_progress[i].0).sum()
+                        }),
+                        copy_total_bytes: e.copying.iter().any(|c| *c).then(|| {
+                            (0..self.volumes.len())
+                                .filter(|&i| e.copying[i])
+                                .map(|i| self.volumes[i].spec.size_bytes)
+                                .sum()
+                        }),
+                        copied_bytes: e.copying.iter().any(|c| *c).then(|| {
+                            (0..self.volumes.len()).filter(|&i| e.copying[i]).map(|i| e.copy_progress[i].2).sum()
+                        }),
+                        elapsed_us: now.micros_since(r.started),
+                    });
+                    let last_recovery = e.last_recovery.as_ref().map(|r| LastRecoveryStatus {
+                        kind: r.kind,
+                        records: r.records,
+                        copied_bytes: r.copied_bytes,
+                        seconds: r.micros as f64 / 1e6,
+                    });
+                    ElementStatus {
+                        name: e.name.clone(),
+                        state,
+                        reason,
+                        applied_sequence: e.applied.clone(),
+                        lag,
+                        rtt_us: e.rtt_us,
+                        recovery,
+                        last_recovery,
+                    }
+                })
+                .collect();
         HostStatus {
             epoch: self.config.epoch,
             quorum: self.config.quorum,
@@ -1763,7 +1814,13 @@ enum ReadResult {
 
 /// Mark ranges touched by queued operations newer than `applied` as allocated (a safe answer:
 /// block status may always report data where there are zeroes), clip to the request, and merge.
-fn overlay_extents(queue: &WriteQueue, applied: Sequence, offset_bytes: u64, length_bytes: u64, extents: Vec<BlockExtent>) -> Vec<BlockExtent> {
+fn overlay_extents(
+    queue: &WriteQueue,
+    applied: Sequence,
+    offset_bytes: u64,
+    length_bytes: u64,
+    extents: Vec<BlockExtent>,
+) -> Vec<BlockExtent> {
     let end_bytes = offset_bytes + length_bytes;
     let mut touched: Vec<(u64, u64)> = queue
         .range(applied, queue.last_sequence())

@@ -11,8 +11,8 @@ mod read_cache;
 mod write_queue;
 
 pub use host::{
-    Action, ElementStatus, Event, HostConfig, HostCore, HostError, HostStatus, RecoveryKind, Reply,
-    VolumeMode, VolumeStatus,
+    Action, ElementStatus, Event, HostConfig, HostCore, HostError, HostStatus, RecoveryKind, Reply, VolumeMode,
+    VolumeStatus,
 };
 pub use read_cache::ReadCache;
 pub use write_queue::{Entry, WriteQueue};

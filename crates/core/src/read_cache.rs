@@ -60,8 +60,7 @@ impl ReadCache {
     }
 
     fn remove_range(&mut self, volume: VolumeId, first_block: u64, end_block: u64) {
-        let keys: Vec<Key> =
-            self.blocks.range((volume, first_block)..(volume, end_block)).map(|(k, _)| *k).collect();
+        let keys: Vec<Key> = self.blocks.range((volume, first_block)..(volume, end_block)).map(|(k, _)| *k).collect();
         for key in keys {
             if let Some((_, age)) = self.blocks.remove(&key) {
                 self.by_age.remove(&age);
@@ -76,9 +75,7 @@ impl ReadCache {
         }
         let first = offset_bytes / BLOCK_BYTES;
         let end = (offset_bytes + length_bytes).div_ceil(BLOCK_BYTES);
-        if (end - first) as usize > self.blocks.len()
-            || (first..end).any(|b| !self.blocks.contains_key(&(volume, b)))
-        {
+        if (end - first) as usize > self.blocks.len() || (first..end).any(|b| !self.blocks.contains_key(&(volume, b))) {
             self.misses += 1;
             return None;
         }

@@ -145,11 +145,7 @@ impl WriteQueue {
         (start, end.max(start))
     }
 
-    pub fn range_mut(
-        &mut self,
-        after: Sequence,
-        through: Sequence,
-    ) -> impl Iterator<Item = &mut Entry> {
+    pub fn range_mut(&mut self, after: Sequence, through: Sequence) -> impl Iterator<Item = &mut Entry> {
         let (start, end) = self.bounds(after, through);
         self.entries.range_mut(start..end)
     }

@@ -6,8 +6,7 @@
 //! [`OPTION_DATA_BYTES_MAX`]; longer (or unknown) options are skipped as they stream past.
 
 use crate::limits::{
-    BLOCK_SIZE_MAX_BYTES, BLOCK_SIZE_MIN_BYTES, BLOCK_SIZE_PREFERRED_BYTES, OPTION_DATA_BYTES_MAX,
-    STRING_BYTES_MAX,
+    BLOCK_SIZE_MAX_BYTES, BLOCK_SIZE_MIN_BYTES, BLOCK_SIZE_PREFERRED_BYTES, OPTION_DATA_BYTES_MAX, STRING_BYTES_MAX,
 };
 use crate::transmission::Transmission;
 use crate::wire::*;
@@ -156,9 +155,7 @@ impl Handshake {
                 }
                 State::OptionHeader => {
                     let mut reader = Reader::new(rest);
-                    let (Some(magic), Some(option), Some(length)) =
-                        (reader.u64(), reader.u32(), reader.u32())
-                    else {
+                    let (Some(magic), Some(option), Some(length)) = (reader.u64(), reader.u32(), reader.u32()) else {
                         break;
                     };
                     consumed += OPTION_HEADER_BYTES;
@@ -171,16 +168,11 @@ impl Handshake {
                         self.finish(HandshakeOutcome::Fatal(FatalError::ExportName));
                         break;
                     }
-                    let buffered = option_is_known(option)
-                        && option != OPT_ABORT
-                        && length <= OPTION_DATA_BYTES_MAX;
+                    let buffered = option_is_known(option) && option != OPT_ABORT && length <= OPTION_DATA_BYTES_MAX;
                     self.state = if buffered {
                         State::OptionData { option, length }
                     } else {
-                        State::Skip {
-                            option,
-                            remaining: length,
-                        }
+                        State::Skip { option, remaining: length }
                     };
                 }
                 State::OptionData { option, length } => {
@@ -276,9 +268,7 @@ impl Handshake {
                     self.reply(option, REP_ACK, &[]);
                 }
             }
-            OPT_LIST_META_CONTEXT | OPT_SET_META_CONTEXT => {
-                self.handle_meta_context(option, data, exports)
-            }
+            OPT_LIST_META_CONTEXT | OPT_SET_META_CONTEXT => self.handle_meta_context(option, data, exports),
             _ => unreachable!("option {option} is not one we read into memory"),
         }
     }
@@ -290,9 +280,7 @@ impl Handshake {
         };
         let Some(export) = export else {
             // No error reply exists for NBD_OPT_EXPORT_NAME: the spec says to end the session.
-            self.finish(HandshakeOutcome::Fatal(FatalError::UnknownExport(
-                String::from_utf8_lossy(data).into_owned(),
-            )));
+            self.finish(HandshakeOutcome::Fatal(FatalError::UnknownExport(String::from_utf8_lossy(data).into_owned())));
             return;
         };
         let flags = self.transmission_flags();
@@ -321,11 +309,7 @@ impl Handshake {
 
     fn handle_info_or_go(&mut self, option: u32, data: &[u8], exports: &(impl Exports + ?Sized)) {
         let Some((name, requests)) = parse_info_request(data) else {
-            self.reply_error(
-                option,
-                REP_ERR_INVALID,
-                "malformed NBD_OPT_INFO/NBD_OPT_GO data",
-            );
+            self.reply_error(option, REP_ERR_INVALID, "malformed NBD_OPT_INFO/NBD_OPT_GO data");
             return;
         };
         let Some(export) = exports.find(name) else {
@@ -372,20 +356,12 @@ impl Handshake {
             // Replaces the previous selection even when this request fails.
             self.meta_context_export = None;
             if !self.structured_replies {
-                self.reply_error(
-                    option,
-                    REP_ERR_INVALID,
-                    "negotiate structured replies first",
-                );
+                self.reply_error(option, REP_ERR_INVALID, "negotiate structured replies first");
                 return;
             }
         }
         let Some(request) = parse_meta_context_request(data) else {
-            self.reply_error(
-                option,
-                REP_ERR_INVALID,
-                "malformed metadata context request",
-            );
+            self.reply_error(option, REP_ERR_INVALID, "malformed metadata context request");
             return;
         };
         if exports.find(request.export_name).is_none() {
@@ -400,10 +376,7 @@ impl Handshake {
         };
         if selected {
             let mut payload = Vec::with_capacity(4 + BASE_ALLOCATION.len());
-            put_u32(
-                &mut payload,
-                if set { BASE_ALLOCATION_CONTEXT_ID } else { 0 },
-            );
+            put_u32(&mut payload, if set { BASE_ALLOCATION_CONTEXT_ID } else { 0 });
             payload.extend_from_slice(BASE_ALLOCATION.as_bytes());
             self.reply(option, REP_META_CONTEXT, &payload);
             if set {
@@ -440,8 +413,7 @@ impl Handshake {
         put_u64(&mut self.output, OPTION_REPLY_MAGIC);
         put_u32(&mut self.output, option);
         put_u32(&mut self.output, reply_type);
-        let length =
-            u32::try_from(payload.len()).expect("option replies are built from bounded parts");
+        let length = u32::try_from(payload.len()).expect("option replies are built from bounded parts");
         put_u32(&mut self.output, length);
         self.output.extend_from_slice(payload);
     }
@@ -517,12 +489,7 @@ fn parse_meta_context_request(data: &[u8]) -> Option<MetaContextRequest<'_>> {
     }
     let export_name = std::str::from_utf8(reader.take(name_length)?).ok()?;
     let query_count = reader.u32()?;
-    let mut request = MetaContextRequest {
-        export_name,
-        query_count,
-        base_allocation: false,
-        base_wildcard: false,
-    };
+    let mut request = MetaContextRequest { export_name, query_count, base_allocation: false, base_wildcard: false };
     // The count comes from the client: loop on it, but every query consumes at least 4 bytes of
     // bounded data, so a huge count fails quickly.
     for _ in 0..query_count {
@@ -552,16 +519,8 @@ mod tests {
 
     fn exports() -> Vec<ExportInfo> {
         vec![
-            ExportInfo {
-                name: "vol1".into(),
-                size_bytes: 1 << 20,
-                description: "first".into(),
-            },
-            ExportInfo {
-                name: "".into(),
-                size_bytes: 4096,
-                description: String::new(),
-            },
+            ExportInfo { name: "vol1".into(), size_bytes: 1 << 20, description: "first".into() },
+            ExportInfo { name: "".into(), size_bytes: 4096, description: String::new() },
         ]
     }
 
@@ -620,10 +579,7 @@ mod tests {
         assert_eq!(&greeting[..8], b"NBDMAGIC");
         assert_eq!(&greeting[8..16], b"IHAVEOPT");
         assert_eq!(&greeting[16..], &[0, 3]);
-        assert_eq!(
-            handshake.handle_input(&client_flags.to_be_bytes(), &exports()),
-            4
-        );
+        assert_eq!(handshake.handle_input(&client_flags.to_be_bytes(), &exports()), 4);
         handshake
     }
 
@@ -645,10 +601,7 @@ mod tests {
         assert_eq!(trickle.poll_transmit().unwrap_or_default(), whole_output);
 
         let got = replies(&whole_output);
-        let expected: Vec<(u32, u32, Vec<u8>)> = expected
-            .iter()
-            .map(|(o, t, p)| (*o, *t, p.to_vec()))
-            .collect();
+        let expected: Vec<(u32, u32, Vec<u8>)> = expected.iter().map(|(o, t, p)| (*o, *t, p.to_vec())).collect();
         assert_eq!(got, expected);
         whole
     }
@@ -690,10 +643,7 @@ mod tests {
 
     #[test]
     fn go_with_all_information() {
-        let input = option(
-            OPT_GO,
-            &go_data("vol1", &[INFO_NAME, INFO_DESCRIPTION, INFO_BLOCK_SIZE]),
-        );
+        let input = option(OPT_GO, &go_data("vol1", &[INFO_NAME, INFO_DESCRIPTION, INFO_BLOCK_SIZE]));
         let mut name = vec![0, 1];
         name.extend_from_slice(b"vol1");
         let mut description = vec![0, 2];
@@ -793,10 +743,7 @@ mod tests {
             }
         }
         let got = replies(&handshake.poll_transmit().unwrap());
-        assert_eq!(
-            got,
-            vec![(OPT_GO, REP_ERR_TOO_BIG, b"option data too long".to_vec())]
-        );
+        assert_eq!(got, vec![(OPT_GO, REP_ERR_TOO_BIG, b"option data too long".to_vec())]);
         // And the next option is understood.
         let input = option(OPT_LIST, &[]);
         assert_eq!(handshake.handle_input(&input, &exports()), input.len());
@@ -810,21 +757,14 @@ mod tests {
         first.extend_from_slice(b"vol1first");
         check(
             &option(OPT_LIST, &[]),
-            &[
-                (OPT_LIST, REP_SERVER, &first),
-                (OPT_LIST, REP_SERVER, &[0, 0, 0, 0]),
-                (OPT_LIST, REP_ACK, &[]),
-            ],
+            &[(OPT_LIST, REP_SERVER, &first), (OPT_LIST, REP_SERVER, &[0, 0, 0, 0]), (OPT_LIST, REP_ACK, &[])],
         );
     }
 
     #[test]
     fn abort_is_acknowledged_even_with_data() {
         let mut handshake = check(&option(OPT_ABORT, b"junk"), &[(OPT_ABORT, REP_ACK, &[])]);
-        assert!(matches!(
-            handshake.poll_outcome(),
-            Some(HandshakeOutcome::Aborted)
-        ));
+        assert!(matches!(handshake.poll_outcome(), Some(HandshakeOutcome::Aborted)));
         assert_eq!(handshake.handle_input(b"more", &exports()), 0);
     }
 
@@ -839,19 +779,10 @@ mod tests {
 
         let mut input = option(OPT_STRUCTURED_REPLY, &[]);
         input.extend(option(OPT_LIST_META_CONTEXT, &meta_data("vol1", &[])));
-        input.extend(option(
-            OPT_LIST_META_CONTEXT,
-            &meta_data("vol1", &["base:"]),
-        ));
-        input.extend(option(
-            OPT_LIST_META_CONTEXT,
-            &meta_data("vol1", &["qemu:dirty-bitmap:x"]),
-        ));
+        input.extend(option(OPT_LIST_META_CONTEXT, &meta_data("vol1", &["base:"])));
+        input.extend(option(OPT_LIST_META_CONTEXT, &meta_data("vol1", &["qemu:dirty-bitmap:x"])));
         input.extend(option(OPT_SET_META_CONTEXT, &meta_data("vol1", &["base:"])));
-        input.extend(option(
-            OPT_SET_META_CONTEXT,
-            &meta_data("vol1", &["x-foo:bar", "base:allocation", "base:other"]),
-        ));
+        input.extend(option(OPT_SET_META_CONTEXT, &meta_data("vol1", &["x-foo:bar", "base:allocation", "base:other"])));
         input.extend(option(OPT_GO, &go_data("vol1", &[])));
         let mut handshake = check(
             &input,
@@ -883,10 +814,7 @@ mod tests {
     #[test]
     fn meta_context_for_another_export_does_not_carry_over() {
         let mut input = option(OPT_STRUCTURED_REPLY, &[]);
-        input.extend(option(
-            OPT_SET_META_CONTEXT,
-            &meta_data("", &["base:allocation"]),
-        ));
+        input.extend(option(OPT_SET_META_CONTEXT, &meta_data("", &["base:allocation"])));
         input.extend(option(OPT_GO, &go_data("vol1", &[])));
         let mut handshake = started(1);
         assert_eq!(handshake.handle_input(&input, &exports()), input.len());
@@ -911,10 +839,7 @@ mod tests {
             assert_eq!(&output[..8], &(1u64 << 20).to_be_bytes());
             assert_eq!(&output[8..10], &FLAGS_SIMPLE.to_be_bytes());
             assert!(output[10..].iter().all(|b| *b == 0));
-            assert!(matches!(
-                handshake.poll_outcome(),
-                Some(HandshakeOutcome::Transmission(_))
-            ));
+            assert!(matches!(handshake.poll_outcome(), Some(HandshakeOutcome::Transmission(_))));
         }
     }
 

@@ -4,8 +4,7 @@
 
 use crate::handshake::{ExportInfo, BASE_ALLOCATION_CONTEXT_ID};
 use crate::limits::{
-    BLOCK_SIZE_MAX_BYTES, BLOCK_SIZE_MIN_BYTES, BLOCK_STATUS_DESCRIPTORS_MAX,
-    ERROR_MESSAGE_BYTES_MAX,
+    BLOCK_SIZE_MAX_BYTES, BLOCK_SIZE_MIN_BYTES, BLOCK_STATUS_DESCRIPTORS_MAX, ERROR_MESSAGE_BYTES_MAX,
 };
 use crate::wire::*;
 use crate::{Errno, FatalError};
@@ -148,29 +147,15 @@ pub struct Transmission {
 }
 
 impl Transmission {
-    pub(crate) fn new(
-        export: ExportInfo,
-        flags: u16,
-        structured_replies: bool,
-        block_status: bool,
-    ) -> Transmission {
+    pub(crate) fn new(export: ExportInfo, flags: u16, structured_replies: bool, block_status: bool) -> Transmission {
         assert!(!block_status || structured_replies);
         assert!(flags & FLAG_HAS_FLAGS != 0);
         assert_eq!(flags & FLAG_SEND_DF != 0, structured_replies);
-        Transmission {
-            export,
-            flags,
-            structured_replies,
-            block_status,
-        }
+        Transmission { export, flags, structured_replies, block_status }
     }
 
     /// A transmission phase as if negotiated, for tests of drivers and replies.
-    pub fn for_tests(
-        export: ExportInfo,
-        structured_replies: bool,
-        block_status: bool,
-    ) -> Transmission {
+    pub fn for_tests(export: ExportInfo, structured_replies: bool, block_status: bool) -> Transmission {
         let mut flags = FLAG_HAS_FLAGS | FLAG_SEND_FLUSH | FLAG_SEND_FUA | FLAG_SEND_TRIM;
         flags |= FLAG_SEND_WRITE_ZEROES | FLAG_SEND_FAST_ZERO;
         if structured_replies {
@@ -199,14 +184,10 @@ impl Transmission {
 
     /// Decodes and validates one request header. An `Err` means the stream is garbage: close
     /// the connection.
-    pub fn decode_request(
-        &self,
-        header: &[u8; REQUEST_HEADER_BYTES],
-    ) -> Result<Decoded, FatalError> {
+    pub fn decode_request(&self, header: &[u8; REQUEST_HEADER_BYTES]) -> Result<Decoded, FatalError> {
         let u16_at = |at: usize| u16::from_be_bytes([header[at], header[at + 1]]);
         let u32_at = |at: usize| u32::from_be_bytes([0, 1, 2, 3].map(|i| header[at + i]));
-        let u64_at =
-            |at: usize| u64::from_be_bytes([0, 1, 2, 3, 4, 5, 6, 7].map(|i| header[at + i]));
+        let u64_at = |at: usize| u64::from_be_bytes([0, 1, 2, 3, 4, 5, 6, 7].map(|i| header[at + i]));
         let magic = u32_at(0);
         let flags = u16_at(4);
         let command = u16_at(6);
@@ -217,19 +198,9 @@ impl Transmission {
             return Err(FatalError::RequestMagic(magic));
         }
         let kind = CommandKind::from_wire(command);
-        let payload_bytes = if command == CMD_WRITE {
-            length_bytes
-        } else {
-            0
-        };
+        let payload_bytes = if command == CMD_WRITE { length_bytes } else { 0 };
         let reject = |errno: Errno, message: &'static str| {
-            Ok(Decoded::Rejected(Rejected {
-                handle,
-                kind,
-                errno,
-                message,
-                payload_bytes,
-            }))
+            Ok(Decoded::Rejected(Rejected { handle, kind, errno, message, payload_bytes }))
         };
 
         // FUA is valid on every command once advertised; the others only where documented.
@@ -254,17 +225,12 @@ impl Transmission {
             if offset_bytes != 0 || length_bytes != 0 {
                 return reject(Errno::Inval, "flush offset and length must be zero");
             }
-            return Ok(Decoded::Request(Request {
-                handle,
-                command: Command::Flush,
-            }));
+            return Ok(Decoded::Request(Request { handle, command: Command::Flush }));
         }
         if kind == CommandKind::BlockStatus && !self.block_status {
             return reject(Errno::Inval, "no metadata context was negotiated");
         }
-        if matches!(kind, CommandKind::Read | CommandKind::Write)
-            && length_bytes > BLOCK_SIZE_MAX_BYTES
-        {
+        if matches!(kind, CommandKind::Read | CommandKind::Write) && length_bytes > BLOCK_SIZE_MAX_BYTES {
             return reject(Errno::Inval, "request longer than the maximum block size");
         }
 
@@ -272,13 +238,8 @@ impl Transmission {
         let block = u64::from(BLOCK_SIZE_MIN_BYTES);
         let end_bytes = offset_bytes.checked_add(u64::from(length_bytes));
         let ends_at_export_end = end_bytes == Some(size_bytes);
-        if offset_bytes % block != 0
-            || (u64::from(length_bytes) % block != 0 && !ends_at_export_end)
-        {
-            return reject(
-                Errno::Inval,
-                "request not aligned to the minimum block size",
-            );
+        if offset_bytes % block != 0 || (u64::from(length_bytes) % block != 0 && !ends_at_export_end) {
+            return reject(Errno::Inval, "request not aligned to the minimum block size");
         }
         if end_bytes.map_or(true, |end| end > size_bytes) {
             // The spec's choice: ENOSPC for writes past the end, EINVAL for the rest.
@@ -297,20 +258,9 @@ impl Transmission {
         }
 
         let command = match kind {
-            CommandKind::Read => Command::Read {
-                offset_bytes,
-                length_bytes,
-            },
-            CommandKind::Write => Command::Write {
-                offset_bytes,
-                length_bytes,
-                fua,
-            },
-            CommandKind::Trim => Command::Trim {
-                offset_bytes,
-                length_bytes,
-                fua,
-            },
+            CommandKind::Read => Command::Read { offset_bytes, length_bytes },
+            CommandKind::Write => Command::Write { offset_bytes, length_bytes, fua },
+            CommandKind::Trim => Command::Trim { offset_bytes, length_bytes, fua },
             CommandKind::WriteZeroes => {
                 if flags & CMD_FLAG_FAST_ZERO != 0 {
                     // We cannot tell in advance whether zeroing beats writing, so every fast
@@ -318,18 +268,11 @@ impl Transmission {
                     return reject(Errno::NotSup, "fast zero is not supported");
                 }
                 let no_hole = flags & CMD_FLAG_NO_HOLE != 0;
-                Command::WriteZeroes {
-                    offset_bytes,
-                    length_bytes,
-                    fua,
-                    no_hole,
-                }
+                Command::WriteZeroes { offset_bytes, length_bytes, fua, no_hole }
             }
-            CommandKind::BlockStatus => Command::BlockStatus {
-                offset_bytes,
-                length_bytes,
-                req_one: flags & CMD_FLAG_REQ_ONE != 0,
-            },
+            CommandKind::BlockStatus => {
+                Command::BlockStatus { offset_bytes, length_bytes, req_one: flags & CMD_FLAG_REQ_ONE != 0 }
+            }
             CommandKind::Flush | CommandKind::Disconnect | CommandKind::Other(_) => {
                 unreachable!("handled above")
             }
@@ -359,13 +302,7 @@ impl Transmission {
             // One content chunk covering the whole request, final: the data is already in
             // memory, so no error can come up while it is sent.
             let mut out = Vec::with_capacity(CHUNK_HEADER_BYTES + 8);
-            put_chunk_header(
-                &mut out,
-                REPLY_FLAG_DONE,
-                REPLY_TYPE_OFFSET_DATA,
-                handle,
-                8 + data_bytes,
-            );
+            put_chunk_header(&mut out, REPLY_FLAG_DONE, REPLY_TYPE_OFFSET_DATA, handle, 8 + data_bytes);
             put_u64(&mut out, offset_bytes);
             out
         } else {
@@ -382,13 +319,7 @@ impl Transmission {
         let message = truncate_at_char_boundary(message, ERROR_MESSAGE_BYTES_MAX);
         let payload_bytes = 4 + 2 + message.len() as u32;
         let mut out = Vec::with_capacity(CHUNK_HEADER_BYTES + payload_bytes as usize);
-        put_chunk_header(
-            &mut out,
-            REPLY_FLAG_DONE,
-            REPLY_TYPE_ERROR,
-            handle,
-            payload_bytes,
-        );
+        put_chunk_header(&mut out, REPLY_FLAG_DONE, REPLY_TYPE_ERROR, handle, payload_bytes);
         put_u32(&mut out, errno.code());
         put_u16(&mut out, message.len() as u16);
         out.extend_from_slice(message.as_bytes());
@@ -401,24 +332,12 @@ impl Transmission {
     /// that is only partly a hole is reported as data, which is always safe), never extend past
     /// the request, number at most [`BLOCK_STATUS_DESCRIPTORS_MAX`] (one with `req_one`), and
     /// there is always at least one.
-    pub fn encode_block_status(
-        &self,
-        handle: u64,
-        length_bytes: u32,
-        req_one: bool,
-        extents: &[Extent],
-    ) -> Vec<u8> {
+    pub fn encode_block_status(&self, handle: u64, length_bytes: u32, req_one: bool, extents: &[Extent]) -> Vec<u8> {
         assert!(self.block_status, "block status was not negotiated");
         let descriptors = block_status_descriptors(length_bytes, req_one, extents);
         let payload_bytes = 4 + 8 * descriptors.len() as u32;
         let mut out = Vec::with_capacity(CHUNK_HEADER_BYTES + payload_bytes as usize);
-        put_chunk_header(
-            &mut out,
-            REPLY_FLAG_DONE,
-            REPLY_TYPE_BLOCK_STATUS,
-            handle,
-            payload_bytes,
-        );
+        put_chunk_header(&mut out, REPLY_FLAG_DONE, REPLY_TYPE_BLOCK_STATUS, handle, payload_bytes);
         put_u32(&mut out, BASE_ALLOCATION_CONTEXT_ID);
         for (length, status) in descriptors {
             put_u32(&mut out, length);
@@ -457,11 +376,7 @@ fn truncate_at_char_boundary(text: &str, bytes_max: usize) -> &str {
 
 /// `(length, status flags)` descriptors for a block status reply of a request of `length_bytes`
 /// whose offset is aligned; see [`Transmission::encode_block_status`].
-fn block_status_descriptors(
-    length_bytes: u32,
-    req_one: bool,
-    extents: &[Extent],
-) -> Vec<(u32, u32)> {
+fn block_status_descriptors(length_bytes: u32, req_one: bool, extents: &[Extent]) -> Vec<(u32, u32)> {
     const HOLE: u32 = STATE_HOLE | STATE_ZERO;
     const DATA: u32 = 0;
     let end = u64::from(length_bytes);
@@ -488,10 +403,7 @@ fn block_status_descriptors(
     // descriptors reach, always aligned.
     let mut covered: u64 = 0;
     let mut position: u64 = 0;
-    let mut iter = extents
-        .iter()
-        .filter(|extent| extent.length_bytes > 0)
-        .peekable();
+    let mut iter = extents.iter().filter(|extent| extent.length_bytes > 0).peekable();
     while let Some(extent) = iter.next() {
         if covered >= end || descriptors.len() > BLOCK_STATUS_DESCRIPTORS_MAX {
             break;
@@ -528,20 +440,11 @@ fn block_status_descriptors(
         let length = if covered == 0 { end } else { round_up(covered) };
         push(&mut descriptors, length, DATA);
     }
-    let keep = if req_one {
-        1
-    } else {
-        BLOCK_STATUS_DESCRIPTORS_MAX
-    };
+    let keep = if req_one { 1 } else { BLOCK_STATUS_DESCRIPTORS_MAX };
     descriptors.truncate(keep);
     descriptors
         .into_iter()
-        .map(|(length, status)| {
-            (
-                u32::try_from(length).expect("descriptors lie within a u32 request"),
-                status,
-            )
-        })
+        .map(|(length, status)| (u32::try_from(length).expect("descriptors lie within a u32 request"), status))
         .collect()
 }
 
@@ -552,11 +455,7 @@ mod tests {
     const SIZE: u64 = 1 << 40;
 
     fn transmission(structured: bool, block_status: bool) -> Transmission {
-        let export = ExportInfo {
-            name: "v".into(),
-            size_bytes: SIZE,
-            description: String::new(),
-        };
+        let export = ExportInfo { name: "v".into(), size_bytes: SIZE, description: String::new() };
         Transmission::for_tests(export, structured, block_status)
     }
 
@@ -587,10 +486,7 @@ mod tests {
             Ok(Decoded::Disconnect) => "disconnect".into(),
             Err(error) => format!("fatal {error}"),
         };
-        assert_eq!(
-            got, expected,
-            "flags={flags:#x} command={command} offset={offset} length={length}"
-        );
+        assert_eq!(got, expected, "flags={flags:#x} command={command} offset={offset} length={length}");
     }
 
     const MAX: u32 = BLOCK_SIZE_MAX_BYTES;
@@ -647,18 +543,10 @@ mod tests {
 
     #[test]
     fn export_size_not_a_multiple_of_the_block_size() {
-        let export = ExportInfo {
-            name: "v".into(),
-            size_bytes: 1000,
-            description: String::new(),
-        };
+        let export = ExportInfo { name: "v".into(), size_bytes: 1000, description: String::new() };
         let transmission = Transmission::for_tests(export, false, false);
-        let decode =
-            |offset, length| transmission.decode_request(&header(0, CMD_READ, offset, length));
-        assert!(
-            matches!(decode(512, 488), Ok(Decoded::Request(_))),
-            "the tail is reachable"
-        );
+        let decode = |offset, length| transmission.decode_request(&header(0, CMD_READ, offset, length));
+        assert!(matches!(decode(512, 488), Ok(Decoded::Request(_))), "the tail is reachable");
         assert!(matches!(decode(0, 1000), Ok(Decoded::Request(_))));
         assert!(matches!(decode(512, 512), Ok(Decoded::Rejected(_))));
         assert!(matches!(decode(0, 488), Ok(Decoded::Rejected(_))));
@@ -679,29 +567,14 @@ mod tests {
         let structured = transmission(true, true);
         let mut expected_simple = vec![0x67, 0x44, 0x66, 0x98, 0, 0, 0, 0];
         expected_simple.extend_from_slice(&handle.to_be_bytes());
-        assert_eq!(
-            simple.encode_success(handle, CommandKind::Write),
-            expected_simple
-        );
-        assert_eq!(
-            simple.encode_success(handle, CommandKind::Read),
-            expected_simple
-        );
-        assert_eq!(
-            simple.encode_read_header(handle, 4096, 512),
-            expected_simple
-        );
-        assert_eq!(
-            structured.encode_success(handle, CommandKind::Flush),
-            expected_simple
-        );
+        assert_eq!(simple.encode_success(handle, CommandKind::Write), expected_simple);
+        assert_eq!(simple.encode_success(handle, CommandKind::Read), expected_simple);
+        assert_eq!(simple.encode_read_header(handle, 4096, 512), expected_simple);
+        assert_eq!(structured.encode_success(handle, CommandKind::Flush), expected_simple);
 
         let mut expected_error = vec![0x67, 0x44, 0x66, 0x98, 0, 0, 0, 22];
         expected_error.extend_from_slice(&handle.to_be_bytes());
-        assert_eq!(
-            simple.encode_error(handle, Errno::Inval, "ignored"),
-            expected_error
-        );
+        assert_eq!(simple.encode_error(handle, Errno::Inval, "ignored"), expected_error);
 
         let chunk = |flags: u16, chunk_type: u16, length: u32| {
             let mut out = vec![0x66, 0x8e, 0x33, 0xef];
@@ -711,10 +584,7 @@ mod tests {
             out.extend_from_slice(&length.to_be_bytes());
             out
         };
-        assert_eq!(
-            structured.encode_success(handle, CommandKind::Read),
-            chunk(1, 0, 0)
-        );
+        assert_eq!(structured.encode_success(handle, CommandKind::Read), chunk(1, 0, 0));
         let mut read = chunk(1, 1, 8 + 4096);
         read.extend_from_slice(&8192u64.to_be_bytes());
         assert_eq!(structured.encode_read_header(handle, 8192, 4096), read);
@@ -727,30 +597,15 @@ mod tests {
 
         let mut status = chunk(1, 5, 4 + 16);
         status.extend_from_slice(&[0, 0, 0, 1, 0, 0, 2, 0, 0, 0, 0, 3, 0, 0, 2, 0, 0, 0, 0, 0]);
-        let extents = [
-            Extent {
-                length_bytes: 512,
-                hole: true,
-            },
-            Extent {
-                length_bytes: 512,
-                hole: false,
-            },
-        ];
-        assert_eq!(
-            structured.encode_block_status(handle, 1024, false, &extents),
-            status
-        );
+        let extents = [Extent { length_bytes: 512, hole: true }, Extent { length_bytes: 512, hole: false }];
+        assert_eq!(structured.encode_block_status(handle, 1024, false, &extents), status);
     }
 
     /// Extents and descriptors as text: `h512 d1024` is a 512-byte hole then 1024 bytes of data.
     fn check_descriptors(length: u32, req_one: bool, extents: &str, expected: &str) {
         let extents: Vec<Extent> = extents
             .split_whitespace()
-            .map(|token| Extent {
-                length_bytes: token[1..].parse().unwrap(),
-                hole: token.starts_with('h'),
-            })
+            .map(|token| Extent { length_bytes: token[1..].parse().unwrap(), hole: token.starts_with('h') })
             .collect();
         let got: Vec<String> = block_status_descriptors(length, req_one, &extents)
             .iter()
@@ -760,11 +615,7 @@ mod tests {
                 other => panic!("status {other}"),
             })
             .collect();
-        assert_eq!(
-            got.join(" "),
-            expected,
-            "length={length} req_one={req_one} extents={extents:?}"
-        );
+        assert_eq!(got.join(" "), expected, "length={length} req_one={req_one} extents={extents:?}");
     }
 
     #[test]
@@ -800,29 +651,12 @@ mod tests {
 
     #[test]
     fn descriptors_are_bounded() {
-        let extents: Vec<Extent> = (0..10_000)
-            .map(|i| Extent {
-                length_bytes: 512,
-                hole: i % 2 == 0,
-            })
-            .collect();
+        let extents: Vec<Extent> = (0..10_000).map(|i| Extent { length_bytes: 512, hole: i % 2 == 0 }).collect();
         let descriptors = block_status_descriptors(u32::MAX - 511, false, &extents);
         assert_eq!(descriptors.len(), BLOCK_STATUS_DESCRIPTORS_MAX);
         let descriptors = block_status_descriptors(u32::MAX - 511, true, &extents);
         assert_eq!(descriptors, vec![(512, 3)]);
-        let huge = [
-            Extent {
-                length_bytes: u64::MAX,
-                hole: true,
-            },
-            Extent {
-                length_bytes: u64::MAX,
-                hole: false,
-            },
-        ];
-        assert_eq!(
-            block_status_descriptors(4096, false, &huge),
-            vec![(4096, 3)]
-        );
+        let huge = [Extent { length_bytes: u64::MAX, hole: true }, Extent { length_bytes: u64::MAX, hole: false }];
+        assert_eq!(block_status_descriptors(4096, false, &huge), vec![(4096, 3)]);
     }
 }

@@ -126,8 +126,7 @@ impl<'a> Reader<'a> {
     }
 
     pub fn u32(&mut self) -> Option<u32> {
-        self.take(4)
-            .map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]))
+        self.take(4).map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]))
     }
 
     pub fn u64(&mut self) -> Option<u64> {

@@ -12,8 +12,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use nbd::wire::*;
 use nbd::{
-    Decoded, ExportInfo, Extent, Handshake, HandshakeConfig, HandshakeOutcome, Transmission,
-    BLOCK_SIZE_MAX_BYTES, HANDSHAKE_INPUT_BYTES_MAX,
+    Decoded, ExportInfo, Extent, Handshake, HandshakeConfig, HandshakeOutcome, Transmission, BLOCK_SIZE_MAX_BYTES,
+    HANDSHAKE_INPUT_BYTES_MAX,
 };
 
 /// Records the largest allocation made while the current thread is measuring.
@@ -98,16 +98,8 @@ impl Random {
 
 fn exports() -> Vec<ExportInfo> {
     vec![
-        ExportInfo {
-            name: "a".into(),
-            size_bytes: 1 << 30,
-            description: "A".into(),
-        },
-        ExportInfo {
-            name: String::new(),
-            size_bytes: 1000,
-            description: String::new(),
-        },
+        ExportInfo { name: "a".into(), size_bytes: 1 << 30, description: "A".into() },
+        ExportInfo { name: String::new(), size_bytes: 1000, description: String::new() },
     ]
 }
 
@@ -118,35 +110,13 @@ fn handshake_input(random: &mut Random) -> Vec<u8> {
         return random.bytes(count);
     }
     let mut out = Vec::new();
-    put_u32(
-        &mut out,
-        if random.chance(90) {
-            random.below(4) as u32
-        } else {
-            random.next() as u32
-        },
-    );
+    put_u32(&mut out, if random.chance(90) { random.below(4) as u32 } else { random.next() as u32 });
     for _ in 0..random.below(12) {
-        put_u64(
-            &mut out,
-            if random.chance(97) {
-                IHAVEOPT
-            } else {
-                random.next()
-            },
-        );
-        let option = if random.chance(90) {
-            random.below(13) as u32
-        } else {
-            random.next() as u32
-        };
+        put_u64(&mut out, if random.chance(97) { IHAVEOPT } else { random.next() });
+        let option = if random.chance(90) { random.below(13) as u32 } else { random.next() as u32 };
         put_u32(&mut out, option);
         let data = option_data(random, option);
-        let declared = if random.chance(85) {
-            data.len() as u32
-        } else {
-            random.length()
-        };
+        let declared = if random.chance(85) { data.len() as u32 } else { random.length() };
         put_u32(&mut out, declared);
         out.extend_from_slice(&data);
     }
@@ -168,47 +138,19 @@ fn option_data(random: &mut Random, option: u32) -> Vec<u8> {
     match option {
         OPT_EXPORT_NAME => out.extend_from_slice(name),
         OPT_INFO | OPT_GO => {
-            put_u32(
-                &mut out,
-                if random.chance(90) {
-                    name.len() as u32
-                } else {
-                    random.length()
-                },
-            );
+            put_u32(&mut out, if random.chance(90) { name.len() as u32 } else { random.length() });
             out.extend_from_slice(name);
             let count = random.below(5);
-            put_u16(
-                &mut out,
-                if random.chance(90) {
-                    count as u16
-                } else {
-                    random.next() as u16
-                },
-            );
+            put_u16(&mut out, if random.chance(90) { count as u16 } else { random.next() as u16 });
             for _ in 0..count {
                 put_u16(&mut out, random.below(6) as u16);
             }
         }
         OPT_LIST_META_CONTEXT | OPT_SET_META_CONTEXT => {
-            put_u32(
-                &mut out,
-                if random.chance(90) {
-                    name.len() as u32
-                } else {
-                    random.length()
-                },
-            );
+            put_u32(&mut out, if random.chance(90) { name.len() as u32 } else { random.length() });
             out.extend_from_slice(name);
             let count = random.below(4);
-            put_u32(
-                &mut out,
-                if random.chance(90) {
-                    count as u32
-                } else {
-                    random.length()
-                },
-            );
+            put_u32(&mut out, if random.chance(90) { count as u32 } else { random.length() });
             for _ in 0..count {
                 let query: &[u8] = match random.below(5) {
                     0 => b"base:allocation",
@@ -217,14 +159,7 @@ fn option_data(random: &mut Random, option: u32) -> Vec<u8> {
                     3 => b"nocolon",
                     _ => b"base:\xff",
                 };
-                put_u32(
-                    &mut out,
-                    if random.chance(90) {
-                        query.len() as u32
-                    } else {
-                        random.length()
-                    },
-                );
+                put_u32(&mut out, if random.chance(90) { query.len() as u32 } else { random.length() });
                 out.extend_from_slice(query);
             }
         }
@@ -241,9 +176,7 @@ fn option_data(random: &mut Random, option: u32) -> Vec<u8> {
 /// Feeds `input` in random pieces, as a socket would, keeping unconsumed bytes like a driver.
 fn run_handshake(random: &mut Random, input: &[u8]) -> Option<HandshakeOutcome> {
     let exports = exports();
-    let mut handshake = Handshake::new(HandshakeConfig {
-        multi_conn: random.chance(50),
-    });
+    let mut handshake = Handshake::new(HandshakeConfig { multi_conn: random.chance(50) });
     let mut pending: Vec<u8> = Vec::new();
     let mut offset = 0;
     loop {
@@ -259,10 +192,7 @@ fn run_handshake(random: &mut Random, input: &[u8]) -> Option<HandshakeOutcome> 
         if let Some(outcome) = handshake.poll_outcome() {
             return Some(outcome);
         }
-        assert!(
-            pending.len() < HANDSHAKE_INPUT_BYTES_MAX,
-            "the handshake must make progress on a full buffer"
-        );
+        assert!(pending.len() < HANDSHAKE_INPUT_BYTES_MAX, "the handshake must make progress on a full buffer");
         if offset == input.len() {
             return None;
         }
@@ -291,10 +221,7 @@ fn random_handshakes() {
     assert!(fatal > 100, "{fatal}");
     assert!(unfinished > 100, "{unfinished}");
     let largest = LARGEST_ALLOCATION_BYTES.load(Ordering::Relaxed);
-    assert!(
-        largest <= CODEC_ALLOCATION_BYTES_MAX,
-        "largest allocation {largest} bytes"
-    );
+    assert!(largest <= CODEC_ALLOCATION_BYTES_MAX, "largest allocation {largest} bytes");
 }
 
 #[test]
@@ -303,9 +230,7 @@ fn random_requests() {
     let transmissions: Vec<Transmission> = [(false, false), (true, false), (true, true)]
         .into_iter()
         .flat_map(|(structured, block_status)| {
-            exports()
-                .into_iter()
-                .map(move |export| Transmission::for_tests(export, structured, block_status))
+            exports().into_iter().map(move |export| Transmission::for_tests(export, structured, block_status))
         })
         .collect();
     let mut requests = 0;
@@ -322,17 +247,9 @@ fn random_requests() {
             };
             header[4..6].copy_from_slice(&flags.to_be_bytes());
             header[6..8].copy_from_slice(&(random.below(10) as u16).to_be_bytes());
-            let offset = if random.chance(80) {
-                random.below(1 << 21) * 512
-            } else {
-                random.next()
-            };
+            let offset = if random.chance(80) { random.below(1 << 21) * 512 } else { random.next() };
             header[16..24].copy_from_slice(&offset.to_be_bytes());
-            let length = if random.chance(50) {
-                random.below(1 << 12) as u32 * 512
-            } else {
-                random.length()
-            };
+            let length = if random.chance(50) { random.below(1 << 12) as u32 * 512 } else { random.length() };
             header[24..28].copy_from_slice(&length.to_be_bytes());
         }
         let decoded = measured(|| transmission.decode_request(&header));
@@ -343,59 +260,30 @@ fn random_requests() {
                 use nbd::Command::*;
                 let handle = request.handle;
                 let reply = match request.command {
-                    Read {
-                        offset_bytes,
-                        length_bytes,
-                    } => {
+                    Read { offset_bytes, length_bytes } => {
                         assert!(length_bytes > 0 && length_bytes <= BLOCK_SIZE_MAX_BYTES);
                         assert!(offset_bytes + u64::from(length_bytes) <= size);
                         transmission.encode_read_header(handle, offset_bytes, length_bytes)
                     }
-                    Write {
-                        offset_bytes,
-                        length_bytes,
-                        ..
-                    } => {
+                    Write { offset_bytes, length_bytes, .. } => {
                         assert!(length_bytes > 0 && length_bytes <= BLOCK_SIZE_MAX_BYTES);
                         assert!(offset_bytes + u64::from(length_bytes) <= size);
                         transmission.encode_success(handle, request.command.kind())
                     }
-                    Trim {
-                        offset_bytes,
-                        length_bytes,
-                        ..
-                    }
-                    | WriteZeroes {
-                        offset_bytes,
-                        length_bytes,
-                        ..
-                    } => {
+                    Trim { offset_bytes, length_bytes, .. } | WriteZeroes { offset_bytes, length_bytes, .. } => {
                         assert!(length_bytes > 0);
                         assert!(offset_bytes + u64::from(length_bytes) <= size);
                         transmission.encode_success(handle, request.command.kind())
                     }
                     Flush => transmission.encode_success(handle, request.command.kind()),
-                    BlockStatus {
-                        offset_bytes,
-                        length_bytes,
-                        req_one,
-                    } => {
+                    BlockStatus { offset_bytes, length_bytes, req_one } => {
                         assert!(transmission.block_status_enabled());
                         assert!(offset_bytes + u64::from(length_bytes) <= size);
                         let extents: Vec<Extent> = (0..random.below(40))
-                            .map(|_| Extent {
-                                length_bytes: random.below(9000),
-                                hole: random.chance(50),
-                            })
+                            .map(|_| Extent { length_bytes: random.below(9000), hole: random.chance(50) })
                             .collect();
-                        let reply = measured(|| {
-                            transmission.encode_block_status(
-                                handle,
-                                length_bytes,
-                                req_one,
-                                &extents,
-                            )
-                        });
+                        let reply =
+                            measured(|| transmission.encode_block_status(handle, length_bytes, req_one, &extents));
                         let descriptors = (reply.len() - 24) / 8;
                         assert!(descriptors >= 1);
                         let mut total = 0u64;
@@ -416,9 +304,7 @@ fn random_requests() {
                 assert!(!reply.is_empty());
             }
             Ok(Decoded::Rejected(rejected)) => {
-                let reply = measured(|| {
-                    transmission.encode_error(rejected.handle, rejected.errno, rejected.message)
-                });
+                let reply = measured(|| transmission.encode_error(rejected.handle, rejected.errno, rejected.message));
                 assert!(reply.len() >= 16);
             }
             Ok(Decoded::NoOp { handle, kind }) => {
@@ -431,8 +317,5 @@ fn random_requests() {
     assert!(requests > 1000, "{requests}");
     let largest = LARGEST_ALLOCATION_BYTES.load(Ordering::Relaxed);
     assert!(largest > 0, "the allocator measured nothing");
-    assert!(
-        largest <= CODEC_ALLOCATION_BYTES_MAX,
-        "largest allocation {largest} bytes"
-    );
+    assert!(largest <= CODEC_ALLOCATION_BYTES_MAX, "largest allocation {largest} bytes");
 }

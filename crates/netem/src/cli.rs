@@ -110,20 +110,13 @@ fn parse_rate(s: &str) -> Result<Option<f64>, String> {
 fn parse_burst(s: &str) -> Result<BurstLoss, String> {
     let (enter, exit) = s.split_once(',').ok_or("expected P_ENTER,P_EXIT")?;
     let p = |v: &str| v.trim().parse::<f64>().map_err(|e| format!("{v}: {e}"));
-    Ok(BurstLoss {
-        p_enter: p(enter)?,
-        p_exit: p(exit)?,
-    })
+    Ok(BurstLoss { p_enter: p(enter)?, p_exit: p(exit)? })
 }
 
 impl ParamsArgs {
     /// Every combination of the repeated delays and rates (one when neither is repeated).
     fn all(&self) -> Vec<LinkParams> {
-        let rates = if self.rate_mbit.is_empty() {
-            vec![None]
-        } else {
-            self.rate_mbit.clone()
-        };
+        let rates = if self.rate_mbit.is_empty() { vec![None] } else { self.rate_mbit.clone() };
         let mut all = Vec::new();
         for &rate_mbit in &rates {
             for &delay_ms_one_way in &self.delay_ms {
@@ -155,11 +148,7 @@ pub fn run(args: &LinkArgs) -> anyhow::Result<()> {
         println!(
             "removed {} namespace(s){}",
             removed.len(),
-            if removed.is_empty() {
-                String::new()
-            } else {
-                format!(": {}", removed.join(" "))
-            }
+            if removed.is_empty() { String::new() } else { format!(": {}", removed.join(" ")) }
         );
         return Ok(());
     }
@@ -168,9 +157,7 @@ pub fn run(args: &LinkArgs) -> anyhow::Result<()> {
     }
     let params = args.params.single()?;
     let stop = sys::catch_stop_signals();
-    let deadline = args
-        .duration
-        .map(|s| Instant::now() + Duration::from_secs_f64(s));
+    let deadline = args.duration.map(|s| Instant::now() + Duration::from_secs_f64(s));
     if let (Some(listen), Some(target)) = (args.listen, args.target) {
         let proxy = Proxy::start(listen, target, params).context("starting the link proxy")?;
         println!("link proxy {} -> {target}: {params}", proxy.address());
@@ -179,41 +166,20 @@ pub fn run(args: &LinkArgs) -> anyhow::Result<()> {
     if !args.netns {
         bail!("choose a mode: --listen/--target (proxy), --netns, --measure or --cleanup");
     }
-    let end_a = if args.root_end {
-        EndA::RootNamespace
-    } else {
-        EndA::Namespace
-    };
-    let link = Link::create(LinkSpec {
-        params,
-        end_a,
-        seed: args.seed,
-    })
-    .context("creating the link")?;
+    let end_a = if args.root_end { EndA::RootNamespace } else { EndA::Namespace };
+    let link = Link::create(LinkSpec { params, end_a, seed: args.seed }).context("creating the link")?;
     println!("link up: {params}");
     for side in [Side::A, Side::B] {
         let end = link.end(side);
-        let place = end
-            .namespace
-            .as_deref()
-            .map_or("root namespace".to_string(), |ns| format!("namespace {ns}"));
-        println!(
-            "  end {side:?}: {} in {place} (device {})",
-            end.address, end.device
-        );
+        let place = end.namespace.as_deref().map_or("root namespace".to_string(), |ns| format!("namespace {ns}"));
+        println!("  end {side:?}: {} in {place} (device {})", end.address, end.device);
     }
     let b = link.end(Side::B);
     if let Some(ns) = &b.namespace {
-        println!(
-            "run a server at end B:  ip netns exec {ns} starfish element --listen {}:7103 --data …",
-            b.address
-        );
+        println!("run a server at end B:  ip netns exec {ns} starfish element --listen {}:7103 --data …", b.address);
     }
     match &link.end(Side::A).namespace {
-        Some(ns) => println!(
-            "and its client at end A: ip netns exec {ns} …  (connect to {})",
-            b.address
-        ),
+        Some(ns) => println!("and its client at end A: ip netns exec {ns} …  (connect to {})", b.address),
         None => println!("and connect to {} from anywhere on this machine", b.address),
     }
     hold(&Held::Link(&link), stop, deadline)
@@ -258,23 +224,17 @@ impl Held<'_> {
 }
 
 /// Keeps the link until a stop signal, the deadline or `quit` on stdin; applies stdin commands.
-fn hold(
-    held: &Held<'_>,
-    stop: &std::sync::atomic::AtomicBool,
-    deadline: Option<Instant>,
-) -> anyhow::Result<()> {
+fn hold(held: &Held<'_>, stop: &std::sync::atomic::AtomicBool, deadline: Option<Instant>) -> anyhow::Result<()> {
     let (tx, rx) = mpsc::channel::<String>();
     // Detached: it may stay blocked on stdin until the process exits.
-    std::thread::Builder::new()
-        .name("sfn-link-stdin".into())
-        .spawn(move || {
-            for line in std::io::stdin().lock().lines() {
-                let Ok(line) = line else { return };
-                if tx.send(line).is_err() {
-                    return;
-                }
+    std::thread::Builder::new().name("sfn-link-stdin".into()).spawn(move || {
+        for line in std::io::stdin().lock().lines() {
+            let Ok(line) = line else { return };
+            if tx.send(line).is_err() {
+                return;
             }
-        })?;
+        }
+    })?;
     loop {
         if stop.load(Ordering::SeqCst) || deadline.is_some_and(|d| Instant::now() >= d) {
             break;
@@ -287,16 +247,11 @@ fn hold(
             },
             Err(mpsc::RecvTimeoutError::Timeout) => {}
             // End of stdin (e.g. </dev/null) ends the commands, not the link.
-            Err(mpsc::RecvTimeoutError::Disconnected) => {
-                std::thread::sleep(Duration::from_millis(100))
-            }
+            Err(mpsc::RecvTimeoutError::Disconnected) => std::thread::sleep(Duration::from_millis(100)),
         }
     }
     let stats = held.stats();
-    println!(
-        "link down\n  a->b: {}\n  b->a: {}",
-        stats.a_to_b, stats.b_to_a
-    );
+    println!("link down\n  a->b: {}\n  b->a: {}", stats.a_to_b, stats.b_to_a);
     Ok(())
 }
 
@@ -340,8 +295,7 @@ fn parse_set(current: LinkParams, words: &[&str]) -> anyhow::Result<LinkParams> 
         #[arg(long = "queue-ms")]
         queue_ms: Option<f64>,
     }
-    let set =
-        Set::try_parse_from(words).map_err(|e| anyhow::anyhow!("{}", e.to_string().trim()))?;
+    let set = Set::try_parse_from(words).map_err(|e| anyhow::anyhow!("{}", e.to_string().trim()))?;
     let mut params = current;
     if let Some(v) = set.delay_ms {
         params.delay_ms_one_way = v;
@@ -353,11 +307,7 @@ fn parse_set(current: LinkParams, words: &[&str]) -> anyhow::Result<LinkParams> 
         params.loss_percent = v;
     }
     if let Some(v) = set.burst_loss {
-        params.burst_loss = if v == "none" {
-            None
-        } else {
-            Some(parse_burst(&v).map_err(anyhow::Error::msg)?)
-        };
+        params.burst_loss = if v == "none" { None } else { Some(parse_burst(&v).map_err(anyhow::Error::msg)?) };
     }
     if let Some(v) = set.queue_ms {
         params.queue_ms_max = v;
@@ -383,17 +333,8 @@ fn run_measure(args: &LinkArgs) -> anyhow::Result<()> {
             break;
         }
         let report = if args.netns {
-            let end_a = if args.root_end {
-                EndA::RootNamespace
-            } else {
-                EndA::Namespace
-            };
-            let link = Link::create(LinkSpec {
-                params,
-                end_a,
-                seed: args.seed,
-            })
-            .context("creating the link")?;
+            let end_a = if args.root_end { EndA::RootNamespace } else { EndA::Namespace };
+            let link = Link::create(LinkSpec { params, end_a, seed: args.seed }).context("creating the link")?;
             measure::measure_link(&link, &options)?
         } else {
             measure::measure_proxy(params, &options)?
@@ -427,47 +368,18 @@ mod tests {
 
     #[test]
     fn command_lines() {
-        let args = parse("--delay-ms 8 --rate-mbit 124 --loss 0.1 --listen 127.0.0.1:9000 --target 127.0.0.1:7103").expect("valid");
+        let args = parse("--delay-ms 8 --rate-mbit 124 --loss 0.1 --listen 127.0.0.1:9000 --target 127.0.0.1:7103")
+            .expect("valid");
         let params = args.params.single().expect("one");
-        assert_eq!(
-            (
-                params.delay_ms_one_way,
-                params.rate_mbit,
-                params.loss_percent
-            ),
-            (8.0, Some(124.0), 0.1)
-        );
-        assert!(
-            parse("--listen 127.0.0.1:9000").is_err(),
-            "--listen needs --target"
-        );
+        assert_eq!((params.delay_ms_one_way, params.rate_mbit, params.loss_percent), (8.0, Some(124.0), 0.1));
+        assert!(parse("--listen 127.0.0.1:9000").is_err(), "--listen needs --target");
         assert!(parse("--listen 127.0.0.1:9000 --target 127.0.0.1:1 --netns").is_err());
         assert!(parse("--root-end").is_err(), "--root-end needs --netns");
-        let args = parse("--measure --delay-ms 1 --delay-ms 8 --rate-mbit 31 --rate-mbit none")
-            .expect("valid");
-        let all: Vec<_> = args
-            .params
-            .all()
-            .iter()
-            .map(|p| (p.delay_ms_one_way, p.rate_mbit))
-            .collect();
-        assert_eq!(
-            all,
-            [
-                (1.0, Some(31.0)),
-                (8.0, Some(31.0)),
-                (1.0, None),
-                (8.0, None)
-            ]
-        );
+        let args = parse("--measure --delay-ms 1 --delay-ms 8 --rate-mbit 31 --rate-mbit none").expect("valid");
+        let all: Vec<_> = args.params.all().iter().map(|p| (p.delay_ms_one_way, p.rate_mbit)).collect();
+        assert_eq!(all, [(1.0, Some(31.0)), (8.0, Some(31.0)), (1.0, None), (8.0, None)]);
         let args = parse("--netns --burst-loss 0.01,0.25").expect("valid");
-        assert_eq!(
-            args.params.burst_loss,
-            Some(BurstLoss {
-                p_enter: 0.01,
-                p_exit: 0.25
-            })
-        );
+        assert_eq!(args.params.burst_loss, Some(BurstLoss { p_enter: 0.01, p_exit: 0.25 }));
     }
 
     #[test]

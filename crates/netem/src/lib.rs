@@ -79,9 +79,7 @@ pub mod limits {
 pub enum LinkError {
     #[error(transparent)]
     Params(#[from] ParamsError),
-    #[error(
-        "the namespace mode needs root (CAP_NET_ADMIN and CAP_SYS_ADMIN); the proxy mode does not"
-    )]
+    #[error("the namespace mode needs root (CAP_NET_ADMIN and CAP_SYS_ADMIN); the proxy mode does not")]
     NotRoot,
     #[error("{0} is not installed")]
     ToolMissing(&'static str),
@@ -92,8 +90,5 @@ pub enum LinkError {
     #[error("no free /30 in 10.250.0.0/16 for a link in the root namespace")]
     NoFreeSubnet,
     #[error("{what}: {source}")]
-    Io {
-        what: String,
-        source: std::io::Error,
-    },
+    Io { what: String, source: std::io::Error },
 }

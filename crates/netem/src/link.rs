@@ -115,10 +115,7 @@ impl Link {
         let pid = std::process::id();
         let number = LINKS_CREATED.fetch_add(1, Ordering::Relaxed);
         let namespace_names: Vec<String> = match spec.end_a {
-            EndA::Namespace => vec![
-                format!("{NAME_PREFIX}{pid}-{number}-a"),
-                format!("{NAME_PREFIX}{pid}-{number}-b"),
-            ],
+            EndA::Namespace => vec![format!("{NAME_PREFIX}{pid}-{number}-a"), format!("{NAME_PREFIX}{pid}-{number}-b")],
             EndA::RootNamespace => vec![format!("{NAME_PREFIX}{pid}-{number}-b")],
         };
         // Started first, so that every later step is covered if this process dies.
@@ -143,39 +140,21 @@ impl Link {
                 Some(ns) => ns.run_in(open)?,
                 None => open(),
             }
-            .map_err(|e| LinkError::Io {
-                what: format!("creating TUN device {device}"),
-                source: e,
-            })?;
+            .map_err(|e| LinkError::Io { what: format!("creating TUN device {device}"), source: e })?;
             tuns.push(Arc::new(tun));
             let (address, peer) = match side {
                 Side::A => (subnet.0, subnet.1),
                 Side::B => (subnet.1, subnet.0),
             };
             configure_device(namespace.map(Namespace::name), &device, address, peer)?;
-            ends.push(End {
-                side,
-                namespace: namespace.map(|ns| ns.name().to_string()),
-                address,
-                device,
-            });
+            ends.push(End { side, namespace: namespace.map(|ns| ns.name().to_string()), address, device });
         }
         let models = relay::models(spec.params);
         let relay = Relay::start(tuns[0].clone(), tuns[1].clone(), models.clone(), spec.seed)
-            .map_err(|e| LinkError::Io {
-                what: "starting the relay".into(),
-                source: e,
-            })?;
+            .map_err(|e| LinkError::Io { what: "starting the relay".into(), source: e })?;
         let ends: [End; 2] = ends.try_into().expect("two ends");
         tracing::info!(a = %ends[0].address, b = %ends[1].address, params = %spec.params, "link up");
-        Ok(Link {
-            ends,
-            models,
-            relay: Some(relay),
-            tuns,
-            namespaces,
-            watchdog: Some(watchdog),
-        })
+        Ok(Link { ends, models, relay: Some(relay), tuns, namespaces, watchdog: Some(watchdog) })
     }
 
     pub fn end(&self, side: Side) -> &End {
@@ -215,27 +194,17 @@ impl Link {
     }
 
     pub fn stats(&self) -> LinkStats {
-        LinkStats {
-            a_to_b: lock(&self.models[0]).stats(),
-            b_to_a: lock(&self.models[1]).stats(),
-        }
+        LinkStats { a_to_b: lock(&self.models[0]).stats(), b_to_a: lock(&self.models[1]).stats() }
     }
 
     /// Runs `f` on a thread inside `side`'s namespace (or the root namespace) and returns its
     /// result: a listener bound or a stream connected there stays there.
-    pub fn run_in<T: Send, F: FnOnce() -> T + Send>(
-        &self,
-        side: Side,
-        f: F,
-    ) -> Result<T, LinkError> {
+    pub fn run_in<T: Send, F: FnOnce() -> T + Send>(&self, side: Side, f: F) -> Result<T, LinkError> {
         match self.namespace_of(side) {
             Some(ns) => ns.run_in(f),
-            None => Ok(std::thread::scope(|scope| {
-                scope
-                    .spawn(f)
-                    .join()
-                    .unwrap_or_else(|p| std::panic::resume_unwind(p))
-            })),
+            None => {
+                Ok(std::thread::scope(|scope| scope.spawn(f).join().unwrap_or_else(|p| std::panic::resume_unwind(p))))
+            }
         }
     }
 
@@ -283,12 +252,7 @@ impl Drop for Link {
 }
 
 /// Gives the device its address, a host route to the peer's address, and brings it up.
-fn configure_device(
-    namespace: Option<&str>,
-    device: &str,
-    address: Ipv4Addr,
-    peer: Ipv4Addr,
-) -> Result<(), LinkError> {
+fn configure_device(namespace: Option<&str>, device: &str, address: Ipv4Addr, peer: Ipv4Addr) -> Result<(), LinkError> {
     let ip_in = |args: &[&str]| -> Result<(), LinkError> {
         match namespace {
             Some(ns) => netns::ip(&[&["-n", ns], args].concat()),
@@ -298,25 +262,8 @@ fn configure_device(
     let mtu = MTU_BYTES.to_string();
     // No IPv6 link-local address: router solicitations would only add noise on the link.
     let _ = ip_in(&["link", "set", "dev", device, "addrgenmode", "none"]);
-    ip_in(&[
-        "link",
-        "set",
-        "dev",
-        device,
-        "mtu",
-        &mtu,
-        "txqueuelen",
-        "1000",
-    ])?;
-    ip_in(&[
-        "addr",
-        "add",
-        &address.to_string(),
-        "peer",
-        &format!("{peer}/32"),
-        "dev",
-        device,
-    ])?;
+    ip_in(&["link", "set", "dev", device, "mtu", &mtu, "txqueuelen", "1000"])?;
+    ip_in(&["addr", "add", &address.to_string(), "peer", &format!("{peer}/32"), "dev", device])?;
     ip_in(&["link", "set", "dev", device, "up"])
 }
 

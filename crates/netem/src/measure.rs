@@ -134,12 +134,10 @@ impl Report {
         let delivered: u64 = paths.iter().map(|p| p.packets_delivered).sum();
         let late_ns: u64 = paths.iter().map(|p| p.late_ns_total).sum();
         self.emulator_late_ms_mean = late_ns as f64 / delivered.max(1) as f64 / 1e6;
-        self.emulator_late_ms_max =
-            paths.iter().map(|p| p.late_ns_max).max().unwrap_or(0) as f64 / 1e6;
+        self.emulator_late_ms_max = paths.iter().map(|p| p.late_ns_max).max().unwrap_or(0) as f64 / 1e6;
         let ab = &stats[0].a_to_b;
         let on_wire = ab.packets_in - ab.dropped_cut - ab.dropped_queue;
-        self.loss_percent_observed =
-            100.0 * (ab.dropped_loss + ab.dropped_burst) as f64 / on_wire.max(1) as f64;
+        self.loss_percent_observed = 100.0 * (ab.dropped_loss + ab.dropped_burst) as f64 / on_wire.max(1) as f64;
     }
 
     /// A header for [`Report::row`].
@@ -168,13 +166,8 @@ impl Report {
     /// One line: configured delay, observed one-way delay (idle; median beside a bulk
     /// transfer), configured rate, observed wire rate and goodput, loss, the emulator's lateness.
     pub fn row(&self) -> String {
-        let rate = self
-            .params
-            .rate_mbit
-            .map_or("-".into(), |r| format!("{r:.1}"));
-        let loaded = self
-            .one_way_loaded
-            .map_or("-".into(), |s| format!("{:.3}", s.p50_ms));
+        let rate = self.params.rate_mbit.map_or("-".into(), |r| format!("{r:.1}"));
+        let loaded = self.one_way_loaded.map_or("-".into(), |s| format!("{:.3}", s.p50_ms));
         let (wire, good, retrans) = match &self.transfer {
             Some(t) => (
                 t.wire_mbit.map_or("-".into(), |w| format!("{w:.1}")),
@@ -188,38 +181,38 @@ impl Report {
             configured_loss += (100.0 - configured_loss) * b.mean_loss();
         }
         let loss = format!("{configured_loss:.2}/{:.2}", self.loss_percent_observed);
-        let late = format!(
-            "{:.3}/{:.1}",
-            self.emulator_late_ms_mean, self.emulator_late_ms_max
-        );
+        let late = format!("{:.3}/{:.1}", self.emulator_late_ms_mean, self.emulator_late_ms_max);
         let o = &self.one_way;
         format!(
             "{:<5} {:>6.1} {:>7.3} {:>7.3} {:>7.3} {:>7.3} {:>8} {:>6} {:>6} {:>6} {:>11} {:>7} {:>13}",
-            self.mode, self.params.delay_ms_one_way, o.mean_ms, o.p50_ms, o.p99_ms, o.max_ms, loaded, rate, wire, good, loss, retrans, late
+            self.mode,
+            self.params.delay_ms_one_way,
+            o.mean_ms,
+            o.p50_ms,
+            o.p99_ms,
+            o.max_ms,
+            loaded,
+            rate,
+            wire,
+            good,
+            loss,
+            retrans,
+            late
         )
     }
 }
 
 /// Measures a namespace link from end A to end B.
 pub fn measure_link(link: &Link, options: &MeasureOptions) -> Result<Report, LinkError> {
-    let io = |what: &'static str| {
-        move |e: std::io::Error| LinkError::Io {
-            what: what.into(),
-            source: e,
-        }
-    };
+    let io = |what: &'static str| move |e: std::io::Error| LinkError::Io { what: what.into(), source: e };
     let b = link.end(Side::B).address;
     let server = link
         .run_in(Side::B, || TcpListener::bind(SocketAddr::from((b, 0))))?
         .map_err(io("binding the measuring server"))?;
-    let address = server
-        .local_addr()
-        .map_err(io("reading the server's address"))?;
+    let address = server.local_addr().map_err(io("reading the server's address"))?;
     let connect = || {
-        link.run_in(Side::A, || {
-            TcpStream::connect_timeout(&address, PEER_TIMEOUT)
-        })?
-        .map_err(io("connecting through the link"))
+        link.run_in(Side::A, || TcpStream::connect_timeout(&address, PEER_TIMEOUT))?
+            .map_err(io("connecting through the link"))
     };
     let wire_bytes = || link.stats().a_to_b.bytes_delivered;
     let mut report = run(server, connect, &wire_bytes, options)?;
@@ -231,25 +224,11 @@ pub fn measure_link(link: &Link, options: &MeasureOptions) -> Result<Report, Lin
 
 /// Starts a proxy with `params` in front of a local server and measures it.
 pub fn measure_proxy(params: LinkParams, options: &MeasureOptions) -> Result<Report, LinkError> {
-    let io = |what: &'static str| {
-        move |e: std::io::Error| LinkError::Io {
-            what: what.into(),
-            source: e,
-        }
-    };
+    let io = |what: &'static str| move |e: std::io::Error| LinkError::Io { what: what.into(), source: e };
     let local: SocketAddr = "127.0.0.1:0".parse().expect("a valid address");
     let server = TcpListener::bind(local).map_err(io("binding the measuring server"))?;
-    let proxy = Proxy::start(
-        local,
-        server
-            .local_addr()
-            .map_err(io("reading the server's address"))?,
-        params,
-    )?;
-    let connect = || {
-        TcpStream::connect_timeout(&proxy.address(), PEER_TIMEOUT)
-            .map_err(io("connecting to the proxy"))
-    };
+    let proxy = Proxy::start(local, server.local_addr().map_err(io("reading the server's address"))?, params)?;
+    let connect = || TcpStream::connect_timeout(&proxy.address(), PEER_TIMEOUT).map_err(io("connecting to the proxy"));
     // The proxy counts payload bytes: its "wire" rate is the goodput it paced.
     let wire_bytes = || proxy.stats().a_to_b.bytes_delivered;
     let mut report = run(server, connect, &wire_bytes, options)?;
@@ -269,17 +248,10 @@ fn run(
     wire_bytes: &(dyn Fn() -> u64 + Sync),
     options: &MeasureOptions,
 ) -> Result<Report, LinkError> {
-    let io = |what: &'static str| {
-        move |e: std::io::Error| LinkError::Io {
-            what: what.into(),
-            source: e,
-        }
-    };
+    let io = |what: &'static str| move |e: std::io::Error| LinkError::Io { what: what.into(), source: e };
     let open = |role: u8| -> Result<TcpStream, LinkError> {
         let mut stream = connect()?;
-        stream
-            .write_all(&[role])
-            .map_err(io("starting a measuring connection"))?;
+        stream.write_all(&[role]).map_err(io("starting a measuring connection"))?;
         Ok(stream)
     };
     // Idle round trips; with a bulk transfer, also the transfer and round trips beside it.
@@ -290,8 +262,7 @@ fn run(
         scope.spawn(move || serve(&server, connections, warmup, wire_bytes, &transfer_tx));
         let mut ping = open(ROLE_ECHO)?;
         let congestion_control = sys::tcp_congestion(&ping).unwrap_or_else(|_| "?".into());
-        let rtts = round_trips(&mut ping, options.samples, options.gap)
-            .map_err(io("measuring round trips"))?;
+        let rtts = round_trips(&mut ping, options.samples, options.gap).map_err(io("measuring round trips"))?;
         let one_way = Summary::of(&rtts.iter().map(|d| *d / 2).collect::<Vec<_>>());
         drop(ping);
         let mut report = Report::new(one_way, congestion_control);
@@ -308,15 +279,12 @@ fn run(
         let mut ping = open(ROLE_ECHO)?;
         let mut loaded = Vec::new();
         while !done.load(Ordering::SeqCst) && loaded.len() < options.samples {
-            let rtt = round_trips(&mut ping, 1, options.gap)
-                .map_err(io("measuring round trips under load"))?;
+            let rtt = round_trips(&mut ping, 1, options.gap).map_err(io("measuring round trips under load"))?;
             loaded.extend(rtt.iter().map(|d| *d / 2));
         }
         drop(ping);
-        let retransmissions = sending
-            .join()
-            .expect("the sender does not panic")
-            .map_err(io("sending the bulk transfer"))?;
+        let retransmissions =
+            sending.join().expect("the sender does not panic").map_err(io("sending the bulk transfer"))?;
         let received = transfer_rx
             .recv_timeout(PEER_TIMEOUT)
             .map_err(|_| io("receiving the bulk transfer")(std::io::ErrorKind::TimedOut.into()))?;
@@ -344,11 +312,7 @@ fn serve(
             };
             scope.spawn(move || {
                 let mut role = [0u8];
-                if stream
-                    .set_read_timeout(Some(PEER_TIMEOUT))
-                    .and_then(|()| stream.read_exact(&mut role))
-                    .is_err()
-                {
+                if stream.set_read_timeout(Some(PEER_TIMEOUT)).and_then(|()| stream.read_exact(&mut role)).is_err() {
                     return;
                 }
                 match role[0] {
@@ -405,11 +369,7 @@ pub fn accept_within(listener: &TcpListener, timeout: Duration) -> std::io::Resu
 }
 
 /// `count` round trips of a small message to an echo server, `gap` apart.
-pub fn round_trips(
-    stream: &mut TcpStream,
-    count: usize,
-    gap: Duration,
-) -> std::io::Result<Vec<Duration>> {
+pub fn round_trips(stream: &mut TcpStream, count: usize, gap: Duration) -> std::io::Result<Vec<Duration>> {
     stream.set_nodelay(true)?;
     stream.set_read_timeout(Some(PEER_TIMEOUT))?;
     let mut rtts = Vec::with_capacity(count);
@@ -422,10 +382,7 @@ pub fn round_trips(
         stream.read_exact(&mut echo)?;
         rtts.push(start.elapsed());
         if echo != message {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::InvalidData,
-                "the echo differs from the message",
-            ));
+            return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, "the echo differs from the message"));
         }
         std::thread::sleep(gap);
     }
@@ -481,11 +438,7 @@ pub fn receive_bulk(
         if n == 0 {
             break;
         }
-        if let Some(i) = buf[..n]
-            .iter()
-            .enumerate()
-            .position(|(i, &b)| b != pattern(total + i as u64))
-        {
+        if let Some(i) = buf[..n].iter().enumerate().position(|(i, &b)| b != pattern(total + i as u64)) {
             let offset = total + i as u64;
             return Err(std::io::Error::new(
                 std::io::ErrorKind::InvalidData,
@@ -501,10 +454,7 @@ pub fn receive_bulk(
     }
     stream.shutdown(Shutdown::Both)?;
     let Some((start, start_bytes, start_wire)) = window_start else {
-        return Ok(Transfer {
-            bytes: total,
-            ..Transfer::default()
-        });
+        return Ok(Transfer { bytes: total, ..Transfer::default() });
     };
     let window_s = (last.0 - start).as_secs_f64();
     let mbit = |bytes: u64| {
@@ -534,16 +484,9 @@ mod tests {
 
     #[test]
     fn summary_ranks() {
-        let ms = |v: &[u64]| {
-            v.iter()
-                .map(|&m| Duration::from_millis(m))
-                .collect::<Vec<_>>()
-        };
+        let ms = |v: &[u64]| v.iter().map(|&m| Duration::from_millis(m)).collect::<Vec<_>>();
         let s = Summary::of(&ms(&[5, 1, 3, 2, 4]));
-        assert_eq!(
-            (s.count, s.min_ms, s.p50_ms, s.p99_ms, s.max_ms, s.mean_ms),
-            (5, 1.0, 3.0, 5.0, 5.0, 3.0)
-        );
+        assert_eq!((s.count, s.min_ms, s.p50_ms, s.p99_ms, s.max_ms, s.mean_ms), (5, 1.0, 3.0, 5.0, 5.0, 3.0));
         let s = Summary::of(&ms(&(1..=100).collect::<Vec<_>>()));
         assert_eq!((s.p50_ms, s.p99_ms), (50.0, 99.0));
     }

@@ -95,9 +95,7 @@ pub struct PathModel {
 
 impl PathModel {
     pub fn new(params: LinkParams) -> PathModel {
-        params
-            .validate()
-            .expect("parameters are validated before they reach the model");
+        params.validate().expect("parameters are validated before they reach the model");
         PathModel {
             params,
             cut: false,
@@ -114,9 +112,7 @@ impl PathModel {
     }
 
     pub fn set_params(&mut self, params: LinkParams) {
-        params
-            .validate()
-            .expect("parameters are validated before they reach the model");
+        params.validate().expect("parameters are validated before they reach the model");
         self.params = params;
     }
 
@@ -163,11 +159,7 @@ impl PathModel {
         self.line_free_at_ns = start_ns + self.params.serialisation_ns(len_bytes);
         // Step the chain for every packet that reaches the wire, whatever the outcome.
         if let Some(burst) = self.params.burst_loss {
-            let p_flip = if self.burst_bad {
-                burst.p_exit
-            } else {
-                burst.p_enter
-            };
+            let p_flip = if self.burst_bad { burst.p_exit } else { burst.p_enter };
             if rng.gen::<f64>() < p_flip {
                 self.burst_bad = !self.burst_bad;
             }
@@ -190,10 +182,7 @@ impl PathModel {
     /// bytes; the caller keeps the backlog short instead (see [`PathModel::backlog_ns`]).
     /// Returns the delivery time; hand the bytes to [`PathModel::handle_due`] then.
     pub fn handle_bytes(&mut self, now_ns: u64, len_bytes: u64) -> u64 {
-        assert!(
-            self.params.loss_percent == 0.0 && self.params.burst_loss.is_none(),
-            "a byte stream has no loss"
-        );
+        assert!(self.params.loss_percent == 0.0 && self.params.burst_loss.is_none(), "a byte stream has no loss");
         self.stats.packets_in += 1;
         self.stats.bytes_in += len_bytes;
         let start_ns = self.line_free_at_ns.max(now_ns);
@@ -213,10 +202,7 @@ impl PathModel {
     /// A packet that [`Verdict::Deliver`] scheduled for `at_ns` is due at `now_ns`; returns
     /// whether to hand it over (a cut while it was on the wire loses it).
     pub fn handle_due(&mut self, now_ns: u64, at_ns: u64, len_bytes: u64) -> bool {
-        assert!(
-            self.packets_in_flight > 0,
-            "a packet is due that was never scheduled"
-        );
+        assert!(self.packets_in_flight > 0, "a packet is due that was never scheduled");
         assert!(now_ns >= at_ns, "a packet is handed over before it is due");
         self.packets_in_flight -= 1;
         let delivered = !self.cut;
@@ -281,10 +267,7 @@ mod tests {
         let mut rng = StdRng::seed_from_u64(1);
         for (i, &(now_ns, len, expected)) in table.iter().enumerate() {
             let got = model.handle_packet(now_ns, len, &mut rng);
-            assert_eq!(
-                got, expected,
-                "row {i}: packet of {len} bytes at {now_ns} ns"
-            );
+            assert_eq!(got, expected, "row {i}: packet of {len} bytes at {now_ns} ns");
         }
     }
 
@@ -310,10 +293,7 @@ mod tests {
 
     #[test]
     fn delay_only() {
-        let params = LinkParams {
-            delay_ms_one_way: 8.0,
-            ..LinkParams::default()
-        };
+        let params = LinkParams { delay_ms_one_way: 8.0, ..LinkParams::default() };
         check(
             params,
             &[
@@ -328,12 +308,8 @@ mod tests {
     #[test]
     fn rate_serialises_and_queue_drops_tail() {
         // 12 Mbit/s: a 1500-byte packet takes 1 ms; the queue holds 2 ms.
-        let params = LinkParams {
-            delay_ms_one_way: 5.0,
-            rate_mbit: Some(12.0),
-            queue_ms_max: 2.0,
-            ..LinkParams::default()
-        };
+        let params =
+            LinkParams { delay_ms_one_way: 5.0, rate_mbit: Some(12.0), queue_ms_max: 2.0, ..LinkParams::default() };
         check(
             params,
             &[
@@ -350,54 +326,27 @@ mod tests {
 
     #[test]
     fn lowering_the_delay_keeps_order() {
-        let mut model = PathModel::new(LinkParams {
-            delay_ms_one_way: 30.0,
-            ..LinkParams::default()
-        });
+        let mut model = PathModel::new(LinkParams { delay_ms_one_way: 30.0, ..LinkParams::default() });
         let mut rng = StdRng::seed_from_u64(1);
         assert_eq!(model.handle_packet(0, 100, &mut rng), at(30 * MS));
-        model.set_params(LinkParams {
-            delay_ms_one_way: 1.0,
-            ..LinkParams::default()
-        });
-        assert_eq!(
-            model.handle_packet(MS, 100, &mut rng),
-            at(30 * MS),
-            "not before the earlier packet"
-        );
+        model.set_params(LinkParams { delay_ms_one_way: 1.0, ..LinkParams::default() });
+        assert_eq!(model.handle_packet(MS, 100, &mut rng), at(30 * MS), "not before the earlier packet");
         assert_eq!(model.handle_packet(40 * MS, 100, &mut rng), at(41 * MS));
     }
 
     #[test]
     fn cut_drops_arrivals_and_packets_on_the_wire() {
-        let mut model = PathModel::new(LinkParams {
-            delay_ms_one_way: 10.0,
-            ..LinkParams::default()
-        });
+        let mut model = PathModel::new(LinkParams { delay_ms_one_way: 10.0, ..LinkParams::default() });
         let mut rng = StdRng::seed_from_u64(1);
         assert_eq!(model.handle_packet(0, 100, &mut rng), at(10 * MS));
         model.cut();
-        assert_eq!(
-            model.handle_packet(MS, 100, &mut rng),
-            Verdict::Drop(DropReason::Cut)
-        );
-        assert!(
-            !model.handle_due(10 * MS, 10 * MS, 100),
-            "on the wire when the link was cut"
-        );
+        assert_eq!(model.handle_packet(MS, 100, &mut rng), Verdict::Drop(DropReason::Cut));
+        assert!(!model.handle_due(10 * MS, 10 * MS, 100), "on the wire when the link was cut");
         model.heal();
         assert_eq!(model.handle_packet(20 * MS, 100, &mut rng), at(30 * MS));
         assert!(model.handle_due(31 * MS, 30 * MS, 100));
         let s = model.stats();
-        assert_eq!(
-            (
-                s.packets_in,
-                s.packets_delivered,
-                s.dropped_cut,
-                s.late_ns_max
-            ),
-            (3, 1, 2, MS)
-        );
+        assert_eq!((s.packets_in, s.packets_delivered, s.dropped_cut, s.late_ns_max), (3, 1, 2, MS));
     }
 
     /// Runs `packets` back-to-back packets and returns (loss fraction, mean burst length).
@@ -415,10 +364,7 @@ mod tests {
             bursts += u64::from(is_lost && !previous_lost);
             previous_lost = is_lost;
         }
-        (
-            lost as f64 / packets as f64,
-            lost as f64 / bursts.max(1) as f64,
-        )
+        (lost as f64 / packets as f64, lost as f64 / bursts.max(1) as f64)
     }
 
     #[test]

@@ -20,20 +20,13 @@ const NETNS_DIR: &str = "/var/run/netns";
 
 /// Runs `ip` with `args`; the error carries its stderr.
 pub fn ip(args: &[&str]) -> Result<(), LinkError> {
-    let output = Command::new("ip")
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|e| {
-            if e.kind() == std::io::ErrorKind::NotFound {
-                LinkError::ToolMissing("ip (Debian package iproute2)")
-            } else {
-                LinkError::Io {
-                    what: "running ip".into(),
-                    source: e,
-                }
-            }
-        })?;
+    let output = Command::new("ip").args(args).stdin(Stdio::null()).output().map_err(|e| {
+        if e.kind() == std::io::ErrorKind::NotFound {
+            LinkError::ToolMissing("ip (Debian package iproute2)")
+        } else {
+            LinkError::Io { what: "running ip".into(), source: e }
+        }
+    })?;
     if output.status.success() {
         Ok(())
     } else {
@@ -50,10 +43,7 @@ pub fn ip_output(args: &[&str]) -> Result<String, LinkError> {
         .args(args)
         .stdin(Stdio::null())
         .output()
-        .map_err(|e| LinkError::Io {
-            what: "running ip".into(),
-            source: e,
-        })?;
+        .map_err(|e| LinkError::Io { what: "running ip".into(), source: e })?;
     if output.status.success() {
         Ok(String::from_utf8_lossy(&output.stdout).into_owned())
     } else {
@@ -87,15 +77,9 @@ pub struct Namespace {
 
 impl Namespace {
     pub fn create(name: String) -> Result<Namespace, LinkError> {
-        assert!(
-            name.starts_with(NAME_PREFIX),
-            "every namespace carries the prefix cleanup looks for"
-        );
+        assert!(name.starts_with(NAME_PREFIX), "every namespace carries the prefix cleanup looks for");
         ip(&["netns", "add", &name])?;
-        let namespace = Namespace {
-            name,
-            deleted: false,
-        };
+        let namespace = Namespace { name, deleted: false };
         ip(&["-n", &namespace.name, "link", "set", "lo", "up"])?;
         Ok(namespace)
     }
@@ -161,10 +145,7 @@ impl Watchdog {
         use std::os::unix::process::CommandExt;
         let mut script = String::from("read -r line; [ \"$line\" = done ] && exit 0;");
         for name in namespaces {
-            assert!(
-                name.starts_with(NAME_PREFIX)
-                    && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
-            );
+            assert!(name.starts_with(NAME_PREFIX) && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-'));
             script.push_str(&format!(" ip netns del {name};"));
         }
         let mut child = Command::new("sh")
@@ -174,10 +155,7 @@ impl Watchdog {
             .stderr(Stdio::null())
             .process_group(0)
             .spawn()
-            .map_err(|e| LinkError::Io {
-                what: "starting the cleanup watchdog (sh)".into(),
-                source: e,
-            })?;
+            .map_err(|e| LinkError::Io { what: "starting the cleanup watchdog (sh)".into(), source: e })?;
         let stdin = child.stdin.take();
         Ok(Watchdog { child, stdin })
     }
@@ -204,11 +182,7 @@ impl Drop for Watchdog {
 
 /// The pid in a name `sfn-<pid>-…`.
 fn owner_pid(name: &str) -> Option<u32> {
-    name.strip_prefix(NAME_PREFIX)?
-        .split('-')
-        .next()?
-        .parse()
-        .ok()
+    name.strip_prefix(NAME_PREFIX)?.split('-').next()?.parse().ok()
 }
 
 /// Deletes namespaces named `sfn-<pid>-…` whose process no longer exists (left by a process
@@ -243,12 +217,7 @@ mod tests {
 
     #[test]
     fn owner_pids() {
-        let table = [
-            ("sfn-123-4-a", Some(123)),
-            ("sfn-9-0-b", Some(9)),
-            ("sfn-x-1-a", None),
-            ("other-123-1", None),
-        ];
+        let table = [("sfn-123-4-a", Some(123)), ("sfn-9-0-b", Some(9)), ("sfn-x-1-a", None), ("other-123-1", None)];
         for (name, pid) in table {
             assert_eq!(owner_pid(name), pid, "{name}");
         }

@@ -86,10 +86,7 @@ impl LinkParams {
             return Err(ParamsError::Loss(self.loss_percent));
         }
         if let Some(b) = self.burst_loss {
-            let ok = in_range(b.p_enter, 1.0)
-                && b.p_exit.is_finite()
-                && b.p_exit > 0.0
-                && b.p_exit <= 1.0;
+            let ok = in_range(b.p_enter, 1.0) && b.p_exit.is_finite() && b.p_exit > 0.0 && b.p_exit <= 1.0;
             if !ok {
                 return Err(ParamsError::BurstLoss(b.p_enter, b.p_exit));
             }
@@ -138,13 +135,7 @@ impl std::fmt::Display for LinkParams {
         }
         write!(f, ", loss {} %", self.loss_percent)?;
         if let Some(b) = self.burst_loss {
-            write!(
-                f,
-                ", burst loss p_enter {} p_exit {} (mean {:.3} %)",
-                b.p_enter,
-                b.p_exit,
-                100.0 * b.mean_loss()
-            )?;
+            write!(f, ", burst loss p_enter {} p_exit {} (mean {:.3} %)", b.p_enter, b.p_exit, 100.0 * b.mean_loss())?;
         }
         Ok(())
     }
@@ -179,15 +170,8 @@ mod tests {
 
     #[test]
     fn serialisation_time() {
-        let at = |rate| LinkParams {
-            rate_mbit: Some(rate),
-            ..LinkParams::default()
-        };
-        assert_eq!(
-            at(8.0).serialisation_ns(1000),
-            1_000_000,
-            "8000 bits at 8 bit/µs"
-        );
+        let at = |rate| LinkParams { rate_mbit: Some(rate), ..LinkParams::default() };
+        assert_eq!(at(8.0).serialisation_ns(1000), 1_000_000, "8000 bits at 8 bit/µs");
         assert_eq!(at(124.0).serialisation_ns(1500), 96_774);
         assert_eq!(LinkParams::default().serialisation_ns(1500), 0);
     }

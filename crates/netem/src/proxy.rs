@@ -17,8 +17,8 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crate::limits::{
-    CONNECT_TIMEOUT_MS, PROXY_CHUNK_BYTES_MAX, PROXY_CHUNK_BYTES_MIN, PROXY_IN_FLIGHT_BYTES_MAX,
-    PROXY_PACING_NS_MAX, STOP_POLL_MS,
+    CONNECT_TIMEOUT_MS, PROXY_CHUNK_BYTES_MAX, PROXY_CHUNK_BYTES_MIN, PROXY_IN_FLIGHT_BYTES_MAX, PROXY_PACING_NS_MAX,
+    STOP_POLL_MS,
 };
 use crate::link::LinkStats;
 use crate::params::LinkParams;
@@ -53,32 +53,20 @@ struct Connection {
 
 impl Proxy {
     /// Listens on `listen` and forwards every connection to `target` through the emulated path.
-    pub fn start(
-        listen: SocketAddr,
-        target: SocketAddr,
-        params: LinkParams,
-    ) -> Result<Proxy, LinkError> {
+    pub fn start(listen: SocketAddr, target: SocketAddr, params: LinkParams) -> Result<Proxy, LinkError> {
         params.validate_for_proxy()?;
-        let listener = TcpListener::bind(listen).map_err(|e| LinkError::Io {
-            what: format!("binding {listen}"),
-            source: e,
-        })?;
-        let address = listener.local_addr().map_err(|e| LinkError::Io {
-            what: "reading the bound address".into(),
-            source: e,
-        })?;
-        listener.set_nonblocking(true).map_err(|e| LinkError::Io {
-            what: "configuring the listener".into(),
-            source: e,
-        })?;
+        let listener =
+            TcpListener::bind(listen).map_err(|e| LinkError::Io { what: format!("binding {listen}"), source: e })?;
+        let address =
+            listener.local_addr().map_err(|e| LinkError::Io { what: "reading the bound address".into(), source: e })?;
+        listener
+            .set_nonblocking(true)
+            .map_err(|e| LinkError::Io { what: "configuring the listener".into(), source: e })?;
         let shared = Arc::new(Shared {
             models: relay::models(params),
             cut: Mutex::new(false),
             healed: Condvar::new(),
-            stop: StopEvent::new().map_err(|e| LinkError::Io {
-                what: "creating an eventfd".into(),
-                source: e,
-            })?,
+            stop: StopEvent::new().map_err(|e| LinkError::Io { what: "creating an eventfd".into(), source: e })?,
             epoch: Instant::now(),
             connections: Mutex::new(Vec::new()),
         });
@@ -86,16 +74,9 @@ impl Proxy {
         let accept_thread = std::thread::Builder::new()
             .name(format!("sfn-proxy-{address}"))
             .spawn(move || accept_connections(&listener, target, &accept_shared))
-            .map_err(|e| LinkError::Io {
-                what: "starting the proxy thread".into(),
-                source: e,
-            })?;
+            .map_err(|e| LinkError::Io { what: "starting the proxy thread".into(), source: e })?;
         tracing::info!(%address, %target, %params, "link proxy up");
-        Ok(Proxy {
-            address,
-            shared,
-            accept_thread: Some(accept_thread),
-        })
+        Ok(Proxy { address, shared, accept_thread: Some(accept_thread) })
     }
 
     /// The address clients connect to.
@@ -117,36 +98,21 @@ impl Proxy {
 
     /// Stops delivering bytes in both directions until [`Proxy::heal`]; they are held, not lost.
     pub fn cut(&self) {
-        *self
-            .shared
-            .cut
-            .lock()
-            .expect("no panics while holding the cut flag") = true;
+        *self.shared.cut.lock().expect("no panics while holding the cut flag") = true;
     }
 
     pub fn heal(&self) {
-        *self
-            .shared
-            .cut
-            .lock()
-            .expect("no panics while holding the cut flag") = false;
+        *self.shared.cut.lock().expect("no panics while holding the cut flag") = false;
         self.shared.healed.notify_all();
     }
 
     pub fn is_cut(&self) -> bool {
-        *self
-            .shared
-            .cut
-            .lock()
-            .expect("no panics while holding the cut flag")
+        *self.shared.cut.lock().expect("no panics while holding the cut flag")
     }
 
     /// Counters; a "packet" here is one chunk of the byte stream. `a_to_b` is client → target.
     pub fn stats(&self) -> LinkStats {
-        LinkStats {
-            a_to_b: lock(&self.shared.models[0]).stats(),
-            b_to_a: lock(&self.shared.models[1]).stats(),
-        }
+        LinkStats { a_to_b: lock(&self.shared.models[0]).stats(), b_to_a: lock(&self.shared.models[1]).stats() }
     }
 }
 
@@ -157,13 +123,8 @@ impl Drop for Proxy {
         if let Some(thread) = self.accept_thread.take() {
             let _ = thread.join();
         }
-        let connections = std::mem::take(
-            &mut *self
-                .shared
-                .connections
-                .lock()
-                .expect("no panics while holding the list"),
-        );
+        let connections =
+            std::mem::take(&mut *self.shared.connections.lock().expect("no panics while holding the list"));
         for connection in &connections {
             for socket in &connection.sockets {
                 let _ = socket.shutdown(Shutdown::Both);
@@ -206,62 +167,30 @@ fn accept_connections(listener: &TcpListener, target: SocketAddr, shared: &Arc<S
     }
 }
 
-fn open_connection(
-    inbound: TcpStream,
-    target: SocketAddr,
-    shared: &Arc<Shared>,
-) -> std::io::Result<()> {
+fn open_connection(inbound: TcpStream, target: SocketAddr, shared: &Arc<Shared>) -> std::io::Result<()> {
     inbound.set_nonblocking(false)?;
     let outbound = TcpStream::connect_timeout(&target, Duration::from_millis(CONNECT_TIMEOUT_MS))?;
     inbound.set_nodelay(true)?;
     outbound.set_nodelay(true)?;
     let mut threads = Vec::new();
-    for (from, to, model) in [
-        (&inbound, &outbound, &shared.models[0]),
-        (&outbound, &inbound, &shared.models[1]),
-    ] {
+    for (from, to, model) in [(&inbound, &outbound, &shared.models[0]), (&outbound, &inbound, &shared.models[1])] {
         let (tx, rx) = mpsc::channel::<Chunk>();
         let budget = Arc::new(Budget::new(PROXY_IN_FLIGHT_BYTES_MAX));
         let from_clone = from.try_clone()?;
-        let (from, reader_model, reader_shared, reader_budget) = (
-            from.try_clone()?,
-            model.clone(),
-            shared.clone(),
-            budget.clone(),
-        );
-        threads.push(
-            std::thread::Builder::new()
-                .name("sfn-proxy-read".into())
-                .spawn(move || {
-                    read_stream(from, &reader_model, &tx, &reader_shared, &reader_budget);
-                })?,
-        );
+        let (from, reader_model, reader_shared, reader_budget) =
+            (from.try_clone()?, model.clone(), shared.clone(), budget.clone());
+        threads.push(std::thread::Builder::new().name("sfn-proxy-read".into()).spawn(move || {
+            read_stream(from, &reader_model, &tx, &reader_shared, &reader_budget);
+        })?);
         let (to, writer_from, writer_model, writer_shared) =
             (to.try_clone()?, from_clone, model.clone(), shared.clone());
-        threads.push(
-            std::thread::Builder::new()
-                .name("sfn-proxy-write".into())
-                .spawn(move || {
-                    write_stream(
-                        to,
-                        &writer_from,
-                        &writer_model,
-                        &rx,
-                        &writer_shared,
-                        &budget,
-                    );
-                })?,
-        );
+        threads.push(std::thread::Builder::new().name("sfn-proxy-write".into()).spawn(move || {
+            write_stream(to, &writer_from, &writer_model, &rx, &writer_shared, &budget);
+        })?);
     }
-    let mut connections = shared
-        .connections
-        .lock()
-        .expect("no panics while holding the list");
+    let mut connections = shared.connections.lock().expect("no panics while holding the list");
     connections.retain(|c| !c.threads.iter().all(JoinHandle::is_finished));
-    connections.push(Connection {
-        sockets: [inbound, outbound],
-        threads,
-    });
+    connections.push(Connection { sockets: [inbound, outbound], threads });
     Ok(())
 }
 
@@ -286,19 +215,12 @@ struct Budget {
 
 impl Budget {
     fn new(max: usize) -> Budget {
-        Budget {
-            used: Mutex::new((0, false)),
-            freed: Condvar::new(),
-            max,
-        }
+        Budget { used: Mutex::new((0, false)), freed: Condvar::new(), max }
     }
 
     /// Waits until `n` more bytes fit; false if the proxy stopped or the writer has gone.
     fn acquire(&self, n: usize, stop: &StopEvent) -> bool {
-        let mut used = self
-            .used
-            .lock()
-            .expect("no panics while holding the budget");
+        let mut used = self.used.lock().expect("no panics while holding the budget");
         loop {
             if stop.is_stopped() || used.1 {
                 return false;
@@ -316,29 +238,17 @@ impl Budget {
     }
 
     fn release(&self, n: usize) {
-        self.used
-            .lock()
-            .expect("no panics while holding the budget")
-            .0 -= n;
+        self.used.lock().expect("no panics while holding the budget").0 -= n;
         self.freed.notify_all();
     }
 
     fn close(&self) {
-        self.used
-            .lock()
-            .expect("no panics while holding the budget")
-            .1 = true;
+        self.used.lock().expect("no panics while holding the budget").1 = true;
         self.freed.notify_all();
     }
 }
 
-fn read_stream(
-    mut from: TcpStream,
-    model: &SharedModel,
-    tx: &mpsc::Sender<Chunk>,
-    shared: &Shared,
-    budget: &Budget,
-) {
+fn read_stream(mut from: TcpStream, model: &SharedModel, tx: &mpsc::Sender<Chunk>, shared: &Shared, budget: &Budget) {
     let mut buf = vec![0u8; PROXY_CHUNK_BYTES_MAX];
     loop {
         // Read no further ahead of the serialiser than the pacing bound: the sender then sees
@@ -349,9 +259,7 @@ fn read_stream(
             (chunk_bytes_for(&model.params()), model.backlog_ns(now_ns))
         };
         if backlog_ns > PROXY_PACING_NS_MAX {
-            sys::sleep_until(
-                Instant::now() + Duration::from_nanos(backlog_ns - PROXY_PACING_NS_MAX),
-            );
+            sys::sleep_until(Instant::now() + Duration::from_nanos(backlog_ns - PROXY_PACING_NS_MAX));
             continue;
         }
         let chunk = match from.read(&mut buf[..chunk_bytes]) {
@@ -362,10 +270,7 @@ fn read_stream(
                 }
                 let now_ns = (Instant::now() - shared.epoch).as_nanos() as u64;
                 let at_ns = lock(model).handle_bytes(now_ns, n as u64);
-                Chunk::Data {
-                    at_ns,
-                    bytes: buf[..n].to_vec(),
-                }
+                Chunk::Data { at_ns, bytes: buf[..n].to_vec() }
             }
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
             Err(_) => Chunk::Abort,
@@ -421,10 +326,7 @@ fn write_stream(
         }
     };
     budget.close();
-    let abandoned = abandoned
-        + rx.try_iter()
-            .filter(|c| matches!(c, Chunk::Data { .. }))
-            .count() as u64;
+    let abandoned = abandoned + rx.try_iter().filter(|c| matches!(c, Chunk::Data { .. })).count() as u64;
     lock(model).handle_abandoned(abandoned);
     match outcome {
         Chunk::End => {
@@ -451,19 +353,12 @@ fn wait_until_due(due: Instant, shared: &Shared) -> bool {
         }
         sys::sleep_until(now + (due - now).min(stop_poll));
     }
-    let mut cut = shared
-        .cut
-        .lock()
-        .expect("no panics while holding the cut flag");
+    let mut cut = shared.cut.lock().expect("no panics while holding the cut flag");
     while *cut {
         if shared.stop.is_stopped() {
             return false;
         }
-        cut = shared
-            .healed
-            .wait_timeout(cut, stop_poll)
-            .expect("no panics while holding the cut flag")
-            .0;
+        cut = shared.healed.wait_timeout(cut, stop_poll).expect("no panics while holding the cut flag").0;
     }
     true
 }

@@ -24,9 +24,7 @@ pub type SharedModel = Arc<Mutex<PathModel>>;
 
 pub fn lock(model: &SharedModel) -> MutexGuard<'_, PathModel> {
     // A panic in a relay thread is a bug that already crashed loudly; keep serving the data.
-    model
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
+    model.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 #[derive(Debug)]
@@ -40,28 +38,20 @@ type InFlight = (u64, Vec<u8>);
 
 impl Relay {
     /// Starts relaying between `a` and `b`; `models[0]` shapes a→b, `models[1]` b→a.
-    pub fn start(
-        a: Arc<OwnedFd>,
-        b: Arc<OwnedFd>,
-        models: [SharedModel; 2],
-        seed: u64,
-    ) -> std::io::Result<Relay> {
+    pub fn start(a: Arc<OwnedFd>, b: Arc<OwnedFd>, models: [SharedModel; 2], seed: u64) -> std::io::Result<Relay> {
         let stop = Arc::new(StopEvent::new()?);
         let epoch = Instant::now();
         let mut threads = Vec::new();
         let [model_ab, model_ba] = models;
-        for (label, from, to, model, seed) in [
-            ("a>b", a.clone(), b.clone(), model_ab, seed),
-            ("b>a", b, a, model_ba, seed ^ 0x9e37_79b9_7f4a_7c15),
-        ] {
+        for (label, from, to, model, seed) in
+            [("a>b", a.clone(), b.clone(), model_ab, seed), ("b>a", b, a, model_ba, seed ^ 0x9e37_79b9_7f4a_7c15)]
+        {
             let (tx, rx) = mpsc::channel::<InFlight>();
             let (reader_stop, reader_model) = (stop.clone(), model.clone());
             threads.push(
                 std::thread::Builder::new()
                     .name(format!("sfn-relay-{label}-read"))
-                    .spawn(move || {
-                        read_packets(&from, &reader_model, &tx, epoch, seed, &reader_stop)
-                    })?,
+                    .spawn(move || read_packets(&from, &reader_model, &tx, epoch, seed, &reader_stop))?,
             );
             let writer_stop = stop.clone();
             threads.push(
@@ -135,13 +125,7 @@ fn read_packets(
     }
 }
 
-fn write_packets(
-    to: &OwnedFd,
-    model: &SharedModel,
-    rx: &mpsc::Receiver<InFlight>,
-    epoch: Instant,
-    stop: &StopEvent,
-) {
+fn write_packets(to: &OwnedFd, model: &SharedModel, rx: &mpsc::Receiver<InFlight>, epoch: Instant, stop: &StopEvent) {
     sys::set_timer_slack_ns(1);
     sys::set_realtime_priority();
     let stop_poll = Duration::from_millis(STOP_POLL_MS);
@@ -178,8 +162,5 @@ fn write_packets(
 
 /// A model per direction, both with `params`.
 pub fn models(params: LinkParams) -> [SharedModel; 2] {
-    [
-        Arc::new(Mutex::new(PathModel::new(params))),
-        Arc::new(Mutex::new(PathModel::new(params))),
-    ]
+    [Arc::new(Mutex::new(PathModel::new(params))), Arc::new(Mutex::new(PathModel::new(params)))]
 }

@@ -30,18 +30,10 @@ struct IfReq {
 /// thread's network namespace and returns its non-blocking descriptor. The device is not
 /// persistent: it disappears when the descriptor is closed, also when the process dies.
 pub fn open_tun(name: &str) -> io::Result<OwnedFd> {
-    assert!(
-        name.len() < libc::IFNAMSIZ,
-        "interface names are at most 15 bytes"
-    );
+    assert!(name.len() < libc::IFNAMSIZ, "interface names are at most 15 bytes");
     let path = CString::new("/dev/net/tun").expect("no NUL in a literal");
     // SAFETY: a valid NUL-terminated path; the result is checked.
-    let fd = check(unsafe {
-        libc::open(
-            path.as_ptr(),
-            libc::O_RDWR | libc::O_NONBLOCK | libc::O_CLOEXEC,
-        )
-    })?;
+    let fd = check(unsafe { libc::open(path.as_ptr(), libc::O_RDWR | libc::O_NONBLOCK | libc::O_CLOEXEC) })?;
     // SAFETY: `fd` was just opened and is owned by nobody else.
     let fd = unsafe { OwnedFd::from_raw_fd(fd) };
     let mut request = IfReq {
@@ -105,10 +97,7 @@ impl StopEvent {
         // SAFETY: plain flags; the result is checked.
         let fd = check(unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) })?;
         // SAFETY: `fd` was just created and is owned by nobody else.
-        Ok(StopEvent {
-            fd: unsafe { OwnedFd::from_raw_fd(fd) },
-            stopped: AtomicBool::new(false),
-        })
+        Ok(StopEvent { fd: unsafe { OwnedFd::from_raw_fd(fd) }, stopped: AtomicBool::new(false) })
     }
 
     pub fn stop(&self) {
@@ -117,11 +106,7 @@ impl StopEvent {
         // SAFETY: writes 8 bytes from a live u64 to an eventfd. A full counter (EAGAIN) is
         // already signalled.
         unsafe {
-            libc::write(
-                self.fd.as_raw_fd(),
-                &one as *const u64 as *const libc::c_void,
-                8,
-            );
+            libc::write(self.fd.as_raw_fd(), &one as *const u64 as *const libc::c_void, 8);
         }
     }
 
@@ -140,16 +125,8 @@ pub enum Wait {
 /// Blocks until `fd` is readable, `stop` fires, or `timeout_ms` passes (-1: no timeout).
 pub fn wait_readable(fd: RawFd, stop: &StopEvent, timeout_ms: i32) -> io::Result<Wait> {
     let mut fds = [
-        libc::pollfd {
-            fd,
-            events: libc::POLLIN,
-            revents: 0,
-        },
-        libc::pollfd {
-            fd: stop.fd.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        },
+        libc::pollfd { fd, events: libc::POLLIN, revents: 0 },
+        libc::pollfd { fd: stop.fd.as_raw_fd(), events: libc::POLLIN, revents: 0 },
     ];
     loop {
         if stop.is_stopped() {
@@ -222,9 +199,7 @@ pub fn tcp_info(stream: &TcpStream) -> io::Result<TcpInfo> {
             &mut len,
         )
     })?;
-    Ok(TcpInfo {
-        total_retrans: info.tcpi_total_retrans,
-    })
+    Ok(TcpInfo { total_retrans: info.tcpi_total_retrans })
 }
 
 /// The congestion control algorithm of a connection (e.g. "cubic", "bbr").

@@ -17,12 +17,7 @@ const DELAYS_MS: [f64; 3] = [1.0, 8.0, 30.0];
 const RATES_MBIT: [f64; 2] = [31.0, 124.0];
 
 fn delay_options() -> MeasureOptions {
-    MeasureOptions {
-        samples: 200,
-        gap: Duration::from_millis(2),
-        bulk: Duration::ZERO,
-        ..MeasureOptions::default()
-    }
+    MeasureOptions { samples: 200, gap: Duration::from_millis(2), bulk: Duration::ZERO, ..MeasureOptions::default() }
 }
 
 fn rate_options() -> MeasureOptions {
@@ -38,35 +33,21 @@ fn check_delay(report: &Report) {
     let d = report.params.delay_ms_one_way;
     let o = &report.one_way;
     eprintln!("{}", report.row());
-    assert!(
-        o.min_ms >= d,
-        "{d} ms: a packet arrived early ({} ms)",
-        o.min_ms
-    );
+    assert!(o.min_ms >= d, "{d} ms: a packet arrived early ({} ms)", o.min_ms);
     assert!(o.mean_ms <= d + 0.5, "{d} ms: mean {} ms", o.mean_ms);
     assert!(o.p50_ms <= d + 0.3, "{d} ms: median {} ms", o.p50_ms);
-    assert!(
-        o.p99_ms <= d + 3.0,
-        "{d} ms: 99th percentile {} ms",
-        o.p99_ms
-    );
+    assert!(o.p99_ms <= d + 3.0, "{d} ms: 99th percentile {} ms", o.p99_ms);
 }
 
 fn check_rate(report: &Report, observed_mbit: f64) {
     let rate = report.params.rate_mbit.expect("a rate");
     eprintln!("{}", report.row());
-    assert!(
-        (observed_mbit - rate).abs() <= rate * 0.1,
-        "{rate} Mbit/s configured, {observed_mbit:.1} Mbit/s observed"
-    );
+    assert!((observed_mbit - rate).abs() <= rate * 0.1, "{rate} Mbit/s configured, {observed_mbit:.1} Mbit/s observed");
 }
 
 fn link(params: LinkParams) -> Link {
-    Link::create(LinkSpec {
-        params,
-        ..LinkSpec::default()
-    })
-    .expect("the link comes up (needs root, iproute2, /dev/net/tun)")
+    Link::create(LinkSpec { params, ..LinkSpec::default() })
+        .expect("the link comes up (needs root, iproute2, /dev/net/tun)")
 }
 
 #[test]
@@ -74,10 +55,7 @@ fn link(params: LinkParams) -> Link {
 fn netns_delay() {
     eprintln!("{}", Report::header());
     for d in DELAYS_MS {
-        let link = link(LinkParams {
-            delay_ms_one_way: d,
-            ..LinkParams::default()
-        });
+        let link = link(LinkParams { delay_ms_one_way: d, ..LinkParams::default() });
         check_delay(&measure::measure_link(&link, &delay_options()).expect("measured"));
     }
 }
@@ -87,16 +65,9 @@ fn netns_delay() {
 fn netns_rate() {
     eprintln!("{}", Report::header());
     for rate in RATES_MBIT {
-        let link = link(LinkParams {
-            delay_ms_one_way: 8.0,
-            rate_mbit: Some(rate),
-            ..LinkParams::default()
-        });
+        let link = link(LinkParams { delay_ms_one_way: 8.0, rate_mbit: Some(rate), ..LinkParams::default() });
         let report = measure::measure_link(&link, &rate_options()).expect("measured");
-        let wire = report
-            .transfer
-            .and_then(|t| t.wire_mbit)
-            .expect("a transfer");
+        let wire = report.transfer.and_then(|t| t.wire_mbit).expect("a transfer");
         check_rate(&report, wire);
     }
 }
@@ -107,14 +78,8 @@ fn proxy_delay() {
     eprintln!("{}", Report::header());
     for d in DELAYS_MS {
         check_delay(
-            &measure::measure_proxy(
-                LinkParams {
-                    delay_ms_one_way: d,
-                    ..LinkParams::default()
-                },
-                &delay_options(),
-            )
-            .expect("measured"),
+            &measure::measure_proxy(LinkParams { delay_ms_one_way: d, ..LinkParams::default() }, &delay_options())
+                .expect("measured"),
         );
     }
 }
@@ -124,11 +89,7 @@ fn proxy_delay() {
 fn proxy_rate() {
     eprintln!("{}", Report::header());
     for rate in RATES_MBIT {
-        let params = LinkParams {
-            delay_ms_one_way: 8.0,
-            rate_mbit: Some(rate),
-            ..LinkParams::default()
-        };
+        let params = LinkParams { delay_ms_one_way: 8.0, rate_mbit: Some(rate), ..LinkParams::default() };
         let report = measure::measure_proxy(params, &rate_options()).expect("measured");
         let goodput = report.transfer.expect("a transfer").goodput_mbit;
         check_rate(&report, goodput);

@@ -16,10 +16,7 @@ fn local() -> SocketAddr {
 }
 
 fn delay(ms: f64) -> LinkParams {
-    LinkParams {
-        delay_ms_one_way: ms,
-        ..LinkParams::default()
-    }
+    LinkParams { delay_ms_one_way: ms, ..LinkParams::default() }
 }
 
 fn echo_through(params: LinkParams, connections: usize) -> (Proxy, std::thread::JoinHandle<()>) {
@@ -35,10 +32,7 @@ fn round_trips_take_at_least_two_delays_and_keep_bytes() {
     let mut client = TcpStream::connect_timeout(&proxy.address(), TIMEOUT).expect("connect");
     for i in 0..20u8 {
         let rtt = ping(&mut client, &[i; 100]);
-        assert!(
-            rtt >= Duration::from_millis(16),
-            "round trip {rtt:?} shorter than 2 × 8 ms"
-        );
+        assert!(rtt >= Duration::from_millis(16), "round trip {rtt:?} shorter than 2 × 8 ms");
     }
 }
 
@@ -47,13 +41,8 @@ fn bulk_transfer_is_intact_and_never_faster_than_the_rate() {
     let rate_mbit = 31.0;
     let server = TcpListener::bind(local()).expect("bind");
     let sink = sink_server(server.try_clone().expect("clone"));
-    let params = LinkParams {
-        rate_mbit: Some(rate_mbit),
-        delay_ms_one_way: 1.0,
-        ..LinkParams::default()
-    };
-    let proxy =
-        Proxy::start(local(), server.local_addr().expect("address"), params).expect("proxy");
+    let params = LinkParams { rate_mbit: Some(rate_mbit), delay_ms_one_way: 1.0, ..LinkParams::default() };
+    let proxy = Proxy::start(local(), server.local_addr().expect("address"), params).expect("proxy");
     let sent = data(3_000_000);
     let mut client = TcpStream::connect_timeout(&proxy.address(), TIMEOUT).expect("connect");
     let start = send_all(&mut client, &sent);
@@ -61,12 +50,7 @@ fn bulk_transfer_is_intact_and_never_faster_than_the_rate() {
     assert!(received == sent, "the bytes arrive intact and in order");
     // The serialiser cannot deliver N bytes in less than N / rate after the first one entered.
     let floor = Duration::from_secs_f64(sent.len() as f64 * 8.0 / (rate_mbit * 1e6));
-    assert!(
-        last - start >= floor,
-        "{} bytes in {:?}: faster than {rate_mbit} Mbit/s",
-        sent.len(),
-        last - start
-    );
+    assert!(last - start >= floor, "{} bytes in {:?}: faster than {rate_mbit} Mbit/s", sent.len(), last - start);
     assert_eq!(proxy.stats().a_to_b.bytes_delivered, sent.len() as u64);
 }
 
@@ -78,15 +62,10 @@ fn cut_holds_bytes_and_heal_delivers_them_on_the_same_connection() {
     proxy.cut();
     assert!(proxy.is_cut());
     std::io::Write::write_all(&mut client, b"during").expect("write");
-    assert!(
-        !arrives_within(&mut client, Duration::from_millis(500)),
-        "nothing crosses a cut link"
-    );
+    assert!(!arrives_within(&mut client, Duration::from_millis(500)), "nothing crosses a cut link");
     proxy.heal();
     let mut echo = [0u8; 6];
-    client
-        .read_exact(&mut echo)
-        .expect("the held bytes arrive after the heal");
+    client.read_exact(&mut echo).expect("the held bytes arrive after the heal");
     assert_eq!(&echo, b"during");
     ping(&mut client, b"after");
 }
@@ -99,27 +78,15 @@ fn set_changes_the_delay_of_a_live_connection() {
     proxy.set(delay(25.0)).expect("valid");
     assert_eq!(proxy.params().delay_ms_one_way, 25.0);
     let rtt = ping(&mut client, b"long");
-    assert!(
-        rtt >= Duration::from_millis(50),
-        "round trip {rtt:?} after raising the delay to 25 ms"
-    );
+    assert!(rtt >= Duration::from_millis(50), "round trip {rtt:?} after raising the delay to 25 ms");
 }
 
 #[test]
 fn loss_is_refused_and_drop_closes_connections() {
     let (proxy, _echo) = echo_through(delay(0.0), 1);
-    let lossy = LinkParams {
-        loss_percent: 1.0,
-        ..LinkParams::default()
-    };
-    assert!(matches!(
-        proxy.set(lossy),
-        Err(LinkError::Params(ParamsError::LossInProxy))
-    ));
-    assert!(matches!(
-        Proxy::start(local(), proxy.address(), lossy),
-        Err(LinkError::Params(ParamsError::LossInProxy))
-    ));
+    let lossy = LinkParams { loss_percent: 1.0, ..LinkParams::default() };
+    assert!(matches!(proxy.set(lossy), Err(LinkError::Params(ParamsError::LossInProxy))));
+    assert!(matches!(Proxy::start(local(), proxy.address(), lossy), Err(LinkError::Params(ParamsError::LossInProxy))));
     let mut client = TcpStream::connect_timeout(&proxy.address(), TIMEOUT).expect("connect");
     ping(&mut client, b"x");
     drop(proxy);

@@ -10,8 +10,8 @@ mod message;
 
 pub use ids::{Epoch, Sequence, VolumeId};
 pub use message::{
-    decode_frame, encode_frame, BlockChunk, BlockCopy, BlockExtent, BlockSummary, Body, DecodeError, ElementMessage, HostMessage, Op,
-    Record, VolumeSpec, VolumeState, COPY_CHUNK_BLOCKS_MAX, FRAME_BODY_BYTES_MAX, FRAME_HEADER_BYTES,
+    decode_frame, encode_frame, BlockChunk, BlockCopy, BlockExtent, BlockSummary, Body, DecodeError, ElementMessage,
+    HostMessage, Op, Record, VolumeSpec, VolumeState, COPY_CHUNK_BLOCKS_MAX, FRAME_BODY_BYTES_MAX, FRAME_HEADER_BYTES,
 };
 
 /// Largest payload of one write (and of one read reply). Matches the NBD maximum block size we

@@ -16,9 +16,7 @@ const EXTENTS_MAX: usize = 1 << 20;
 /// Blocks one `FetchBlocks` may ask about (and one `Blocks` reply may carry): 16 MiB of data,
 /// so that a reply with its per-block headers always fits one frame.
 pub const COPY_CHUNK_BLOCKS_MAX: usize = (PAYLOAD_BYTES_MAX as u64 / BLOCK_BYTES / 2) as usize;
-const _: () = assert!(
-    COPY_CHUNK_BLOCKS_MAX as u64 * (BLOCK_BYTES + 32) + 64 <= FRAME_BODY_BYTES_MAX as u64
-);
+const _: () = assert!(COPY_CHUNK_BLOCKS_MAX as u64 * (BLOCK_BYTES + 32) + 64 <= FRAME_BODY_BYTES_MAX as u64);
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum DecodeError {
@@ -41,18 +39,27 @@ pub enum DecodeError {
 /// A write-like operation, the unit that gets a sequence.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Op {
-    Write { offset_bytes: u64, data: Bytes },
+    Write {
+        offset_bytes: u64,
+        data: Bytes,
+    },
     /// Discard: the range reads back as zeroes afterwards (we promise that, NBD does not).
-    Trim { offset_bytes: u64, length_bytes: u64 },
-    WriteZeroes { offset_bytes: u64, length_bytes: u64 },
+    Trim {
+        offset_bytes: u64,
+        length_bytes: u64,
+    },
+    WriteZeroes {
+        offset_bytes: u64,
+        length_bytes: u64,
+    },
 }
 
 impl Op {
     pub fn offset_bytes(&self) -> u64 {
         match self {
-            Op::Write { offset_bytes, .. }
-            | Op::Trim { offset_bytes, .. }
-            | Op::WriteZeroes { offset_bytes, .. } => *offset_bytes,
+            Op::Write { offset_bytes, .. } | Op::Trim { offset_bytes, .. } | Op::WriteZeroes { offset_bytes, .. } => {
+                *offset_bytes
+            }
         }
     }
 
@@ -141,14 +148,34 @@ pub struct BlockExtent {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum HostMessage {
     /// First message of a session: the host element's epoch and the volumes it exports.
-    Hello { epoch: Epoch, volumes: Vec<VolumeSpec> },
+    Hello {
+        epoch: Epoch,
+        volumes: Vec<VolumeSpec>,
+    },
     /// Apply one record; the element answers `Applied` once it is durable and applied.
     Apply(Record),
-    Read { request_id: u64, volume: VolumeId, offset_bytes: u64, length_bytes: u32 },
-    BlockStatus { request_id: u64, volume: VolumeId, offset_bytes: u64, length_bytes: u64 },
-    Ping { nonce: u64 },
+    Read {
+        request_id: u64,
+        volume: VolumeId,
+        offset_bytes: u64,
+        length_bytes: u32,
+    },
+    BlockStatus {
+        request_id: u64,
+        volume: VolumeId,
+        offset_bytes: u64,
+        length_bytes: u64,
+    },
+    Ping {
+        nonce: u64,
+    },
     /// Send the records after `after` from the replay log, up to about `max_bytes` of payload.
-    FetchLog { request_id: u64, volume: VolumeId, after: Sequence, max_bytes: u64 },
+    FetchLog {
+        request_id: u64,
+        volume: VolumeId,
+        after: Sequence,
+        max_bytes: u64,
+    },
     /// Replay recovery: pull the records `(after, through]` of `volume` directly from the
     /// element at `source` (its replay log), at most `rate_bytes_per_s` (0: unlimited), and
     /// commit them as if they came from the host element. Answered by `RecoveryDone`.
@@ -162,7 +189,11 @@ pub enum HostMessage {
     /// Full recovery: copy the blocks of `volume` that differ from the element at `source`
     /// (resuming an interrupted copy where it stopped), at most `rate_bytes_per_s` (0:
     /// unlimited). `CopyProgress` reports meanwhile; answered by `CopyDone`.
-    Copy { volume: VolumeId, source: String, rate_bytes_per_s: u64 },
+    Copy {
+        volume: VolumeId,
+        source: String,
+        rate_bytes_per_s: u64,
+    },
     /// Element to element, during a full recovery: the blocks from `first_block` on whose
     /// summary differs from `have` (one entry per block), read once the applied sequence is at
     /// least `min_applied`. Answered by `Blocks`.
@@ -180,32 +211,65 @@ pub enum HostMessage {
 pub enum ElementMessage {
     /// Answer to `Hello`: the highest epoch the element had seen before, and per volume (in
     /// `Hello` order) what it holds.
-    Welcome { epoch: Epoch, volumes: Vec<VolumeState> },
+    Welcome {
+        epoch: Epoch,
+        volumes: Vec<VolumeState>,
+    },
     /// The element will not serve this session (stale epoch, volume size mismatch, ...).
-    Refused { reason: String },
+    Refused {
+        reason: String,
+    },
     /// Every record of `volume` up to and including `sequence` is durable and applied.
-    Applied { volume: VolumeId, sequence: Sequence },
-    ReadReply { request_id: u64, applied_sequence: Sequence, result: Result<Bytes, String> },
+    Applied {
+        volume: VolumeId,
+        sequence: Sequence,
+    },
+    ReadReply {
+        request_id: u64,
+        applied_sequence: Sequence,
+        result: Result<Bytes, String>,
+    },
     BlockStatusReply {
         request_id: u64,
         applied_sequence: Sequence,
         result: Result<Vec<BlockExtent>, String>,
     },
-    Pong { nonce: u64 },
-    LogRecords { request_id: u64, result: Result<Vec<Record>, String> },
+    Pong {
+        nonce: u64,
+    },
+    LogRecords {
+        request_id: u64,
+        result: Result<Vec<Record>, String>,
+    },
     /// A `Recover` ended: the sequence reached, or why it could not go on.
-    RecoveryDone { volume: VolumeId, result: Result<Sequence, String> },
+    RecoveryDone {
+        volume: VolumeId,
+        result: Result<Sequence, String>,
+    },
     /// Answer to `FetchBlocks`.
-    Blocks { request_id: u64, result: Result<BlockChunk, String> },
+    Blocks {
+        request_id: u64,
+        result: Result<BlockChunk, String>,
+    },
     /// A full recovery's progress: `done_bytes` of the volume's `total_bytes` compared,
     /// `copied_bytes` of block content received in this run.
-    CopyProgress { volume: VolumeId, done_bytes: u64, total_bytes: u64, copied_bytes: u64 },
+    CopyProgress {
+        volume: VolumeId,
+        done_bytes: u64,
+        total_bytes: u64,
+        copied_bytes: u64,
+    },
     /// A `Copy` ended: on success the sequence the blocks are now at least as new as (the
     /// element has adopted it as its applied sequence: replay from there makes it exact).
-    CopyDone { volume: VolumeId, result: Result<Sequence, String> },
+    CopyDone {
+        volume: VolumeId,
+        result: Result<Sequence, String>,
+    },
     /// The element hit a fault it cannot continue from in this session (I/O error, a gap in
     /// the sequence, a checksum mismatch on its own disk). The host element marks it failed.
-    Fault { reason: String },
+    Fault {
+        reason: String,
+    },
 }
 
 /// A message that can be put into and taken out of a frame body.
@@ -362,14 +426,10 @@ impl Record {
                 let data = r.bytes("write data", PAYLOAD_BYTES_MAX as usize)?;
                 Op::Write { offset_bytes, data }
             }
-            OP_TRIM => Op::Trim {
-                offset_bytes: r.u64("trim offset")?,
-                length_bytes: r.u64("trim length")?,
-            },
-            OP_WRITE_ZEROES => Op::WriteZeroes {
-                offset_bytes: r.u64("zeroes offset")?,
-                length_bytes: r.u64("zeroes length")?,
-            },
+            OP_TRIM => Op::Trim { offset_bytes: r.u64("trim offset")?, length_bytes: r.u64("trim length")? },
+            OP_WRITE_ZEROES => {
+                Op::WriteZeroes { offset_bytes: r.u64("zeroes offset")?, length_bytes: r.u64("zeroes length")? }
+            }
             tag => return Err(DecodeError::UnknownTag(tag)),
         };
         if op.offset_bytes().checked_add(op.length_bytes()).is_none() {
@@ -482,10 +542,7 @@ impl Body for HostMessage {
                 let offset_bytes = r.u64("read offset")?;
                 let length_bytes = r.u32("read length")?;
                 if length_bytes > PAYLOAD_BYTES_MAX {
-                    return Err(DecodeError::OutOfBounds {
-                        what: "read length",
-                        value: length_bytes as u64,
-                    });
+                    return Err(DecodeError::OutOfBounds { what: "read length", value: length_bytes as u64 });
                 }
                 HostMessage::Read { request_id, volume, offset_bytes, length_bytes }
             }
@@ -647,7 +704,10 @@ impl Body for ElementMessage {
                         out.put_u8(RESULT_OK);
                         out.put_u64_le(chunk.applied.0);
                         out.put_u64_le(chunk.applied_epoch.0);
-                        assert!(chunk.blocks.len() <= COPY_CHUNK_BLOCKS_MAX, "a chunk holds at most COPY_CHUNK_BLOCKS_MAX blocks");
+                        assert!(
+                            chunk.blocks.len() <= COPY_CHUNK_BLOCKS_MAX,
+                            "a chunk holds at most COPY_CHUNK_BLOCKS_MAX blocks"
+                        );
                         out.put_u32_le(chunk.blocks.len() as u32);
                         for b in &chunk.blocks {
                             out.put_u64_le(b.block);
@@ -698,9 +758,7 @@ impl Body for ElementMessage {
                 }
                 ElementMessage::Welcome { epoch, volumes }
             }
-            ELEMENT_REFUSED => {
-                ElementMessage::Refused { reason: r.string("refusal reason", REASON_BYTES_MAX)? }
-            }
+            ELEMENT_REFUSED => ElementMessage::Refused { reason: r.string("refusal reason", REASON_BYTES_MAX)? },
             ELEMENT_APPLIED => ElementMessage::Applied {
                 volume: VolumeId(r.u32("applied volume")?),
                 sequence: Sequence(r.u64("applied sequence")?),
@@ -857,19 +915,9 @@ mod tests {
             Op::Trim { offset_bytes: 0, length_bytes: 1 << 20 },
             Op::WriteZeroes { offset_bytes: 512, length_bytes: 1024 },
         ] {
-            round_trip(HostMessage::Apply(Record {
-                volume: VolumeId(1),
-                epoch: Epoch(2),
-                sequence: Sequence(77),
-                op,
-            }));
+            round_trip(HostMessage::Apply(Record { volume: VolumeId(1), epoch: Epoch(2), sequence: Sequence(77), op }));
         }
-        round_trip(HostMessage::Read {
-            request_id: 9,
-            volume: VolumeId(0),
-            offset_bytes: 8192,
-            length_bytes: 4096,
-        });
+        round_trip(HostMessage::Read { request_id: 9, volume: VolumeId(0), offset_bytes: 8192, length_bytes: 4096 });
         round_trip(HostMessage::BlockStatus {
             request_id: 9,
             volume: VolumeId(0),
@@ -924,7 +972,12 @@ mod tests {
             }),
         });
         round_trip(ElementMessage::Blocks { request_id: 5, result: Err("not in sync".into()) });
-        round_trip(ElementMessage::CopyProgress { volume: VolumeId(0), done_bytes: 1 << 20, total_bytes: 1 << 30, copied_bytes: 4096 });
+        round_trip(ElementMessage::CopyProgress {
+            volume: VolumeId(0),
+            done_bytes: 1 << 20,
+            total_bytes: 1 << 30,
+            copied_bytes: 4096,
+        });
         round_trip(ElementMessage::CopyDone { volume: VolumeId(0), result: Ok(Sequence(40)) });
         round_trip(ElementMessage::CopyDone { volume: VolumeId(0), result: Err("source gone".into()) });
         round_trip(ElementMessage::Refused { reason: "stale epoch".into() });
@@ -969,10 +1022,7 @@ mod tests {
         encode_frame(&HostMessage::Ping { nonce: 1 }, &mut buf);
         let last = buf.len() - 1;
         buf[last] ^= 0x40;
-        assert!(matches!(
-            decode_frame::<HostMessage>(&mut buf),
-            Err(DecodeError::Checksum { .. })
-        ));
+        assert!(matches!(decode_frame::<HostMessage>(&mut buf), Err(DecodeError::Checksum { .. })));
     }
 
     #[test]
@@ -980,10 +1030,7 @@ mod tests {
         let mut buf = BytesMut::new();
         buf.put_u32_le(u32::MAX);
         buf.put_u32_le(0);
-        assert_eq!(
-            decode_frame::<ElementMessage>(&mut buf),
-            Err(DecodeError::FrameTooLarge(u32::MAX))
-        );
+        assert_eq!(decode_frame::<ElementMessage>(&mut buf), Err(DecodeError::FrameTooLarge(u32::MAX)));
     }
 
     #[test]

@@ -79,12 +79,8 @@ pub fn status_json(status: &HostStatus, addresses: &[String]) -> Value {
         .iter()
         .enumerate()
         .map(|(i, e)| {
-            let applied: serde_json::Map<String, Value> = status
-                .volumes
-                .iter()
-                .zip(&e.applied_sequence)
-                .map(|(v, s)| (v.name.clone(), json!(s.0)))
-                .collect();
+            let applied: serde_json::Map<String, Value> =
+                status.volumes.iter().zip(&e.applied_sequence).map(|(v, s)| (v.name.clone(), json!(s.0))).collect();
             let mut o = json!({
                 "name": e.name,
                 "address": addresses.get(i),

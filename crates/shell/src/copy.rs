@@ -103,7 +103,12 @@ pub(crate) async fn copy_from_peer(job: CopyJob, store: Arc<Store>, replies: mps
             let seconds = started.elapsed().as_secs_f64();
             tracing::info!(%base, seconds, copied_bytes, volume = %job.spec.name, "full recovery: copy done");
             let (done_bytes, total_bytes) = (job.spec.size_bytes, job.spec.size_bytes);
-            let _ = replies.send(ElementMessage::CopyProgress { volume: job.volume, done_bytes, total_bytes, copied_bytes });
+            let _ = replies.send(ElementMessage::CopyProgress {
+                volume: job.volume,
+                done_bytes,
+                total_bytes,
+                copied_bytes,
+            });
             Ok(base)
         }
         Err(reason) => {
@@ -114,12 +119,18 @@ pub(crate) async fn copy_from_peer(job: CopyJob, store: Arc<Store>, replies: mps
     let _ = replies.send(ElementMessage::CopyDone { volume: job.volume, result });
 }
 
-async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T, store::StoreError> + Send + 'static) -> Result<T, String> {
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, store::StoreError> + Send + 'static,
+) -> Result<T, String> {
     tokio::task::spawn_blocking(f).await.map_err(|e| e.to_string())?.map_err(|e| e.to_string())
 }
 
 /// Returns the base adopted and the bytes of block content received.
-async fn copy(job: &CopyJob, store: &Arc<Store>, replies: &mpsc::UnboundedSender<ElementMessage>) -> Result<(Sequence, u64), String> {
+async fn copy(
+    job: &CopyJob,
+    store: &Arc<Store>,
+    replies: &mpsc::UnboundedSender<ElementMessage>,
+) -> Result<(Sequence, u64), String> {
     let (mut stream, mut buf) = connect_peer(&job.source, job.epoch, &job.spec).await?;
     let (s, h, epoch) = (store.clone(), job.handle, job.epoch);
     let state = blocking(move || s.begin_copy(h, epoch)).await?;
@@ -171,7 +182,8 @@ async fn copy(job: &CopyJob, store: &Arc<Store>, replies: &mpsc::UnboundedSender
             ElementMessage::Pong { .. } => continue,
             other => return Err(format!("peer answered {other:?} to a block fetch")),
         };
-        let (first, count) = in_flight.remove(&id).ok_or_else(|| format!("peer answered request {id}, which was not asked"))?;
+        let (first, count) =
+            in_flight.remove(&id).ok_or_else(|| format!("peer answered request {id}, which was not asked"))?;
         let chunk = result.map_err(|e| format!("peer could not send blocks from {first}: {e}"))?;
         let content_blocks = chunk.blocks.iter().filter(|b| b.content.is_some()).count() as u64;
         if content_blocks * 8 < count {
@@ -199,7 +211,8 @@ async fn copy(job: &CopyJob, store: &Arc<Store>, replies: &mpsc::UnboundedSender
                 blocking(move || s.install_blocks(h, &chunk.blocks)).await?;
             }
             installed += count;
-            if unsaved_bytes >= CURSOR_SAVE_BYTES || (last_save.elapsed() >= CURSOR_SAVE_INTERVAL && installed > saved) {
+            if unsaved_bytes >= CURSOR_SAVE_BYTES || (last_save.elapsed() >= CURSOR_SAVE_INTERVAL && installed > saved)
+            {
                 let (s, h, cursor) = (store.clone(), job.handle, installed);
                 blocking(move || s.save_copy_cursor(h, cursor)).await?;
                 saved = installed;

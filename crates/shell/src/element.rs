@@ -10,10 +10,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use bytes::BytesMut;
-use proto::{
-    decode_frame, encode_frame, ElementMessage, HostMessage, Record, Sequence, VolumeId,
-    VolumeState,
-};
+use proto::{decode_frame, encode_frame, ElementMessage, HostMessage, Record, Sequence, VolumeId, VolumeState};
 use store::{Store, StoreOptions, VolumeHandle};
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufWriter};
 use tokio::net::{TcpListener, TcpStream};
@@ -62,15 +59,13 @@ pub async fn run(options: ElementOptions, shutdown: impl std::future::Future<Out
         .map_err(std::io::Error::other)?
         .map_err(|e| std::io::Error::other(format!("cannot open data directory: {e}")))?;
     let store = Arc::new(store);
-    let listener = TcpListener::bind(options.listen).await.map_err(|e| {
-        std::io::Error::new(e.kind(), format!("cannot listen on {}: {e}", options.listen))
-    })?;
+    let listener = TcpListener::bind(options.listen)
+        .await
+        .map_err(|e| std::io::Error::new(e.kind(), format!("cannot listen on {}: {e}", options.listen)))?;
     let (commits, commit_rx) = std::sync::mpsc::channel::<Job>();
     {
         let store = store.clone();
-        std::thread::Builder::new()
-            .name("committer".into())
-            .spawn(move || run_committer(&store, commit_rx))?;
+        std::thread::Builder::new().name("committer".into()).spawn(move || run_committer(&store, commit_rx))?;
     }
     tracing::info!(listen = %options.listen, data = %options.data.display(), epoch = %store.epoch(), "element serving");
     tokio::pin!(shutdown);
@@ -126,7 +121,11 @@ fn run_committer(store: &Store, jobs: std::sync::mpsc::Receiver<Job>) {
     }
 }
 
-fn hello(store: &Store, epoch: proto::Epoch, handles: &[VolumeHandle]) -> Result<(proto::Epoch, Vec<VolumeState>), String> {
+fn hello(
+    store: &Store,
+    epoch: proto::Epoch,
+    handles: &[VolumeHandle],
+) -> Result<(proto::Epoch, Vec<VolumeState>), String> {
     let previous = store.epoch();
     if epoch < previous {
         return Err(format!("stale epoch {epoch}: this element already follows epoch {previous}"));
@@ -288,7 +287,13 @@ async fn handle(
             let session_volume = record.volume;
             let session_epoch = volumes.as_ref().expect("checked by handle_of").epoch;
             commits
-                .send(Job::Commit(CommitRequest { session_epoch, record, handle, session_volume, reply: replies.clone() }))
+                .send(Job::Commit(CommitRequest {
+                    session_epoch,
+                    record,
+                    handle,
+                    session_volume,
+                    reply: replies.clone(),
+                }))
                 .map_err(|_| "committer stopped".to_string())?;
         }
         HostMessage::Read { request_id, volume, offset_bytes, length_bytes } => {
@@ -320,9 +325,7 @@ async fn handle(
                 // Bounded so that the reply always fits one frame, whatever was asked.
                 let result = store
                     .log_records(handle, after, max_bytes.min(LOG_REPLY_BYTES_MAX))
-                    .map(|records| {
-                        records.into_iter().map(|r| Record { volume, ..r }).collect::<Vec<_>>()
-                    })
+                    .map(|records| records.into_iter().map(|r| Record { volume, ..r }).collect::<Vec<_>>())
                     .map_err(|e| e.to_string());
                 let _ = replies.send(ElementMessage::LogRecords { request_id, result });
             });
@@ -450,7 +453,11 @@ pub(crate) async fn recv_frame<M: proto::Body>(stream: &mut TcpStream, buf: &mut
 
 /// Open a session with a peer element as the host element's epoch would, for one volume (its
 /// volume number in that session is 0).
-pub(crate) async fn connect_peer(source: &str, epoch: proto::Epoch, spec: &proto::VolumeSpec) -> Result<(TcpStream, BytesMut), String> {
+pub(crate) async fn connect_peer(
+    source: &str,
+    epoch: proto::Epoch,
+    spec: &proto::VolumeSpec,
+) -> Result<(TcpStream, BytesMut), String> {
     let address: SocketAddr = source.parse().map_err(|e| format!("bad peer address {source}: {e}"))?;
     let mut stream = tokio::time::timeout(std::time::Duration::from_secs(5), TcpStream::connect(address))
         .await
@@ -478,12 +485,17 @@ async fn pull_from_peer(
     let own = store.applied_sequence(job.handle);
     if own != Sequence::ZERO {
         let own_epoch = store.applied_epoch(job.handle);
-        let probe = HostMessage::FetchLog { request_id: 0, volume: VolumeId(0), after: Sequence(own.0 - 1), max_bytes: 1 };
+        let probe =
+            HostMessage::FetchLog { request_id: 0, volume: VolumeId(0), after: Sequence(own.0 - 1), max_bytes: 1 };
         send_frame(&mut stream, &probe).await?;
         let theirs = match recv_frame::<ElementMessage>(&mut stream, &mut buf).await? {
-            ElementMessage::LogRecords { result: Ok(records), .. } => records.first().filter(|r| r.sequence == own).map(|r| r.epoch),
+            ElementMessage::LogRecords { result: Ok(records), .. } => {
+                records.first().filter(|r| r.sequence == own).map(|r| r.epoch)
+            }
             ElementMessage::LogRecords { result: Err(e), .. } => {
-                return Err(format!("cannot check sequence {own} against the peer's replay log ({e}); needs full recovery"))
+                return Err(format!(
+                    "cannot check sequence {own} against the peer's replay log ({e}); needs full recovery"
+                ))
             }
             other => return Err(format!("peer answered {other:?} to a log fetch")),
         };
@@ -515,7 +527,8 @@ async fn pull_from_peer(
             tokio::time::sleep(std::time::Duration::from_millis(1)).await;
         }
         request_id += 1;
-        let fetch = HostMessage::FetchLog { request_id, volume: VolumeId(0), after: cursor, max_bytes: REPLAY_FETCH_BYTES };
+        let fetch =
+            HostMessage::FetchLog { request_id, volume: VolumeId(0), after: cursor, max_bytes: REPLAY_FETCH_BYTES };
         send_frame(&mut stream, &fetch).await?;
         let records = loop {
             match recv_frame::<ElementMessage>(&mut stream, &mut buf).await? {

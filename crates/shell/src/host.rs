@@ -71,12 +71,12 @@ impl HostHandle {
 /// endpoint. Returns once everything listens; the tasks run until the runtime stops.
 pub async fn start(options: HostOptions) -> std::io::Result<HostHandle> {
     options.config.validate().map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
-    let nbd_listener = TcpListener::bind(options.nbd).await.map_err(|e| {
-        std::io::Error::new(e.kind(), format!("cannot listen for NBD on {}: {e}", options.nbd))
-    })?;
-    let admin_listener = TcpListener::bind(options.admin).await.map_err(|e| {
-        std::io::Error::new(e.kind(), format!("cannot listen for admin on {}: {e}", options.admin))
-    })?;
+    let nbd_listener = TcpListener::bind(options.nbd)
+        .await
+        .map_err(|e| std::io::Error::new(e.kind(), format!("cannot listen for NBD on {}: {e}", options.nbd)))?;
+    let admin_listener = TcpListener::bind(options.admin)
+        .await
+        .map_err(|e| std::io::Error::new(e.kind(), format!("cannot listen for admin on {}: {e}", options.admin)))?;
     let (inputs, rx) = mpsc::unbounded_channel();
     let addresses = options.element_addresses.iter().map(|a| a.to_string()).collect();
     let handle = HostHandle { inputs: inputs.clone(), addresses: Arc::new(addresses) };
@@ -420,11 +420,23 @@ impl Backend for HostBackend {
         done(self.call(export, Request::Write(Op::Write { offset_bytes, data })))
     }
 
-    fn write_zeroes(&self, export: &str, offset_bytes: u64, length_bytes: u64, _fua: bool) -> BoxFuture<Result<(), nbd::Errno>> {
+    fn write_zeroes(
+        &self,
+        export: &str,
+        offset_bytes: u64,
+        length_bytes: u64,
+        _fua: bool,
+    ) -> BoxFuture<Result<(), nbd::Errno>> {
         done(self.call(export, Request::Write(Op::WriteZeroes { offset_bytes, length_bytes })))
     }
 
-    fn trim(&self, export: &str, offset_bytes: u64, length_bytes: u64, _fua: bool) -> BoxFuture<Result<(), nbd::Errno>> {
+    fn trim(
+        &self,
+        export: &str,
+        offset_bytes: u64,
+        length_bytes: u64,
+        _fua: bool,
+    ) -> BoxFuture<Result<(), nbd::Errno>> {
         done(self.call(export, Request::Write(Op::Trim { offset_bytes, length_bytes })))
     }
 
@@ -432,7 +444,12 @@ impl Backend for HostBackend {
         done(self.call(export, Request::Flush))
     }
 
-    fn block_status(&self, export: &str, offset_bytes: u64, length_bytes: u64) -> BoxFuture<Result<Vec<Extent>, nbd::Errno>> {
+    fn block_status(
+        &self,
+        export: &str,
+        offset_bytes: u64,
+        length_bytes: u64,
+    ) -> BoxFuture<Result<Vec<Extent>, nbd::Errno>> {
         let rx = self.call(export, Request::BlockStatus { offset_bytes, length_bytes });
         Box::pin(async move {
             match rx.ok_or(nbd::Errno::Io)?.await {

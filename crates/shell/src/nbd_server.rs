@@ -37,21 +37,10 @@ pub trait Backend: Send + Sync + 'static {
     fn exports(&self) -> Vec<ExportInfo>;
 
     /// Must return exactly `length_bytes` bytes.
-    fn read(
-        &self,
-        export: &str,
-        offset_bytes: u64,
-        length_bytes: u32,
-    ) -> BoxFuture<Result<Bytes, Errno>>;
+    fn read(&self, export: &str, offset_bytes: u64, length_bytes: u32) -> BoxFuture<Result<Bytes, Errno>>;
 
     /// `fua`: reply only once the data is durable. A read-only volume answers `Errno::Perm`.
-    fn write(
-        &self,
-        export: &str,
-        offset_bytes: u64,
-        data: Bytes,
-        fua: bool,
-    ) -> BoxFuture<Result<(), Errno>>;
+    fn write(&self, export: &str, offset_bytes: u64, data: Bytes, fua: bool) -> BoxFuture<Result<(), Errno>>;
 
     /// The range must read back as zeroes and stay writable without `ENOSPC` afterwards (the
     /// client's `NBD_CMD_FLAG_NO_HOLE` is not passed on, so this must always hold).
@@ -64,13 +53,7 @@ pub trait Backend: Send + Sync + 'static {
     ) -> BoxFuture<Result<(), Errno>>;
 
     /// A hint that the range is no longer needed; its contents are undefined afterwards.
-    fn trim(
-        &self,
-        export: &str,
-        offset_bytes: u64,
-        length_bytes: u64,
-        fua: bool,
-    ) -> BoxFuture<Result<(), Errno>>;
+    fn trim(&self, export: &str, offset_bytes: u64, length_bytes: u64, fua: bool) -> BoxFuture<Result<(), Errno>>;
 
     /// Every write completed before this call (on any connection, if `multi_conn`) is durable
     /// when it returns `Ok`.
@@ -78,12 +61,8 @@ pub trait Backend: Send + Sync + 'static {
 
     /// Consecutive extents from `offset_bytes`. They may cover less or more than asked, be
     /// unaligned or many: the server trims, aligns and bounds what it sends.
-    fn block_status(
-        &self,
-        export: &str,
-        offset_bytes: u64,
-        length_bytes: u64,
-    ) -> BoxFuture<Result<Vec<Extent>, Errno>>;
+    fn block_status(&self, export: &str, offset_bytes: u64, length_bytes: u64)
+        -> BoxFuture<Result<Vec<Extent>, Errno>>;
 }
 
 /// Per-connection limits and policy.
@@ -114,15 +93,8 @@ impl Default for ServerOptions {
 
 impl ServerOptions {
     fn validate(&self) -> io::Result<()> {
-        let invalid = |message: &str| {
-            Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                message.to_owned(),
-            ))
-        };
-        if self.in_flight_requests_max == 0
-            || self.in_flight_requests_max as usize > Semaphore::MAX_PERMITS
-        {
+        let invalid = |message: &str| Err(io::Error::new(io::ErrorKind::InvalidInput, message.to_owned()));
+        if self.in_flight_requests_max == 0 || self.in_flight_requests_max as usize > Semaphore::MAX_PERMITS {
             return invalid("in_flight_requests_max must be at least 1");
         }
         if self.in_flight_bytes_max < u64::from(BLOCK_SIZE_MAX_BYTES) {
@@ -137,11 +109,7 @@ impl ServerOptions {
 
 /// Serves NBD on `listener` until the returned future is dropped (which also drops every
 /// connection and the backend calls in flight), or until accepting fails for good.
-pub async fn serve(
-    listener: TcpListener,
-    backend: Arc<dyn Backend>,
-    options: ServerOptions,
-) -> io::Result<()> {
+pub async fn serve(listener: TcpListener, backend: Arc<dyn Backend>, options: ServerOptions) -> io::Result<()> {
     options.validate()?;
     let options = Arc::new(options);
     let mut connections = JoinSet::new();
@@ -184,17 +152,10 @@ fn accept_error_is_transient(error: &io::Error) -> bool {
     use io::ErrorKind::*;
     matches!(
         error.kind(),
-        ConnectionAborted
-            | ConnectionReset
-            | ConnectionRefused
-            | Interrupted
-            | WouldBlock
-            | TimedOut
+        ConnectionAborted | ConnectionReset | ConnectionRefused | Interrupted | WouldBlock | TimedOut
     ) || matches!(
         error.raw_os_error(),
-        Some(
-            libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM | libc::EPROTO | libc::EPERM
-        )
+        Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM | libc::EPROTO | libc::EPERM)
     )
 }
 
@@ -256,13 +217,7 @@ async fn serve_connection(
     stream.set_nodelay(true)?;
     let (mut reader, mut writer) = stream.into_split();
     let mut buffer = BytesMut::with_capacity(READ_CHUNK_BYTES);
-    let handshake = handshake(
-        &mut reader,
-        &mut writer,
-        &mut buffer,
-        backend.as_ref(),
-        options.multi_conn,
-    );
+    let handshake = handshake(&mut reader, &mut writer, &mut buffer, backend.as_ref(), options.multi_conn);
     let outcome = match tokio::time::timeout(options.handshake_timeout, handshake).await {
         Ok(outcome) => outcome?,
         Err(_elapsed) => return Err(ConnectionError::HandshakeTimeout(options.handshake_timeout)),
@@ -387,18 +342,13 @@ impl Connection {
 
     /// Waits for room, reads one request (with its payload), and starts serving it.
     async fn handle_next_request(&mut self) -> Result<Next, ConnectionError> {
-        let request_permit = self
-            .requests
-            .clone()
-            .acquire_owned()
-            .await
-            .expect("the request semaphore is never closed");
+        let request_permit =
+            self.requests.clone().acquire_owned().await.expect("the request semaphore is never closed");
         if !self.fill(REQUEST_HEADER_BYTES).await? {
             return Ok(Next::Closed);
         }
-        let header: [u8; REQUEST_HEADER_BYTES] = self.buffer[..REQUEST_HEADER_BYTES]
-            .try_into()
-            .expect("the buffer holds a whole header");
+        let header: [u8; REQUEST_HEADER_BYTES] =
+            self.buffer[..REQUEST_HEADER_BYTES].try_into().expect("the buffer holds a whole header");
         self.buffer.advance(REQUEST_HEADER_BYTES);
         match self.transmission.decode_request(&header)? {
             Decoded::Disconnect => Ok(Next::Disconnect),
@@ -409,19 +359,13 @@ impl Connection {
             }
             Decoded::Rejected(rejected) => {
                 self.discard(rejected.payload_bytes).await?;
-                let reply = self.transmission.encode_error(
-                    rejected.handle,
-                    rejected.errno,
-                    rejected.message,
-                );
+                let reply = self.transmission.encode_error(rejected.handle, rejected.errno, rejected.message);
                 self.spawn_reply(reply, request_permit);
                 Ok(Next::Continue)
             }
             Decoded::Request(request) => {
                 let data_bytes = match request.command {
-                    Command::Read { length_bytes, .. } | Command::Write { length_bytes, .. } => {
-                        length_bytes
-                    }
+                    Command::Read { length_bytes, .. } | Command::Write { length_bytes, .. } => length_bytes,
                     _ => 0,
                 };
                 let data_permit = self
@@ -447,8 +391,7 @@ impl Connection {
                     writer: self.writer.clone(),
                     reply_failed: self.reply_failed.clone(),
                 };
-                self.tasks
-                    .spawn(job.run(request, payload, (request_permit, data_permit)));
+                self.tasks.spawn(job.run(request, payload, (request_permit, data_permit)));
                 Ok(Next::Continue)
             }
         }
@@ -458,8 +401,7 @@ impl Connection {
     /// connection cleanly before sending any of them.
     async fn fill(&mut self, wanted: usize) -> Result<bool, ConnectionError> {
         while self.buffer.len() < wanted {
-            self.buffer
-                .reserve((wanted - self.buffer.len()).max(READ_CHUNK_BYTES));
+            self.buffer.reserve((wanted - self.buffer.len()).max(READ_CHUNK_BYTES));
             if self.reader.read_buf(&mut self.buffer).await? == 0 {
                 if self.buffer.is_empty() {
                     return Ok(false);
@@ -528,78 +470,31 @@ impl RequestJob {
             Err(errno) => transmission.encode_error(handle, errno, &errno.to_string()),
         };
         match request.command {
-            Command::Read {
-                offset_bytes,
-                length_bytes,
-            } => match self.backend.read(export, offset_bytes, length_bytes).await {
-                Ok(data) => {
-                    assert_eq!(
-                        data.len(),
-                        length_bytes as usize,
-                        "Backend::read returned the wrong length"
-                    );
-                    (
-                        transmission.encode_read_header(handle, offset_bytes, length_bytes),
-                        Some(data),
-                    )
+            Command::Read { offset_bytes, length_bytes } => {
+                match self.backend.read(export, offset_bytes, length_bytes).await {
+                    Ok(data) => {
+                        assert_eq!(data.len(), length_bytes as usize, "Backend::read returned the wrong length");
+                        (transmission.encode_read_header(handle, offset_bytes, length_bytes), Some(data))
+                    }
+                    Err(errno) => (transmission.encode_error(handle, errno, &errno.to_string()), None),
                 }
-                Err(errno) => (
-                    transmission.encode_error(handle, errno, &errno.to_string()),
-                    None,
-                ),
-            },
-            Command::Write {
-                offset_bytes, fua, ..
-            } => {
+            }
+            Command::Write { offset_bytes, fua, .. } => {
                 let data = payload.expect("a write request comes with its payload");
-                (
-                    done(self.backend.write(export, offset_bytes, data, fua).await),
-                    None,
-                )
+                (done(self.backend.write(export, offset_bytes, data, fua).await), None)
             }
             Command::Flush => (done(self.backend.flush(export).await), None),
-            Command::Trim {
-                offset_bytes,
-                length_bytes,
-                fua,
-            } => (
-                done(
-                    self.backend
-                        .trim(export, offset_bytes, u64::from(length_bytes), fua)
-                        .await,
-                ),
-                None,
-            ),
-            Command::WriteZeroes {
-                offset_bytes,
-                length_bytes,
-                fua,
-                no_hole: _,
-            } => {
-                let result = self
-                    .backend
-                    .write_zeroes(export, offset_bytes, u64::from(length_bytes), fua)
-                    .await;
+            Command::Trim { offset_bytes, length_bytes, fua } => {
+                (done(self.backend.trim(export, offset_bytes, u64::from(length_bytes), fua).await), None)
+            }
+            Command::WriteZeroes { offset_bytes, length_bytes, fua, no_hole: _ } => {
+                let result = self.backend.write_zeroes(export, offset_bytes, u64::from(length_bytes), fua).await;
                 (done(result), None)
             }
-            Command::BlockStatus {
-                offset_bytes,
-                length_bytes,
-                req_one,
-            } => {
-                match self
-                    .backend
-                    .block_status(export, offset_bytes, u64::from(length_bytes))
-                    .await
-                {
-                    Ok(extents) => (
-                        transmission.encode_block_status(handle, length_bytes, req_one, &extents),
-                        None,
-                    ),
-                    Err(errno) => (
-                        transmission.encode_error(handle, errno, &errno.to_string()),
-                        None,
-                    ),
+            Command::BlockStatus { offset_bytes, length_bytes, req_one } => {
+                match self.backend.block_status(export, offset_bytes, u64::from(length_bytes)).await {
+                    Ok(extents) => (transmission.encode_block_status(handle, length_bytes, req_one, &extents), None),
+                    Err(errno) => (transmission.encode_error(handle, errno, &errno.to_string()), None),
                 }
             }
         }
@@ -607,19 +502,10 @@ impl RequestJob {
 }
 
 /// Writes one reply (header and data together, with no other reply in between).
-async fn send_reply(
-    writer: &Mutex<OwnedWriteHalf>,
-    reply_failed: &ReplyFailure,
-    header: Vec<u8>,
-    data: Option<Bytes>,
-) {
+async fn send_reply(writer: &Mutex<OwnedWriteHalf>, reply_failed: &ReplyFailure, header: Vec<u8>, data: Option<Bytes>) {
     let mut writer = writer.lock().await;
     let result = match data {
-        Some(data) => {
-            writer
-                .write_all_buf(&mut Bytes::from(header).chain(data))
-                .await
-        }
+        Some(data) => writer.write_all_buf(&mut Bytes::from(header).chain(data)).await,
         None => writer.write_all(&header).await,
     };
     if let Err(error) = result {
@@ -646,10 +532,6 @@ impl ReplyFailure {
 
     async fn wait(&self) -> io::Error {
         self.notify.notified().await;
-        self.error
-            .lock()
-            .expect("no panic while holding this lock")
-            .take()
-            .expect("reported before notified")
+        self.error.lock().expect("no panic while holding this lock").take().expect("reported before notified")
     }
 }

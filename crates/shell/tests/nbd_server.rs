@@ -97,16 +97,12 @@ fn range(offset_bytes: u64, length_bytes: u64) -> std::ops::Range<usize> {
 }
 
 fn sectors(offset_bytes: u64, length_bytes: u64) -> std::ops::Range<usize> {
-    offset_bytes as usize / SECTOR_BYTES
-        ..((offset_bytes + length_bytes) as usize).div_ceil(SECTOR_BYTES)
+    offset_bytes as usize / SECTOR_BYTES..((offset_bytes + length_bytes) as usize).div_ceil(SECTOR_BYTES)
 }
 
 /// The server's contract says offsets are validated; a backend would still not trust that.
 fn check_bounds(volume: &Volume, offset_bytes: u64, length_bytes: u64) {
-    assert!(
-        offset_bytes + length_bytes <= volume.data.len() as u64,
-        "server passed a bad range"
-    );
+    assert!(offset_bytes + length_bytes <= volume.data.len() as u64, "server passed a bad range");
     assert!(length_bytes > 0, "server passed an empty range");
 }
 
@@ -118,27 +114,14 @@ impl Backend for Shared {
         self.0.exports.clone()
     }
 
-    fn read(
-        &self,
-        export: &str,
-        offset_bytes: u64,
-        length_bytes: u32,
-    ) -> BoxFuture<Result<Bytes, Errno>> {
+    fn read(&self, export: &str, offset_bytes: u64, length_bytes: u32) -> BoxFuture<Result<Bytes, Errno>> {
         self.0.call(export, move |volume| {
             check_bounds(volume, offset_bytes, length_bytes.into());
-            Ok(Bytes::copy_from_slice(
-                &volume.data[range(offset_bytes, length_bytes.into())],
-            ))
+            Ok(Bytes::copy_from_slice(&volume.data[range(offset_bytes, length_bytes.into())]))
         })
     }
 
-    fn write(
-        &self,
-        export: &str,
-        offset_bytes: u64,
-        data: Bytes,
-        _fua: bool,
-    ) -> BoxFuture<Result<(), Errno>> {
+    fn write(&self, export: &str, offset_bytes: u64, data: Bytes, _fua: bool) -> BoxFuture<Result<(), Errno>> {
         let backend = self.0.clone();
         self.0.call(export, move |volume| {
             if backend.read_only.load(Ordering::SeqCst) {
@@ -171,13 +154,7 @@ impl Backend for Shared {
         })
     }
 
-    fn trim(
-        &self,
-        export: &str,
-        offset_bytes: u64,
-        length_bytes: u64,
-        fua: bool,
-    ) -> BoxFuture<Result<(), Errno>> {
+    fn trim(&self, export: &str, offset_bytes: u64, length_bytes: u64, fua: bool) -> BoxFuture<Result<(), Errno>> {
         self.write_zeroes(export, offset_bytes, length_bytes, fua)
     }
 
@@ -198,10 +175,7 @@ impl Backend for Shared {
                 let hole = !volume.allocated[sector];
                 match extents.last_mut() {
                     Some(last) if last.hole == hole => last.length_bytes += SECTOR_BYTES as u64,
-                    _ => extents.push(Extent {
-                        length_bytes: SECTOR_BYTES as u64,
-                        hole,
-                    }),
+                    _ => extents.push(Extent { length_bytes: SECTOR_BYTES as u64, hole }),
                 }
             }
             Ok(extents)
@@ -263,10 +237,7 @@ impl tracing::Subscriber for LogCapture {
     fn event(&self, event: &tracing::Event<'_>) {
         let mut visitor = MessageVisitor(String::new());
         event.record(&mut visitor);
-        self.lines
-            .lock()
-            .unwrap()
-            .push((*event.metadata().level(), visitor.0));
+        self.lines.lock().unwrap().push((*event.metadata().level(), visitor.0));
     }
 
     fn enter(&self, _span: &tracing::span::Id) {}
@@ -300,9 +271,7 @@ impl Server {
             .enable_all()
             .build()
             .expect("a tokio runtime");
-        let listener = runtime
-            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
-            .expect("a port on 127.0.0.1");
+        let listener = runtime.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")).expect("a port on 127.0.0.1");
         let port = listener.local_addr().unwrap().port();
         let shared: Arc<dyn Backend> = Arc::new(Shared(backend.clone()));
         runtime.spawn(async move {
@@ -310,12 +279,7 @@ impl Server {
                 panic!("serve failed: {error}");
             }
         });
-        Server {
-            runtime: Some(runtime),
-            port,
-            backend,
-            log,
-        }
+        Server { runtime: Some(runtime), port, backend, log }
     }
 
     fn standard() -> Server {
@@ -324,13 +288,7 @@ impl Server {
             ("small", MIB, ""),
             ("img", 8 * MIB, "a disk image"),
         ]);
-        Server::start(
-            backend,
-            ServerOptions {
-                multi_conn: true,
-                ..ServerOptions::default()
-            },
-        )
+        Server::start(backend, ServerOptions { multi_conn: true, ..ServerOptions::default() })
     }
 
     fn url(&self, export: &str) -> String {
@@ -351,11 +309,7 @@ const CLIENT_TIMEOUT_SECS: &str = "120";
 
 /// Whether `program` can run here; otherwise says the test is skipped (or fails, in CI mode).
 fn client_available(program: &str, probe: &[&str]) -> bool {
-    let ok = client_command(program)
-        .args(probe)
-        .output()
-        .map(|output| output.status.success())
-        .unwrap_or(false);
+    let ok = client_command(program).args(probe).output().map(|output| output.status.success()).unwrap_or(false);
     if !ok {
         if std::env::var("STARFISH_REQUIRE_NBD_CLIENTS").as_deref() == Ok("1") {
             panic!("{program} is required but does not run here");
@@ -388,10 +342,7 @@ fn run(program: &str, args: &[&str]) -> String {
 }
 
 fn run_raw(program: &str, args: &[&str]) -> Output {
-    client_command(program)
-        .args(args)
-        .output()
-        .unwrap_or_else(|error| panic!("cannot run {program}: {error}"))
+    client_command(program).args(args).output().unwrap_or_else(|error| panic!("cannot run {program}: {error}"))
 }
 
 /// A scratch directory removed when dropped.
@@ -462,10 +413,7 @@ fn nbdinfo_shows_size_block_sizes_and_flags() {
         "can_cache: false",
         "base:allocation",
     ] {
-        assert!(
-            output.contains(expected),
-            "nbdinfo output lacks {expected:?}:\n{output}"
-        );
+        assert!(output.contains(expected), "nbdinfo output lacks {expected:?}:\n{output}");
     }
 }
 
@@ -475,10 +423,7 @@ fn nbdinfo_lists_every_export() {
         return;
     }
     let server = Server::standard();
-    let output = run(
-        "nbdinfo",
-        &["--list", &format!("nbd://127.0.0.1:{}", server.port)],
-    );
+    let output = run("nbdinfo", &["--list", &format!("nbd://127.0.0.1:{}", server.port)]);
     for expected in [
         "export=\"vol\":",
         "description: the main test volume",
@@ -488,10 +433,7 @@ fn nbdinfo_lists_every_export() {
         "export=\"img\":",
         "description: a disk image",
     ] {
-        assert!(
-            output.contains(expected),
-            "nbdinfo --list output lacks {expected:?}:\n{output}"
-        );
+        assert!(output.contains(expected), "nbdinfo --list output lacks {expected:?}:\n{output}");
     }
     // An unknown export is refused with an error the client can show.
     let output = run_raw("nbdinfo", &[&server.url("nope")]);
@@ -500,28 +442,17 @@ fn nbdinfo_lists_every_export() {
 
 #[test]
 fn nbdinfo_map_shows_holes_and_data() {
-    if !client_available("nbdinfo", &["--version"]) || !client_available("qemu-io", &["--version"])
-    {
+    if !client_available("nbdinfo", &["--version"]) || !client_available("qemu-io", &["--version"]) {
         return;
     }
     let server = Server::standard();
     let (ok, output) = qemu_io(&server.url("small"), &["write -P 0x5a 256k 128k"]);
     assert!(ok, "qemu-io:\n{output}");
     let output = run("nbdinfo", &["--map", &server.url("small")]);
-    let rows: Vec<Vec<&str>> = output
-        .lines()
-        .map(|line| line.split_whitespace().collect())
-        .collect();
-    let expected = [
-        ["0", "262144", "3", "hole,zero"],
-        ["262144", "131072", "0", "data"],
-        ["393216", "655360", "3", "hole,zero"],
-    ];
-    assert_eq!(
-        rows,
-        expected.map(|row| row.to_vec()).to_vec(),
-        "nbdinfo --map:\n{output}"
-    );
+    let rows: Vec<Vec<&str>> = output.lines().map(|line| line.split_whitespace().collect()).collect();
+    let expected =
+        [["0", "262144", "3", "hole,zero"], ["262144", "131072", "0", "data"], ["393216", "655360", "3", "hole,zero"]];
+    assert_eq!(rows, expected.map(|row| row.to_vec()).to_vec(), "nbdinfo --map:\n{output}");
 }
 
 /// Runs qemu-io on `url` with one `-c` per command; returns stdout and stderr together.
@@ -531,8 +462,7 @@ fn qemu_io(url: &str, commands: &[&str]) -> (bool, String) {
         args.extend(["-c", command]);
     }
     let output = run_raw("qemu-io", &args);
-    let text = String::from_utf8_lossy(&output.stdout).into_owned()
-        + &String::from_utf8_lossy(&output.stderr);
+    let text = String::from_utf8_lossy(&output.stdout).into_owned() + &String::from_utf8_lossy(&output.stderr);
     (output.status.success(), text)
 }
 
@@ -562,14 +492,8 @@ fn qemu_io_writes_reads_discards_and_zeroes() {
         ],
     );
     assert!(ok, "qemu-io:\n{output}");
-    assert!(
-        !output.contains("Pattern verification failed"),
-        "qemu-io:\n{output}"
-    );
-    assert!(
-        !output.to_lowercase().contains("error"),
-        "qemu-io:\n{output}"
-    );
+    assert!(!output.contains("Pattern verification failed"), "qemu-io:\n{output}");
+    assert!(!output.to_lowercase().contains("error"), "qemu-io:\n{output}");
     let data = server.backend.contents("vol");
     let mib = MIB as usize;
     assert!(all_bytes_are(&data[..mib / 2], 0), "the discarded range");
@@ -580,18 +504,12 @@ fn qemu_io_writes_reads_discards_and_zeroes() {
     // qemu turns unaligned I/O into aligned requests itself (it honours the advertised minimum
     // block size, with read-modify-write), so that works too.
     let (ok, output) = qemu_io(&url, &["write -P 0x11 1000 100", "read -P 0x11 1000 100"]);
-    assert!(
-        ok && !output.contains("Pattern verification failed"),
-        "qemu-io:\n{output}"
-    );
+    assert!(ok && !output.contains("Pattern verification failed"), "qemu-io:\n{output}");
 
     // A volume that turns read-only at runtime refuses writes with EPERM.
     server.backend.read_only.store(true, Ordering::SeqCst);
     let (_, output) = qemu_io(&url, &["write -P 0x77 0 4k"]);
-    assert!(
-        output.contains("Operation not permitted"),
-        "qemu-io:\n{output}"
-    );
+    assert!(output.contains("Operation not permitted"), "qemu-io:\n{output}");
 }
 
 #[test]
@@ -611,27 +529,11 @@ fn qemu_img_converts_a_sparse_image_in_and_out() {
         file.seek(SeekFrom::Start(MIB)).unwrap();
         file.write_all(&pseudo_random_bytes(1, 65536)).unwrap();
         file.seek(SeekFrom::Start(5 * MIB)).unwrap();
-        file.write_all(&pseudo_random_bytes(2, MIB as usize))
-            .unwrap();
+        file.write_all(&pseudo_random_bytes(2, MIB as usize)).unwrap();
     }
     let url = server.url("img");
-    run(
-        "qemu-img",
-        &[
-            "convert",
-            "-n",
-            "-f",
-            "raw",
-            "-O",
-            "raw",
-            path_str(&source),
-            &url,
-        ],
-    );
-    assert_eq!(
-        server.backend.contents("img"),
-        std::fs::read(&source).unwrap()
-    );
+    run("qemu-img", &["convert", "-n", "-f", "raw", "-O", "raw", path_str(&source), &url]);
+    assert_eq!(server.backend.contents("img"), std::fs::read(&source).unwrap());
 
     // The holes survived the copy: qemu-img map sees exactly the two data ranges.
     let map = run("qemu-img", &["map", "--output=json", "-f", "raw", &url]);
@@ -640,42 +542,20 @@ fn qemu_img_converts_a_sparse_image_in_and_out() {
         .filter(|line| line.contains("\"data\": true"))
         .map(|line| (json_number(line, "start"), json_number(line, "length")))
         .collect();
-    assert_eq!(
-        data_ranges,
-        vec![(MIB, 65536), (5 * MIB, MIB)],
-        "qemu-img map:\n{map}"
-    );
+    assert_eq!(data_ranges, vec![(MIB, 65536), (5 * MIB, MIB)], "qemu-img map:\n{map}");
 
     let copy = dir.file("copy.img");
-    run(
-        "qemu-img",
-        &["convert", "-f", "raw", "-O", "raw", &url, path_str(&copy)],
-    );
-    assert_eq!(
-        std::fs::read(&copy).unwrap(),
-        std::fs::read(&source).unwrap()
-    );
+    run("qemu-img", &["convert", "-f", "raw", "-O", "raw", &url, path_str(&copy)]);
+    assert_eq!(std::fs::read(&copy).unwrap(), std::fs::read(&source).unwrap());
     use std::os::unix::fs::MetadataExt;
     let allocated_bytes = std::fs::metadata(&copy).unwrap().blocks() * 512;
-    assert!(
-        allocated_bytes < image_bytes as u64 / 2,
-        "the copy is not sparse: {allocated_bytes} bytes allocated"
-    );
+    assert!(allocated_bytes < image_bytes as u64 / 2, "the copy is not sparse: {allocated_bytes} bytes allocated");
 }
 
 /// The number after `"key": ` in one line of qemu-img's JSON output.
 fn json_number(line: &str, key: &str) -> u64 {
-    let start = line
-        .find(&format!("\"{key}\": "))
-        .unwrap_or_else(|| panic!("no {key} in {line}"))
-        + key.len()
-        + 4;
-    line[start..]
-        .chars()
-        .take_while(|c| c.is_ascii_digit())
-        .collect::<String>()
-        .parse()
-        .unwrap()
+    let start = line.find(&format!("\"{key}\": ")).unwrap_or_else(|| panic!("no {key} in {line}")) + key.len() + 4;
+    line[start..].chars().take_while(|c| c.is_ascii_digit()).collect::<String>().parse().unwrap()
 }
 
 #[test]
@@ -684,33 +564,18 @@ fn nbdcopy_round_trip_is_byte_exact() {
         return;
     }
     let backend = MemoryBackend::new(&[("copy", 16 * MIB, "")]);
-    let server = Server::start(
-        backend,
-        ServerOptions {
-            multi_conn: true,
-            ..ServerOptions::default()
-        },
-    );
+    let server = Server::start(backend, ServerOptions { multi_conn: true, ..ServerOptions::default() });
     let dir = ScratchDir::new("nbdcopy");
     let source = dir.file("source.img");
     let contents = pseudo_random_bytes(3, 16 * MIB as usize);
     std::fs::write(&source, &contents).unwrap();
     let url = server.url("copy");
     // nbdcopy opens several connections (we advertise multi-conn) and many requests on each.
-    run(
-        "nbdcopy",
-        &["--connections=4", "--requests=16", path_str(&source), &url],
-    );
-    assert!(
-        server.backend.contents("copy") == contents,
-        "the export differs from the source"
-    );
+    run("nbdcopy", &["--connections=4", "--requests=16", path_str(&source), &url]);
+    assert!(server.backend.contents("copy") == contents, "the export differs from the source");
     let back = dir.file("back.img");
     run("nbdcopy", &["--connections=4", &url, path_str(&back)]);
-    assert!(
-        std::fs::read(&back).unwrap() == contents,
-        "the copy back differs from the source"
-    );
+    assert!(std::fs::read(&back).unwrap() == contents, "the copy back differs from the source");
 }
 
 #[test]
@@ -785,20 +650,14 @@ struct RawClient {
 impl RawClient {
     fn connect(port: u16) -> RawClient {
         let stream = TcpStream::connect(("127.0.0.1", port)).expect("connect to the server");
-        stream
-            .set_read_timeout(Some(Duration::from_secs(20)))
-            .unwrap();
-        stream
-            .set_write_timeout(Some(Duration::from_secs(20)))
-            .unwrap();
+        stream.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        stream.set_write_timeout(Some(Duration::from_secs(20))).unwrap();
         RawClient { stream }
     }
 
     fn read_exact(&mut self, count: usize) -> Vec<u8> {
         let mut buffer = vec![0; count];
-        self.stream
-            .read_exact(&mut buffer)
-            .expect("read from the server");
+        self.stream.read_exact(&mut buffer).expect("read from the server");
         buffer
     }
 
@@ -932,28 +791,9 @@ fn garbage_ends_only_its_own_connection() {
     // One warning per vandal, saying what went wrong, and nothing else.
     let lines = server.log.wait_for_lines(3);
     assert_eq!(lines.len(), 3, "{lines:?}");
-    assert!(
-        lines
-            .iter()
-            .all(|(level, _)| *level == tracing::Level::WARN),
-        "{lines:?}"
-    );
-    assert_eq!(
-        lines
-            .iter()
-            .filter(|(_, line)| line.contains("bad request magic"))
-            .count(),
-        2,
-        "{lines:?}"
-    );
-    assert_eq!(
-        lines
-            .iter()
-            .filter(|(_, line)| line.contains("protocol violation"))
-            .count(),
-        3,
-        "{lines:?}"
-    );
+    assert!(lines.iter().all(|(level, _)| *level == tracing::Level::WARN), "{lines:?}");
+    assert_eq!(lines.iter().filter(|(_, line)| line.contains("bad request magic")).count(), 2, "{lines:?}");
+    assert_eq!(lines.iter().filter(|(_, line)| line.contains("protocol violation")).count(), 3, "{lines:?}");
 }
 
 #[test]
@@ -984,9 +824,7 @@ fn clients_vanishing_mid_request_leave_others_alone() {
     drop(leaver);
 
     bystander.round_trip(1);
-    assert!(server.backend.contents("vol")[..1000]
-        .iter()
-        .all(|byte| *byte != 0xee));
+    assert!(server.backend.contents("vol")[..1000].iter().all(|byte| *byte != 0xee));
     let mut newcomer = RawClient::connect(server.port);
     newcomer.handshake("vol");
     newcomer.round_trip(3);
@@ -994,31 +832,14 @@ fn clients_vanishing_mid_request_leave_others_alone() {
     let lines = server.log.wait_for_lines(3);
     let messages: Vec<&str> = lines.iter().map(|(_, line)| line.as_str()).collect();
     assert_eq!(lines.len(), 3, "{lines:?}");
-    assert_eq!(
-        messages
-            .iter()
-            .filter(|line| line.contains("in the middle of a request"))
-            .count(),
-        2,
-        "{lines:?}"
-    );
-    assert_eq!(
-        messages
-            .iter()
-            .filter(|line| line.contains("during the handshake"))
-            .count(),
-        1,
-        "{lines:?}"
-    );
+    assert_eq!(messages.iter().filter(|line| line.contains("in the middle of a request")).count(), 2, "{lines:?}");
+    assert_eq!(messages.iter().filter(|line| line.contains("during the handshake")).count(), 1, "{lines:?}");
 }
 
 #[test]
 fn stalled_handshake_times_out() {
     let backend = MemoryBackend::new(&[("vol", MIB, "")]);
-    let options = ServerOptions {
-        handshake_timeout: Duration::from_millis(300),
-        ..ServerOptions::default()
-    };
+    let options = ServerOptions { handshake_timeout: Duration::from_millis(300), ..ServerOptions::default() };
     let server = Server::start(backend, options);
     let mut staller = RawClient::connect(server.port);
     staller.read_greeting();
@@ -1028,10 +849,7 @@ fn stalled_handshake_times_out() {
     let lines = server.log.wait_for_lines(1);
     assert_eq!(lines.len(), 1, "{lines:?}");
     assert_eq!(lines[0].0, tracing::Level::WARN);
-    assert!(
-        lines[0].1.contains("handshake not finished within 300ms"),
-        "{lines:?}"
-    );
+    assert!(lines[0].1.contains("handshake not finished within 300ms"), "{lines:?}");
     // The timeout covers the handshake only: an idle client in transmission stays connected.
     std::thread::sleep(Duration::from_millis(600));
     worker.round_trip(1);
@@ -1069,9 +887,7 @@ fn disconnect_finishes_requests_in_flight() {
     assert!(lines[0].1.contains("NBD_CMD_DISC"), "{lines:?}");
     let data = server.backend.contents("vol");
     for handle in 0..8usize {
-        assert!(data[handle * 4096..(handle + 1) * 4096]
-            .iter()
-            .all(|byte| *byte == handle as u8 + 1));
+        assert!(data[handle * 4096..(handle + 1) * 4096].iter().all(|byte| *byte == handle as u8 + 1));
     }
 }
 
@@ -1079,10 +895,7 @@ fn disconnect_finishes_requests_in_flight() {
 fn requests_run_concurrently_up_to_the_bound() {
     let backend = MemoryBackend::new(&[("vol", MIB, "")]);
     backend.set_delay(Duration::from_millis(50));
-    let options = ServerOptions {
-        in_flight_requests_max: 4,
-        ..ServerOptions::default()
-    };
+    let options = ServerOptions { in_flight_requests_max: 4, ..ServerOptions::default() };
     let server = Server::start(backend, options);
     let mut client = RawClient::connect(server.port);
     client.handshake("vol");
@@ -1101,10 +914,7 @@ fn requests_run_concurrently_up_to_the_bound() {
     handles.sort();
     assert_eq!(handles, (0..32).collect::<Vec<u64>>());
     let in_flight_max = server.backend.in_flight_max.load(Ordering::SeqCst);
-    assert!(
-        in_flight_max <= 4,
-        "{in_flight_max} requests were in flight"
-    );
+    assert!(in_flight_max <= 4, "{in_flight_max} requests were in flight");
     assert!(in_flight_max >= 2, "requests were not served concurrently");
 }
 
@@ -1112,10 +922,7 @@ fn requests_run_concurrently_up_to_the_bound() {
 fn data_in_flight_is_bounded() {
     let backend = MemoryBackend::new(&[("vol", 128 * MIB, "")]);
     backend.set_delay(Duration::from_millis(50));
-    let options = ServerOptions {
-        in_flight_bytes_max: 32 * MIB,
-        ..ServerOptions::default()
-    };
+    let options = ServerOptions { in_flight_bytes_max: 32 * MIB, ..ServerOptions::default() };
     let server = Server::start(backend, options);
     let mut client = RawClient::connect(server.port);
     client.handshake("vol");
@@ -1131,31 +938,17 @@ fn data_in_flight_is_bounded() {
     }
     // 32 MiB of data in flight is two 16 MiB reads, although 64 requests would be allowed.
     let in_flight_max = server.backend.in_flight_max.load(Ordering::SeqCst);
-    assert!(
-        in_flight_max <= 2,
-        "{in_flight_max} reads of 16 MiB were in flight"
-    );
+    assert!(in_flight_max <= 2, "{in_flight_max} reads of 16 MiB were in flight");
 }
 
 #[test]
 fn invalid_options_are_rejected() {
     let server = Server::standard();
-    let too_small = ServerOptions {
-        in_flight_bytes_max: 1024,
-        ..ServerOptions::default()
-    };
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let too_small = ServerOptions { in_flight_bytes_max: 1024, ..ServerOptions::default() };
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     let result = runtime.block_on(async {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        serve(
-            listener,
-            Arc::new(Shared(server.backend.clone())),
-            too_small,
-        )
-        .await
+        serve(listener, Arc::new(Shared(server.backend.clone())), too_small).await
     });
     assert_eq!(result.unwrap_err().kind(), std::io::ErrorKind::InvalidInput);
 }

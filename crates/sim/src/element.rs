@@ -15,8 +15,7 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use bytes::Bytes;
 use proto::{
-    BlockExtent, ElementMessage, Epoch, HostMessage, Op, Record, Sequence, VolumeId, VolumeState,
-    BLOCK_BYTES,
+    BlockExtent, ElementMessage, Epoch, HostMessage, Op, Record, Sequence, VolumeId, VolumeState, BLOCK_BYTES,
 };
 
 use crate::options::Broken;
@@ -42,9 +41,13 @@ pub enum Out {
         delay_us: u64,
     },
     /// Schedule the end of the fdatasync of the current batch.
-    SyncAfter { delay_us: u64 },
+    SyncAfter {
+        delay_us: u64,
+    },
     /// The element ends this session (after a refusal).
-    Close { session: u64 },
+    Close {
+        session: u64,
+    },
     /// A record was refused. `ordering`: for arriving out of order (a gap not caused by an
     /// earlier refusal in the same commit) or from an older epoch than the element holds.
     Refused {
@@ -245,13 +248,7 @@ impl Element {
         (rng.range(20, 400) + bytes / 1000) * self.slow_disk_factor
     }
 
-    pub fn handle(
-        &mut self,
-        rng: &mut Rng,
-        session: u64,
-        message: HostMessage,
-        out: &mut Vec<Out>,
-    ) {
+    pub fn handle(&mut self, rng: &mut Rng, session: u64, message: HostMessage, out: &mut Vec<Out>) {
         assert!(self.alive && self.sessions.contains_key(&session));
         let state = self.sessions.get_mut(&session).expect("checked");
         if state.hello_pending {
@@ -265,9 +262,7 @@ impl Element {
         }) else {
             out.push(Out::Send {
                 session,
-                message: ElementMessage::Refused {
-                    reason: "protocol: request before hello".into(),
-                },
+                message: ElementMessage::Refused { reason: "protocol: request before hello".into() },
                 delay_us: 0,
             });
             out.push(Out::Close { session });
@@ -278,29 +273,17 @@ impl Element {
                 if self.sessions[&session].epoch.is_some() {
                     out.push(Out::Send {
                         session,
-                        message: ElementMessage::Refused {
-                            reason: "protocol: second hello".into(),
-                        },
+                        message: ElementMessage::Refused { reason: "protocol: second hello".into() },
                         delay_us: 0,
                     });
                     out.push(Out::Close { session });
                     return;
                 }
-                assert_eq!(
-                    volumes.len(),
-                    self.vols.len(),
-                    "the simulator configures every volume everywhere"
-                );
+                assert_eq!(volumes.len(), self.vols.len(), "the simulator configures every volume everywhere");
                 // As the real element: the hello goes through the committer, after every
                 // record queued before it; the session reads nothing more until it is answered.
-                self.sessions
-                    .get_mut(&session)
-                    .expect("checked")
-                    .hello_pending = true;
-                self.pending.push_back(Job::Hello {
-                    session: Some(session),
-                    epoch,
-                });
+                self.sessions.get_mut(&session).expect("checked").hello_pending = true;
+                self.pending.push_back(Job::Hello { session: Some(session), epoch });
                 if self.batch.is_none() {
                     self.start_batch(rng, out);
                 }
@@ -311,63 +294,35 @@ impl Element {
                     v.received_through = v.received_through.max(v.applied());
                     if record.sequence == v.received_through.next() {
                         v.received_through = record.sequence;
-                        let message = ElementMessage::Applied {
-                            volume: record.volume,
-                            sequence: record.sequence,
-                        };
-                        out.push(Out::Send {
-                            session,
-                            message,
-                            delay_us: 0,
-                        });
+                        let message = ElementMessage::Applied { volume: record.volume, sequence: record.sequence };
+                        out.push(Out::Send { session, message, delay_us: 0 });
                     }
                 }
-                self.pending.push_back(Job::Commit {
-                    session,
-                    session_epoch,
-                    record,
-                    replayed: false,
-                });
+                self.pending.push_back(Job::Commit { session, session_epoch, record, replayed: false });
                 if self.batch.is_none() {
                     self.start_batch(rng, out);
                 }
             }
-            HostMessage::Read {
-                request_id,
-                volume,
-                offset_bytes,
-                length_bytes,
-            } => {
+            HostMessage::Read { request_id, volume, offset_bytes, length_bytes } => {
                 let v = &self.vols[volume.0 as usize];
                 let applied_sequence = v.applied();
                 let first = offset_bytes / BLOCK_BYTES;
                 let end = (offset_bytes + length_bytes as u64).div_ceil(BLOCK_BYTES);
-                let corrupt =
-                    (first..end).find(|b| self.corrupt_blocks.contains(&(volume.0 as usize, *b)));
+                let corrupt = (first..end).find(|b| self.corrupt_blocks.contains(&(volume.0 as usize, *b)));
                 let result = match corrupt {
                     Some(b) => Err(format!("volume {volume} block {b}: checksum mismatch")),
                     None => Ok(Bytes::copy_from_slice(
-                        &v.data
-                            [offset_bytes as usize..(offset_bytes + length_bytes as u64) as usize],
+                        &v.data[offset_bytes as usize..(offset_bytes + length_bytes as u64) as usize],
                     )),
                 };
                 let delay_us = self.read_delay_us(rng, length_bytes as u64);
                 out.push(Out::Send {
                     session,
-                    message: ElementMessage::ReadReply {
-                        request_id,
-                        applied_sequence,
-                        result,
-                    },
+                    message: ElementMessage::ReadReply { request_id, applied_sequence, result },
                     delay_us,
                 });
             }
-            HostMessage::BlockStatus {
-                request_id,
-                volume,
-                offset_bytes,
-                length_bytes,
-            } => {
+            HostMessage::BlockStatus { request_id, volume, offset_bytes, length_bytes } => {
                 let v = &self.vols[volume.0 as usize];
                 let mut extents: Vec<BlockExtent> = Vec::new();
                 let end_bytes = offset_bytes + length_bytes;
@@ -378,65 +333,26 @@ impl Element {
                     let allocated = v.allocated[block as usize];
                     match extents.last_mut() {
                         Some(last) if last.allocated == allocated => last.length_bytes += next - at,
-                        _ => extents.push(BlockExtent {
-                            length_bytes: next - at,
-                            allocated,
-                        }),
+                        _ => extents.push(BlockExtent { length_bytes: next - at, allocated }),
                     }
                     at = next;
                 }
                 let delay_us = self.read_delay_us(rng, 0);
-                let message = ElementMessage::BlockStatusReply {
-                    request_id,
-                    applied_sequence: v.applied(),
-                    result: Ok(extents),
-                };
-                out.push(Out::Send {
-                    session,
-                    message,
-                    delay_us,
-                });
+                let message =
+                    ElementMessage::BlockStatusReply { request_id, applied_sequence: v.applied(), result: Ok(extents) };
+                out.push(Out::Send { session, message, delay_us });
             }
             HostMessage::Ping { nonce } => {
-                out.push(Out::Send {
-                    session,
-                    message: ElementMessage::Pong { nonce },
-                    delay_us: 0,
-                });
+                out.push(Out::Send { session, message: ElementMessage::Pong { nonce }, delay_us: 0 });
             }
-            HostMessage::FetchLog {
-                request_id,
-                volume,
-                after,
-                max_bytes,
-            } => {
-                let result =
-                    self.log_records(volume.0 as usize, after, Sequence(u64::MAX), max_bytes);
-                let bytes: u64 = result
-                    .as_ref()
-                    .map_or(0, |r| r.iter().map(|r| r.op.payload_bytes()).sum());
+            HostMessage::FetchLog { request_id, volume, after, max_bytes } => {
+                let result = self.log_records(volume.0 as usize, after, Sequence(u64::MAX), max_bytes);
+                let bytes: u64 = result.as_ref().map_or(0, |r| r.iter().map(|r| r.op.payload_bytes()).sum());
                 let delay_us = self.read_delay_us(rng, bytes);
-                out.push(Out::Send {
-                    session,
-                    message: ElementMessage::LogRecords { request_id, result },
-                    delay_us,
-                });
+                out.push(Out::Send { session, message: ElementMessage::LogRecords { request_id, result }, delay_us });
             }
-            HostMessage::Recover {
-                volume,
-                source,
-                after,
-                through,
-                ..
-            } => {
-                out.push(Out::Recover {
-                    session,
-                    epoch: session_epoch,
-                    volume,
-                    source,
-                    after,
-                    through,
-                });
+            HostMessage::Recover { volume, source, after, through, .. } => {
+                out.push(Out::Recover { session, epoch: session_epoch, volume, source, after, through });
             }
             HostMessage::Copy { volume, source, .. } => {
                 out.push(Out::Copy { session, epoch: session_epoch, volume, source });
@@ -466,10 +382,7 @@ impl Element {
             return Ok(Vec::new());
         }
         let Some(front) = v.log.front() else {
-            return Err(format!(
-                "sequence {} is no longer in the replay log (it is empty)",
-                after.next()
-            ));
+            return Err(format!("sequence {} is no longer in the replay log (it is empty)", after.next()));
         };
         if front.sequence > after.next() {
             return Err(format!(
@@ -482,16 +395,11 @@ impl Element {
         let mut bytes = 0;
         let start = (after.next().0 - front.sequence.0) as usize;
         for record in v.log.iter().skip(start) {
-            if record.sequence > last
-                || (!records.is_empty() && bytes + record.op.payload_bytes() > max_bytes)
-            {
+            if record.sequence > last || (!records.is_empty() && bytes + record.op.payload_bytes() > max_bytes) {
                 break;
             }
             if self.corrupt_log.contains(&(vi, record.sequence.0)) {
-                return Err(format!(
-                    "replay log record {} fails its checksum",
-                    record.sequence
-                ));
+                return Err(format!("replay log record {} fails its checksum", record.sequence));
             }
             bytes += record.op.payload_bytes();
             records.push(record.clone());
@@ -551,7 +459,8 @@ impl Element {
             Some(Batch::Records { records, .. }) => records.iter().any(|r| r.volume.0 as usize == vi),
             _ => false,
         };
-        in_batch || self.pending.iter().any(|j| matches!(j, Job::Commit { record, .. } if record.volume.0 as usize == vi))
+        in_batch
+            || self.pending.iter().any(|j| matches!(j, Job::Commit { record, .. } if record.volume.0 as usize == vi))
     }
 
     /// Install a finished copy durably and answer `CopyDone` with the sequence adopted.
@@ -581,12 +490,7 @@ impl Element {
         out.push(Out::Send { session, message: ElementMessage::CopyDone { volume, result: Ok(applied) }, delay_us: 0 });
     }
 
-    pub fn peer_hello(
-        &mut self,
-        rng: &mut Rng,
-        epoch: Epoch,
-        out: &mut Vec<Out>,
-    ) -> Result<(), String> {
+    pub fn peer_hello(&mut self, rng: &mut Rng, epoch: Epoch, out: &mut Vec<Out>) -> Result<(), String> {
         if epoch < self.epoch {
             return Err(format!(
                 "peer refused: stale epoch {epoch}: this element already follows epoch {}",
@@ -594,10 +498,7 @@ impl Element {
             ));
         }
         if epoch > self.epoch {
-            self.pending.push_back(Job::Hello {
-                session: None,
-                epoch,
-            });
+            self.pending.push_back(Job::Hello { session: None, epoch });
             if self.batch.is_none() {
                 self.start_batch(rng, out);
             }
@@ -610,15 +511,8 @@ impl Element {
         self.recover_waiters.retain(|(session, volume, through)| {
             let applied = vols[volume.0 as usize].applied();
             if applied >= *through {
-                let message = ElementMessage::RecoveryDone {
-                    volume: *volume,
-                    result: Ok(applied),
-                };
-                out.push(Out::Send {
-                    session: *session,
-                    message,
-                    delay_us: 0,
-                });
+                let message = ElementMessage::RecoveryDone { volume: *volume, result: Ok(applied) };
+                out.push(Out::Send { session: *session, message, delay_us: 0 });
                 false
             } else {
                 true
@@ -629,11 +523,7 @@ impl Element {
     fn volume_states(&self) -> Vec<VolumeState> {
         self.vols
             .iter()
-            .map(|v| VolumeState {
-                applied_sequence: v.applied(),
-                applied_epoch: v.applied_epoch(),
-                copying: false,
-            })
+            .map(|v| VolumeState { applied_sequence: v.applied(), applied_epoch: v.applied_epoch(), copying: false })
             .collect()
     }
 
@@ -657,29 +547,16 @@ impl Element {
 
     /// `hello` of the real element: refuse an older epoch; adopt a newer one durably (a
     /// metadata write, which keeps the committer busy); answer with the epoch held before.
-    fn start_hello(
-        &mut self,
-        rng: &mut Rng,
-        session: Option<u64>,
-        epoch: Epoch,
-        out: &mut Vec<Out>,
-    ) {
+    fn start_hello(&mut self, rng: &mut Rng, session: Option<u64>, epoch: Epoch, out: &mut Vec<Out>) {
         let live = session.filter(|s| self.sessions.contains_key(s));
         let refuse = |reason: String, out: &mut Vec<Out>| {
             if let Some(session) = live {
-                out.push(Out::Send {
-                    session,
-                    message: ElementMessage::Refused { reason },
-                    delay_us: 0,
-                });
+                out.push(Out::Send { session, message: ElementMessage::Refused { reason }, delay_us: 0 });
                 out.push(Out::Close { session });
             }
         };
         if epoch < self.epoch {
-            let reason = format!(
-                "stale epoch {epoch}: this element already follows epoch {}",
-                self.epoch
-            );
+            let reason = format!("stale epoch {epoch}: this element already follows epoch {}", self.epoch);
             return refuse(reason, out);
         }
         if epoch == self.epoch {
@@ -696,14 +573,7 @@ impl Element {
     }
 
     /// The hello's answer, then whatever the session sent meanwhile.
-    fn welcome(
-        &mut self,
-        rng: &mut Rng,
-        session: Option<u64>,
-        epoch: Epoch,
-        previous: Epoch,
-        out: &mut Vec<Out>,
-    ) {
+    fn welcome(&mut self, rng: &mut Rng, session: Option<u64>, epoch: Epoch, previous: Epoch, out: &mut Vec<Out>) {
         let Some(session) = session.filter(|s| self.sessions.contains_key(s)) else {
             return;
         };
@@ -713,10 +583,7 @@ impl Element {
         let deferred = std::mem::take(&mut state.deferred);
         out.push(Out::Send {
             session,
-            message: ElementMessage::Welcome {
-                epoch: previous,
-                volumes: self.volume_states(),
-            },
+            message: ElementMessage::Welcome { epoch: previous, volumes: self.volume_states() },
             delay_us: 0,
         });
         for message in deferred {
@@ -733,12 +600,7 @@ impl Element {
         while items.len() < COMMIT_BATCH_RECORDS_MAX {
             match self.pending.front() {
                 Some(Job::Commit { .. }) => {
-                    let Some(Job::Commit {
-                        session,
-                        session_epoch,
-                        record,
-                        replayed,
-                    }) = self.pending.pop_front()
+                    let Some(Job::Commit { session, session_epoch, record, replayed }) = self.pending.pop_front()
                     else {
                         unreachable!("just looked")
                     };
@@ -754,14 +616,8 @@ impl Element {
                 if *session_epoch >= current {
                     return true;
                 }
-                let reason = format!(
-                    "fenced: a host element of epoch {current} superseded epoch {session_epoch}"
-                );
-                out.push(Out::Send {
-                    session: *session,
-                    message: ElementMessage::Fault { reason },
-                    delay_us: 0,
-                });
+                let reason = format!("fenced: a host element of epoch {current} superseded epoch {session_epoch}");
+                out.push(Out::Send { session: *session, message: ElementMessage::Fault { reason }, delay_us: 0 });
                 false
             });
         }
@@ -773,23 +629,16 @@ impl Element {
             let mut told = BTreeSet::new();
             for (session, _, _, _) in &items {
                 if told.insert(*session) {
-                    let reason = "commit failed: no space left on device (the store refuses changes until reopened)".to_string();
-                    out.push(Out::Send {
-                        session: *session,
-                        message: ElementMessage::Fault { reason },
-                        delay_us: 0,
-                    });
+                    let reason =
+                        "commit failed: no space left on device (the store refuses changes until reopened)".to_string();
+                    out.push(Out::Send { session: *session, message: ElementMessage::Fault { reason }, delay_us: 0 });
                 }
             }
             return;
         }
         // `Store::commit`: per volume, the applied sequence and the epoch of its last record
         // as of the records accepted so far.
-        let mut applied: Vec<(Sequence, Epoch)> = self
-            .vols
-            .iter()
-            .map(|v| (v.applied(), v.applied_epoch()))
-            .collect();
+        let mut applied: Vec<(Sequence, Epoch)> = self.vols.iter().map(|v| (v.applied(), v.applied_epoch())).collect();
         let mut records = Vec::new();
         let mut acks: Vec<(u64, VolumeId)> = Vec::new();
         let mut bytes = 0;
@@ -802,17 +651,8 @@ impl Element {
                 // Records behind a refused one on the same session are refused as gaps too;
                 // only the first says something about the order the host element sent.
                 let ordering = ordering && self.refused.insert((session, vi));
-                out.push(Out::Refused {
-                    session,
-                    reason: reason.clone(),
-                    ordering,
-                    replayed,
-                });
-                out.push(Out::Send {
-                    session,
-                    message: ElementMessage::Fault { reason },
-                    delay_us: 0,
-                });
+                out.push(Out::Refused { session, reason: reason.clone(), ordering, replayed });
+                out.push(Out::Send { session, message: ElementMessage::Fault { reason }, delay_us: 0 });
             };
             let (volume_applied, volume_epoch) = applied[vi];
             if record.sequence <= volume_applied {
@@ -831,10 +671,7 @@ impl Element {
             }
             if record.sequence != volume_applied.next() {
                 refuse(
-                    format!(
-                        "volume {}: gap: applied {volume_applied} but got {}",
-                        record.volume, record.sequence
-                    ),
+                    format!("volume {}: gap: applied {volume_applied} but got {}", record.volume, record.sequence),
                     true,
                     out,
                 );
@@ -844,7 +681,12 @@ impl Element {
                 self.refused.insert((session, vi));
                 out.push(Out::Send {
                     session,
-                    message: ElementMessage::Fault { reason: format!("volume {}: block {block}: checksum mismatch in the base of a partial write", record.volume) },
+                    message: ElementMessage::Fault {
+                        reason: format!(
+                            "volume {}: block {block}: checksum mismatch in the base of a partial write",
+                            record.volume
+                        ),
+                    },
                     delay_us: 0,
                 });
                 continue;
@@ -899,20 +741,11 @@ impl Element {
 
     fn apply(&mut self, record: &Record) {
         let vi = record.volume.0 as usize;
-        if self
-            .vols
-            .iter()
-            .enumerate()
-            .any(|(j, w)| j != vi && w.applied_epoch() > record.epoch)
-        {
+        if self.vols.iter().enumerate().any(|(j, w)| j != vi && w.applied_epoch() > record.epoch) {
             self.applied_behind_another_volume += 1;
         }
         let v = &mut self.vols[vi];
-        assert_eq!(
-            record.sequence,
-            v.applied().next(),
-            "elements apply strictly in sequence order"
-        );
+        assert_eq!(record.sequence, v.applied().next(), "elements apply strictly in sequence order");
         let start = record.op.offset_bytes();
         let end = start + record.op.length_bytes();
         let zeroing = !matches!(record.op, Op::Write { .. });
@@ -966,11 +799,7 @@ impl Element {
             }
             Some(Batch::Hello { .. }) | None => {}
         }
-        self.unsynced_lost += self
-            .pending
-            .iter()
-            .filter(|j| matches!(j, Job::Commit { .. }))
-            .count() as u64;
+        self.unsynced_lost += self.pending.iter().filter(|j| matches!(j, Job::Commit { .. })).count() as u64;
         self.pending.clear();
         self.sessions.clear();
         self.recover_waiters.clear();
@@ -992,9 +821,8 @@ impl Element {
     /// A block that holds data, to corrupt.
     pub fn allocated_block(&self, rng: &mut Rng) -> Option<(usize, u64)> {
         let vi = rng.below(self.vols.len() as u64) as usize;
-        let blocks: Vec<u64> = (0..self.vols[vi].allocated.len() as u64)
-            .filter(|b| self.vols[vi].allocated[*b as usize])
-            .collect();
+        let blocks: Vec<u64> =
+            (0..self.vols[vi].allocated.len() as u64).filter(|b| self.vols[vi].allocated[*b as usize]).collect();
         if blocks.is_empty() {
             return None;
         }

@@ -129,8 +129,7 @@ fn kind_of(name: &str) -> Option<OpKind> {
 }
 
 fn number(word: &str, what: &str) -> Result<u64, String> {
-    word.parse::<u64>()
-        .map_err(|e| format!("{what} {word:?}: {e}"))
+    word.parse::<u64>().map_err(|e| format!("{what} {word:?}: {e}"))
 }
 
 fn parse_extents(list: &str) -> Result<Vec<BlockExtent>, String> {
@@ -139,18 +138,13 @@ fn parse_extents(list: &str) -> Result<Vec<BlockExtent>, String> {
     }
     list.split(',')
         .map(|e| {
-            let (length, state) = e
-                .split_once(':')
-                .ok_or(format!("extent {e:?}: expected LENGTH:a or LENGTH:h"))?;
+            let (length, state) = e.split_once(':').ok_or(format!("extent {e:?}: expected LENGTH:a or LENGTH:h"))?;
             let allocated = match state {
                 "a" => true,
                 "h" => false,
                 _ => return Err(format!("extent {e:?}: state must be a or h")),
             };
-            Ok(BlockExtent {
-                length_bytes: number(length, "extent length")?,
-                allocated,
-            })
+            Ok(BlockExtent { length_bytes: number(length, "extent length")?, allocated })
         })
         .collect()
 }
@@ -179,8 +173,7 @@ fn parse_op(line: &str) -> Result<HistoryOp, String> {
     };
     let mut op = HistoryOp {
         id: number(words[0], "id")?,
-        instance: u32::try_from(number(words[1], "instance")?)
-            .map_err(|_| "instance too large".to_string())?,
+        instance: u32::try_from(number(words[1], "instance")?).map_err(|_| "instance too large".to_string())?,
         kind,
         volume: number(words[3], "volume")? as usize,
         offset_bytes: number(words[4], "offset")?,
@@ -214,27 +207,19 @@ impl History {
             .enumerate()
             .map(|(i, l)| (i + 1, l.trim()))
             .filter(|(_, l)| !l.is_empty() && !l.starts_with('#'));
-        let (_, header) = lines
-            .next()
-            .ok_or(HistoryError::Header("empty file".into()))?;
+        let (_, header) = lines.next().ok_or(HistoryError::Header("empty file".into()))?;
         let words: Vec<&str> = header.split_whitespace().collect();
         if words.first() != Some(&HEADER) {
-            return Err(HistoryError::Header(format!(
-                "expected {HEADER:?}, found {header:?}"
-            )));
+            return Err(HistoryError::Header(format!("expected {HEADER:?}, found {header:?}")));
         }
         if words.get(1) != Some(&VERSION.to_string().as_str()) {
-            return Err(HistoryError::Header(format!(
-                "version {:?}, this checker reads {VERSION}",
-                words.get(1)
-            )));
+            return Err(HistoryError::Header(format!("version {:?}, this checker reads {VERSION}", words.get(1))));
         }
         let mut volumes = None;
         let mut volume_bytes = None;
         for word in &words[2..] {
-            let (key, value) = word
-                .split_once('=')
-                .ok_or(HistoryError::Header(format!("expected KEY=VALUE: {word:?}")))?;
+            let (key, value) =
+                word.split_once('=').ok_or(HistoryError::Header(format!("expected KEY=VALUE: {word:?}")))?;
             let value = number(value, key).map_err(HistoryError::Header)?;
             match key {
                 "volumes" => volumes = Some(value as usize),
@@ -243,17 +228,11 @@ impl History {
             }
         }
         let volumes = volumes.ok_or(HistoryError::Header("volumes= missing".into()))?;
-        let volume_bytes =
-            volume_bytes.ok_or(HistoryError::Header("volume_bytes= missing".into()))?;
+        let volume_bytes = volume_bytes.ok_or(HistoryError::Header("volume_bytes= missing".into()))?;
         if volumes == 0 || volumes > VOLUMES_MAX {
-            return Err(HistoryError::Header(format!(
-                "volumes={volumes}: 1 to {VOLUMES_MAX}"
-            )));
+            return Err(HistoryError::Header(format!("volumes={volumes}: 1 to {VOLUMES_MAX}")));
         }
-        if volume_bytes == 0
-            || volume_bytes % SECTOR_BYTES != 0
-            || volume_bytes / SECTOR_BYTES > VOLUME_SECTORS_MAX
-        {
+        if volume_bytes == 0 || volume_bytes % SECTOR_BYTES != 0 || volume_bytes / SECTOR_BYTES > VOLUME_SECTORS_MAX {
             return Err(HistoryError::Header(format!(
                 "volume_bytes={volume_bytes}: a multiple of {SECTOR_BYTES} up to {} bytes",
                 VOLUME_SECTORS_MAX * SECTOR_BYTES
@@ -283,9 +262,7 @@ impl History {
                 return Err(bad("data= goes with (and only with) a successful read".into()));
             }
             if (op.kind == OpKind::BlockStatus && answered_ok) != op.extents.is_some() {
-                return Err(bad(
-                    "extents= goes with (and only with) a successful block status".into(),
-                ));
+                return Err(bad("extents= goes with (and only with) a successful block status".into()));
             }
             if op.final_read && op.kind != OpKind::Read {
                 return Err(bad("only a read can be final".into()));
@@ -311,11 +288,7 @@ impl History {
                 )));
             }
         }
-        Ok(History {
-            volumes,
-            volume_bytes,
-            ops,
-        })
+        Ok(History { volumes, volume_bytes, ops })
     }
 }
 
@@ -341,11 +314,7 @@ pub struct HistoryReport {
 
 impl HistoryReport {
     pub fn text(&self) -> String {
-        let failed: Vec<String> = self
-            .writes_failed
-            .iter()
-            .map(|(k, v)| format!("{k} {v}"))
-            .collect();
+        let failed: Vec<String> = self.writes_failed.iter().map(|(k, v)| format!("{k} {v}")).collect();
         let mut s = format!(
             "{} requests checked: {} write-likes ({} acknowledged; failed: {}), {} reads ({} sectors, {} in the final read-back), {} flushes (not judged), {} block status; {} unanswered\nacknowledged writes lost: {}\nviolations: {}\n",
             self.ops,
@@ -368,11 +337,7 @@ impl HistoryReport {
     }
 
     pub fn json(&self) -> String {
-        let failed: Vec<String> = self
-            .writes_failed
-            .iter()
-            .map(|(k, v)| format!("{}:{v}", json_string(k)))
-            .collect();
+        let failed: Vec<String> = self.writes_failed.iter().map(|(k, v)| format!("{}:{v}", json_string(k))).collect();
         let violations: Vec<String> = self.violations.iter().map(|v| json_string(v)).collect();
         format!(
             "{{\"ops\":{},\"writes\":{},\"writes_acked\":{},\"writes_failed\":{{{}}},\"reads_checked\":{},\"sectors_checked\":{},\"final_sectors_checked\":{},\"flushes\":{},\"block_status_checked\":{},\"unanswered\":{},\"acked_writes_lost\":{},\"violations\":{},\"violation_messages\":[{}]}}",
@@ -398,10 +363,7 @@ impl HistoryReport {
 pub fn check(history: &History, data: &[u8]) -> Result<HistoryReport, HistoryError> {
     for op in &history.ops {
         if let Some(at) = op.data_at {
-            if at
-                .checked_add(op.length_bytes)
-                .is_none_or(|end| end > data.len() as u64)
-            {
+            if at.checked_add(op.length_bytes).is_none_or(|end| end > data.len() as u64) {
                 return Err(HistoryError::Inconsistent(format!(
                     "read #{} has data at {at}+{} beyond the data file ({} bytes)",
                     op.id,
@@ -439,28 +401,19 @@ fn extents_for_request(extents: &[BlockExtent], length_bytes: u64) -> Vec<BlockE
         }
         let length = e.length_bytes.min(length_bytes - covered);
         if length > 0 {
-            out.push(BlockExtent {
-                length_bytes: length,
-                allocated: e.allocated,
-            });
+            out.push(BlockExtent { length_bytes: length, allocated: e.allocated });
         }
         covered += length;
     }
     if covered < length_bytes {
-        out.push(BlockExtent {
-            length_bytes: length_bytes - covered,
-            allocated: true,
-        });
+        out.push(BlockExtent { length_bytes: length_bytes - covered, allocated: true });
     }
     out
 }
 
 fn judge(history: &History, data: &[u8]) -> HistoryReport {
     let mut model = Model::new(history.volumes, history.volume_bytes / SECTOR_BYTES);
-    let mut report = HistoryReport {
-        ops: history.ops.len() as u64,
-        ..HistoryReport::default()
-    };
+    let mut report = HistoryReport { ops: history.ops.len() as u64, ..HistoryReport::default() };
     // Every submission and answer, in time order; at equal times submissions first (the
     // cautious order: a read sent at the instant a write was answered does not have to see it).
     let mut events: Vec<(u64, u8, u64)> = Vec::with_capacity(history.ops.len() * 2);
@@ -492,10 +445,8 @@ fn judge(history: &History, data: &[u8]) -> HistoryReport {
                     }
                 }
                 OpKind::BlockStatus => {
-                    let extents = extents_for_request(
-                        op.extents.as_deref().expect("checked at parse"),
-                        op.length_bytes,
-                    );
+                    let extents =
+                        extents_for_request(op.extents.as_deref().expect("checked at parse"), op.length_bytes);
                     model.check_block_status(id, &extents);
                     report.block_status_checked += 1;
                 }
@@ -515,10 +466,7 @@ fn judge(history: &History, data: &[u8]) -> HistoryReport {
             if op.outcome == Outcome::Ok {
                 report.writes_acked += 1;
             } else {
-                *report
-                    .writes_failed
-                    .entry(op.outcome_name.clone())
-                    .or_default() += 1;
+                *report.writes_failed.entry(op.outcome_name.clone()).or_default() += 1;
             }
         }
     }
@@ -568,11 +516,7 @@ fn lost_in_final_read_back(history: &History, data: &[u8], model: &Model) -> u64
             };
             let sector = first + i as u64;
             let start = at as usize + i * SECTOR_BYTES as usize;
-            let value = decode_sector(
-                &data[start..start + SECTOR_BYTES as usize],
-                read.volume as u32,
-                sector,
-            );
+            let value = decode_sector(&data[start..start + SECTOR_BYTES as usize], read.volume as u32, sector);
             let found = match value {
                 SectorValue::Data(id) => id >= newest,
                 SectorValue::Zero => kind != OpKind::Write || zeroed[i] > newest,
@@ -758,17 +702,14 @@ mod tests {
             let err = check(&format!("{header}{line}")).unwrap_err();
             assert!(err.contains(expect), "{line}: {err}");
         }
-        let err = check(&format!("{header}1 1 write 0 0 512 5 6 ok\n2 1 write 0 0 512 4 6 ok"))
-            .unwrap_err();
+        let err = check(&format!("{header}1 1 write 0 0 512 5 6 ok\n2 1 write 0 0 512 4 6 ok")).unwrap_err();
         assert!(err.contains("submission order"), "{err}");
     }
 
     #[test]
     fn data_beyond_the_file_is_refused() {
-        let history = History::parse(
-            "starfish-history 1 volumes=1 volume_bytes=4096\n1 1 read 0 0 512 1 2 ok data=0",
-        )
-        .expect("valid");
+        let history = History::parse("starfish-history 1 volumes=1 volume_bytes=4096\n1 1 read 0 0 512 1 2 ok data=0")
+            .expect("valid");
         assert!(check(&history, &[0u8; 100]).is_err());
     }
 

@@ -20,9 +20,7 @@ pub use report::{RunReport, Summary};
 /// not a crash of the caller.
 pub fn run(options: &SimOptions) -> RunReport {
     let o = options.clone();
-    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
-        world::World::new(o).run()
-    })) {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || world::World::new(o).run())) {
         Ok(report) => report,
         Err(payload) => {
             let message = payload
@@ -55,10 +53,7 @@ pub fn run_many(base: &SimOptions, first: u64, count: u64, threads: usize) -> Ve
                 let mut o = base.clone();
                 o.seed = first + i;
                 let report = run(&o);
-                results
-                    .lock()
-                    .expect("no panics while holding the lock")
-                    .push(report);
+                results.lock().expect("no panics while holding the lock").push(report);
             });
         }
     });

@@ -11,8 +11,7 @@ use std::process::ExitCode;
 
 use sim::{Broken, SimOptions, Summary};
 
-const USAGE: &str =
-    "usage: sim [--seeds K] [--seed S] [--elements N] [--quorum Q] [--swarm] [--json]
+const USAGE: &str = "usage: sim [--seeds K] [--seed S] [--elements N] [--quorum Q] [--swarm] [--json]
            [--fault-phase-ms MS] [--fault-interval-ms MS] [--faults KIND,…]
            [--broken none|ack-before-sync|no-fencing] [--threads T] [--trace]
 
@@ -71,9 +70,7 @@ fn check_history(args: impl Iterator<Item = String>) -> ExitCode {
         }
     };
     let started = std::time::Instant::now();
-    let report = match sim::history::History::parse(&text)
-        .and_then(|h| sim::history::check(&h, &data))
-    {
+    let report = match sim::history::History::parse(&text).and_then(|h| sim::history::check(&h, &data)) {
         Ok(r) => r,
         Err(e) => {
             eprintln!("sim check-history: {file}: {e}");
@@ -83,10 +80,7 @@ fn check_history(args: impl Iterator<Item = String>) -> ExitCode {
     if json {
         println!("{}", report.json());
     } else {
-        println!(
-            "history {file}: checked in {:.2} s",
-            started.elapsed().as_secs_f64()
-        );
+        println!("history {file}: checked in {:.2} s", started.elapsed().as_secs_f64());
         print!("{}", report.text());
     }
     if report.violations.is_empty() {
@@ -108,62 +102,38 @@ fn main() -> ExitCode {
     let mut threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     let mut quorum_given = false;
     while let Some(arg) = args.next() {
-        let mut value = |name: &str| -> Result<String, String> {
-            args.next().ok_or(format!("{name} needs a value"))
-        };
+        let mut value = |name: &str| -> Result<String, String> { args.next().ok_or(format!("{name} needs a value")) };
         let parsed: Result<(), String> = (|| {
             match arg.as_str() {
-                "--seeds" => {
-                    seeds = Some(
-                        value("--seeds")?
-                            .parse()
-                            .map_err(|e| format!("--seeds: {e}"))?,
-                    )
-                }
-                "--seed" => {
-                    options.seed = value("--seed")?
-                        .parse()
-                        .map_err(|e| format!("--seed: {e}"))?
-                }
+                "--seeds" => seeds = Some(value("--seeds")?.parse().map_err(|e| format!("--seeds: {e}"))?),
+                "--seed" => options.seed = value("--seed")?.parse().map_err(|e| format!("--seed: {e}"))?,
                 "--elements" => {
-                    options.elements = value("--elements")?
-                        .parse()
-                        .map_err(|e| format!("--elements: {e}"))?
+                    options.elements = value("--elements")?.parse().map_err(|e| format!("--elements: {e}"))?
                 }
                 "--quorum" => {
-                    options.quorum = value("--quorum")?
-                        .parse()
-                        .map_err(|e| format!("--quorum: {e}"))?;
+                    options.quorum = value("--quorum")?.parse().map_err(|e| format!("--quorum: {e}"))?;
                     quorum_given = true;
                 }
                 "--fault-phase-ms" => {
-                    options.fault_phase_ms = value("--fault-phase-ms")?
-                        .parse()
-                        .map_err(|e| format!("--fault-phase-ms: {e}"))?
+                    options.fault_phase_ms =
+                        value("--fault-phase-ms")?.parse().map_err(|e| format!("--fault-phase-ms: {e}"))?
                 }
                 "--fault-interval-ms" => {
-                    options.fault_interval_ms = value("--fault-interval-ms")?
-                        .parse()
-                        .map_err(|e| format!("--fault-interval-ms: {e}"))?
+                    options.fault_interval_ms =
+                        value("--fault-interval-ms")?.parse().map_err(|e| format!("--fault-interval-ms: {e}"))?
                 }
                 "--faults" => {
                     for name in value("--faults")?.split(',') {
-                        options.only_faults.push(
-                            sim::FaultKind::parse(name)
-                                .ok_or(format!("--faults: unknown kind {name}"))?,
-                        );
+                        options
+                            .only_faults
+                            .push(sim::FaultKind::parse(name).ok_or(format!("--faults: unknown kind {name}"))?);
                     }
                 }
                 "--broken" => {
                     let v = value("--broken")?;
-                    options.broken =
-                        Broken::parse(&v).ok_or(format!("--broken: unknown variant {v}"))?;
+                    options.broken = Broken::parse(&v).ok_or(format!("--broken: unknown variant {v}"))?;
                 }
-                "--threads" => {
-                    threads = value("--threads")?
-                        .parse()
-                        .map_err(|e| format!("--threads: {e}"))?
-                }
+                "--threads" => threads = value("--threads")?.parse().map_err(|e| format!("--threads: {e}"))?,
                 "--swarm" => options.swarm = true,
                 "--json" => json = true,
                 "--trace" => options.trace = true,
@@ -188,10 +158,7 @@ fn main() -> ExitCode {
         || options.quorum == 0
         || options.quorum > options.elements
     {
-        eprintln!(
-            "sim: need 1 ≤ Q ≤ N ≤ {}",
-            starfish_core::limits::ELEMENTS_MAX
-        );
+        eprintln!("sim: need 1 ≤ Q ≤ N ≤ {}", starfish_core::limits::ELEMENTS_MAX);
         return ExitCode::from(2);
     }
     let count = seeds.unwrap_or(1);

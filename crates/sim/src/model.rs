@@ -57,9 +57,7 @@ pub struct OpRec {
 
 impl OpRec {
     fn covers(&self, volume: usize, sector: u64) -> bool {
-        self.volume == volume
-            && sector >= self.first_sector
-            && sector < self.first_sector + self.sectors
+        self.volume == volume && sector >= self.first_sector && sector < self.first_sector + self.sectors
     }
 }
 
@@ -90,9 +88,7 @@ pub struct Model {
 impl Model {
     pub fn new(volumes: usize, sectors: u64) -> Model {
         Model {
-            sector_ops: (0..volumes)
-                .map(|_| vec![Vec::new(); sectors as usize])
-                .collect(),
+            sector_ops: (0..volumes).map(|_| vec![Vec::new(); sectors as usize]).collect(),
             unanswered: vec![BTreeSet::new(); volumes],
             ..Model::default()
         }
@@ -107,10 +103,7 @@ impl Model {
     }
 
     pub fn ops(&self) -> impl Iterator<Item = (u64, &OpRec)> {
-        self.ops
-            .iter()
-            .enumerate()
-            .map(|(i, op)| (i as u64 + 1, op))
+        self.ops.iter().enumerate().map(|(i, op)| (i as u64 + 1, op))
     }
 
     pub fn len(&self) -> usize {
@@ -122,14 +115,7 @@ impl Model {
     }
 
     /// Ids start at 1 (a written sector is never all zero).
-    pub fn submit(
-        &mut self,
-        kind: OpKind,
-        volume: usize,
-        first_sector: u64,
-        sectors: u64,
-        instance: u32,
-    ) -> u64 {
+    pub fn submit(&mut self, kind: OpKind, volume: usize, first_sector: u64, sectors: u64, instance: u32) -> u64 {
         self.step += 1;
         self.ops.push(OpRec {
             kind,
@@ -175,18 +161,14 @@ impl Model {
     /// With `excused`, writes lost (or at risk, when the contract allows losing those) do not
     /// count.
     fn floor(&self, volume: usize, sector: u64, step: u64, excused: Option<bool>) -> Option<u64> {
-        self.sector_ops[volume][sector as usize]
-            .iter()
-            .rev()
-            .copied()
-            .find(|&id| {
-                let op = self.op(id);
-                let skip = match excused {
-                    None => false,
-                    Some(at_risk_allowed) => op.lost || (at_risk_allowed && op.at_risk),
-                };
-                op.outcome == Outcome::Ok && op.reply_step < step && !skip
-            })
+        self.sector_ops[volume][sector as usize].iter().rev().copied().find(|&id| {
+            let op = self.op(id);
+            let skip = match excused {
+                None => false,
+                Some(at_risk_allowed) => op.lost || (at_risk_allowed && op.at_risk),
+            };
+            op.outcome == Outcome::Ok && op.reply_step < step && !skip
+        })
     }
 
     /// Zeroes are a valid content: never acknowledged anything, or a trim / write-zeroes no
@@ -203,17 +185,10 @@ impl Model {
             return true;
         }
         let low = floor.max(newer_than.map(|n| n + 1)).expect("one is set");
-        self.sector_ops[volume][sector as usize]
-            .iter()
-            .rev()
-            .copied()
-            .take_while(|&id| id >= low)
-            .any(|id| {
-                let op = self.op(id);
-                matches!(op.kind, OpKind::Trim | OpKind::Zero)
-                    && op.outcome != Outcome::ReadOnly
-                    && op.submit_step < until
-            })
+        self.sector_ops[volume][sector as usize].iter().rev().copied().take_while(|&id| id >= low).any(|id| {
+            let op = self.op(id);
+            matches!(op.kind, OpKind::Trim | OpKind::Zero) && op.outcome != Outcome::ReadOnly && op.submit_step < until
+        })
     }
 
     /// Judge a read's data (`request` is the read).
@@ -221,11 +196,7 @@ impl Model {
         self.reads_checked += 1;
         let read = self.op(request).clone();
         let until = self.step + 1;
-        assert_eq!(
-            data.len() as u64,
-            read.sectors * SECTOR_BYTES,
-            "the core answers with the asked length"
-        );
+        assert_eq!(data.len() as u64, read.sectors * SECTOR_BYTES, "the core answers with the asked length");
         let mut values = Vec::with_capacity(read.sectors as usize);
         for i in 0..read.sectors {
             let sector = read.first_sector + i;
@@ -277,16 +248,8 @@ impl Model {
             values.push(value);
         }
         // Atomicity: a write seen in one sector is seen (or overwritten) in all its sectors.
-        let seen: BTreeSet<u64> = values
-            .iter()
-            .filter_map(|v| {
-                if let SectorValue::Data(id) = v {
-                    Some(*id)
-                } else {
-                    None
-                }
-            })
-            .collect();
+        let seen: BTreeSet<u64> =
+            values.iter().filter_map(|v| if let SectorValue::Data(id) = v { Some(*id) } else { None }).collect();
         for w in seen {
             if w as usize > self.ops.len() {
                 continue;
@@ -300,9 +263,7 @@ impl Model {
             for sector in start..end {
                 let ok = match &values[(sector - read.first_sector) as usize] {
                     SectorValue::Data(id) => *id >= w,
-                    SectorValue::Zero => {
-                        self.zero_allowed(read.volume, sector, None, Some(w), until)
-                    }
+                    SectorValue::Zero => self.zero_allowed(read.volume, sector, None, Some(w), until),
                     SectorValue::Garbage(_) => true,
                 };
                 if !ok {
@@ -359,9 +320,7 @@ impl Model {
         let op = self.op(request).clone();
         if let Some(&first) = self.unanswered[op.volume].first() {
             if first < request && self.op(first).instance == op.instance {
-                self.violation(format!(
-                    "flush #{request} answered before the earlier write #{first}"
-                ));
+                self.violation(format!("flush #{request} answered before the earlier write #{first}"));
             }
         }
     }

@@ -253,31 +253,18 @@ impl Scenario {
             })
             .collect();
         let fsync_us = (0..n).map(|_| rng.range(100, 4_000)).collect();
-        let replay_log_bytes = (0..n)
-            .map(|_| {
-                *[256u64 << 10, 4 << 20, 64 << 20]
-                    .get(rng.below(3) as usize)
-                    .expect("3")
-            })
-            .collect();
-        let write_queue_bytes =
-            starfish_core::limits::WRITE_QUEUE_BYTES_MIN + rng.below(3) * (8 << 20);
-        let read_cache_bytes = *[0u64, 16 << 10, 256 << 10, 8 << 20]
-            .get(rng.below(4) as usize)
-            .expect("4");
+        let replay_log_bytes =
+            (0..n).map(|_| *[256u64 << 10, 4 << 20, 64 << 20].get(rng.below(3) as usize).expect("3")).collect();
+        let write_queue_bytes = starfish_core::limits::WRITE_QUEUE_BYTES_MIN + rng.below(3) * (8 << 20);
+        let read_cache_bytes = *[0u64, 16 << 10, 256 << 10, 8 << 20].get(rng.below(4) as usize).expect("4");
         let heartbeat_interval_ms = rng.range(100, 500);
         let heartbeat_timeout_ms = heartbeat_interval_ms * rng.range(3, 6);
-        let mut fault_weights: Vec<f64> =
-            FaultKind::ALL.iter().map(|k| k.default_weight()).collect();
+        let mut fault_weights: Vec<f64> = FaultKind::ALL.iter().map(|k| k.default_weight()).collect();
         let mut fault_interval_ms = options.fault_interval_ms;
         if options.swarm {
             // Swarm testing: each run has its own mix, with some kinds switched off entirely.
             for w in &mut fault_weights {
-                *w = if rng.chance(0.3) {
-                    0.0
-                } else {
-                    rng.f64() * 4.0
-                };
+                *w = if rng.chance(0.3) { 0.0 } else { rng.f64() * 4.0 };
             }
             if fault_weights.iter().all(|w| *w == 0.0) {
                 fault_weights[0] = 1.0;
@@ -292,17 +279,13 @@ impl Scenario {
             }
             if fault_weights.iter().all(|w| *w == 0.0) {
                 // A swarm run drew zero for every kind asked for.
-                let first = FaultKind::ALL
-                    .iter()
-                    .position(|k| options.only_faults.contains(k));
+                let first = FaultKind::ALL.iter().position(|k| options.only_faults.contains(k));
                 fault_weights[first.expect("non-empty")] = 1.0;
             }
         }
         Scenario {
             volumes: rng.range(1, 2) as usize,
-            volume_bytes: *[512u64 << 10, 2 << 20]
-                .get(rng.below(2) as usize)
-                .expect("2"),
+            volume_bytes: *[512u64 << 10, 2 << 20].get(rng.below(2) as usize).expect("2"),
             links,
             fsync_us,
             replay_log_bytes,

@@ -103,16 +103,10 @@ impl Summary {
         self.events += r.events;
         if !r.violations.is_empty() {
             self.runs_failed += 1;
-            self.failures.push((
-                r.seed,
-                r.violations[0].clone(),
-                r.violations.len(),
-                r.replay.clone(),
-            ));
+            self.failures.push((r.seed, r.violations[0].clone(), r.violations.len(), r.replay.clone()));
         }
         if r.acked_writes_lost_allowed > 0 {
-            self.allowed_losses
-                .push((r.seed, r.acked_writes_lost_allowed));
+            self.allowed_losses.push((r.seed, r.acked_writes_lost_allowed));
         }
     }
 
@@ -144,37 +138,22 @@ impl Summary {
             "  (records lost unsynced at crashes: {}, torn: {})",
             self.unsynced_records_lost, self.torn_records
         );
-        let _ = writeln!(
-            s,
-            "host element starts: {}; recoveries: {:?}",
-            self.host_starts, self.recoveries
-        );
+        let _ = writeln!(s, "host element starts: {}; recoveries: {:?}", self.host_starts, self.recoveries);
         let _ = writeln!(
             s,
             "records applied with an epoch older than another volume's last (refused before bug 1's fix): {}",
             self.records_applied_behind_another_volume
         );
-        let _ = writeln!(
-            s,
-            "elements ended failed needing replay/full recovery: {}",
-            self.elements_needing_recovery
-        );
+        let _ = writeln!(s, "elements ended failed needing replay/full recovery: {}", self.elements_needing_recovery);
         let _ = writeln!(
             s,
             "acknowledged writes lost: {} ({} allowed by the contract)",
             self.acked_writes_lost, self.acked_writes_lost_allowed
         );
-        let _ = writeln!(
-            s,
-            "longest stretch with the core's deadline in the past: {} ms",
-            self.past_deadline_ms_max
-        );
+        let _ = writeln!(s, "longest stretch with the core's deadline in the past: {} ms", self.past_deadline_ms_max);
         let _ = writeln!(s, "violations: {}", self.violations);
         for (seed, first, count, replay) in &self.failures {
-            let _ = writeln!(
-                s,
-                "FAILED seed {seed}: {count} violation(s); first: {first}\n  replay: {replay}"
-            );
+            let _ = writeln!(s, "FAILED seed {seed}: {count} violation(s); first: {first}\n  replay: {replay}");
         }
         s
     }
@@ -187,11 +166,7 @@ impl Summary {
             self.runs, self.runs_failed, self.violations, self.acked_writes_lost, self.acked_writes_lost_allowed, self.faults_total()
         );
         s.push_str("\"faults\":{");
-        let faults: Vec<String> = self
-            .faults
-            .iter()
-            .map(|(k, v)| format!("\"{k}\":{v}"))
-            .collect();
+        let faults: Vec<String> = self.faults.iter().map(|(k, v)| format!("\"{k}\":{v}")).collect();
         s.push_str(&faults.join(","));
         s.push_str("},");
         let _ = write!(

@@ -78,10 +78,7 @@ impl Rng {
             }
             x -= w;
         }
-        weights
-            .iter()
-            .rposition(|w| *w > 0.0)
-            .expect("a positive weight")
+        weights.iter().rposition(|w| *w > 0.0).expect("a positive weight")
     }
 }
 

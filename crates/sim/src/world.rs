@@ -9,9 +9,7 @@ use std::collections::{BTreeMap, BinaryHeap, HashMap, VecDeque};
 
 use bytes::Bytes;
 use proto::{ElementMessage, Epoch, HostMessage, Op, Record, Sequence, VolumeId, VolumeSpec};
-use starfish_core::{
-    Action, ElementId, Event, HostConfig, HostCore, HostError, Reply, Time, Token,
-};
+use starfish_core::{Action, ElementId, Event, HostConfig, HostCore, HostError, Reply, Time, Token};
 
 use crate::element::{CrashKind, Element, Out};
 use crate::model::{Model, OpKind, Outcome};
@@ -62,9 +60,7 @@ impl Wire {
     fn bytes(&self) -> u64 {
         let payload = match self {
             Wire::ToElement(ToElement::Msg(HostMessage::Apply(r))) => r.op.payload_bytes(),
-            Wire::ToHost(ToHost::Msg(ElementMessage::ReadReply { result: Ok(d), .. })) => {
-                d.len() as u64
-            }
+            Wire::ToHost(ToHost::Msg(ElementMessage::ReadReply { result: Ok(d), .. })) => d.len() as u64,
             Wire::ToHost(ToHost::Msg(ElementMessage::LogRecords { result: Ok(rs), .. })) => {
                 rs.iter().map(|r| r.op.payload_bytes() + 48).sum()
             }
@@ -352,11 +348,7 @@ impl World {
             })
             .collect();
         let sectors_per_volume = sc.volume_bytes / SECTOR_BYTES;
-        let report = RunReport {
-            seed: o.seed,
-            replay: o.replay_command(),
-            ..RunReport::default()
-        };
+        let report = RunReport { seed: o.seed, replay: o.replay_command(), ..RunReport::default() };
         let n = o.elements;
         World {
             model: Model::new(sc.volumes, sectors_per_volume),
@@ -391,11 +383,7 @@ impl World {
 
     fn trace(&self, what: impl FnOnce() -> String) {
         if self.o.trace {
-            let who = if self.in_superseded {
-                "[superseded HE] "
-            } else {
-                ""
-            };
+            let who = if self.in_superseded { "[superseded HE] " } else { "" };
             eprintln!("{:>11.6} {who}{}", self.now.0 as f64 / 1e6, what());
         }
     }
@@ -403,11 +391,7 @@ impl World {
     fn schedule(&mut self, at: Time, ev: Ev) {
         let at = at.max(self.now);
         self.next_event += 1;
-        self.queue.push(Reverse(Scheduled {
-            at,
-            id: self.next_event,
-            ev,
-        }));
+        self.queue.push(Reverse(Scheduled { at, id: self.next_event, ev }));
     }
 
     fn violation(&mut self, message: String) {
@@ -427,10 +411,7 @@ impl World {
             let at = at_delay(self.now, self.rng_work.range(0, 2_000));
             self.schedule(at, Ev::ClientWake { client: c });
         }
-        let first_fault = at_delay(
-            self.now,
-            (self.rng_fault.exp(self.sc.fault_interval_ms) * 1000.0) as u64,
-        );
+        let first_fault = at_delay(self.now, (self.rng_fault.exp(self.sc.fault_interval_ms) * 1000.0) as u64);
         self.schedule(first_fault, Ev::NextFault);
         self.schedule(Time(us(self.o.fault_phase_ms)), Ev::EndFaultPhase);
         while self.phase != Phase::Done {
@@ -459,8 +440,7 @@ impl World {
                 break;
             };
             self.now = s.at;
-            self.report.digest =
-                splitmix64(self.report.digest ^ self.now.0.rotate_left(17) ^ s.ev.code());
+            self.report.digest = splitmix64(self.report.digest ^ self.now.0.rotate_left(17) ^ s.ev.code());
             self.dispatch(s.ev);
         }
         self.report.sim_ms = self.now.0 / 1000;
@@ -468,18 +448,12 @@ impl World {
         self.report.reads_checked = self.model.reads_checked;
         self.report.sectors_checked = self.model.sectors_checked;
         self.report.requests = self.model.len() as u64;
-        self.report.writes_acked = self
-            .model
-            .ops()
-            .filter(|(_, op)| op.kind.write_like() && op.outcome == Outcome::Ok)
-            .count() as u64;
+        self.report.writes_acked =
+            self.model.ops().filter(|(_, op)| op.kind.write_like() && op.outcome == Outcome::Ok).count() as u64;
         self.report.torn_records = self.elements.iter().map(|e| e.torn_records).sum();
         self.report.unsynced_records_lost = self.elements.iter().map(|e| e.unsynced_lost).sum();
-        self.report.records_applied_behind_another_volume = self
-            .elements
-            .iter()
-            .map(|e| e.applied_behind_another_volume)
-            .sum();
+        self.report.records_applied_behind_another_volume =
+            self.elements.iter().map(|e| e.applied_behind_another_volume).sum();
         self.report
     }
 
@@ -490,10 +464,7 @@ impl World {
     fn core_deadline(&mut self) -> Option<(Time, u32)> {
         let now = self.now;
         let mut next: Option<(Time, u32)> = None;
-        for host in [self.host.as_mut(), self.superseded.as_mut()]
-            .into_iter()
-            .flatten()
-        {
+        for host in [self.host.as_mut(), self.superseded.as_mut()].into_iter().flatten() {
             let Some(t) = host.core.poll_timeout() else {
                 continue;
             };
@@ -521,11 +492,7 @@ impl World {
     fn with_host(&mut self, instance: u32, f: impl FnOnce(&mut World)) {
         if self.host.as_ref().is_some_and(|h| h.instance == instance) {
             f(self);
-        } else if self
-            .superseded
-            .as_ref()
-            .is_some_and(|h| h.instance == instance)
-        {
+        } else if self.superseded.as_ref().is_some_and(|h| h.instance == instance) {
             std::mem::swap(&mut self.host, &mut self.superseded);
             self.in_superseded = true;
             f(self);
@@ -537,42 +504,23 @@ impl World {
     /// The host element the hosts' requests go to: a superseded one while it runs (the hosts
     /// are still connected to it), else the current one.
     fn serving_instance(&self) -> Option<u32> {
-        self.superseded
-            .as_ref()
-            .or(self.host.as_ref())
-            .map(|h| h.instance)
+        self.superseded.as_ref().or(self.host.as_ref()).map(|h| h.instance)
     }
 
     fn dispatch(&mut self, ev: Ev) {
         match ev {
             Ev::Deliver { session, wire, .. } => self.deliver(session, wire),
-            Ev::LinkEnded {
-                instance,
-                element,
-                session,
-                reason,
-            } => self.with_host(instance, |w| w.link_ended(element, session, reason)),
-            Ev::ConnectStart { instance, element } => {
-                self.with_host(instance, |w| w.connect_start(instance, element))
+            Ev::LinkEnded { instance, element, session, reason } => {
+                self.with_host(instance, |w| w.link_ended(element, session, reason))
             }
-            Ev::ConnectDone { instance, element } => {
-                self.with_host(instance, |w| w.connect_done(instance, element))
-            }
-            Ev::ElementSend {
-                element,
-                incarnation,
-                session,
-                message,
-            } => {
-                if self.elements[element].alive && self.elements[element].incarnation == incarnation
-                {
+            Ev::ConnectStart { instance, element } => self.with_host(instance, |w| w.connect_start(instance, element)),
+            Ev::ConnectDone { instance, element } => self.with_host(instance, |w| w.connect_done(instance, element)),
+            Ev::ElementSend { element, incarnation, session, message } => {
+                if self.elements[element].alive && self.elements[element].incarnation == incarnation {
                     self.element_send(element, session, message);
                 }
             }
-            Ev::SyncDone {
-                element,
-                incarnation,
-            } => {
+            Ev::SyncDone { element, incarnation } => {
                 let el = &mut self.elements[element];
                 if el.alive && el.incarnation == incarnation {
                     let mut out = Vec::new();
@@ -580,15 +528,7 @@ impl World {
                     self.element_outputs(element, out);
                 }
             }
-            Ev::RecoverFetched {
-                element,
-                incarnation,
-                session,
-                epoch,
-                volume,
-                after,
-                result,
-            } => {
+            Ev::RecoverFetched { element, incarnation, session, epoch, volume, after, result } => {
                 let el = &mut self.elements[element];
                 if !(el.alive && el.incarnation == incarnation && el.has_session(session)) {
                     return;
@@ -597,22 +537,11 @@ impl World {
                 match result {
                     Ok(records) => {
                         let through = records.last().map_or(after, |r| r.sequence);
-                        el.recover_records(
-                            &mut self.rng_disk,
-                            session,
-                            epoch,
-                            volume,
-                            through,
-                            records,
-                            &mut out,
-                        );
+                        el.recover_records(&mut self.rng_disk, session, epoch, volume, through, records, &mut out);
                     }
                     Err(reason) => out.push(Out::Send {
                         session,
-                        message: ElementMessage::RecoveryDone {
-                            volume,
-                            result: Err(reason),
-                        },
+                        message: ElementMessage::RecoveryDone { volume, result: Err(reason) },
                         delay_us: 0,
                     }),
                 }
@@ -656,16 +585,12 @@ impl World {
             }
             Ev::KillSuperseded { instance } => self.kill_superseded(instance),
             Ev::HealStall { element, dir } => {
-                if self.links[element].stalled[dir]
-                    && self.now >= self.links[element].stall_until[dir]
-                {
+                if self.links[element].stalled[dir] && self.now >= self.links[element].stall_until[dir] {
                     self.heal_stall(element, dir);
                 }
             }
             Ev::HealSlowLink { element } => {
-                if self.now >= self.links[element].slow_until
-                    && self.links[element].slow_factor != 1
-                {
+                if self.now >= self.links[element].slow_until && self.links[element].slow_factor != 1 {
                     self.heal_slow_link(element);
                 }
             }
@@ -674,10 +599,7 @@ impl World {
             Ev::NextFault => {
                 if self.phase == Phase::Faults {
                     self.inject_fault();
-                    let at = at_delay(
-                        self.now,
-                        (self.rng_fault.exp(self.sc.fault_interval_ms) * 1000.0) as u64 + 1,
-                    );
+                    let at = at_delay(self.now, (self.rng_fault.exp(self.sc.fault_interval_ms) * 1000.0) as u64 + 1);
                     self.schedule(at, Ev::NextFault);
                 }
             }
@@ -710,14 +632,7 @@ impl World {
         channel.busy_until = departs;
         let arrive = Time((departs.0 + latency_us).max(channel.last_arrival.0));
         channel.last_arrival = arrive;
-        self.schedule(
-            arrive,
-            Ev::Deliver {
-                session,
-                wire,
-                departs,
-            },
-        );
+        self.schedule(arrive, Ev::Deliver { session, wire, departs });
     }
 
     /// Time to put `bytes` on the link to `element` and one-way latency (with jitter), as the
@@ -733,8 +648,7 @@ impl World {
             };
         }
         let serialise_us = (bytes * 1_000_000).checked_div(bandwidth).unwrap_or(0);
-        let latency_us = link.latency_us * link.slow_factor
-            + self.rng_net.below(link.jitter_us * link.slow_factor + 1);
+        let latency_us = link.latency_us * link.slow_factor + self.rng_net.below(link.jitter_us * link.slow_factor + 1);
         (serialise_us, latency_us)
     }
 
@@ -751,29 +665,17 @@ impl World {
         let mut channels: BTreeMap<(u64, usize), Channel> = BTreeMap::new();
         let mut requeue: Vec<usize> = Vec::new();
         for (i, Reverse(s)) in events.iter().enumerate() {
-            let Ev::Deliver {
-                session,
-                wire,
-                departs,
-            } = &s.ev
-            else {
+            let Ev::Deliver { session, wire, departs } = &s.ev else {
                 continue;
             };
-            if self
-                .sessions
-                .get(session)
-                .is_none_or(|n| n.element != element)
-            {
+            if self.sessions.get(session).is_none_or(|n| n.element != element) {
                 continue;
             }
             let dir = match wire {
                 Wire::ToElement(_) => TO_ELEMENT,
                 Wire::ToHost(_) => TO_HOST,
             };
-            let c = channels.entry((*session, dir)).or_insert(Channel {
-                busy_until: now,
-                last_arrival: Time(0),
-            });
+            let c = channels.entry((*session, dir)).or_insert(Channel { busy_until: now, last_arrival: Time(0) });
             if *departs > now {
                 requeue.push(i);
             } else {
@@ -782,9 +684,7 @@ impl World {
         }
         requeue.sort_by_key(|&i| (events[i].0.at, events[i].0.id));
         for i in requeue {
-            let Ev::Deliver { session, wire, .. } = &events[i].0.ev else {
-                unreachable!("selected above")
-            };
+            let Ev::Deliver { session, wire, .. } = &events[i].0.ev else { unreachable!("selected above") };
             let (session, bytes) = (*session, wire.bytes());
             let dir = match wire {
                 Wire::ToElement(_) => TO_ELEMENT,
@@ -832,30 +732,18 @@ impl World {
         match wire {
             Wire::ToElement(m) => {
                 let el = &self.elements[element];
-                if !s.element_open
-                    || !el.alive
-                    || el.incarnation != s.incarnation
-                    || !el.has_session(session)
-                {
+                if !s.element_open || !el.alive || el.incarnation != s.incarnation || !el.has_session(session) {
                     return;
                 }
                 match m {
                     ToElement::Close => {
-                        self.sessions
-                            .get_mut(&session)
-                            .expect("exists")
-                            .element_open = false;
+                        self.sessions.get_mut(&session).expect("exists").element_open = false;
                         self.elements[element].close_session(session);
                     }
                     ToElement::Msg(message) => {
                         self.trace(|| format!("e{element} <- s{session} {}", brief_host(&message)));
                         let mut out = Vec::new();
-                        self.elements[element].handle(
-                            &mut self.rng_disk,
-                            session,
-                            message,
-                            &mut out,
-                        );
+                        self.elements[element].handle(&mut self.rng_disk, session, message, &mut out);
                         self.element_outputs(element, out);
                     }
                 }
@@ -874,10 +762,7 @@ impl World {
         match m {
             ToHost::Close(reason) => self.link_ended(element, session, reason),
             ToHost::Msg(message) => {
-                let host = self
-                    .host
-                    .as_mut()
-                    .expect("routed to a running host element");
+                let host = self.host.as_mut().expect("routed to a running host element");
                 if host.links[element].current != Some(session) {
                     return; // The shell's filter: a late message of another session.
                 }
@@ -886,8 +771,7 @@ impl World {
                 }
                 self.trace(|| format!("HE <- e{element} s{session} {}", brief_element(&message)));
                 let host = self.host.as_mut().expect("checked");
-                host.core
-                    .handle_element_message(self.now, ElementId(element as u8), message);
+                host.core.handle_element_message(self.now, ElementId(element as u8), message);
                 self.drain();
             }
         }
@@ -906,60 +790,34 @@ impl World {
     fn element_outputs(&mut self, element: usize, out: Vec<Out>) {
         for o in out {
             match o {
-                Out::Send {
-                    session,
-                    message,
-                    delay_us,
-                } => {
+                Out::Send { session, message, delay_us } => {
                     if delay_us == 0 {
                         self.element_send(element, session, message);
                     } else {
                         let incarnation = self.elements[element].incarnation;
                         let at = at_delay(self.now, delay_us);
-                        self.schedule(
-                            at,
-                            Ev::ElementSend {
-                                element,
-                                incarnation,
-                                session,
-                                message,
-                            },
-                        );
+                        self.schedule(at, Ev::ElementSend { element, incarnation, session, message });
                     }
                 }
                 Out::SyncAfter { delay_us } => {
                     let incarnation = self.elements[element].incarnation;
                     let at = at_delay(self.now, delay_us);
-                    self.schedule(
-                        at,
-                        Ev::SyncDone {
-                            element,
-                            incarnation,
-                        },
-                    );
+                    self.schedule(at, Ev::SyncDone { element, incarnation });
                 }
                 Out::Close { session } => {
                     self.elements[element].close_session(session);
                     if let Some(s) = self.sessions.get_mut(&session) {
                         if s.element_open && !s.dead {
                             s.element_open = false;
-                            self.net_send(
-                                session,
-                                Wire::ToHost(ToHost::Close("element closed the connection".into())),
-                            );
+                            self.net_send(session, Wire::ToHost(ToHost::Close("element closed the connection".into())));
                         }
                     }
                 }
-                Out::Refused {
-                    session,
-                    reason,
-                    ordering,
-                    replayed,
-                } => {
+                Out::Refused { session, reason, ordering, replayed } => {
                     let live = self.sessions.get(&session).is_some_and(|s| {
-                        self.host.as_ref().is_some_and(|h| {
-                            h.instance == s.instance && h.links[element].current == Some(session)
-                        })
+                        self.host
+                            .as_ref()
+                            .is_some_and(|h| h.instance == s.instance && h.links[element].current == Some(session))
                     });
                     if live && ordering {
                         let what = if reason.contains("stale epoch") {
@@ -972,9 +830,7 @@ impl World {
                         } else {
                             "on the live session"
                         };
-                        self.violation(format!(
-                            "element e{element} was sent {what} {how}: {reason}"
-                        ));
+                        self.violation(format!("element e{element} was sent {what} {how}: {reason}"));
                     }
                 }
                 Out::Copy { session, epoch, volume, source } => {
@@ -993,14 +849,7 @@ impl World {
                     let at = at_delay(self.now, delay_us);
                     self.schedule(at, Ev::CopyFetched { element, incarnation, session, volume, result });
                 }
-                Out::Recover {
-                    session,
-                    epoch,
-                    volume,
-                    source,
-                    after,
-                    through,
-                } => {
+                Out::Recover { session, epoch, volume, source, after, through } => {
                     let incarnation = self.elements[element].incarnation;
                     let (result, delay_us) = match self.hello_peer(element, &source, epoch) {
                         Err((reason, delay_us)) => (Err(reason), delay_us),
@@ -1024,33 +873,18 @@ impl World {
                                 }
                             })();
                             let result = verified.and_then(|()| {
-                                self.elements[p].log_records(
-                                    volume.0 as usize,
-                                    after.max(own),
-                                    through,
-                                    u64::MAX,
-                                )
+                                self.elements[p].log_records(volume.0 as usize, after.max(own), through, u64::MAX)
                             });
-                            let bytes: u64 = result
-                                .as_ref()
-                                .map_or(0, |r| r.iter().map(|r| r.op.payload_bytes()).sum());
-                            let rtt =
-                                2 * (self.links[element].latency_us + self.links[p].latency_us);
+                            let bytes: u64 =
+                                result.as_ref().map_or(0, |r| r.iter().map(|r| r.op.payload_bytes()).sum());
+                            let rtt = 2 * (self.links[element].latency_us + self.links[p].latency_us);
                             (result, rtt + bytes / 100)
                         }
                     };
                     let at = at_delay(self.now, delay_us);
                     self.schedule(
                         at,
-                        Ev::RecoverFetched {
-                            element,
-                            incarnation,
-                            session,
-                            epoch,
-                            volume,
-                            after,
-                            result,
-                        },
+                        Ev::RecoverFetched { element, incarnation, session, epoch, volume, after, result },
                     );
                 }
             }
@@ -1087,10 +921,7 @@ impl World {
             self.o.quorum,
             self.elements.iter().map(|e| e.name.clone()).collect(),
             (0..self.sc.volumes)
-                .map(|v| VolumeSpec {
-                    name: format!("vol{v}"),
-                    size_bytes: self.sc.volume_bytes,
-                })
+                .map(|v| VolumeSpec { name: format!("vol{v}"), size_bytes: self.sc.volume_bytes })
                 .collect(),
         );
         config.write_queue_bytes = self.sc.write_queue_bytes;
@@ -1109,15 +940,7 @@ impl World {
             instance,
             epoch,
             core: HostCore::new(config, self.now),
-            links: vec![
-                HostLink {
-                    current: None,
-                    running: None,
-                    backoff_ms: BACKOFF_MS_MIN,
-                    opened: Time(0),
-                };
-                n
-            ],
+            links: vec![HostLink { current: None, running: None, backoff_ms: BACKOFF_MS_MIN, opened: Time(0) }; n],
             welcomed: vec![false; n],
             ready: false,
             next_sequence: vec![0; self.sc.volumes],
@@ -1146,11 +969,8 @@ impl World {
             return;
         }
         let rtt = 2 * self.links[element].latency_us * self.links[element].slow_factor;
-        let delay_us = if self.reachable(element) && self.elements[element].machine_up {
-            rtt
-        } else {
-            us(CONNECT_TIMEOUT_MS)
-        };
+        let delay_us =
+            if self.reachable(element) && self.elements[element].machine_up { rtt } else { us(CONNECT_TIMEOUT_MS) };
         let at = at_delay(self.now, delay_us);
         self.schedule(at, Ev::ConnectDone { instance, element });
     }
@@ -1185,20 +1005,15 @@ impl World {
             link.running = Some(session);
             link.opened = now;
             host.welcomed[element] = false;
-            host.core
-                .handle_element_connected(now, ElementId(element as u8));
+            host.core.handle_element_connected(now, ElementId(element as u8));
             self.drain();
         } else {
-            let reason = if self.reachable(element) && el.machine_up {
-                "connection refused"
-            } else {
-                "connection timed out"
-            };
+            let reason =
+                if self.reachable(element) && el.machine_up { "connection refused" } else { "connection timed out" };
             let host = self.host.as_mut().expect("checked");
             if host.links[element].current.is_none() {
                 host.welcomed[element] = false;
-                host.core
-                    .handle_element_disconnected(now, ElementId(element as u8), reason);
+                host.core.handle_element_disconnected(now, ElementId(element as u8), reason);
             }
             self.retry_later(element);
             self.drain();
@@ -1236,8 +1051,7 @@ impl World {
         }
         if notify {
             host.welcomed[element] = false;
-            host.core
-                .handle_element_disconnected(now, ElementId(element as u8), &reason);
+            host.core.handle_element_disconnected(now, ElementId(element as u8), &reason);
         }
         self.retry_later(element);
         self.drain();
@@ -1265,14 +1079,10 @@ impl World {
                         }
                     }
                     let host = self.host.as_ref().expect("checked");
-                    let targets: Vec<(usize, u64)> = to
-                        .iter()
-                        .filter_map(|e| host.links[e.0 as usize].current.map(|s| (e.0 as usize, s)))
-                        .collect();
+                    let targets: Vec<(usize, u64)> =
+                        to.iter().filter_map(|e| host.links[e.0 as usize].current.map(|s| (e.0 as usize, s))).collect();
                     for (element, session) in targets {
-                        self.trace(|| {
-                            format!("HE -> e{element} s{session} {}", brief_host(&message))
-                        });
+                        self.trace(|| format!("HE -> e{element} s{session} {}", brief_host(&message)));
                         self.net_send(session, Wire::ToElement(ToElement::Msg(message.clone())));
                     }
                 }
@@ -1282,10 +1092,7 @@ impl World {
                     let instance = host.instance;
                     if let Some(session) = host.links[e].current.take() {
                         self.trace(|| format!("HE closes s{session} to e{e}"));
-                        self.sessions
-                            .get_mut(&session)
-                            .expect("a current session exists")
-                            .host_open = false;
+                        self.sessions.get_mut(&session).expect("a current session exists").host_open = false;
                         self.net_send(session, Wire::ToElement(ToElement::Close));
                         let at = at_delay(self.now, 30);
                         self.schedule(
@@ -1332,11 +1139,7 @@ impl World {
                 }
             }
             Event::RecoveryStarted { kind, element, .. } => {
-                *self
-                    .report
-                    .recoveries
-                    .entry(kind.as_str().to_string())
-                    .or_default() += 1;
+                *self.report.recoveries.entry(kind.as_str().to_string()).or_default() += 1;
                 if !self.in_superseded {
                     self.recovery_kind[element.0 as usize] = Some(kind.as_str());
                 }
@@ -1354,40 +1157,24 @@ impl World {
     /// when it made its start-up decision (when it asked for the roll-forward, if it did).
     fn mark_at_risk(&mut self) {
         let host = self.host.as_mut().expect("called when ready");
-        let welcomed = host
-            .decided_with
-            .take()
-            .unwrap_or_else(|| host.welcomed.clone());
+        let welcomed = host.decided_with.take().unwrap_or_else(|| host.welcomed.clone());
         let host = self.host.as_ref().expect("called when ready");
         let mut at_risk = Vec::new();
         for (id, op) in self.model.ops() {
-            if !op.kind.write_like()
-                || op.outcome != Outcome::Ok
-                || op.instance >= host.instance
-                || op.at_risk
-            {
+            if !op.kind.write_like() || op.outcome != Outcome::Ok || op.instance >= host.instance || op.at_risk {
                 continue;
             }
             let Some((epoch, sequence)) = op.seq else {
                 continue;
             };
             let held = (0..self.elements.len()).any(|e| {
-                welcomed[e]
-                    && self.elements[e].vols[op.volume]
-                        .history
-                        .get((sequence.0 - 1) as usize)
-                        == Some(&epoch)
+                welcomed[e] && self.elements[e].vols[op.volume].history.get((sequence.0 - 1) as usize) == Some(&epoch)
             });
             if !held {
                 at_risk.push(id);
             }
         }
-        self.trace(|| {
-            format!(
-                "host element ready; {} acknowledged writes at risk",
-                at_risk.len()
-            )
-        });
+        self.trace(|| format!("host element ready; {} acknowledged writes at risk", at_risk.len()));
         for id in at_risk {
             self.model.op_mut(id).at_risk = true;
         }
@@ -1409,10 +1196,7 @@ impl World {
                 continue;
             }
             for v in 0..self.sc.volumes {
-                let (a, b) = (
-                    &self.elements[element].vols[v].history,
-                    &self.elements[other].vols[v].history,
-                );
+                let (a, b) = (&self.elements[element].vols[v].history, &self.elements[other].vols[v].history);
                 if let Some(i) = a.iter().zip(b).position(|(x, y)| x != y) {
                     found = Some((other, v, i, a[i], b[i]));
                     break 'others;
@@ -1438,7 +1222,10 @@ impl World {
         }
         let host = self.host.as_mut().expect("sends come from a host");
         if record.epoch != host.epoch {
-            let message = format!("the host element sent volume {v} sequence {} of epoch {} that no host element created", record.sequence, record.epoch);
+            let message = format!(
+                "the host element sent volume {v} sequence {} of epoch {} that no host element created",
+                record.sequence, record.epoch
+            );
             return self.violation(message);
         }
         while host.next_sequence[v] <= record.sequence.0 {
@@ -1479,10 +1266,7 @@ impl World {
     }
 
     fn holders(&self, volume: usize, epoch: Epoch, sequence: Sequence) -> usize {
-        self.elements
-            .iter()
-            .filter(|e| e.vols[volume].history.get((sequence.0 - 1) as usize) == Some(&epoch))
-            .count()
+        self.elements.iter().filter(|e| e.vols[volume].history.get((sequence.0 - 1) as usize) == Some(&epoch)).count()
     }
 
     fn on_reply(&mut self, token: Token, reply: Reply) {
@@ -1505,14 +1289,10 @@ impl World {
         self.trace(|| format!("reply #{id} {:?} {:?}", op.kind, result));
         match (op.kind, &reply) {
             (OpKind::Read, Reply::Read(Ok(data))) => self.model.check_read(id, data),
-            (OpKind::BlockStatus, Reply::BlockStatus(Ok(extents))) => {
-                self.model.check_block_status(id, extents)
-            }
+            (OpKind::BlockStatus, Reply::BlockStatus(Ok(extents))) => self.model.check_block_status(id, extents),
             (OpKind::Flush, Reply::Done(Ok(()))) => self.model.check_flush(id),
             (OpKind::Write | OpKind::Trim | OpKind::Zero, Reply::Done(Ok(()))) => match op.seq {
-                None => self.violation(format!(
-                    "write #{id} acknowledged but never sent to an element"
-                )),
+                None => self.violation(format!("write #{id} acknowledged but never sent to an element")),
                 Some((epoch, sequence)) => {
                     if self.in_superseded {
                         // Acknowledged by a host element after a newer one started: with
@@ -1530,9 +1310,9 @@ impl World {
                 }
             },
             (_, Reply::Done(_) | Reply::Read(Err(_)) | Reply::BlockStatus(Err(_))) => {}
-            (kind, reply) => self.violation(format!(
-                "request #{id} ({kind:?}) got a reply of the wrong kind: {reply:?}"
-            )),
+            (kind, reply) => {
+                self.violation(format!("request #{id} ({kind:?}) got a reply of the wrong kind: {reply:?}"))
+            }
         }
         self.model.resolve(id, result);
         if let Some(client) = self.clients.iter().position(|c| *c == Some(id)) {
@@ -1606,14 +1386,7 @@ impl World {
     }
 
     /// Hand a request to the core; `client` waits for its reply (which may come at once).
-    fn submit(
-        &mut self,
-        kind: OpKind,
-        volume: usize,
-        first: u64,
-        sectors: u64,
-        client: Option<usize>,
-    ) -> u64 {
+    fn submit(&mut self, kind: OpKind, volume: usize, first: u64, sectors: u64, client: Option<usize>) -> u64 {
         let now = self.now;
         let host = self.host.as_mut().expect("requests need a host element");
         let instance = host.instance;
@@ -1634,49 +1407,19 @@ impl World {
                     fill_sector(chunk, id, volume as u32, first + i as u64);
                 }
                 host.unsequenced[volume].push_back(id);
-                host.core.handle_host_write(
-                    now,
-                    token,
-                    vid,
-                    Op::Write {
-                        offset_bytes,
-                        data: Bytes::from(data),
-                    },
-                );
+                host.core.handle_host_write(now, token, vid, Op::Write { offset_bytes, data: Bytes::from(data) });
             }
             OpKind::Trim => {
                 host.unsequenced[volume].push_back(id);
-                host.core.handle_host_write(
-                    now,
-                    token,
-                    vid,
-                    Op::Trim {
-                        offset_bytes,
-                        length_bytes,
-                    },
-                );
+                host.core.handle_host_write(now, token, vid, Op::Trim { offset_bytes, length_bytes });
             }
             OpKind::Zero => {
                 host.unsequenced[volume].push_back(id);
-                host.core.handle_host_write(
-                    now,
-                    token,
-                    vid,
-                    Op::WriteZeroes {
-                        offset_bytes,
-                        length_bytes,
-                    },
-                );
+                host.core.handle_host_write(now, token, vid, Op::WriteZeroes { offset_bytes, length_bytes });
             }
-            OpKind::Read => {
-                host.core
-                    .handle_host_read(now, token, vid, offset_bytes, length_bytes as u32)
-            }
+            OpKind::Read => host.core.handle_host_read(now, token, vid, offset_bytes, length_bytes as u32),
             OpKind::Flush => host.core.handle_host_flush(now, token, vid),
-            OpKind::BlockStatus => {
-                host.core
-                    .handle_host_block_status(now, token, vid, offset_bytes, length_bytes)
-            }
+            OpKind::BlockStatus => host.core.handle_host_block_status(now, token, vid, offset_bytes, length_bytes),
         }
         self.drain();
         id
@@ -1685,9 +1428,7 @@ impl World {
     // ----- faults -------------------------------------------------------------------------------
 
     fn pick_element(&mut self, alive: bool) -> Option<usize> {
-        let candidates: Vec<usize> = (0..self.elements.len())
-            .filter(|&e| self.elements[e].alive == alive)
-            .collect();
+        let candidates: Vec<usize> = (0..self.elements.len()).filter(|&e| self.elements[e].alive == alive).collect();
         if candidates.is_empty() {
             return None;
         }
@@ -1699,20 +1440,14 @@ impl World {
         let sessions = self.elements[element].sessions();
         self.elements[element].crash(kind, &mut self.rng_disk);
         for session in sessions {
-            let s = self
-                .sessions
-                .get_mut(&session)
-                .expect("an element session is a network session");
+            let s = self.sessions.get_mut(&session).expect("an element session is a network session");
             if !s.element_open || s.dead {
                 continue;
             }
             s.element_open = false;
             if kind == CrashKind::Kill {
                 // The kernel resets the connection after what was already sent.
-                self.net_send(
-                    session,
-                    Wire::ToHost(ToHost::Close("connection reset by peer".into())),
-                );
+                self.net_send(session, Wire::ToHost(ToHost::Close("connection reset by peer".into())));
             }
         }
     }
@@ -1763,11 +1498,7 @@ impl World {
             w.trace(|| "the superseded host element is killed".into());
             w.crash_host();
         });
-        if self
-            .superseded
-            .as_ref()
-            .is_some_and(|h| h.instance == instance)
-        {
+        if self.superseded.as_ref().is_some_and(|h| h.instance == instance) {
             unreachable!("crash_host took it");
         }
         for client in 0..self.clients.len() {
@@ -1817,24 +1548,11 @@ impl World {
             FaultKind::Disaster => {
                 if self.host.is_some() && self.superseded.is_none() {
                     self.crash_host();
-                    let mut alive: Vec<usize> =
-                        (0..n).filter(|&e| self.elements[e].alive).collect();
-                    alive.sort_by_key(|&e| {
-                        Reverse(
-                            self.elements[e]
-                                .vols
-                                .iter()
-                                .map(|v| v.applied().0)
-                                .sum::<u64>(),
-                        )
-                    });
+                    let mut alive: Vec<usize> = (0..n).filter(|&e| self.elements[e].alive).collect();
+                    alive.sort_by_key(|&e| Reverse(self.elements[e].vols.iter().map(|v| v.applied().0).sum::<u64>()));
                     let grace = self.sc.startup_grace_ms;
                     for &e in alive.iter().take(self.o.quorum) {
-                        let crash = if self.rng_fault.chance(0.5) {
-                            CrashKind::Kill
-                        } else {
-                            CrashKind::PowerLoss
-                        };
+                        let crash = if self.rng_fault.chance(0.5) { CrashKind::Kill } else { CrashKind::PowerLoss };
                         self.crash_element(e, crash);
                         let at = at_delay(self.now, us(grace + self.rng_fault.range(2_000, 6_000)));
                         self.schedule(at, Ev::ElementRestart { element: e });
@@ -1850,9 +1568,7 @@ impl World {
                 if self.host.is_some() && self.superseded.is_none() {
                     let old = self.host.take().expect("checked");
                     let instance = old.instance;
-                    self.trace(|| {
-                        format!("FAULT host element {instance} superseded while it still runs")
-                    });
+                    self.trace(|| format!("FAULT host element {instance} superseded while it still runs"));
                     self.superseded = Some(old);
                     self.start_host();
                     let at = at_delay(self.now, us(self.rng_fault.range(200, 4_000)));
@@ -1909,9 +1625,7 @@ impl World {
                 let link = &mut self.links[e];
                 link.slow_factor = self.rng_fault.range(10, 100);
                 link.slow_bandwidth_bytes_per_s = self.rng_fault.range(100_000, 10_000_000);
-                link.slow_until = link
-                    .slow_until
-                    .max(Time(self.now.0 + us(self.rng_fault.range(1_000, 8_000))));
+                link.slow_until = link.slow_until.max(Time(self.now.0 + us(self.rng_fault.range(1_000, 8_000))));
                 let until = link.slow_until;
                 self.trace(|| format!("FAULT slow link to e{e}"));
                 self.schedule(until, Ev::HealSlowLink { element: e });
@@ -1952,9 +1666,7 @@ impl World {
                 let e = self.rng_fault.below(n as u64) as usize;
                 match self.elements[e].logged_record(&mut self.rng_fault) {
                     Some(record) => {
-                        self.trace(|| {
-                            format!("FAULT corrupt replay-log record {record:?} on e{e}")
-                        });
+                        self.trace(|| format!("FAULT corrupt replay-log record {record:?} on e{e}"));
                         self.elements[e].corrupt_log.insert(record);
                         true
                     }
@@ -2019,14 +1731,10 @@ impl World {
         self.phase = Phase::Final;
         let at = at_delay(self.now, us(FINAL_MS));
         self.schedule(at, Ev::EndFinal);
-        let Some(host) = &self.host else {
-            unreachable!("healed")
-        };
+        let Some(host) = &self.host else { unreachable!("healed") };
         let status = host.core.status(self.now);
         if !status.ready {
-            self.violation(format!(
-                "liveness: the host element is not ready {QUIET_MS} ms after every fault healed"
-            ));
+            self.violation(format!("liveness: the host element is not ready {QUIET_MS} ms after every fault healed"));
             return;
         }
         let mut in_sync = 0;
@@ -2046,9 +1754,7 @@ impl World {
                     } else {
                         self.last_failure[e].clone()
                     };
-                    self.report
-                        .notes
-                        .push(format!("e{e} ended failed: {reason}"));
+                    self.report.notes.push(format!("e{e} ended failed: {reason}"));
                 }
                 state => self.violation(format!(
                     "liveness: element e{e} is {state} ({}) {QUIET_MS} ms after every fault healed",
@@ -2078,8 +1784,7 @@ impl World {
         let quorum = self.o.quorum;
         for id in self.final_requests.clone() {
             let op = self.model.op(id).clone();
-            let expected = self.in_sync_at_quiet >= quorum
-                || (op.kind == OpKind::Read && self.in_sync_at_quiet > 0);
+            let expected = self.in_sync_at_quiet >= quorum || (op.kind == OpKind::Read && self.in_sync_at_quiet > 0);
             if op.outcome == Outcome::Pending {
                 self.violation(format!(
                     "liveness: final request #{id} ({:?}) not answered within {FINAL_MS} ms",
@@ -2101,26 +1806,13 @@ impl World {
     fn check_replicas(&mut self) {
         let Some(host) = &self.host else { return };
         let status = host.core.status(self.now);
-        let in_sync: Vec<usize> = (0..self.elements.len())
-            .filter(|&e| status.elements[e].state == "in-sync")
-            .collect();
+        let in_sync: Vec<usize> = (0..self.elements.len()).filter(|&e| status.elements[e].state == "in-sync").collect();
         let canonical = match in_sync.first() {
             Some(&e) => e,
             None => {
-                self.report.notes.push(
-                    "no element in sync at the end: history taken from the most advanced".into(),
-                );
+                self.report.notes.push("no element in sync at the end: history taken from the most advanced".into());
                 (0..self.elements.len())
-                    .max_by_key(|&e| {
-                        (
-                            self.elements[e]
-                                .vols
-                                .iter()
-                                .map(|v| v.applied().0)
-                                .sum::<u64>(),
-                            Reverse(e),
-                        )
-                    })
+                    .max_by_key(|&e| (self.elements[e].vols.iter().map(|v| v.applied().0).sum::<u64>(), Reverse(e)))
                     .expect("at least one element")
             }
         };
@@ -2136,13 +1828,11 @@ impl World {
                     );
                     self.violation(message);
                 } else if a.data != b.data {
-                    let sector = a
-                        .data
-                        .chunks(512)
-                        .zip(b.data.chunks(512))
-                        .position(|(x, y)| x != y)
-                        .expect("they differ");
-                    self.violation(format!("replicas differ: e{canonical} and e{e} (both in sync) differ at volume {v} sector {sector}"));
+                    let sector =
+                        a.data.chunks(512).zip(b.data.chunks(512)).position(|(x, y)| x != y).expect("they differ");
+                    self.violation(format!(
+                        "replicas differ: e{canonical} and e{e} (both in sync) differ at volume {v} sector {sector}"
+                    ));
                 }
             }
         }
@@ -2159,11 +1849,7 @@ impl World {
             }
         }
         let loss_allowed = 2 * self.o.quorum <= self.o.elements;
-        let history: Vec<Vec<Epoch>> = self.elements[canonical]
-            .vols
-            .iter()
-            .map(|v| v.history.clone())
-            .collect();
+        let history: Vec<Vec<Epoch>> = self.elements[canonical].vols.iter().map(|v| v.history.clone()).collect();
         let mut lost = Vec::new();
         for (id, op) in self.model.ops() {
             if !op.kind.write_like() || op.outcome != Outcome::Ok {
@@ -2195,17 +1881,13 @@ impl World {
 /// implements (the write queue or a peer's replay log no longer covers its gap, or its history
 /// diverged): a figure, not a liveness violation.
 fn needs_recovery(reason: &str) -> bool {
-    reason.contains("needs")
-        || reason.contains("no longer in the write queue")
-        || reason.contains("diverged")
+    reason.contains("needs") || reason.contains("no longer in the write queue") || reason.contains("diverged")
 }
 
 /// Failure reasons of the reconnect loop itself, which say nothing about why an element keeps
 /// failing.
 fn transient_failure(reason: &str) -> bool {
-    reason.contains("handshake in progress")
-        || reason.contains("connection lost")
-        || reason.contains("cannot connect")
+    reason.contains("handshake in progress") || reason.contains("connection lost") || reason.contains("cannot connect")
 }
 
 fn action_code(action: &Action) -> u64 {
@@ -2240,29 +1922,17 @@ fn brief_host(m: &HostMessage) -> String {
             r.op.length_bytes()
         ),
         HostMessage::Hello { epoch, .. } => format!("Hello epoch {epoch}"),
-        HostMessage::Read {
-            request_id,
-            volume,
-            offset_bytes,
-            length_bytes,
-        } => {
+        HostMessage::Read { request_id, volume, offset_bytes, length_bytes } => {
             format!("Read #{request_id} vol {volume} {offset_bytes}+{length_bytes}")
         }
         HostMessage::BlockStatus { request_id, .. } => format!("BlockStatus #{request_id}"),
         HostMessage::Ping { .. } => "Ping".into(),
-        HostMessage::FetchLog {
-            request_id,
-            volume,
-            after,
-            ..
-        } => format!("FetchLog #{request_id} vol {volume} after {after}"),
-        HostMessage::Recover {
-            volume,
-            source,
-            after,
-            through,
-            ..
-        } => format!("Recover vol {volume} from {source} ({after}, {through}]"),
+        HostMessage::FetchLog { request_id, volume, after, .. } => {
+            format!("FetchLog #{request_id} vol {volume} after {after}")
+        }
+        HostMessage::Recover { volume, source, after, through, .. } => {
+            format!("Recover vol {volume} from {source} ({after}, {through}]")
+        }
         HostMessage::Copy { volume, source, .. } => format!("Copy vol {volume} from {source}"),
         HostMessage::FetchBlocks { request_id, first_block, have, .. } => {
             format!("FetchBlocks #{request_id} {first_block}+{}", have.len())
@@ -2272,11 +1942,7 @@ fn brief_host(m: &HostMessage) -> String {
 
 fn brief_element(m: &ElementMessage) -> String {
     match m {
-        ElementMessage::ReadReply {
-            request_id,
-            applied_sequence,
-            result,
-        } => format!(
+        ElementMessage::ReadReply { request_id, applied_sequence, result } => format!(
             "ReadReply #{request_id} applied {applied_sequence} {}",
             match result {
                 Ok(d) => format!("{} bytes", d.len()),

@@ -15,10 +15,7 @@ const KNOWN_CORE_BUGS: &[(&str, &str)] = &[];
 
 fn known_bug(r: &RunReport) -> Option<&'static str> {
     let first = r.violations.first()?;
-    KNOWN_CORE_BUGS
-        .iter()
-        .find(|(sig, _)| first.contains(sig))
-        .map(|(_, bug)| *bug)
+    KNOWN_CORE_BUGS.iter().find(|(sig, _)| first.contains(sig)).map(|(_, bug)| *bug)
 }
 
 /// Run seeds and fail on any violation not explained by a known core bug.
@@ -34,10 +31,7 @@ fn sweep(name: &str, base: &SimOptions, seeds: u64) -> Summary {
         }
         match known_bug(r) {
             Some(bug) => known.entry(bug).or_default().push(r.seed),
-            None => unexplained.push(format!(
-                "seed {}: {} — replay: {}",
-                r.seed, r.violations[0], r.replay
-            )),
+            None => unexplained.push(format!("seed {}: {} — replay: {}", r.seed, r.violations[0], r.replay)),
         }
     }
     eprintln!(
@@ -50,19 +44,9 @@ fn sweep(name: &str, base: &SimOptions, seeds: u64) -> Summary {
     for (bug, seeds) in &known {
         eprintln!("  known core bug {bug}: seeds {seeds:?}");
     }
-    assert!(
-        unexplained.is_empty(),
-        "{name}: violations not explained by a known bug:\n{}",
-        unexplained.join("\n")
-    );
-    assert!(
-        summary.faults_total() > seeds,
-        "{name}: faults were injected"
-    );
-    assert!(
-        summary.writes_acked > 0 && summary.reads_checked > 0,
-        "{name}: the workload ran"
-    );
+    assert!(unexplained.is_empty(), "{name}: violations not explained by a known bug:\n{}", unexplained.join("\n"));
+    assert!(summary.faults_total() > seeds, "{name}: faults were injected");
+    assert!(summary.writes_acked > 0 && summary.reads_checked > 0, "{name}: the workload ran");
     summary
 }
 
@@ -105,10 +89,7 @@ fn losses_are_reported_when_quorum_is_at_most_half() {
         );
         lost += summary.acked_writes_lost_allowed;
     }
-    assert!(
-        lost > 0,
-        "Q ≤ N/2 with host element and element failures must show losses"
-    );
+    assert!(lost > 0, "Q ≤ N/2 with host element and element failures must show losses");
 }
 
 /// Elements that acknowledge before their fdatasync: every run must be caught.
@@ -118,9 +99,7 @@ fn broken_variant_ack_before_sync_is_caught() {
     o.broken = Broken::AckBeforeSync;
     for r in run_many(&o, 0, 10, 2) {
         assert!(
-            r.violations
-                .iter()
-                .any(|v| v.contains("hold it durably, fewer than Q")),
+            r.violations.iter().any(|v| v.contains("hold it durably, fewer than Q")),
             "seed {} not caught: {:?}",
             r.seed,
             r.violations.first()
@@ -139,17 +118,9 @@ fn superseded_host_element_is_fenced_and_no_fencing_is_caught() {
     assert!(summary.faults["host_superseded"] >= 12);
     o.broken = Broken::NoFencing;
     let reports = run_many(&o, 1_000, 12, 2);
-    let caught: Vec<u64> = reports
-        .iter()
-        .filter(|r| !r.violations.is_empty())
-        .map(|r| r.seed)
-        .collect();
+    let caught: Vec<u64> = reports.iter().filter(|r| !r.violations.is_empty()).map(|r| r.seed).collect();
     eprintln!("--broken no-fencing: caught seeds {caught:?} of 1000..1012");
-    assert!(
-        caught.len() >= 6,
-        "no-fencing caught in only {} of 12 runs",
-        caught.len()
-    );
+    assert!(caught.len() >= 6, "no-fencing caught in only {} of 12 runs", caught.len());
 }
 
 #[test]
@@ -190,10 +161,7 @@ fn replay(seed: u64, elements: usize, quorum: usize) -> RunReport {
 #[test]
 fn bug_1_rolled_forward_records_accepted_after_another_volume_moved_on() {
     let r = replay(48, 3, 2);
-    assert!(
-        r.records_applied_behind_another_volume > 0,
-        "the seed no longer reaches the situation"
-    );
+    assert!(r.records_applied_behind_another_volume > 0, "the seed no longer reaches the situation");
 }
 
 /// Bug 2 (fixed by the epoch check at the write-queue base and the start-up source chosen by
@@ -202,10 +170,7 @@ fn bug_1_rolled_forward_records_accepted_after_another_volume_moved_on() {
 #[test]
 fn bug_2_diverged_element_at_the_queue_base_is_refused() {
     let r = replay(485, 3, 2);
-    assert!(
-        r.diverged_elements_refused > 0,
-        "the seed no longer reaches the situation"
-    );
+    assert!(r.diverged_elements_refused > 0, "the seed no longer reaches the situation");
 }
 
 /// Bug 3 (fixed by a handshake deadline): an element that dies silently before its Welcome
@@ -213,10 +178,7 @@ fn bug_2_diverged_element_at_the_queue_base_is_refused() {
 #[test]
 fn bug_3_handshake_with_a_silently_dead_element_times_out() {
     let r = replay(417, 3, 2);
-    assert!(
-        r.handshake_timeouts > 0,
-        "the seed no longer reaches the situation"
-    );
+    assert!(r.handshake_timeouts > 0, "the seed no longer reaches the situation");
 }
 
 /// Bug 4 (fixed): an element whose last record is a never-acknowledged record of an older

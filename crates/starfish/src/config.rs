@@ -59,7 +59,8 @@ impl HostFile {
         let quorum = self.quorum.unwrap_or(self.element.len() / 2 + 1);
         let mut volumes = Vec::new();
         for v in &self.volume {
-            let size_bytes = parse_size(&v.size).map_err(anyhow::Error::msg).with_context(|| format!("volume {}", v.name))?;
+            let size_bytes =
+                parse_size(&v.size).map_err(anyhow::Error::msg).with_context(|| format!("volume {}", v.name))?;
             volumes.push(VolumeSpec { name: v.name.clone(), size_bytes });
         }
         let mut config = HostConfig::new(epoch, quorum, self.element.iter().map(|e| e.name.clone()).collect(), volumes);
@@ -79,9 +80,8 @@ impl HostFile {
 }
 
 pub fn parse_element(s: &str) -> Result<ElementEntry> {
-    let (name, address) = s
-        .split_once('=')
-        .with_context(|| format!("element {s:?}: expected NAME=ADDRESS, e.g. near=127.0.0.1:7102"))?;
+    let (name, address) =
+        s.split_once('=').with_context(|| format!("element {s:?}: expected NAME=ADDRESS, e.g. near=127.0.0.1:7102"))?;
     if name.is_empty() {
         bail!("element {s:?}: the name is empty");
     }

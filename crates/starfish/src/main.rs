@@ -350,8 +350,8 @@ fn demo(args: DemoArgs) -> Result<()> {
             } else {
                 let any: SocketAddr = "127.0.0.1:0".parse().expect("valid address");
                 let params = netem::LinkParams { delay_ms_one_way: *delay_ms as f64, ..netem::LinkParams::default() };
-                let proxy = netem::Proxy::start(any, listen, params)
-                    .with_context(|| format!("emulated {name} link"))?;
+                let proxy =
+                    netem::Proxy::start(any, listen, params).with_context(|| format!("emulated {name} link"))?;
                 let address = proxy.address();
                 links.push(proxy);
                 address
@@ -376,7 +376,12 @@ fn demo(args: DemoArgs) -> Result<()> {
         println!("Use it from a host:");
         println!("  nbdinfo {uri}");
         println!("  qemu-io -f raw -c 'write -P 0xab 0 1M' -c 'read -P 0xab 0 1M' {uri}");
-        println!("  nbd-client -N {} {} {} /dev/nbd0     # Linux kernel client", volume.name, args.nbd.ip(), args.nbd.port());
+        println!(
+            "  nbd-client -N {} {} {} /dev/nbd0     # Linux kernel client",
+            volume.name,
+            args.nbd.ip(),
+            args.nbd.port()
+        );
         println!("  nbdfuse /tmp/sf/disk {uri} &  then  mkfs.ext4 /tmp/sf/disk  (or losetup + mount)");
         println!("  starfish status --admin {}", args.admin);
         println!();

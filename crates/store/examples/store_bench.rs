@@ -44,18 +44,10 @@ impl Bench {
                         next_slot
                     };
                     self.sequence += 1;
-                    let op = Op::Write {
-                        offset_bytes: slot * size,
-                        data: data.clone(),
-                    };
+                    let op = Op::Write { offset_bytes: slot * size, data: data.clone() };
                     (
                         self.volume,
-                        Record {
-                            volume: VolumeId(0),
-                            epoch: Epoch(1),
-                            sequence: Sequence(self.sequence),
-                            op,
-                        },
+                        Record { volume: VolumeId(0), epoch: Epoch(1), sequence: Sequence(self.sequence), op },
                     )
                 })
                 .collect();
@@ -73,11 +65,8 @@ impl Bench {
         let max = latencies[commits - 1];
         // Share of the time spent in commits of 10 ms or more: what a stall costs the
         // requests queued behind it, which a closed loop of one committer does not show.
-        let stalled = latencies
-            .iter()
-            .filter(|l| **l >= Duration::from_millis(10))
-            .map(|l| l.as_secs_f64())
-            .sum::<f64>();
+        let stalled =
+            latencies.iter().filter(|l| **l >= Duration::from_millis(10)).map(|l| l.as_secs_f64()).sum::<f64>();
         println!(
             "{name:<34} {:>9.0} ops/s {:>8.1} MB/s {:>8.0} commits/s  commit mean {:>6.0} us  p99 {:>7.0} us  max {:>6.1} ms  stalled {:>4.1} %",
             ops as f64 / elapsed,
@@ -99,10 +88,7 @@ impl Bench {
             rng ^= rng << 13;
             rng ^= rng >> 7;
             rng ^= rng << 17;
-            let (_, data) = self
-                .store
-                .read(self.volume, (rng % slots) * size as u64, size)
-                .expect("read");
+            let (_, data) = self.store.read(self.volume, (rng % slots) * size as u64, size).expect("read");
             assert_eq!(data.len(), size as usize);
             ops += 1;
         }
@@ -136,12 +122,7 @@ fn bare_syncs(dir: &std::path::Path, overwrite: bool, seconds: f64) {
         let commit_started = Instant::now();
         file.write_all_at(
             &block,
-            (i % ((64 << 20) / 4096)) * 4096
-                + if overwrite {
-                    0
-                } else {
-                    (i / ((64 << 20) / 4096)) << 26
-                },
+            (i % ((64 << 20) / 4096)) * 4096 + if overwrite { 0 } else { (i / ((64 << 20) / 4096)) << 26 },
         )
         .expect("write");
         file.sync_data().expect("sync");
@@ -154,11 +135,7 @@ fn bare_syncs(dir: &std::path::Path, overwrite: bool, seconds: f64) {
     latencies.sort_unstable();
     println!(
         "{:<34} {:>9.0} ops/s  mean {:>6.0} us  p99 {:>7.0} us",
-        if overwrite {
-            "bare 4 KiB overwrite + fdatasync"
-        } else {
-            "bare 4 KiB append + fdatasync"
-        },
+        if overwrite { "bare 4 KiB overwrite + fdatasync" } else { "bare 4 KiB append + fdatasync" },
         n as f64 / elapsed,
         mean_us,
         latencies[(n * 99 / 100).min(n - 1)].as_secs_f64() * 1e6,
@@ -169,14 +146,8 @@ fn bare_syncs(dir: &std::path::Path, overwrite: bool, seconds: f64) {
 
 fn main() {
     let mut args = std::env::args().skip(1);
-    let dir = PathBuf::from(
-        args.next()
-            .unwrap_or_else(|| "/tmp/starfish-store-bench".into()),
-    );
-    let seconds: f64 = args
-        .next()
-        .map(|s| s.parse().expect("seconds"))
-        .unwrap_or(3.0);
+    let dir = PathBuf::from(args.next().unwrap_or_else(|| "/tmp/starfish-store-bench".into()));
+    let seconds: f64 = args.next().map(|s| s.parse().expect("seconds")).unwrap_or(3.0);
     let _ = std::fs::remove_dir_all(&dir);
     bare_syncs(&dir, true, seconds);
     bare_syncs(&dir, false, seconds);
@@ -190,11 +161,7 @@ fn main() {
         options.checkpoint_log_bytes >> 20,
         options.replay_log_bytes >> 20
     );
-    let mut bench = Bench {
-        store,
-        volume,
-        sequence: 0,
-    };
+    let mut bench = Bench { store, volume, sequence: 0 };
     bench.writes("4 KiB sequential, batches of 16", 4096, 16, false, seconds);
     bench.writes("4 KiB random, batches of 16", 4096, 16, true, seconds);
     bench.writes("4 KiB random, batches of 64", 4096, 64, true, seconds);
@@ -209,10 +176,7 @@ fn main() {
         volume: VolumeId(0),
         epoch: Epoch(1),
         sequence: Sequence(bench.sequence),
-        op: Op::Trim {
-            offset_bytes: 0,
-            length_bytes: VOLUME_BYTES,
-        },
+        op: Op::Trim { offset_bytes: 0, length_bytes: VOLUME_BYTES },
     };
     bench.store.commit(&[(volume, trim)]).expect("trim");
     println!("trim of the whole 4 GiB volume: {:?}", started.elapsed());
@@ -222,10 +186,7 @@ fn main() {
     drop(bench);
     let started = Instant::now();
     let store = Store::open(&dir, options).expect("reopen");
-    println!(
-        "reopen (4 GiB volume, empty live log): {:?}",
-        started.elapsed()
-    );
+    println!("reopen (4 GiB volume, empty live log): {:?}", started.elapsed());
     drop(store);
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -51,11 +51,7 @@ pub struct BlockMap {
 impl BlockMap {
     pub fn new(blocks: u64) -> BlockMap {
         let blocks = usize::try_from(blocks).expect("block count bounded by VOLUME_BYTES_MAX");
-        BlockMap {
-            sequences: vec![0; blocks],
-            crcs: vec![0; blocks],
-            allocated: vec![0; blocks.div_ceil(64)],
-        }
+        BlockMap { sequences: vec![0; blocks], crcs: vec![0; blocks], allocated: vec![0; blocks.div_ceil(64)] }
     }
 
     pub fn blocks(&self) -> u64 {
@@ -99,11 +95,7 @@ impl BlockMap {
             let word = (block / 64) as usize;
             let low = block % 64;
             let high = (end - block + low).min(64); // exclusive bit index within the word
-            let mask = if high - low == 64 {
-                u64::MAX
-            } else {
-                ((1u64 << (high - low)) - 1) << low
-            };
+            let mask = if high - low == 64 { u64::MAX } else { ((1u64 << (high - low)) - 1) << low };
             self.allocated[word] &= !mask;
             block += high - low;
         }
@@ -139,9 +131,7 @@ pub struct DirtyChunks {
 
 impl DirtyChunks {
     pub fn for_blocks(blocks: u64) -> DirtyChunks {
-        DirtyChunks {
-            bits: vec![0; (chunk_count(blocks) as usize).div_ceil(64)],
-        }
+        DirtyChunks { bits: vec![0; (chunk_count(blocks) as usize).div_ceil(64)] }
     }
 
     pub fn mark_dirty(&mut self, blocks: Range<u64>) {
@@ -247,10 +237,7 @@ impl ChunkImages {
 
     fn new(chunks: u64) -> ChunkImages {
         let chunks = chunks as usize;
-        ChunkImages {
-            generations: vec![0; chunks],
-            slots: vec![0; chunks],
-        }
+        ChunkImages { generations: vec![0; chunks], slots: vec![0; chunks] }
     }
 
     /// Digest recorded in the metadata: crc32c of every chunk's generation (u64 LE, in order).
@@ -337,12 +324,7 @@ fn header_bytes(volume_number: u32, size_bytes: u64) -> Vec<u8> {
 
 impl MapFile {
     /// Create (or truncate) the map file of a new volume: a header and a sparse slot area.
-    pub fn create(
-        path: &Path,
-        volume: &str,
-        volume_number: u32,
-        size_bytes: u64,
-    ) -> Result<MapFile, StoreError> {
+    pub fn create(path: &Path, volume: &str, volume_number: u32, size_bytes: u64) -> Result<MapFile, StoreError> {
         let file = OpenOptions::new()
             .read(true)
             .write(true)
@@ -353,22 +335,13 @@ impl MapFile {
         let blocks = size_bytes / BLOCK_BYTES;
         file.write_all_at(&header_bytes(volume_number, size_bytes), 0)
             .map_err(io_error("write block map header", path))?;
-        file.set_len(slot_offset(chunk_count(blocks), 0))
-            .map_err(io_error("size block map", path))?;
+        file.set_len(slot_offset(chunk_count(blocks), 0)).map_err(io_error("size block map", path))?;
         file.sync_all().map_err(io_error("sync block map", path))?;
-        Ok(MapFile {
-            file,
-            path: path.to_path_buf(),
-            volume: volume.to_string(),
-        })
+        Ok(MapFile { file, path: path.to_path_buf(), volume: volume.to_string() })
     }
 
     fn corrupt(&self, reason: String) -> StoreError {
-        StoreError::CorruptBlockMap {
-            path: self.path.clone(),
-            volume: self.volume.clone(),
-            reason,
-        }
+        StoreError::CorruptBlockMap { path: self.path.clone(), volume: self.volume.clone(), reason }
     }
 
     /// Open and load a map file as of checkpoint `generation`, whose chunk digest was
@@ -383,16 +356,8 @@ impl MapFile {
         generation: u64,
         digest: u32,
     ) -> Result<(MapFile, BlockMap, ChunkImages), StoreError> {
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(path)
-            .map_err(io_error("open block map", path))?;
-        let map_file = MapFile {
-            file,
-            path: path.to_path_buf(),
-            volume: volume.to_string(),
-        };
+        let file = OpenOptions::new().read(true).write(true).open(path).map_err(io_error("open block map", path))?;
+        let map_file = MapFile { file, path: path.to_path_buf(), volume: volume.to_string() };
         let mut header = vec![0u8; MAP_HEADER_BYTES as usize];
         map_file
             .file
@@ -426,9 +391,7 @@ impl MapFile {
                     let slot_generation = u64::from_le_bytes(image[0..8].try_into().expect("8"));
                     let crc = u32::from_le_bytes(image[8..12].try_into().expect("4"));
                     let slot_chunk = u32::from_le_bytes(image[12..16].try_into().expect("4"));
-                    let valid = slot_generation != 0
-                        && slot_chunk as u64 == chunk
-                        && crc == slot_crc(image);
+                    let valid = slot_generation != 0 && slot_chunk as u64 == chunk && crc == slot_crc(image);
                     if !valid {
                         continue;
                     }
@@ -462,28 +425,20 @@ impl MapFile {
                 .map_err(io_error("erase block map slot", path))?;
         }
         if !stale_slots.is_empty() {
-            map_file
-                .file
-                .sync_data()
-                .map_err(io_error("sync block map", path))?;
+            map_file.file.sync_data().map_err(io_error("sync block map", path))?;
         }
         Ok((map_file, map, chunks))
     }
 
     fn decode_slot(&self, image: &[u8], chunk: u64, map: &mut BlockMap) -> Result<(), StoreError> {
         let first = chunk * MAP_CHUNK_BLOCKS;
-        for (i, entry) in image[SLOT_HEADER_BYTES as usize..]
-            .chunks_exact(ENTRY_BYTES as usize)
-            .enumerate()
-        {
+        for (i, entry) in image[SLOT_HEADER_BYTES as usize..].chunks_exact(ENTRY_BYTES as usize).enumerate() {
             let block = first + i as u64;
             let raw = u64::from_le_bytes(entry[0..8].try_into().expect("8"));
             let crc = u32::from_le_bytes(entry[8..12].try_into().expect("4"));
             if block >= map.blocks() {
                 if raw != 0 || crc != 0 {
-                    return Err(self.corrupt(format!(
-                        "chunk {chunk} describes block {block} past the end"
-                    )));
+                    return Err(self.corrupt(format!("chunk {chunk} describes block {block} past the end")));
                 }
                 continue;
             }
@@ -502,15 +457,11 @@ impl MapFile {
 
     /// Write one slot image (not synced: see [`MapFile::sync`]).
     pub fn write_slot(&self, chunk: u64, slot: u8, image: &[u8]) -> Result<(), StoreError> {
-        self.file
-            .write_all_at(image, slot_offset(chunk, slot))
-            .map_err(io_error("write block map", &self.path))
+        self.file.write_all_at(image, slot_offset(chunk, slot)).map_err(io_error("write block map", &self.path))
     }
 
     pub fn sync(&self) -> Result<(), StoreError> {
-        self.file
-            .sync_data()
-            .map_err(io_error("sync block map", &self.path))
+        self.file.sync_data().map_err(io_error("sync block map", &self.path))
     }
 }
 
@@ -556,25 +507,13 @@ mod tests {
         for chunk in 0..2 {
             map.encode_slot(chunk, 9, &mut image);
             assert_eq!(u64::from_le_bytes(image[0..8].try_into().expect("8")), 9);
-            assert_eq!(
-                u32::from_le_bytes(image[8..12].try_into().expect("4")),
-                slot_crc(&image)
-            );
-            let file = MapFile {
-                file: tempfile_like(),
-                path: "map".into(),
-                volume: "v".into(),
-            };
-            file.decode_slot(&image, chunk, &mut loaded)
-                .expect("decodes");
+            assert_eq!(u32::from_le_bytes(image[8..12].try_into().expect("4")), slot_crc(&image));
+            let file = MapFile { file: tempfile_like(), path: "map".into(), volume: "v".into() };
+            file.decode_slot(&image, chunk, &mut loaded).expect("decodes");
         }
         for block in 0..map.blocks() {
             assert_eq!(
-                (
-                    loaded.is_allocated(block),
-                    loaded.crc(block),
-                    loaded.sequence(block)
-                ),
+                (loaded.is_allocated(block), loaded.crc(block), loaded.sequence(block)),
                 (map.is_allocated(block), map.crc(block), map.sequence(block)),
                 "block {block}"
             );
@@ -594,11 +533,7 @@ mod tests {
         }
         // (start, end) -> run end
         let check = |map: &BlockMap, start: u64, end: u64, expected: u64| {
-            assert_eq!(
-                map.run_end(start, end),
-                expected,
-                "run from {start} to {end}"
-            );
+            assert_eq!(map.run_end(start, end), expected, "run from {start} to {end}");
         };
         check(&map, 0, 300, 3);
         check(&map, 3, 300, 6);

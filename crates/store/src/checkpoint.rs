@@ -88,14 +88,7 @@ impl PartialSpare {
     /// An unused segment file found at open, named as spare `id`.
     pub fn adopt(id: u64, path: PathBuf, file: Arc<File>) -> Result<PartialSpare, StoreError> {
         let file_bytes = file.metadata().map_err(io_error("stat", &path))?.len();
-        Ok(PartialSpare {
-            spare: Spare {
-                id,
-                path,
-                file,
-                file_bytes,
-            },
-        })
+        Ok(PartialSpare { spare: Spare { id, path, file, file_bytes } })
     }
 }
 
@@ -133,12 +126,7 @@ pub struct Checkpointer {
 impl Checkpointer {
     pub fn new(committed_log_start: u64, live_segment: u64, free: Vec<PathBuf>) -> Checkpointer {
         Checkpointer {
-            queue: Mutex::new(Queue {
-                committed_log_start,
-                live_segment,
-                free,
-                ..Queue::default()
-            }),
+            queue: Mutex::new(Queue { committed_log_start, live_segment, free, ..Queue::default() }),
             wake: Condvar::new(),
             progress: Condvar::new(),
             #[cfg(test)]
@@ -153,16 +141,9 @@ impl Checkpointer {
     /// Wait until moving the writer to segment `next` keeps the log not covered by a committed
     /// checkpoint within `segments_max` segments, as long as a checkpoint is on its way (after
     /// a restart none is: the seal about to be made starts it).
-    pub fn wait_lag_below(
-        &self,
-        shared: &Shared,
-        next: u64,
-        segments_max: u64,
-    ) -> Result<(), StoreError> {
+    pub fn wait_lag_below(&self, shared: &Shared, next: u64, segments_max: u64) -> Result<(), StoreError> {
         let mut queue = lock(&self.queue);
-        while next + 1 - queue.committed_log_start > segments_max
-            && (queue.running || queue.queued.is_some())
-        {
+        while next + 1 - queue.committed_log_start > segments_max && (queue.running || queue.queued.is_some()) {
             shared.check_failure()?;
             queue = self.progress.wait(queue).expect("checkpoint queue lock");
         }
@@ -283,25 +264,16 @@ pub fn run(shared: &Shared, mut images: Vec<ChunkImages>, mut partial: Option<Pa
                         partial = Some(PartialSpare { spare: stale });
                     }
                 }
-                if queue.spare_wanted
-                    && !spares_disabled
-                    && queue.spare.is_none()
-                    && shared.check_failure().is_ok()
-                {
+                if queue.spare_wanted && !spares_disabled && queue.spare.is_none() && shared.check_failure().is_ok() {
                     break Work::Spare(wanted);
                 }
-                queue = checkpointer
-                    .wake
-                    .wait(queue)
-                    .expect("checkpoint queue lock");
+                queue = checkpointer.wake.wait(queue).expect("checkpoint queue lock");
             }
         };
         match work {
             Work::Job(job) => {
                 let log_start = job.log_start;
-                let result = shared
-                    .check_failure()
-                    .and_then(|()| run_job(shared, &mut images, job));
+                let result = shared.check_failure().and_then(|()| run_job(shared, &mut images, job));
                 match &result {
                     Ok(()) => {
                         tracing::debug!(log_start, "checkpoint committed");
@@ -339,11 +311,7 @@ pub fn run(shared: &Shared, mut images: Vec<ChunkImages>, mut partial: Option<Pa
 
 /// Write one checkpoint: data files synced, block map images written and synced, metadata
 /// committed.
-fn run_job(
-    shared: &Shared,
-    images: &mut Vec<ChunkImages>,
-    job: CheckpointJob,
-) -> Result<(), StoreError> {
+fn run_job(shared: &Shared, images: &mut Vec<ChunkImages>, job: CheckpointJob) -> Result<(), StoreError> {
     #[cfg(test)]
     let _gate = lock(&shared.checkpointer.gate);
     #[cfg(test)]
@@ -362,27 +330,18 @@ fn run_job(
             continue;
         }
         let volume = &seal.volume;
-        volume
-            .data
-            .sync_data()
-            .map_err(io_error("sync volume data", &volume.data_path))?;
+        volume.data.sync_data().map_err(io_error("sync volume data", &volume.data_path))?;
         let chunk_images = &images[seal.index];
         let mut pending = PendingSlots::default();
         for chunks in seal.chunks.chunks(MAP_SLOTS_PER_LOCK) {
             {
                 // Applies wait meanwhile (readers do not): keep it short.
                 let state = volume.state.read().expect("volume lock");
-                for (chunk, image) in chunks
-                    .iter()
-                    .zip(images_buffer.chunks_exact_mut(SLOT_BYTES as usize))
-                {
+                for (chunk, image) in chunks.iter().zip(images_buffer.chunks_exact_mut(SLOT_BYTES as usize)) {
                     state.map.encode_slot(*chunk, generation, image);
                 }
             }
-            for (chunk, image) in chunks
-                .iter()
-                .zip(images_buffer.chunks_exact(SLOT_BYTES as usize))
-            {
+            for (chunk, image) in chunks.iter().zip(images_buffer.chunks_exact(SLOT_BYTES as usize)) {
                 let slot = chunk_images.free_slot(*chunk);
                 volume.map_file.write_slot(*chunk, slot, image)?;
                 pending.writes.push((*chunk, slot));
@@ -419,11 +378,7 @@ fn run_job(
 /// create one; fill it with zeroes to the expected segment size; make it and its name durable;
 /// hand it over. Gives way (keeping the work in `partial`) to a checkpoint, to a writeback, to
 /// closing, or if the writer moved on meanwhile.
-fn prepare_spare(
-    shared: &Shared,
-    id: u64,
-    partial: &mut Option<PartialSpare>,
-) -> Result<(), StoreError> {
+fn prepare_spare(shared: &Shared, id: u64, partial: &mut Option<PartialSpare>) -> Result<(), StoreError> {
     let checkpointer = &shared.checkpointer;
     let dir = &shared.dir;
     let log_dir = dir.join(log::LOG_DIR);
@@ -431,8 +386,7 @@ fn prepare_spare(
     let mut spare = match partial.take() {
         Some(PartialSpare { mut spare }) => {
             if spare.id != id {
-                fs::rename(&spare.path, &path)
-                    .map_err(io_error("rename log spare", &spare.path))?;
+                fs::rename(&spare.path, &path).map_err(io_error("rename log spare", &spare.path))?;
                 spare.id = id;
                 spare.path = path;
             }
@@ -454,12 +408,7 @@ fn prepare_spare(
                 .open(&path)
                 .map_err(io_error("create log spare", source))?;
             let file_bytes = file.metadata().map_err(io_error("stat", &path))?.len();
-            Spare {
-                id,
-                path,
-                file: Arc::new(file),
-                file_bytes,
-            }
+            Spare { id, path, file: Arc::new(file), file_bytes }
         }
     };
     let options = &shared.options;
@@ -469,11 +418,7 @@ fn prepare_spare(
     while spare.file_bytes < target_bytes {
         {
             let queue = lock(&checkpointer.queue);
-            if queue.closing
-                || queue.queued.is_some()
-                || !queue.writeback.is_empty()
-                || queue.live_segment + 1 != id
-            {
+            if queue.closing || queue.queued.is_some() || !queue.writeback.is_empty() || queue.live_segment + 1 != id {
                 *partial = Some(PartialSpare { spare });
                 return Ok(());
             }
@@ -487,14 +432,10 @@ fn prepare_spare(
         unflushed += step;
         if unflushed >= WRITEBACK_KICK_BYTES {
             unflushed = 0;
-            sys::start_writeback(&spare.file, 0, 0)
-                .map_err(io_error("start writeback of log spare", &spare.path))?;
+            sys::start_writeback(&spare.file, 0, 0).map_err(io_error("start writeback of log spare", &spare.path))?;
         }
     }
-    spare
-        .file
-        .sync_all()
-        .map_err(io_error("sync log spare", &spare.path))?;
+    spare.file.sync_all().map_err(io_error("sync log spare", &spare.path))?;
     // The writer syncs only data: the name must be durable before records go into the file.
     sys::sync_dir(&log_dir).map_err(io_error("sync directory", &log_dir))?;
     let mut queue = lock(&checkpointer.queue);

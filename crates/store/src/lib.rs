@@ -93,14 +93,11 @@ pub const LOCK_WAIT_MS: u64 = 500;
 /// Read unit of `verify` and of log scans.
 pub const SCAN_BUFFER_BYTES: u64 = 4 * 1024 * 1024;
 
-const _: () =
-    assert!(LOG_RECORD_BYTES_MAX + (log::BATCH_HEADER_BYTES as u64) <= LOG_BATCH_BYTES_MAX);
+const _: () = assert!(LOG_RECORD_BYTES_MAX + (log::BATCH_HEADER_BYTES as u64) <= LOG_BATCH_BYTES_MAX);
 const _: () = assert!(CHECKPOINT_LOG_BYTES_MIN <= CHECKPOINT_LOG_BYTES_DEFAULT);
 const _: () = assert!(CHECKPOINT_LAG_SEGMENTS_MAX >= 2);
 const _: () = assert!(CHECKPOINT_LOG_BYTES_DEFAULT <= CHECKPOINT_LOG_BYTES_MAX);
-const _: () = assert!(
-    block_map::SLOT_HEADER_BYTES + MAP_CHUNK_BLOCKS * block_map::ENTRY_BYTES == BLOCK_BYTES
-);
+const _: () = assert!(block_map::SLOT_HEADER_BYTES + MAP_CHUNK_BLOCKS * block_map::ENTRY_BYTES == BLOCK_BYTES);
 const _: () = assert!(VOLUME_BYTES_MAX / BLOCK_BYTES < 1 << 62);
 const _: () = assert!(SCAN_BUFFER_BYTES % BLOCK_BYTES == 0);
 const _: () = assert!(RECLAIM_PUNCH_BYTES_MAX % BLOCK_BYTES == 0);
@@ -128,10 +125,7 @@ pub struct StoreOptions {
 
 impl Default for StoreOptions {
     fn default() -> Self {
-        StoreOptions {
-            checkpoint_log_bytes: CHECKPOINT_LOG_BYTES_DEFAULT,
-            replay_log_bytes: REPLAY_LOG_BYTES_DEFAULT,
-        }
+        StoreOptions { checkpoint_log_bytes: CHECKPOINT_LOG_BYTES_DEFAULT, replay_log_bytes: REPLAY_LOG_BYTES_DEFAULT }
     }
 }
 

@@ -18,9 +18,7 @@ use std::{
 use bytes::{Bytes, BytesMut};
 use proto::{Epoch, Op, Record, Sequence, VolumeId, BLOCK_BYTES};
 
-use crate::{
-    error::io_error, sys, StoreError, LOG_BATCH_BYTES_MAX, LOG_RECORD_BYTES_MAX, SCAN_BUFFER_BYTES,
-};
+use crate::{error::io_error, sys, StoreError, LOG_BATCH_BYTES_MAX, LOG_RECORD_BYTES_MAX, SCAN_BUFFER_BYTES};
 
 pub const LOG_DIR: &str = "log";
 const SEGMENT_SUFFIX: &str = ".seg";
@@ -85,18 +83,10 @@ pub enum Change {
     Nothing,
     /// Blocks `first_block..first_block + crcs.len()` get the content of `pieces`, back to back
     /// (every piece is whole blocks).
-    Blocks {
-        first_block: u64,
-        pieces: Vec<Bytes>,
-        crcs: Vec<u32>,
-    },
+    Blocks { first_block: u64, pieces: Vec<Bytes>, crcs: Vec<u32> },
     /// The range reads as zeroes: whole blocks become holes; a partially covered edge block
     /// gets its merged content, or becomes a hole if that content is all zeroes.
-    Zero {
-        head: Option<Edge>,
-        whole: Range<u64>,
-        tail: Option<Edge>,
-    },
+    Zero { head: Option<Edge>, whole: Range<u64>, tail: Option<Edge> },
 }
 
 #[derive(Debug)]
@@ -127,12 +117,7 @@ impl Geometry {
         let last = (end - 1) / BLOCK_BYTES;
         let head_partial = offset_bytes % BLOCK_BYTES != 0 || end < (first + 1) * BLOCK_BYTES;
         let tail_partial = last != first && end % BLOCK_BYTES != 0;
-        Some(Geometry {
-            first,
-            last,
-            head_partial,
-            tail_partial,
-        })
+        Some(Geometry { first, last, head_partial, tail_partial })
     }
 
     /// Blocks fully covered by the range.
@@ -145,15 +130,8 @@ impl LogRecord {
     fn flags(&self) -> u8 {
         match &self.change {
             Change::Zero { head, tail, .. } => {
-                (if edge_content(head).is_some() {
-                    FLAG_HEAD
-                } else {
-                    0
-                }) | (if edge_content(tail).is_some() {
-                    FLAG_TAIL
-                } else {
-                    0
-                })
+                (if edge_content(head).is_some() { FLAG_HEAD } else { 0 })
+                    | (if edge_content(tail).is_some() { FLAG_TAIL } else { 0 })
             }
             _ => 0,
         }
@@ -166,10 +144,7 @@ impl LogRecord {
             Change::Blocks { pieces, .. } => (pieces, None, None),
             Change::Zero { head, tail, .. } => (&[], edge_content(head), edge_content(tail)),
         };
-        pieces
-            .iter()
-            .chain(head.map(|(b, _)| b))
-            .chain(tail.map(|(b, _)| b))
+        pieces.iter().chain(head.map(|(b, _)| b)).chain(tail.map(|(b, _)| b))
     }
 
     /// The checksum of every logged block, in order.
@@ -179,10 +154,7 @@ impl LogRecord {
             Change::Blocks { crcs, .. } => (crcs, None, None),
             Change::Zero { head, tail, .. } => (&[], edge_content(head), edge_content(tail)),
         };
-        crcs.iter()
-            .copied()
-            .chain(head.map(|(_, c)| *c))
-            .chain(tail.map(|(_, c)| *c))
+        crcs.iter().copied().chain(head.map(|(_, c)| *c)).chain(tail.map(|(_, c)| *c))
     }
 
     /// Bytes this record writes to the data file.
@@ -206,11 +178,7 @@ impl LogRecord {
             Kind::Write => {
                 let data = match &self.change {
                     Change::Nothing => Bytes::new(),
-                    Change::Blocks {
-                        first_block,
-                        pieces,
-                        ..
-                    } => {
+                    Change::Blocks { first_block, pieces, .. } => {
                         let skip = (self.offset_bytes - first_block * BLOCK_BYTES) as usize;
                         let length = self.length_bytes as usize;
                         if pieces.len() == 1 {
@@ -225,26 +193,12 @@ impl LogRecord {
                     }
                     Change::Zero { .. } => unreachable!("writes change blocks"),
                 };
-                Op::Write {
-                    offset_bytes: self.offset_bytes,
-                    data,
-                }
+                Op::Write { offset_bytes: self.offset_bytes, data }
             }
-            Kind::Trim => Op::Trim {
-                offset_bytes: self.offset_bytes,
-                length_bytes: self.length_bytes,
-            },
-            Kind::WriteZeroes => Op::WriteZeroes {
-                offset_bytes: self.offset_bytes,
-                length_bytes: self.length_bytes,
-            },
+            Kind::Trim => Op::Trim { offset_bytes: self.offset_bytes, length_bytes: self.length_bytes },
+            Kind::WriteZeroes => Op::WriteZeroes { offset_bytes: self.offset_bytes, length_bytes: self.length_bytes },
         };
-        Record {
-            volume: VolumeId(0),
-            epoch: self.epoch,
-            sequence: self.sequence,
-            op,
-        }
+        Record { volume: VolumeId(0), epoch: self.epoch, sequence: self.sequence, op }
     }
 
     /// Append the frame, header and checksum table to `scratch`; the blocks follow separately.
@@ -273,46 +227,33 @@ impl LogRecord {
     /// Decode and verify one record payload (the frame checksum `crc` included).
     pub fn decode(payload: Bytes, crc: u32) -> Result<LogRecord, String> {
         if payload.len() < RECORD_HEADER_BYTES as usize {
-            return Err(format!(
-                "record of {} bytes is shorter than its header",
-                payload.len()
-            ));
+            return Err(format!("record of {} bytes is shorter than its header", payload.len()));
         }
         let u32_at = |at: usize| u32::from_le_bytes(payload[at..at + 4].try_into().expect("4"));
         let u64_at = |at: usize| u64::from_le_bytes(payload[at..at + 8].try_into().expect("8"));
         let blocks = u32_at(4) as u64;
         let table_end = RECORD_HEADER_BYTES + 4 * blocks;
         if payload.len() as u64 != table_end + blocks * BLOCK_BYTES {
-            return Err(format!(
-                "record of {} bytes cannot hold {blocks} blocks",
-                payload.len()
-            ));
+            return Err(format!("record of {} bytes cannot hold {blocks} blocks", payload.len()));
         }
         let actual = crc32c::crc32c(&payload[..table_end as usize]);
         if actual != crc {
-            return Err(format!(
-                "record checksum mismatch: frame has {crc:#010x}, record {actual:#010x}"
-            ));
+            return Err(format!("record checksum mismatch: frame has {crc:#010x}, record {actual:#010x}"));
         }
         let volume_number = u32_at(0);
         let epoch = Epoch(u64_at(8));
         let sequence = Sequence(u64_at(16));
         let offset_bytes = u64_at(24);
         let length_bytes = u64_at(32);
-        let kind = Kind::from_u8(payload[40])
-            .ok_or_else(|| format!("unknown operation {}", payload[40]))?;
+        let kind = Kind::from_u8(payload[40]).ok_or_else(|| format!("unknown operation {}", payload[40]))?;
         let flags = payload[41];
         if payload[42] != 0 || payload[43] != 0 {
             return Err("reserved bytes are not zero".into());
         }
         if offset_bytes.checked_add(length_bytes).is_none() {
-            return Err(format!(
-                "range of {length_bytes} bytes at {offset_bytes} overflows"
-            ));
+            return Err(format!("range of {length_bytes} bytes at {offset_bytes} overflows"));
         }
-        let crcs: Vec<u32> = (0..blocks as usize)
-            .map(|i| u32_at(RECORD_HEADER_BYTES as usize + 4 * i))
-            .collect();
+        let crcs: Vec<u32> = (0..blocks as usize).map(|i| u32_at(RECORD_HEADER_BYTES as usize + 4 * i)).collect();
         let data = payload.slice(table_end as usize..);
         for (i, block) in data.chunks_exact(BLOCK_BYTES as usize).enumerate() {
             let actual = crc32c::crc32c(block);
@@ -330,16 +271,9 @@ impl LogRecord {
             }
             (Kind::Write, Some(g)) => {
                 if flags != 0 || blocks != g.last - g.first + 1 {
-                    return Err(format!(
-                        "write covering blocks {}..={} carries {blocks} blocks",
-                        g.first, g.last
-                    ));
+                    return Err(format!("write covering blocks {}..={} carries {blocks} blocks", g.first, g.last));
                 }
-                Change::Blocks {
-                    first_block: g.first,
-                    pieces: vec![data],
-                    crcs,
-                }
+                Change::Blocks { first_block: g.first, pieces: vec![data], crcs }
             }
             (_, Some(g)) => {
                 let head_logged = flags & FLAG_HEAD != 0;
@@ -349,41 +283,22 @@ impl LogRecord {
                     || (tail_logged && !g.tail_partial)
                     || blocks != head_logged as u64 + tail_logged as u64
                 {
-                    return Err(format!(
-                        "zeroing record has inconsistent edge blocks (flags {flags:#x})"
-                    ));
+                    return Err(format!("zeroing record has inconsistent edge blocks (flags {flags:#x})"));
                 }
-                let mut logged = data
-                    .chunks_exact(BLOCK_BYTES as usize)
-                    .zip(crcs.iter())
-                    .map(|(b, c)| {
-                        let start = b.as_ptr() as usize - data.as_ptr() as usize;
-                        (data.slice(start..start + BLOCK_BYTES as usize), *c)
-                    });
-                let head = g.head_partial.then(|| Edge {
-                    block: g.first,
-                    content: if head_logged { logged.next() } else { None },
+                let mut logged = data.chunks_exact(BLOCK_BYTES as usize).zip(crcs.iter()).map(|(b, c)| {
+                    let start = b.as_ptr() as usize - data.as_ptr() as usize;
+                    (data.slice(start..start + BLOCK_BYTES as usize), *c)
                 });
-                let tail = g.tail_partial.then(|| Edge {
-                    block: g.last,
-                    content: if tail_logged { logged.next() } else { None },
-                });
-                Change::Zero {
-                    head,
-                    whole: g.whole(),
-                    tail,
-                }
+                let head = g
+                    .head_partial
+                    .then(|| Edge { block: g.first, content: if head_logged { logged.next() } else { None } });
+                let tail = g
+                    .tail_partial
+                    .then(|| Edge { block: g.last, content: if tail_logged { logged.next() } else { None } });
+                Change::Zero { head, whole: g.whole(), tail }
             }
         };
-        Ok(LogRecord {
-            volume_number,
-            epoch,
-            sequence,
-            kind,
-            offset_bytes,
-            length_bytes,
-            change,
-        })
+        Ok(LogRecord { volume_number, epoch, sequence, kind, offset_bytes, length_bytes, change })
     }
 }
 
@@ -418,17 +333,10 @@ pub fn list_log_files(dir: &Path) -> Result<LogFiles, StoreError> {
         let entry = entry.map_err(io_error("list", &log_dir))?;
         let name = entry.file_name();
         let name = name.to_string_lossy();
-        let id = |suffix: &str| {
-            name.strip_suffix(suffix)
-                .and_then(|n| n.parse::<u64>().ok())
-        };
+        let id = |suffix: &str| name.strip_suffix(suffix).and_then(|n| n.parse::<u64>().ok());
         if let Some(id) = id(SEGMENT_SUFFIX) {
             // `.seg` first: it wins over a `.spare` of the same id when both are valid.
-            files
-                .segments
-                .entry(id)
-                .or_default()
-                .insert(0, entry.path());
+            files.segments.entry(id).or_default().insert(0, entry.path());
         } else if let Some(id) = id(SPARE_SUFFIX) {
             files.segments.entry(id).or_default().push(entry.path());
         } else if id(FREE_SUFFIX).is_some() {
@@ -441,11 +349,7 @@ pub fn list_log_files(dir: &Path) -> Result<LogFiles, StoreError> {
 }
 
 /// The header of segment `segment`: which segment precedes it and where that one's log ends.
-pub fn segment_header(
-    segment: u64,
-    previous: u64,
-    previous_end: u64,
-) -> [u8; SEGMENT_HEADER_BYTES] {
+pub fn segment_header(segment: u64, previous: u64, previous_end: u64) -> [u8; SEGMENT_HEADER_BYTES] {
     let mut header = [0u8; SEGMENT_HEADER_BYTES];
     header[0..4].copy_from_slice(&SEGMENT_MAGIC.to_le_bytes());
     header[8..16].copy_from_slice(&segment.to_le_bytes());
@@ -458,18 +362,13 @@ pub fn segment_header(
 
 /// `(previous segment, its end)` if `file` starts with a valid header of segment `segment`;
 /// `None` if the segment was never written to (or its first write was cut short).
-pub fn read_segment_header(
-    file: &File,
-    path: &Path,
-    segment: u64,
-) -> Result<Option<(u64, u64)>, StoreError> {
+pub fn read_segment_header(file: &File, path: &Path, segment: u64) -> Result<Option<(u64, u64)>, StoreError> {
     let mut header = [0u8; SEGMENT_HEADER_BYTES];
     let file_bytes = file.metadata().map_err(io_error("stat", path))?.len();
     if file_bytes < SEGMENT_HEADER_BYTES as u64 {
         return Ok(None);
     }
-    file.read_exact_at(&mut header, 0)
-        .map_err(io_error("read log", path))?;
+    file.read_exact_at(&mut header, 0).map_err(io_error("read log", path))?;
     let u32_at = |at: usize| u32::from_le_bytes(header[at..at + 4].try_into().expect("4"));
     let u64_at = |at: usize| u64::from_le_bytes(header[at..at + 8].try_into().expect("8"));
     let valid = u32_at(0) == SEGMENT_MAGIC
@@ -488,10 +387,7 @@ pub fn list_segments(dir: &Path) -> Result<Vec<u64>, StoreError> {
         let entry = entry.map_err(io_error("list", &log_dir))?;
         let name = entry.file_name();
         let name = name.to_string_lossy();
-        match name
-            .strip_suffix(SEGMENT_SUFFIX)
-            .and_then(|n| n.parse::<u64>().ok())
-        {
+        match name.strip_suffix(SEGMENT_SUFFIX).and_then(|n| n.parse::<u64>().ok()) {
             Some(id) => ids.push(id),
             None => {
                 tracing::warn!(file = %entry.path().display(), "ignoring a foreign file in the log directory")
@@ -502,12 +398,7 @@ pub fn list_segments(dir: &Path) -> Result<Vec<u64>, StoreError> {
     Ok(ids)
 }
 
-fn batch_header(
-    segment: u64,
-    offset: u64,
-    body_bytes: u64,
-    records: u32,
-) -> [u8; BATCH_HEADER_BYTES] {
+fn batch_header(segment: u64, offset: u64, body_bytes: u64, records: u32) -> [u8; BATCH_HEADER_BYTES] {
     let mut header = [0u8; BATCH_HEADER_BYTES];
     header[0..4].copy_from_slice(&BATCH_MAGIC.to_le_bytes());
     header[8..16].copy_from_slice(&segment.to_le_bytes());
@@ -534,18 +425,12 @@ fn parse_batch_header(header: &[u8], segment: u64, offset: u64) -> Result<(u64, 
         return Err("batch header checksum mismatch".into());
     }
     if u64_at(8) != segment || u64_at(16) != offset {
-        return Err(format!(
-            "batch header belongs to segment {} at byte {}",
-            u64_at(8),
-            u64_at(16)
-        ));
+        return Err(format!("batch header belongs to segment {} at byte {}", u64_at(8), u64_at(16)));
     }
     let body = u64_at(24);
     let records = u32_at(32);
     if body > LOG_BATCH_BYTES_MAX - BATCH_HEADER_BYTES as u64 || records == 0 || u32_at(36) != 0 {
-        return Err(format!(
-            "batch header is inconsistent ({body} bytes, {records} records)"
-        ));
+        return Err(format!("batch header is inconsistent ({body} bytes, {records} records)"));
     }
     Ok((body, records))
 }
@@ -586,38 +471,21 @@ pub fn scan_segment(
         ));
     }
     while offset < limit {
-        let torn = |reason: String, clean: bool| {
-            Ok((
-                offset,
-                Some(Torn {
-                    offset,
-                    reason,
-                    clean,
-                }),
-            ))
-        };
+        let torn = |reason: String, clean: bool| Ok((offset, Some(Torn { offset, reason, clean })));
         if limit - offset < BATCH_HEADER_BYTES as u64 {
-            return torn(
-                format!("{} bytes, too short for a batch header", limit - offset),
-                false,
-            );
+            return torn(format!("{} bytes, too short for a batch header", limit - offset), false);
         }
-        file.read_exact_at(&mut header, offset)
-            .map_err(io_error("read log", path))?;
+        file.read_exact_at(&mut header, offset).map_err(io_error("read log", path))?;
         let (body_bytes, records) = match parse_batch_header(&header, segment, offset) {
             Ok(parsed) => parsed,
             Err(reason) => return torn(reason, header.iter().all(|b| *b == 0)),
         };
         let body_start = offset + BATCH_HEADER_BYTES as u64;
         if limit - body_start < body_bytes {
-            return torn(
-                format!("batch of {body_bytes} bytes runs past the end of the segment"),
-                false,
-            );
+            return torn(format!("batch of {body_bytes} bytes runs past the end of the segment"), false);
         }
         let mut body = BytesMut::zeroed(body_bytes as usize);
-        file.read_exact_at(&mut body, body_start)
-            .map_err(io_error("read log", path))?;
+        file.read_exact_at(&mut body, body_start).map_err(io_error("read log", path))?;
         let body = body.freeze();
         let mut decoded = Vec::with_capacity(records as usize);
         let mut at = 0usize;
@@ -629,10 +497,7 @@ pub fn scan_segment(
             let crc = u32::from_le_bytes(body[at + 4..at + 8].try_into().expect("4"));
             let frame = RECORD_FRAME_BYTES as usize + length;
             if frame as u64 > LOG_RECORD_BYTES_MAX || body.len() - at < frame {
-                return torn(
-                    format!("record {} claims {length} bytes", decoded.len()),
-                    false,
-                );
+                return torn(format!("record {} claims {length} bytes", decoded.len()), false);
             }
             let payload = body.slice(at + RECORD_FRAME_BYTES as usize..at + frame);
             match LogRecord::decode(payload, crc) {
@@ -642,10 +507,7 @@ pub fn scan_segment(
             at += frame;
         }
         if at != body.len() {
-            return torn(
-                format!("{} bytes after the batch's last record", body.len() - at),
-                false,
-            );
+            return torn(format!("{} bytes after the batch's last record", body.len() - at), false);
         }
         for (record_offset, frame, record) in decoded {
             visit(record_offset, frame, record)?;
@@ -657,12 +519,7 @@ pub fn scan_segment(
 
 /// The first offset after `from` where a valid batch header of this segment starts, if any:
 /// if one exists, the invalid batch at `from` is corruption, not a torn tail.
-pub fn find_batch_after(
-    file: &File,
-    path: &Path,
-    segment: u64,
-    from: u64,
-) -> Result<Option<u64>, StoreError> {
+pub fn find_batch_after(file: &File, path: &Path, segment: u64, from: u64) -> Result<Option<u64>, StoreError> {
     let file_bytes = file.metadata().map_err(io_error("stat", path))?.len();
     let magic = BATCH_MAGIC.to_le_bytes();
     let mut buffer = vec![0u8; SCAN_BUFFER_BYTES as usize];
@@ -670,17 +527,11 @@ pub fn find_batch_after(
     while start + BATCH_HEADER_BYTES as u64 <= file_bytes {
         let length = (file_bytes - start).min(SCAN_BUFFER_BYTES) as usize;
         let window = &mut buffer[..length];
-        file.read_exact_at(window, start)
-            .map_err(io_error("read log", path))?;
+        file.read_exact_at(window, start).map_err(io_error("read log", path))?;
         let candidates = window.len().saturating_sub(BATCH_HEADER_BYTES - 1);
         for i in 0..candidates {
             if window[i..i + 4] == magic
-                && parse_batch_header(
-                    &window[i..i + BATCH_HEADER_BYTES],
-                    segment,
-                    start + i as u64,
-                )
-                .is_ok()
+                && parse_batch_header(&window[i..i + BATCH_HEADER_BYTES], segment, start + i as u64).is_ok()
             {
                 return Ok(Some(start + i as u64));
             }
@@ -691,26 +542,14 @@ pub fn find_batch_after(
 }
 
 /// Read one record back from a segment (for peer recovery), verifying every checksum.
-pub fn read_record(
-    file: &File,
-    path: &Path,
-    offset: u64,
-    frame: u32,
-) -> Result<LogRecord, StoreError> {
+pub fn read_record(file: &File, path: &Path, offset: u64, frame: u32) -> Result<LogRecord, StoreError> {
     let mut bytes = BytesMut::zeroed(frame as usize);
-    file.read_exact_at(&mut bytes, offset)
-        .map_err(io_error("read log", path))?;
+    file.read_exact_at(&mut bytes, offset).map_err(io_error("read log", path))?;
     let bytes = bytes.freeze();
-    let corrupt = |reason: String| StoreError::CorruptLog {
-        path: path.to_path_buf(),
-        offset,
-        reason,
-    };
+    let corrupt = |reason: String| StoreError::CorruptLog { path: path.to_path_buf(), offset, reason };
     let length = u32::from_le_bytes(bytes[0..4].try_into().expect("4"));
     if length as u64 + RECORD_FRAME_BYTES != frame as u64 {
-        return Err(corrupt(format!(
-            "record length {length} changed since it was indexed"
-        )));
+        return Err(corrupt(format!("record length {length} changed since it was indexed")));
     }
     let crc = u32::from_le_bytes(bytes[4..8].try_into().expect("4"));
     LogRecord::decode(bytes.slice(RECORD_FRAME_BYTES as usize..), crc).map_err(corrupt)
@@ -773,22 +612,12 @@ impl LogIndex {
         if let Some(last) = self.segments.back() {
             assert!(last.id < id, "segments are indexed in order");
         }
-        self.segments.push_back(Segment {
-            id,
-            path,
-            file,
-            bytes,
-            disk_bytes: 0,
-            runs: HashMap::new(),
-        });
+        self.segments.push_back(Segment { id, path, file, bytes, disk_bytes: 0, runs: HashMap::new() });
     }
 
     /// The newest segment was sealed: its log ends at `bytes`, its file holds `disk_bytes`.
     pub fn seal_newest(&mut self, bytes: u64, disk_bytes: u64) {
-        let newest = self
-            .segments
-            .back_mut()
-            .expect("the live segment is indexed");
+        let newest = self.segments.back_mut().expect("the live segment is indexed");
         newest.bytes = bytes;
         newest.disk_bytes = disk_bytes;
     }
@@ -799,21 +628,11 @@ impl LogIndex {
     }
 
     fn last_sequence(&self, volume: u32, before_segment: usize) -> Option<Sequence> {
-        self.segments
-            .iter()
-            .take(before_segment)
-            .rev()
-            .find_map(|s| s.runs.get(&volume).map(Run::last))
+        self.segments.iter().take(before_segment).rev().find_map(|s| s.runs.get(&volume).map(Run::last))
     }
 
     /// Index a record of the newest segment.
-    pub fn add(
-        &mut self,
-        volume: u32,
-        sequence: Sequence,
-        offset: u64,
-        frame: u32,
-    ) -> Result<(), Discontinuity> {
+    pub fn add(&mut self, volume: u32, sequence: Sequence, offset: u64, frame: u32) -> Result<(), Discontinuity> {
         let newest = self.segments.len() - 1;
         let expected = match self.segments[newest].runs.get(&volume) {
             Some(run) => Some((run.last().next(), false)),
@@ -821,11 +640,7 @@ impl LogIndex {
         };
         if let Some((expected, at_segment_start)) = expected {
             if sequence != expected {
-                return Err(Discontinuity {
-                    expected,
-                    found: sequence,
-                    at_segment_start,
-                });
+                return Err(Discontinuity { expected, found: sequence, at_segment_start });
             }
         }
         let segment = &mut self.segments[newest];
@@ -833,20 +648,14 @@ impl LogIndex {
         segment
             .runs
             .entry(volume)
-            .or_insert(Run {
-                first: sequence,
-                records: Vec::new(),
-            })
+            .or_insert(Run { first: sequence, records: Vec::new() })
             .records
             .push((offset, frame));
         Ok(())
     }
 
     pub fn set_newest_bytes(&mut self, bytes: u64) {
-        self.segments
-            .back_mut()
-            .expect("the live segment is indexed")
-            .bytes = bytes;
+        self.segments.back_mut().expect("the live segment is indexed").bytes = bytes;
     }
 
     /// Forget every segment older than the newest (after a discontinuity or corruption).
@@ -864,12 +673,7 @@ impl LogIndex {
 
     /// Disk bytes of the closed segments (all but the newest).
     pub fn closed_bytes(&self) -> u64 {
-        self.segments
-            .iter()
-            .rev()
-            .skip(1)
-            .map(|s| s.bytes.max(s.disk_bytes))
-            .sum()
+        self.segments.iter().rev().skip(1).map(|s| s.bytes.max(s.disk_bytes)).sum()
     }
 
     /// Drop the oldest closed segments older than `before` (the checkpoint's first segment:
@@ -877,10 +681,7 @@ impl LogIndex {
     /// `budget` bytes.
     pub fn trim_to(&mut self, budget: u64, before: u64) -> Vec<Segment> {
         let mut dropped = Vec::new();
-        while self.segments.len() > 1
-            && self.segments[0].id < before
-            && self.closed_bytes() > budget
-        {
+        while self.segments.len() > 1 && self.segments[0].id < before && self.closed_bytes() > budget {
             dropped.push(self.segments.pop_front().expect("len > 1"));
         }
         dropped
@@ -904,10 +705,7 @@ impl LogIndex {
         last: Sequence,
         max_bytes: u64,
     ) -> Result<Vec<RecordLocation>, Option<Sequence>> {
-        let oldest = self
-            .segments
-            .iter()
-            .find_map(|s| s.runs.get(&volume).map(|r| r.first));
+        let oldest = self.segments.iter().find_map(|s| s.runs.get(&volume).map(|r| r.first));
         let mut wanted = after.next();
         match oldest {
             Some(oldest) if oldest <= wanted => {}
@@ -925,12 +723,7 @@ impl LogIndex {
                     return Ok(out);
                 }
                 bytes += frame as u64;
-                out.push(RecordLocation {
-                    file: segment.file.clone(),
-                    path: segment.path.clone(),
-                    offset,
-                    frame,
-                });
+                out.push(RecordLocation { file: segment.file.clone(), path: segment.path.clone(), offset, frame });
                 wanted = wanted.next();
             }
         }
@@ -1049,9 +842,7 @@ impl LogWriter {
                 record.encode_head(&mut self.scratch);
                 // Consecutive scratch parts are merged: fewer iovecs.
                 match self.parts.last_mut() {
-                    Some(Part::Scratch(range)) if range.end == start => {
-                        range.end = self.scratch.len()
-                    }
+                    Some(Part::Scratch(range)) if range.end == start => range.end = self.scratch.len(),
                     _ => self.parts.push(Part::Scratch(start..self.scratch.len())),
                 }
                 for piece in record.logged_pieces() {
@@ -1061,14 +852,8 @@ impl LogWriter {
                 count += 1;
                 next += 1;
             }
-            let header = batch_header(
-                self.segment,
-                batch_start,
-                batch_bytes - BATCH_HEADER_BYTES as u64,
-                count,
-            );
-            self.scratch[batch_header_at..batch_header_at + BATCH_HEADER_BYTES]
-                .copy_from_slice(&header);
+            let header = batch_header(self.segment, batch_start, batch_bytes - BATCH_HEADER_BYTES as u64, count);
+            self.scratch[batch_header_at..batch_header_at + BATCH_HEADER_BYTES].copy_from_slice(&header);
             let batch_end = batch_start + batch_bytes;
             // Inside preallocated space, mark the end of the log with zeroes (they are
             // overwritten by the next batch), so recovery never reads stale bytes there as
@@ -1090,13 +875,10 @@ impl LogWriter {
                 slices.iter().map(|s| s.len() as u64).sum::<u64>(),
                 batch_end - write_start + if end_mark { END_MARK.len() as u64 } else { 0 }
             );
-            sys::write_all_vectored_at(&self.file, &slices, write_start)
-                .map_err(io_error("write log", &self.path))?;
+            sys::write_all_vectored_at(&self.file, &slices, write_start).map_err(io_error("write log", &self.path))?;
             // One sync per batch: a later batch must never be durable before an earlier one,
             // or a crash could leave a valid batch after a torn one (read as corruption).
-            self.file
-                .sync_data()
-                .map_err(io_error("sync log", &self.path))?;
+            self.file.sync_data().map_err(io_error("sync log", &self.path))?;
             self.position = batch_end;
             let written_end = batch_end + if end_mark { END_MARK.len() as u64 } else { 0 };
             self.file_bytes = self.file_bytes.max(written_end);
@@ -1114,11 +896,7 @@ mod tests {
         // (offset, length) -> (first, last, head partial, tail partial, whole blocks)
         let check = |offset: u64, length: u64, expected: (u64, u64, bool, bool, Range<u64>)| {
             let g = Geometry::of(offset, length).expect("non-empty");
-            assert_eq!(
-                (g.first, g.last, g.head_partial, g.tail_partial, g.whole()),
-                expected,
-                "{length} at {offset}"
-            );
+            assert_eq!((g.first, g.last, g.head_partial, g.tail_partial, g.whole()), expected, "{length} at {offset}");
         };
         check(0, 4096, (0, 0, false, false, 0..1));
         check(0, 8192, (0, 1, false, false, 0..2));
@@ -1156,15 +934,9 @@ mod tests {
                 offset_bytes: 512,
                 length_bytes: 3 * 4096,
                 change: Change::Zero {
-                    head: Some(Edge {
-                        block: 0,
-                        content: Some((a.clone(), crc(&a))),
-                    }),
+                    head: Some(Edge { block: 0, content: Some((a.clone(), crc(&a))) }),
                     whole: 1..3,
-                    tail: Some(Edge {
-                        block: 3,
-                        content: None,
-                    }),
+                    tail: Some(Edge { block: 3, content: None }),
                 },
             },
             LogRecord {
@@ -1199,8 +971,7 @@ mod tests {
 
     #[test]
     fn segment_headers_are_valid_only_for_their_segment() {
-        let dir =
-            std::env::temp_dir().join(format!("starfish-store-header-{}", std::process::id()));
+        let dir = std::env::temp_dir().join(format!("starfish-store-header-{}", std::process::id()));
         let path = dir.join("segment");
         std::fs::create_dir_all(&dir).expect("create dir");
         let header = segment_header(7, 6, 12345);
@@ -1216,11 +987,7 @@ mod tests {
         ] {
             std::fs::write(&path, &bytes).expect("write");
             let file = File::open(&path).expect("open");
-            assert_eq!(
-                read_segment_header(&file, &path, id).expect("read"),
-                expected,
-                "{bytes:?} as segment {id}"
-            );
+            assert_eq!(read_segment_header(&file, &path, id).expect("read"), expected, "{bytes:?} as segment {id}");
         }
         let _ = std::fs::remove_dir_all(&dir);
     }
@@ -1233,9 +1000,7 @@ mod tests {
             assert_eq!(decoded.to_record(), record.to_record());
         }
         let write = &sample_records()[0];
-        let Op::Write { data, .. } = write.to_record().op else {
-            panic!("a write")
-        };
+        let Op::Write { data, .. } = write.to_record().op else { panic!("a write") };
         assert_eq!(&data[..3584], &[1; 3584][..]);
         assert_eq!(&data[3584..], &[2; 512][..]);
     }
@@ -1252,8 +1017,7 @@ mod tests {
         for record in sample_records() {
             let bytes = encode(&record);
             // Every single-bit flip of the headers and checksums is caught.
-            let checked = (RECORD_FRAME_BYTES + RECORD_HEADER_BYTES) as usize
-                + 4 * record.logged_crcs().count();
+            let checked = (RECORD_FRAME_BYTES + RECORD_HEADER_BYTES) as usize + 4 * record.logged_crcs().count();
             for i in 0..checked * 8 {
                 let mut damaged = bytes.clone();
                 damaged[i / 8] ^= 1 << (i % 8);

@@ -15,8 +15,7 @@ const META_MAGIC: [u8; 8] = *b"SFSTMETA";
 const META_VERSION: u32 = 2;
 const META_HEADER_BYTES: usize = 24;
 const META_VOLUME_BYTES_MIN: usize = 4 + 4 + 8 + 8 + 8 + 2;
-const META_BYTES_MAX: usize =
-    META_HEADER_BYTES + 32 + VOLUMES_MAX * (META_VOLUME_BYTES_MIN + VOLUME_NAME_BYTES_MAX);
+const META_BYTES_MAX: usize = META_HEADER_BYTES + 32 + VOLUMES_MAX * (META_VOLUME_BYTES_MIN + VOLUME_NAME_BYTES_MAX);
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Meta {
@@ -57,10 +56,7 @@ impl Meta {
             body.extend_from_slice(&volume.size_bytes.to_le_bytes());
             body.extend_from_slice(&volume.applied.0.to_le_bytes());
             body.extend_from_slice(&volume.applied_epoch.0.to_le_bytes());
-            assert!(
-                volume.name.len() <= VOLUME_NAME_BYTES_MAX,
-                "volume names are checked on creation"
-            );
+            assert!(volume.name.len() <= VOLUME_NAME_BYTES_MAX, "volume names are checked on creation");
             body.extend_from_slice(&(volume.name.len() as u16).to_le_bytes());
             body.extend_from_slice(volume.name.as_bytes());
         }
@@ -88,17 +84,12 @@ impl Meta {
         }
         let version = u32_at(bytes, 8);
         if version != META_VERSION {
-            return Err(format!(
-                "format version {version}, this build reads {META_VERSION}"
-            ));
+            return Err(format!("format version {version}, this build reads {META_VERSION}"));
         }
         let body_len = u32_at(bytes, 12) as usize;
         let body = &bytes[META_HEADER_BYTES..];
         if body.len() != body_len {
-            return Err(format!(
-                "body of {} bytes, header says {body_len}",
-                body.len()
-            ));
+            return Err(format!("body of {} bytes, header says {body_len}", body.len()));
         }
         if crc32c::crc32c(body) != u32_at(bytes, 16) {
             return Err("body checksum mismatch".into());
@@ -123,29 +114,14 @@ impl Meta {
             let name = String::from_utf8(reader.take(name_len)?.to_vec())
                 .map_err(|_| "volume name is not UTF-8".to_string())?;
             if number >= next_volume_number {
-                return Err(format!(
-                    "volume number {number} not below the next number {next_volume_number}"
-                ));
+                return Err(format!("volume number {number} not below the next number {next_volume_number}"));
             }
-            volumes.push(VolumeMeta {
-                number,
-                name,
-                size_bytes,
-                applied,
-                applied_epoch,
-                map_digest,
-            });
+            volumes.push(VolumeMeta { number, name, size_bytes, applied, applied_epoch, map_digest });
         }
         if !reader.bytes.is_empty() {
             return Err(format!("{} bytes left over", reader.bytes.len()));
         }
-        Ok(Meta {
-            epoch,
-            generation,
-            log_start,
-            next_volume_number,
-            volumes,
-        })
+        Ok(Meta { epoch, generation, log_start, next_volume_number, volumes })
     }
 
     /// Read `dir/meta`; `Ok(None)` if there is none.
@@ -157,22 +133,16 @@ impl Meta {
             Err(e) => return Err(io_error("read metadata", &path)(e)),
         };
         if bytes.len() > META_BYTES_MAX {
-            return Err(StoreError::CorruptMetadata {
-                path,
-                reason: format!("{} bytes, too large", bytes.len()),
-            });
+            return Err(StoreError::CorruptMetadata { path, reason: format!("{} bytes, too large", bytes.len()) });
         }
-        Meta::decode(&bytes)
-            .map(Some)
-            .map_err(|reason| StoreError::CorruptMetadata { path, reason })
+        Meta::decode(&bytes).map(Some).map_err(|reason| StoreError::CorruptMetadata { path, reason })
     }
 
     /// Replace `dir/meta` atomically and durably.
     pub fn write(&self, dir: &Path) -> Result<(), StoreError> {
         let temp = dir.join(META_TEMP_FILE);
         let mut file = fs::File::create(&temp).map_err(io_error("create metadata", &temp))?;
-        file.write_all(&self.encode())
-            .map_err(io_error("write metadata", &temp))?;
+        file.write_all(&self.encode()).map_err(io_error("write metadata", &temp))?;
         file.sync_data().map_err(io_error("sync metadata", &temp))?;
         drop(file);
         let path = dir.join(META_FILE);
@@ -240,16 +210,10 @@ mod tests {
         for i in 0..bytes.len() {
             let mut damaged = bytes.clone();
             damaged[i] ^= 0x10;
-            assert!(
-                Meta::decode(&damaged).is_err(),
-                "flip at {i} went unnoticed"
-            );
+            assert!(Meta::decode(&damaged).is_err(), "flip at {i} went unnoticed");
         }
         for len in 0..bytes.len() {
-            assert!(
-                Meta::decode(&bytes[..len]).is_err(),
-                "truncation at {len} went unnoticed"
-            );
+            assert!(Meta::decode(&bytes[..len]).is_err(), "truncation at {len} went unnoticed");
         }
     }
 }

@@ -35,9 +35,7 @@ struct Queue {
 
 impl Reclaim {
     fn queue(&self) -> MutexGuard<'_, Queue> {
-        self.queue
-            .lock()
-            .expect("a thread panicked while holding the reclaim queue")
+        self.queue.lock().expect("a thread panicked while holding the reclaim queue")
     }
 
     pub fn push(&self, volume: usize, blocks: Range<u64>) {
@@ -46,9 +44,7 @@ impl Reclaim {
         }
         let mut queue = self.queue();
         match queue.ranges.back_mut() {
-            Some((v, last))
-                if *v == volume && blocks.start <= last.end && last.start <= blocks.end =>
-            {
+            Some((v, last)) if *v == volume && blocks.start <= last.end && last.start <= blocks.end => {
                 *last = last.start.min(blocks.start)..last.end.max(blocks.end);
             }
             _ => queue.ranges.push_back((volume, blocks)),
@@ -108,22 +104,13 @@ impl Reclaim {
 
     /// Bytes queued (an upper bound: most of it may already be holes in the file).
     pub fn backlog_bytes(&self) -> u64 {
-        self.queue()
-            .ranges
-            .iter()
-            .map(|(_, r)| (r.end - r.start) * BLOCK_BYTES)
-            .sum()
+        self.queue().ranges.iter().map(|(_, r)| (r.end - r.start) * BLOCK_BYTES).sum()
     }
 }
 
 /// Punch the file data under the map's holes in `blocks`, stopping once `budget_bytes` were
 /// punched. Returns the first block not yet handled. The caller excludes applies.
-pub fn punch_holes(
-    volume: &Volume,
-    map: &BlockMap,
-    blocks: Range<u64>,
-    budget_bytes: u64,
-) -> io::Result<u64> {
+pub fn punch_holes(volume: &Volume, map: &BlockMap, blocks: Range<u64>, budget_bytes: u64) -> io::Result<u64> {
     let mut punched = 0;
     let mut block = blocks.start;
     while block < blocks.end {

@@ -24,10 +24,9 @@ use crate::{
     reclaim::{self, Reclaim},
     sys,
     volume::{Volume, VolumeState},
-    CommitOutcome, Rejected, StoreError, StoreOptions, VolumeDigest, VolumeHandle,
-    CHECKPOINT_LAG_SEGMENTS_MAX, CHECKPOINT_LOG_BYTES_MAX, CHECKPOINT_LOG_BYTES_MIN, LOCK_WAIT_MS,
-    RECLAIM_PUNCH_BYTES_MAX, RECLAIM_SCAN_BLOCKS_MAX, VOLUMES_MAX, VOLUME_BYTES_MAX,
-    VOLUME_NAME_BYTES_MAX, WRITEBACK_KICK_BYTES,
+    CommitOutcome, Rejected, StoreError, StoreOptions, VolumeDigest, VolumeHandle, CHECKPOINT_LAG_SEGMENTS_MAX,
+    CHECKPOINT_LOG_BYTES_MAX, CHECKPOINT_LOG_BYTES_MIN, LOCK_WAIT_MS, RECLAIM_PUNCH_BYTES_MAX, RECLAIM_SCAN_BLOCKS_MAX,
+    VOLUMES_MAX, VOLUME_BYTES_MAX, VOLUME_NAME_BYTES_MAX, WRITEBACK_KICK_BYTES,
 };
 
 mod copy;
@@ -87,9 +86,7 @@ impl Shared {
 
     pub fn check_failure(&self) -> Result<(), StoreError> {
         match &*lock(&self.failure) {
-            Some(reason) => Err(StoreError::Failed {
-                reason: reason.clone(),
-            }),
+            Some(reason) => Err(StoreError::Failed { reason: reason.clone() }),
             None => Ok(()),
         }
     }
@@ -97,8 +94,7 @@ impl Shared {
     /// Drop the oldest closed segments beyond the replay log budget (never one the last
     /// committed checkpoint still needs) and recycle or delete their files.
     pub fn trim_replay_log(&self, checkpoint_log_start: u64) {
-        let dropped =
-            lock(&self.log_index).trim_to(self.options.replay_log_bytes, checkpoint_log_start);
+        let dropped = lock(&self.log_index).trim_to(self.options.replay_log_bytes, checkpoint_log_start);
         for segment in dropped {
             self.checkpointer.recycle_or_remove(&self.dir, segment);
         }
@@ -116,9 +112,7 @@ struct Committer {
 }
 
 pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .expect("a thread panicked while holding a store lock")
+    mutex.lock().expect("a thread panicked while holding a store lock")
 }
 
 /// One log segment file found at open.
@@ -134,9 +128,7 @@ impl Store {
     /// recover: load the last checkpoint, replay the log after it (a torn tail is logged and
     /// cut off), and index the replay log.
     pub fn open(dir: &Path, options: StoreOptions) -> Result<Store, StoreError> {
-        if !(CHECKPOINT_LOG_BYTES_MIN..=CHECKPOINT_LOG_BYTES_MAX)
-            .contains(&options.checkpoint_log_bytes)
-        {
+        if !(CHECKPOINT_LOG_BYTES_MIN..=CHECKPOINT_LOG_BYTES_MAX).contains(&options.checkpoint_log_bytes) {
             return Err(StoreError::InvalidOptions(format!(
                 "checkpoint_log_bytes {} is outside {CHECKPOINT_LOG_BYTES_MIN}..={CHECKPOINT_LOG_BYTES_MAX}",
                 options.checkpoint_log_bytes
@@ -169,11 +161,7 @@ impl Store {
                     .open(&path)
                     .map_err(io_error("open log segment", &path))?;
                 let header = log::read_segment_header(&file, &path, id)?;
-                let candidate = FoundSegment {
-                    path,
-                    file: Arc::new(file),
-                    header,
-                };
+                let candidate = FoundSegment { path, file: Arc::new(file), header };
                 // Two files of one id: a spare prepared for an id the writer had already
                 // taken. The written one (else the `.seg`, listed first) is the segment.
                 let loser = match found.remove(&id) {
@@ -221,25 +209,14 @@ impl Store {
         }
         let live = chain.last().copied().unwrap_or(log_start);
         for (id, segment) in found.range(log_start..) {
-            let corrupt = |reason: String| {
-                Err(StoreError::CorruptLog {
-                    path: segment.path.clone(),
-                    offset: 0,
-                    reason,
-                })
-            };
+            let corrupt =
+                |reason: String| Err(StoreError::CorruptLog { path: segment.path.clone(), offset: 0, reason });
             match segment.header {
                 Some(_) if *id > live => {
-                    return corrupt(format!(
-                        "segment {id} was written to, but segment {} before it was not",
-                        id - 1
-                    ))
+                    return corrupt(format!("segment {id} was written to, but segment {} before it was not", id - 1))
                 }
                 Some((previous, _)) if *id > log_start && previous != id - 1 => {
-                    return corrupt(format!(
-                        "segment {id} says it follows segment {previous}, not {}",
-                        id - 1
-                    ))
+                    return corrupt(format!("segment {id} says it follows segment {previous}, not {}", id - 1))
                 }
                 _ => {}
             }
@@ -259,15 +236,9 @@ impl Store {
         let mut log_epoch = Epoch(0);
         let mut live_end = 0;
         for &id in &chain {
-            let sealed_end = (id < live).then(|| {
-                found[&(id + 1)]
-                    .header
-                    .expect("segments of the chain are written")
-                    .1
-            });
+            let sealed_end = (id < live).then(|| found[&(id + 1)].header.expect("segments of the chain are written").1);
             let segment = &found[&id];
-            let (end, epoch) =
-                replay_segment(id, segment, sealed_end, &volumes, &mut dirty, &mut index)?;
+            let (end, epoch) = replay_segment(id, segment, sealed_end, &volumes, &mut dirty, &mut index)?;
             log_epoch = log_epoch.max(epoch);
             live_end = end;
         }
@@ -308,22 +279,10 @@ impl Store {
             index.push_segment(live, live_path.clone(), live_file.clone(), 0);
         }
         // The header the live segment gets with its first batch, if it has none yet.
-        let previous = live
-            .checked_sub(1)
-            .and_then(|previous| Some((previous, index.segment_bytes(previous)?)))
-            .unwrap_or((0, 0));
-        let live_file_bytes = live_file
-            .metadata()
-            .map_err(io_error("stat", &live_path))?
-            .len();
-        let writer = LogWriter::new(
-            live,
-            live_path,
-            live_file,
-            live_end,
-            live_file_bytes,
-            previous,
-        );
+        let previous =
+            live.checked_sub(1).and_then(|previous| Some((previous, index.segment_bytes(previous)?))).unwrap_or((0, 0));
+        let live_file_bytes = live_file.metadata().map_err(io_error("stat", &live_path))?.len();
+        let writer = LogWriter::new(live, live_path, live_file, live_end, live_file_bytes, previous);
 
         // A spare prepared for the next segment is kept; anything newer is left over from a
         // spare retargeted before a crash.
@@ -332,8 +291,7 @@ impl Store {
             if id == live + 1 {
                 let spare_path = log::spare_path(dir, id);
                 if segment.path != spare_path {
-                    fs::rename(&segment.path, &spare_path)
-                        .map_err(io_error("rename log segment", &segment.path))?;
+                    fs::rename(&segment.path, &spare_path).map_err(io_error("rename log segment", &segment.path))?;
                 }
                 wipe_segment_start(&segment.file, &spare_path)?;
                 partial_spare = Some(PartialSpare::adopt(id, spare_path, segment.file)?);
@@ -364,19 +322,10 @@ impl Store {
             checkpointer: Checkpointer::new(log_start, live, log_files.free),
         });
         shared.trim_replay_log(log_start);
-        let committer = Arc::new(Mutex::new(Committer {
-            log: writer,
-            dirty,
-            unflushed_bytes,
-            spare_requested: false,
-        }));
+        let committer = Arc::new(Mutex::new(Committer { log: writer, dirty, unflushed_bytes, spare_requested: false }));
         let reclaimer = {
-            let (reclaim, committer, volumes, shared) = (
-                reclaim.clone(),
-                committer.clone(),
-                volumes.clone(),
-                shared.clone(),
-            );
+            let (reclaim, committer, volumes, shared) =
+                (reclaim.clone(), committer.clone(), volumes.clone(), shared.clone());
             std::thread::Builder::new()
                 .name("store-reclaim".into())
                 .spawn(move || {
@@ -419,10 +368,7 @@ impl Store {
         let _committer = self.lock_committer()?;
         let current = self.epoch();
         if epoch < current {
-            return Err(StoreError::EpochBackwards {
-                requested: epoch,
-                current,
-            });
+            return Err(StoreError::EpochBackwards { requested: epoch, current });
         }
         if epoch == current {
             return Ok(());
@@ -448,12 +394,7 @@ impl Store {
     /// The volume named `name`, created (durably, empty) if there is none. Its size must be a
     /// positive multiple of 4096 bytes, and match if the volume exists.
     pub fn ensure_volume(&self, name: &str, size_bytes: u64) -> Result<VolumeHandle, StoreError> {
-        let invalid = |reason: String| {
-            Err(StoreError::InvalidVolume {
-                name: name.to_string(),
-                reason,
-            })
-        };
+        let invalid = |reason: String| Err(StoreError::InvalidVolume { name: name.to_string(), reason });
         if name.is_empty() || name.len() > VOLUME_NAME_BYTES_MAX {
             return invalid(format!("names have 1 to {VOLUME_NAME_BYTES_MAX} bytes"));
         }
@@ -490,10 +431,8 @@ impl Store {
             .truncate(true)
             .open(&data_path)
             .map_err(io_error("create volume data", &data_path))?;
-        data.set_len(size_bytes)
-            .map_err(io_error("size volume data", &data_path))?;
-        data.sync_all()
-            .map_err(io_error("sync volume data", &data_path))?;
+        data.set_len(size_bytes).map_err(io_error("size volume data", &data_path))?;
+        data.sync_all().map_err(io_error("sync volume data", &data_path))?;
         let map_file = MapFile::create(&map_path(dir, number), name, number, size_bytes)?;
         let volumes_dir = dir.join(VOLUMES_DIR);
         sys::sync_dir(&volumes_dir).map_err(io_error("sync directory", &volumes_dir))?;
@@ -509,9 +448,7 @@ impl Store {
                 map_digest,
             });
         })?;
-        committer
-            .dirty
-            .push(DirtyChunks::for_blocks(size_bytes / BLOCK_BYTES));
+        committer.dirty.push(DirtyChunks::for_blocks(size_bytes / BLOCK_BYTES));
         committer.unflushed_bytes.push(0);
         let mut volumes = self.volumes.write().expect("volume list lock");
         volumes.push(Arc::new(Volume {
@@ -535,37 +472,23 @@ impl Store {
     /// The volume named `name`, if the store holds it.
     pub fn volume(&self, name: &str) -> Option<VolumeHandle> {
         let volumes = self.volumes.read().expect("volume list lock");
-        volumes
-            .iter()
-            .position(|v| v.name == name)
-            .map(|i| VolumeHandle(i as u32))
+        volumes.iter().position(|v| v.name == name).map(|i| VolumeHandle(i as u32))
     }
 
     /// Name and size of every volume, in handle order.
     pub fn volumes(&self) -> Vec<(String, u64)> {
         let volumes = self.volumes.read().expect("volume list lock");
-        volumes
-            .iter()
-            .map(|v| (v.name.clone(), v.size_bytes))
-            .collect()
+        volumes.iter().map(|v| (v.name.clone(), v.size_bytes)).collect()
     }
 
     pub fn applied_sequence(&self, volume: VolumeHandle) -> Sequence {
-        self.volume_at(volume)
-            .state
-            .read()
-            .expect("volume lock")
-            .applied
+        self.volume_at(volume).state.read().expect("volume lock").applied
     }
 
     /// Epoch of the volume's last applied record (0 before the first): with the applied
     /// sequence, the `(epoch, sequence)` a failover compares across elements.
     pub fn applied_epoch(&self, volume: VolumeHandle) -> Epoch {
-        self.volume_at(volume)
-            .state
-            .read()
-            .expect("volume lock")
-            .applied_epoch
+        self.volume_at(volume).state.read().expect("volume lock").applied_epoch
     }
 
     /// Group commit: log every new record of `batch` with one write and one `fdatasync`, then
@@ -593,12 +516,7 @@ impl Store {
                 let state = volume.state.read().expect("volume lock");
                 (state.applied, state.applied_epoch)
             });
-            let reject = |error| Rejected {
-                index,
-                volume: *handle,
-                sequence: record.sequence,
-                error,
-            };
+            let reject = |error| Rejected { index, volume: *handle, sequence: record.sequence, error };
             if record.sequence <= *applied {
                 outcome.duplicates += 1;
                 continue;
@@ -643,11 +561,7 @@ impl Store {
             self.epoch.fetch_max(running_epoch.0, Ordering::AcqRel);
         }
         for (handle, applied) in &mut outcome.applied {
-            *applied = volumes[handle.index()]
-                .state
-                .read()
-                .expect("volume lock")
-                .applied;
+            *applied = volumes[handle.index()].state.read().expect("volume lock").applied;
         }
         let position = committer.log.position;
         if !committer.spare_requested && position >= self.options.checkpoint_log_bytes / 8 {
@@ -689,28 +603,18 @@ impl Store {
         let volume = self.volume_at(volume);
         volume.check_range(offset_bytes, length_bytes as u64)?;
         if length_bytes > PAYLOAD_BYTES_MAX {
-            return Err(StoreError::PayloadTooLarge {
-                volume: volume.name.clone(),
-                length_bytes: length_bytes as u64,
-            });
+            return Err(StoreError::PayloadTooLarge { volume: volume.name.clone(), length_bytes: length_bytes as u64 });
         }
         let Some(geometry) = Geometry::of(offset_bytes, length_bytes as u64) else {
-            return Ok((
-                volume.state.read().expect("volume lock").applied,
-                Bytes::new(),
-            ));
+            return Ok((volume.state.read().expect("volume lock").applied, Bytes::new()));
         };
-        let mut buffer =
-            BytesMut::zeroed(((geometry.last - geometry.first + 1) * BLOCK_BYTES) as usize);
+        let mut buffer = BytesMut::zeroed(((geometry.last - geometry.first + 1) * BLOCK_BYTES) as usize);
         let state = volume.state.read().expect("volume lock");
         volume.read_blocks(&state.map, geometry.first, &mut buffer)?;
         let applied = state.applied;
         drop(state);
         let skip = (offset_bytes - geometry.first * BLOCK_BYTES) as usize;
-        Ok((
-            applied,
-            buffer.freeze().slice(skip..skip + length_bytes as usize),
-        ))
+        Ok((applied, buffer.freeze().slice(skip..skip + length_bytes as usize)))
     }
 
     /// Allocated and hole extents of a range, in order, with the applied sequence they
@@ -725,10 +629,7 @@ impl Store {
         let volume = self.volume_at(volume);
         volume.check_range(offset_bytes, length_bytes)?;
         let state = volume.state.read().expect("volume lock");
-        Ok((
-            state.applied,
-            volume.block_status(&state.map, offset_bytes, length_bytes),
-        ))
+        Ok((state.applied, volume.block_status(&state.map, offset_bytes, length_bytes)))
     }
 
     /// Records of `volume` after `after`, in order, from the replay log: at least one, then as
@@ -749,25 +650,14 @@ impl Store {
         if after >= applied {
             return Ok(Vec::new());
         }
-        let locations = lock(&self.shared.log_index)
-            .locate(volume.number, after, applied, max_bytes)
-            .map_err(|oldest| StoreError::NotInReplayLog {
-                volume: volume.name.clone(),
-                sequence: after.next(),
-                oldest,
+        let locations =
+            lock(&self.shared.log_index).locate(volume.number, after, applied, max_bytes).map_err(|oldest| {
+                StoreError::NotInReplayLog { volume: volume.name.clone(), sequence: after.next(), oldest }
             })?;
         let mut records = Vec::with_capacity(locations.len());
         for location in locations {
-            let record = log::read_record(
-                &location.file,
-                &location.path,
-                location.offset,
-                location.frame,
-            )?;
-            assert_eq!(
-                record.volume_number, volume.number,
-                "the log index points at this volume's records"
-            );
+            let record = log::read_record(&location.file, &location.path, location.offset, location.frame)?;
+            assert_eq!(record.volume_number, volume.number, "the log index points at this volume's records");
             records.push(record.to_record());
         }
         Ok(records)
@@ -813,10 +703,7 @@ impl Store {
 
     fn volume_at(&self, handle: VolumeHandle) -> Arc<Volume> {
         let volumes = self.volumes.read().expect("volume list lock");
-        volumes
-            .get(handle.index())
-            .expect("a volume handle of this store")
-            .clone()
+        volumes.get(handle.index()).expect("a volume handle of this store").clone()
     }
 
     fn lock_committer(&self) -> Result<MutexGuard<'_, Committer>, StoreError> {
@@ -908,15 +795,10 @@ impl Committer {
                 Some(spare) => {
                     let path = log::segment_path(&shared.dir, next);
                     // Not synced: recovery reads a spare's name as the segment's.
-                    fs::rename(&spare.path, &path)
-                        .map_err(io_error("rename log segment", &spare.path))?;
+                    fs::rename(&spare.path, &path).map_err(io_error("rename log segment", &spare.path))?;
                     (path, spare.file, spare.file_bytes)
                 }
-                None => (
-                    log::segment_path(&shared.dir, next),
-                    LogWriter::create_segment(&shared.dir, next)?,
-                    0,
-                ),
+                None => (log::segment_path(&shared.dir, next), LogWriter::create_segment(&shared.dir, next)?, 0),
             };
             {
                 let mut index = lock(&shared.log_index);
@@ -988,12 +870,7 @@ fn reclaim_slice(
     let volume = volumes.read().expect("volume list lock")[i].clone();
     let state = volume.state.read().expect("volume lock");
     let scan_end = blocks.end.min(blocks.start + RECLAIM_SCAN_BLOCKS_MAX);
-    match reclaim::punch_holes(
-        &volume,
-        &state.map,
-        blocks.start..scan_end,
-        RECLAIM_PUNCH_BYTES_MAX,
-    ) {
+    match reclaim::punch_holes(&volume, &state.map, blocks.start..scan_end, RECLAIM_PUNCH_BYTES_MAX) {
         Ok(done) => reclaim.push_front(i, done..blocks.end),
         Err(error) => tracing::warn!(
             volume = %volume.name,
@@ -1012,9 +889,7 @@ fn reclaim_slice(
 /// previous one ends (at least `k + 1`).
 fn block_run_end(indices: &[usize], records: &[LogRecord], k: usize) -> usize {
     let block_end = |record: &LogRecord| match &record.change {
-        Change::Blocks {
-            first_block, crcs, ..
-        } => Some((*first_block, first_block + crcs.len() as u64)),
+        Change::Blocks { first_block, crcs, .. } => Some((*first_block, first_block + crcs.len() as u64)),
         _ => None,
     };
     let Some((_, mut end)) = block_end(&records[k]) else {
@@ -1035,10 +910,7 @@ fn block_run_end(indices: &[usize], records: &[LogRecord], k: usize) -> usize {
 /// were lost or damaged), they cannot serve a continuous history and are forgotten.
 fn add_to_index(index: &mut LogIndex, record: &LogRecord, offset: u64, frame: u32) {
     if let Err(discontinuity) = index.add(record.volume_number, record.sequence, offset, frame) {
-        assert!(
-            discontinuity.at_segment_start,
-            "records of a segment are consecutive: {discontinuity:?}"
-        );
+        assert!(discontinuity.at_segment_start, "records of a segment are consecutive: {discontinuity:?}");
         let dropped = index.drop_older_than_newest();
         tracing::warn!(
             volume_number = record.volume_number,
@@ -1068,9 +940,7 @@ fn lock_directory(dir: &Path) -> Result<File, StoreError> {
     let mut waited_ms = 0;
     while !sys::try_lock_exclusive(&lock_file).map_err(io_error("lock", &lock_path))? {
         if waited_ms >= LOCK_WAIT_MS {
-            return Err(StoreError::Locked {
-                path: dir.to_path_buf(),
-            });
+            return Err(StoreError::Locked { path: dir.to_path_buf() });
         }
         std::thread::sleep(std::time::Duration::from_millis(10));
         waited_ms += 10;
@@ -1095,8 +965,7 @@ fn wipe_segment_start(file: &File, path: &Path) -> Result<(), StoreError> {
         return Ok(());
     }
     let wiped = (log::SEGMENT_HEADER_BYTES + log::BATCH_HEADER_BYTES) as u64;
-    file.write_all_at(&vec![0u8; wiped.min(file_bytes) as usize], 0)
-        .map_err(io_error("wipe log segment", path))?;
+    file.write_all_at(&vec![0u8; wiped.min(file_bytes) as usize], 0).map_err(io_error("wipe log segment", path))?;
     file.sync_data().map_err(io_error("sync log", path))
 }
 
@@ -1113,50 +982,32 @@ fn replay_segment(
     dirty: &mut [DirtyChunks],
     index: &mut LogIndex,
 ) -> Result<(u64, Epoch), StoreError> {
-    let numbers: HashMap<u32, usize> = volumes
-        .iter()
-        .enumerate()
-        .map(|(i, v)| (v.number, i))
-        .collect();
+    let numbers: HashMap<u32, usize> = volumes.iter().enumerate().map(|(i, v)| (v.number, i)).collect();
     let (path, file) = (&segment.path, &segment.file);
     index.push_segment(id, path.clone(), file.clone(), 0);
     let mut epoch = Epoch(0);
-    let (valid_end, torn) =
-        log::scan_segment(file, path, id, sealed_end, |offset, frame, record| {
-            let corrupt = |reason: String| StoreError::CorruptLog {
-                path: path.clone(),
-                offset,
-                reason,
-            };
-            let Some(&i) = numbers.get(&record.volume_number) else {
-                return Err(corrupt(format!(
-                    "record for unknown volume number {}",
-                    record.volume_number
-                )));
-            };
-            let volume = &volumes[i];
-            let mut state = volume.state.write().expect("volume lock");
-            if record.sequence != state.applied.next() {
-                return Err(corrupt(format!(
-                    "record of sequence {} for volume {:?} does not follow its applied sequence {}",
-                    record.sequence, volume.name, state.applied
-                )));
-            }
-            if volume
-                .check_range(record.offset_bytes, record.length_bytes)
-                .is_err()
-            {
-                return Err(corrupt(format!(
-                    "record of sequence {} ends past volume {:?}",
-                    record.sequence, volume.name
-                )));
-            }
-            add_to_index(index, &record, offset, frame);
-            // The holes need no reclaiming here: `open` queues every volume whole.
-            volume.apply(&mut state, &mut dirty[i], &record)?;
-            epoch = epoch.max(record.epoch);
-            Ok(())
-        })?;
+    let (valid_end, torn) = log::scan_segment(file, path, id, sealed_end, |offset, frame, record| {
+        let corrupt = |reason: String| StoreError::CorruptLog { path: path.clone(), offset, reason };
+        let Some(&i) = numbers.get(&record.volume_number) else {
+            return Err(corrupt(format!("record for unknown volume number {}", record.volume_number)));
+        };
+        let volume = &volumes[i];
+        let mut state = volume.state.write().expect("volume lock");
+        if record.sequence != state.applied.next() {
+            return Err(corrupt(format!(
+                "record of sequence {} for volume {:?} does not follow its applied sequence {}",
+                record.sequence, volume.name, state.applied
+            )));
+        }
+        if volume.check_range(record.offset_bytes, record.length_bytes).is_err() {
+            return Err(corrupt(format!("record of sequence {} ends past volume {:?}", record.sequence, volume.name)));
+        }
+        add_to_index(index, &record, offset, frame);
+        // The holes need no reclaiming here: `open` queues every volume whole.
+        volume.apply(&mut state, &mut dirty[i], &record)?;
+        epoch = epoch.max(record.epoch);
+        Ok(())
+    })?;
     let file_bytes = file.metadata().map_err(io_error("stat", path))?.len();
     index.seal_newest(valid_end, file_bytes);
     if let Some(end) = sealed_end {
@@ -1193,8 +1044,7 @@ fn replay_segment(
                 reason = %torn.reason,
                 "torn tail of the log (a commit cut short by a crash): discarding it"
             );
-            file.set_len(valid_end)
-                .map_err(io_error("truncate log", path))?;
+            file.set_len(valid_end).map_err(io_error("truncate log", path))?;
             file.sync_all().map_err(io_error("sync log", path))?;
         }
     }
@@ -1203,9 +1053,7 @@ fn replay_segment(
 
 /// Create the layout of an empty store in `dir`, which must hold nothing else.
 fn initialize(dir: &Path) -> Result<Meta, StoreError> {
-    let not_a_store = || StoreError::NotAStore {
-        path: dir.to_path_buf(),
-    };
+    let not_a_store = || StoreError::NotAStore { path: dir.to_path_buf() };
     for entry in fs::read_dir(dir).map_err(io_error("list", dir))? {
         let entry = entry.map_err(io_error("list", dir))?;
         let name = entry.file_name();
@@ -1215,10 +1063,7 @@ fn initialize(dir: &Path) -> Result<Meta, StoreError> {
                 // Left by an initialization that crashed: acceptable only if empty of data.
                 for inner in fs::read_dir(entry.path()).map_err(io_error("list", &entry.path()))? {
                     let inner = inner.map_err(io_error("list", &entry.path()))?;
-                    let bytes = inner
-                        .metadata()
-                        .map_err(io_error("stat", &inner.path()))?
-                        .len();
+                    let bytes = inner.metadata().map_err(io_error("stat", &inner.path()))?.len();
                     if name == VOLUMES_DIR || bytes != 0 {
                         return Err(not_a_store());
                     }
@@ -1236,39 +1081,22 @@ fn initialize(dir: &Path) -> Result<Meta, StoreError> {
     if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
         sys::sync_dir(parent).map_err(io_error("sync directory", parent))?;
     }
-    let meta = Meta {
-        epoch: Epoch(0),
-        generation: 0,
-        log_start: 1,
-        next_volume_number: 0,
-        volumes: Vec::new(),
-    };
+    let meta = Meta { epoch: Epoch(0), generation: 0, log_start: 1, next_volume_number: 0, volumes: Vec::new() };
     LogWriter::create_segment(dir, meta.log_start)?;
     meta.write(dir)?;
     tracing::info!(dir = %dir.display(), "created an empty store");
     Ok(meta)
 }
 
-fn open_volume(
-    dir: &Path,
-    meta: &Meta,
-    volume_meta: &VolumeMeta,
-) -> Result<(Arc<Volume>, ChunkImages), StoreError> {
+fn open_volume(dir: &Path, meta: &Meta, volume_meta: &VolumeMeta) -> Result<(Arc<Volume>, ChunkImages), StoreError> {
     let data_path = data_path(dir, volume_meta.number);
-    let data = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(&data_path)
-        .map_err(io_error("open volume data", &data_path))?;
+    let data =
+        OpenOptions::new().read(true).write(true).open(&data_path).map_err(io_error("open volume data", &data_path))?;
     let data_bytes = data.metadata().map_err(io_error("stat", &data_path))?.len();
     if data_bytes != volume_meta.size_bytes {
         return Err(StoreError::InvalidVolume {
             name: volume_meta.name.clone(),
-            reason: format!(
-                "{} holds {data_bytes} bytes, the volume {}",
-                data_path.display(),
-                volume_meta.size_bytes
-            ),
+            reason: format!("{} holds {data_bytes} bytes, the volume {}", data_path.display(), volume_meta.size_bytes),
         });
     }
     let (map_file, map, images) = MapFile::load(
@@ -1286,11 +1114,7 @@ fn open_volume(
         data_path,
         data,
         map_file,
-        state: RwLock::new(VolumeState {
-            applied: volume_meta.applied,
-            applied_epoch: volume_meta.applied_epoch,
-            map,
-        }),
+        state: RwLock::new(VolumeState { applied: volume_meta.applied, applied_epoch: volume_meta.applied_epoch, map }),
         copy: Mutex::new(copy::load(dir, volume_meta.number)?),
     };
     Ok((Arc::new(volume), images))
@@ -1309,26 +1133,10 @@ fn index_closed_segment(
     let file_bytes = file.metadata().map_err(io_error("stat", &path))?.len();
     index.push_segment(id, path.clone(), file.clone(), 0);
     let scanned = if header.is_none() {
-        Ok((
-            0,
-            Some(log::Torn {
-                offset: 0,
-                reason: "no valid segment header".into(),
-                clean: false,
-            }),
-        ))
+        Ok((0, Some(log::Torn { offset: 0, reason: "no valid segment header".into(), clean: false })))
     } else {
-        log::scan_segment(
-            &file,
-            &path,
-            id,
-            sealed_end,
-            |offset, frame, record| match index.add(
-                record.volume_number,
-                record.sequence,
-                offset,
-                frame,
-            ) {
+        log::scan_segment(&file, &path, id, sealed_end, |offset, frame, record| {
+            match index.add(record.volume_number, record.sequence, offset, frame) {
                 Ok(()) => Ok(()),
                 Err(discontinuity) if discontinuity.at_segment_start => {
                     let dropped = index.drop_older_than_newest();
@@ -1339,21 +1147,16 @@ fn index_closed_segment(
                         "replay log segments do not follow each other; forgetting the older ones"
                     );
                     remove_segments(dropped);
-                    index
-                        .add(record.volume_number, record.sequence, offset, frame)
-                        .expect("fits after the drop");
+                    index.add(record.volume_number, record.sequence, offset, frame).expect("fits after the drop");
                     Ok(())
                 }
                 Err(discontinuity) => Err(StoreError::CorruptLog {
                     path: path.clone(),
                     offset,
-                    reason: format!(
-                        "sequence {} where {} was expected",
-                        discontinuity.found, discontinuity.expected
-                    ),
+                    reason: format!("sequence {} where {} was expected", discontinuity.found, discontinuity.expected),
                 }),
-            },
-        )
+            }
+        })
     };
     let damage = match scanned {
         // Without a known end, the log of a preallocated segment ends at its first invalid
@@ -1368,10 +1171,8 @@ fn index_closed_segment(
         Ok((end, torn)) => StoreError::CorruptLog {
             path: path.clone(),
             offset: end,
-            reason: torn.map_or_else(
-                || format!("the log ends before byte {sealed_end:?}, where it was sealed"),
-                |t| t.reason,
-            ),
+            reason: torn
+                .map_or_else(|| format!("the log ends before byte {sealed_end:?}, where it was sealed"), |t| t.reason),
         },
         Err(error @ StoreError::CorruptLog { .. }) => error,
         Err(error) => return Err(error),
@@ -1403,21 +1204,12 @@ fn prepare(
 ) -> Result<LogRecord, StoreError> {
     let (kind, offset_bytes, length_bytes) = match &record.op {
         Op::Write { offset_bytes, data } => (Kind::Write, *offset_bytes, data.len() as u64),
-        Op::Trim {
-            offset_bytes,
-            length_bytes,
-        } => (Kind::Trim, *offset_bytes, *length_bytes),
-        Op::WriteZeroes {
-            offset_bytes,
-            length_bytes,
-        } => (Kind::WriteZeroes, *offset_bytes, *length_bytes),
+        Op::Trim { offset_bytes, length_bytes } => (Kind::Trim, *offset_bytes, *length_bytes),
+        Op::WriteZeroes { offset_bytes, length_bytes } => (Kind::WriteZeroes, *offset_bytes, *length_bytes),
     };
     volume.check_range(offset_bytes, length_bytes)?;
     if kind == Kind::Write && length_bytes > PAYLOAD_BYTES_MAX as u64 {
-        return Err(StoreError::PayloadTooLarge {
-            volume: volume.name.clone(),
-            length_bytes,
-        });
+        return Err(StoreError::PayloadTooLarge { volume: volume.name.clone(), length_bytes });
     }
     let base = |block: u64| base_block(volume, i, block, earlier);
     let change = match (Geometry::of(offset_bytes, length_bytes), &record.op) {
@@ -1435,15 +1227,9 @@ fn prepare(
                 pieces.push(merged.freeze());
                 position += n as u64;
             }
-            let whole_end = if g.tail_partial {
-                g.last * BLOCK_BYTES
-            } else {
-                end
-            };
+            let whole_end = if g.tail_partial { g.last * BLOCK_BYTES } else { end };
             if position < whole_end {
-                pieces.push(data.slice(
-                    (position - offset_bytes) as usize..(whole_end - offset_bytes) as usize,
-                ));
+                pieces.push(data.slice((position - offset_bytes) as usize..(whole_end - offset_bytes) as usize));
                 position = whole_end;
             }
             if g.tail_partial {
@@ -1452,36 +1238,27 @@ fn prepare(
                 merged[..n].copy_from_slice(&data[(position - offset_bytes) as usize..]);
                 pieces.push(merged.freeze());
             }
-            let crcs = pieces
-                .iter()
-                .flat_map(|p| p.chunks(BLOCK_BYTES as usize))
-                .map(crc32c::crc32c)
-                .collect();
-            Change::Blocks {
-                first_block: g.first,
-                pieces,
-                crcs,
-            }
+            let crcs = pieces.iter().flat_map(|p| p.chunks(BLOCK_BYTES as usize)).map(crc32c::crc32c).collect();
+            Change::Blocks { first_block: g.first, pieces, crcs }
         }
         (Some(g), _) => {
             let end = offset_bytes + length_bytes;
-            let zeroed_edge =
-                |block: u64, zero: std::ops::Range<u64>| -> Result<Edge, StoreError> {
-                    let content = match base_content(volume, i, block, earlier)? {
-                        None => None,
-                        Some(base) => {
-                            let mut merged = BytesMut::from(&base[..]);
-                            merged[zero.start as usize..zero.end as usize].fill(0);
-                            if merged.iter().all(|b| *b == 0) {
-                                None
-                            } else {
-                                let crc = crc32c::crc32c(&merged);
-                                Some((merged.freeze(), crc))
-                            }
+            let zeroed_edge = |block: u64, zero: std::ops::Range<u64>| -> Result<Edge, StoreError> {
+                let content = match base_content(volume, i, block, earlier)? {
+                    None => None,
+                    Some(base) => {
+                        let mut merged = BytesMut::from(&base[..]);
+                        merged[zero.start as usize..zero.end as usize].fill(0);
+                        if merged.iter().all(|b| *b == 0) {
+                            None
+                        } else {
+                            let crc = crc32c::crc32c(&merged);
+                            Some((merged.freeze(), crc))
                         }
-                    };
-                    Ok(Edge { block, content })
+                    }
                 };
+                Ok(Edge { block, content })
+            };
             let head = if g.head_partial {
                 let block_start = g.first * BLOCK_BYTES;
                 Some(zeroed_edge(
@@ -1491,16 +1268,8 @@ fn prepare(
             } else {
                 None
             };
-            let tail = if g.tail_partial {
-                Some(zeroed_edge(g.last, 0..end - g.last * BLOCK_BYTES)?)
-            } else {
-                None
-            };
-            Change::Zero {
-                head,
-                whole: g.whole(),
-                tail,
-            }
+            let tail = if g.tail_partial { Some(zeroed_edge(g.last, 0..end - g.last * BLOCK_BYTES)?) } else { None };
+            Change::Zero { head, whole: g.whole(), tail }
         }
     };
     Ok(LogRecord {
@@ -1515,12 +1284,7 @@ fn prepare(
 }
 
 /// A block's content as a mutable copy (zeroes for a hole).
-fn base_block(
-    volume: &Volume,
-    i: usize,
-    block: u64,
-    earlier: &[(usize, LogRecord)],
-) -> Result<BytesMut, StoreError> {
+fn base_block(volume: &Volume, i: usize, block: u64, earlier: &[(usize, LogRecord)]) -> Result<BytesMut, StoreError> {
     Ok(match base_content(volume, i, block, earlier)? {
         Some(content) => BytesMut::from(&content[..]),
         None => BytesMut::zeroed(BLOCK_BYTES as usize),
@@ -1555,11 +1319,7 @@ impl LogRecord {
     fn content_of(&self, block: u64) -> Option<Option<Bytes>> {
         match &self.change {
             Change::Nothing => None,
-            Change::Blocks {
-                first_block,
-                pieces,
-                crcs,
-            } => {
+            Change::Blocks { first_block, pieces, crcs } => {
                 if block < *first_block || block >= first_block + crcs.len() as u64 {
                     return None;
                 }

@@ -24,21 +24,13 @@ pub fn write_all_vectored_at(file: &File, bufs: &[&[u8]], mut offset: u64) -> io
         for buf in bufs[next..].iter().take(IOVECS_MAX) {
             let start = if first { skip } else { 0 };
             first = false;
-            iovecs.push(libc::iovec {
-                iov_base: buf[start..].as_ptr() as *mut libc::c_void,
-                iov_len: buf.len() - start,
-            });
+            iovecs
+                .push(libc::iovec { iov_base: buf[start..].as_ptr() as *mut libc::c_void, iov_len: buf.len() - start });
         }
         let offset_os = libc::off_t::try_from(offset).expect("file offsets stay below 2^63");
         // SAFETY: every iovec points into a live borrowed slice for the duration of the call.
-        let written = unsafe {
-            libc::pwritev(
-                file.as_raw_fd(),
-                iovecs.as_ptr(),
-                iovecs.len() as libc::c_int,
-                offset_os,
-            )
-        };
+        let written =
+            unsafe { libc::pwritev(file.as_raw_fd(), iovecs.as_ptr(), iovecs.len() as libc::c_int, offset_os) };
         if written < 0 {
             let error = io::Error::last_os_error();
             if error.kind() == io::ErrorKind::Interrupted {
@@ -49,10 +41,7 @@ pub fn write_all_vectored_at(file: &File, bufs: &[&[u8]], mut offset: u64) -> io
         let mut written = written as usize;
         let total: usize = iovecs.iter().map(|v| v.iov_len).sum();
         if written == 0 && total > 0 {
-            return Err(io::Error::new(
-                io::ErrorKind::WriteZero,
-                "pwritev wrote nothing",
-            ));
+            return Err(io::Error::new(io::ErrorKind::WriteZero, "pwritev wrote nothing"));
         }
         offset += written as u64;
         while next < bufs.len() && written >= bufs[next].len() - skip {
@@ -78,12 +67,7 @@ pub fn punch_hole(file: &File, offset: u64, length: u64) -> io::Result<()> {
     loop {
         // SAFETY: plain system call on an owned descriptor.
         let result = unsafe {
-            libc::fallocate(
-                file.as_raw_fd(),
-                libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
-                offset,
-                length,
-            )
+            libc::fallocate(file.as_raw_fd(), libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE, offset, length)
         };
         if result == 0 {
             return Ok(());
@@ -93,9 +77,7 @@ pub fn punch_hole(file: &File, offset: u64, length: u64) -> io::Result<()> {
             Some(libc::EINTR) => continue,
             Some(libc::EOPNOTSUPP) => {
                 if !UNSUPPORTED_REPORTED.swap(true, Ordering::Relaxed) {
-                    tracing::warn!(
-                        "file system cannot punch holes: trimmed space is not reclaimed"
-                    );
+                    tracing::warn!("file system cannot punch holes: trimmed space is not reclaimed");
                 }
                 return Ok(());
             }
@@ -156,14 +138,7 @@ pub fn start_writeback(file: &File, offset: u64, length: u64) -> io::Result<()> 
     let offset = libc::off64_t::try_from(offset).expect("file offsets stay below 2^63");
     let length = libc::off64_t::try_from(length).expect("lengths stay below 2^63");
     // SAFETY: plain system call on an owned descriptor.
-    let result = unsafe {
-        libc::sync_file_range(
-            file.as_raw_fd(),
-            offset,
-            length,
-            libc::SYNC_FILE_RANGE_WRITE,
-        )
-    };
+    let result = unsafe { libc::sync_file_range(file.as_raw_fd(), offset, length, libc::SYNC_FILE_RANGE_WRITE) };
     if result == 0 {
         Ok(())
     } else {

@@ -61,40 +61,23 @@ fn pattern(seed: u64, length: usize) -> Vec<u8> {
 }
 
 fn record(sequence: u64, op: Op) -> Record {
-    Record {
-        volume: VolumeId(0),
-        epoch: Epoch(1),
-        sequence: Sequence(sequence),
-        op,
-    }
+    Record { volume: VolumeId(0), epoch: Epoch(1), sequence: Sequence(sequence), op }
 }
 
 fn write_op(offset_bytes: u64, length: usize, seed: u64) -> Op {
-    Op::Write {
-        offset_bytes,
-        data: Bytes::from(pattern(seed, length)),
-    }
+    Op::Write { offset_bytes, data: Bytes::from(pattern(seed, length)) }
 }
 
 fn trim_op(offset_bytes: u64, length_bytes: u64) -> Op {
-    Op::Trim {
-        offset_bytes,
-        length_bytes,
-    }
+    Op::Trim { offset_bytes, length_bytes }
 }
 
 fn zeroes_op(offset_bytes: u64, length_bytes: u64) -> Op {
-    Op::WriteZeroes {
-        offset_bytes,
-        length_bytes,
-    }
+    Op::WriteZeroes { offset_bytes, length_bytes }
 }
 
 fn small_options() -> StoreOptions {
-    StoreOptions {
-        checkpoint_log_bytes: CHECKPOINT_LOG_BYTES_MIN,
-        replay_log_bytes: 4 * CHECKPOINT_LOG_BYTES_MIN,
-    }
+    StoreOptions { checkpoint_log_bytes: CHECKPOINT_LOG_BYTES_MIN, replay_log_bytes: 4 * CHECKPOINT_LOG_BYTES_MIN }
 }
 
 /// What a volume must hold: its bytes and which blocks are allocated.
@@ -106,10 +89,7 @@ struct Model {
 
 impl Model {
     fn new(size_bytes: u64) -> Model {
-        Model {
-            bytes: vec![0; size_bytes as usize],
-            allocated: vec![false; (size_bytes / BLOCK_BYTES) as usize],
-        }
+        Model { bytes: vec![0; size_bytes as usize], allocated: vec![false; (size_bytes / BLOCK_BYTES) as usize] }
     }
 
     fn apply(&mut self, op: &Op) {
@@ -129,11 +109,8 @@ impl Model {
                 for b in first..=last {
                     let whole = offset <= b * block && (b + 1) * block <= offset + length;
                     // A partially zeroed block stays allocated only if something non-zero is left.
-                    self.allocated[b] = !whole
-                        && self.allocated[b]
-                        && self.bytes[b * block..(b + 1) * block]
-                            .iter()
-                            .any(|x| *x != 0);
+                    self.allocated[b] =
+                        !whole && self.allocated[b] && self.bytes[b * block..(b + 1) * block].iter().any(|x| *x != 0);
                 }
             }
         }
@@ -149,10 +126,7 @@ impl Model {
             let allocated = self.allocated[block as usize];
             match extents.last_mut() {
                 Some(last) if last.allocated == allocated => last.length_bytes += next - position,
-                _ => extents.push(BlockExtent {
-                    length_bytes: next - position,
-                    allocated,
-                }),
+                _ => extents.push(BlockExtent { length_bytes: next - position, allocated }),
             }
             position = next;
         }
@@ -175,18 +149,8 @@ impl Fixture {
     fn new(name: &str, size_bytes: u64, options: StoreOptions) -> Fixture {
         let dir = TempDir::new(name);
         let store = Store::open(&dir.0, options).expect("open a new store");
-        let volume = store
-            .ensure_volume("vol", size_bytes)
-            .expect("create the volume");
-        Fixture {
-            dir,
-            options,
-            store: Some(store),
-            volume,
-            size_bytes,
-            model: Model::new(size_bytes),
-            applied: 0,
-        }
+        let volume = store.ensure_volume("vol", size_bytes).expect("create the volume");
+        Fixture { dir, options, store: Some(store), volume, size_bytes, model: Model::new(size_bytes), applied: 0 }
     }
 
     fn store(&self) -> &Store {
@@ -201,11 +165,7 @@ impl Fixture {
             .map(|(i, op)| (self.volume, record(self.applied + 1 + i as u64, op.clone())))
             .collect();
         let outcome = self.store().commit(&batch).expect("commit");
-        assert!(
-            outcome.rejected.is_empty(),
-            "rejected: {:?}",
-            outcome.rejected
-        );
+        assert!(outcome.rejected.is_empty(), "rejected: {:?}", outcome.rejected);
         for op in ops {
             self.model.apply(op);
         }
@@ -232,53 +192,22 @@ impl Fixture {
         assert_eq!(store.applied_sequence(self.volume), Sequence(self.applied));
         let piece_bytes = self.size_bytes.min(PAYLOAD_BYTES_MAX as u64);
         for offset in (0..self.size_bytes).step_by(piece_bytes as usize) {
-            let (applied, data) = store
-                .read(self.volume, offset, piece_bytes as u32)
-                .expect("read all");
+            let (applied, data) = store.read(self.volume, offset, piece_bytes as u32).expect("read all");
             assert_eq!(applied, Sequence(self.applied));
             let model = &self.model.bytes[offset as usize..][..piece_bytes as usize];
             if data != model {
-                let first = offset as usize
-                    + data
-                        .iter()
-                        .zip(model)
-                        .position(|(a, b)| a != b)
-                        .expect("differs");
-                panic!(
-                    "content differs from the model first at byte {first} (block {})",
-                    first as u64 / BLOCK_BYTES
-                );
+                let first = offset as usize + data.iter().zip(model).position(|(a, b)| a != b).expect("differs");
+                panic!("content differs from the model first at byte {first} (block {})", first as u64 / BLOCK_BYTES);
             }
         }
-        for (offset, length) in [
-            (512, 512),
-            (4096 - 512, 1024),
-            (1000, 10000),
-            (self.size_bytes - 4608, 4608),
-        ] {
+        for (offset, length) in [(512, 512), (4096 - 512, 1024), (1000, 10000), (self.size_bytes - 4608, 4608)] {
             let (_, data) = store.read(self.volume, offset, length).expect("read piece");
-            assert_eq!(
-                &data[..],
-                &self.model.bytes[offset as usize..][..length as usize],
-                "read {length} at {offset}"
-            );
+            assert_eq!(&data[..], &self.model.bytes[offset as usize..][..length as usize], "read {length} at {offset}");
         }
-        let (_, extents) = store
-            .block_status(self.volume, 0, self.size_bytes)
-            .expect("block status");
-        assert_eq!(
-            extents,
-            self.model.extents(0, self.size_bytes),
-            "allocation extents"
-        );
-        let (_, extents) = store
-            .block_status(self.volume, 1536, 3 * BLOCK_BYTES)
-            .expect("block status");
-        assert_eq!(
-            extents,
-            self.model.extents(1536, 3 * BLOCK_BYTES),
-            "allocation extents of a piece"
-        );
+        let (_, extents) = store.block_status(self.volume, 0, self.size_bytes).expect("block status");
+        assert_eq!(extents, self.model.extents(0, self.size_bytes), "allocation extents");
+        let (_, extents) = store.block_status(self.volume, 1536, 3 * BLOCK_BYTES).expect("block status");
+        assert_eq!(extents, self.model.extents(1536, 3 * BLOCK_BYTES), "allocation extents of a piece");
     }
 
     fn live_segment(&self) -> PathBuf {
@@ -300,41 +229,20 @@ fn writes_trims_and_zeroes_read_back() {
     let table: Vec<(Op, &str)> = vec![
         (write_op(0, 4096, 1), "one aligned block"),
         (write_op(8 * b, 8 * 4096, 2), "aligned multi-block"),
-        (
-            write_op(512, 512, 3),
-            "one sector inside an allocated block",
-        ),
+        (write_op(512, 512, 3), "one sector inside an allocated block"),
         (write_op(20 * b + 1024, 512, 4), "one sector inside a hole"),
-        (
-            write_op(30 * b - 512, 1024, 5),
-            "two sectors across a block boundary",
-        ),
-        (
-            write_op(40 * b + 512, 5 * 4096, 6),
-            "unaligned at both ends, several blocks",
-        ),
-        (
-            write_op(10 * b + 3584, 4096 + 1024, 7),
-            "unaligned into allocated blocks",
-        ),
+        (write_op(30 * b - 512, 1024, 5), "two sectors across a block boundary"),
+        (write_op(40 * b + 512, 5 * 4096, 6), "unaligned at both ends, several blocks"),
+        (write_op(10 * b + 3584, 4096 + 1024, 7), "unaligned into allocated blocks"),
         (write_op(50 * b, 0, 8), "zero-length write"),
         (trim_op(9 * b, 2 * b), "trim whole blocks"),
         (trim_op(12 * b + 512, 1024), "trim inside a block"),
-        (
-            trim_op(40 * b + 512, 4096 - 512),
-            "trim the written part of a block: it becomes a hole",
-        ),
-        (
-            zeroes_op(13 * b + 2048, 3 * 4096),
-            "write zeroes unaligned across blocks",
-        ),
+        (trim_op(40 * b + 512, 4096 - 512), "trim the written part of a block: it becomes a hole"),
+        (zeroes_op(13 * b + 2048, 3 * 4096), "write zeroes unaligned across blocks"),
         (zeroes_op(60 * b, 4 * b), "write zeroes over holes"),
         (write_op(60 * b + 512, 4096, 9), "write over zeroed blocks"),
         (trim_op(0, 0), "zero-length trim"),
-        (
-            write_op((1 << 20) - 512, 512, 10),
-            "last sector of the volume",
-        ),
+        (write_op((1 << 20) - 512, 512, 10), "last sector of the volume"),
     ];
     for (op, what) in table {
         f.commit(&[op]);
@@ -396,16 +304,8 @@ fn a_batch_of_sequential_writes_is_applied_in_one_run() {
 fn a_commit_larger_than_a_log_batch() {
     // 96 MiB of writes in one commit: several log batches, each synced before the next.
     let mut f = Fixture::new("big-commit", 128 << 20, StoreOptions::default());
-    let big = |offset: u64, byte: u8| Op::Write {
-        offset_bytes: offset,
-        data: Bytes::from(vec![byte; 32 << 20]),
-    };
-    f.commit(&[
-        big(0, 1),
-        big(32 << 20, 2),
-        write_op(512, 1024, 3),
-        big((64 << 20) + 512, 4),
-    ]);
+    let big = |offset: u64, byte: u8| Op::Write { offset_bytes: offset, data: Bytes::from(vec![byte; 32 << 20]) };
+    f.commit(&[big(0, 1), big(32 << 20, 2), write_op(512, 1024, 3), big((64 << 20) + 512, 4)]);
     f.reopen();
     f.check();
 }
@@ -414,72 +314,28 @@ fn a_commit_larger_than_a_log_batch() {
 fn block_status_extents() {
     let mut f = Fixture::new("extents", 64 * BLOCK_BYTES, StoreOptions::default());
     let b = BLOCK_BYTES;
-    f.commit(&[
-        write_op(b, 2 * 4096, 1),
-        write_op(5 * b, 4096, 2),
-        write_op(6 * b + 512, 512, 3),
-    ]);
+    f.commit(&[write_op(b, 2 * 4096, 1), write_op(5 * b, 4096, 2), write_op(6 * b + 512, 512, 3)]);
     let check = |offset: u64, length: u64, expected: &[(u64, bool)]| {
-        let (_, extents) = f
-            .store()
-            .block_status(f.volume, offset, length)
-            .expect("block status");
-        let expected: Vec<BlockExtent> = expected
-            .iter()
-            .map(|&(length_bytes, allocated)| BlockExtent {
-                length_bytes,
-                allocated,
-            })
-            .collect();
-        assert_eq!(
-            extents, expected,
-            "block status of {length} bytes at {offset}"
-        );
+        let (_, extents) = f.store().block_status(f.volume, offset, length).expect("block status");
+        let expected: Vec<BlockExtent> =
+            expected.iter().map(|&(length_bytes, allocated)| BlockExtent { length_bytes, allocated }).collect();
+        assert_eq!(extents, expected, "block status of {length} bytes at {offset}");
     };
-    check(
-        0,
-        8 * b,
-        &[
-            (b, false),
-            (2 * b, true),
-            (2 * b, false),
-            (2 * b, true),
-            (b, false),
-        ],
-    );
+    check(0, 8 * b, &[(b, false), (2 * b, true), (2 * b, false), (2 * b, true), (b, false)]);
     check(512, 1024, &[(1024, false)]);
     check(b + 100, 200, &[(200, true)]);
     check(2 * b, 2 * b, &[(b, true), (b, false)]);
     check(0, 0, &[]);
-    check(
-        0,
-        64 * b,
-        &[
-            (b, false),
-            (2 * b, true),
-            (2 * b, false),
-            (2 * b, true),
-            (57 * b, false),
-        ],
-    );
-    assert!(matches!(
-        f.store().block_status(f.volume, 60 * b, 5 * b),
-        Err(StoreError::OutOfRange { .. })
-    ));
+    check(0, 64 * b, &[(b, false), (2 * b, true), (2 * b, false), (2 * b, true), (57 * b, false)]);
+    assert!(matches!(f.store().block_status(f.volume, 60 * b, 5 * b), Err(StoreError::OutOfRange { .. })));
 }
 
 #[test]
 fn ranges_past_the_end_are_refused() {
     let mut f = Fixture::new("range", 16 * BLOCK_BYTES, StoreOptions::default());
     let size = 16 * BLOCK_BYTES;
-    assert!(matches!(
-        f.store().read(f.volume, size - 512, 1024),
-        Err(StoreError::OutOfRange { .. })
-    ));
-    assert!(matches!(
-        f.store().read(f.volume, u64::MAX, 1),
-        Err(StoreError::OutOfRange { .. })
-    ));
+    assert!(matches!(f.store().read(f.volume, size - 512, 1024), Err(StoreError::OutOfRange { .. })));
+    assert!(matches!(f.store().read(f.volume, u64::MAX, 1), Err(StoreError::OutOfRange { .. })));
     let outcome = f
         .store()
         .commit(&[
@@ -488,10 +344,7 @@ fn ranges_past_the_end_are_refused() {
         ])
         .expect("commit");
     assert_eq!(outcome.rejected.len(), 2);
-    assert!(outcome.rejected.iter().all(|r| matches!(
-        r.error,
-        StoreError::OutOfRange { .. } | StoreError::Gap { .. }
-    )));
+    assert!(outcome.rejected.iter().all(|r| matches!(r.error, StoreError::OutOfRange { .. } | StoreError::Gap { .. })));
     assert_eq!(f.store().applied_sequence(f.volume), Sequence(0));
     f.commit(&[write_op(size - 512, 512, 2)]);
     f.check();
@@ -501,16 +354,11 @@ fn ranges_past_the_end_are_refused() {
 fn trimming_a_whole_gibibyte_punches_holes() {
     let size = 1 << 30;
     let mut f = Fixture::new("huge-trim", size, StoreOptions::default());
-    let ops: Vec<Op> = (0..64)
-        .map(|i| write_op(i * (16 << 20), 1 << 20, i))
-        .collect();
+    let ops: Vec<Op> = (0..64).map(|i| write_op(i * (16 << 20), 1 << 20, i)).collect();
     f.commit(&ops);
     let data_file = f.dir.0.join("volumes/0.data");
     let allocated_before = fs::metadata(&data_file).expect("stat").blocks() * 512;
-    assert!(
-        allocated_before >= 64 << 20,
-        "writes allocated {allocated_before} bytes"
-    );
+    assert!(allocated_before >= 64 << 20, "writes allocated {allocated_before} bytes");
     let started = std::time::Instant::now();
     f.commit(&[trim_op(0, size)]);
     f.commit(&[zeroes_op(4096, size - 8192)]);
@@ -518,25 +366,10 @@ fn trimming_a_whole_gibibyte_punches_holes() {
     f.store().reclaim();
     assert_eq!(f.store().reclaim_backlog_bytes(), 0);
     let allocated_after = fs::metadata(&data_file).expect("stat").blocks() * 512;
-    assert!(
-        allocated_after < 1 << 20,
-        "{allocated_after} bytes still allocated after the trim"
-    );
-    let (_, extents) = f
-        .store()
-        .block_status(f.volume, 0, size)
-        .expect("block status");
-    assert_eq!(
-        extents,
-        vec![BlockExtent {
-            length_bytes: size,
-            allocated: false
-        }]
-    );
-    let (_, data) = f
-        .store()
-        .read(f.volume, (16 << 20) - 512, 4096)
-        .expect("read");
+    assert!(allocated_after < 1 << 20, "{allocated_after} bytes still allocated after the trim");
+    let (_, extents) = f.store().block_status(f.volume, 0, size).expect("block status");
+    assert_eq!(extents, vec![BlockExtent { length_bytes: size, allocated: false }]);
+    let (_, data) = f.store().read(f.volume, (16 << 20) - 512, 4096).expect("read");
     assert!(data.iter().all(|b| *b == 0));
 }
 
@@ -551,40 +384,22 @@ fn duplicates_are_skipped_and_gaps_rejected() {
     let v = f.volume;
     // (batch sequences, expected applied after, duplicates, rejected sequences)
     let check = |sequences: &[u64], applied: u64, duplicates: usize, rejected: &[u64]| {
-        let batch: Vec<_> = sequences
-            .iter()
-            .map(|s| (v, record(*s, write_op(8192, 512, *s))))
-            .collect();
+        let batch: Vec<_> = sequences.iter().map(|s| (v, record(*s, write_op(8192, 512, *s)))).collect();
         let outcome = f.store().commit(&batch).expect("commit");
-        assert_eq!(
-            outcome.applied,
-            vec![(v, Sequence(applied))],
-            "batch {sequences:?}"
-        );
+        assert_eq!(outcome.applied, vec![(v, Sequence(applied))], "batch {sequences:?}");
         assert_eq!(outcome.duplicates, duplicates, "batch {sequences:?}");
         let refused: Vec<u64> = outcome.rejected.iter().map(|r| r.sequence.0).collect();
         assert_eq!(refused, rejected, "batch {sequences:?}");
-        assert!(outcome
-            .rejected
-            .iter()
-            .all(|r| matches!(r.error, StoreError::Gap { .. })));
+        assert!(outcome.rejected.iter().all(|r| matches!(r.error, StoreError::Gap { .. })));
     };
     check(&[1, 2], 2, 2, &[]);
     check(&[4], 2, 0, &[4]);
     check(&[3, 3, 5, 4], 4, 1, &[5]);
     check(&[5, 7, 8], 5, 0, &[7, 8]);
     check(&[2, 6], 6, 1, &[]);
-    let message = f
-        .store()
-        .commit(&[(v, record(8, write_op(0, 512, 8)))])
-        .expect("commit")
-        .rejected[0]
-        .error
-        .to_string();
-    assert_eq!(
-        message,
-        "volume \"vol\": sequence 8 leaves a gap after the applied sequence 6"
-    );
+    let message =
+        f.store().commit(&[(v, record(8, write_op(0, 512, 8)))]).expect("commit").rejected[0].error.to_string();
+    assert_eq!(message, "volume \"vol\": sequence 8 leaves a gap after the applied sequence 6");
 }
 
 #[test]
@@ -593,20 +408,14 @@ fn stale_epochs_are_fenced_and_the_epoch_is_durable() {
     assert_eq!(f.store().epoch(), Epoch(0));
     f.store().set_epoch(Epoch(5)).expect("raise epoch");
     f.store().set_epoch(Epoch(5)).expect("same epoch again");
-    assert!(matches!(
-        f.store().set_epoch(Epoch(4)),
-        Err(StoreError::EpochBackwards { .. })
-    ));
+    assert!(matches!(f.store().set_epoch(Epoch(4)), Err(StoreError::EpochBackwards { .. })));
     let v = f.volume;
     let at = |epoch: u64, sequence: u64| {
         let mut r = record(sequence, write_op(0, 512, sequence));
         r.epoch = Epoch(epoch);
         (v, r)
     };
-    let outcome = f
-        .store()
-        .commit(&[at(4, 1), at(5, 1), at(7, 2), at(6, 3)])
-        .expect("commit");
+    let outcome = f.store().commit(&[at(4, 1), at(5, 1), at(7, 2), at(6, 3)]).expect("commit");
     assert_eq!(outcome.applied, vec![(v, Sequence(2))]);
     let stale: Vec<(usize, u64)> = outcome
         .rejected
@@ -620,11 +429,7 @@ fn stale_epochs_are_fenced_and_the_epoch_is_durable() {
     // above only says what the newest host element is); sequence 3 of epoch 6 follows a
     // record of epoch 7 on the same volume and is refused.
     assert_eq!(stale, vec![(3, 6)]);
-    assert_eq!(
-        f.store().epoch(),
-        Epoch(7),
-        "a newer record raises the epoch"
-    );
+    assert_eq!(f.store().epoch(), Epoch(7), "a newer record raises the epoch");
     assert_eq!(f.store().applied_epoch(v), Epoch(7));
     f.reopen();
     assert_eq!(f.store().epoch(), Epoch(7), "replayed from the log");
@@ -647,32 +452,13 @@ fn volumes_are_created_once_and_survive_reopening() {
     let dir = TempDir::new("volumes");
     let store = Store::open(&dir.0, StoreOptions::default()).expect("open");
     let a = store.ensure_volume("a", 1 << 20).expect("create a");
-    let b = store
-        .ensure_volume("b with spaces/and slashes", 2 << 20)
-        .expect("create b");
+    let b = store.ensure_volume("b with spaces/and slashes", 2 << 20).expect("create b");
     assert_eq!(store.ensure_volume("a", 1 << 20).expect("existing"), a);
     assert_ne!(a, b);
-    let error = store
-        .ensure_volume("a", 2 << 20)
-        .expect_err("size mismatch");
-    assert_eq!(
-        error.to_string(),
-        "volume \"a\" exists with 1048576 bytes, not 2097152"
-    );
-    for (name, size) in [
-        ("", 4096),
-        ("c", 0),
-        ("c", 1000),
-        ("c", 4096 + 512),
-        (&"x".repeat(256)[..], 4096),
-    ] {
-        assert!(
-            matches!(
-                store.ensure_volume(name, size),
-                Err(StoreError::InvalidVolume { .. })
-            ),
-            "{name:?} {size}"
-        );
+    let error = store.ensure_volume("a", 2 << 20).expect_err("size mismatch");
+    assert_eq!(error.to_string(), "volume \"a\" exists with 1048576 bytes, not 2097152");
+    for (name, size) in [("", 4096), ("c", 0), ("c", 1000), ("c", 4096 + 512), (&"x".repeat(256)[..], 4096)] {
+        assert!(matches!(store.ensure_volume(name, size), Err(StoreError::InvalidVolume { .. })), "{name:?} {size}");
     }
     // Two volumes in one batch.
     let outcome = store
@@ -685,26 +471,11 @@ fn volumes_are_created_once_and_survive_reopening() {
     assert_eq!(outcome.applied, vec![(a, Sequence(2)), (b, Sequence(1))]);
     drop(store);
     let store = Store::open(&dir.0, StoreOptions::default()).expect("reopen");
-    assert_eq!(
-        store.volumes(),
-        vec![
-            ("a".to_string(), 1 << 20),
-            ("b with spaces/and slashes".to_string(), 2 << 20)
-        ]
-    );
+    assert_eq!(store.volumes(), vec![("a".to_string(), 1 << 20), ("b with spaces/and slashes".to_string(), 2 << 20)]);
     let b = store.volume("b with spaces/and slashes").expect("b");
-    assert_eq!(
-        store.read(b, 0, 4096).expect("read").1,
-        Bytes::from(pattern(2, 4096))
-    );
-    assert_eq!(
-        store.applied_sequence(store.volume("a").expect("a")),
-        Sequence(2)
-    );
-    assert!(matches!(
-        Store::open(&dir.0, StoreOptions::default()),
-        Err(StoreError::Locked { .. })
-    ));
+    assert_eq!(store.read(b, 0, 4096).expect("read").1, Bytes::from(pattern(2, 4096)));
+    assert_eq!(store.applied_sequence(store.volume("a").expect("a")), Sequence(2));
+    assert!(matches!(Store::open(&dir.0, StoreOptions::default()), Err(StoreError::Locked { .. })));
 }
 
 #[test]
@@ -712,10 +483,7 @@ fn a_foreign_directory_is_not_taken_over() {
     let dir = TempDir::new("foreign");
     fs::create_dir_all(&dir.0).expect("mkdir");
     fs::write(dir.0.join("precious.txt"), "data").expect("write");
-    assert!(matches!(
-        Store::open(&dir.0, StoreOptions::default()),
-        Err(StoreError::NotAStore { .. })
-    ));
+    assert!(matches!(Store::open(&dir.0, StoreOptions::default()), Err(StoreError::NotAStore { .. })));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -763,22 +531,12 @@ fn store_with_last_batch(name: &str, last: Op) -> (Fixture, PathBuf, Vec<u8>, u6
 }
 
 /// The last batch, cut at each of `cuts`, is discarded and the rest recovered intact.
-fn check_cuts(
-    f: &mut Fixture,
-    segment: &Path,
-    bytes: &[u8],
-    start: u64,
-    cuts: impl Iterator<Item = u64>,
-) {
+fn check_cuts(f: &mut Fixture, segment: &Path, bytes: &[u8], start: u64, cuts: impl Iterator<Item = u64>) {
     for cut in cuts {
         fs::write(segment, &bytes[..cut as usize]).expect("write segment");
         f.reopen();
         f.check();
-        assert_eq!(
-            fs::metadata(segment).expect("stat").len(),
-            start,
-            "cut at {cut}: tail truncated"
-        );
+        assert_eq!(fs::metadata(segment).expect("stat").len(), start, "cut at {cut}: tail truncated");
         f.close();
     }
 }
@@ -786,21 +544,13 @@ fn check_cuts(
 #[test]
 fn a_torn_tail_is_cut_off_at_every_byte() {
     // A small last record (a trim of whole blocks): cut at every byte.
-    let (mut f, segment, bytes, start) =
-        store_with_last_batch("torn-trim", trim_op(8 * BLOCK_BYTES, 2 * BLOCK_BYTES));
+    let (mut f, segment, bytes, start) = store_with_last_batch("torn-trim", trim_op(8 * BLOCK_BYTES, 2 * BLOCK_BYTES));
     check_cuts(&mut f, &segment, &bytes, start, start..bytes.len() as u64);
     // A write (one whole block carried): every byte of the headers and the checksum table,
     // then every 61st byte of the block.
-    let (mut f, segment, bytes, start) =
-        store_with_last_batch("torn-write", write_op(5 * BLOCK_BYTES + 512, 1024, 4));
+    let (mut f, segment, bytes, start) = store_with_last_batch("torn-write", write_op(5 * BLOCK_BYTES + 512, 1024, 4));
     let headers = start + 40 + 8 + 44 + 4;
-    check_cuts(
-        &mut f,
-        &segment,
-        &bytes,
-        start,
-        (start..headers).chain((headers..bytes.len() as u64).step_by(61)),
-    );
+    check_cuts(&mut f, &segment, &bytes, start, (start..headers).chain((headers..bytes.len() as u64).step_by(61)));
     // Zeroes instead of the last batch (the file grew but the data never landed).
     let mut zeroed = bytes.clone();
     zeroed[start as usize..].fill(0);
@@ -811,8 +561,7 @@ fn a_torn_tail_is_cut_off_at_every_byte() {
 
 #[test]
 fn a_damaged_last_batch_is_cut_off() {
-    let (mut f, segment, bytes, start) =
-        store_with_last_batch("flip", write_op(5 * BLOCK_BYTES + 512, 1024, 4));
+    let (mut f, segment, bytes, start) = store_with_last_batch("flip", write_op(5 * BLOCK_BYTES + 512, 1024, 4));
     // Every byte of the headers, then every 97th byte of the block data.
     let positions = (start..start + 100).chain((start + 100..bytes.len() as u64).step_by(97));
     for position in positions {
@@ -837,27 +586,15 @@ fn damage_in_the_middle_of_the_log_refuses_to_open() {
     f.close();
     let bytes = fs::read(&segment).expect("read");
     // (byte flipped, what)
-    for (position, what) in [
-        (second, "batch magic"),
-        (second + 20, "batch header"),
-        (third - 100, "block data"),
-    ] {
+    for (position, what) in [(second, "batch magic"), (second + 20, "batch header"), (third - 100, "block data")] {
         let mut damaged = bytes.clone();
         damaged[position as usize] ^= 0x01;
         fs::write(&segment, &damaged).expect("write");
-        let error = Store::open(&f.dir.0, f.options)
-            .err()
-            .unwrap_or_else(|| panic!("{what}: opened"));
+        let error = Store::open(&f.dir.0, f.options).err().unwrap_or_else(|| panic!("{what}: opened"));
         let message = error.to_string();
-        assert!(
-            matches!(error, StoreError::CorruptLog { offset, .. } if offset == second),
-            "{what}: {message}"
-        );
+        assert!(matches!(error, StoreError::CorruptLog { offset, .. } if offset == second), "{what}: {message}");
         assert!(message.contains("not a torn tail"), "{what}: {message}");
-        assert!(
-            message.contains(&segment.display().to_string()),
-            "{what}: {message}"
-        );
+        assert!(message.contains(&segment.display().to_string()), "{what}: {message}");
     }
     fs::write(&segment, &bytes).expect("restore");
     f.reopen();
@@ -877,16 +614,9 @@ fn checkpoints_rotate_segments_and_keep_a_bounded_replay_log() {
     assert_eq!(on_disk, segments, "deleted segments are gone from disk");
     let closed: u64 = segments[..segments.len() - 1]
         .iter()
-        .map(|id| {
-            fs::metadata(log::segment_path(&f.dir.0, *id))
-                .expect("stat")
-                .len()
-        })
+        .map(|id| fs::metadata(log::segment_path(&f.dir.0, *id)).expect("stat").len())
         .sum();
-    assert!(
-        closed <= options.replay_log_bytes,
-        "replay log of {closed} bytes"
-    );
+    assert!(closed <= options.replay_log_bytes, "replay log of {closed} bytes");
 
     let check_records = |store: &Store, after: u64, max_bytes: u64| -> Result<u64, StoreError> {
         let volume = store.volume("vol").expect("volume");
@@ -894,43 +624,25 @@ fn checkpoints_rotate_segments_and_keep_a_bounded_replay_log() {
         for (i, r) in records.iter().enumerate() {
             let sequence = after + 1 + i as u64;
             assert_eq!(r.sequence, Sequence(sequence));
-            assert_eq!(
-                r.op,
-                write_op(((sequence - 1) % 256) * BLOCK_BYTES, 4096, sequence - 1)
-            );
+            assert_eq!(r.op, write_op(((sequence - 1) % 256) * BLOCK_BYTES, 4096, sequence - 1));
         }
         Ok(records.len() as u64)
     };
     assert_eq!(check_records(f.store(), 199, 1 << 20).expect("recent"), 1);
-    assert_eq!(
-        check_records(f.store(), 200, 1 << 20).expect("nothing newer"),
-        0
-    );
+    assert_eq!(check_records(f.store(), 200, 1 << 20).expect("nothing newer"), 0);
     assert_eq!(check_records(f.store(), 180, 1 << 20).expect("recent"), 20);
     assert_eq!(check_records(f.store(), 180, 10_000).expect("bounded"), 2);
     assert_eq!(check_records(f.store(), 180, 1).expect("at least one"), 1);
     let error = check_records(f.store(), 0, 1 << 20).expect_err("trimmed away");
-    let StoreError::NotInReplayLog {
-        oldest: Some(oldest),
-        ..
-    } = error
-    else {
-        panic!("{error}")
-    };
+    let StoreError::NotInReplayLog { oldest: Some(oldest), .. } = error else { panic!("{error}") };
     let oldest = oldest.0;
     assert!(oldest > 1 && oldest < 150, "oldest held {oldest}");
-    assert_eq!(
-        check_records(f.store(), oldest - 1, 1 << 30).expect("from the oldest"),
-        200 - (oldest - 1)
-    );
+    assert_eq!(check_records(f.store(), oldest - 1, 1 << 30).expect("from the oldest"), 200 - (oldest - 1));
 
     f.reopen();
     f.check();
     assert_eq!(f.store().log_segments(), segments);
-    assert_eq!(
-        check_records(f.store(), oldest - 1, 1 << 30).expect("after reopen"),
-        200 - (oldest - 1)
-    );
+    assert_eq!(check_records(f.store(), oldest - 1, 1 << 30).expect("after reopen"), 200 - (oldest - 1));
 }
 
 #[test]
@@ -940,11 +652,7 @@ fn unsynced_data_file_writes_lost_in_a_power_failure_are_replayed() {
     // rebuild them from the log alone.
     let mut f = Fixture::new("power-loss", 1 << 20, StoreOptions::default());
     let b = BLOCK_BYTES;
-    f.commit(&[
-        write_op(0, 16 * 4096, 1),
-        write_op(40 * b, 4096, 2),
-        write_op(60 * b, 2 * 4096, 3),
-    ]);
+    f.commit(&[write_op(0, 16 * 4096, 1), write_op(40 * b, 4096, 2), write_op(60 * b, 2 * 4096, 3)]);
     f.store().checkpoint().expect("checkpoint");
     let after_checkpoint = [
         write_op(512, 1024, 4),
@@ -961,21 +669,14 @@ fn unsynced_data_file_writes_lost_in_a_power_failure_are_replayed() {
         f.commit(std::slice::from_ref(op));
     }
     f.close();
-    let data = fs::OpenOptions::new()
-        .write(true)
-        .open(f.dir.0.join("volumes/0.data"))
-        .expect("open data");
+    let data = fs::OpenOptions::new().write(true).open(f.dir.0.join("volumes/0.data")).expect("open data");
     for (i, block) in touched.iter().enumerate() {
-        data.write_all_at(&pattern(1000 + i as u64, 4096), block * BLOCK_BYTES)
-            .expect("garble");
+        data.write_all_at(&pattern(1000 + i as u64, 4096), block * BLOCK_BYTES).expect("garble");
     }
     drop(data);
     f.reopen();
     f.check();
-    assert_eq!(
-        f.store().verify(f.volume).expect("verify").blocks_corrupt,
-        0
-    );
+    assert_eq!(f.store().verify(f.volume).expect("verify").blocks_corrupt, 0);
 }
 
 #[test]
@@ -983,11 +684,7 @@ fn a_crash_between_block_map_writes_and_the_commit_keeps_the_old_checkpoint() {
     let mut f = Fixture::new("checkpoint-crash", 1 << 20, StoreOptions::default());
     f.commit(&[write_op(0, 8192, 1), write_op(100 * BLOCK_BYTES, 4096, 2)]);
     f.store().checkpoint().expect("first checkpoint");
-    f.commit(&[
-        write_op(0, 4096, 3),
-        trim_op(100 * BLOCK_BYTES, 4096),
-        write_op(200 * BLOCK_BYTES, 4096, 4),
-    ]);
+    f.commit(&[write_op(0, 4096, 3), trim_op(100 * BLOCK_BYTES, 4096), write_op(200 * BLOCK_BYTES, 4096, 4)]);
     let meta = fs::read(f.dir.0.join("meta")).expect("read meta");
     let model = f.model.clone();
     f.store().checkpoint().expect("second checkpoint");
@@ -1017,10 +714,7 @@ fn a_damaged_block_map_refuses_to_open() {
     bytes[4096 + 16] ^= 1; // first entry of chunk 0, slot 0
     fs::write(&map, &bytes).expect("write map");
     let error = Store::open(&f.dir.0, f.options).err().expect("refused");
-    assert!(
-        matches!(error, StoreError::CorruptBlockMap { .. }),
-        "{error}"
-    );
+    assert!(matches!(error, StoreError::CorruptBlockMap { .. }), "{error}");
 }
 
 #[test]
@@ -1039,10 +733,7 @@ fn a_damaged_replay_log_segment_only_costs_history() {
     f.reopen();
     f.check();
     assert_eq!(f.store().log_segments(), segments[2..].to_vec());
-    assert!(matches!(
-        f.store().log_records(f.volume, Sequence(1), 1 << 20),
-        Err(StoreError::NotInReplayLog { .. })
-    ));
+    assert!(matches!(f.store().log_records(f.volume, Sequence(1), 1 << 20), Err(StoreError::NotInReplayLog { .. })));
 }
 
 #[test]
@@ -1050,53 +741,21 @@ fn a_damaged_data_block_is_reported_never_returned() {
     let mut f = Fixture::new("block-damage", 1 << 20, StoreOptions::default());
     f.commit(&[write_op(0, 16 * 4096, 1)]);
     let before = f.store().verify(f.volume).expect("verify");
-    assert_eq!(
-        (
-            before.blocks_corrupt,
-            before.blocks_allocated,
-            before.blocks_total
-        ),
-        (0, 16, 256)
-    );
+    assert_eq!((before.blocks_corrupt, before.blocks_allocated, before.blocks_total), (0, 16, 256));
     let data_path = f.dir.0.join("volumes/0.data");
-    let file = fs::OpenOptions::new()
-        .write(true)
-        .open(&data_path)
-        .expect("open data");
-    file.write_all_at(b"rot", 7 * BLOCK_BYTES + 100)
-        .expect("damage");
-    let error = f
-        .store()
-        .read(f.volume, 6 * BLOCK_BYTES, 3 * 4096)
-        .expect_err("damaged");
-    assert!(
-        matches!(error, StoreError::BlockChecksum { block: 7, .. }),
-        "{error}"
-    );
+    let file = fs::OpenOptions::new().write(true).open(&data_path).expect("open data");
+    file.write_all_at(b"rot", 7 * BLOCK_BYTES + 100).expect("damage");
+    let error = f.store().read(f.volume, 6 * BLOCK_BYTES, 3 * 4096).expect_err("damaged");
+    assert!(matches!(error, StoreError::BlockChecksum { block: 7, .. }), "{error}");
     let message = error.to_string();
-    assert!(
-        message.contains("block 7") && message.contains("\"vol\""),
-        "{message}"
-    );
-    assert!(
-        f.store().read(f.volume, 8 * BLOCK_BYTES, 4096).is_ok(),
-        "other blocks still read"
-    );
+    assert!(message.contains("block 7") && message.contains("\"vol\""), "{message}");
+    assert!(f.store().read(f.volume, 8 * BLOCK_BYTES, 4096).is_ok(), "other blocks still read");
     // A partial write into the damaged block cannot be merged: rejected, nothing changes.
-    let outcome = f
-        .store()
-        .commit(&[(f.volume, record(2, write_op(7 * BLOCK_BYTES, 512, 2)))])
-        .expect("commit");
-    assert!(matches!(
-        outcome.rejected[0].error,
-        StoreError::BlockChecksum { block: 7, .. }
-    ));
+    let outcome = f.store().commit(&[(f.volume, record(2, write_op(7 * BLOCK_BYTES, 512, 2)))]).expect("commit");
+    assert!(matches!(outcome.rejected[0].error, StoreError::BlockChecksum { block: 7, .. }));
     assert_eq!(f.store().applied_sequence(f.volume), Sequence(1));
     let after = f.store().verify(f.volume).expect("verify");
-    assert_eq!(
-        (after.blocks_corrupt, after.first_corrupt_block),
-        (1, Some(7))
-    );
+    assert_eq!((after.blocks_corrupt, after.first_corrupt_block), (1, Some(7)));
     assert_ne!(after.content_digest, before.content_digest);
     // A whole-block write repairs it.
     f.commit(&[write_op(7 * BLOCK_BYTES, 4096, 3)]);
@@ -1108,29 +767,14 @@ fn digests_depend_on_content_only() {
     // Same content through different histories (written zeroes vs never written, trims).
     let mut a = Fixture::new("digest-a", 1 << 20, StoreOptions::default());
     let mut b = Fixture::new("digest-b", 1 << 20, StoreOptions::default());
-    a.commit(&[
-        write_op(0, 8192, 1),
-        Op::Write {
-            offset_bytes: 8192,
-            data: Bytes::from(vec![0; 4096]),
-        },
-    ]);
+    a.commit(&[write_op(0, 8192, 1), Op::Write { offset_bytes: 8192, data: Bytes::from(vec![0; 4096]) }]);
     b.commit(&[write_op(0, 4096, 1), write_op(4096, 4096, 9)]);
-    b.commit(&[Op::Write {
-        offset_bytes: 4096,
-        data: Bytes::from(pattern(1, 8192)[4096..].to_vec()),
-    }]);
-    let (da, db) = (
-        a.store().verify(a.volume).expect("a"),
-        b.store().verify(b.volume).expect("b"),
-    );
+    b.commit(&[Op::Write { offset_bytes: 4096, data: Bytes::from(pattern(1, 8192)[4096..].to_vec()) }]);
+    let (da, db) = (a.store().verify(a.volume).expect("a"), b.store().verify(b.volume).expect("b"));
     assert_eq!(da.content_digest, db.content_digest);
     assert_ne!(da.blocks_allocated, db.blocks_allocated);
     b.commit(&[write_op(100 * BLOCK_BYTES, 512, 5)]);
-    assert_ne!(
-        b.store().verify(b.volume).expect("b").content_digest,
-        da.content_digest
-    );
+    assert_ne!(b.store().verify(b.volume).expect("b").content_digest, da.content_digest);
 }
 
 #[test]
@@ -1148,10 +792,7 @@ fn reads_never_see_half_an_apply() {
                 while !done.load(Ordering::Relaxed) {
                     let (applied, data) = store.read(volume, 0, 64 * 4096).expect("read");
                     let expected = (applied.0 % 251) as u8;
-                    assert!(
-                        data.iter().all(|b| *b == expected),
-                        "read at {applied} saw a mix"
-                    );
+                    assert!(data.iter().all(|b| *b == expected), "read at {applied} saw a mix");
                     reads += 1;
                 }
                 reads
@@ -1160,13 +801,7 @@ fn reads_never_see_half_an_apply() {
         .collect();
     for sequence in 1..=150u64 {
         let data = Bytes::from(vec![(sequence % 251) as u8; 64 * 4096]);
-        let r = record(
-            sequence,
-            Op::Write {
-                offset_bytes: 0,
-                data,
-            },
-        );
+        let r = record(sequence, Op::Write { offset_bytes: 0, data });
         store.commit(&[(volume, r)]).expect("commit");
     }
     done.store(true, Ordering::Relaxed);
@@ -1184,10 +819,7 @@ fn block_write(sequence: u64) -> Op {
 }
 
 fn meta_log_start(dir: &Path) -> u64 {
-    crate::meta::Meta::read(dir)
-        .expect("read meta")
-        .expect("a store")
-        .log_start
+    crate::meta::Meta::read(dir).expect("read meta").expect("a store").log_start
 }
 
 #[test]
@@ -1202,9 +834,7 @@ fn commits_go_on_during_a_checkpoint_and_wait_only_at_the_lag_bound() {
         let (store, committed) = (store.clone(), committed.clone());
         std::thread::spawn(move || {
             for sequence in 1..=total {
-                store
-                    .commit(&[(volume, record(sequence, block_write(sequence)))])
-                    .expect("commit");
+                store.commit(&[(volume, record(sequence, block_write(sequence)))]).expect("commit");
                 committed.store(sequence, Ordering::Relaxed);
             }
         })
@@ -1229,19 +859,13 @@ fn commits_go_on_during_a_checkpoint_and_wait_only_at_the_lag_bound() {
         Some(CHECKPOINT_LAG_SEGMENTS_MAX),
         "live segment while stalled ({stalled_at} commits): {segments:?}"
     );
-    assert!(
-        stalled_at >= 3 * 15,
-        "commits went on through three seals: {stalled_at}"
-    );
+    assert!(stalled_at >= 3 * 15, "commits went on through three seals: {stalled_at}");
     assert_eq!(meta_log_start(&f.dir.0), 1, "nothing was checkpointed yet");
     drop(gate);
     committer.join().expect("committer");
     assert_eq!(committed.load(Ordering::Relaxed), total);
     store.checkpoint().expect("checkpoint");
-    assert_eq!(
-        Some(meta_log_start(&f.dir.0)),
-        store.log_segments().last().copied()
-    );
+    assert_eq!(Some(meta_log_start(&f.dir.0)), store.log_segments().last().copied());
     f.store = Some(Arc::into_inner(store).expect("the only owner"));
     for sequence in 1..=total {
         f.model.apply(&block_write(sequence));
@@ -1276,19 +900,13 @@ fn a_sealed_segment_must_hold_its_whole_log() {
     *flipped.last_mut().expect("not empty") ^= 1;
     // (content of the sealed segment, what): the next segment's header says where its log
     // ends, so losing its last batch is damage, not a torn tail.
-    for (damaged, what) in [
-        (flipped, "last batch damaged"),
-        (bytes[..bytes.len() - 100].to_vec(), "last batch cut short"),
-    ] {
+    for (damaged, what) in
+        [(flipped, "last batch damaged"), (bytes[..bytes.len() - 100].to_vec(), "last batch cut short")]
+    {
         fs::write(&sealed, &damaged).expect("damage");
-        let error = Store::open(&f.dir.0, f.options)
-            .err()
-            .unwrap_or_else(|| panic!("{what}: opened"));
+        let error = Store::open(&f.dir.0, f.options).err().unwrap_or_else(|| panic!("{what}: opened"));
         let message = error.to_string();
-        assert!(
-            matches!(&error, StoreError::CorruptLog { path, .. } if *path == sealed),
-            "{what}: {message}"
-        );
+        assert!(matches!(&error, StoreError::CorruptLog { path, .. } if *path == sealed), "{what}: {message}");
         assert!(message.contains("sealed"), "{what}: {message}");
     }
     fs::write(&sealed, &bytes).expect("restore");
@@ -1307,10 +925,7 @@ fn stale_batches_after_the_end_of_the_log_are_never_read_as_records() {
     f.store().checkpoint().expect("checkpoint");
     f.commit(&[write_op(80 * BLOCK_BYTES, 4096, 4)]);
     let live = f.live_segment();
-    assert_eq!(
-        live,
-        log::segment_path(&f.dir.0, f.store().log_segments()[1])
-    );
+    assert_eq!(live, log::segment_path(&f.dir.0, f.store().log_segments()[1]));
     f.close();
     let old_bytes = fs::read(&old).expect("read old");
     let live_bytes = fs::read(&live).expect("read live");
@@ -1381,10 +996,7 @@ fn a_segment_is_found_under_its_spare_name() {
     f.reopen();
     f.check();
     assert_eq!(f.store().log_segments(), segments);
-    assert!(
-        live.exists() && !spare_name.exists(),
-        "the segment got its own name back"
-    );
+    assert!(live.exists() && !spare_name.exists(), "the segment got its own name back");
     f.commit(&[write_op(8 * BLOCK_BYTES, 4096, 4)]);
     f.close();
     // An unwritten spare of the live segment's id, full of stale bytes.
@@ -1399,10 +1011,8 @@ fn a_segment_is_found_under_its_spare_name() {
 
 #[test]
 fn segments_are_recycled_and_the_replay_log_stays_bounded() {
-    let options = StoreOptions {
-        checkpoint_log_bytes: CHECKPOINT_LOG_BYTES_MIN,
-        replay_log_bytes: 2 * CHECKPOINT_LOG_BYTES_MIN,
-    };
+    let options =
+        StoreOptions { checkpoint_log_bytes: CHECKPOINT_LOG_BYTES_MIN, replay_log_bytes: 2 * CHECKPOINT_LOG_BYTES_MIN };
     let mut f = Fixture::new("recycle", 1 << 20, options);
     let mut inodes = std::collections::HashSet::new();
     let mut reused = 0;
@@ -1423,20 +1033,10 @@ fn segments_are_recycled_and_the_replay_log_stays_bounded() {
     let segments = f.store().log_segments();
     let closed: u64 = segments[..segments.len() - 1]
         .iter()
-        .map(|id| {
-            fs::metadata(log::segment_path(&f.dir.0, *id))
-                .expect("stat")
-                .len()
-        })
+        .map(|id| fs::metadata(log::segment_path(&f.dir.0, *id)).expect("stat").len())
         .sum();
-    assert!(
-        closed <= options.replay_log_bytes,
-        "replay log of {closed} bytes"
-    );
-    let records = f
-        .store()
-        .log_records(f.volume, Sequence(399), 1 << 20)
-        .expect("recent records");
+    assert!(closed <= options.replay_log_bytes, "replay log of {closed} bytes");
+    let records = f.store().log_records(f.volume, Sequence(399), 1 << 20).expect("recent records");
     assert_eq!(records.len(), 1);
     assert_eq!(records[0].op, block_write(400));
     f.reopen();
@@ -1475,20 +1075,15 @@ fn crash_child() {
         return;
     };
     if let Ok(delay) = std::env::var(CRASH_CHILD_DELAY_ENV) {
-        crate::checkpoint::CHECKPOINT_DELAY_MS
-            .store(delay.parse().expect("child: delay"), Ordering::Relaxed);
+        crate::checkpoint::CHECKPOINT_DELAY_MS.store(delay.parse().expect("child: delay"), Ordering::Relaxed);
     }
     let store = Store::open(Path::new(&dir), small_options()).expect("child: open");
-    let volume = store
-        .ensure_volume("vol", CRASH_VOLUME_BYTES)
-        .expect("child: volume");
+    let volume = store.ensure_volume("vol", CRASH_VOLUME_BYTES).expect("child: volume");
     let mut applied = store.applied_sequence(volume).0;
     let mut stdout = std::io::stdout();
     loop {
         let size = 1 + applied % 7;
-        let batch: Vec<_> = (applied + 1..=applied + size)
-            .map(|s| (volume, record(s, crash_op(s))))
-            .collect();
+        let batch: Vec<_> = (applied + 1..=applied + size).map(|s| (volume, record(s, crash_op(s)))).collect();
         let outcome = store.commit(&batch).expect("child: commit");
         assert!(outcome.rejected.is_empty());
         applied += size;
@@ -1518,12 +1113,7 @@ fn kill_9_rounds(name: &str, delay_ms: u64, rounds: u64) {
     for round in 0..rounds {
         let started = std::time::Instant::now();
         let mut child = Command::new(&executable)
-            .args([
-                "--exact",
-                "tests::crash_child",
-                "--nocapture",
-                "--test-threads=1",
-            ])
+            .args(["--exact", "tests::crash_child", "--nocapture", "--test-threads=1"])
             .env(CRASH_CHILD_ENV, &dir.0)
             .env(CRASH_CHILD_DELAY_ENV, delay_ms.to_string())
             .stdout(Stdio::piped())
@@ -1545,42 +1135,22 @@ fn kill_9_rounds(name: &str, delay_ms: u64, rounds: u64) {
             }
         }
         child.wait().expect("reap child");
-        assert!(
-            seen >= kill_after,
-            "round {round}: child died early after {seen} commits"
-        );
+        assert!(seen >= kill_after, "round {round}: child died early after {seen} commits");
 
         let store = Store::open(&dir.0, small_options()).expect("reopen after kill");
         let volume = store.volume("vol").expect("volume");
         let applied = store.applied_sequence(volume).0;
-        assert!(
-            applied >= reported,
-            "round {round}: reported commit {reported} lost (applied {applied})"
-        );
+        assert!(applied >= reported, "round {round}: reported commit {reported} lost (applied {applied})");
         let mut model = Model::new(CRASH_VOLUME_BYTES);
         for s in 1..=applied {
             model.apply(&crash_op(s));
         }
-        let (_, data) = store
-            .read(volume, 0, CRASH_VOLUME_BYTES as u32)
-            .expect("read");
-        assert!(
-            data == model.bytes,
-            "round {round}: content differs from the model at {applied}"
-        );
-        let (_, extents) = store
-            .block_status(volume, 0, CRASH_VOLUME_BYTES)
-            .expect("status");
-        assert_eq!(
-            extents,
-            model.extents(0, CRASH_VOLUME_BYTES),
-            "round {round}"
-        );
+        let (_, data) = store.read(volume, 0, CRASH_VOLUME_BYTES as u32).expect("read");
+        assert!(data == model.bytes, "round {round}: content differs from the model at {applied}");
+        let (_, extents) = store.block_status(volume, 0, CRASH_VOLUME_BYTES).expect("status");
+        assert_eq!(extents, model.extents(0, CRASH_VOLUME_BYTES), "round {round}");
         assert_eq!(store.verify(volume).expect("verify").blocks_corrupt, 0);
-        println!(
-            "round {round}: killed after {reported}, recovered at {applied} ({:?})",
-            started.elapsed()
-        );
+        println!("round {round}: killed after {reported}, recovered at {applied} ({:?})", started.elapsed());
     }
 }
 
@@ -1591,7 +1161,14 @@ fn kill_9_rounds(name: &str, delay_ms: u64, rounds: u64) {
 /// One copy pass of `volume` from `source` into `target`, in chunks of `chunk` blocks,
 /// interrupted (returning `false`) after `stop_after` chunks if given. Saves the cursor every
 /// other chunk, as the element does every few MiB.
-fn copy_pass(source: &Store, s: VolumeHandle, target: &Store, t: VolumeHandle, chunk: u64, stop_after: Option<usize>) -> bool {
+fn copy_pass(
+    source: &Store,
+    s: VolumeHandle,
+    target: &Store,
+    t: VolumeHandle,
+    chunk: u64,
+    stop_after: Option<usize>,
+) -> bool {
     let state = target.begin_copy(t, Epoch(1)).expect("begin copy");
     let blocks = VOLUME / BLOCK_BYTES;
     let mut cursor = state.cursor_block;
@@ -1649,7 +1226,9 @@ fn write_history(store: &Store, v: VolumeHandle, from: u64, count: u64, seed: u6
             _ => write_op(block * BLOCK_BYTES, BLOCK_BYTES as usize * (1 + x[3] as usize % 3), seed + sequence),
         };
         let op = match op {
-            Op::Write { offset_bytes, data } if offset_bytes + data.len() as u64 > VOLUME => write_op(0, data.len(), seed + sequence),
+            Op::Write { offset_bytes, data } if offset_bytes + data.len() as u64 > VOLUME => {
+                write_op(0, data.len(), seed + sequence)
+            }
             Op::Trim { offset_bytes, length_bytes } if offset_bytes + length_bytes > VOLUME => trim_op(0, length_bytes),
             op => op,
         };

@@ -76,12 +76,7 @@ impl Volume {
         let mut start = None;
         let mut next = 0;
         for record in records {
-            let Change::Blocks {
-                first_block,
-                pieces,
-                crcs,
-            } = &record.change
-            else {
+            let Change::Blocks { first_block, pieces, crcs } = &record.change else {
                 unreachable!("a run holds block writes only")
             };
             if start.is_some() {
@@ -111,30 +106,19 @@ impl Volume {
         record: &LogRecord,
         blocks_written: bool,
     ) -> Result<Range<u64>, StoreError> {
-        assert_eq!(
-            record.sequence,
-            state.applied.next(),
-            "volume {}: records apply in sequence order",
-            self.name
-        );
+        assert_eq!(record.sequence, state.applied.next(), "volume {}: records apply in sequence order", self.name);
         let sequence = record.sequence;
         let mut holes = 0..0;
         match &record.change {
             Change::Nothing => {}
-            Change::Blocks {
-                first_block,
-                pieces,
-                crcs,
-            } => {
+            Change::Blocks { first_block, pieces, crcs } => {
                 if !blocks_written {
                     let slices: Vec<&[u8]> = pieces.iter().map(|p| &p[..]).collect();
                     sys::write_all_vectored_at(&self.data, &slices, first_block * BLOCK_BYTES)
                         .map_err(io_error("write volume data", &self.data_path))?;
                 }
                 for (i, crc) in crcs.iter().enumerate() {
-                    state
-                        .map
-                        .set_written(first_block + i as u64, sequence, *crc);
+                    state.map.set_written(first_block + i as u64, sequence, *crc);
                 }
                 chunks.mark_dirty(*first_block..first_block + crcs.len() as u64);
             }
@@ -151,11 +135,7 @@ impl Volume {
                         if edge.block == holes.start {
                             holes.start += 1;
                         } else {
-                            assert_eq!(
-                                edge.block + 1,
-                                holes.end,
-                                "an edge block is at an end of the span"
-                            );
+                            assert_eq!(edge.block + 1, holes.end, "an edge block is at an end of the span");
                             holes.end -= 1;
                         }
                     }
@@ -176,20 +156,15 @@ impl Volume {
 
     /// Fill `out` (zeroed, whole blocks) with the content of the blocks from `first`,
     /// verifying every allocated block against its checksum. Holes are not read.
-    pub fn read_blocks(
-        &self,
-        map: &BlockMap,
-        first: u64,
-        out: &mut [u8],
-    ) -> Result<(), StoreError> {
+    pub fn read_blocks(&self, map: &BlockMap, first: u64, out: &mut [u8]) -> Result<(), StoreError> {
         debug_assert_eq!(out.len() as u64 % BLOCK_BYTES, 0);
         let end = first + out.len() as u64 / BLOCK_BYTES;
         let mut block = first;
         while block < end {
             let run_end = map.run_end(block, end);
             if map.is_allocated(block) {
-                let run = &mut out[((block - first) * BLOCK_BYTES) as usize
-                    ..((run_end - first) * BLOCK_BYTES) as usize];
+                let run =
+                    &mut out[((block - first) * BLOCK_BYTES) as usize..((run_end - first) * BLOCK_BYTES) as usize];
                 self.data
                     .read_exact_at(run, block * BLOCK_BYTES)
                     .map_err(io_error("read volume data", &self.data_path))?;
@@ -207,23 +182,12 @@ impl Volume {
     }
 
     fn checksum_error(&self, block: u64, expected: u32, actual: u32) -> StoreError {
-        StoreError::BlockChecksum {
-            volume: self.name.clone(),
-            path: self.data_path.clone(),
-            block,
-            expected,
-            actual,
-        }
+        StoreError::BlockChecksum { volume: self.name.clone(), path: self.data_path.clone(), block, expected, actual }
     }
 
     /// Allocation extents of `[offset, offset + length)`, at most
     /// [`BLOCK_STATUS_EXTENTS_MAX`] of them (then covering only a prefix of the range).
-    pub fn block_status(
-        &self,
-        map: &BlockMap,
-        offset_bytes: u64,
-        length_bytes: u64,
-    ) -> Vec<BlockExtent> {
+    pub fn block_status(&self, map: &BlockMap, offset_bytes: u64, length_bytes: u64) -> Vec<BlockExtent> {
         let mut extents = Vec::new();
         if length_bytes == 0 {
             return extents;
@@ -235,10 +199,7 @@ impl Volume {
         while block < end_block && extents.len() < BLOCK_STATUS_EXTENTS_MAX {
             let run_end = map.run_end(block, end_block);
             let extent_end = (run_end * BLOCK_BYTES).min(end_bytes);
-            extents.push(BlockExtent {
-                length_bytes: extent_end - position,
-                allocated: map.is_allocated(block),
-            });
+            extents.push(BlockExtent { length_bytes: extent_end - position, allocated: map.is_allocated(block) });
             position = extent_end;
             block = run_end;
         }

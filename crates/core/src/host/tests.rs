@@ -167,7 +167,11 @@ impl Cluster {
                 let source: usize = source[1..].parse().expect("fake address e<i>");
                 if self.elements[source].log_truncated {
                     let result = Err(format!("the replay log no longer holds sequence {}", after.next()));
-                    self.core.handle_element_message(self.now, element, ElementMessage::RecoveryDone { volume: VOLUME, result });
+                    self.core.handle_element_message(
+                        self.now,
+                        element,
+                        ElementMessage::RecoveryDone { volume: VOLUME, result },
+                    );
                     return;
                 }
                 let records: Vec<Record> = self.elements[source]
@@ -183,7 +187,11 @@ impl Cluster {
                     }
                 }
                 let sequence = fake.applied;
-                self.core.handle_element_message(self.now, element, ElementMessage::Applied { volume: VOLUME, sequence });
+                self.core.handle_element_message(
+                    self.now,
+                    element,
+                    ElementMessage::Applied { volume: VOLUME, sequence },
+                );
                 Some(ElementMessage::RecoveryDone { volume: VOLUME, result: Ok(sequence) })
             }
             HostMessage::Copy { source, volume, .. } => {
@@ -218,7 +226,11 @@ impl Cluster {
             self.elements[i].apply(&record);
         }
         let sequence = self.elements[i].applied;
-        self.core.handle_element_message(self.now, ElementId(i as u8), ElementMessage::Applied { volume: VOLUME, sequence });
+        self.core.handle_element_message(
+            self.now,
+            ElementId(i as u8),
+            ElementMessage::Applied { volume: VOLUME, sequence },
+        );
         self.run();
     }
 
@@ -304,7 +316,10 @@ fn one_element_down_writes_go_on_two_down_read_only_and_back() {
     assert_eq!(c.mode(), VolumeMode::ReadWrite);
     c.connect(2);
     assert_eq!(c.states(), "in-sync,in-sync,in-sync");
-    assert!(c.events.iter().any(|e| matches!(e, Event::RecoveryStarted { kind: RecoveryKind::Quick, records: 1, source: None, .. })));
+    assert!(c
+        .events
+        .iter()
+        .any(|e| matches!(e, Event::RecoveryStarted { kind: RecoveryKind::Quick, records: 1, source: None, .. })));
     assert_eq!(c.elements[2].data[4096..8192], [0xbb; 4096]);
     let status = c.core.status(c.now);
     assert_eq!(status.elements[2].last_recovery.as_ref().map(|r| r.records), Some(1));
@@ -389,7 +404,11 @@ fn reads_go_to_the_closest_element_and_see_unapplied_writes() {
     // Measure round trips: element 1 answers fastest.
     for (i, rtt_ms) in [(0usize, 5u64), (1, 1), (2, 9)] {
         let ping_at = c.now;
-        c.core.handle_element_message(c.now.plus_ms(rtt_ms), ElementId(i as u8), ElementMessage::Pong { nonce: ping_at.0 });
+        c.core.handle_element_message(
+            c.now.plus_ms(rtt_ms),
+            ElementId(i as u8),
+            ElementMessage::Pong { nonce: ping_at.0 },
+        );
     }
     assert_eq!(c.core.closest_in_sync(), Some(ElementId(1)));
     // Element 1 stops applying; its reads must still show the newer write from the queue.
@@ -487,10 +506,14 @@ fn element_from_a_newer_epoch_fences_us() {
     c.elements[0].connected = true;
     c.core.handle_element_connected(c.now, ElementId(0));
     while c.core.poll_action().is_some() {}
-    c.core.handle_element_message(c.now, ElementId(0), ElementMessage::Welcome {
-        epoch: Epoch(99),
-        volumes: vec![VolumeState { applied_sequence: Sequence::ZERO, applied_epoch: Epoch(0), copying: false }],
-    });
+    c.core.handle_element_message(
+        c.now,
+        ElementId(0),
+        ElementMessage::Welcome {
+            epoch: Epoch(99),
+            volumes: vec![VolumeState { applied_sequence: Sequence::ZERO, applied_epoch: Epoch(0), copying: false }],
+        },
+    );
     c.run();
     let status = c.core.status(c.now);
     assert!(status.elements[0].reason.as_deref().unwrap_or("").contains("fenced"));
@@ -505,7 +528,10 @@ fn an_element_behind_the_write_queue_replays_from_a_peer() {
         c.write(0, i + 1, big);
     }
     c.connect(2);
-    assert!(c.events.iter().any(|e| matches!(e, Event::RecoveryStarted { kind: RecoveryKind::Replay, records: 4, source: Some(_), .. })));
+    assert!(c
+        .events
+        .iter()
+        .any(|e| matches!(e, Event::RecoveryStarted { kind: RecoveryKind::Replay, records: 4, source: Some(_), .. })));
     assert_eq!(c.states(), "in-sync,in-sync,in-sync");
     assert_eq!(c.elements[2].data, c.elements[0].data);
     let status = c.core.status(c.now);
@@ -575,10 +601,18 @@ fn a_replaying_element_does_not_hold_the_write_queue() {
     c.core.handle_element_connected(c.now, ElementId(2));
     while let Some(action) = c.core.poll_action() {
         if let Action::Send { message: HostMessage::Hello { .. }, .. } = action {
-            c.core.handle_element_message(c.now, ElementId(2), ElementMessage::Welcome {
-                epoch: Epoch(4),
-                volumes: vec![VolumeState { applied_sequence: Sequence::ZERO, applied_epoch: Epoch(0), copying: false }],
-            });
+            c.core.handle_element_message(
+                c.now,
+                ElementId(2),
+                ElementMessage::Welcome {
+                    epoch: Epoch(4),
+                    volumes: vec![VolumeState {
+                        applied_sequence: Sequence::ZERO,
+                        applied_epoch: Epoch(0),
+                        copying: false,
+                    }],
+                },
+            );
         }
     }
     assert_eq!(c.states(), "in-sync,in-sync,recovering");
@@ -634,7 +668,10 @@ fn block_status_marks_queued_writes_as_data() {
             BlockExtent { length_bytes: 8192, allocated: false },
         ]
     );
-    assert_eq!(overlay_extents(&q, Sequence(1), 0, 16384, extents), vec![BlockExtent { length_bytes: 16384, allocated: false }]);
+    assert_eq!(
+        overlay_extents(&q, Sequence(1), 0, 16384, extents),
+        vec![BlockExtent { length_bytes: 16384, allocated: false }]
+    );
 }
 
 #[test]

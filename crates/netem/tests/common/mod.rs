@@ -39,15 +39,13 @@ pub fn echo_server(listener: TcpListener, connections: usize) -> JoinHandle<()> 
 /// Accepts one connection and reads it to the end; returns the bytes and when the last arrived.
 pub fn sink_server(listener: TcpListener) -> JoinHandle<(Vec<u8>, Instant)> {
     std::thread::spawn(move || {
-        let mut stream =
-            netem::measure::accept_within(&listener, TIMEOUT).expect("the client connects");
+        let mut stream = netem::measure::accept_within(&listener, TIMEOUT).expect("the client connects");
         stream.set_read_timeout(Some(TIMEOUT)).expect("timeout");
         let mut received = Vec::new();
         let mut buf = vec![0u8; 256 * 1024];
         let mut last = Instant::now();
         loop {
-            let n =
-                netem::measure::read_some(&mut stream, &mut buf).expect("the transfer completes");
+            let n = netem::measure::read_some(&mut stream, &mut buf).expect("the transfer completes");
             if n == 0 {
                 break;
             }

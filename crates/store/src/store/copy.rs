@@ -133,7 +133,12 @@ impl Store {
 
     /// What the block map says of `count` blocks from `first` (a full recovery's target sends
     /// this to its source).
-    pub fn block_summaries(&self, volume: VolumeHandle, first: u64, count: u64) -> Result<Vec<BlockSummary>, StoreError> {
+    pub fn block_summaries(
+        &self,
+        volume: VolumeHandle,
+        first: u64,
+        count: u64,
+    ) -> Result<Vec<BlockSummary>, StoreError> {
         let v = self.volume_at(volume);
         v.check_range(first * BLOCK_BYTES, count * BLOCK_BYTES)?;
         let state = v.state.read().expect("volume lock");
@@ -150,11 +155,19 @@ impl Store {
     /// checked against their checksums) at one moment, with the applied sequence of that
     /// moment. Holes on both sides are skipped; a hole here that is allocated there is sent as
     /// a hole.
-    pub fn copy_chunk(&self, volume: VolumeHandle, first: u64, have: &[BlockSummary]) -> Result<BlockChunk, StoreError> {
+    pub fn copy_chunk(
+        &self,
+        volume: VolumeHandle,
+        first: u64,
+        have: &[BlockSummary],
+    ) -> Result<BlockChunk, StoreError> {
         self.refuse_if_copying(volume)?;
         let v = self.volume_at(volume);
         if have.len() > COPY_CHUNK_BLOCKS_MAX {
-            return Err(StoreError::PayloadTooLarge { volume: v.name.clone(), length_bytes: have.len() as u64 * BLOCK_BYTES });
+            return Err(StoreError::PayloadTooLarge {
+                volume: v.name.clone(),
+                length_bytes: have.len() as u64 * BLOCK_BYTES,
+            });
         }
         v.check_range(first * BLOCK_BYTES, have.len() as u64 * BLOCK_BYTES)?;
         let state = v.state.read().expect("volume lock");
@@ -231,7 +244,12 @@ impl Store {
 
     /// Target side: the first chunk of a pass fixes its base (the source's applied sequence
     /// then); persisted before any block of that chunk is installed.
-    pub fn set_copy_base(&self, volume: VolumeHandle, base: Sequence, base_epoch: Epoch) -> Result<CopyState, StoreError> {
+    pub fn set_copy_base(
+        &self,
+        volume: VolumeHandle,
+        base: Sequence,
+        base_epoch: Epoch,
+    ) -> Result<CopyState, StoreError> {
         let v = self.volume_at(volume);
         let mut state = lock(&v.copy).ok_or(StoreError::NotCopying { volume: v.name.clone() })?;
         state.base = base;
