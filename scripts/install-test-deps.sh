@@ -28,7 +28,11 @@ for package in "${packages[@]}"; do
 done
 
 if ! command -v cargo >/dev/null 2>&1 && [[ ! -x "${HOME:-/root}/.cargo/bin/cargo" ]]; then
-    missing+=(cargo rustc)
+    missing+=(cargo rustc rust-clippy rustfmt)
+else
+    # The test command's gates (scripts/test.sh): Debian packages them apart from cargo.
+    cargo clippy --version >/dev/null 2>&1 || missing+=(rust-clippy)
+    cargo fmt --version >/dev/null 2>&1 || missing+=(rustfmt)
 fi
 
 if [[ ${#missing[@]} -eq 0 ]]; then

@@ -19,6 +19,13 @@ export PATH
 echo "== installing test dependencies"
 bash scripts/install-test-deps.sh
 
+echo "== cargo fmt --check"
+cargo fmt --all --check
+
+echo "== cargo clippy --workspace --all-targets -- -D warnings"
+# Release profile: shares its dependency builds with the build and tests below.
+cargo clippy --release --workspace --all-targets -- -D warnings
+
 echo "== cargo build --release --workspace"
 cargo build --release --workspace
 

@@ -365,6 +365,51 @@ def test_paced_replay_shows_progress(make_cluster, workdir):
     verify_all(cluster, workdir, uri, load, burst)
 
 
+SLOW_RATE_MIB = 8  # per second: below what the foreground writes below do (about 20 MiB/s here)
+# The foreground writes during that recovery: medium writes, so that what they add while the
+# gap is pulled fits the element's 256 MiB stash and the peers' replay logs.
+HEAVY = dict(max_blocks=16, inflight=2)
+
+
+def test_replay_slower_than_the_foreground_writes_converges(make_cluster, workdir):
+    """A replay paced well below the foreground write rate still finishes:
+    the element keeps the current writes aside while it pulls its gap, then
+    commits them (before, it chased the newest sequence for ever)."""
+    cluster = make_cluster_with_replay_log(
+        make_cluster, BIG_REPLAY_LOG, host_extra=["--write-queue", SMALL_QUEUE, "--recovery-rate", f"{SLOW_RATE_MIB}MiB"]
+    )
+    uri = cluster.uri()
+    with start_load(workdir, uri, seed=71) as load:
+        load.wait_acks(300)
+        kill_and_wait_out(cluster, "far")
+        burst = write_burst(workdir, uri, 40, seed=72)
+        assert gap_left_the_queue(cluster.status(), "far"), "setup: far's gap is still in the write queue"
+        cluster.restart_element("far")
+        # Large foreground writes all through the recovery, in their own region.
+        heavy_offset = BURST_OFFSET + 128 * MiB
+        with LoadWriter(workdir, uri, REGION_BLOCKS, 73, name="heavy", offset=heavy_offset, **HEAVY) as heavy:
+            acked = AckedBytes(heavy.log_path)
+            started = time.monotonic()
+            status, samples = watch(
+                cluster, back_in_sync("far"), 120, "far back in sync", interval=0.5, on_sample=lambda s: acked()
+            )
+            seconds = time.monotonic() - started
+            foreground = acked() / MiB / seconds
+            code = heavy.finish()
+            assert code == 0, f"heavy writer exit {code}\n{heavy.output()}"
+            heavy_log = harness.WriteLog(heavy.log_path, heavy_offset, REGION_BLOCKS)
+        last = element_of(status, "far")["last_recovery"]
+        print(f"replay of {last['records']} records in {last['seconds']:.1f} s at {SLOW_RATE_MIB} MiB/s "
+              f"while the foreground wrote {foreground:.1f} MiB/s")
+        assert last["kind"] == "replay", last
+        # The setup, not a timing of the product: the foreground outran the recovery rate.
+        assert foreground > SLOW_RATE_MIB, f"setup: foreground wrote only {foreground:.1f} MiB/s"
+        load.wait_acks(100, what="acknowledged writes after far came back")
+        code = load.finish()
+        assert code == 0, f"writer exit {code}\n{load.output()}"
+    verify_all(cluster, workdir, uri, load, burst, heavy_log)
+
+
 def copying(s, name="far"):
     """`name` is in the block-copy phase of a full recovery."""
     e = element_of(s, name)

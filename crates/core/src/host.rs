@@ -235,9 +235,6 @@ struct ElementRuntime {
     /// Per volume: the gap is being pulled from a peer; the write queue does not stream to
     /// it (and waits for it) until its sequence is back within what the queue holds.
     replaying: Vec<bool>,
-    /// Per volume: a finished pull reached this sequence, whose acknowledgement is still on
-    /// its way; the next pull waits for it rather than asking for the same records again.
-    replay_reached: Vec<Option<Sequence>>,
     /// Peers that could not serve this element's replay (their log no longer holds its gap,
     /// or they failed mid-way); cleared when a recovery completes.
     replay_tried: ElementSet,
@@ -434,7 +431,6 @@ impl HostCore {
                 recovery: None,
                 last_recovery: None,
                 replaying: vec![false; volume_count],
-                replay_reached: vec![None; volume_count],
                 replay_tried: ElementSet::default(),
                 copying: vec![false; volume_count],
                 copy_progress: vec![(0, 0, 0); volume_count],
@@ -775,6 +771,11 @@ impl HostCore {
             through: self.volumes[volume.0 as usize].queue.last_sequence(),
             rate_bytes_per_s: self.config.recovery_rate_bytes_per_s,
         };
+        // The element keeps the current writes after `through` aside while it pulls the gap,
+        // so the replay finishes even when it is paced below the foreground write rate.
+        let HostMessage::Recover { through, .. } = &message else { unreachable!() };
+        let sent = &mut self.elements[element.0 as usize].sent_through[volume.0 as usize];
+        *sent = (*sent).max(*through);
         let mut to = ElementSet::default();
         to.insert(element);
         self.emit(Action::Send { to, message });
@@ -822,7 +823,6 @@ impl HostCore {
         let e = &mut self.elements[element.0 as usize];
         e.copying[vi] = true;
         e.replaying[vi] = true;
-        e.replay_reached[vi] = None;
         e.applied[vi] = Sequence::ZERO;
         e.sent_through[vi] = Sequence::ZERO;
         e.copy_progress[vi] = (0, 0, 0);
@@ -934,15 +934,29 @@ impl HostCore {
     fn on_recovery_done(&mut self, now: Time, element: ElementId, volume: VolumeId, result: Result<Sequence, String>) {
         let vi = volume.0 as usize;
         let e = &self.elements[element.0 as usize];
-        if vi >= self.volumes.len() || !e.live() || !e.replaying[vi] || e.copying[vi] {
-            return; // Already switched to the write queue, or failed meanwhile.
+        if vi >= self.volumes.len() || !e.live() || e.copying[vi] {
+            return; // Failed meanwhile, or superseded by a copy.
+        }
+        if !e.replaying[vi] {
+            // Already switched to the write queue, which holds everything after its applied
+            // sequence. A pull that failed after that point left a hole before the current
+            // writes it had kept aside: send the queue again from what it holds.
+            if result.is_err() {
+                self.elements[element.0 as usize].sent_through[vi] = self.elements[element.0 as usize].applied[vi];
+                self.pump(element, volume);
+            }
+            return;
         }
         match result {
-            // The queue moved on while it pulled: pull the rest, from where it got to.
-            Ok(reached) if reached > e.applied[vi] => {
-                self.elements[element.0 as usize].replay_reached[vi] = Some(reached)
+            // The element pulled its gap and committed the current writes it kept aside (their
+            // acknowledgements came first): normally the write queue covers it now and
+            // `on_applied` switched it to streaming. If not (it had to drop current writes, or
+            // the queue moved past it meanwhile), pull the rest from where it got to.
+            Ok(_) => {
+                if !self.volumes[vi].queue.covers_after(e.applied[vi]) {
+                    self.send_recover(element, volume);
+                }
             }
-            Ok(_) => self.send_recover(element, volume),
             Err(reason) => {
                 // Try the next peer; when none is left, the verdict is full recovery.
                 let source = e.recovery.as_ref().and_then(|r| r.source).expect("a replay has a source");
@@ -958,7 +972,6 @@ impl HostCore {
                     }));
                     let e = &mut self.elements[element.0 as usize];
                     e.recovery.as_mut().expect("recovering").source = Some(next);
-                    e.replay_reached.iter_mut().for_each(|r| *r = None);
                     let replaying: Vec<usize> = (0..e.replaying.len()).filter(|&i| e.replaying[i]).collect();
                     for i in replaying {
                         self.send_recover(element, VolumeId(i as u32));
@@ -1014,7 +1027,6 @@ impl HostCore {
         e.recovery = None;
         e.replaying.iter_mut().for_each(|r| *r = false);
         e.copying.iter_mut().for_each(|c| *c = false);
-        e.replay_reached.iter_mut().for_each(|r| *r = None);
         if disconnect && e.session {
             self.emit(Action::Disconnect { element });
         }
@@ -1079,11 +1091,6 @@ impl HostCore {
                 ),
             }));
             self.pump(element, volume);
-        }
-        let e = &mut self.elements[element.0 as usize];
-        if e.replaying[vi] && e.replay_reached[vi].is_some_and(|r| sequence >= r) {
-            e.replay_reached[vi] = None;
-            self.send_recover(element, volume);
         }
         if self.maybe_in_sync(now, element) {
             return;

@@ -5,11 +5,16 @@
 //! current time passed in; outputs are taken with [`HostCore::poll_action`] and
 //! [`HostCore::poll_timeout`]. The shell (crates/shell) carries the actions out.
 
+mod element;
 mod host;
 pub mod limits;
 mod read_cache;
 mod write_queue;
 
+pub use element::{
+    CommitDone, ElementAction, ElementConfig, ElementCore, LocalVolume, LogLevel, PeerId, SessionId, StorageDone,
+    StorageJob, VolumeInfo,
+};
 pub use host::{
     Action, ElementStatus, Event, HostConfig, HostCore, HostError, HostStatus, RecoveryKind, Reply, VolumeMode,
     VolumeStatus,

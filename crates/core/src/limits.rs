@@ -1,4 +1,4 @@
-//! Every bound of the host element core, in one place, with their relations checked at compile
+//! Every bound of the host element and element cores, in one place, with their relations checked at compile
 //! time.
 
 use proto::PAYLOAD_BYTES_MAX;
@@ -34,3 +34,31 @@ const _: () = assert!(HEARTBEAT_TIMEOUT_MS_DEFAULT > 2 * HEARTBEAT_INTERVAL_MS_D
 /// Full recovery passes in a row (each followed by a replay the peers' logs no longer cover)
 /// before the element is failed as unable to catch up.
 pub const COPY_PASSES_MAX: u32 = 4;
+
+// ----- the element core ------------------------------------------------------------------------
+
+/// Records taken into one group commit at most, and their payload bytes.
+pub const COMMIT_BATCH_RECORDS_MAX: usize = 1024;
+pub const COMMIT_BATCH_BYTES_MAX: u64 = 64 * 1024 * 1024;
+/// Payload bytes in one `LogRecords` reply at most (beyond a single larger record), so that the
+/// frame stays within the frame bound with the per-record overhead of small records.
+pub const LOG_REPLY_BYTES_MAX: u64 = PAYLOAD_BYTES_MAX as u64 / 2;
+/// Payload bytes a replay asks of its peer per fetch: one fetch is in flight at a time, so each
+/// costs an idle round trip; 16 MiB keeps a 124 Mbit/s link with a 130 ms round trip ~90 % busy.
+pub const REPLAY_FETCH_BYTES: u64 = LOG_REPLY_BYTES_MAX;
+/// Current writes a replaying element keeps in memory (all volumes together) while it pulls
+/// its gap from a peer, so that a replay paced below the foreground write rate still finishes.
+/// Beyond it the element drops them and pulls them from the peer too.
+pub const REPLAY_STASH_BYTES_MAX: u64 = 256 * 1024 * 1024;
+/// A replay's peer that has had nothing new for this long has failed it.
+pub const REPLAY_IDLE_TIMEOUT_MS: u64 = 30_000;
+/// How long a replay waits before asking again a peer that had nothing new yet.
+pub const REPLAY_EMPTY_RETRY_MS: u64 = 10;
+/// How long a copy source waits for its applied sequence to reach a request's `min_applied`.
+pub const SOURCE_CATCH_UP_TIMEOUT_MS: u64 = 10_000;
+/// Messages a session may send while its `Hello` is being answered.
+pub const SESSION_DEFERRED_MAX: usize = 65_536;
+
+const _: () = assert!(REPLAY_FETCH_BYTES <= LOG_REPLY_BYTES_MAX);
+const _: () = assert!(REPLAY_STASH_BYTES_MAX >= 2 * PAYLOAD_BYTES_MAX as u64);
+const _: () = assert!(COMMIT_BATCH_BYTES_MAX >= PAYLOAD_BYTES_MAX as u64);

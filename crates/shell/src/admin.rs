@@ -13,12 +13,27 @@ use crate::host::HostHandle;
 /// Requests longer than this are refused: the admin API only takes short GETs.
 const REQUEST_BYTES_MAX: usize = 8192;
 
+/// Admin requests answered at once; more connections are closed until one is answered.
+const CONNECTIONS_MAX: usize = 32;
+
 pub async fn serve(listener: TcpListener, host: HostHandle) {
+    let permits = std::sync::Arc::new(tokio::sync::Semaphore::new(CONNECTIONS_MAX));
     loop {
-        let Ok((stream, _)) = listener.accept().await else { continue };
+        let (stream, peer) = match crate::accept::accept(&listener, "admin").await {
+            Ok(accepted) => accepted,
+            Err(error) => {
+                tracing::error!(%error, "admin: the listener failed; the admin address stops answering");
+                return;
+            }
+        };
+        let Ok(permit) = permits.clone().try_acquire_owned() else {
+            tracing::warn!(%peer, limit = CONNECTIONS_MAX, "admin: connection limit reached; connection closed");
+            continue;
+        };
         let host = host.clone();
         tokio::spawn(async move {
             let _ = tokio::time::timeout(std::time::Duration::from_secs(5), answer(stream, host)).await;
+            drop(permit);
         });
     }
 }

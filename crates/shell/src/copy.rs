@@ -4,15 +4,15 @@
 //! pass's base sequence. The host element then replays (or streams) the writes after it. The
 //! reasoning and the durable state are in `store::Store::copy_chunk` and its module.
 
-use std::collections::{BTreeMap, HashSet};
-use std::sync::{Arc, Mutex};
+use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use proto::{BlockChunk, ElementMessage, Epoch, HostMessage, Sequence, VolumeId, BLOCK_BYTES};
 use store::{Store, VolumeHandle};
 use tokio::sync::mpsc;
 
-use crate::element::{connect_peer, recv_frame, send_frame, REPLAY_IDLE_TIMEOUT};
+use crate::element::{connect_peer, recv_frame, send_frame};
 
 /// Blocks asked about per request: 1 MiB of volume to begin with; doubled (up to
 /// `COPY_CHUNK_BLOCKS_MAX`, 16 MiB) while replies carry little content (holes, blocks equal on
@@ -27,8 +27,6 @@ const WINDOW_VOLUME_BYTES: u64 = 64 * 1024 * 1024;
 const CURSOR_SAVE_BYTES: u64 = 64 * 1024 * 1024;
 const CURSOR_SAVE_INTERVAL: Duration = Duration::from_secs(2);
 const PROGRESS_INTERVAL: Duration = Duration::from_millis(500);
-/// How long a source waits for its applied sequence to reach a request's `min_applied`.
-const SOURCE_CATCH_UP_TIMEOUT: Duration = Duration::from_secs(10);
 
 pub(crate) struct CopyJob {
     pub volume: VolumeId,
@@ -39,65 +37,18 @@ pub(crate) struct CopyJob {
     pub rate_bytes_per_s: u64,
 }
 
-/// Volumes with a copy task running, per store: a new order waits for the old task to stop.
-static RUNNING: Mutex<Option<HashSet<(usize, VolumeHandle)>>> = Mutex::new(None);
-
-struct RunningGuard((usize, VolumeHandle));
-
-impl Drop for RunningGuard {
-    fn drop(&mut self) {
-        if let Some(set) = RUNNING.lock().expect("running copies lock").as_mut() {
-            set.remove(&self.0);
-        }
-    }
-}
-
-async fn claim(store: &Arc<Store>, handle: VolumeHandle) -> Result<RunningGuard, String> {
-    let key = (Arc::as_ptr(store) as usize, handle);
-    let deadline = Instant::now() + REPLAY_IDLE_TIMEOUT;
-    loop {
-        {
-            let mut running = RUNNING.lock().expect("running copies lock");
-            let set = running.get_or_insert_with(HashSet::new);
-            if set.insert(key) {
-                return Ok(RunningGuard(key));
-            }
-        }
-        if Instant::now() > deadline {
-            return Err("an earlier copy of this volume did not stop".into());
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
-/// Source side of one `FetchBlocks` (on the blocking pool).
-pub(crate) fn serve_chunk(
-    store: &Store,
-    handle: VolumeHandle,
-    first_block: u64,
-    min_applied: Sequence,
-    have: &[proto::BlockSummary],
-) -> Result<BlockChunk, String> {
-    let deadline = Instant::now() + SOURCE_CATCH_UP_TIMEOUT;
-    while store.applied_sequence(handle) < min_applied {
-        if Instant::now() > deadline {
-            return Err(format!(
-                "this element has applied only sequence {} after {SOURCE_CATCH_UP_TIMEOUT:?}; the copy needs {min_applied}",
-                store.applied_sequence(handle)
-            ));
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    store.copy_chunk(handle, first_block, have).map_err(|e| e.to_string())
-}
-
-pub(crate) async fn copy_from_peer(job: CopyJob, store: Arc<Store>, replies: mpsc::UnboundedSender<ElementMessage>) {
+/// Run one copy; `session` is the ordering session's writer (the copy stops once it is
+/// closed); `replies` takes the progress reports and, last, the `CopyDone`. The element core
+/// runs one copy of a volume at a time.
+pub(crate) async fn copy_from_peer(
+    job: CopyJob,
+    store: Arc<Store>,
+    session: mpsc::UnboundedSender<ElementMessage>,
+    replies: mpsc::UnboundedSender<ElementMessage>,
+) {
     let started = Instant::now();
     tracing::info!(source = %job.source, volume = %job.spec.name, "full recovery: copying from peer");
-    let result = match claim(&store, job.handle).await {
-        Ok(_guard) => copy(&job, &store, &replies).await,
-        Err(e) => Err(e),
-    };
+    let result = copy(&job, &store, &session, &replies).await;
     let result = match result {
         Ok((base, copied_bytes)) => {
             let seconds = started.elapsed().as_secs_f64();
@@ -129,6 +80,7 @@ async fn blocking<T: Send + 'static>(
 async fn copy(
     job: &CopyJob,
     store: &Arc<Store>,
+    session: &mpsc::UnboundedSender<ElementMessage>,
     replies: &mpsc::UnboundedSender<ElementMessage>,
 ) -> Result<(Sequence, u64), String> {
     let (mut stream, mut buf) = connect_peer(&job.source, job.epoch, &job.spec).await?;
@@ -156,7 +108,7 @@ async fn copy(
     let mut last_progress = Instant::now();
     let pace_started = Instant::now();
     while installed < blocks {
-        if replies.is_closed() {
+        if session.is_closed() {
             return Err("the host element's session ended".into());
         }
         while in_flight.len() < WINDOW_CHUNKS

@@ -1,24 +1,37 @@
-//! The element's shell: a TCP server in front of the durable [`store::Store`].
+//! The element's shell: a TCP server in front of the durable [`store::Store`], driving the
+//! sans-IO [`ElementCore`], which holds every rule.
 //!
-//! Writes from every session go to one committer thread that group-commits them (one
-//! fdatasync per batch) and only then sends `Applied`: an acknowledgement can never precede
-//! durability. Reads, block status and replay-log fetches run on the blocking pool,
-//! concurrently with commits.
+//! One actor task owns the core. Session tasks read frames and hand them to it over a bounded
+//! channel (a busy element stops reading, and TCP pushes back on the host element). Storage
+//! jobs (group commits, epoch adoption) run one at a time on the committer thread; reads,
+//! block status and replay-log or block fetches run on the blocking pool and answer the
+//! session directly, concurrently with commits. Peer sessions (a replay's source) are tasks
+//! that report to the actor; a full recovery's block walk runs in `copy.rs`.
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
-use proto::{decode_frame, encode_frame, ElementMessage, HostMessage, Record, Sequence, VolumeId, VolumeState};
+use proto::{decode_frame, encode_frame, ElementMessage, HostMessage, Record, Sequence, VolumeId, VolumeSpec};
+use starfish_core::{
+    CommitDone, ElementAction, ElementConfig, ElementCore, LocalVolume, LogLevel, PeerId, SessionId, StorageDone,
+    StorageJob, Time, VolumeInfo,
+};
 use store::{Store, StoreOptions, VolumeHandle};
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufWriter};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 
-/// Records taken into one group commit at most (and their payload bytes).
-const COMMIT_BATCH_RECORDS_MAX: usize = 1024;
-const COMMIT_BATCH_BYTES_MAX: u64 = 64 * 1024 * 1024;
+/// Sessions (host elements and peers' recoveries) served at once; more are refused with a log
+/// line until one ends.
+pub const SESSIONS_MAX: usize = 64;
+/// Inputs waiting for the actor, all sessions together: beyond it session tasks stop reading.
+const ACTOR_QUEUE_MAX: usize = 4096;
+/// A peer that answers nothing for this long has failed the replay or copy that uses it.
+pub(crate) const REPLAY_IDLE_TIMEOUT: Duration = Duration::from_millis(starfish_core::limits::REPLAY_IDLE_TIMEOUT_MS);
 
 #[derive(Clone, Debug)]
 pub struct ElementOptions {
@@ -27,27 +40,29 @@ pub struct ElementOptions {
     pub store: StoreOptions,
 }
 
-/// Work for the committer thread, in arrival order.
-enum Job {
-    Commit(CommitRequest),
-    /// A host element session starts: adopt its epoch durably and report what is applied. As
-    /// a job it is ordered after every record queued before it, and records of older
-    /// sessions queued after it are fenced: the host element never sees a stale position.
-    Hello {
-        epoch: proto::Epoch,
-        handles: Vec<VolumeHandle>,
-        reply: tokio::sync::oneshot::Sender<Result<(proto::Epoch, Vec<VolumeState>), String>>,
-    },
+/// What reaches the actor.
+enum Input {
+    Opened { session: SessionId, writer: mpsc::UnboundedSender<ElementMessage> },
+    Message { session: SessionId, message: HostMessage },
+    Closed { session: SessionId },
+    VolumesEnsured { session: SessionId, result: Result<Vec<(LocalVolume, VolumeInfo)>, String> },
+    Storage(StorageDone),
+    PeerMessage { peer: PeerId, message: ElementMessage },
+    PeerClosed { peer: PeerId, reason: String },
+    CopyProgress { volume: LocalVolume, message: ElementMessage },
+    CopyDone { volume: LocalVolume, session_volume: VolumeId, info: VolumeInfo, result: Result<Sequence, String> },
 }
 
-struct CommitRequest {
-    /// Epoch of the session that sent it: refused once a newer host element has said hello.
-    session_epoch: proto::Epoch,
-    record: Record,
-    handle: VolumeHandle,
-    /// The session's own volume number, to address its acknowledgement.
-    session_volume: VolumeId,
-    reply: mpsc::UnboundedSender<ElementMessage>,
+fn info_of(store: &Store, handle: VolumeHandle) -> VolumeInfo {
+    VolumeInfo {
+        applied: store.applied_sequence(handle),
+        applied_epoch: store.applied_epoch(handle),
+        copying: store.copy_state(handle).is_some(),
+    }
+}
+
+fn handle(store: &Store, volume: LocalVolume) -> VolumeHandle {
+    store.volume_numbered(volume.0).expect("the core names only volumes storage created")
 }
 
 /// Open the store, start the committer and serve sessions until `shutdown` completes; then
@@ -62,26 +77,48 @@ pub async fn run(options: ElementOptions, shutdown: impl std::future::Future<Out
     let listener = TcpListener::bind(options.listen)
         .await
         .map_err(|e| std::io::Error::new(e.kind(), format!("cannot listen on {}: {e}", options.listen)))?;
-    let (commits, commit_rx) = std::sync::mpsc::channel::<Job>();
+    let volumes = store
+        .volumes()
+        .into_iter()
+        .enumerate()
+        .map(|(i, (name, size_bytes))| {
+            let handle = store.volume_numbered(i as u32).expect("listed");
+            (VolumeSpec { name, size_bytes }, info_of(&store, handle))
+        })
+        .collect();
+    let core = ElementCore::new(ElementConfig::default(), store.epoch(), volumes);
+    let (inputs, input_rx) = mpsc::channel::<Input>(ACTOR_QUEUE_MAX);
+    let (jobs, job_rx) = std::sync::mpsc::channel::<StorageJob>();
     {
-        let store = store.clone();
-        std::thread::Builder::new().name("committer".into()).spawn(move || run_committer(&store, commit_rx))?;
+        let (store, inputs) = (store.clone(), inputs.clone());
+        std::thread::Builder::new().name("committer".into()).spawn(move || run_committer(&store, job_rx, inputs))?;
     }
+    let actor = tokio::spawn(run_actor(core, store.clone(), input_rx, inputs.clone(), jobs));
     tracing::info!(listen = %options.listen, data = %options.data.display(), epoch = %store.epoch(), "element serving");
+    let sessions = Arc::new(tokio::sync::Semaphore::new(SESSIONS_MAX));
+    let mut next_session = 1u64;
     tokio::pin!(shutdown);
     loop {
         let (stream, peer) = tokio::select! {
-            accepted = listener.accept() => accepted?,
+            accepted = crate::accept::accept(&listener, "element") => accepted?,
             _ = &mut shutdown => break,
         };
+        let Ok(permit) = sessions.clone().try_acquire_owned() else {
+            tracing::warn!(%peer, limit = SESSIONS_MAX, "element: session limit reached; connection closed");
+            drop(stream);
+            continue;
+        };
         let _ = stream.set_nodelay(true);
-        let store = store.clone();
-        let commits = commits.clone();
+        let session = SessionId(next_session);
+        next_session += 1;
+        let inputs = inputs.clone();
         tokio::spawn(async move {
-            let reason = serve_session(stream, store, commits).await;
-            tracing::info!(%peer, %reason, "session ended");
+            let reason = serve_session(stream, session, inputs).await;
+            tracing::info!(%peer, session = session.0, %reason, "session ended");
+            drop(permit);
         });
     }
+    actor.abort();
     tracing::info!("element stopping: checkpoint");
     tokio::task::spawn_blocking(move || store.checkpoint())
         .await
@@ -89,113 +126,277 @@ pub async fn run(options: ElementOptions, shutdown: impl std::future::Future<Out
         .map_err(|e| std::io::Error::other(format!("checkpoint at shutdown: {e}")))
 }
 
-fn run_committer(store: &Store, jobs: std::sync::mpsc::Receiver<Job>) {
-    let mut batch: Vec<CommitRequest> = Vec::with_capacity(COMMIT_BATCH_RECORDS_MAX);
-    let mut next: Option<Job> = None;
-    loop {
-        let Some(first) = next.take().or_else(|| jobs.recv().ok()) else { return };
-        let first = match first {
-            Job::Hello { epoch, handles, reply } => {
-                let _ = reply.send(hello(store, epoch, &handles));
-                continue;
+/// Carry out storage jobs in order, one at a time (a commit is one write and one fdatasync).
+fn run_committer(store: &Store, jobs: std::sync::mpsc::Receiver<StorageJob>, inputs: mpsc::Sender<Input>) {
+    while let Ok(job) = jobs.recv() {
+        let done = match job {
+            StorageJob::AdoptEpoch(epoch) => StorageDone::AdoptEpoch(store.set_epoch(epoch).map_err(|e| e.to_string())),
+            StorageJob::Commit(batch) => {
+                let records: Vec<(VolumeHandle, Record)> =
+                    batch.into_iter().map(|(volume, record)| (handle(store, volume), record)).collect();
+                StorageDone::Commit(match store.commit(&records) {
+                    Ok(outcome) => Ok(CommitDone {
+                        applied: outcome
+                            .applied
+                            .iter()
+                            .map(|&(h, sequence)| (LocalVolume(h.number()), sequence, store.applied_epoch(h)))
+                            .collect(),
+                        rejected: outcome.rejected.iter().map(|r| (r.index, r.error.to_string())).collect(),
+                    }),
+                    Err(e) => {
+                        tracing::error!(error = %e, "commit failed");
+                        Err(e.to_string())
+                    }
+                })
             }
-            Job::Commit(request) => request,
         };
-        let mut bytes = first.record.op.payload_bytes();
-        batch.push(first);
-        while batch.len() < COMMIT_BATCH_RECORDS_MAX && bytes < COMMIT_BATCH_BYTES_MAX {
-            match jobs.try_recv() {
-                Ok(Job::Commit(request)) => {
-                    bytes += request.record.op.payload_bytes();
-                    batch.push(request);
-                }
-                Ok(hello) => {
-                    next = Some(hello);
-                    break;
-                }
-                Err(_) => break,
-            }
-        }
-        commit_batch(store, &mut batch);
-        batch.clear();
-    }
-}
-
-fn hello(
-    store: &Store,
-    epoch: proto::Epoch,
-    handles: &[VolumeHandle],
-) -> Result<(proto::Epoch, Vec<VolumeState>), String> {
-    let previous = store.epoch();
-    if epoch < previous {
-        return Err(format!("stale epoch {epoch}: this element already follows epoch {previous}"));
-    }
-    if epoch > previous {
-        store.set_epoch(epoch).map_err(|e| e.to_string())?;
-    }
-    let states = handles
-        .iter()
-        .map(|&h| match store.copy_state(h) {
-            // An interrupted full recovery: nothing consistent to report.
-            Some(_) => VolumeState { applied_sequence: Sequence::ZERO, applied_epoch: proto::Epoch(0), copying: true },
-            None => VolumeState {
-                applied_sequence: store.applied_sequence(h),
-                applied_epoch: store.applied_epoch(h),
-                copying: false,
-            },
-        })
-        .collect();
-    Ok((previous, states))
-}
-
-fn commit_batch(store: &Store, batch: &mut Vec<CommitRequest>) {
-    let current = store.epoch();
-    batch.retain(|r| {
-        if r.session_epoch >= current {
-            return true;
-        }
-        let reason = format!("fenced: a host element of epoch {current} superseded epoch {}", r.session_epoch);
-        let _ = r.reply.send(ElementMessage::Fault { reason });
-        false
-    });
-    if batch.is_empty() {
-        return;
-    }
-    let records: Vec<(VolumeHandle, Record)> = batch.iter().map(|r| (r.handle, r.record.clone())).collect();
-    match store.commit(&records) {
-        Ok(outcome) => {
-            // A refused record (gap, stale epoch, damaged base block) ends its session: the
-            // host element marks this element failed with the reason.
-            for rejected in &outcome.rejected {
-                let r = &batch[rejected.index];
-                tracing::warn!(sequence = %r.record.sequence, error = %rejected.error, "record refused");
-                let _ = r.reply.send(ElementMessage::Fault { reason: rejected.error.to_string() });
-            }
-            // One cumulative acknowledgement per (session, volume).
-            let mut acked: Vec<(usize, VolumeId, VolumeHandle)> = Vec::new();
-            for (i, r) in batch.iter().enumerate() {
-                if !acked.iter().any(|(j, v, _)| batch[*j].reply.same_channel(&r.reply) && *v == r.session_volume) {
-                    acked.push((i, r.session_volume, r.handle));
-                }
-            }
-            for (i, volume, handle) in acked {
-                let sequence = store.applied_sequence(handle);
-                let _ = batch[i].reply.send(ElementMessage::Applied { volume, sequence });
-            }
-        }
-        Err(e) => {
-            tracing::error!(error = %e, "commit failed");
-            for r in batch.iter() {
-                let _ = r.reply.send(ElementMessage::Fault { reason: format!("commit failed: {e}") });
-            }
+        if inputs.blocking_send(Input::Storage(done)).is_err() {
+            return;
         }
     }
 }
 
-async fn serve_session(stream: TcpStream, store: Arc<Store>, commits: std::sync::mpsc::Sender<Job>) -> String {
+/// Peer sessions the actor opened: what to send them.
+type PeerLinks = HashMap<PeerId, (mpsc::UnboundedSender<HostMessage>, tokio::task::JoinHandle<()>)>;
+
+async fn run_actor(
+    mut core: ElementCore,
+    store: Arc<Store>,
+    mut input_rx: mpsc::Receiver<Input>,
+    inputs: mpsc::Sender<Input>,
+    jobs: std::sync::mpsc::Sender<StorageJob>,
+) {
+    let origin = Instant::now();
+    let now = || Time(origin.elapsed().as_micros() as u64);
+    let mut writers: HashMap<SessionId, mpsc::UnboundedSender<ElementMessage>> = HashMap::new();
+    let mut peers: PeerLinks = HashMap::new();
+    loop {
+        let timeout = core.poll_timeout();
+        let input = match timeout {
+            Some(at) => {
+                let wait = Duration::from_micros(at.0.saturating_sub(now().0));
+                match tokio::time::timeout(wait, input_rx.recv()).await {
+                    Ok(input) => input,
+                    Err(_) => {
+                        core.handle_timeout(now());
+                        carry_out(&mut core, &store, &inputs, &jobs, &mut writers, &mut peers);
+                        continue;
+                    }
+                }
+            }
+            None => input_rx.recv().await,
+        };
+        let Some(input) = input else { return };
+        let t = now();
+        match input {
+            Input::Opened { session, writer } => {
+                writers.insert(session, writer);
+                core.handle_session_opened(t, session);
+            }
+            Input::Message { session, message } => core.handle_host_message(t, session, message),
+            Input::Closed { session } => {
+                writers.remove(&session);
+                core.handle_session_closed(t, session);
+            }
+            Input::VolumesEnsured { session, result } => core.handle_volumes_ensured(t, session, result),
+            Input::Storage(done) => core.handle_storage_done(t, done),
+            Input::PeerMessage { peer, message } => core.handle_peer_message(t, peer, message),
+            Input::PeerClosed { peer, reason } => {
+                peers.remove(&peer);
+                core.handle_peer_closed(t, peer, reason);
+            }
+            Input::CopyProgress { volume, message } => core.handle_copy_progress(t, volume, message),
+            Input::CopyDone { volume, session_volume, info, result } => {
+                core.handle_copy_done(t, volume, session_volume, info, result)
+            }
+        }
+        if core.poll_timeout().is_some_and(|at| at <= now()) {
+            core.handle_timeout(now());
+        }
+        carry_out(&mut core, &store, &inputs, &jobs, &mut writers, &mut peers);
+    }
+}
+
+fn carry_out(
+    core: &mut ElementCore,
+    store: &Arc<Store>,
+    inputs: &mpsc::Sender<Input>,
+    jobs: &std::sync::mpsc::Sender<StorageJob>,
+    writers: &mut HashMap<SessionId, mpsc::UnboundedSender<ElementMessage>>,
+    peers: &mut PeerLinks,
+) {
+    while let Some(action) = core.poll_action() {
+        match action {
+            ElementAction::Send { session, message } => {
+                if let Some(writer) = writers.get(&session) {
+                    let _ = writer.send(message);
+                }
+            }
+            ElementAction::Close { session } => {
+                // Dropping the writer ends the session task once the refusal is out.
+                writers.remove(&session);
+            }
+            ElementAction::EnsureVolumes { session, specs } => {
+                let (store, inputs) = (store.clone(), inputs.clone());
+                tokio::task::spawn_blocking(move || {
+                    let result = specs
+                        .iter()
+                        .map(|spec| {
+                            let h = store.ensure_volume(&spec.name, spec.size_bytes).map_err(|e| e.to_string())?;
+                            Ok((LocalVolume(h.number()), info_of(&store, h)))
+                        })
+                        .collect::<Result<Vec<_>, String>>();
+                    let _ = inputs.blocking_send(Input::VolumesEnsured { session, result });
+                });
+            }
+            ElementAction::Storage(job) => {
+                jobs.send(job).expect("the committer thread outlives the actor");
+            }
+            ElementAction::Serve { session, volume, request } => {
+                let Some(writer) = writers.get(&session).cloned() else { continue };
+                let store = store.clone();
+                tokio::task::spawn_blocking(move || {
+                    let _ = writer.send(serve(&store, handle(&store, volume), request));
+                });
+            }
+            ElementAction::ConnectPeer { peer, address, hello } => {
+                let (tx, rx) = mpsc::unbounded_channel();
+                let task = tokio::spawn(run_peer(peer, address, hello, rx, inputs.clone()));
+                peers.insert(peer, (tx, task));
+            }
+            ElementAction::SendPeer { peer, message } => {
+                if let Some((tx, _)) = peers.get(&peer) {
+                    let _ = tx.send(message);
+                }
+            }
+            ElementAction::ClosePeer { peer } => {
+                if let Some((_, task)) = peers.remove(&peer) {
+                    task.abort();
+                }
+            }
+            ElementAction::StartCopy { session, session_volume, volume, spec, epoch, source, rate_bytes_per_s } => {
+                let Some(writer) = writers.get(&session).cloned() else {
+                    // The session is gone already: report the copy as not run.
+                    let info = info_of(store, handle(store, volume));
+                    let result = Err("the host element's session ended".to_string());
+                    let _ = inputs.try_send(Input::CopyDone { volume, session_volume, info, result });
+                    continue;
+                };
+                let job = crate::copy::CopyJob {
+                    volume: session_volume,
+                    spec,
+                    epoch,
+                    handle: handle(store, volume),
+                    source,
+                    rate_bytes_per_s,
+                };
+                let (store, inputs) = (store.clone(), inputs.clone());
+                tokio::spawn(async move {
+                    let (reports, mut report_rx) = mpsc::unbounded_channel();
+                    let copy = tokio::spawn(crate::copy::copy_from_peer(job, store.clone(), writer, reports));
+                    while let Some(message) = report_rx.recv().await {
+                        let input = match message {
+                            ElementMessage::CopyDone { volume: session_volume, result } => {
+                                let info = info_of(&store, handle(&store, volume));
+                                Input::CopyDone { volume, session_volume, info, result }
+                            }
+                            message => Input::CopyProgress { volume, message },
+                        };
+                        if inputs.send(input).await.is_err() {
+                            break;
+                        }
+                    }
+                    let _ = copy.await;
+                });
+            }
+            ElementAction::Log { level: LogLevel::Info, message } => tracing::info!("{message}"),
+            ElementAction::Log { level: LogLevel::Warn, message } => tracing::warn!("{message}"),
+        }
+    }
+}
+
+/// Answer a read-only request from storage (on the blocking pool).
+fn serve(store: &Store, handle: VolumeHandle, request: HostMessage) -> ElementMessage {
+    match request {
+        HostMessage::Read { request_id, offset_bytes, length_bytes, .. } => {
+            let (applied_sequence, result) = match store.read(handle, offset_bytes, length_bytes) {
+                Ok((sequence, data)) => (sequence, Ok(data)),
+                Err(e) => (store.applied_sequence(handle), Err(e.to_string())),
+            };
+            ElementMessage::ReadReply { request_id, applied_sequence, result }
+        }
+        HostMessage::BlockStatus { request_id, offset_bytes, length_bytes, .. } => {
+            let (applied_sequence, result) = match store.block_status(handle, offset_bytes, length_bytes) {
+                Ok((sequence, extents)) => (sequence, Ok(extents)),
+                Err(e) => (store.applied_sequence(handle), Err(e.to_string())),
+            };
+            ElementMessage::BlockStatusReply { request_id, applied_sequence, result }
+        }
+        HostMessage::FetchLog { request_id, volume, after, max_bytes } => {
+            // Bounded so that the reply always fits one frame, whatever was asked.
+            let max_bytes = max_bytes.min(starfish_core::limits::LOG_REPLY_BYTES_MAX);
+            let result = store
+                .log_records(handle, after, max_bytes)
+                .map(|records| records.into_iter().map(|r| Record { volume, ..r }).collect::<Vec<_>>())
+                .map_err(|e| e.to_string());
+            ElementMessage::LogRecords { request_id, result }
+        }
+        HostMessage::FetchBlocks { request_id, first_block, have, .. } => {
+            let result = store.copy_chunk(handle, first_block, &have).map_err(|e| e.to_string());
+            ElementMessage::Blocks { request_id, result }
+        }
+        other => unreachable!("the core serves only read-only requests, not {other:?}"),
+    }
+}
+
+/// A session with a peer element (a replay's source): say hello, then pass messages both ways
+/// until the actor closes it or the peer fails.
+async fn run_peer(
+    peer: PeerId,
+    address: String,
+    hello: HostMessage,
+    mut outgoing: mpsc::UnboundedReceiver<HostMessage>,
+    inputs: mpsc::Sender<Input>,
+) {
+    let reason = async {
+        let address: SocketAddr = address.parse().map_err(|e| format!("bad peer address {address}: {e}"))?;
+        let mut stream = tokio::time::timeout(Duration::from_secs(5), TcpStream::connect(address))
+            .await
+            .map_err(|_| format!("connecting to {address} timed out"))?
+            .map_err(|e| format!("cannot connect to {address}: {e}"))?;
+        let _ = stream.set_nodelay(true);
+        send_frame(&mut stream, &hello).await?;
+        let mut buf = BytesMut::with_capacity(1 << 20);
+        loop {
+            tokio::select! {
+                message = recv_frame::<ElementMessage>(&mut stream, &mut buf) => {
+                    let message = message?;
+                    if inputs.send(Input::PeerMessage { peer, message }).await.is_err() {
+                        return Err("element stopping".to_string());
+                    }
+                }
+                message = outgoing.recv() => match message {
+                    Some(message) => send_frame(&mut stream, &message).await?,
+                    None => return Err("closed".to_string()),
+                },
+            }
+        }
+    }
+    .await;
+    let reason: String = match reason {
+        Ok(()) => "closed".into(),
+        Err(reason) => reason,
+    };
+    let _ = inputs.send(Input::PeerClosed { peer, reason }).await;
+}
+
+async fn serve_session(stream: TcpStream, session: SessionId, inputs: mpsc::Sender<Input>) -> String {
     let (mut read_half, write_half) = stream.into_split();
-    let (replies, mut reply_rx) = mpsc::unbounded_channel::<ElementMessage>();
-    let writer = tokio::spawn(async move {
+    let (writer, mut reply_rx) = mpsc::unbounded_channel::<ElementMessage>();
+    if inputs.send(Input::Opened { session, writer }).await.is_err() {
+        return "element stopping".into();
+    }
+    let mut writer_task = tokio::spawn(async move {
         let mut out = BufWriter::with_capacity(256 * 1024, write_half);
         let mut buf = BytesMut::new();
         while let Some(message) = reply_rx.recv().await {
@@ -211,7 +412,6 @@ async fn serve_session(stream: TcpStream, store: Arc<Store>, commits: std::sync:
         }
         Ok::<(), std::io::Error>(())
     });
-    let mut volumes: Option<Session> = None;
     let mut buf = BytesMut::with_capacity(256 * 1024);
     let reason = 'session: loop {
         loop {
@@ -220,157 +420,27 @@ async fn serve_session(stream: TcpStream, store: Arc<Store>, commits: std::sync:
                 Ok(None) => break,
                 Err(e) => break 'session format!("bad frame: {e}"),
             };
-            if let Err(reason) = handle(message, &store, &mut volumes, &replies, &commits).await {
-                let _ = replies.send(ElementMessage::Refused { reason: reason.clone() });
-                break 'session reason;
+            if inputs.send(Input::Message { session, message }).await.is_err() {
+                break 'session "element stopping".to_string();
             }
         }
         if buf.capacity() - buf.len() < 64 * 1024 {
             buf.reserve(256 * 1024);
         }
-        match read_half.read_buf(&mut buf).await {
-            Ok(0) => break "host element closed the connection".to_string(),
-            Ok(_) => {}
-            Err(e) => break format!("read error: {e}"),
+        tokio::select! {
+            read = read_half.read_buf(&mut buf) => match read {
+                Ok(0) => break "host element closed the connection".to_string(),
+                Ok(_) => {}
+                Err(e) => break format!("read error: {e}"),
+            },
+            // The core ended the session (a refusal): its writer was dropped and drained.
+            _ = &mut writer_task => break "refused".to_string(),
         }
     };
-    drop(replies);
-    // Let queued replies (a refusal) go out; the committer holds its own senders.
-    let _ = tokio::time::timeout(std::time::Duration::from_millis(200), writer).await;
+    let _ = inputs.send(Input::Closed { session }).await;
+    // Let queued replies go out.
+    let _ = tokio::time::timeout(Duration::from_millis(200), writer_task).await;
     reason
-}
-
-/// What a session learned from its Hello.
-struct Session {
-    epoch: proto::Epoch,
-    specs: Vec<proto::VolumeSpec>,
-    handles: Vec<VolumeHandle>,
-}
-
-fn handle_of(session: &Option<Session>, volume: VolumeId) -> Result<VolumeHandle, String> {
-    let session = session.as_ref().ok_or("protocol: request before hello")?;
-    session.handles.get(volume.0 as usize).copied().ok_or_else(|| format!("protocol: unknown volume {volume}"))
-}
-
-async fn handle(
-    message: HostMessage,
-    store: &Arc<Store>,
-    volumes: &mut Option<Session>,
-    replies: &mpsc::UnboundedSender<ElementMessage>,
-    commits: &std::sync::mpsc::Sender<Job>,
-) -> Result<(), String> {
-    match message {
-        HostMessage::Hello { epoch, volumes: specs } => {
-            if volumes.is_some() {
-                return Err("protocol: second hello".into());
-            }
-            let store2 = store.clone();
-            let specs2 = specs.clone();
-            let handles = tokio::task::spawn_blocking(move || {
-                specs2
-                    .iter()
-                    .map(|spec| store2.ensure_volume(&spec.name, spec.size_bytes).map_err(|e| e.to_string()))
-                    .collect::<Result<Vec<_>, String>>()
-            })
-            .await
-            .map_err(|e| e.to_string())??;
-            let (reply, answer) = tokio::sync::oneshot::channel();
-            commits
-                .send(Job::Hello { epoch, handles: handles.clone(), reply })
-                .map_err(|_| "committer stopped".to_string())?;
-            let (ours, states) = answer.await.map_err(|_| "committer stopped".to_string())??;
-            *volumes = Some(Session { epoch, specs, handles });
-            let _ = replies.send(ElementMessage::Welcome { epoch: ours, volumes: states });
-        }
-        HostMessage::Apply(record) => {
-            let handle = handle_of(volumes, record.volume)?;
-            let session_volume = record.volume;
-            let session_epoch = volumes.as_ref().expect("checked by handle_of").epoch;
-            commits
-                .send(Job::Commit(CommitRequest {
-                    session_epoch,
-                    record,
-                    handle,
-                    session_volume,
-                    reply: replies.clone(),
-                }))
-                .map_err(|_| "committer stopped".to_string())?;
-        }
-        HostMessage::Read { request_id, volume, offset_bytes, length_bytes } => {
-            let handle = handle_of(volumes, volume)?;
-            let (store, replies) = (store.clone(), replies.clone());
-            tokio::task::spawn_blocking(move || {
-                let (applied_sequence, result) = match store.read(handle, offset_bytes, length_bytes) {
-                    Ok((sequence, data)) => (sequence, Ok(data)),
-                    Err(e) => (store.applied_sequence(handle), Err(e.to_string())),
-                };
-                let _ = replies.send(ElementMessage::ReadReply { request_id, applied_sequence, result });
-            });
-        }
-        HostMessage::BlockStatus { request_id, volume, offset_bytes, length_bytes } => {
-            let handle = handle_of(volumes, volume)?;
-            let (store, replies) = (store.clone(), replies.clone());
-            tokio::task::spawn_blocking(move || {
-                let (applied_sequence, result) = match store.block_status(handle, offset_bytes, length_bytes) {
-                    Ok((sequence, extents)) => (sequence, Ok(extents)),
-                    Err(e) => (store.applied_sequence(handle), Err(e.to_string())),
-                };
-                let _ = replies.send(ElementMessage::BlockStatusReply { request_id, applied_sequence, result });
-            });
-        }
-        HostMessage::FetchLog { request_id, volume, after, max_bytes } => {
-            let handle = handle_of(volumes, volume)?;
-            let (store, replies) = (store.clone(), replies.clone());
-            tokio::task::spawn_blocking(move || {
-                // Bounded so that the reply always fits one frame, whatever was asked.
-                let result = store
-                    .log_records(handle, after, max_bytes.min(LOG_REPLY_BYTES_MAX))
-                    .map(|records| records.into_iter().map(|r| Record { volume, ..r }).collect::<Vec<_>>())
-                    .map_err(|e| e.to_string());
-                let _ = replies.send(ElementMessage::LogRecords { request_id, result });
-            });
-        }
-        HostMessage::Recover { volume, source, after, through, rate_bytes_per_s } => {
-            let handle = handle_of(volumes, volume)?;
-            let session = volumes.as_ref().expect("checked by handle_of");
-            let job = ReplayJob {
-                volume,
-                spec: session.specs[volume.0 as usize].clone(),
-                epoch: session.epoch,
-                handle,
-                source,
-                after,
-                through,
-                rate_bytes_per_s,
-            };
-            tokio::spawn(replay_from_peer(job, store.clone(), commits.clone(), replies.clone()));
-        }
-        HostMessage::Copy { volume, source, rate_bytes_per_s } => {
-            let handle = handle_of(volumes, volume)?;
-            let session = volumes.as_ref().expect("checked by handle_of");
-            let job = crate::copy::CopyJob {
-                volume,
-                spec: session.specs[volume.0 as usize].clone(),
-                epoch: session.epoch,
-                handle,
-                source,
-                rate_bytes_per_s,
-            };
-            tokio::spawn(crate::copy::copy_from_peer(job, store.clone(), replies.clone()));
-        }
-        HostMessage::FetchBlocks { request_id, volume, first_block, min_applied, have } => {
-            let handle = handle_of(volumes, volume)?;
-            let (store, replies) = (store.clone(), replies.clone());
-            tokio::task::spawn_blocking(move || {
-                let result = crate::copy::serve_chunk(&store, handle, first_block, min_applied, &have);
-                let _ = replies.send(ElementMessage::Blocks { request_id, result });
-            });
-        }
-        HostMessage::Ping { nonce } => {
-            let _ = replies.send(ElementMessage::Pong { nonce });
-        }
-    }
-    Ok(())
 }
 
 /// Per-volume summary of a stopped element's data directory, for `starfish element verify`.
@@ -389,44 +459,6 @@ pub fn verify(data: &std::path::Path) -> Result<Vec<(String, u64, Sequence, Stri
         out.push((name, size_bytes, digest.applied_sequence, format!("{:016x}", digest.content_digest)));
     }
     Ok(out)
-}
-
-/// Replay recovery ordered by the host element: records pulled from a peer's replay log.
-struct ReplayJob {
-    volume: VolumeId,
-    spec: proto::VolumeSpec,
-    epoch: proto::Epoch,
-    handle: VolumeHandle,
-    source: String,
-    after: Sequence,
-    through: Sequence,
-    rate_bytes_per_s: u64,
-}
-
-/// Payload bytes in one `LogRecords` reply at most (beyond a single larger record), so the
-/// frame stays within `FRAME_BODY_BYTES_MAX` with the per-record overhead of small records.
-const LOG_REPLY_BYTES_MAX: u64 = proto::PAYLOAD_BYTES_MAX as u64 / 2;
-
-/// Payload bytes asked of the peer per fetch: one fetch is in flight at a time, so each costs
-/// an idle round trip; 16 MiB keeps a 124 Mbit/s link with a 130 ms round trip about 90 % busy.
-const REPLAY_FETCH_BYTES: u64 = LOG_REPLY_BYTES_MAX;
-/// A peer that has had nothing new for this long while we wait for `through` has failed us.
-pub(crate) const REPLAY_IDLE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
-
-async fn replay_from_peer(
-    job: ReplayJob,
-    store: Arc<Store>,
-    commits: std::sync::mpsc::Sender<Job>,
-    replies: mpsc::UnboundedSender<ElementMessage>,
-) {
-    let started = std::time::Instant::now();
-    tracing::info!(source = %job.source, after = %job.after, through = %job.through, volume = %job.spec.name, "replay recovery: pulling from peer");
-    let result = pull_from_peer(&job, &store, &commits, &replies).await;
-    match &result {
-        Ok(reached) => tracing::info!(%reached, seconds = started.elapsed().as_secs_f64(), "replay recovery: pulled"),
-        Err(reason) => tracing::warn!(%reason, "replay recovery failed"),
-    }
-    let _ = replies.send(ElementMessage::RecoveryDone { volume: job.volume, result });
 }
 
 pub(crate) async fn send_frame<M: proto::Body>(stream: &mut TcpStream, message: &M) -> Result<(), String> {
@@ -471,115 +503,4 @@ pub(crate) async fn connect_peer(
         ElementMessage::Refused { reason } => Err(format!("peer refused: {reason}")),
         other => Err(format!("peer answered {other:?} to hello")),
     }
-}
-
-async fn pull_from_peer(
-    job: &ReplayJob,
-    store: &Arc<Store>,
-    commits: &std::sync::mpsc::Sender<Job>,
-    replies: &mpsc::UnboundedSender<ElementMessage>,
-) -> Result<Sequence, String> {
-    let (mut stream, mut buf) = connect_peer(&job.source, job.epoch, &job.spec).await?;
-    // First make sure our newest record is the peer's record at that sequence: a replay onto
-    // a diverged history would make a wrong replica look in sync.
-    let own = store.applied_sequence(job.handle);
-    if own != Sequence::ZERO {
-        let own_epoch = store.applied_epoch(job.handle);
-        let probe =
-            HostMessage::FetchLog { request_id: 0, volume: VolumeId(0), after: Sequence(own.0 - 1), max_bytes: 1 };
-        send_frame(&mut stream, &probe).await?;
-        let theirs = match recv_frame::<ElementMessage>(&mut stream, &mut buf).await? {
-            ElementMessage::LogRecords { result: Ok(records), .. } => {
-                records.first().filter(|r| r.sequence == own).map(|r| r.epoch)
-            }
-            ElementMessage::LogRecords { result: Err(e), .. } => {
-                return Err(format!(
-                    "cannot check sequence {own} against the peer's replay log ({e}); needs full recovery"
-                ))
-            }
-            other => return Err(format!("peer answered {other:?} to a log fetch")),
-        };
-        match theirs {
-            Some(epoch) if epoch == own_epoch => {}
-            Some(epoch) => {
-                return Err(format!(
-                    "diverged: sequence {own} is from epoch {own_epoch} here and from epoch {epoch} on the peer; needs full recovery"
-                ))
-            }
-            None => return Err(format!("the peer's replay log does not hold sequence {own} to check it; needs full recovery")),
-        }
-    }
-    let started = std::time::Instant::now();
-    let mut bytes = 0u64;
-    let mut cursor = job.after.max(own);
-    let mut previous_batch_end = cursor;
-    let mut idle_since: Option<std::time::Instant> = None;
-    let mut request_id = 0u64;
-    while cursor < job.through {
-        if replies.is_closed() {
-            return Err("the host element's session ended".into());
-        }
-        // Keep at most about two fetches in the committer.
-        while store.applied_sequence(job.handle) < previous_batch_end {
-            if replies.is_closed() {
-                return Err("the host element's session ended".into());
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
-        }
-        request_id += 1;
-        let fetch =
-            HostMessage::FetchLog { request_id, volume: VolumeId(0), after: cursor, max_bytes: REPLAY_FETCH_BYTES };
-        send_frame(&mut stream, &fetch).await?;
-        let records = loop {
-            match recv_frame::<ElementMessage>(&mut stream, &mut buf).await? {
-                ElementMessage::LogRecords { request_id: id, result } if id == request_id => {
-                    break result.map_err(|e| format!("peer's replay log: {e}"))?
-                }
-                ElementMessage::Pong { .. } => continue,
-                other => return Err(format!("peer answered {other:?} to a log fetch")),
-            }
-        };
-        if records.is_empty() {
-            // The peer itself has not applied up to `through` yet.
-            let since = *idle_since.get_or_insert_with(std::time::Instant::now);
-            if since.elapsed() > REPLAY_IDLE_TIMEOUT {
-                return Err(format!("peer has had nothing after sequence {cursor} for {REPLAY_IDLE_TIMEOUT:?}"));
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-            continue;
-        }
-        idle_since = None;
-        previous_batch_end = cursor;
-        for record in records {
-            if record.sequence != cursor.next() {
-                return Err(format!("peer sent sequence {} after {cursor}", record.sequence));
-            }
-            cursor = record.sequence;
-            bytes += record.op.payload_bytes();
-            let record = Record { volume: job.volume, ..record };
-            commits
-                .send(Job::Commit(CommitRequest {
-                    session_epoch: job.epoch,
-                    record,
-                    handle: job.handle,
-                    session_volume: job.volume,
-                    reply: replies.clone(),
-                }))
-                .map_err(|_| "committer stopped".to_string())?;
-        }
-        if job.rate_bytes_per_s > 0 {
-            let due = std::time::Duration::from_secs_f64(bytes as f64 / job.rate_bytes_per_s as f64);
-            if let Some(wait) = due.checked_sub(started.elapsed()) {
-                tokio::time::sleep(wait).await;
-            }
-        }
-    }
-    // Report only what is durable here (its acknowledgement precedes this answer or races it).
-    while store.applied_sequence(job.handle) < cursor {
-        if replies.is_closed() {
-            return Err("the host element's session ended".into());
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
-    }
-    Ok(cursor)
 }

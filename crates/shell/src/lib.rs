@@ -1,6 +1,7 @@
 //! The I/O shell: the only crate with tokio, sockets, files and the clock. It turns socket
 //! and disk events into inputs of the sans-IO cores and carries out the actions they emit.
 
+mod accept;
 pub mod admin;
 mod copy;
 pub mod element;

@@ -107,6 +107,9 @@ impl ServerOptions {
     }
 }
 
+/// NBD connections served at once; more are closed at once, with a log line, until one ends.
+pub const CONNECTIONS_MAX: usize = 256;
+
 /// Serves NBD on `listener` until the returned future is dropped (which also drops every
 /// connection and the backend calls in flight), or until accepting fails for good.
 pub async fn serve(listener: TcpListener, backend: Arc<dyn Backend>, options: ServerOptions) -> io::Result<()> {
@@ -115,7 +118,7 @@ pub async fn serve(listener: TcpListener, backend: Arc<dyn Backend>, options: Se
     let mut connections = JoinSet::new();
     loop {
         let accepted = tokio::select! {
-            accepted = listener.accept() => accepted,
+            accepted = crate::accept::accept(&listener, "nbd") => accepted?,
             Some(joined) = connections.join_next(), if !connections.is_empty() => {
                 if let Err(error) = joined {
                     if error.is_panic() {
@@ -125,15 +128,12 @@ pub async fn serve(listener: TcpListener, backend: Arc<dyn Backend>, options: Se
                 continue;
             }
         };
-        let (stream, peer) = match accepted {
-            Ok(accepted) => accepted,
-            Err(error) if accept_error_is_transient(&error) => {
-                tracing::warn!(%error, "nbd accept failed; retrying");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                continue;
-            }
-            Err(error) => return Err(error),
-        };
+        let (stream, peer) = accepted;
+        if connections.len() >= CONNECTIONS_MAX {
+            tracing::warn!(%peer, limit = CONNECTIONS_MAX, "nbd: connection limit reached; connection closed");
+            drop(stream);
+            continue;
+        }
         let backend = backend.clone();
         let options = options.clone();
         connections.spawn(async move {
@@ -144,19 +144,6 @@ pub async fn serve(listener: TcpListener, backend: Arc<dyn Backend>, options: Se
             }
         });
     }
-}
-
-/// Accept errors that concern one connection or a passing shortage (file descriptors, memory);
-/// anything else means the listener itself is broken.
-fn accept_error_is_transient(error: &io::Error) -> bool {
-    use io::ErrorKind::*;
-    matches!(
-        error.kind(),
-        ConnectionAborted | ConnectionReset | ConnectionRefused | Interrupted | WouldBlock | TimedOut
-    ) || matches!(
-        error.raw_os_error(),
-        Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM | libc::EPROTO | libc::EPERM)
-    )
 }
 
 /// How a connection ended normally.

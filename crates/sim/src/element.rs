@@ -81,6 +81,16 @@ pub enum Out {
     },
 }
 
+/// One fetch of a replay's pull, as the world delivers it.
+pub struct Pull {
+    pub epoch: Epoch,
+    pub volume: VolumeId,
+    pub source: String,
+    /// Newest sequence fetched (the `after` asked if none).
+    pub reached: Sequence,
+    pub through: Sequence,
+}
+
 /// A peer's volume as a full recovery copies it.
 #[derive(Debug)]
 pub struct VolumeCopy {
@@ -173,6 +183,12 @@ pub struct Element {
     recover_waiters: Vec<(u64, VolumeId, Sequence)>,
     /// (session, volume) that had a record refused.
     refused: BTreeSet<(u64, usize)>,
+    /// Replays under way per (session, volume): `through` and the current writes after it,
+    /// kept aside until the gap is pulled (as the element core's stash).
+    stashes: BTreeMap<(u64, usize), (Sequence, Vec<Record>)>,
+    /// Replays whose pull failed: current writes beyond the gap are dropped until a new order
+    /// or until the host element sends the gap again.
+    failed_pulls: BTreeSet<(u64, usize)>,
     broken: Broken,
     pub torn_records: u64,
     pub unsynced_lost: u64,
@@ -220,6 +236,8 @@ impl Element {
             replay_log_bytes,
             recover_waiters: Vec::new(),
             refused: BTreeSet::new(),
+            stashes: BTreeMap::new(),
+            failed_pulls: BTreeSet::new(),
             broken,
             torn_records: 0,
             unsynced_lost: 0,
@@ -238,6 +256,8 @@ impl Element {
 
     pub fn close_session(&mut self, session: u64) {
         self.sessions.remove(&session);
+        self.stashes.retain(|(s, _), _| *s != session);
+        self.failed_pulls.retain(|(s, _)| *s != session);
     }
 
     pub fn sessions(&self) -> Vec<u64> {
@@ -298,6 +318,39 @@ impl Element {
                         out.push(Out::Send { session, message, delay_us: 0 });
                     }
                 }
+                let key = (session, record.volume.0 as usize);
+                if self.stashes.get(&key).is_some_and(|(through, stash)| {
+                    record.sequence > *through && stash.is_empty() && self.failed_pulls.contains(&key)
+                }) {
+                    // A failed pull: current writes wait for the next order, unless the host
+                    // element sends the gap again itself (it had switched to its write queue).
+                    let vi = record.volume.0 as usize;
+                    let accepted = self
+                        .pending
+                        .iter()
+                        .filter_map(|j| match j {
+                            Job::Commit { record: r, .. } if r.volume.0 as usize == vi => Some(r.sequence),
+                            _ => None,
+                        })
+                        .chain(self.batch_sequences(vi))
+                        .fold(self.vols[vi].applied(), |a, s| if s == a.next() { s } else { a });
+                    if record.sequence != accepted.next() {
+                        return;
+                    }
+                    self.stashes.remove(&key);
+                    self.failed_pulls.remove(&key);
+                }
+                if let Some((through, stash)) = self.stashes.get_mut(&key) {
+                    if record.sequence > *through {
+                        // Kept aside while the gap is pulled (dropped if not contiguous: the
+                        // pull goes on to it then).
+                        let next = stash.last().map_or(through.next(), |r| r.sequence.next());
+                        if record.sequence == next {
+                            stash.push(record);
+                        }
+                        return;
+                    }
+                }
                 self.pending.push_back(Job::Commit { session, session_epoch, record, replayed: false });
                 if self.batch.is_none() {
                     self.start_batch(rng, out);
@@ -352,9 +405,13 @@ impl Element {
                 out.push(Out::Send { session, message: ElementMessage::LogRecords { request_id, result }, delay_us });
             }
             HostMessage::Recover { volume, source, after, through, .. } => {
+                self.stashes.insert((session, volume.0 as usize), (through, Vec::new()));
+                self.failed_pulls.remove(&(session, volume.0 as usize));
                 out.push(Out::Recover { session, epoch: session_epoch, volume, source, after, through });
             }
             HostMessage::Copy { volume, source, .. } => {
+                self.stashes.remove(&(session, volume.0 as usize));
+                self.failed_pulls.remove(&(session, volume.0 as usize));
                 out.push(Out::Copy { session, epoch: session_epoch, volume, source });
             }
             HostMessage::FetchBlocks { request_id, .. } => {
@@ -408,22 +465,21 @@ impl Element {
     }
 
     /// Records pulled from a peer for a replay recovery: committed as if the host element had
-    /// sent them on `session`, under the epoch of the session that ordered the replay;
-    /// `RecoveryDone` follows once `through` is applied.
-    #[allow(clippy::too_many_arguments)]
+    /// sent them on `session`, under the epoch of the session that ordered the replay. Once
+    /// the pull reached its `through`, the current writes kept aside follow, and
+    /// `RecoveryDone` goes out when all of it is applied; short of it, the pull goes on.
     pub fn recover_records(
         &mut self,
         rng: &mut Rng,
         session: u64,
-        session_epoch: Epoch,
-        volume: VolumeId,
-        through: Sequence,
+        pull: Pull,
         records: Vec<Record>,
         out: &mut Vec<Out>,
     ) {
         if !self.sessions.contains_key(&session) {
             return;
         }
+        let Pull { epoch: session_epoch, volume, source, reached, through } = pull;
         for record in records {
             self.pending.push_back(Job::Commit {
                 session,
@@ -432,11 +488,36 @@ impl Element {
                 replayed: true,
             });
         }
-        self.recover_waiters.push((session, volume, through));
+        let key = (session, volume.0 as usize);
+        if reached < through && self.stashes.contains_key(&key) {
+            // The peer had not applied that far yet: pull on from where it got to.
+            out.push(Out::Recover { session, epoch: session_epoch, volume, source, after: reached, through });
+            if self.batch.is_none() {
+                self.start_batch(rng, out);
+            }
+            return;
+        }
+        let mut target = reached;
+        if let Some((_, stash)) = self.stashes.remove(&key) {
+            for record in stash {
+                target = record.sequence;
+                self.pending.push_back(Job::Commit { session, session_epoch, record, replayed: false });
+            }
+        }
+        self.recover_waiters.push((session, volume, target));
         if self.batch.is_none() {
             self.start_batch(rng, out);
         }
         self.answer_recover_waiters(out);
+    }
+
+    /// A failed replay: what was kept aside is dropped, and so are current writes beyond the
+    /// gap until the host element orders the next attempt.
+    pub fn replay_failed(&mut self, session: u64, volume: VolumeId) {
+        if let Some((_, stash)) = self.stashes.get_mut(&(session, volume.0 as usize)) {
+            stash.clear();
+            self.failed_pulls.insert((session, volume.0 as usize));
+        }
     }
 
     /// A peer's replay recovery says hello (with the epoch of its own host element session)
@@ -450,6 +531,16 @@ impl Element {
         }
         let v = &self.vols[vi];
         Ok(VolumeCopy { data: v.data.clone(), allocated: v.allocated.clone(), history: v.history.clone() })
+    }
+
+    /// Sequences of volume `vi` in the batch being committed.
+    fn batch_sequences(&self, vi: usize) -> Vec<Sequence> {
+        match &self.batch {
+            Some(Batch::Records { records, .. }) => {
+                records.iter().filter(|r| r.volume.0 as usize == vi).map(|r| r.sequence).collect()
+            }
+            _ => Vec::new(),
+        }
     }
 
     /// Whether records of volume `vi` wait in the committer (a copy is installed only when
@@ -776,6 +867,8 @@ impl Element {
     }
 
     pub fn crash(&mut self, kind: CrashKind, rng: &mut Rng) {
+        self.stashes.clear();
+        self.failed_pulls.clear();
         assert!(self.alive);
         match self.batch.take() {
             Some(Batch::Records { records, .. }) => {

@@ -116,6 +116,8 @@ enum Ev {
         epoch: Epoch,
         volume: VolumeId,
         after: Sequence,
+        through: Sequence,
+        source: String,
         result: Result<Vec<Record>, String>,
     },
     ElementRestart {
@@ -528,7 +530,7 @@ impl World {
                     self.element_outputs(element, out);
                 }
             }
-            Ev::RecoverFetched { element, incarnation, session, epoch, volume, after, result } => {
+            Ev::RecoverFetched { element, incarnation, session, epoch, volume, after, through, source, result } => {
                 let el = &mut self.elements[element];
                 if !(el.alive && el.incarnation == incarnation && el.has_session(session)) {
                     return;
@@ -536,14 +538,18 @@ impl World {
                 let mut out = Vec::new();
                 match result {
                     Ok(records) => {
-                        let through = records.last().map_or(after, |r| r.sequence);
-                        el.recover_records(&mut self.rng_disk, session, epoch, volume, through, records, &mut out);
+                        let reached = records.last().map_or(after, |r| r.sequence);
+                        let pull = crate::element::Pull { epoch, volume, source, reached, through };
+                        el.recover_records(&mut self.rng_disk, session, pull, records, &mut out);
                     }
-                    Err(reason) => out.push(Out::Send {
-                        session,
-                        message: ElementMessage::RecoveryDone { volume, result: Err(reason) },
-                        delay_us: 0,
-                    }),
+                    Err(reason) => {
+                        el.replay_failed(session, volume);
+                        out.push(Out::Send {
+                            session,
+                            message: ElementMessage::RecoveryDone { volume, result: Err(reason) },
+                            delay_us: 0,
+                        })
+                    }
                 }
                 self.element_outputs(element, out);
             }
@@ -851,8 +857,8 @@ impl World {
                 }
                 Out::Recover { session, epoch, volume, source, after, through } => {
                     let incarnation = self.elements[element].incarnation;
-                    let (result, delay_us) = match self.hello_peer(element, &source, epoch) {
-                        Err((reason, delay_us)) => (Err(reason), delay_us),
+                    let (result, delay_us, after) = match self.hello_peer(element, &source, epoch) {
+                        Err((reason, delay_us)) => (Err(reason), delay_us, after),
                         Ok(p) => {
                             // As `pull_from_peer`: first check our newest record against the
                             // peer's record at that sequence; a diverged history is refused.
@@ -878,13 +884,23 @@ impl World {
                             let bytes: u64 =
                                 result.as_ref().map_or(0, |r| r.iter().map(|r| r.op.payload_bytes()).sum());
                             let rtt = 2 * (self.links[element].latency_us + self.links[p].latency_us);
-                            (result, rtt + bytes / 100)
+                            (result, rtt + bytes / 100, after.max(own))
                         }
                     };
                     let at = at_delay(self.now, delay_us);
                     self.schedule(
                         at,
-                        Ev::RecoverFetched { element, incarnation, session, epoch, volume, after, result },
+                        Ev::RecoverFetched {
+                            element,
+                            incarnation,
+                            session,
+                            epoch,
+                            volume,
+                            after,
+                            through,
+                            source,
+                            result,
+                        },
                     );
                 }
             }

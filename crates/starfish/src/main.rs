@@ -24,6 +24,8 @@ struct Cli {
     command: Command,
 }
 
+// Parsed once at start-up: the size of the largest variant costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Run a storage element (or check a stopped element's data: `element verify`).

@@ -137,6 +137,12 @@ impl VolumeHandle {
     fn index(self) -> usize {
         self.0 as usize
     }
+
+    /// The volume's number in its store: volumes are numbered densely, in creation order, and
+    /// keep their number across restarts (the element core's `LocalVolume`).
+    pub fn number(self) -> u32 {
+        self.0
+    }
 }
 
 /// What one [`Store::commit`] did.

@@ -469,6 +469,12 @@ impl Store {
         Ok(VolumeHandle(volumes.len() as u32 - 1))
     }
 
+    /// The handle of the volume numbered `number` (see [`VolumeHandle::number`]).
+    pub fn volume_numbered(&self, number: u32) -> Option<VolumeHandle> {
+        let volumes = self.volumes.read().expect("volume list lock");
+        ((number as usize) < volumes.len()).then_some(VolumeHandle(number))
+    }
+
     /// The volume named `name`, if the store holds it.
     pub fn volume(&self, name: &str) -> Option<VolumeHandle> {
         let volumes = self.volumes.read().expect("volume list lock");

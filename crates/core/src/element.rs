@@ -1,0 +1,1276 @@
+//! Sans-IO core of the storage element: the rules an element follows, with no sockets, files,
+//! threads or clock.
+//!
+//! The shell feeds it what happened (`handle_*`: a message of a host element session, a
+//! storage job done, a peer's message, a timeout) and carries out what it asks
+//! ([`ElementCore::poll_action`]: write these records, adopt this epoch, serve this read, send
+//! this frame, open a session with a peer). It owns:
+//!
+//! - **epoch adoption and fencing**: a session's `Hello` is answered in order with the records
+//!   queued before it; an older epoch is refused; a newer one is adopted durably before the
+//!   `Welcome`; records of a session older than the element's epoch are refused ("fenced");
+//! - **duplicate and gap rules**: per volume, records apply in sequence order; a duplicate is
+//!   skipped (and acknowledged), a gap or an epoch going backwards is a fault of the session;
+//! - **group commit and cumulative acknowledgement**: whatever waits when storage is idle goes
+//!   out as one commit; `Applied` is emitted only from [`ElementCore::handle_storage_done`], so
+//!   an acknowledgement before durability cannot be expressed;
+//! - **replay recovery**: the puller that fetches the gap from a peer's replay log, paced,
+//!   checking the newest record's epoch first; meanwhile the current writes the host element
+//!   sends are kept aside (the stash) and committed right after the gap, so a replay slower
+//!   than the foreground writes still finishes (the paper's section 3);
+//! - **full recovery**: ordered and tracked here, while the block walk runs in the shell;
+//! - a copy source's wait for its applied sequence to reach what a `FetchBlocks` asks.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::fmt;
+
+use proto::{ElementMessage, Epoch, HostMessage, Record, Sequence, VolumeId, VolumeSpec, VolumeState};
+
+use crate::limits::{
+    COMMIT_BATCH_BYTES_MAX, COMMIT_BATCH_RECORDS_MAX, REPLAY_EMPTY_RETRY_MS, REPLAY_FETCH_BYTES,
+    REPLAY_IDLE_TIMEOUT_MS, REPLAY_STASH_BYTES_MAX, SESSION_DEFERRED_MAX, SOURCE_CATCH_UP_TIMEOUT_MS,
+};
+use crate::Time;
+
+/// A session a host element (or a peer's recovery) opened with this element.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct SessionId(pub u64);
+
+/// A session this element opened with a peer (a replay recovery's source).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct PeerId(pub u64);
+
+/// A volume of this element's storage (its number there, not a session's).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct LocalVolume(pub u32);
+
+/// What storage holds of a volume.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct VolumeInfo {
+    pub applied: Sequence,
+    /// Epoch of the record at `applied` (0 before the first).
+    pub applied_epoch: Epoch,
+    /// An interrupted full recovery: the volume's blocks are not consistent.
+    pub copying: bool,
+}
+
+/// What one storage commit did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CommitDone {
+    /// Each volume of the batch with its applied sequence and that record's epoch afterwards.
+    pub applied: Vec<(LocalVolume, Sequence, Epoch)>,
+    /// Records storage refused (index in the batch, reason): nothing of them was written.
+    pub rejected: Vec<(usize, String)>,
+}
+
+/// Work for storage, one at a time, in order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StorageJob {
+    /// Log these records with one sync, then apply them; answer with a [`CommitDone`].
+    Commit(Vec<(LocalVolume, Record)>),
+    /// Make this the element's epoch, durably.
+    AdoptEpoch(Epoch),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StorageDone {
+    Commit(Result<CommitDone, String>),
+    AdoptEpoch(Result<(), String>),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogLevel {
+    Info,
+    Warn,
+}
+
+/// What the shell must do.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ElementAction {
+    Send {
+        session: SessionId,
+        message: ElementMessage,
+    },
+    /// End the session (after a refusal).
+    Close {
+        session: SessionId,
+    },
+    /// Create the volumes storage does not have yet; answer with
+    /// [`ElementCore::handle_volumes_ensured`].
+    EnsureVolumes {
+        session: SessionId,
+        specs: Vec<VolumeSpec>,
+    },
+    Storage(StorageJob),
+    /// Answer a read-only request (`Read`, `BlockStatus`, `FetchLog`, `FetchBlocks`) from
+    /// storage, on the session; the request keeps the session's volume number.
+    Serve {
+        session: SessionId,
+        volume: LocalVolume,
+        request: HostMessage,
+    },
+    /// Open a session with a peer element and say this hello; report with
+    /// `handle_peer_message` (its `Welcome` first) or `handle_peer_closed`.
+    ConnectPeer {
+        peer: PeerId,
+        address: String,
+        hello: HostMessage,
+    },
+    SendPeer {
+        peer: PeerId,
+        message: HostMessage,
+    },
+    ClosePeer {
+        peer: PeerId,
+    },
+    /// Run the block copy of a full recovery; report with `handle_copy_progress` and
+    /// `handle_copy_done`. It stops by itself once `session` is closed.
+    StartCopy {
+        session: SessionId,
+        session_volume: VolumeId,
+        volume: LocalVolume,
+        spec: VolumeSpec,
+        epoch: Epoch,
+        source: String,
+        rate_bytes_per_s: u64,
+    },
+    Log {
+        level: LogLevel,
+        message: String,
+    },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ElementConfig {
+    pub replay_fetch_bytes: u64,
+    pub replay_stash_bytes_max: u64,
+    pub commit_batch_records_max: usize,
+    pub commit_batch_bytes_max: u64,
+    pub replay_idle_timeout_ms: u64,
+    pub source_catch_up_timeout_ms: u64,
+}
+
+impl Default for ElementConfig {
+    fn default() -> Self {
+        ElementConfig {
+            replay_fetch_bytes: REPLAY_FETCH_BYTES,
+            replay_stash_bytes_max: REPLAY_STASH_BYTES_MAX,
+            commit_batch_records_max: COMMIT_BATCH_RECORDS_MAX,
+            commit_batch_bytes_max: COMMIT_BATCH_BYTES_MAX,
+            replay_idle_timeout_ms: REPLAY_IDLE_TIMEOUT_MS,
+            source_catch_up_timeout_ms: SOURCE_CATCH_UP_TIMEOUT_MS,
+        }
+    }
+}
+
+/// Where a volume stands with respect to recovery, as this element sees it.
+#[derive(Debug)]
+enum Recovery {
+    /// Records come from the host element in order.
+    Streaming,
+    /// Pulling a gap from a peer's replay log, current writes kept aside.
+    Replaying(Box<Replay>),
+    /// The gap is pulled; the stash is being committed. `RecoveryDone` goes out once `target`
+    /// is applied.
+    Draining { session: SessionId, session_volume: VolumeId, target: Sequence },
+    /// A block copy runs in the shell. `next`: a newer order waiting for it to stop.
+    Copying { session: SessionId, next: Option<Box<CopyOrder>> },
+}
+
+#[derive(Debug)]
+struct CopyOrder {
+    session: SessionId,
+    session_volume: VolumeId,
+    source: String,
+    rate_bytes_per_s: u64,
+}
+
+#[derive(Debug)]
+struct Replay {
+    /// The host element session that ordered it: pulled records are acknowledged there.
+    session: SessionId,
+    session_volume: VolumeId,
+    epoch: Epoch,
+    source: String,
+    rate_bytes_per_s: u64,
+    peer: PeerId,
+    phase: ReplayPhase,
+    /// Pull up to here from the peer.
+    through: Sequence,
+    /// Newest record fetched and queued for commit.
+    cursor: Sequence,
+    /// Current writes after `through`, contiguous, waiting for the gap.
+    stash: VecDeque<Record>,
+    stash_bytes: u64,
+    /// Newest current write seen; beyond the stash when it overflowed.
+    seen: Sequence,
+    started: Time,
+    fetched_bytes: u64,
+    /// The next fetch waits until this is applied (about two fetches in the committer at most).
+    backlog_until_applied: Sequence,
+    idle_since: Option<Time>,
+    request_id: u64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ReplayPhase {
+    Connecting,
+    /// Asked the peer for our newest record, to compare epochs.
+    Verifying {
+        own: Sequence,
+        own_epoch: Epoch,
+    },
+    Fetching {
+        request_id: u64,
+    },
+    /// Waiting for the pace, for the peer to have more, or (`until` None) for the committer.
+    Waiting {
+        until: Option<Time>,
+    },
+    /// Failed: `RecoveryDone` was sent; current writes are dropped until a new order.
+    Stopped,
+}
+
+#[derive(Debug)]
+struct Volume {
+    spec: VolumeSpec,
+    applied: Sequence,
+    applied_epoch: Epoch,
+    copy_interrupted: bool,
+    recovery: Recovery,
+}
+
+#[derive(Debug, Default)]
+struct Session {
+    epoch: Option<Epoch>,
+    hello_pending: bool,
+    deferred: VecDeque<HostMessage>,
+    /// Session volume number → local volume.
+    volumes: Vec<LocalVolume>,
+}
+
+#[derive(Debug)]
+struct Commit {
+    session: SessionId,
+    session_volume: VolumeId,
+    /// Epoch of the session that sent it (or that ordered the replay it came from).
+    session_epoch: Epoch,
+    volume: LocalVolume,
+    record: Record,
+}
+
+#[derive(Debug)]
+enum Job {
+    Commit(Commit),
+    Hello { session: SessionId, epoch: Epoch },
+}
+
+#[derive(Debug)]
+enum InFlight {
+    Commit {
+        records: Vec<Commit>,
+        /// Sessions owed a cumulative `Applied` once the commit is done (duplicates included).
+        acks: Vec<(SessionId, VolumeId, LocalVolume)>,
+    },
+    AdoptEpoch {
+        session: SessionId,
+        epoch: Epoch,
+        previous: Epoch,
+    },
+}
+
+/// A copy source's `FetchBlocks` waiting for `min_applied`.
+#[derive(Debug)]
+struct WaitingFetch {
+    session: SessionId,
+    volume: LocalVolume,
+    min_applied: Sequence,
+    deadline: Time,
+    request: HostMessage,
+}
+
+pub struct ElementCore {
+    config: ElementConfig,
+    epoch: Epoch,
+    volumes: Vec<Volume>,
+    sessions: BTreeMap<SessionId, Session>,
+    jobs: VecDeque<Job>,
+    in_flight: Option<InFlight>,
+    /// Storage failed: it accepts no more changes until the element restarts.
+    storage_failed: Option<String>,
+    waiting_fetches: Vec<WaitingFetch>,
+    next_peer: u64,
+    now: Time,
+    actions: VecDeque<ElementAction>,
+}
+
+impl fmt::Debug for ElementCore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ElementCore")
+            .field("epoch", &self.epoch)
+            .field("volumes", &self.volumes)
+            .field("sessions", &self.sessions.len())
+            .field("jobs", &self.jobs.len())
+            .field("in_flight", &self.in_flight.is_some())
+            .finish()
+    }
+}
+
+impl ElementCore {
+    /// `volumes`: what storage holds, in local volume order.
+    pub fn new(config: ElementConfig, epoch: Epoch, volumes: Vec<(VolumeSpec, VolumeInfo)>) -> ElementCore {
+        let volumes = volumes
+            .into_iter()
+            .map(|(spec, info)| Volume {
+                spec,
+                applied: info.applied,
+                applied_epoch: info.applied_epoch,
+                copy_interrupted: info.copying,
+                recovery: Recovery::Streaming,
+            })
+            .collect();
+        ElementCore {
+            config,
+            epoch,
+            volumes,
+            sessions: BTreeMap::new(),
+            jobs: VecDeque::new(),
+            in_flight: None,
+            storage_failed: None,
+            waiting_fetches: Vec::new(),
+            next_peer: 1,
+            now: Time(0),
+            actions: VecDeque::new(),
+        }
+    }
+
+    pub fn epoch(&self) -> Epoch {
+        self.epoch
+    }
+
+    /// Durably applied sequence of a volume, as storage last reported it.
+    pub fn applied(&self, volume: LocalVolume) -> Sequence {
+        self.volumes[volume.0 as usize].applied
+    }
+
+    pub fn poll_action(&mut self) -> Option<ElementAction> {
+        self.actions.pop_front()
+    }
+
+    /// The earliest time `handle_timeout` has something to do.
+    pub fn poll_timeout(&self) -> Option<Time> {
+        let replays = self.volumes.iter().filter_map(|v| match &v.recovery {
+            Recovery::Replaying(r) => match r.phase {
+                ReplayPhase::Waiting { until } => until,
+                _ => None,
+            },
+            _ => None,
+        });
+        let fetches = self.waiting_fetches.iter().map(|w| w.deadline);
+        replays.chain(fetches).min()
+    }
+
+    fn emit(&mut self, action: ElementAction) {
+        self.actions.push_back(action);
+    }
+
+    fn log(&mut self, level: LogLevel, message: String) {
+        self.emit(ElementAction::Log { level, message });
+    }
+
+    fn send(&mut self, session: SessionId, message: ElementMessage) {
+        if self.sessions.contains_key(&session) {
+            self.emit(ElementAction::Send { session, message });
+        }
+    }
+
+    fn refuse(&mut self, session: SessionId, reason: String) {
+        self.log(LogLevel::Warn, format!("session {}: refused: {reason}", session.0));
+        self.send(session, ElementMessage::Refused { reason });
+        self.emit(ElementAction::Close { session });
+        self.close_session(session);
+    }
+
+    // ----- sessions --------------------------------------------------------------------------
+
+    pub fn handle_session_opened(&mut self, now: Time, session: SessionId) {
+        self.now = now;
+        let previous = self.sessions.insert(session, Session::default());
+        assert!(previous.is_none(), "session ids are not reused");
+    }
+
+    pub fn handle_session_closed(&mut self, now: Time, session: SessionId) {
+        self.now = now;
+        self.close_session(session);
+    }
+
+    fn close_session(&mut self, session: SessionId) {
+        if self.sessions.remove(&session).is_none() {
+            return;
+        }
+        self.waiting_fetches.retain(|w| w.session != session);
+        // Recoveries it ordered stop: their records would be acknowledged to nobody. Queued
+        // records stay: committing them is harmless and a new session sees them applied.
+        for vi in 0..self.volumes.len() {
+            let v = &mut self.volumes[vi];
+            match &v.recovery {
+                Recovery::Replaying(r) if r.session == session => {
+                    let peer = r.peer;
+                    v.recovery = Recovery::Streaming;
+                    self.emit(ElementAction::ClosePeer { peer });
+                }
+                Recovery::Draining { session: s, .. } if *s == session => v.recovery = Recovery::Streaming,
+                Recovery::Copying { next: Some(order), .. } if order.session == session => {
+                    if let Recovery::Copying { next, .. } = &mut v.recovery {
+                        *next = None;
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+
+    pub fn handle_host_message(&mut self, now: Time, session: SessionId, message: HostMessage) {
+        self.now = now;
+        let Some(state) = self.sessions.get_mut(&session) else { return };
+        if state.hello_pending {
+            if state.deferred.len() >= SESSION_DEFERRED_MAX {
+                return self.refuse(session, "protocol: too many requests before the welcome".into());
+            }
+            state.deferred.push_back(message);
+            return;
+        }
+        let Some(session_epoch) = state.epoch else {
+            let HostMessage::Hello { epoch, volumes } = message else {
+                return self.refuse(session, "protocol: request before hello".into());
+            };
+            state.hello_pending = true;
+            let _ = epoch; // Compared when the hello's turn comes, after the volumes exist.
+            self.emit(ElementAction::EnsureVolumes { session, specs: volumes.clone() });
+            self.sessions
+                .get_mut(&session)
+                .expect("present")
+                .deferred
+                .push_front(HostMessage::Hello { epoch, volumes });
+            return;
+        };
+        match message {
+            HostMessage::Hello { .. } => self.refuse(session, "protocol: second hello".into()),
+            HostMessage::Ping { nonce } => self.send(session, ElementMessage::Pong { nonce }),
+            HostMessage::Apply(record) => {
+                let Some(volume) = self.local(session, record.volume) else { return };
+                self.on_apply(session, session_epoch, volume, record);
+            }
+            HostMessage::Read { volume: session_volume, .. }
+            | HostMessage::BlockStatus { volume: session_volume, .. }
+            | HostMessage::FetchLog { volume: session_volume, .. } => {
+                let Some(volume) = self.local(session, session_volume) else { return };
+                self.emit(ElementAction::Serve { session, volume, request: message });
+            }
+            HostMessage::FetchBlocks { volume: session_volume, min_applied, .. } => {
+                let Some(volume) = self.local(session, session_volume) else { return };
+                if self.volumes[volume.0 as usize].applied >= min_applied {
+                    self.emit(ElementAction::Serve { session, volume, request: message });
+                } else {
+                    let deadline = Time(now.0 + self.config.source_catch_up_timeout_ms * 1000);
+                    self.waiting_fetches.push(WaitingFetch {
+                        session,
+                        volume,
+                        min_applied,
+                        deadline,
+                        request: message,
+                    });
+                }
+            }
+            HostMessage::Recover { volume: session_volume, source, after, through, rate_bytes_per_s } => {
+                let Some(volume) = self.local(session, session_volume) else { return };
+                self.start_replay(
+                    session,
+                    session_epoch,
+                    session_volume,
+                    volume,
+                    source,
+                    after,
+                    through,
+                    rate_bytes_per_s,
+                );
+            }
+            HostMessage::Copy { volume: session_volume, source, rate_bytes_per_s } => {
+                let Some(volume) = self.local(session, session_volume) else { return };
+                let order = CopyOrder { session, session_volume, source, rate_bytes_per_s };
+                self.order_copy(volume, order);
+            }
+        }
+    }
+
+    /// The local volume of a session's volume number; refuses the session if there is none.
+    fn local(&mut self, session: SessionId, volume: VolumeId) -> Option<LocalVolume> {
+        let found = self.sessions.get(&session).and_then(|s| s.volumes.get(volume.0 as usize).copied());
+        if found.is_none() {
+            self.refuse(session, format!("protocol: unknown volume {volume}"));
+        }
+        found
+    }
+
+    /// Storage created (or found) the volumes of a session's `Hello`: `Ok` holds, per spec in
+    /// order, its local volume and what storage holds of it.
+    pub fn handle_volumes_ensured(
+        &mut self,
+        now: Time,
+        session: SessionId,
+        result: Result<Vec<(LocalVolume, VolumeInfo)>, String>,
+    ) {
+        self.now = now;
+        let Some(state) = self.sessions.get_mut(&session) else { return };
+        assert!(state.hello_pending && state.epoch.is_none());
+        let Some(HostMessage::Hello { epoch, volumes: specs }) = state.deferred.pop_front() else {
+            unreachable!("the hello waits at the front of the deferred messages")
+        };
+        let ensured = match result {
+            Ok(ensured) => ensured,
+            Err(reason) => return self.refuse(session, reason),
+        };
+        assert_eq!(ensured.len(), specs.len(), "one local volume per spec");
+        for ((local, info), spec) in ensured.iter().zip(&specs) {
+            let vi = local.0 as usize;
+            assert!(vi <= self.volumes.len(), "local volumes are numbered densely");
+            if vi == self.volumes.len() {
+                self.volumes.push(Volume {
+                    spec: spec.clone(),
+                    applied: info.applied,
+                    applied_epoch: info.applied_epoch,
+                    copy_interrupted: info.copying,
+                    recovery: Recovery::Streaming,
+                });
+            }
+        }
+        self.sessions.get_mut(&session).expect("present").volumes = ensured.iter().map(|(l, _)| *l).collect();
+        self.jobs.push_back(Job::Hello { session, epoch });
+        self.pump_storage();
+    }
+
+    fn welcome(&mut self, session: SessionId, epoch: Epoch, previous: Epoch) {
+        let Some(state) = self.sessions.get_mut(&session) else { return };
+        state.epoch = Some(epoch);
+        state.hello_pending = false;
+        let states = state
+            .volumes
+            .iter()
+            .map(|l| {
+                let v = &self.volumes[l.0 as usize];
+                if v.copy_interrupted || matches!(v.recovery, Recovery::Copying { .. }) {
+                    VolumeState { applied_sequence: Sequence::ZERO, applied_epoch: Epoch(0), copying: true }
+                } else {
+                    VolumeState { applied_sequence: v.applied, applied_epoch: v.applied_epoch, copying: false }
+                }
+            })
+            .collect();
+        let deferred = std::mem::take(&mut state.deferred);
+        self.send(session, ElementMessage::Welcome { epoch: previous, volumes: states });
+        for message in deferred {
+            self.handle_host_message(self.now, session, message);
+        }
+    }
+
+    // ----- records and storage ----------------------------------------------------------------
+
+    fn on_apply(&mut self, session: SessionId, session_epoch: Epoch, volume: LocalVolume, record: Record) {
+        let session_volume = record.volume;
+        let stopped_beyond = matches!(&self.volumes[volume.0 as usize].recovery,
+            Recovery::Replaying(r) if r.phase == ReplayPhase::Stopped && record.sequence > r.through);
+        if stopped_beyond {
+            // A failed pull: current writes wait for the next order, unless the host element
+            // sends the gap again itself (it had switched to its write queue).
+            if record.sequence != self.accepted(volume).next() {
+                return;
+            }
+            self.volumes[volume.0 as usize].recovery = Recovery::Streaming;
+        }
+        let v = &mut self.volumes[volume.0 as usize];
+        match &mut v.recovery {
+            // The copy rebuilds the volume; the host element sends nothing until it is done,
+            // and what was on its way from before is superseded.
+            Recovery::Copying { .. } => return,
+            Recovery::Replaying(r) if record.sequence > r.through => {
+                r.seen = r.seen.max(record.sequence);
+                let bytes = record.op.payload_bytes();
+                let contiguous = record.sequence
+                    == r.through.next().max(r.stash.back().map_or(Sequence::ZERO, |s| s.sequence.next()));
+                let room = self.config.replay_stash_bytes_max;
+                if contiguous && stash_bytes_total(&self.volumes) + bytes <= room {
+                    if let Recovery::Replaying(r) = &mut self.volumes[volume.0 as usize].recovery {
+                        r.stash_bytes += bytes;
+                        r.stash.push_back(record);
+                    }
+                }
+                return;
+            }
+            _ => {}
+        }
+        self.jobs.push_back(Job::Commit(Commit { session, session_volume, session_epoch, volume, record }));
+        self.pump_storage();
+    }
+
+    /// Start the next storage job if storage is idle.
+    fn pump_storage(&mut self) {
+        while self.in_flight.is_none() {
+            match self.jobs.front() {
+                None => return,
+                Some(Job::Hello { .. }) => {
+                    let Some(Job::Hello { session, epoch }) = self.jobs.pop_front() else { unreachable!() };
+                    if !self.sessions.contains_key(&session) {
+                        continue;
+                    }
+                    let previous = self.epoch;
+                    if epoch < previous {
+                        self.refuse(
+                            session,
+                            format!("stale epoch {epoch}: this element already follows epoch {previous}"),
+                        );
+                    } else if epoch > previous {
+                        self.in_flight = Some(InFlight::AdoptEpoch { session, epoch, previous });
+                        self.emit(ElementAction::Storage(StorageJob::AdoptEpoch(epoch)));
+                    } else {
+                        self.welcome(session, epoch, previous);
+                    }
+                }
+                Some(Job::Commit(_)) => self.start_commit(),
+            }
+        }
+    }
+
+    /// Form one group commit from the records at the front of the queue, applying the
+    /// fencing, duplicate and gap rules.
+    fn start_commit(&mut self) {
+        let mut records: Vec<Commit> = Vec::new();
+        let mut acks: Vec<(SessionId, VolumeId, LocalVolume)> = Vec::new();
+        let mut bytes = 0u64;
+        // Per volume touched: (applied, epoch) as of the records accepted so far.
+        let mut running: BTreeMap<LocalVolume, (Sequence, Epoch)> = BTreeMap::new();
+        let mut faults: Vec<(SessionId, String)> = Vec::new();
+        while records.len() < self.config.commit_batch_records_max && bytes < self.config.commit_batch_bytes_max {
+            let Some(Job::Commit(_)) = self.jobs.front() else { break };
+            let Some(Job::Commit(commit)) = self.jobs.pop_front() else { unreachable!() };
+            if !self.sessions.contains_key(&commit.session) && commit.session_epoch < self.epoch {
+                continue;
+            }
+            if commit.session_epoch < self.epoch {
+                faults.push((
+                    commit.session,
+                    format!("fenced: a host element of epoch {} superseded epoch {}", self.epoch, commit.session_epoch),
+                ));
+                continue;
+            }
+            if let Some(reason) = &self.storage_failed {
+                faults.push((commit.session, format!("commit failed: {reason}")));
+                continue;
+            }
+            let v = &self.volumes[commit.volume.0 as usize];
+            let (applied, applied_epoch) = running.entry(commit.volume).or_insert((v.applied, v.applied_epoch));
+            let ack = (commit.session, commit.session_volume, commit.volume);
+            let record = &commit.record;
+            if record.sequence <= *applied {
+                if !acks.contains(&ack) {
+                    acks.push(ack);
+                }
+                continue;
+            }
+            if record.epoch < *applied_epoch {
+                faults.push((
+                    commit.session,
+                    format!(
+                        "volume {:?}: record of sequence {} comes from epoch {}, older than the volume's epoch {}",
+                        v.spec.name, record.sequence, record.epoch, applied_epoch
+                    ),
+                ));
+                continue;
+            }
+            if record.sequence != applied.next() {
+                faults.push((
+                    commit.session,
+                    format!(
+                        "volume {:?}: sequence {} leaves a gap after the applied sequence {}",
+                        v.spec.name, record.sequence, applied
+                    ),
+                ));
+                continue;
+            }
+            *applied = record.sequence;
+            *applied_epoch = record.epoch;
+            bytes += record.op.payload_bytes();
+            if !acks.contains(&ack) {
+                acks.push(ack);
+            }
+            records.push(commit);
+        }
+        faults.dedup();
+        for (session, reason) in faults {
+            self.log(LogLevel::Warn, format!("session {}: record refused: {reason}", session.0));
+            self.send(session, ElementMessage::Fault { reason });
+        }
+        if records.is_empty() {
+            // Only duplicates: acknowledge what is applied.
+            self.send_acks(&acks);
+            return;
+        }
+        let batch = records.iter().map(|c| (c.volume, c.record.clone())).collect();
+        self.emit(ElementAction::Storage(StorageJob::Commit(batch)));
+        self.in_flight = Some(InFlight::Commit { records, acks });
+    }
+
+    fn send_acks(&mut self, acks: &[(SessionId, VolumeId, LocalVolume)]) {
+        for &(session, session_volume, volume) in acks {
+            let sequence = self.volumes[volume.0 as usize].applied;
+            self.send(session, ElementMessage::Applied { volume: session_volume, sequence });
+        }
+    }
+
+    /// Storage finished the job it was given last.
+    pub fn handle_storage_done(&mut self, now: Time, done: StorageDone) {
+        self.now = now;
+        let in_flight = self.in_flight.take().expect("storage reports only the job it was given");
+        match (in_flight, done) {
+            (InFlight::AdoptEpoch { session, epoch, previous }, StorageDone::AdoptEpoch(result)) => match result {
+                Ok(()) => {
+                    self.epoch = self.epoch.max(epoch);
+                    self.log(LogLevel::Info, format!("adopted epoch {epoch} (was {previous})"));
+                    self.welcome(session, epoch, previous);
+                }
+                Err(reason) => self.refuse(session, format!("cannot adopt epoch {epoch}: {reason}")),
+            },
+            (InFlight::Commit { records, acks }, StorageDone::Commit(result)) => match result {
+                Ok(done) => {
+                    for &(volume, applied, applied_epoch) in &done.applied {
+                        let v = &mut self.volumes[volume.0 as usize];
+                        assert!(applied >= v.applied, "applied sequences never go back");
+                        v.applied = applied;
+                        v.applied_epoch = applied_epoch;
+                    }
+                    // Storage raises its epoch to the newest record it holds.
+                    let newest = records.iter().map(|c| c.record.epoch).max().expect("a commit has records");
+                    self.epoch = self.epoch.max(newest);
+                    for (index, reason) in &done.rejected {
+                        let session = records[*index].session;
+                        self.log(LogLevel::Warn, format!("session {}: record refused: {reason}", session.0));
+                        self.send(session, ElementMessage::Fault { reason: reason.clone() });
+                    }
+                    self.send_acks(&acks);
+                    self.after_applied();
+                }
+                Err(reason) => {
+                    self.log(LogLevel::Warn, format!("commit failed: {reason}"));
+                    let mut sessions: Vec<SessionId> = records.iter().map(|c| c.session).collect();
+                    sessions.dedup();
+                    for session in sessions {
+                        self.send(session, ElementMessage::Fault { reason: format!("commit failed: {reason}") });
+                    }
+                    self.storage_failed = Some(reason);
+                }
+            },
+            (in_flight, done) => unreachable!("storage answered {done:?} to {in_flight:?}"),
+        }
+        self.pump_storage();
+    }
+
+    /// Applied sequences moved: waiting fetches, replay back-pressure and drains may go on.
+    fn after_applied(&mut self) {
+        let mut ready = Vec::new();
+        self.waiting_fetches.retain(|w| {
+            let go = self.volumes[w.volume.0 as usize].applied >= w.min_applied;
+            if go {
+                ready.push((w.session, w.volume, w.request.clone()));
+            }
+            !go
+        });
+        for (session, volume, request) in ready {
+            self.emit(ElementAction::Serve { session, volume, request });
+        }
+        for vi in 0..self.volumes.len() {
+            let v = &self.volumes[vi];
+            match &v.recovery {
+                Recovery::Replaying(r)
+                    if r.phase == (ReplayPhase::Waiting { until: None }) && v.applied >= r.backlog_until_applied =>
+                {
+                    self.next_fetch(vi);
+                }
+                &Recovery::Draining { session, session_volume, target } if v.applied >= target => {
+                    let reached = v.applied;
+                    self.volumes[vi].recovery = Recovery::Streaming;
+                    self.log(
+                        LogLevel::Info,
+                        format!("volume {:?}: replay recovery done at sequence {reached}", self.volumes[vi].spec.name),
+                    );
+                    self.send(session, ElementMessage::RecoveryDone { volume: session_volume, result: Ok(reached) });
+                }
+                _ => {}
+            }
+        }
+    }
+
+    // ----- replay recovery ------------------------------------------------------------------
+
+    /// Newest sequence of a volume that is applied or queued for commit.
+    fn accepted(&self, volume: LocalVolume) -> Sequence {
+        let mut accepted = self.volumes[volume.0 as usize].applied;
+        let in_flight = match &self.in_flight {
+            Some(InFlight::Commit { records, .. }) => records.iter().collect::<Vec<_>>(),
+            _ => Vec::new(),
+        };
+        let queued = self.jobs.iter().filter_map(|j| match j {
+            Job::Commit(c) => Some(c),
+            Job::Hello { .. } => None,
+        });
+        for c in in_flight.into_iter().chain(queued) {
+            if c.volume == volume && c.record.sequence == accepted.next() {
+                accepted = c.record.sequence;
+            }
+        }
+        accepted
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn start_replay(
+        &mut self,
+        session: SessionId,
+        epoch: Epoch,
+        session_volume: VolumeId,
+        volume: LocalVolume,
+        source: String,
+        after: Sequence,
+        through: Sequence,
+        rate_bytes_per_s: u64,
+    ) {
+        let vi = volume.0 as usize;
+        match &self.volumes[vi].recovery {
+            Recovery::Copying { .. } => {
+                let result = Err("the volume is being copied (full recovery); replay refused".to_string());
+                return self.send(session, ElementMessage::RecoveryDone { volume: session_volume, result });
+            }
+            Recovery::Replaying(old) => {
+                let peer = old.peer;
+                self.emit(ElementAction::ClosePeer { peer });
+            }
+            _ => {}
+        }
+        let cursor = after.max(self.accepted(volume));
+        let peer = PeerId(self.next_peer);
+        self.next_peer += 1;
+        let spec = self.volumes[vi].spec.clone();
+        self.log(
+            LogLevel::Info,
+            format!("volume {:?}: replay recovery: pulling {}..={through} from {source}", spec.name, cursor.next()),
+        );
+        self.volumes[vi].recovery = Recovery::Replaying(Box::new(Replay {
+            session,
+            session_volume,
+            epoch,
+            source: source.clone(),
+            rate_bytes_per_s,
+            peer,
+            phase: ReplayPhase::Connecting,
+            through,
+            cursor,
+            stash: VecDeque::new(),
+            stash_bytes: 0,
+            seen: through,
+            started: self.now,
+            fetched_bytes: 0,
+            backlog_until_applied: Sequence::ZERO,
+            idle_since: None,
+            request_id: 0,
+        }));
+        if cursor >= through {
+            return self.finish_pull(vi);
+        }
+        self.emit(ElementAction::ConnectPeer {
+            peer,
+            address: source,
+            hello: HostMessage::Hello { epoch, volumes: vec![spec] },
+        });
+    }
+
+    fn replay_of_peer(&self, peer: PeerId) -> Option<usize> {
+        self.volumes.iter().position(
+            |v| matches!(&v.recovery, Recovery::Replaying(r) if r.peer == peer && r.phase != ReplayPhase::Stopped),
+        )
+    }
+
+    fn replay_mut(&mut self, vi: usize) -> &mut Replay {
+        match &mut self.volumes[vi].recovery {
+            Recovery::Replaying(r) => r,
+            other => unreachable!("volume {vi} is not replaying: {other:?}"),
+        }
+    }
+
+    pub fn handle_peer_message(&mut self, now: Time, peer: PeerId, message: ElementMessage) {
+        self.now = now;
+        let Some(vi) = self.replay_of_peer(peer) else { return };
+        let phase = self.replay_mut(vi).phase;
+        match (phase, message) {
+            (_, ElementMessage::Pong { .. }) => {}
+            (ReplayPhase::Connecting, ElementMessage::Welcome { .. }) => {
+                let v = &self.volumes[vi];
+                let (own, own_epoch) = (v.applied, v.applied_epoch);
+                if own == Sequence::ZERO {
+                    return self.next_fetch(vi);
+                }
+                // Our newest record must be the peer's record at that sequence: a replay onto a
+                // diverged history would make a wrong replica look in sync.
+                self.replay_mut(vi).phase = ReplayPhase::Verifying { own, own_epoch };
+                let probe = HostMessage::FetchLog { request_id: 0, volume: VolumeId(0), after: Sequence(own.0 - 1), max_bytes: 1 };
+                self.emit(ElementAction::SendPeer { peer, message: probe });
+            }
+            (ReplayPhase::Connecting, ElementMessage::Refused { reason }) => self.fail_replay(vi, format!("peer refused: {reason}")),
+            (ReplayPhase::Verifying { own, own_epoch }, ElementMessage::LogRecords { request_id: 0, result }) => {
+                match result {
+                    Err(e) => self.fail_replay(
+                        vi,
+                        format!("cannot check sequence {own} against the peer's replay log ({e}); needs full recovery"),
+                    ),
+                    Ok(records) => match records.first().filter(|r| r.sequence == own).map(|r| r.epoch) {
+                        Some(epoch) if epoch == own_epoch => self.next_fetch(vi),
+                        Some(epoch) => self.fail_replay(
+                            vi,
+                            format!("diverged: sequence {own} is from epoch {own_epoch} here and from epoch {epoch} on the peer; needs full recovery"),
+                        ),
+                        None => self.fail_replay(
+                            vi,
+                            format!("the peer's replay log does not hold sequence {own} to check it; needs full recovery"),
+                        ),
+                    },
+                }
+            }
+            (ReplayPhase::Fetching { request_id }, ElementMessage::LogRecords { request_id: id, result }) if id == request_id => {
+                match result {
+                    Err(e) => self.fail_replay(vi, format!("peer's replay log: {e}")),
+                    Ok(records) => self.on_fetched(vi, records),
+                }
+            }
+            (_, other) => self.fail_replay(vi, format!("peer answered {} unexpectedly", message_name(&other))),
+        }
+    }
+
+    pub fn handle_peer_closed(&mut self, now: Time, peer: PeerId, reason: String) {
+        self.now = now;
+        if let Some(vi) = self.replay_of_peer(peer) {
+            self.fail_replay(vi, reason);
+        }
+    }
+
+    fn on_fetched(&mut self, vi: usize, records: Vec<Record>) {
+        let now = self.now;
+        let idle_timeout_us = self.config.replay_idle_timeout_ms * 1000;
+        let r = self.replay_mut(vi);
+        if records.is_empty() {
+            // The peer itself has not applied that far yet.
+            let since = *r.idle_since.get_or_insert(now);
+            if now.0.saturating_sub(since.0) > idle_timeout_us {
+                let reason =
+                    format!("peer has had nothing after sequence {} for {} s", r.cursor, idle_timeout_us / 1_000_000);
+                return self.fail_replay(vi, reason);
+            }
+            r.phase = ReplayPhase::Waiting { until: Some(now.plus_ms(REPLAY_EMPTY_RETRY_MS)) };
+            return;
+        }
+        r.idle_since = None;
+        r.backlog_until_applied = r.cursor;
+        let (session, session_volume, epoch, through) = (r.session, r.session_volume, r.epoch, r.through);
+        let mut cursor = r.cursor;
+        let mut commits = Vec::new();
+        for record in records {
+            if record.sequence != cursor.next() {
+                return self.fail_replay(vi, format!("peer sent sequence {} after {cursor}", record.sequence));
+            }
+            if record.sequence > through {
+                break; // The rest comes from the stash.
+            }
+            cursor = record.sequence;
+            commits.push(Commit {
+                session,
+                session_volume,
+                session_epoch: epoch,
+                volume: LocalVolume(vi as u32),
+                record: Record { volume: session_volume, ..record },
+            });
+        }
+        let r = self.replay_mut(vi);
+        r.fetched_bytes += commits.iter().map(|c| c.record.op.payload_bytes()).sum::<u64>();
+        r.cursor = cursor;
+        self.jobs.extend(commits.into_iter().map(Job::Commit));
+        self.pump_storage();
+        let r = self.replay_mut(vi);
+        if r.cursor >= r.through {
+            return self.finish_pull(vi);
+        }
+        self.schedule_fetch(vi);
+    }
+
+    /// Fetch now, or wait for the pace or the committer.
+    fn schedule_fetch(&mut self, vi: usize) {
+        let now = self.now;
+        let applied = self.volumes[vi].applied;
+        let r = self.replay_mut(vi);
+        if applied < r.backlog_until_applied {
+            r.phase = ReplayPhase::Waiting { until: None };
+            return;
+        }
+        if r.rate_bytes_per_s > 0 {
+            let due_us = (r.fetched_bytes as u128 * 1_000_000 / r.rate_bytes_per_s as u128) as u64;
+            let due = Time(r.started.0.saturating_add(due_us));
+            if due > now {
+                r.phase = ReplayPhase::Waiting { until: Some(due) };
+                return;
+            }
+        }
+        self.next_fetch(vi);
+    }
+
+    fn next_fetch(&mut self, vi: usize) {
+        let max_bytes = self.config.replay_fetch_bytes;
+        let r = self.replay_mut(vi);
+        r.request_id += 1;
+        let (peer, request_id, after) = (r.peer, r.request_id, r.cursor);
+        r.phase = ReplayPhase::Fetching { request_id };
+        let message = HostMessage::FetchLog { request_id, volume: VolumeId(0), after, max_bytes };
+        self.emit(ElementAction::SendPeer { peer, message });
+    }
+
+    /// The gap is pulled through `through`: commit the stash after it. If the stash overflowed,
+    /// pull on to the newest current write seen.
+    fn finish_pull(&mut self, vi: usize) {
+        let r = self.replay_mut(vi);
+        let stash: Vec<Record> = r.stash.drain(..).collect();
+        r.stash_bytes = 0;
+        let (session, session_volume, epoch) = (r.session, r.session_volume, r.epoch);
+        if let Some(last) = stash.last() {
+            r.cursor = last.sequence;
+            r.through = r.through.max(last.sequence);
+        }
+        let overflowed = r.seen > r.cursor;
+        let (peer, cursor, seen) = (r.peer, r.cursor, r.seen);
+        let volume = LocalVolume(vi as u32);
+        self.jobs.extend(
+            stash
+                .into_iter()
+                .map(|record| Job::Commit(Commit { session, session_volume, session_epoch: epoch, volume, record })),
+        );
+        self.pump_storage();
+        if overflowed {
+            let name = self.volumes[vi].spec.name.clone();
+            self.log(
+                LogLevel::Info,
+                format!("volume {name:?}: current writes outgrew the replay stash; pulling on through {seen}"),
+            );
+            let r = self.replay_mut(vi);
+            r.through = seen;
+            if r.phase == ReplayPhase::Connecting {
+                return; // The welcome starts the fetches.
+            }
+            return self.schedule_fetch(vi);
+        }
+        self.emit(ElementAction::ClosePeer { peer });
+        self.volumes[vi].recovery = Recovery::Draining { session, session_volume, target: cursor };
+        self.after_applied();
+    }
+
+    fn fail_replay(&mut self, vi: usize, reason: String) {
+        let name = self.volumes[vi].spec.name.clone();
+        let source = self.replay_mut(vi).source.clone();
+        self.log(LogLevel::Warn, format!("volume {name:?}: replay recovery from {source} failed: {reason}"));
+        let r = self.replay_mut(vi);
+        r.phase = ReplayPhase::Stopped;
+        r.stash.clear();
+        r.stash_bytes = 0;
+        let (peer, session, session_volume) = (r.peer, r.session, r.session_volume);
+        self.emit(ElementAction::ClosePeer { peer });
+        self.send(session, ElementMessage::RecoveryDone { volume: session_volume, result: Err(reason) });
+    }
+
+    pub fn handle_timeout(&mut self, now: Time) {
+        self.now = now;
+        for vi in 0..self.volumes.len() {
+            if let Recovery::Replaying(r) = &self.volumes[vi].recovery {
+                if let ReplayPhase::Waiting { until: Some(until) } = r.phase {
+                    if until <= now {
+                        self.schedule_fetch(vi);
+                    }
+                }
+            }
+        }
+        let mut expired = Vec::new();
+        self.waiting_fetches.retain(|w| {
+            let keep = w.deadline > now;
+            if !keep {
+                expired.push((w.session, w.volume, w.min_applied, w.request.clone()));
+            }
+            keep
+        });
+        for (session, volume, min_applied, request) in expired {
+            let HostMessage::FetchBlocks { request_id, .. } = request else { unreachable!("only block fetches wait") };
+            let applied = self.volumes[volume.0 as usize].applied;
+            let reason = format!(
+                "this element has applied only sequence {applied} after {} s; the copy needs {min_applied}",
+                self.config.source_catch_up_timeout_ms / 1000
+            );
+            self.send(session, ElementMessage::Blocks { request_id, result: Err(reason) });
+        }
+    }
+
+    // ----- full recovery ----------------------------------------------------------------------
+
+    fn order_copy(&mut self, volume: LocalVolume, order: CopyOrder) {
+        let vi = volume.0 as usize;
+        match &mut self.volumes[vi].recovery {
+            Recovery::Copying { next, .. } => {
+                // The running copy stops once its session is gone; this one starts after it.
+                *next = Some(Box::new(order));
+                return;
+            }
+            Recovery::Replaying(r) => {
+                let peer = r.peer;
+                self.emit(ElementAction::ClosePeer { peer });
+            }
+            _ => {}
+        }
+        self.start_copy(vi, order);
+    }
+
+    fn start_copy(&mut self, vi: usize, order: CopyOrder) {
+        let epoch = self.sessions.get(&order.session).and_then(|s| s.epoch).expect("a copy is ordered in a session");
+        let v = &mut self.volumes[vi];
+        v.recovery = Recovery::Copying { session: order.session, next: None };
+        let spec = v.spec.clone();
+        self.emit(ElementAction::StartCopy {
+            session: order.session,
+            session_volume: order.session_volume,
+            volume: LocalVolume(vi as u32),
+            spec,
+            epoch,
+            source: order.source,
+            rate_bytes_per_s: order.rate_bytes_per_s,
+        });
+    }
+
+    pub fn handle_copy_progress(&mut self, now: Time, volume: LocalVolume, progress: ElementMessage) {
+        self.now = now;
+        if let Recovery::Copying { session, .. } = self.volumes[volume.0 as usize].recovery {
+            self.send(session, progress);
+        }
+    }
+
+    /// The block copy ended: `info` is what storage now holds of the volume (still `copying`
+    /// if it was interrupted), `result` what to tell the host element.
+    pub fn handle_copy_done(
+        &mut self,
+        now: Time,
+        volume: LocalVolume,
+        session_volume: VolumeId,
+        info: VolumeInfo,
+        result: Result<Sequence, String>,
+    ) {
+        self.now = now;
+        let vi = volume.0 as usize;
+        let Recovery::Copying { session, next } =
+            std::mem::replace(&mut self.volumes[vi].recovery, Recovery::Streaming)
+        else {
+            unreachable!("copy done for a volume that is not copying")
+        };
+        let v = &mut self.volumes[vi];
+        v.applied = info.applied;
+        v.applied_epoch = info.applied_epoch;
+        v.copy_interrupted = info.copying;
+        self.send(session, ElementMessage::CopyDone { volume: session_volume, result });
+        if let Some(order) = next {
+            if self.sessions.contains_key(&order.session) {
+                self.start_copy(vi, *order);
+            }
+        }
+        self.after_applied();
+    }
+
+    // ----- checks -----------------------------------------------------------------------------
+
+    /// Invariants that hold after every input (checked by the tests and the simulator).
+    pub fn assert_invariants(&self) {
+        let mut stash_total = 0;
+        for (vi, v) in self.volumes.iter().enumerate() {
+            match &v.recovery {
+                Recovery::Replaying(r) => {
+                    assert!(
+                        r.cursor <= r.through || r.phase == ReplayPhase::Stopped,
+                        "volume {vi}: cursor past through"
+                    );
+                    let mut expect = r.through;
+                    for record in &r.stash {
+                        assert_eq!(
+                            record.sequence,
+                            expect.next(),
+                            "volume {vi}: the stash is contiguous after through"
+                        );
+                        expect = record.sequence;
+                    }
+                    assert!(r.seen >= expect, "volume {vi}: the stash holds only what was seen");
+                    assert_eq!(r.stash_bytes, r.stash.iter().map(|s| s.op.payload_bytes()).sum::<u64>());
+                    if r.phase == ReplayPhase::Stopped {
+                        assert!(r.stash.is_empty(), "volume {vi}: a stopped replay keeps nothing");
+                    }
+                    stash_total += r.stash_bytes;
+                    assert!(self.sessions.contains_key(&r.session), "volume {vi}: a replay belongs to a live session");
+                }
+                Recovery::Draining { session, target, .. } => {
+                    assert!(self.sessions.contains_key(session));
+                    assert!(
+                        v.applied < *target || self.in_flight.is_some(),
+                        "volume {vi}: a finished drain was not reported"
+                    );
+                }
+                Recovery::Copying { .. } | Recovery::Streaming => {}
+            }
+        }
+        assert!(stash_total <= self.config.replay_stash_bytes_max, "the stash stays within its bound");
+        for (id, s) in &self.sessions {
+            assert!(!(s.hello_pending && s.epoch.is_some()), "session {}: answered and pending", id.0);
+            if let Some(epoch) = s.epoch {
+                assert!(s.deferred.is_empty(), "session {}: nothing deferred after the welcome", id.0);
+                let _ = epoch;
+            }
+            assert!(s.volumes.iter().all(|l| (l.0 as usize) < self.volumes.len()));
+        }
+        if self.in_flight.is_none() {
+            assert!(
+                self.jobs.is_empty() || self.storage_failed.is_some() && self.jobs.is_empty(),
+                "storage idles only with nothing queued"
+            );
+        }
+    }
+}
+
+fn stash_bytes_total(volumes: &[Volume]) -> u64 {
+    volumes
+        .iter()
+        .map(|v| match &v.recovery {
+            Recovery::Replaying(r) => r.stash_bytes,
+            _ => 0,
+        })
+        .sum()
+}
+
+fn message_name(message: &ElementMessage) -> &'static str {
+    match message {
+        ElementMessage::Welcome { .. } => "Welcome",
+        ElementMessage::Refused { .. } => "Refused",
+        ElementMessage::Applied { .. } => "Applied",
+        ElementMessage::ReadReply { .. } => "ReadReply",
+        ElementMessage::BlockStatusReply { .. } => "BlockStatusReply",
+        ElementMessage::Pong { .. } => "Pong",
+        ElementMessage::LogRecords { .. } => "LogRecords",
+        ElementMessage::RecoveryDone { .. } => "RecoveryDone",
+        ElementMessage::Blocks { .. } => "Blocks",
+        ElementMessage::CopyProgress { .. } => "CopyProgress",
+        ElementMessage::CopyDone { .. } => "CopyDone",
+        ElementMessage::Fault { .. } => "Fault",
+    }
+}
+
+#[cfg(test)]
+mod tests;

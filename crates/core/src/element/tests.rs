@@ -1,0 +1,616 @@
+//! The element's rules, each as a short script of inputs and the actions they must produce.
+
+use bytes::Bytes;
+use proto::{ElementMessage, Epoch, HostMessage, Op, Record, Sequence, VolumeId, VolumeSpec};
+
+use super::*;
+
+const MB: u64 = 1024 * 1024;
+
+/// An element core with storage that does what it is told, and a clock.
+struct Harness {
+    core: ElementCore,
+    now: Time,
+    /// The storage job in flight, as the core asked for it.
+    storage: Option<StorageJob>,
+    /// What the harness's storage holds per local volume: (applied, epoch).
+    held: Vec<(Sequence, Epoch)>,
+}
+
+fn spec(name: &str) -> VolumeSpec {
+    VolumeSpec { name: name.into(), size_bytes: 64 * MB }
+}
+
+fn record(volume: u32, epoch: u64, sequence: u64) -> Record {
+    Record {
+        volume: VolumeId(volume),
+        epoch: Epoch(epoch),
+        sequence: Sequence(sequence),
+        op: Op::Write { offset_bytes: 0, data: Bytes::from(vec![sequence as u8; 4096]) },
+    }
+}
+
+fn applied(volume: u32, sequence: u64) -> ElementMessage {
+    ElementMessage::Applied { volume: VolumeId(volume), sequence: Sequence(sequence) }
+}
+
+impl Harness {
+    fn new(epoch: u64, volumes: &[(&str, u64, u64)]) -> Harness {
+        Harness::with_config(ElementConfig::default(), epoch, volumes)
+    }
+
+    fn with_config(config: ElementConfig, epoch: u64, volumes: &[(&str, u64, u64)]) -> Harness {
+        let infos = volumes
+            .iter()
+            .map(|&(name, applied, applied_epoch)| {
+                let info =
+                    VolumeInfo { applied: Sequence(applied), applied_epoch: Epoch(applied_epoch), copying: false };
+                (spec(name), info)
+            })
+            .collect();
+        let held = volumes.iter().map(|&(_, a, e)| (Sequence(a), Epoch(e))).collect();
+        Harness { core: ElementCore::new(config, Epoch(epoch), infos), now: Time(1_000_000), storage: None, held }
+    }
+
+    /// Every action since the last call, storage jobs remembered, logs left out.
+    fn actions(&mut self) -> Vec<ElementAction> {
+        self.core.assert_invariants();
+        let mut out = Vec::new();
+        while let Some(action) = self.core.poll_action() {
+            match action {
+                ElementAction::Log { .. } => {}
+                ElementAction::Storage(job) => {
+                    assert!(self.storage.is_none(), "one storage job at a time");
+                    self.storage = Some(job.clone());
+                    out.push(ElementAction::Storage(job));
+                }
+                other => out.push(other),
+            }
+        }
+        out
+    }
+
+    /// Messages sent to sessions since the last call (other actions dropped).
+    fn sent(&mut self) -> Vec<(u64, ElementMessage)> {
+        self.actions()
+            .into_iter()
+            .filter_map(|a| match a {
+                ElementAction::Send { session, message } => Some((session.0, message)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// A session says hello; volumes are found by name (a new name gets the next number).
+    fn hello(&mut self, session: u64, epoch: u64, names: &[&str]) {
+        self.core.handle_session_opened(self.now, SessionId(session));
+        let specs: Vec<VolumeSpec> = names.iter().map(|n| spec(n)).collect();
+        self.core.handle_host_message(
+            self.now,
+            SessionId(session),
+            HostMessage::Hello { epoch: Epoch(epoch), volumes: specs.clone() },
+        );
+        let actions = self.actions();
+        assert!(
+            actions.contains(&ElementAction::EnsureVolumes { session: SessionId(session), specs: specs.clone() }),
+            "{actions:?}"
+        );
+        let ensured = names
+            .iter()
+            .map(|n| {
+                let index = self.core.volumes.iter().position(|v| v.spec.name == *n).unwrap_or_else(|| {
+                    self.held.push((Sequence::ZERO, Epoch(0)));
+                    self.held.len() - 1
+                });
+                let (applied, applied_epoch) = self.held[index];
+                (LocalVolume(index as u32), VolumeInfo { applied, applied_epoch, copying: false })
+            })
+            .collect();
+        self.core.handle_volumes_ensured(self.now, SessionId(session), Ok(ensured));
+    }
+
+    fn host(&mut self, session: u64, message: HostMessage) {
+        self.core.handle_host_message(self.now, SessionId(session), message);
+    }
+
+    /// Storage finishes its job successfully.
+    fn storage_done(&mut self) {
+        self.actions();
+        let job = self.storage.take().expect("a storage job in flight");
+        let done = match job {
+            StorageJob::AdoptEpoch(_) => StorageDone::AdoptEpoch(Ok(())),
+            StorageJob::Commit(records) => {
+                let mut applied: Vec<(LocalVolume, Sequence, Epoch)> = Vec::new();
+                for (volume, record) in records {
+                    let held = &mut self.held[volume.0 as usize];
+                    assert_eq!(record.sequence, held.0.next(), "the core sends storage records in order");
+                    *held = (record.sequence, record.epoch);
+                    applied.retain(|(v, _, _)| *v != volume);
+                    applied.push((volume, record.sequence, record.epoch));
+                }
+                StorageDone::Commit(Ok(CommitDone { applied, rejected: Vec::new() }))
+            }
+        };
+        self.core.handle_storage_done(self.now, done);
+    }
+
+    /// Run storage until it idles.
+    fn settle(&mut self) -> Vec<(u64, ElementMessage)> {
+        let mut sent = self.sent();
+        while self.storage.is_some() {
+            self.storage_done();
+            sent.extend(self.sent());
+        }
+        sent
+    }
+
+    fn advance_ms(&mut self, ms: u64) {
+        self.now = self.now.plus_ms(ms);
+        self.core.handle_timeout(self.now);
+    }
+}
+
+fn welcome(epoch: u64, volumes: &[(u64, u64)]) -> ElementMessage {
+    ElementMessage::Welcome {
+        epoch: Epoch(epoch),
+        volumes: volumes
+            .iter()
+            .map(|&(a, e)| proto::VolumeState {
+                applied_sequence: Sequence(a),
+                applied_epoch: Epoch(e),
+                copying: false,
+            })
+            .collect(),
+    }
+}
+
+fn is_fault(message: &ElementMessage, containing: &str) -> bool {
+    matches!(message, ElementMessage::Fault { reason } if reason.contains(containing))
+}
+
+// ----- epochs ---------------------------------------------------------------------------------
+
+#[test]
+fn hello_epochs_table() {
+    // (element epoch, hello epoch, adopts durably, welcomed)
+    let table = [(5, 5, false, true), (5, 7, true, true), (5, 4, false, false), (0, 1, true, true)];
+    for (ours, theirs, adopts, welcomed) in table {
+        let mut h = Harness::new(ours, &[("a", 0, 0)]);
+        h.hello(1, theirs, &["a"]);
+        let actions = h.actions();
+        let adopting = actions.contains(&ElementAction::Storage(StorageJob::AdoptEpoch(Epoch(theirs))));
+        assert_eq!(adopting, adopts, "{ours} ← {theirs}: {actions:?}");
+        // The welcome waits for a new epoch to be durable.
+        assert!(
+            !adopts
+                || !actions
+                    .iter()
+                    .any(|a| matches!(a, ElementAction::Send { message: ElementMessage::Welcome { .. }, .. }))
+        );
+        let sent: Vec<_> = actions
+            .into_iter()
+            .filter_map(|a| match a {
+                ElementAction::Send { message, .. } => Some(message),
+                _ => None,
+            })
+            .chain(h.settle().into_iter().map(|(_, m)| m))
+            .collect();
+        if welcomed {
+            assert_eq!(sent, vec![welcome(ours, &[(0, 0)])], "{ours} ← {theirs}");
+            assert_eq!(h.core.epoch(), Epoch(ours.max(theirs)));
+        } else {
+            assert!(
+                matches!(&sent[..], [ElementMessage::Refused { reason }] if reason.contains("stale epoch")),
+                "{sent:?}"
+            );
+            assert_eq!(h.core.epoch(), Epoch(ours));
+        }
+    }
+}
+
+#[test]
+fn hello_is_answered_after_the_records_queued_before_it() {
+    let mut h = Harness::new(5, &[("a", 0, 0)]);
+    h.hello(1, 5, &["a"]);
+    h.settle();
+    h.host(1, HostMessage::Apply(record(0, 5, 1)));
+    h.host(1, HostMessage::Apply(record(0, 5, 2)));
+    h.hello(2, 6, &["a"]);
+    // Record 1 is being committed, 2 waits, then the hello: the welcome reports 2.
+    let sent = h.settle();
+    let welcome_at = sent.iter().position(|(s, _)| *s == 2).expect("session 2 welcomed");
+    assert_eq!(sent[welcome_at].1, welcome(5, &[(2, 5)]), "{sent:?}");
+    assert!(sent[..welcome_at].contains(&(1, applied(0, 2))), "{sent:?}");
+}
+
+#[test]
+fn records_of_a_superseded_session_are_fenced() {
+    let mut h = Harness::new(5, &[("a", 0, 0)]);
+    h.hello(1, 5, &["a"]);
+    h.settle();
+    h.host(1, HostMessage::Apply(record(0, 5, 1)));
+    h.hello(2, 6, &["a"]);
+    h.host(1, HostMessage::Apply(record(0, 5, 2))); // After the newer hello: fenced.
+    let sent = h.settle();
+    assert!(sent.contains(&(1, applied(0, 1))), "{sent:?}");
+    assert!(sent.iter().any(|(s, m)| *s == 1 && is_fault(m, "fenced")), "{sent:?}");
+    assert!(!sent.contains(&(1, applied(0, 2))), "{sent:?}");
+    assert_eq!(h.core.applied(LocalVolume(0)), Sequence(1));
+}
+
+// ----- records --------------------------------------------------------------------------------
+
+#[test]
+fn record_rules_table() {
+    // Volume applied at 3 (epoch 5); (record epoch, sequence) → outcome.
+    enum Outcome {
+        Commit,
+        Duplicate,
+        Fault(&'static str),
+    }
+    let table = [
+        (5, 4, Outcome::Commit),
+        (6, 4, Outcome::Commit),
+        (5, 3, Outcome::Duplicate),
+        (5, 1, Outcome::Duplicate),
+        (5, 5, Outcome::Fault("gap")),
+        (4, 4, Outcome::Fault("older than the volume's epoch")),
+    ];
+    for (epoch, sequence, outcome) in table {
+        let mut h = Harness::new(6, &[("a", 3, 5)]);
+        h.hello(1, 6, &["a"]);
+        h.settle();
+        h.host(1, HostMessage::Apply(record(0, epoch, sequence)));
+        let actions = h.actions();
+        let committed = actions.iter().any(|a| matches!(a, ElementAction::Storage(StorageJob::Commit(_))));
+        let mut sent: Vec<(u64, ElementMessage)> = actions
+            .into_iter()
+            .filter_map(|a| match a {
+                ElementAction::Send { session, message } => Some((session.0, message)),
+                _ => None,
+            })
+            .collect();
+        sent.extend(h.settle());
+        match outcome {
+            Outcome::Commit => {
+                assert!(committed);
+                assert_eq!(sent, vec![(1, applied(0, sequence))], "({epoch}, {sequence})");
+            }
+            Outcome::Duplicate => {
+                assert!(!committed);
+                assert_eq!(sent, vec![(1, applied(0, 3))], "({epoch}, {sequence})");
+            }
+            Outcome::Fault(text) => {
+                assert!(!committed);
+                assert!(matches!(&sent[..], [(1, m)] if is_fault(m, text)), "({epoch}, {sequence}): {sent:?}");
+            }
+        }
+    }
+}
+
+#[test]
+fn applied_is_sent_only_when_storage_reports_the_commit_done() {
+    let mut h = Harness::new(1, &[("a", 0, 0), ("b", 0, 0)]);
+    h.hello(1, 1, &["a", "b"]);
+    h.settle();
+    h.host(1, HostMessage::Apply(record(0, 1, 1)));
+    h.host(1, HostMessage::Apply(record(0, 1, 2)));
+    h.host(1, HostMessage::Apply(record(1, 1, 1)));
+    // The first record went to storage alone; the other two wait for it.
+    assert_eq!(h.sent(), vec![]);
+    assert!(matches!(&h.storage, Some(StorageJob::Commit(batch)) if batch.len() == 1));
+    h.storage_done();
+    assert_eq!(h.sent(), vec![(1, applied(0, 1))]);
+    // The next group commit takes both waiting records; one cumulative ack per volume.
+    assert!(matches!(&h.storage, Some(StorageJob::Commit(batch)) if batch.len() == 2));
+    h.storage_done();
+    assert_eq!(h.sent(), vec![(1, applied(0, 2)), (1, applied(1, 1))]);
+}
+
+#[test]
+fn a_failed_commit_faults_its_sessions_and_storage_takes_no_more() {
+    let mut h = Harness::new(1, &[("a", 0, 0)]);
+    h.hello(1, 1, &["a"]);
+    h.settle();
+    h.host(1, HostMessage::Apply(record(0, 1, 1)));
+    h.host(1, HostMessage::Apply(record(0, 1, 2)));
+    h.actions();
+    h.storage = None;
+    h.core.handle_storage_done(h.now, StorageDone::Commit(Err("EIO".into())));
+    let sent = h.settle();
+    assert!(sent.iter().all(|(_, m)| is_fault(m, "commit failed: EIO")), "{sent:?}");
+    assert!(!sent.is_empty());
+    assert_eq!(h.core.applied(LocalVolume(0)), Sequence::ZERO);
+}
+
+#[test]
+fn protocol_errors_refuse_the_session() {
+    let table: [(&str, Vec<HostMessage>); 3] = [
+        ("before hello", vec![HostMessage::Ping { nonce: 1 }]),
+        ("unknown volume", vec![HostMessage::Apply(record(7, 1, 1))]),
+        ("second hello", vec![HostMessage::Hello { epoch: Epoch(1), volumes: vec![] }]),
+    ];
+    for (text, messages) in table {
+        let mut h = Harness::new(1, &[("a", 0, 0)]);
+        if text == "before hello" {
+            h.core.handle_session_opened(h.now, SessionId(1));
+        } else {
+            h.hello(1, 1, &["a"]);
+            h.settle();
+        }
+        for m in messages {
+            h.host(1, m);
+        }
+        let actions = h.actions();
+        assert!(
+            actions.iter().any(|a| matches!(a, ElementAction::Send { message: ElementMessage::Refused { reason }, .. } if reason.contains(text))),
+            "{text}: {actions:?}"
+        );
+        assert!(actions.contains(&ElementAction::Close { session: SessionId(1) }), "{text}");
+    }
+}
+
+// ----- replay recovery ------------------------------------------------------------------------
+
+/// Start a replay of volume "a" (applied at `applied`, epoch 1) through `through` from "peer".
+fn replaying(applied_at: u64, through: u64, rate: u64, config: ElementConfig) -> Harness {
+    let mut h = Harness::with_config(config, 1, &[("a", applied_at, 1)]);
+    h.hello(1, 1, &["a"]);
+    h.settle();
+    h.host(
+        1,
+        HostMessage::Recover {
+            volume: VolumeId(0),
+            source: "peer".into(),
+            after: Sequence(applied_at),
+            through: Sequence(through),
+            rate_bytes_per_s: rate,
+        },
+    );
+    let actions = h.actions();
+    assert!(
+        actions
+            .iter()
+            .any(|a| matches!(a, ElementAction::ConnectPeer { peer: PeerId(1), address, .. } if address == "peer")),
+        "{actions:?}"
+    );
+    h
+}
+
+fn peer(h: &mut Harness, message: ElementMessage) {
+    h.core.handle_peer_message(h.now, PeerId(1), message);
+}
+
+fn peer_sends(actions: &[ElementAction]) -> Vec<HostMessage> {
+    actions
+        .iter()
+        .filter_map(|a| match a {
+            ElementAction::SendPeer { message, .. } => Some(message.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn replay_keeps_current_writes_and_commits_them_after_the_gap() {
+    let mut h = replaying(0, 3, 0, ElementConfig::default());
+    // Current writes arrive while the gap is pulled: kept aside, not faulted as a gap.
+    h.host(1, HostMessage::Apply(record(0, 1, 4)));
+    h.host(1, HostMessage::Apply(record(0, 1, 5)));
+    assert_eq!(h.sent(), vec![]);
+    peer(&mut h, welcome(1, &[(9, 1)]));
+    let fetch = peer_sends(&h.actions());
+    assert!(matches!(&fetch[..], [HostMessage::FetchLog { after: Sequence(0), .. }]), "{fetch:?}");
+    peer(
+        &mut h,
+        ElementMessage::LogRecords {
+            request_id: 1,
+            result: Ok(vec![record(0, 1, 1), record(0, 1, 2), record(0, 1, 3)]),
+        },
+    );
+    let actions = h.actions();
+    assert!(actions.contains(&ElementAction::ClosePeer { peer: PeerId(1) }), "{actions:?}");
+    let sent = h.settle();
+    assert_eq!(
+        sent,
+        vec![
+            (1, applied(0, 3)),
+            (1, applied(0, 5)),
+            (1, ElementMessage::RecoveryDone { volume: VolumeId(0), result: Ok(Sequence(5)) })
+        ]
+    );
+    // Streaming again: the next current write commits directly.
+    h.host(1, HostMessage::Apply(record(0, 1, 6)));
+    assert_eq!(h.settle(), vec![(1, applied(0, 6))]);
+}
+
+#[test]
+fn replay_checks_its_newest_record_against_the_peer_first() {
+    // (own epoch at sequence 2, the peer's record 2 epoch or none) → proceeds or the reason.
+    let table: [(u64, Option<u64>, Option<&str>); 3] =
+        [(1, Some(1), None), (1, Some(2), Some("diverged")), (1, None, Some("does not hold sequence 2"))];
+    for (_own, theirs, failure) in table {
+        let mut h = replaying(2, 4, 0, ElementConfig::default());
+        peer(&mut h, welcome(1, &[(4, 1)]));
+        let probe = peer_sends(&h.actions());
+        assert!(matches!(&probe[..], [HostMessage::FetchLog { request_id: 0, after: Sequence(1), .. }]), "{probe:?}");
+        let records = theirs.map(|e| vec![record(0, e, 2)]).unwrap_or_default();
+        peer(&mut h, ElementMessage::LogRecords { request_id: 0, result: Ok(records) });
+        let actions = h.actions();
+        match failure {
+            None => assert!(
+                matches!(&peer_sends(&actions)[..], [HostMessage::FetchLog { request_id: 1, after: Sequence(2), .. }]),
+                "{actions:?}"
+            ),
+            Some(text) => assert!(
+                actions.iter().any(|a| matches!(a,
+                    ElementAction::Send { message: ElementMessage::RecoveryDone { result: Err(reason), .. }, .. } if reason.contains(text))),
+                "{text}: {actions:?}"
+            ),
+        }
+    }
+}
+
+#[test]
+fn a_failed_replay_drops_current_writes_until_a_new_order() {
+    let mut h = replaying(0, 3, 0, ElementConfig::default());
+    h.host(1, HostMessage::Apply(record(0, 1, 4)));
+    h.core.handle_peer_closed(h.now, PeerId(1), "peer closed the connection".into());
+    let sent = h.sent();
+    assert!(
+        matches!(&sent[..], [(1, ElementMessage::RecoveryDone { result: Err(r), .. })] if r.contains("closed")),
+        "{sent:?}"
+    );
+    // Still beyond the gap: dropped, not a fault (the host element orders the next attempt).
+    h.host(1, HostMessage::Apply(record(0, 1, 5)));
+    assert_eq!(h.settle(), vec![]);
+}
+
+#[test]
+fn replay_is_paced_and_waits_for_a_peer_that_has_nothing_yet() {
+    // 4 KiB records at 4 KiB/s: each fetch of one record is due a second after the previous.
+    let config = ElementConfig { replay_fetch_bytes: 1, ..ElementConfig::default() };
+    let mut h = replaying(0, 2, 4096, config);
+    peer(&mut h, welcome(1, &[(0, 0)]));
+    h.actions();
+    // The peer has nothing yet: asked again after the retry interval.
+    peer(&mut h, ElementMessage::LogRecords { request_id: 1, result: Ok(vec![]) });
+    assert_eq!(peer_sends(&h.actions()), vec![]);
+    h.advance_ms(REPLAY_EMPTY_RETRY_MS);
+    assert_eq!(peer_sends(&h.actions()).len(), 1);
+    peer(&mut h, ElementMessage::LogRecords { request_id: 2, result: Ok(vec![record(0, 1, 1)]) });
+    h.settle();
+    assert_eq!(peer_sends(&h.actions()), vec![], "paced: not yet");
+    h.advance_ms(500);
+    assert_eq!(peer_sends(&h.actions()), vec![], "paced: not yet");
+    h.advance_ms(600);
+    let fetch = peer_sends(&h.actions());
+    assert!(matches!(&fetch[..], [HostMessage::FetchLog { request_id: 3, after: Sequence(1), .. }]), "{fetch:?}");
+}
+
+#[test]
+fn replay_gives_up_on_a_peer_idle_too_long() {
+    let mut h = replaying(0, 2, 0, ElementConfig::default());
+    peer(&mut h, welcome(1, &[(0, 0)]));
+    h.actions();
+    for request_id in 1..=(REPLAY_IDLE_TIMEOUT_MS / 1000 + 2) {
+        peer(&mut h, ElementMessage::LogRecords { request_id, result: Ok(vec![]) });
+        h.advance_ms(1000);
+    }
+    let sent = h.sent();
+    assert!(
+        sent.iter().any(
+            |(_, m)| matches!(m, ElementMessage::RecoveryDone { result: Err(r), .. } if r.contains("nothing after"))
+        ),
+        "{sent:?}"
+    );
+}
+
+#[test]
+fn an_overflowing_stash_pulls_the_rest_from_the_peer() {
+    // Room for two 4 KiB records only.
+    let config = ElementConfig { replay_stash_bytes_max: 2 * 4096, ..ElementConfig::default() };
+    let mut h = replaying(0, 2, 0, config);
+    for s in 3..=6 {
+        h.host(1, HostMessage::Apply(record(0, 1, s)));
+    }
+    peer(&mut h, welcome(1, &[(6, 1)]));
+    h.actions();
+    peer(&mut h, ElementMessage::LogRecords { request_id: 1, result: Ok(vec![record(0, 1, 1), record(0, 1, 2)]) });
+    // 3 and 4 came from the stash; 5 and 6 were dropped: pulled on from 4 through 6.
+    let fetch = peer_sends(&h.actions());
+    assert!(matches!(&fetch[..], [HostMessage::FetchLog { after: Sequence(4), .. }]), "{fetch:?}");
+    h.settle();
+    peer(&mut h, ElementMessage::LogRecords { request_id: 2, result: Ok(vec![record(0, 1, 5), record(0, 1, 6)]) });
+    let sent = h.settle();
+    assert_eq!(
+        sent.last(),
+        Some(&(1, ElementMessage::RecoveryDone { volume: VolumeId(0), result: Ok(Sequence(6)) })),
+        "{sent:?}"
+    );
+}
+
+#[test]
+fn closing_the_ordering_session_stops_the_replay() {
+    let mut h = replaying(0, 3, 0, ElementConfig::default());
+    h.core.handle_session_closed(h.now, SessionId(1));
+    assert!(h.actions().contains(&ElementAction::ClosePeer { peer: PeerId(1) }));
+    // A late answer of the peer changes nothing.
+    peer(&mut h, welcome(1, &[(3, 1)]));
+    assert_eq!(h.actions(), vec![]);
+}
+
+// ----- full recovery and copy sources ---------------------------------------------------------
+
+#[test]
+fn a_copy_source_waits_for_the_sequence_asked() {
+    let mut h = Harness::new(1, &[("a", 0, 0)]);
+    h.hello(1, 1, &["a"]);
+    h.hello(2, 1, &["a"]);
+    h.settle();
+    let fetch = |request_id, min| HostMessage::FetchBlocks {
+        request_id,
+        volume: VolumeId(0),
+        first_block: 0,
+        min_applied: Sequence(min),
+        have: vec![],
+    };
+    h.host(2, fetch(1, 1));
+    h.host(2, fetch(2, 5));
+    assert!(!h.actions().iter().any(|a| matches!(a, ElementAction::Serve { .. })));
+    h.host(1, HostMessage::Apply(record(0, 1, 1)));
+    h.actions();
+    h.storage_done();
+    // Served as soon as sequence 1 is applied; the other still waits.
+    let served: Vec<u64> = h
+        .actions()
+        .into_iter()
+        .filter_map(|a| match a {
+            ElementAction::Serve {
+                session: SessionId(2),
+                request: HostMessage::FetchBlocks { request_id, .. },
+                ..
+            } => Some(request_id),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(served, vec![1]);
+    h.advance_ms(SOURCE_CATCH_UP_TIMEOUT_MS + 1);
+    let sent = h.sent();
+    assert!(
+        sent.iter().any(|(s, m)| *s == 2
+            && matches!(m, ElementMessage::Blocks { request_id: 2, result: Err(r) } if r.contains("needs 5"))),
+        "{sent:?}"
+    );
+}
+
+#[test]
+fn copy_orders_run_one_at_a_time() {
+    let mut h = Harness::new(1, &[("a", 0, 0)]);
+    h.hello(1, 1, &["a"]);
+    h.settle();
+    let copy = HostMessage::Copy { volume: VolumeId(0), source: "peer".into(), rate_bytes_per_s: 0 };
+    h.host(1, copy.clone());
+    assert!(h.actions().iter().any(|a| matches!(a, ElementAction::StartCopy { .. })));
+    h.host(1, HostMessage::Apply(record(0, 1, 1))); // Superseded by the copy: dropped.
+    h.hello(2, 1, &["a"]);
+    let sent = h.settle();
+    // A session that arrives meanwhile is told the volume is being copied.
+    assert!(
+        sent.iter().any(|(s, m)| *s == 2 && matches!(m, ElementMessage::Welcome { volumes, .. } if volumes[0].copying)),
+        "{sent:?}"
+    );
+    h.host(2, copy);
+    assert!(!h.actions().iter().any(|a| matches!(a, ElementAction::StartCopy { .. })), "waits for the running copy");
+    let info = VolumeInfo { applied: Sequence(7), applied_epoch: Epoch(1), copying: false };
+    h.core.handle_copy_done(h.now, LocalVolume(0), VolumeId(0), info, Ok(Sequence(7)));
+    let actions = h.actions();
+    assert!(actions.iter().any(|a| matches!(a, ElementAction::StartCopy { session: SessionId(2), .. })), "{actions:?}");
+    assert!(actions.iter().any(|a| matches!(
+        a,
+        ElementAction::Send {
+            session: SessionId(1),
+            message: ElementMessage::CopyDone { result: Ok(Sequence(7)), .. }
+        }
+    )));
+}
