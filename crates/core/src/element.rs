@@ -138,6 +138,29 @@ pub enum ElementAction {
         level: LogLevel,
         message: String,
     },
+    /// A record was refused (its session also got a `Fault`): for logs, metrics and the
+    /// simulator's checkers, which must not parse reasons.
+    Refused {
+        session: SessionId,
+        volume: LocalVolume,
+        sequence: Sequence,
+        refusal: Refusal,
+        /// It came from a peer's replay log (a replay recovery), not from the host element.
+        replayed: bool,
+    },
+}
+
+/// Why a record was refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Refusal {
+    /// Its session's epoch is older than the element's: a newer host element took over.
+    Fenced,
+    /// Older than the volume's last record (epochs never go back along a volume).
+    StaleEpoch,
+    /// Not the next sequence after what is applied.
+    Gap,
+    /// Storage refused it (a damaged base block) or failed.
+    Storage,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -148,6 +171,10 @@ pub struct ElementConfig {
     pub commit_batch_bytes_max: u64,
     pub replay_idle_timeout_ms: u64,
     pub source_catch_up_timeout_ms: u64,
+    /// Refuse records of superseded sessions and records whose epoch goes back. Off only in
+    /// the simulator's deliberately broken variant (`--broken no-fencing`), which its checkers
+    /// must catch.
+    pub fencing: bool,
 }
 
 impl Default for ElementConfig {
@@ -159,6 +186,7 @@ impl Default for ElementConfig {
             commit_batch_bytes_max: COMMIT_BATCH_BYTES_MAX,
             replay_idle_timeout_ms: REPLAY_IDLE_TIMEOUT_MS,
             source_catch_up_timeout_ms: SOURCE_CATCH_UP_TIMEOUT_MS,
+            fencing: true,
         }
     }
 }
@@ -257,6 +285,8 @@ struct Commit {
     session_epoch: Epoch,
     volume: LocalVolume,
     record: Record,
+    /// Pulled from a peer by a replay recovery.
+    replayed: bool,
 }
 
 #[derive(Debug)]
@@ -351,6 +381,12 @@ impl ElementCore {
     /// Durably applied sequence of a volume, as storage last reported it.
     pub fn applied(&self, volume: LocalVolume) -> Sequence {
         self.volumes[volume.0 as usize].applied
+    }
+
+    /// Whether records of a volume wait for storage or are being committed.
+    pub fn commits_pending(&self, volume: LocalVolume) -> bool {
+        let in_flight = matches!(&self.in_flight, Some(InFlight::Commit { records, .. }) if records.iter().any(|c| c.volume == volume));
+        in_flight || self.jobs.iter().any(|j| matches!(j, Job::Commit(c) if c.volume == volume))
     }
 
     pub fn poll_action(&mut self) -> Option<ElementAction> {
@@ -607,7 +643,8 @@ impl ElementCore {
             }
             _ => {}
         }
-        self.jobs.push_back(Job::Commit(Commit { session, session_volume, session_epoch, volume, record }));
+        let commit = Commit { session, session_volume, session_epoch, volume, record, replayed: false };
+        self.jobs.push_back(Job::Commit(commit));
         self.pump_storage();
     }
 
@@ -647,22 +684,26 @@ impl ElementCore {
         let mut bytes = 0u64;
         // Per volume touched: (applied, epoch) as of the records accepted so far.
         let mut running: BTreeMap<LocalVolume, (Sequence, Epoch)> = BTreeMap::new();
-        let mut faults: Vec<(SessionId, String)> = Vec::new();
+        let mut refused: Vec<(SessionId, LocalVolume, Sequence, bool, Refusal, String)> = Vec::new();
         while records.len() < self.config.commit_batch_records_max && bytes < self.config.commit_batch_bytes_max {
             let Some(Job::Commit(_)) = self.jobs.front() else { break };
             let Some(Job::Commit(commit)) = self.jobs.pop_front() else { unreachable!() };
-            if !self.sessions.contains_key(&commit.session) && commit.session_epoch < self.epoch {
+            let fenced = self.config.fencing && commit.session_epoch < self.epoch;
+            if !self.sessions.contains_key(&commit.session) && fenced {
                 continue;
             }
-            if commit.session_epoch < self.epoch {
-                faults.push((
-                    commit.session,
-                    format!("fenced: a host element of epoch {} superseded epoch {}", self.epoch, commit.session_epoch),
-                ));
+            let mut refuse = |commit: &Commit, refusal, reason| {
+                let (session, volume, sequence) = (commit.session, commit.volume, commit.record.sequence);
+                refused.push((session, volume, sequence, commit.replayed, refusal, reason));
+            };
+            if fenced {
+                let reason =
+                    format!("fenced: a host element of epoch {} superseded epoch {}", self.epoch, commit.session_epoch);
+                refuse(&commit, Refusal::Fenced, reason);
                 continue;
             }
             if let Some(reason) = &self.storage_failed {
-                faults.push((commit.session, format!("commit failed: {reason}")));
+                refuse(&commit, Refusal::Storage, format!("commit failed: {reason}"));
                 continue;
             }
             let v = &self.volumes[commit.volume.0 as usize];
@@ -675,24 +716,20 @@ impl ElementCore {
                 }
                 continue;
             }
-            if record.epoch < *applied_epoch {
-                faults.push((
-                    commit.session,
-                    format!(
-                        "volume {:?}: record of sequence {} comes from epoch {}, older than the volume's epoch {}",
-                        v.spec.name, record.sequence, record.epoch, applied_epoch
-                    ),
-                ));
+            if self.config.fencing && record.epoch < *applied_epoch {
+                let reason = format!(
+                    "volume {:?}: record of sequence {} comes from epoch {}, older than the volume's epoch {}",
+                    v.spec.name, record.sequence, record.epoch, applied_epoch
+                );
+                refuse(&commit, Refusal::StaleEpoch, reason);
                 continue;
             }
             if record.sequence != applied.next() {
-                faults.push((
-                    commit.session,
-                    format!(
-                        "volume {:?}: sequence {} leaves a gap after the applied sequence {}",
-                        v.spec.name, record.sequence, applied
-                    ),
-                ));
+                let reason = format!(
+                    "volume {:?}: sequence {} leaves a gap after the applied sequence {}",
+                    v.spec.name, record.sequence, applied
+                );
+                refuse(&commit, Refusal::Gap, reason);
                 continue;
             }
             *applied = record.sequence;
@@ -703,9 +740,9 @@ impl ElementCore {
             }
             records.push(commit);
         }
-        faults.dedup();
-        for (session, reason) in faults {
+        for (session, volume, sequence, replayed, refusal, reason) in refused {
             self.log(LogLevel::Warn, format!("session {}: record refused: {reason}", session.0));
+            self.emit(ElementAction::Refused { session, volume, sequence, refusal, replayed });
             self.send(session, ElementMessage::Fault { reason });
         }
         if records.is_empty() {
@@ -750,8 +787,17 @@ impl ElementCore {
                     let newest = records.iter().map(|c| c.record.epoch).max().expect("a commit has records");
                     self.epoch = self.epoch.max(newest);
                     for (index, reason) in &done.rejected {
-                        let session = records[*index].session;
+                        let c = &records[*index];
+                        let (session, volume, sequence, replayed) =
+                            (c.session, c.volume, c.record.sequence, c.replayed);
                         self.log(LogLevel::Warn, format!("session {}: record refused: {reason}", session.0));
+                        self.emit(ElementAction::Refused {
+                            session,
+                            volume,
+                            sequence,
+                            refusal: Refusal::Storage,
+                            replayed,
+                        });
                         self.send(session, ElementMessage::Fault { reason: reason.clone() });
                     }
                     self.send_acks(&acks);
@@ -991,6 +1037,7 @@ impl ElementCore {
                 session_epoch: epoch,
                 volume: LocalVolume(vi as u32),
                 record: Record { volume: session_volume, ..record },
+                replayed: true,
             });
         }
         let r = self.replay_mut(vi);
@@ -1049,11 +1096,9 @@ impl ElementCore {
         let overflowed = r.seen > r.cursor;
         let (peer, cursor, seen) = (r.peer, r.cursor, r.seen);
         let volume = LocalVolume(vi as u32);
-        self.jobs.extend(
-            stash
-                .into_iter()
-                .map(|record| Job::Commit(Commit { session, session_volume, session_epoch: epoch, volume, record })),
-        );
+        self.jobs.extend(stash.into_iter().map(|record| {
+            Job::Commit(Commit { session, session_volume, session_epoch: epoch, volume, record, replayed: false })
+        }));
         self.pump_storage();
         if overflowed {
             let name = self.volumes[vi].spec.name.clone();

@@ -8,18 +8,21 @@
 mod element;
 mod host;
 pub mod limits;
+pub mod mem_storage;
 mod read_cache;
+mod storage;
 mod write_queue;
 
 pub use element::{
-    CommitDone, ElementAction, ElementConfig, ElementCore, LocalVolume, LogLevel, PeerId, SessionId, StorageDone,
-    StorageJob, VolumeInfo,
+    CommitDone, ElementAction, ElementConfig, ElementCore, LocalVolume, LogLevel, PeerId, Refusal, SessionId,
+    StorageDone, StorageJob, VolumeInfo,
 };
 pub use host::{
     Action, ElementStatus, Event, HostConfig, HostCore, HostError, HostStatus, RecoveryKind, Reply, VolumeMode,
     VolumeStatus,
 };
 pub use read_cache::ReadCache;
+pub use storage::{serve, ElementStorage};
 pub use write_queue::{Entry, WriteQueue};
 
 use std::fmt;

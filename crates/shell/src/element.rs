@@ -15,9 +15,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
-use proto::{decode_frame, encode_frame, ElementMessage, HostMessage, Record, Sequence, VolumeId, VolumeSpec};
+use proto::{decode_frame, encode_frame, ElementMessage, HostMessage, Sequence, VolumeId, VolumeSpec};
 use starfish_core::{
-    CommitDone, ElementAction, ElementConfig, ElementCore, LocalVolume, LogLevel, PeerId, SessionId, StorageDone,
+    ElementAction, ElementConfig, ElementCore, ElementStorage, LocalVolume, LogLevel, PeerId, SessionId, StorageDone,
     StorageJob, Time, VolumeInfo,
 };
 use store::{Store, StoreOptions, VolumeHandle};
@@ -54,15 +54,11 @@ enum Input {
 }
 
 fn info_of(store: &Store, handle: VolumeHandle) -> VolumeInfo {
-    VolumeInfo {
-        applied: store.applied_sequence(handle),
-        applied_epoch: store.applied_epoch(handle),
-        copying: store.copy_state(handle).is_some(),
-    }
+    store.volume_info(handle)
 }
 
 fn handle(store: &Store, volume: LocalVolume) -> VolumeHandle {
-    store.volume_numbered(volume.0).expect("the core names only volumes storage created")
+    store.handle_of(volume)
 }
 
 /// Open the store, start the committer and serve sessions until `shutdown` completes; then
@@ -128,26 +124,16 @@ pub async fn run(options: ElementOptions, shutdown: impl std::future::Future<Out
 
 /// Carry out storage jobs in order, one at a time (a commit is one write and one fdatasync).
 fn run_committer(store: &Store, jobs: std::sync::mpsc::Receiver<StorageJob>, inputs: mpsc::Sender<Input>) {
+    let mut storage = store;
     while let Ok(job) = jobs.recv() {
         let done = match job {
-            StorageJob::AdoptEpoch(epoch) => StorageDone::AdoptEpoch(store.set_epoch(epoch).map_err(|e| e.to_string())),
+            StorageJob::AdoptEpoch(epoch) => StorageDone::AdoptEpoch(ElementStorage::adopt_epoch(&mut storage, epoch)),
             StorageJob::Commit(batch) => {
-                let records: Vec<(VolumeHandle, Record)> =
-                    batch.into_iter().map(|(volume, record)| (handle(store, volume), record)).collect();
-                StorageDone::Commit(match store.commit(&records) {
-                    Ok(outcome) => Ok(CommitDone {
-                        applied: outcome
-                            .applied
-                            .iter()
-                            .map(|&(h, sequence)| (LocalVolume(h.number()), sequence, store.applied_epoch(h)))
-                            .collect(),
-                        rejected: outcome.rejected.iter().map(|r| (r.index, r.error.to_string())).collect(),
-                    }),
-                    Err(e) => {
-                        tracing::error!(error = %e, "commit failed");
-                        Err(e.to_string())
-                    }
-                })
+                let result = ElementStorage::commit(&mut storage, &batch);
+                if let Err(e) = &result {
+                    tracing::error!(error = %e, "commit failed");
+                }
+                StorageDone::Commit(result)
             }
         };
         if inputs.blocking_send(Input::Storage(done)).is_err() {
@@ -239,11 +225,12 @@ fn carry_out(
             ElementAction::EnsureVolumes { session, specs } => {
                 let (store, inputs) = (store.clone(), inputs.clone());
                 tokio::task::spawn_blocking(move || {
+                    let mut storage = &*store;
                     let result = specs
                         .iter()
                         .map(|spec| {
-                            let h = store.ensure_volume(&spec.name, spec.size_bytes).map_err(|e| e.to_string())?;
-                            Ok((LocalVolume(h.number()), info_of(&store, h)))
+                            let volume = ElementStorage::ensure_volume(&mut storage, spec)?;
+                            Ok((volume, ElementStorage::info(&storage, volume)))
                         })
                         .collect::<Result<Vec<_>, String>>();
                     let _ = inputs.blocking_send(Input::VolumesEnsured { session, result });
@@ -256,7 +243,7 @@ fn carry_out(
                 let Some(writer) = writers.get(&session).cloned() else { continue };
                 let store = store.clone();
                 tokio::task::spawn_blocking(move || {
-                    let _ = writer.send(serve(&store, handle(&store, volume), request));
+                    let _ = writer.send(starfish_core::serve(&&*store, volume, request));
                 });
             }
             ElementAction::ConnectPeer { peer, address, hello } => {
@@ -309,43 +296,11 @@ fn carry_out(
                     let _ = copy.await;
                 });
             }
+            // The reason went out as a `Fault` and into the log; nothing else to do here.
+            ElementAction::Refused { .. } => {}
             ElementAction::Log { level: LogLevel::Info, message } => tracing::info!("{message}"),
             ElementAction::Log { level: LogLevel::Warn, message } => tracing::warn!("{message}"),
         }
-    }
-}
-
-/// Answer a read-only request from storage (on the blocking pool).
-fn serve(store: &Store, handle: VolumeHandle, request: HostMessage) -> ElementMessage {
-    match request {
-        HostMessage::Read { request_id, offset_bytes, length_bytes, .. } => {
-            let (applied_sequence, result) = match store.read(handle, offset_bytes, length_bytes) {
-                Ok((sequence, data)) => (sequence, Ok(data)),
-                Err(e) => (store.applied_sequence(handle), Err(e.to_string())),
-            };
-            ElementMessage::ReadReply { request_id, applied_sequence, result }
-        }
-        HostMessage::BlockStatus { request_id, offset_bytes, length_bytes, .. } => {
-            let (applied_sequence, result) = match store.block_status(handle, offset_bytes, length_bytes) {
-                Ok((sequence, extents)) => (sequence, Ok(extents)),
-                Err(e) => (store.applied_sequence(handle), Err(e.to_string())),
-            };
-            ElementMessage::BlockStatusReply { request_id, applied_sequence, result }
-        }
-        HostMessage::FetchLog { request_id, volume, after, max_bytes } => {
-            // Bounded so that the reply always fits one frame, whatever was asked.
-            let max_bytes = max_bytes.min(starfish_core::limits::LOG_REPLY_BYTES_MAX);
-            let result = store
-                .log_records(handle, after, max_bytes)
-                .map(|records| records.into_iter().map(|r| Record { volume, ..r }).collect::<Vec<_>>())
-                .map_err(|e| e.to_string());
-            ElementMessage::LogRecords { request_id, result }
-        }
-        HostMessage::FetchBlocks { request_id, first_block, have, .. } => {
-            let result = store.copy_chunk(handle, first_block, &have).map_err(|e| e.to_string());
-            ElementMessage::Blocks { request_id, result }
-        }
-        other => unreachable!("the core serves only read-only requests, not {other:?}"),
     }
 }
 

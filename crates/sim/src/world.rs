@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, BinaryHeap, HashMap, VecDeque};
 
 use bytes::Bytes;
 use proto::{ElementMessage, Epoch, HostMessage, Op, Record, Sequence, VolumeId, VolumeSpec};
-use starfish_core::{Action, ElementId, Event, HostConfig, HostCore, HostError, Reply, Time, Token};
+use starfish_core::{Action, ElementId, Event, HostConfig, HostCore, HostError, PeerId, Reply, Time, Token};
 
 use crate::element::{CrashKind, Element, Out};
 use crate::model::{Model, OpKind, Outcome};
@@ -107,18 +107,29 @@ enum Ev {
         incarnation: u64,
         session: u64,
         volume: VolumeId,
-        result: Result<crate::element::VolumeCopy, String>,
+        result: Result<starfish_core::mem_storage::VolumeCopy, String>,
     },
-    RecoverFetched {
+    /// A message on a peer link reaches the element it was opened to.
+    PeerDeliver {
+        link: u64,
+        message: HostMessage,
+    },
+    /// The answer on a peer link reaches the element that opened it.
+    PeerReply {
+        link: u64,
+        message: ElementMessage,
+    },
+    /// A peer link ended (its far side crashed or refused).
+    PeerEnded {
         element: usize,
         incarnation: u64,
-        session: u64,
-        epoch: Epoch,
-        volume: VolumeId,
-        after: Sequence,
-        through: Sequence,
-        source: String,
-        result: Result<Vec<Record>, String>,
+        peer: PeerId,
+        reason: String,
+    },
+    /// An element core's timer.
+    ElementTimer {
+        element: usize,
+        incarnation: u64,
     },
     ElementRestart {
         element: usize,
@@ -159,7 +170,10 @@ impl Ev {
             Ev::ConnectDone { element, .. } => 4 ^ ((*element as u64) << 8),
             Ev::ElementSend { session, .. } => 5 ^ (session << 8),
             Ev::SyncDone { element, .. } => 6 ^ ((*element as u64) << 8),
-            Ev::RecoverFetched { element, .. } => 7 ^ ((*element as u64) << 8),
+            Ev::PeerDeliver { link, .. } => 7 ^ (link << 8),
+            Ev::PeerReply { link, .. } => 21 ^ (link << 8),
+            Ev::PeerEnded { element, .. } => 22 ^ ((*element as u64) << 8),
+            Ev::ElementTimer { element, .. } => 23 ^ ((*element as u64) << 8),
             Ev::ElementRestart { element } => 8 ^ ((*element as u64) << 8),
             Ev::HostRestart => 9,
             Ev::HealStall { element, .. } => 10 ^ ((*element as u64) << 8),
@@ -307,6 +321,28 @@ pub struct World {
     recovery_kind: Vec<Option<&'static str>>,
     sectors_per_volume: u64,
     report: RunReport,
+    /// Sessions elements opened to peers (replay sources, copy sources), by session id.
+    peer_links: BTreeMap<u64, PeerLink>,
+    /// Per element, the time its core's timer is set for.
+    timers: Vec<Option<Time>>,
+}
+
+/// An element's session to a peer element.
+struct PeerLink {
+    from: usize,
+    from_incarnation: u64,
+    /// The opening element's name for it (`None` for a copy's fetch, which the world runs).
+    peer: Option<PeerId>,
+    to: usize,
+    to_incarnation: u64,
+    copy: Option<CopyFetch>,
+}
+
+/// A full recovery's fetch of a peer's volume, on behalf of the element's `session`.
+#[derive(Clone, Copy)]
+struct CopyFetch {
+    session: u64,
+    volume: VolumeId,
 }
 
 fn us(ms: u64) -> u64 {
@@ -380,6 +416,8 @@ impl World {
             recovery_kind: vec![None; n],
             sectors_per_volume,
             report,
+            peer_links: BTreeMap::new(),
+            timers: vec![None; n],
         }
     }
 
@@ -452,10 +490,10 @@ impl World {
         self.report.requests = self.model.len() as u64;
         self.report.writes_acked =
             self.model.ops().filter(|(_, op)| op.kind.write_like() && op.outcome == Outcome::Ok).count() as u64;
-        self.report.torn_records = self.elements.iter().map(|e| e.torn_records).sum();
-        self.report.unsynced_records_lost = self.elements.iter().map(|e| e.unsynced_lost).sum();
+        self.report.torn_records = self.elements.iter().map(|e| e.storage.torn_records).sum();
+        self.report.unsynced_records_lost = self.elements.iter().map(|e| e.storage.unsynced_lost).sum();
         self.report.records_applied_behind_another_volume =
-            self.elements.iter().map(|e| e.applied_behind_another_volume).sum();
+            self.elements.iter().map(|e| e.storage.applied_behind_another_volume).sum();
         self.report
     }
 
@@ -526,39 +564,43 @@ impl World {
                 let el = &mut self.elements[element];
                 if el.alive && el.incarnation == incarnation {
                     let mut out = Vec::new();
-                    el.sync_done(&mut self.rng_disk, &mut out);
+                    el.sync_done(self.now, &mut self.rng_disk, &mut out);
                     self.element_outputs(element, out);
                 }
             }
-            Ev::RecoverFetched { element, incarnation, session, epoch, volume, after, through, source, result } => {
+            Ev::PeerDeliver { link, message } => self.peer_deliver(link, message),
+            Ev::PeerReply { link, message } => self.peer_reply(link, message),
+            Ev::PeerEnded { element, incarnation, peer, reason } => {
                 let el = &mut self.elements[element];
-                if !(el.alive && el.incarnation == incarnation && el.has_session(session)) {
-                    return;
+                if el.alive && el.incarnation == incarnation {
+                    let mut out = Vec::new();
+                    el.peer_closed(self.now, &mut self.rng_disk, peer, reason, &mut out);
+                    self.element_outputs(element, out);
                 }
-                let mut out = Vec::new();
-                match result {
-                    Ok(records) => {
-                        let reached = records.last().map_or(after, |r| r.sequence);
-                        let pull = crate::element::Pull { epoch, volume, source, reached, through };
-                        el.recover_records(&mut self.rng_disk, session, pull, records, &mut out);
-                    }
-                    Err(reason) => {
-                        el.replay_failed(session, volume);
-                        out.push(Out::Send {
-                            session,
-                            message: ElementMessage::RecoveryDone { volume, result: Err(reason) },
-                            delay_us: 0,
-                        })
-                    }
+            }
+            Ev::ElementTimer { element, incarnation } => {
+                let now = self.now;
+                let el = &mut self.elements[element];
+                if el.alive && el.incarnation == incarnation && self.timers[element].is_some_and(|t| t <= now) {
+                    self.timers[element] = None;
+                    let mut out = Vec::new();
+                    el.timeout(now, &mut self.rng_disk, &mut out);
+                    self.element_outputs(element, out);
                 }
-                self.element_outputs(element, out);
             }
             Ev::CopyFetched { element, incarnation, session, volume, result } => {
                 let el = &mut self.elements[element];
-                if !(el.alive && el.incarnation == incarnation && el.has_session(session)) {
+                if !(el.alive && el.incarnation == incarnation) {
                     return;
                 }
                 let mut out = Vec::new();
+                if !el.has_session(session) {
+                    // As the real copy task: it stops once its session is gone, and says so.
+                    let reason = "the host element's session ended".to_string();
+                    el.copy_failed(self.now, &mut self.rng_disk, volume, reason, &mut out);
+                    self.element_outputs(element, out);
+                    return;
+                }
                 match result {
                     Ok(copy) if el.commits_pending(volume.0 as usize) => {
                         // Let the committer finish first, as the real store's lock order does.
@@ -568,13 +610,11 @@ impl World {
                     }
                     Ok(copy) => {
                         self.trace(|| format!("element e{element} installs a copy of vol {volume}"));
-                        self.elements[element].install_copy(session, volume, copy, &mut out);
+                        self.elements[element].install_copy(self.now, &mut self.rng_disk, volume, copy, &mut out);
                     }
-                    Err(reason) => out.push(Out::Send {
-                        session,
-                        message: ElementMessage::CopyDone { volume, result: Err(reason) },
-                        delay_us: 0,
-                    }),
+                    Err(reason) => {
+                        self.elements[element].copy_failed(self.now, &mut self.rng_disk, volume, reason, &mut out)
+                    }
                 }
                 self.element_outputs(element, out);
             }
@@ -600,7 +640,7 @@ impl World {
                     self.heal_slow_link(element);
                 }
             }
-            Ev::HealSlowDisk { element } => self.elements[element].slow_disk_factor = 1,
+            Ev::HealSlowDisk { element } => self.elements[element].storage.slow_disk_factor = 1,
             Ev::HealDiskFull { element } => self.heal_disk_full(element),
             Ev::NextFault => {
                 if self.phase == Phase::Faults {
@@ -744,12 +784,12 @@ impl World {
                 match m {
                     ToElement::Close => {
                         self.sessions.get_mut(&session).expect("exists").element_open = false;
-                        self.elements[element].close_session(session);
+                        self.close_element_session(element, session);
                     }
                     ToElement::Msg(message) => {
                         self.trace(|| format!("e{element} <- s{session} {}", brief_host(&message)));
                         let mut out = Vec::new();
-                        self.elements[element].handle(&mut self.rng_disk, session, message, &mut out);
+                        self.elements[element].handle(self.now, &mut self.rng_disk, session, message, &mut out);
                         self.element_outputs(element, out);
                     }
                 }
@@ -784,6 +824,13 @@ impl World {
     }
 
     fn element_send(&mut self, element: usize, session: u64, message: ElementMessage) {
+        if let Some(link) = self.peer_links.get(&session) {
+            if self.elements[element].has_session(session) {
+                let at = at_delay(self.now, self.peer_delay_us(link.from, link.to));
+                self.schedule(at, Ev::PeerReply { link: session, message });
+            }
+            return;
+        }
         let Some(s) = self.sessions.get(&session) else {
             return;
         };
@@ -811,7 +858,13 @@ impl World {
                     self.schedule(at, Ev::SyncDone { element, incarnation });
                 }
                 Out::Close { session } => {
-                    self.elements[element].close_session(session);
+                    if let Some(link) = self.peer_links.remove(&session) {
+                        // The element refused a peer's session: the peer learns it.
+                        self.peer_link_ended(link, "the peer closed the session".into());
+                        self.close_element_session(element, session);
+                        continue;
+                    }
+                    self.close_element_session(element, session);
                     if let Some(s) = self.sessions.get_mut(&session) {
                         if s.element_open && !s.dead {
                             s.element_open = false;
@@ -840,89 +893,162 @@ impl World {
                     }
                 }
                 Out::Copy { session, epoch, volume, source } => {
-                    let incarnation = self.elements[element].incarnation;
-                    let (result, delay_us) = match self.hello_peer(element, &source, epoch) {
-                        Err((reason, delay_us)) => (Err(reason), delay_us),
-                        Ok(p) => {
-                            let result = self.elements[p].copy_volume(volume.0 as usize);
-                            let bytes = result
-                                .as_ref()
-                                .map_or(0, |c| c.allocated.iter().filter(|a| **a).count() as u64 * proto::BLOCK_BYTES);
-                            let rtt = 2 * (self.links[element].latency_us + self.links[p].latency_us);
-                            (result, rtt + bytes / 100)
-                        }
-                    };
-                    let at = at_delay(self.now, delay_us);
-                    self.schedule(at, Ev::CopyFetched { element, incarnation, session, volume, result });
+                    // As `copy.rs`: a session to the source with a one-volume hello, then the
+                    // volume (taken whole here, see `peer_reply`).
+                    let spec = VolumeSpec { name: format!("vol{}", volume.0), size_bytes: self.sc.volume_bytes };
+                    let hello = HostMessage::Hello { epoch, volumes: vec![spec] };
+                    self.connect_peer(element, PeerId(0), &source, hello, Some(CopyFetch { session, volume }));
                 }
-                Out::Recover { session, epoch, volume, source, after, through } => {
-                    let incarnation = self.elements[element].incarnation;
-                    let (result, delay_us, after) = match self.hello_peer(element, &source, epoch) {
-                        Err((reason, delay_us)) => (Err(reason), delay_us, after),
-                        Ok(p) => {
-                            // As `pull_from_peer`: first check our newest record against the
-                            // peer's record at that sequence; a diverged history is refused.
-                            let vi = volume.0 as usize;
-                            let own = self.elements[element].vols[vi].applied();
-                            let own_epoch = self.elements[element].vols[vi].applied_epoch();
-                            let verified = (|| {
-                                if own == Sequence::ZERO {
-                                    return Ok(());
-                                }
-                                let theirs = self.elements[p]
-                                    .log_records(vi, Sequence(own.0 - 1), own, 1)
-                                    .map_err(|e| format!("cannot check sequence {own} against the peer's replay log ({e}); needs full recovery"))?;
-                                match theirs.first().filter(|r| r.sequence == own).map(|r| r.epoch) {
-                                    Some(epoch) if epoch == own_epoch => Ok(()),
-                                    Some(epoch) => Err(format!("diverged: sequence {own} is from epoch {own_epoch} here and from epoch {epoch} on the peer; needs full recovery")),
-                                    None => Err(format!("the peer's replay log does not hold sequence {own} to check it; needs full recovery")),
-                                }
-                            })();
-                            let result = verified.and_then(|()| {
-                                self.elements[p].log_records(volume.0 as usize, after.max(own), through, u64::MAX)
-                            });
-                            let bytes: u64 =
-                                result.as_ref().map_or(0, |r| r.iter().map(|r| r.op.payload_bytes()).sum());
-                            let rtt = 2 * (self.links[element].latency_us + self.links[p].latency_us);
-                            (result, rtt + bytes / 100, after.max(own))
+                Out::ConnectPeer { peer, address, hello } => self.connect_peer(element, peer, &address, hello, None),
+                Out::SendPeer { peer, message } => {
+                    let link = self.peer_links.iter().find(|(_, l)| l.from == element && l.peer == Some(peer));
+                    if let Some((&id, link)) = link {
+                        let at = at_delay(self.now, self.peer_delay_us(link.from, link.to));
+                        self.schedule(at, Ev::PeerDeliver { link: id, message });
+                    }
+                }
+                Out::ClosePeer { peer } => {
+                    let link = self.peer_links.iter().find(|(_, l)| l.from == element && l.peer == Some(peer));
+                    if let Some((&id, _)) = link {
+                        let link = self.peer_links.remove(&id).expect("found");
+                        if self.elements[link.to].alive && self.elements[link.to].incarnation == link.to_incarnation {
+                            self.close_element_session(link.to, id);
                         }
-                    };
-                    let at = at_delay(self.now, delay_us);
-                    self.schedule(
-                        at,
-                        Ev::RecoverFetched {
-                            element,
-                            incarnation,
-                            session,
-                            epoch,
-                            volume,
-                            after,
-                            through,
-                            source,
-                            result,
-                        },
-                    );
+                    }
+                }
+                Out::TimerAt { at } => {
+                    if self.timers[element].is_none_or(|t| at < t) {
+                        self.timers[element] = Some(at);
+                        let incarnation = self.elements[element].incarnation;
+                        self.schedule(at.max(self.now), Ev::ElementTimer { element, incarnation });
+                    }
                 }
             }
         }
     }
 
-    /// A recovering element's own session to a peer (replay or copy), as `connect_peer`: the
-    /// peer's index once it took the `Hello` with the ordering session's epoch, or why not
-    /// and after how long (µs) the element learns it.
-    fn hello_peer(&mut self, element: usize, source: &str, epoch: Epoch) -> Result<usize, (String, u64)> {
-        let p = match self.elements.iter().position(|e| e.name == source) {
-            None => return Err((format!("unknown peer {source}"), 100)),
-            Some(p) if !self.elements[p].alive || p == element => {
-                return Err((format!("cannot connect to {source}"), 1_000))
+    /// One-way delay between two elements (each one's link to the network, once).
+    fn peer_delay_us(&self, a: usize, b: usize) -> u64 {
+        self.links[a].latency_us + self.links[b].latency_us
+    }
+
+    /// An element's own session to a peer (a replay's source, or the source of a full
+    /// recovery's copy when `copy` is set): opened on the peer as any session, its `Hello`
+    /// goes through the peer's core like a host element's.
+    fn connect_peer(
+        &mut self,
+        element: usize,
+        peer: PeerId,
+        address: &str,
+        hello: HostMessage,
+        copy: Option<CopyFetch>,
+    ) {
+        let incarnation = self.elements[element].incarnation;
+        let target = self.elements.iter().position(|e| e.name == address);
+        let refused = match target {
+            None => Some((format!("unknown peer {address}"), 100)),
+            Some(p) if p == element => Some((format!("cannot connect to {address}"), 1_000)),
+            Some(p) if !self.elements[p].alive => {
+                let delay = if self.elements[p].machine_up { 1_000 } else { us(CONNECT_TIMEOUT_MS) };
+                Some((format!("cannot connect to {address}"), delay))
             }
-            Some(p) => p,
+            Some(_) => None,
         };
-        let mut peer_out = Vec::new();
-        let hello = self.elements[p].peer_hello(&mut self.rng_disk, epoch, &mut peer_out);
-        self.element_outputs(p, peer_out);
-        let rtt = 2 * (self.links[element].latency_us + self.links[p].latency_us);
-        hello.map(|()| p).map_err(|reason| (reason, rtt))
+        if let Some((reason, delay_us)) = refused {
+            let at = at_delay(self.now, delay_us);
+            match copy {
+                Some(c) => self.schedule(
+                    at,
+                    Ev::CopyFetched { element, incarnation, session: c.session, volume: c.volume, result: Err(reason) },
+                ),
+                None => self.schedule(at, Ev::PeerEnded { element, incarnation, peer, reason }),
+            }
+            return;
+        }
+        let to = target.expect("checked");
+        let id = self.next_session;
+        self.next_session += 1;
+        let to_incarnation = self.elements[to].incarnation;
+        self.peer_links.insert(
+            id,
+            PeerLink {
+                from: element,
+                from_incarnation: incarnation,
+                peer: copy.is_none().then_some(peer),
+                to,
+                to_incarnation,
+                copy,
+            },
+        );
+        self.elements[to].open_session(self.now, id);
+        self.trace(|| format!("e{element} connects to peer e{to}: session s{id}"));
+        let at = at_delay(self.now, self.peer_delay_us(element, to));
+        self.schedule(at, Ev::PeerDeliver { link: id, message: hello });
+    }
+
+    fn peer_deliver(&mut self, id: u64, message: HostMessage) {
+        let Some(link) = self.peer_links.get(&id) else { return };
+        let to = link.to;
+        let el = &self.elements[to];
+        if !(el.alive && el.incarnation == link.to_incarnation && el.has_session(id)) {
+            return;
+        }
+        self.trace(|| format!("e{to} <- peer s{id} {}", brief_host(&message)));
+        let mut out = Vec::new();
+        self.elements[to].handle(self.now, &mut self.rng_disk, id, message, &mut out);
+        self.element_outputs(to, out);
+    }
+
+    fn peer_reply(&mut self, id: u64, message: ElementMessage) {
+        let Some(link) = self.peer_links.get(&id) else { return };
+        let (from, to) = (link.from, link.to);
+        let el = &self.elements[from];
+        if !(el.alive && el.incarnation == link.from_incarnation) {
+            return;
+        }
+        self.trace(|| format!("e{from} <- peer s{id} {}", brief_element(&message)));
+        if let Some(CopyFetch { session, volume }) = link.copy {
+            // The source took the copy's hello (adopting a newer epoch, or refusing as one
+            // that follows a newer one): the volume is taken at once, then the link closes.
+            let incarnation = link.from_incarnation;
+            let result = match message {
+                ElementMessage::Welcome { .. } => self.elements[to].storage.copy_volume(volume.0 as usize),
+                ElementMessage::Refused { reason } => Err(format!("peer refused: {reason}")),
+                _ => return,
+            };
+            self.peer_links.remove(&id);
+            self.close_element_session(to, id);
+            let bytes =
+                result.as_ref().map_or(0, |c| c.allocated.iter().filter(|a| **a).count() as u64 * proto::BLOCK_BYTES);
+            let at = at_delay(self.now, self.peer_delay_us(from, to) + bytes / 100);
+            self.schedule(at, Ev::CopyFetched { element: from, incarnation, session, volume, result });
+            return;
+        }
+        let peer = link.peer.expect("a replay link has a peer id");
+        let mut out = Vec::new();
+        self.elements[from].peer_message(self.now, &mut self.rng_disk, peer, message, &mut out);
+        self.element_outputs(from, out);
+    }
+
+    /// The far side of a peer link is gone: the element that opened it learns it.
+    fn peer_link_ended(&mut self, link: PeerLink, reason: String) {
+        let at = at_delay(self.now, self.peer_delay_us(link.from, link.to));
+        let (element, incarnation) = (link.from, link.from_incarnation);
+        match (link.copy, link.peer) {
+            (Some(c), _) => self.schedule(
+                at,
+                Ev::CopyFetched { element, incarnation, session: c.session, volume: c.volume, result: Err(reason) },
+            ),
+            (None, Some(peer)) => self.schedule(at, Ev::PeerEnded { element, incarnation, peer, reason }),
+            (None, None) => unreachable!("a link is a replay's or a copy's"),
+        }
+    }
+
+    /// Close a session on an element (it may end recoveries that session ordered).
+    fn close_element_session(&mut self, element: usize, session: u64) {
+        let mut out = Vec::new();
+        self.elements[element].close_session(self.now, &mut self.rng_disk, session, &mut out);
+        self.element_outputs(element, out);
     }
 
     // ----- the host element's shell ------------------------------------------------------------
@@ -1013,7 +1139,7 @@ impl World {
                     channels: [Channel::default(); 2],
                 },
             );
-            self.elements[element].open_session(session);
+            self.elements[element].open_session(now, session);
             self.trace(|| format!("HE connects to e{element}: session s{session}"));
             let host = self.host.as_mut().expect("checked");
             let link = &mut host.links[element];
@@ -1184,7 +1310,8 @@ impl World {
                 continue;
             };
             let held = (0..self.elements.len()).any(|e| {
-                welcomed[e] && self.elements[e].vols[op.volume].history.get((sequence.0 - 1) as usize) == Some(&epoch)
+                welcomed[e]
+                    && self.elements[e].storage.vols[op.volume].history.get((sequence.0 - 1) as usize) == Some(&epoch)
             });
             if !held {
                 at_risk.push(id);
@@ -1212,7 +1339,8 @@ impl World {
                 continue;
             }
             for v in 0..self.sc.volumes {
-                let (a, b) = (&self.elements[element].vols[v].history, &self.elements[other].vols[v].history);
+                let (a, b) =
+                    (&self.elements[element].storage.vols[v].history, &self.elements[other].storage.vols[v].history);
                 if let Some(i) = a.iter().zip(b).position(|(x, y)| x != y) {
                     found = Some((other, v, i, a[i], b[i]));
                     break 'others;
@@ -1282,7 +1410,10 @@ impl World {
     }
 
     fn holders(&self, volume: usize, epoch: Epoch, sequence: Sequence) -> usize {
-        self.elements.iter().filter(|e| e.vols[volume].history.get((sequence.0 - 1) as usize) == Some(&epoch)).count()
+        self.elements
+            .iter()
+            .filter(|e| e.storage.vols[volume].history.get((sequence.0 - 1) as usize) == Some(&epoch))
+            .count()
     }
 
     fn on_reply(&mut self, token: Token, reply: Reply) {
@@ -1455,6 +1586,20 @@ impl World {
         self.trace(|| format!("FAULT element e{element} crashes ({kind:?})"));
         let sessions = self.elements[element].sessions();
         self.elements[element].crash(kind, &mut self.rng_disk);
+        self.timers[element] = None;
+        // Its sessions to peers end (the peers close their side), and so do the peers'
+        // sessions to it (they learn it).
+        let links: Vec<u64> =
+            self.peer_links.iter().filter(|(_, l)| l.from == element || l.to == element).map(|(id, _)| *id).collect();
+        for id in links {
+            let link = self.peer_links.remove(&id).expect("listed");
+            if link.to == element {
+                self.peer_link_ended(link, "peer closed the connection".into());
+            } else if self.elements[link.to].alive && self.elements[link.to].incarnation == link.to_incarnation {
+                self.close_element_session(link.to, id);
+            }
+        }
+        let sessions: Vec<u64> = sessions.into_iter().filter(|s| self.sessions.contains_key(s)).collect();
         for session in sessions {
             let s = self.sessions.get_mut(&session).expect("an element session is a network session");
             if !s.element_open || s.dead {
@@ -1485,7 +1630,7 @@ impl World {
                 s.dead = true;
                 s.element_open = false;
                 let element = s.element;
-                self.elements[element].close_session(session);
+                self.close_element_session(element, session);
             } else {
                 // The kernel still delivers what the process had sent, then a FIN.
                 self.net_send(session, Wire::ToElement(ToElement::Close));
@@ -1565,7 +1710,9 @@ impl World {
                 if self.host.is_some() && self.superseded.is_none() {
                     self.crash_host();
                     let mut alive: Vec<usize> = (0..n).filter(|&e| self.elements[e].alive).collect();
-                    alive.sort_by_key(|&e| Reverse(self.elements[e].vols.iter().map(|v| v.applied().0).sum::<u64>()));
+                    alive.sort_by_key(|&e| {
+                        Reverse(self.elements[e].storage.vols.iter().map(|v| v.applied().0).sum::<u64>())
+                    });
                     let grace = self.sc.startup_grace_ms;
                     for &e in alive.iter().take(self.o.quorum) {
                         let crash = if self.rng_fault.chance(0.5) { CrashKind::Kill } else { CrashKind::PowerLoss };
@@ -1608,7 +1755,7 @@ impl World {
                     s.dead = true;
                     s.element_open = false;
                     let (instance, host_open) = (s.instance, s.host_open);
-                    self.elements[e].close_session(*session);
+                    self.close_element_session(e, *session);
                     if host_open {
                         let at = at_delay(self.now, self.links[e].latency_us);
                         self.schedule(
@@ -1649,7 +1796,7 @@ impl World {
             }
             FaultKind::SlowDisk => {
                 let e = self.rng_fault.below(n as u64) as usize;
-                self.elements[e].slow_disk_factor = self.rng_fault.range(10, 100);
+                self.elements[e].storage.slow_disk_factor = self.rng_fault.range(10, 100);
                 let at = at_delay(self.now, us(self.rng_fault.range(1_000, 5_000)));
                 self.trace(|| format!("FAULT slow disk on e{e}"));
                 self.schedule(at, Ev::HealSlowDisk { element: e });
@@ -1657,10 +1804,10 @@ impl World {
             }
             FaultKind::DiskFull => {
                 let e = self.rng_fault.below(n as u64) as usize;
-                if self.elements[e].disk_full {
+                if self.elements[e].storage.disk_full {
                     false
                 } else {
-                    self.elements[e].disk_full = true;
+                    self.elements[e].storage.disk_full = true;
                     let at = at_delay(self.now, us(self.rng_fault.range(200, 3_000)));
                     self.trace(|| format!("FAULT disk full on e{e}"));
                     self.schedule(at, Ev::HealDiskFull { element: e });
@@ -1672,7 +1819,7 @@ impl World {
                 match self.elements[e].allocated_block(&mut self.rng_fault) {
                     Some(block) => {
                         self.trace(|| format!("FAULT corrupt block {block:?} on e{e}"));
-                        self.elements[e].corrupt_blocks.insert(block);
+                        self.elements[e].storage.corrupt_blocks.insert(block);
                         true
                     }
                     None => false,
@@ -1683,7 +1830,7 @@ impl World {
                 match self.elements[e].logged_record(&mut self.rng_fault) {
                     Some(record) => {
                         self.trace(|| format!("FAULT corrupt replay-log record {record:?} on e{e}"));
-                        self.elements[e].corrupt_log.insert(record);
+                        self.elements[e].storage.corrupt_log.insert(record);
                         true
                     }
                     None => false,
@@ -1696,8 +1843,8 @@ impl World {
     }
 
     fn heal_disk_full(&mut self, element: usize) {
-        self.elements[element].disk_full = false;
-        if self.elements[element].alive && self.elements[element].poisoned {
+        self.elements[element].storage.disk_full = false;
+        if self.elements[element].alive && self.elements[element].storage.poisoned {
             // The operator frees space and restarts the element.
             self.crash_element(element, CrashKind::Kill);
             let at = at_delay(self.now, us(self.rng_fault.range(100, 1_000)));
@@ -1714,8 +1861,8 @@ impl World {
             self.kill_superseded(instance);
         }
         for e in 0..self.elements.len() {
-            if self.elements[e].disk_full || self.elements[e].poisoned {
-                self.elements[e].disk_full = false;
+            if self.elements[e].storage.disk_full || self.elements[e].storage.poisoned {
+                self.elements[e].storage.disk_full = false;
                 if self.elements[e].alive {
                     self.crash_element(e, CrashKind::Kill);
                 }
@@ -1723,10 +1870,10 @@ impl World {
             if !self.elements[e].alive {
                 self.elements[e].restart();
             }
-            self.elements[e].slow_disk_factor = 1;
+            self.elements[e].storage.slow_disk_factor = 1;
             // Scrubbing replaces corrupt blocks (the model kept their intended bytes).
-            self.elements[e].corrupt_blocks.clear();
-            self.elements[e].corrupt_log.clear();
+            self.elements[e].storage.corrupt_blocks.clear();
+            self.elements[e].storage.corrupt_log.clear();
             for dir in [TO_ELEMENT, TO_HOST] {
                 if self.links[e].stalled[dir] {
                     self.heal_stall(e, dir);
@@ -1828,13 +1975,15 @@ impl World {
             None => {
                 self.report.notes.push("no element in sync at the end: history taken from the most advanced".into());
                 (0..self.elements.len())
-                    .max_by_key(|&e| (self.elements[e].vols.iter().map(|v| v.applied().0).sum::<u64>(), Reverse(e)))
+                    .max_by_key(|&e| {
+                        (self.elements[e].storage.vols.iter().map(|v| v.applied().0).sum::<u64>(), Reverse(e))
+                    })
                     .expect("at least one element")
             }
         };
         for &e in in_sync.iter().skip(1) {
             for v in 0..self.sc.volumes {
-                let (a, b) = (&self.elements[canonical].vols[v], &self.elements[e].vols[v]);
+                let (a, b) = (&self.elements[canonical].storage.vols[v], &self.elements[e].storage.vols[v]);
                 if a.history != b.history {
                     let at = a.history.iter().zip(&b.history).position(|(x, y)| x != y);
                     let message = format!(
@@ -1854,7 +2003,7 @@ impl World {
         }
         for &e in &in_sync {
             for v in 0..self.sc.volumes {
-                let applied = self.elements[e].vols[v].applied();
+                let applied = self.elements[e].storage.vols[v].applied();
                 if applied != status.volumes[v].last_sequence {
                     let message = format!(
                         "in-sync element e{e} has applied volume {v} through {applied}, the host element is at {}",
@@ -1865,7 +2014,8 @@ impl World {
             }
         }
         let loss_allowed = 2 * self.o.quorum <= self.o.elements;
-        let history: Vec<Vec<Epoch>> = self.elements[canonical].vols.iter().map(|v| v.history.clone()).collect();
+        let history: Vec<Vec<Epoch>> =
+            self.elements[canonical].storage.vols.iter().map(|v| v.history.clone()).collect();
         let mut lost = Vec::new();
         for (id, op) in self.model.ops() {
             if !op.kind.write_like() || op.outcome != Outcome::Ok {

@@ -20,6 +20,7 @@
 
 mod block_map;
 mod checkpoint;
+mod element_storage;
 mod error;
 mod log;
 mod meta;

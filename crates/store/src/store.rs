@@ -23,7 +23,7 @@ use crate::{
     meta::{Meta, VolumeMeta},
     reclaim::{self, Reclaim},
     sys,
-    volume::{Volume, VolumeState},
+    volume::{MapSlice, Volume, VolumeState},
     CommitOutcome, Rejected, StoreError, StoreOptions, VolumeDigest, VolumeHandle, CHECKPOINT_LAG_SEGMENTS_MAX,
     CHECKPOINT_LOG_BYTES_MAX, CHECKPOINT_LOG_BYTES_MIN, LOCK_WAIT_MS, RECLAIM_PUNCH_BYTES_MAX, RECLAIM_SCAN_BLOCKS_MAX,
     VOLUMES_MAX, VOLUME_BYTES_MAX, VOLUME_NAME_BYTES_MAX, WRITEBACK_KICK_BYTES,
@@ -122,6 +122,9 @@ struct FoundSegment {
     /// `(previous segment, end of its log)` if the segment was written to.
     header: Option<(u64, u64)>,
 }
+
+/// Reads tried without the volume lock before one under it (see [`Store::read`]).
+const READ_UNLOCKED_ATTEMPTS_MAX: u32 = 4;
 
 impl Store {
     /// Open the store in `dir`, creating an empty one if `dir` is empty or missing, and
@@ -614,11 +617,33 @@ impl Store {
         let Some(geometry) = Geometry::of(offset_bytes, length_bytes as u64) else {
             return Ok((volume.state.read().expect("volume lock").applied, Bytes::new()));
         };
-        let mut buffer = BytesMut::zeroed(((geometry.last - geometry.first + 1) * BLOCK_BYTES) as usize);
-        let state = volume.state.read().expect("volume lock");
-        volume.read_blocks(&state.map, geometry.first, &mut buffer)?;
-        let applied = state.applied;
-        drop(state);
+        let count = geometry.last - geometry.first + 1;
+        let mut buffer = BytesMut::zeroed((count * BLOCK_BYTES) as usize);
+        // The disk read runs without the volume lock, so that a slow read never delays a
+        // commit's apply; a commit that changed a block under it shows as a checksum mismatch
+        // with a newer applied sequence, and the read is tried again (the last time under the
+        // lock). A mismatch at an unchanged sequence is real damage.
+        let mut attempt = 0;
+        let applied = loop {
+            attempt += 1;
+            let state = volume.state.read().expect("volume lock");
+            if attempt > READ_UNLOCKED_ATTEMPTS_MAX {
+                volume.read_blocks(&state.map, geometry.first, &mut buffer)?;
+                break state.applied;
+            }
+            let (map, applied) = (MapSlice::of(&state.map, geometry.first, count), state.applied);
+            drop(state);
+            match volume.read_blocks_unlocked(&map, &mut buffer) {
+                Ok(()) => break applied,
+                Err(e @ StoreError::BlockChecksum { .. }) => {
+                    if volume.state.read().expect("volume lock").applied == applied {
+                        return Err(e);
+                    }
+                    buffer.fill(0);
+                }
+                Err(e) => return Err(e),
+            }
+        };
         let skip = (offset_bytes - geometry.first * BLOCK_BYTES) as usize;
         Ok((applied, buffer.freeze().slice(skip..skip + length_bytes as usize)))
     }

@@ -28,6 +28,18 @@ pub struct Volume {
     pub copy: std::sync::Mutex<Option<crate::CopyState>>,
 }
 
+/// The block map's (allocated, crc) of a run of blocks, copied under the volume lock.
+pub struct MapSlice {
+    pub first: u64,
+    pub entries: Vec<(bool, u32)>,
+}
+
+impl MapSlice {
+    pub fn of(map: &BlockMap, first: u64, count: u64) -> MapSlice {
+        MapSlice { first, entries: (first..first + count).map(|b| (map.is_allocated(b), map.crc(b))).collect() }
+    }
+}
+
 pub struct VolumeState {
     pub applied: Sequence,
     /// Epoch of the record of sequence `applied` (0 before the first).
@@ -177,6 +189,26 @@ impl Volume {
                 }
             }
             block = run_end;
+        }
+        Ok(())
+    }
+
+    /// As [`Volume::read_blocks`], against a copy of the block map's entries taken under the
+    /// volume lock, without holding it: a record applied meanwhile can make a block fail its
+    /// (old) checksum, which the caller tells from real damage by the applied sequence.
+    pub fn read_blocks_unlocked(&self, map: &MapSlice, out: &mut [u8]) -> Result<(), StoreError> {
+        debug_assert_eq!(out.len() as u64 % BLOCK_BYTES, 0);
+        for (i, (allocated, crc)) in map.entries.iter().enumerate() {
+            if !allocated {
+                continue;
+            }
+            let b = map.first + i as u64;
+            let content = &mut out[i * BLOCK_BYTES as usize..(i + 1) * BLOCK_BYTES as usize];
+            self.data.read_exact_at(content, b * BLOCK_BYTES).map_err(io_error("read volume data", &self.data_path))?;
+            let actual = crc32c::crc32c(content);
+            if actual != *crc {
+                return Err(self.checksum_error(b, *crc, actual));
+            }
         }
         Ok(())
     }

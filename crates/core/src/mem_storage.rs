@@ -1,0 +1,440 @@
+//! Element storage in memory: [`ElementStorage`] with the semantics of `crates/store` and a
+//! disk that can fail, for the simulator and the cores' tests.
+//!
+//! A commit is *written* when the core's job is taken (it sits in the page cache: `unsynced`)
+//! and *durable* once the simulated fdatasync completes ([`MemStorage::sync`]); only then does
+//! the element hear of it. A crash decides what the unsynced job leaves behind: a killed
+//! process keeps what it had written (the page cache survives), a power loss keeps a prefix of
+//! the batch (the caller draws it) and may tear the next record (discarded by its checksum). Per-block
+//! checksums fail reads of a corrupt block; a corrupt replay-log record fails its fetch; a full
+//! disk makes the next change fail and the store refuse changes until it is reopened.
+
+use std::collections::{BTreeSet, VecDeque};
+
+use crate::element::{CommitDone, LocalVolume, VolumeInfo};
+use crate::storage::ElementStorage;
+use bytes::Bytes;
+use proto::{BlockChunk, BlockExtent, BlockSummary, Epoch, Op, Record, Sequence, VolumeSpec, BLOCK_BYTES};
+
+/// What a power loss leaves of the job that was written but not synced.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PowerLoss {
+    /// Records of the unsynced commit that reached the disk (a prefix).
+    pub records_kept: usize,
+    /// The next record was torn (discarded by its checksum at the next start).
+    pub torn: bool,
+    /// An unsynced epoch adoption reached the disk.
+    pub epoch_kept: bool,
+}
+
+/// Replay-log bookkeeping per record beyond its payload.
+const LOG_RECORD_OVERHEAD_BYTES: u64 = 64;
+
+pub struct Volume {
+    pub name: String,
+    pub data: Vec<u8>,
+    /// Per 4 KiB block: holds data (false: a hole that reads as zeroes).
+    pub allocated: Vec<bool>,
+    /// Epoch of every applied record, index = sequence − 1. The simulator's ground truth of
+    /// this replica's history (the real element keeps only the bounded replay log).
+    pub history: Vec<Epoch>,
+    log: VecDeque<Record>,
+    log_bytes: u64,
+}
+
+impl Volume {
+    pub fn applied(&self) -> Sequence {
+        Sequence(self.history.len() as u64)
+    }
+
+    /// Epoch of the last applied record (0 before the first), as `Store::applied_epoch`.
+    pub fn applied_epoch(&self) -> Epoch {
+        self.history.last().copied().unwrap_or(Epoch(0))
+    }
+}
+
+/// A peer's volume as a full recovery copies it (the real copy's chunk-by-chunk, resumable
+/// walk is not modelled, only its outcome).
+#[derive(Debug)]
+pub struct VolumeCopy {
+    pub data: Vec<u8>,
+    pub allocated: Vec<bool>,
+    pub history: Vec<Epoch>,
+}
+
+/// Written, not yet synced.
+enum Unsynced {
+    Records(Vec<(usize, Record)>),
+    Epoch(Epoch),
+}
+
+pub struct MemStorage {
+    /// The epoch on disk: adopted, or raised by committed records.
+    pub epoch: Epoch,
+    pub vols: Vec<Volume>,
+    volume_bytes: u64,
+    replay_log_bytes: u64,
+    /// Off in the `no-fencing` broken variant (as the element core's `fencing`).
+    fencing: bool,
+    unsynced: Option<Unsynced>,
+    pub disk_full: bool,
+    /// A change failed: refuses changes until the element restarts.
+    pub poisoned: bool,
+    pub fsync_us: u64,
+    pub slow_disk_factor: u64,
+    pub corrupt_blocks: BTreeSet<(usize, u64)>,
+    pub corrupt_log: BTreeSet<(usize, u64)>,
+    pub torn_records: u64,
+    pub unsynced_lost: u64,
+    /// Records applied with an epoch older than the last record of another volume here (the
+    /// roll-forward of a volume that another volume had already left behind; the old
+    /// store-wide fencing refused them: core bug 1 in docs/testing.md).
+    pub applied_behind_another_volume: u64,
+}
+
+impl MemStorage {
+    pub fn new(volume_bytes: u64, fsync_us: u64, replay_log_bytes: u64, fencing: bool) -> MemStorage {
+        MemStorage {
+            epoch: Epoch(0),
+            vols: Vec::new(),
+            volume_bytes,
+            replay_log_bytes,
+            fencing,
+            unsynced: None,
+            disk_full: false,
+            poisoned: false,
+            fsync_us,
+            slow_disk_factor: 1,
+            corrupt_blocks: BTreeSet::new(),
+            corrupt_log: BTreeSet::new(),
+            torn_records: 0,
+            unsynced_lost: 0,
+            applied_behind_another_volume: 0,
+        }
+    }
+
+    pub fn add_volume(&mut self, name: String) -> LocalVolume {
+        let blocks = (self.volume_bytes / BLOCK_BYTES) as usize;
+        self.vols.push(Volume {
+            name,
+            data: vec![0; self.volume_bytes as usize],
+            allocated: vec![false; blocks],
+            history: Vec::new(),
+            log: VecDeque::new(),
+            log_bytes: 0,
+        });
+        LocalVolume(self.vols.len() as u32 - 1)
+    }
+
+    /// How long the sync of what is written takes.
+    pub fn sync_delay_us(&self) -> u64 {
+        let bytes = match &self.unsynced {
+            Some(Unsynced::Records(records)) => records.iter().map(|(_, r)| r.op.payload_bytes()).sum(),
+            _ => 0,
+        };
+        (self.fsync_us + bytes / 400) * self.slow_disk_factor
+    }
+
+    /// The fdatasync completed: what was written is durable and applied.
+    pub fn sync(&mut self) {
+        match self.unsynced.take() {
+            Some(Unsynced::Records(records)) => {
+                for (vi, record) in &records {
+                    self.apply(*vi, record);
+                }
+            }
+            Some(Unsynced::Epoch(epoch)) => self.epoch = self.epoch.max(epoch),
+            None => {}
+        }
+    }
+
+    /// Whether records of volume `vi` are written but not synced.
+    pub fn unsynced_records_of(&self, vi: usize) -> bool {
+        matches!(&self.unsynced, Some(Unsynced::Records(records)) if records.iter().any(|(v, _)| *v == vi))
+    }
+
+    /// Newest sequence of `vi` written (synced or not).
+    pub fn written_through(&self, vi: usize) -> Sequence {
+        let mut written = self.vols[vi].applied();
+        if let Some(Unsynced::Records(records)) = &self.unsynced {
+            for (v, record) in records {
+                if *v == vi {
+                    written = record.sequence;
+                }
+            }
+        }
+        written
+    }
+
+    /// Records written but not synced.
+    pub fn unsynced_records(&self) -> usize {
+        match &self.unsynced {
+            Some(Unsynced::Records(records)) => records.len(),
+            _ => 0,
+        }
+    }
+
+    /// The process stops (`None`: killed, the page cache survives) or the machine loses power:
+    /// what the unsynced job leaves behind depends on which.
+    pub fn crash(&mut self, power_loss: Option<PowerLoss>) {
+        match self.unsynced.take() {
+            Some(Unsynced::Records(records)) => {
+                let keep = power_loss.map_or(records.len(), |p| p.records_kept.min(records.len()));
+                if keep < records.len() && power_loss.is_some_and(|p| p.torn) {
+                    self.torn_records += 1;
+                }
+                self.unsynced_lost += (records.len() - keep) as u64;
+                for (vi, record) in &records[..keep] {
+                    self.apply(*vi, record);
+                }
+            }
+            // The metadata write of a newer epoch may or may not have reached the disk.
+            Some(Unsynced::Epoch(epoch)) if power_loss.is_none_or(|p| p.epoch_kept) => {
+                self.epoch = self.epoch.max(epoch)
+            }
+            Some(Unsynced::Epoch(_)) | None => {}
+        }
+    }
+
+    fn refuse_changes(&mut self) -> Option<String> {
+        if self.disk_full || self.poisoned {
+            self.poisoned = true;
+            return Some("no space left on device (the store refuses changes until reopened)".into());
+        }
+        None
+    }
+
+    fn partially_covered_corrupt_block(&self, vi: usize, record: &Record) -> Option<u64> {
+        let start = record.op.offset_bytes();
+        let end = start + record.op.length_bytes();
+        (start / BLOCK_BYTES..end.div_ceil(BLOCK_BYTES)).find(|b| {
+            let covered = start <= b * BLOCK_BYTES && end >= (b + 1) * BLOCK_BYTES;
+            !covered && self.corrupt_blocks.contains(&(vi, *b))
+        })
+    }
+
+    fn apply(&mut self, vi: usize, record: &Record) {
+        if self.vols.iter().enumerate().any(|(j, w)| j != vi && w.applied_epoch() > record.epoch) {
+            self.applied_behind_another_volume += 1;
+        }
+        let v = &mut self.vols[vi];
+        assert_eq!(record.sequence, v.applied().next(), "storage applies strictly in sequence order");
+        let start = record.op.offset_bytes();
+        let end = start + record.op.length_bytes();
+        let zeroing = !matches!(record.op, Op::Write { .. });
+        match &record.op {
+            Op::Write { data, .. } => v.data[start as usize..end as usize].copy_from_slice(data),
+            _ => v.data[start as usize..end as usize].fill(0),
+        }
+        for b in start / BLOCK_BYTES..end.div_ceil(BLOCK_BYTES) {
+            let covered = start <= b * BLOCK_BYTES && end >= (b + 1) * BLOCK_BYTES;
+            if !zeroing {
+                v.allocated[b as usize] = true;
+            } else if covered {
+                v.allocated[b as usize] = false;
+            }
+            if covered {
+                self.corrupt_blocks.remove(&(vi, b));
+            }
+        }
+        v.history.push(record.epoch);
+        self.epoch = self.epoch.max(record.epoch);
+        v.log_bytes += record.op.payload_bytes() + LOG_RECORD_OVERHEAD_BYTES;
+        v.log.push_back(record.clone());
+        while v.log_bytes > self.replay_log_bytes && v.log.len() > 1 {
+            let old = v.log.pop_front().expect("non-empty");
+            v.log_bytes -= old.op.payload_bytes() + LOG_RECORD_OVERHEAD_BYTES;
+            self.corrupt_log.remove(&(vi, old.sequence.0));
+        }
+    }
+
+    /// The volume as a full recovery copies it (`Err` if a block fails its checksum, as the
+    /// real source's verified read does).
+    pub fn copy_volume(&self, vi: usize) -> Result<VolumeCopy, String> {
+        if let Some((_, b)) = self.corrupt_blocks.iter().find(|(v, _)| *v == vi) {
+            return Err(format!("peer could not send blocks: block {b} fails its checksum"));
+        }
+        let v = &self.vols[vi];
+        Ok(VolumeCopy { data: v.data.clone(), allocated: v.allocated.clone(), history: v.history.clone() })
+    }
+
+    /// Install a copy durably; the volume's replay log (its pre-copy history) is dropped.
+    pub fn install_copy(&mut self, vi: usize, copy: VolumeCopy) {
+        let v = &mut self.vols[vi];
+        v.data = copy.data;
+        v.allocated = copy.allocated;
+        v.history = copy.history;
+        v.log.clear();
+        v.log_bytes = 0;
+        self.corrupt_blocks.retain(|(w, _)| *w != vi);
+        self.corrupt_log.retain(|(w, _)| *w != vi);
+        self.epoch = self.epoch.max(self.vols[vi].applied_epoch());
+    }
+
+    /// The blocks of volume `vi` that hold data (to corrupt one).
+    pub fn allocated_blocks(&self, vi: usize) -> Vec<u64> {
+        (0..self.vols[vi].allocated.len() as u64).filter(|b| self.vols[vi].allocated[*b as usize]).collect()
+    }
+
+    /// The sequences volume `vi`'s replay log holds (to corrupt one).
+    pub fn logged_sequences(&self, vi: usize) -> Vec<u64> {
+        self.vols[vi].log.iter().map(|r| r.sequence.0).collect()
+    }
+
+    /// Forget the replay log before `sequence` (as a store whose retention ran out).
+    pub fn truncate_log_before(&mut self, vi: usize, sequence: Sequence) {
+        let v = &mut self.vols[vi];
+        while v.log.front().is_some_and(|r| r.sequence < sequence) {
+            let old = v.log.pop_front().expect("non-empty");
+            v.log_bytes -= old.op.payload_bytes() + LOG_RECORD_OVERHEAD_BYTES;
+        }
+    }
+}
+
+impl ElementStorage for MemStorage {
+    fn epoch(&self) -> Epoch {
+        self.epoch
+    }
+
+    fn adopt_epoch(&mut self, epoch: Epoch) -> Result<(), String> {
+        assert!(self.unsynced.is_none(), "one storage job at a time");
+        if let Some(reason) = self.refuse_changes() {
+            return Err(reason);
+        }
+        self.unsynced = Some(Unsynced::Epoch(epoch));
+        Ok(())
+    }
+
+    fn ensure_volume(&mut self, spec: &VolumeSpec) -> Result<LocalVolume, String> {
+        match self.vols.iter().position(|v| v.name == spec.name) {
+            Some(i) => Ok(LocalVolume(i as u32)),
+            None => Ok(self.add_volume(spec.name.clone())),
+        }
+    }
+
+    fn info(&self, volume: LocalVolume) -> VolumeInfo {
+        let v = &self.vols[volume.0 as usize];
+        VolumeInfo { applied: v.applied(), applied_epoch: v.applied_epoch(), copying: false }
+    }
+
+    /// As `Store::commit`, except that the accepted records are only written here: they are
+    /// applied by [`MemStorage::sync`], and the outcome is what they will have done then.
+    fn commit(&mut self, batch: &[(LocalVolume, Record)]) -> Result<CommitDone, String> {
+        assert!(self.unsynced.is_none(), "one storage job at a time");
+        if let Some(reason) = self.refuse_changes() {
+            return Err(format!("commit failed: {reason}"));
+        }
+        let mut done = CommitDone::default();
+        let mut running: Vec<(Sequence, Epoch)> = self.vols.iter().map(|v| (v.applied(), v.applied_epoch())).collect();
+        let mut accepted = Vec::new();
+        for (index, (volume, record)) in batch.iter().enumerate() {
+            let vi = volume.0 as usize;
+            let (applied, epoch) = running[vi];
+            if record.sequence <= applied {
+                continue;
+            }
+            let refusal = if self.fencing && record.epoch < epoch {
+                Some(format!(
+                    "record {} of stale epoch {} (the volume's last is of epoch {epoch})",
+                    record.sequence, record.epoch
+                ))
+            } else if record.sequence != applied.next() {
+                Some(format!("gap: applied {applied} but got {}", record.sequence))
+            } else {
+                self.partially_covered_corrupt_block(vi, record)
+                    .map(|b| format!("block {b}: checksum mismatch in the base of a partial write"))
+            };
+            if let Some(reason) = refusal {
+                done.rejected.push((index, format!("volume {}: {reason}", self.vols[vi].name)));
+                continue;
+            }
+            running[vi] = (record.sequence, record.epoch);
+            accepted.push((vi, record.clone()));
+        }
+        let mut touched: Vec<usize> = batch.iter().map(|(v, _)| v.0 as usize).collect();
+        touched.dedup();
+        touched.sort_unstable();
+        touched.dedup();
+        done.applied = touched.into_iter().map(|vi| (LocalVolume(vi as u32), running[vi].0, running[vi].1)).collect();
+        self.unsynced = Some(Unsynced::Records(accepted));
+        Ok(done)
+    }
+
+    fn read(&self, volume: LocalVolume, offset_bytes: u64, length_bytes: u32) -> Result<(Sequence, Bytes), String> {
+        let vi = volume.0 as usize;
+        let v = &self.vols[vi];
+        let first = offset_bytes / BLOCK_BYTES;
+        let end = (offset_bytes + length_bytes as u64).div_ceil(BLOCK_BYTES);
+        if let Some(b) = (first..end).find(|b| self.corrupt_blocks.contains(&(vi, *b))) {
+            return Err(format!("volume {} block {b}: checksum mismatch", v.name));
+        }
+        let data =
+            Bytes::copy_from_slice(&v.data[offset_bytes as usize..(offset_bytes + length_bytes as u64) as usize]);
+        Ok((v.applied(), data))
+    }
+
+    fn block_status(
+        &self,
+        volume: LocalVolume,
+        offset_bytes: u64,
+        length_bytes: u64,
+    ) -> Result<(Sequence, Vec<BlockExtent>), String> {
+        let v = &self.vols[volume.0 as usize];
+        let mut extents: Vec<BlockExtent> = Vec::new();
+        let end_bytes = offset_bytes + length_bytes;
+        let mut at = offset_bytes;
+        while at < end_bytes {
+            let block = at / BLOCK_BYTES;
+            let next = ((block + 1) * BLOCK_BYTES).min(end_bytes);
+            let allocated = v.allocated[block as usize];
+            match extents.last_mut() {
+                Some(last) if last.allocated == allocated => last.length_bytes += next - at,
+                _ => extents.push(BlockExtent { length_bytes: next - at, allocated }),
+            }
+            at = next;
+        }
+        Ok((v.applied(), extents))
+    }
+
+    fn log_records(&self, volume: LocalVolume, after: Sequence, max_bytes: u64) -> Result<Vec<Record>, String> {
+        let vi = volume.0 as usize;
+        let v = &self.vols[vi];
+        let last = v.applied();
+        if after >= last {
+            return Ok(Vec::new());
+        }
+        let Some(front) = v.log.front() else {
+            return Err(format!("sequence {} is no longer in the replay log (it is empty)", after.next()));
+        };
+        if front.sequence > after.next() {
+            return Err(format!(
+                "sequence {} is no longer in the replay log (oldest {})",
+                after.next(),
+                front.sequence
+            ));
+        }
+        let mut records = Vec::new();
+        let mut bytes = 0;
+        let start = (after.next().0 - front.sequence.0) as usize;
+        for record in v.log.iter().skip(start) {
+            if record.sequence > last || (!records.is_empty() && bytes + record.op.payload_bytes() > max_bytes) {
+                break;
+            }
+            if self.corrupt_log.contains(&(vi, record.sequence.0)) {
+                return Err(format!("replay log record {} fails its checksum", record.sequence));
+            }
+            bytes += record.op.payload_bytes();
+            records.push(record.clone());
+        }
+        Ok(records)
+    }
+
+    fn copy_chunk(
+        &self,
+        _volume: LocalVolume,
+        _first_block: u64,
+        _have: &[BlockSummary],
+    ) -> Result<BlockChunk, String> {
+        Err("the simulator copies a volume whole (MemStorage::copy_volume), not chunk by chunk".into())
+    }
+}

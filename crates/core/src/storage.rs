@@ -1,0 +1,69 @@
+//! What the element core asks of storage, as a trait: `store::Store` implements it over files
+//! (through `&Store`), and the simulator implements it in memory with a live and a durable
+//! image (`crates/sim/src/storage.rs`). [`serve`] answers the read-only requests the core hands
+//! out as `ElementAction::Serve`, the same way over either.
+
+use bytes::Bytes;
+use proto::{BlockChunk, BlockExtent, BlockSummary, ElementMessage, Epoch, HostMessage, Record, Sequence, VolumeSpec};
+
+use crate::element::{CommitDone, LocalVolume, VolumeInfo};
+use crate::limits::LOG_REPLY_BYTES_MAX;
+
+/// An element's storage. Failures are reasons (the element's session gets them as a fault or
+/// an error reply). Changes are durable when the call returns; an implementation that models
+/// time (the simulator) reports the job to the core only once it is.
+pub trait ElementStorage {
+    /// The epoch storage follows (raised by adopting one, and by committing newer records).
+    fn epoch(&self) -> Epoch;
+    fn adopt_epoch(&mut self, epoch: Epoch) -> Result<(), String>;
+    /// The volume named in `spec`, created if new (local volumes are numbered densely).
+    fn ensure_volume(&mut self, spec: &VolumeSpec) -> Result<LocalVolume, String>;
+    fn info(&self, volume: LocalVolume) -> VolumeInfo;
+    /// Log the records with one sync, then apply them in order; refused records are listed in
+    /// the outcome and change nothing. `Err`: storage failed and takes no more changes.
+    fn commit(&mut self, batch: &[(LocalVolume, Record)]) -> Result<CommitDone, String>;
+    /// Read with the applied sequence the data reflects; a block that fails its checksum is
+    /// an error, never data.
+    fn read(&self, volume: LocalVolume, offset_bytes: u64, length_bytes: u32) -> Result<(Sequence, Bytes), String>;
+    fn block_status(
+        &self,
+        volume: LocalVolume,
+        offset_bytes: u64,
+        length_bytes: u64,
+    ) -> Result<(Sequence, Vec<BlockExtent>), String>;
+    /// Replay-log records after `after`: at least one, then up to `max_bytes`.
+    fn log_records(&self, volume: LocalVolume, after: Sequence, max_bytes: u64) -> Result<Vec<Record>, String>;
+    /// A full recovery's chunk: the blocks from `first_block` that differ from `have`.
+    fn copy_chunk(&self, volume: LocalVolume, first_block: u64, have: &[BlockSummary]) -> Result<BlockChunk, String>;
+}
+
+/// Answer a read-only request (`Read`, `BlockStatus`, `FetchLog`, `FetchBlocks`).
+pub fn serve(storage: &impl ElementStorage, volume: LocalVolume, request: HostMessage) -> ElementMessage {
+    match request {
+        HostMessage::Read { request_id, offset_bytes, length_bytes, .. } => {
+            let (applied_sequence, result) = match storage.read(volume, offset_bytes, length_bytes) {
+                Ok((sequence, data)) => (sequence, Ok(data)),
+                Err(e) => (storage.info(volume).applied, Err(e)),
+            };
+            ElementMessage::ReadReply { request_id, applied_sequence, result }
+        }
+        HostMessage::BlockStatus { request_id, offset_bytes, length_bytes, .. } => {
+            let (applied_sequence, result) = match storage.block_status(volume, offset_bytes, length_bytes) {
+                Ok((sequence, extents)) => (sequence, Ok(extents)),
+                Err(e) => (storage.info(volume).applied, Err(e)),
+            };
+            ElementMessage::BlockStatusReply { request_id, applied_sequence, result }
+        }
+        HostMessage::FetchLog { request_id, volume: session_volume, after, max_bytes } => {
+            // Bounded so that the reply always fits one frame, whatever was asked.
+            let result = storage
+                .log_records(volume, after, max_bytes.min(LOG_REPLY_BYTES_MAX))
+                .map(|records| records.into_iter().map(|r| Record { volume: session_volume, ..r }).collect::<Vec<_>>());
+            ElementMessage::LogRecords { request_id, result }
+        }
+        HostMessage::FetchBlocks { request_id, first_block, have, .. } => {
+            ElementMessage::Blocks { request_id, result: storage.copy_chunk(volume, first_block, &have) }
+        }
+        other => unreachable!("the core serves only read-only requests, not {other:?}"),
+    }
+}
