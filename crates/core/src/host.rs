@@ -10,6 +10,7 @@ use std::collections::{HashMap, VecDeque};
 use bytes::Bytes;
 use proto::{BlockExtent, ElementMessage, Epoch, HostMessage, Op, Record, Sequence, VolumeId, VolumeSpec, VolumeState};
 
+use crate::failure::Failure;
 use crate::limits;
 use crate::read_cache::ReadCache;
 use crate::write_queue::{Entry, HostReply, WriteQueue};
@@ -161,7 +162,7 @@ impl RecoveryKind {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Event {
     Ready { volume: VolumeId, last: Sequence },
-    ElementFailed { element: ElementId, reason: String },
+    ElementFailed { element: ElementId, reason: Failure },
     RecoveryStarted { element: ElementId, kind: RecoveryKind, records: u64, source: Option<ElementId> },
     RecoveryProgress { element: ElementId, message: String },
     ElementInSync { element: ElementId },
@@ -191,7 +192,7 @@ pub enum Action {
 enum ElementState {
     InSync,
     Recovering(RecoveryKind),
-    Failed(String),
+    Failed(Failure),
 }
 
 #[derive(Clone, Debug)]
@@ -248,7 +249,7 @@ struct ElementRuntime {
     copy_passes: u32,
     /// The verdict "no peer's replay log can bring it back", with the sequences it held then:
     /// while it comes back with the same, it is not sent after the same peers again.
-    needs_full: Option<(Vec<Sequence>, String)>,
+    needs_full: Option<(Vec<Sequence>, Failure)>,
     /// The current session ended in a failure with a reason of its own.
     failed_in_session: bool,
 }
@@ -388,7 +389,9 @@ pub struct ElementStatus {
     pub name: String,
     /// "in-sync", "recovering" or "failed".
     pub state: &'static str,
+    /// Why it is failed, as `starfish status` shows it (`failure`, as text).
     pub reason: Option<String>,
+    pub failure: Option<Failure>,
     /// Per volume, in configuration order.
     pub applied_sequence: Vec<Sequence>,
     /// Writes behind the newest assigned sequence, summed over volumes.
@@ -419,7 +422,7 @@ impl HostCore {
             .iter()
             .map(|name| ElementRuntime {
                 name: name.clone(),
-                state: ElementState::Failed("not connected yet".into()),
+                state: ElementState::Failed(Failure::NotConnectedYet),
                 session: false,
                 welcomed: false,
                 welcome: None,
@@ -543,14 +546,14 @@ impl HostCore {
         e.welcome = None;
         match &e.state {
             ElementState::InSync | ElementState::Recovering(_) => {
-                return self.fail_element(now, element, format!("connection lost: {reason}"), false)
+                return self.fail_element(now, element, Failure::ConnectionLost(reason.to_string()), false)
             }
             // A reason given when the element was failed in this session stays: it says more.
             ElementState::Failed(_) if was_session && e.failed_in_session => {}
             ElementState::Failed(_) if was_session => {
-                e.state = ElementState::Failed(format!("connection lost during the handshake: {reason}"))
+                e.state = ElementState::Failed(Failure::HandshakeLost(reason.to_string()))
             }
-            ElementState::Failed(_) => e.state = ElementState::Failed(format!("cannot connect: {reason}")),
+            ElementState::Failed(_) => e.state = ElementState::Failed(Failure::CannotConnect(reason.to_string())),
         }
         self.abandon_requests_to(now, element);
     }
@@ -564,7 +567,7 @@ impl HostCore {
         match message {
             ElementMessage::Welcome { epoch, volumes } => self.on_welcome(now, element, epoch, volumes),
             ElementMessage::Refused { reason } => {
-                self.fail_element(now, element, format!("refused the session: {reason}"), true)
+                self.fail_element(now, element, Failure::SessionRefused(reason), true)
             }
             ElementMessage::Applied { volume, sequence } => self.on_applied(now, element, volume, sequence),
             ElementMessage::ReadReply { request_id, applied_sequence, result } => {
@@ -591,30 +594,22 @@ impl HostCore {
                 }
             }
             ElementMessage::Blocks { .. } => {
-                self.fail_element(now, element, "protocol: unsolicited blocks".into(), true)
+                self.fail_element(now, element, Failure::Protocol("unsolicited blocks".into()), true)
             }
-            ElementMessage::Fault { reason } => self.fail_element(now, element, format!("fault: {reason}"), true),
+            ElementMessage::Fault { reason } => self.fail_element(now, element, Failure::Fault(reason), true),
         }
     }
 
     fn on_welcome(&mut self, now: Time, element: ElementId, epoch: Epoch, volumes: Vec<VolumeState>) {
         let e = &mut self.elements[element.0 as usize];
         if e.welcomed {
-            return self.fail_element(now, element, "protocol: second welcome".into(), true);
+            return self.fail_element(now, element, Failure::Protocol("second welcome".into()), true);
         }
         if volumes.len() != self.volumes.len() {
-            return self.fail_element(now, element, "protocol: welcome volume count".into(), true);
+            return self.fail_element(now, element, Failure::Protocol("welcome volume count".into()), true);
         }
         if epoch > self.config.epoch {
-            return self.fail_element(
-                now,
-                element,
-                format!(
-                    "fenced: the element has seen epoch {epoch}, newer than ours ({}); another host element owns it",
-                    self.config.epoch
-                ),
-                true,
-            );
+            return self.fail_element(now, element, Failure::Fenced { seen: epoch, ours: self.config.epoch }, true);
         }
         e.welcomed = true;
         e.next_ping = now;
@@ -649,6 +644,10 @@ impl HostCore {
             let last = v.queue.last_sequence();
             let name = &v.spec.name;
             // What the volume holds cannot be brought forward by records: copy blocks.
+            let diverged = state.applied_epoch != Epoch(0)
+                && !state.copying
+                && applied <= last
+                && v.queue.epoch_at(applied).is_some_and(|ours| ours != state.applied_epoch);
             let why_copy = if state.copying {
                 Some("an interrupted full recovery resumes".to_string())
             } else if applied > last {
@@ -664,9 +663,10 @@ impl HostCore {
             };
             if let Some(why) = why_copy {
                 if source.is_none() {
-                    return self.fail_element(now, element, format!(
+                    let reason = format!(
                         "volume {name}: {why}; needs full recovery, and no in-sync peer (with a known address) to copy from"
-                    ), true);
+                    );
+                    return self.fail_element(now, element, Failure::Unrecoverable { reason, diverged }, true);
                 }
                 copying[i] = true;
                 replaying[i] = true;
@@ -679,10 +679,11 @@ impl HostCore {
                 applied != Sequence::ZERO && state.applied_epoch != Epoch(0) && v.queue.epoch_at(applied).is_none();
             if !v.queue.covers_after(applied) || unverifiable {
                 if source.is_none() {
-                    return self.fail_element(now, element, format!(
+                    let reason = format!(
                         "volume {name}: missed writes {}..={last}, no longer in the write queue (it starts after {}), and no in-sync peer to replay them from",
                         applied.next(), v.queue.evicted_through()
-                    ), true);
+                    );
+                    return self.fail_element(now, element, Failure::Unrecoverable { reason, diverged: false }, true);
                 }
                 replaying[i] = true;
             }
@@ -809,14 +810,19 @@ impl HostCore {
                 "{why}; {} full recovery passes did not catch up (writes outrun the recovery: raise --recovery-rate or the peers' --replay-log); retrying when it reconnects",
                 limits::COPY_PASSES_MAX
             );
-            return self.fail_element(now, element, reason, true);
+            return self.fail_element(now, element, Failure::Unrecoverable { reason, diverged: false }, true);
         }
         e.replay_tried = ElementSet::default();
         let Some(source) = self.replay_source(element) else {
             return self.fail_element(
                 now,
                 element,
-                format!("{why}; needs full recovery, and no in-sync peer (with a known address) to copy from"),
+                Failure::Unrecoverable {
+                    reason: format!(
+                        "{why}; needs full recovery, and no in-sync peer (with a known address) to copy from"
+                    ),
+                    diverged: false,
+                },
                 true,
             );
         };
@@ -851,10 +857,10 @@ impl HostCore {
                     return self.fail_element(
                         now,
                         element,
-                        format!(
-                            "protocol: copied volume {} up to sequence {base}, newer than any assigned",
+                        Failure::Protocol(format!(
+                            "copied volume {} up to sequence {base}, newer than any assigned",
                             v.spec.name
-                        ),
+                        )),
                         true,
                     );
                 }
@@ -893,9 +899,12 @@ impl HostCore {
                         None => self.fail_element(
                             now,
                             element,
-                            format!(
-                            "copy of volume {name} done at sequence {base}, but no in-sync peer to replay the rest from"
-                        ),
+                            Failure::Unrecoverable {
+                                reason: format!(
+                                    "copy of volume {name} done at sequence {base}, but no in-sync peer to replay the rest from"
+                                ),
+                                diverged: false,
+                            },
                             true,
                         ),
                     }
@@ -917,14 +926,7 @@ impl HostCore {
                     }
                     None => {
                         self.elements[element.0 as usize].replay_tried = ElementSet::default();
-                        self.fail_element(
-                            now,
-                            element,
-                            format!(
-                            "full recovery from {source_name} failed: {reason} (it resumes when the element reconnects)"
-                        ),
-                            true,
-                        )
+                        self.fail_element(now, element, Failure::CopyFailed { source: source_name, reason }, true)
                     }
                 }
             }
@@ -987,8 +989,12 @@ impl HostCore {
                 {
                     return self.start_copy(now, element, volume, reason);
                 }
-                let reason =
-                    format!("{reason}; needs full recovery, and no in-sync peer (with a known address) to copy from");
+                let reason = Failure::Unrecoverable {
+                    reason: format!(
+                        "{reason}; needs full recovery, and no in-sync peer (with a known address) to copy from"
+                    ),
+                    diverged: false,
+                };
                 let elements = self.elements.len();
                 let e = &mut self.elements[element.0 as usize];
                 if e.replay_tried.len() + 1 >= elements {
@@ -1019,7 +1025,7 @@ impl HostCore {
         self.elements[element.0 as usize].sent_through[volume.0 as usize] = last;
     }
 
-    fn fail_element(&mut self, now: Time, element: ElementId, reason: String, disconnect: bool) {
+    fn fail_element(&mut self, now: Time, element: ElementId, reason: Failure, disconnect: bool) {
         let e = &mut self.elements[element.0 as usize];
         let was_live = e.live();
         e.state = ElementState::Failed(reason.clone());
@@ -1062,7 +1068,9 @@ impl HostCore {
             return self.fail_element(
                 now,
                 element,
-                format!("protocol: acknowledged sequence {sequence} of volume {volume}, newer than any assigned"),
+                Failure::Protocol(format!(
+                    "acknowledged sequence {sequence} of volume {volume}, newer than any assigned"
+                )),
                 true,
             );
         }
@@ -1406,7 +1414,7 @@ impl HostCore {
         };
         if read.element != element {
             self.reads.insert(request_id, read);
-            return self.fail_element(now, element, "protocol: reply to another element's read".into(), true);
+            return self.fail_element(now, element, Failure::Protocol("reply to another element's read".into()), true);
         }
         let vi = read.volume.0 as usize;
         let queue = &self.volumes[vi].queue;
@@ -1415,19 +1423,19 @@ impl HostCore {
             return self.fail_element(
                 now,
                 element,
-                format!("protocol: read reply claims sequence {applied}, beyond the newest"),
+                Failure::Protocol(format!("read reply claims sequence {applied}, beyond the newest")),
                 true,
             );
         }
         match (read.kind, result) {
             (_, ReadResult::Data(Err(reason)) | ReadResult::Extents(Err(reason))) => {
                 self.reads.insert(request_id, read);
-                self.fail_element(now, element, format!("read failed: {reason}"), true);
+                self.fail_element(now, element, Failure::ReadFailed(reason), true);
             }
             (ReadKind::Data { length_bytes }, ReadResult::Data(Ok(data))) => {
                 if data.len() != length_bytes as usize {
                     self.reads.insert(request_id, read);
-                    return self.fail_element(now, element, "protocol: short read reply".into(), true);
+                    return self.fail_element(now, element, Failure::Protocol("short read reply".into()), true);
                 }
                 if applied < queue.evicted_through() {
                     // Writes between what it applied and what we still hold are gone from the
@@ -1453,7 +1461,12 @@ impl HostCore {
             }
             _ => {
                 self.reads.insert(request_id, read);
-                self.fail_element(now, element, "protocol: reply kind does not match the request".into(), true);
+                self.fail_element(
+                    now,
+                    element,
+                    Failure::Protocol("reply kind does not match the request".into()),
+                    true,
+                );
             }
         }
     }
@@ -1536,7 +1549,12 @@ impl HostCore {
         let Some(fetch) = self.fetches.remove(&request_id) else { return };
         if fetch.element != element {
             self.fetches.insert(request_id, fetch);
-            return self.fail_element(now, element, "protocol: log records for another element's request".into(), true);
+            return self.fail_element(
+                now,
+                element,
+                Failure::Protocol("log records for another element's request".into()),
+                true,
+            );
         }
         let mut fetch = fetch;
         match result {
@@ -1555,10 +1573,7 @@ impl HostCore {
                 }
             }
             Err(reason) => {
-                self.emit(Action::Event(Event::ElementFailed {
-                    element,
-                    reason: format!("could not read its replay log: {reason}"),
-                }));
+                self.emit(Action::Event(Event::ElementFailed { element, reason: Failure::LogFetchFailed(reason) }));
             }
         }
         self.finish_fetch(now, fetch);
@@ -1647,9 +1662,9 @@ impl HostCore {
             if now >= e.last_heard.plus_ms(self.config.heartbeat_timeout_ms) {
                 let silent_ms = now.micros_since(e.last_heard) / 1000;
                 let reason = if e.welcomed {
-                    format!("no heartbeat for {silent_ms} ms")
+                    Failure::HeartbeatTimeout { silent_ms }
                 } else {
-                    format!("no answer to the handshake for {silent_ms} ms")
+                    Failure::HandshakeTimeout { silent_ms }
                 };
                 if !e.welcomed {
                     // Not live, so failing it would keep the old reason: set the new one.
@@ -1687,10 +1702,13 @@ impl HostCore {
             let name = self.volumes[vi].spec.name.clone();
             for element in laggards {
                 let behind = self.volumes[vi].queue.last_sequence().0 - self.elements[element.0 as usize].applied[vi].0;
-                self.fail_element(now, element, format!(
-                    "too slow: volume {name} write queue full for {} ms waiting for it to acknowledge sequence {sequence} ({behind} writes behind)",
-                    self.config.throttle_timeout_ms
-                ), true);
+                let waited_ms = self.config.throttle_timeout_ms;
+                self.fail_element(
+                    now,
+                    element,
+                    Failure::TooSlow { volume: name.clone(), waited_ms, sequence, behind },
+                    true,
+                );
             }
             self.volumes[vi].blocked_since = None;
             self.settle_volume(now, volume);
@@ -1722,7 +1740,7 @@ impl HostCore {
                     let (state, reason) = match &e.state {
                         ElementState::InSync => ("in-sync", None),
                         ElementState::Recovering(_) => ("recovering", None),
-                        ElementState::Failed(reason) => ("failed", Some(reason.clone())),
+                        ElementState::Failed(failure) => ("failed", Some(failure.clone())),
                     };
                     let lag = self
                         .volumes
@@ -1764,7 +1782,8 @@ impl HostCore {
                     ElementStatus {
                         name: e.name.clone(),
                         state,
-                        reason,
+                        reason: reason.as_ref().map(|f| f.to_string()),
+                        failure: reason,
                         applied_sequence: e.applied.clone(),
                         lag,
                         rtt_us: e.rtt_us,

@@ -6,6 +6,7 @@
 //! [`HostCore::poll_timeout`]. The shell (crates/shell) carries the actions out.
 
 mod element;
+mod failure;
 mod host;
 pub mod limits;
 pub mod mem_storage;
@@ -17,6 +18,7 @@ pub use element::{
     CommitDone, ElementAction, ElementConfig, ElementCore, LocalVolume, LogLevel, PeerId, Refusal, SessionId,
     StorageDone, StorageJob, VolumeInfo,
 };
+pub use failure::Failure;
 pub use host::{
     Action, ElementStatus, Event, HostConfig, HostCore, HostError, HostStatus, RecoveryKind, Reply, VolumeMode,
     VolumeStatus,

@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, BinaryHeap, HashMap, VecDeque};
 
 use bytes::Bytes;
 use proto::{ElementMessage, Epoch, HostMessage, Op, Record, Sequence, VolumeId, VolumeSpec};
-use starfish_core::{Action, ElementId, Event, HostConfig, HostCore, HostError, PeerId, Reply, Time, Token};
+use starfish_core::{Action, ElementId, Event, Failure, HostConfig, HostCore, HostError, PeerId, Reply, Time, Token};
 
 use crate::element::{CrashKind, Element, Out};
 use crate::model::{Model, OpKind, Outcome};
@@ -316,7 +316,7 @@ pub struct World {
     final_requests: Vec<u64>,
     in_sync_at_quiet: usize,
     /// Per element, the newest reason the core gave for failing it.
-    last_failure: Vec<String>,
+    last_failure: Vec<Option<Failure>>,
     /// Per element, the kind of the recovery under way (to say how a diverged one got in).
     recovery_kind: Vec<Option<&'static str>>,
     sectors_per_volume: u64,
@@ -412,7 +412,7 @@ impl World {
             sequences: HashMap::new(),
             final_requests: Vec::new(),
             in_sync_at_quiet: 0,
-            last_failure: vec![String::new(); n],
+            last_failure: vec![None; n],
             recovery_kind: vec![None; n],
             sectors_per_volume,
             report,
@@ -1270,14 +1270,14 @@ impl World {
             }
             Event::ElementFailed { element, reason } if !self.in_superseded => {
                 self.recovery_kind[element.0 as usize] = None;
-                if reason.contains("no answer to the handshake") {
+                if matches!(reason, Failure::HandshakeTimeout { .. }) {
                     self.report.handshake_timeouts += 1;
                 }
-                if reason.contains("diverged history") {
+                if matches!(reason, Failure::Unrecoverable { diverged: true, .. }) {
                     self.report.diverged_elements_refused += 1;
                 }
-                if !transient_failure(&reason) {
-                    self.last_failure[element.0 as usize] = reason;
+                if !reason.is_transient() {
+                    self.last_failure[element.0 as usize] = Some(reason);
                 }
             }
             Event::RecoveryStarted { kind, element, .. } => {
@@ -1907,15 +1907,14 @@ impl World {
                 // Failed for a documented reason, or caught between two rounds of the reconnect loop
                 // of an element that keeps failing for one.
                 "failed" | "recovering"
-                    if s.reason.as_deref().is_some_and(needs_recovery)
-                        || (s.reason.as_deref().is_none_or(transient_failure)
-                            && needs_recovery(&self.last_failure[e])) =>
+                    if s.failure.as_ref().is_some_and(needs_recovery)
+                        || (s.failure.as_ref().is_none_or(Failure::is_transient)
+                            && self.last_failure[e].as_ref().is_some_and(needs_recovery)) =>
                 {
                     self.report.elements_needing_recovery += 1;
-                    let reason = if s.reason.as_deref().is_some_and(needs_recovery) {
-                        s.reason.clone().unwrap_or_default()
-                    } else {
-                        self.last_failure[e].clone()
+                    let reason = match &s.failure {
+                        Some(f) if needs_recovery(f) => f.to_string(),
+                        _ => self.last_failure[e].as_ref().map(|f| f.to_string()).unwrap_or_default(),
                     };
                     self.report.notes.push(format!("e{e} ended failed: {reason}"));
                 }
@@ -2043,17 +2042,11 @@ impl World {
     }
 }
 
-/// Failure reasons the core gives for an element it cannot bring back with the recovery it
-/// implements (the write queue or a peer's replay log no longer covers its gap, or its history
-/// diverged): a figure, not a liveness violation.
-fn needs_recovery(reason: &str) -> bool {
-    reason.contains("needs") || reason.contains("no longer in the write queue") || reason.contains("diverged")
-}
-
-/// Failure reasons of the reconnect loop itself, which say nothing about why an element keeps
-/// failing.
-fn transient_failure(reason: &str) -> bool {
-    reason.contains("handshake in progress") || reason.contains("connection lost") || reason.contains("cannot connect")
+/// An element the core cannot bring back with the recovery it implements (the write queue or
+/// a peer's replay log no longer covers its gap, or its history diverged, and no peer can serve
+/// it): a figure, not a liveness violation.
+fn needs_recovery(failure: &Failure) -> bool {
+    matches!(failure, Failure::Unrecoverable { .. })
 }
 
 fn action_code(action: &Action) -> u64 {

@@ -1,0 +1,94 @@
+//! Why the host element counts an element as failed: one enum for the core, its events, the
+//! status (as text, through `Display`) and the simulator's checkers (by variant).
+
+use std::fmt;
+
+use proto::{Epoch, Sequence};
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Failure {
+    /// No session yet since the host element started.
+    NotConnectedYet,
+    CannotConnect(String),
+    /// A live session ended.
+    ConnectionLost(String),
+    /// The session ended before the element was admitted.
+    HandshakeLost(String),
+    HandshakeTimeout {
+        silent_ms: u64,
+    },
+    HeartbeatTimeout {
+        silent_ms: u64,
+    },
+    /// The element refused the session (e.g. it follows a newer epoch).
+    SessionRefused(String),
+    /// The element reported a fault (a refused record, a failed commit, …).
+    Fault(String),
+    /// The element has seen a newer host element's epoch.
+    Fenced {
+        seen: Epoch,
+        ours: Epoch,
+    },
+    /// The element broke the protocol.
+    Protocol(String),
+    /// Its replay log could not be read for the start-up roll forward.
+    LogFetchFailed(String),
+    /// A read the element served failed (e.g. a block failed its checksum).
+    ReadFailed(String),
+    /// The write queue stayed full waiting for it.
+    TooSlow {
+        volume: String,
+        waited_ms: u64,
+        sequence: Sequence,
+        behind: u64,
+    },
+    /// It cannot be brought back by the recovery this host element can run now (its gap is
+    /// out of every replay log or its history diverged, and no peer can serve it; or the copy
+    /// passes ran out). `diverged`: its history differs from ours.
+    Unrecoverable {
+        reason: String,
+        diverged: bool,
+    },
+    /// A full recovery failed and no other peer can serve it; it resumes at the next session.
+    CopyFailed {
+        source: String,
+        reason: String,
+    },
+}
+
+impl Failure {
+    /// Failures of the reconnect loop itself, which say nothing about why an element keeps
+    /// failing.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, Failure::CannotConnect(_) | Failure::ConnectionLost(_) | Failure::HandshakeLost(_))
+    }
+}
+
+impl fmt::Display for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Failure::NotConnectedYet => write!(f, "not connected yet"),
+            Failure::CannotConnect(reason) => write!(f, "cannot connect: {reason}"),
+            Failure::ConnectionLost(reason) => write!(f, "connection lost: {reason}"),
+            Failure::HandshakeLost(reason) => write!(f, "connection lost during the handshake: {reason}"),
+            Failure::HandshakeTimeout { silent_ms } => write!(f, "no answer to the handshake for {silent_ms} ms"),
+            Failure::HeartbeatTimeout { silent_ms } => write!(f, "no heartbeat for {silent_ms} ms"),
+            Failure::SessionRefused(reason) => write!(f, "refused the session: {reason}"),
+            Failure::Fault(reason) => write!(f, "fault: {reason}"),
+            Failure::Fenced { seen, ours } => {
+                write!(f, "fenced: the element has seen epoch {seen}, newer than ours ({ours}); another host element owns it")
+            }
+            Failure::Protocol(what) => write!(f, "protocol: {what}"),
+            Failure::ReadFailed(reason) => write!(f, "read failed: {reason}"),
+            Failure::LogFetchFailed(reason) => write!(f, "could not read its replay log: {reason}"),
+            Failure::TooSlow { volume, waited_ms, sequence, behind } => write!(
+                f,
+                "too slow: volume {volume} write queue full for {waited_ms} ms waiting for it to acknowledge sequence {sequence} ({behind} writes behind)"
+            ),
+            Failure::Unrecoverable { reason, .. } => write!(f, "{reason}"),
+            Failure::CopyFailed { source, reason } => {
+                write!(f, "full recovery from {source} failed: {reason} (it resumes when the element reconnects)")
+            }
+        }
+    }
+}
