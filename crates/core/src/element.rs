@@ -238,6 +238,8 @@ struct Replay {
     backlog_until_applied: Sequence,
     idle_since: Option<Time>,
     request_id: u64,
+    /// The stash overflowed: no more pacing (see `schedule_fetch`).
+    unpaced: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -924,6 +926,7 @@ impl ElementCore {
             backlog_until_applied: Sequence::ZERO,
             idle_since: None,
             request_id: 0,
+            unpaced: false,
         }));
         if cursor >= through {
             return self.finish_pull(vi);
@@ -1061,7 +1064,19 @@ impl ElementCore {
             r.phase = ReplayPhase::Waiting { until: None };
             return;
         }
-        if r.rate_bytes_per_s > 0 {
+        // Once current writes outgrew the stash, pacing would let them outrun the pull for ever:
+        // the rest of this replay goes as fast as the peer and the disk allow.
+        let stash_full = r.seen > r.stash.back().map_or(r.through, |s| s.sequence);
+        if stash_full && !r.unpaced {
+            r.unpaced = true;
+            let message = format!(
+                "volume {:?}: current writes outgrew the replay stash; the rest of the replay is no longer paced",
+                self.volumes[vi].spec.name
+            );
+            self.log(LogLevel::Warn, message);
+        }
+        let r = self.replay_mut(vi);
+        if r.rate_bytes_per_s > 0 && !r.unpaced {
             let due_us = (r.fetched_bytes as u128 * 1_000_000 / r.rate_bytes_per_s as u128) as u64;
             let due = Time(r.started.0.saturating_add(due_us));
             if due > now {

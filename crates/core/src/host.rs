@@ -195,6 +195,27 @@ enum ElementState {
     Failed(Failure),
 }
 
+/// How one volume of a recovering element catches up.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum VolumeRecovery {
+    /// The write queue streams to it (or it is in sync).
+    Streaming,
+    /// It pulls its gap from a peer's replay log: the queue sends it only the writes after
+    /// the pull's `through` and does not wait for it, until its sequence is back within what
+    /// the queue holds.
+    Replaying,
+    /// It copies blocks from the recovery's source (full recovery): the queue sends it nothing
+    /// and does not wait for it.
+    Copying,
+}
+
+impl VolumeRecovery {
+    /// The write queue neither streams to it in order nor waits for it.
+    fn off_queue(self) -> bool {
+        self != VolumeRecovery::Streaming
+    }
+}
+
 #[derive(Clone, Debug)]
 struct Recovery {
     kind: RecoveryKind,
@@ -233,15 +254,11 @@ struct ElementRuntime {
     next_ping: Time,
     recovery: Option<Recovery>,
     last_recovery: Option<LastRecovery>,
-    /// Per volume: the gap is being pulled from a peer; the write queue does not stream to
-    /// it (and waits for it) until its sequence is back within what the queue holds.
-    replaying: Vec<bool>,
+    /// Per volume: how it catches up (see [`VolumeRecovery`]).
+    volume_recovery: Vec<VolumeRecovery>,
     /// Peers that could not serve this element's replay (their log no longer holds its gap,
     /// or they failed mid-way); cleared when a recovery completes.
     replay_tried: ElementSet,
-    /// Per volume: a full recovery (block copy from the recovery's source) is running; the
-    /// volume is also `replaying` (the queue neither streams to it nor waits for it).
-    copying: Vec<bool>,
     /// Per volume: the copy's last progress report (done bytes, total bytes, copied bytes).
     copy_progress: Vec<(u64, u64, u64)>,
     /// Copy passes since the element last was in sync: a pass whose replay the peers' logs no
@@ -433,9 +450,8 @@ impl HostCore {
                 next_ping: now,
                 recovery: None,
                 last_recovery: None,
-                replaying: vec![false; volume_count],
+                volume_recovery: vec![VolumeRecovery::Streaming; volume_count],
                 replay_tried: ElementSet::default(),
-                copying: vec![false; volume_count],
                 copy_progress: vec![(0, 0, 0); volume_count],
                 copy_passes: 0,
                 needs_full: None,
@@ -635,8 +651,7 @@ impl HostCore {
         // A new session tries every peer again.
         self.elements[element.0 as usize].replay_tried = ElementSet::default();
         let mut behind = 0u64;
-        let mut replaying = vec![false; self.volumes.len()];
-        let mut copying = vec![false; self.volumes.len()];
+        let mut plan = vec![VolumeRecovery::Streaming; self.volumes.len()];
         let source = self.replay_source(element);
         for (i, state) in welcome.iter().enumerate() {
             let v = &self.volumes[i];
@@ -668,8 +683,7 @@ impl HostCore {
                     );
                     return self.fail_element(now, element, Failure::Unrecoverable { reason, diverged }, true);
                 }
-                copying[i] = true;
-                replaying[i] = true;
+                plan[i] = VolumeRecovery::Copying;
                 behind += last.0;
                 continue;
             }
@@ -685,19 +699,19 @@ impl HostCore {
                     );
                     return self.fail_element(now, element, Failure::Unrecoverable { reason, diverged: false }, true);
                 }
-                replaying[i] = true;
+                plan[i] = VolumeRecovery::Replaying;
             }
             behind += last.0 - applied.0;
         }
         let e = &mut self.elements[element.0 as usize];
         for (i, state) in welcome.iter().enumerate() {
             // A volume to copy holds nothing the queue can count on.
-            let held = if copying[i] { Sequence::ZERO } else { state.applied_sequence };
+            let held = if plan[i] == VolumeRecovery::Copying { Sequence::ZERO } else { state.applied_sequence };
             e.applied[i] = held;
             e.sent_through[i] = held;
         }
         for (i, state) in welcome.iter().enumerate() {
-            if copying[i] {
+            if plan[i] == VolumeRecovery::Copying {
                 continue;
             }
             let through = state.applied_sequence;
@@ -714,8 +728,8 @@ impl HostCore {
             self.after_membership_change(now);
             return;
         }
-        let replay = replaying.iter().any(|r| *r);
-        let kind = if copying.iter().any(|c| *c) {
+        let replay = plan.iter().any(|r| r.off_queue());
+        let kind = if plan.contains(&VolumeRecovery::Copying) {
             RecoveryKind::Full
         } else if replay {
             RecoveryKind::Replay
@@ -724,8 +738,7 @@ impl HostCore {
         };
         let source = if replay { source } else { None };
         e.state = ElementState::Recovering(kind);
-        e.replaying = replaying.clone();
-        e.copying = copying.clone();
+        e.volume_recovery = plan.clone();
         e.copy_progress.iter_mut().for_each(|p| *p = (0, 0, 0));
         e.recovery = Some(Recovery {
             kind,
@@ -735,13 +748,11 @@ impl HostCore {
             copied_bytes: 0,
         });
         self.emit(Action::Event(Event::RecoveryStarted { element, kind, records: behind, source }));
-        for (i, replay) in replaying.into_iter().enumerate() {
-            if copying[i] {
-                self.send_copy(element, VolumeId(i as u32));
-            } else if replay {
-                self.send_recover(element, VolumeId(i as u32));
-            } else {
-                self.pump(element, VolumeId(i as u32));
+        for (i, how) in plan.into_iter().enumerate() {
+            match how {
+                VolumeRecovery::Copying => self.send_copy(element, VolumeId(i as u32)),
+                VolumeRecovery::Replaying => self.send_recover(element, VolumeId(i as u32)),
+                VolumeRecovery::Streaming => self.pump(element, VolumeId(i as u32)),
             }
         }
     }
@@ -827,8 +838,7 @@ impl HostCore {
             );
         };
         let e = &mut self.elements[element.0 as usize];
-        e.copying[vi] = true;
-        e.replaying[vi] = true;
+        e.volume_recovery[vi] = VolumeRecovery::Copying;
         e.applied[vi] = Sequence::ZERO;
         e.sent_through[vi] = Sequence::ZERO;
         e.copy_progress[vi] = (0, 0, 0);
@@ -847,7 +857,7 @@ impl HostCore {
     fn on_copy_done(&mut self, now: Time, element: ElementId, volume: VolumeId, result: Result<Sequence, String>) {
         let vi = volume.0 as usize;
         let e = &self.elements[element.0 as usize];
-        if vi >= self.volumes.len() || !e.live() || !e.copying[vi] {
+        if vi >= self.volumes.len() || !e.live() || e.volume_recovery[vi] != VolumeRecovery::Copying {
             return;
         }
         match result {
@@ -871,7 +881,7 @@ impl HostCore {
                     r.copied_bytes += copied;
                 }
                 e.copy_progress[vi] = (0, 0, 0);
-                e.copying[vi] = false;
+                e.volume_recovery[vi] = VolumeRecovery::Replaying;
                 e.applied[vi] = base;
                 e.sent_through[vi] = base;
                 let queue = &mut self.volumes[vi].queue;
@@ -884,7 +894,7 @@ impl HostCore {
                 // From here it is a replay: from the write queue if it still holds the rest,
                 // else from a peer's replay log (one that fails sends it back to copying).
                 if self.volumes[vi].queue.covers_after(base) {
-                    self.elements[element.0 as usize].replaying[vi] = false;
+                    self.elements[element.0 as usize].volume_recovery[vi] = VolumeRecovery::Streaming;
                     self.pump(element, volume);
                     // Nothing after the base yet: it may be caught up already.
                     self.maybe_in_sync(now, element);
@@ -936,10 +946,10 @@ impl HostCore {
     fn on_recovery_done(&mut self, now: Time, element: ElementId, volume: VolumeId, result: Result<Sequence, String>) {
         let vi = volume.0 as usize;
         let e = &self.elements[element.0 as usize];
-        if vi >= self.volumes.len() || !e.live() || e.copying[vi] {
+        if vi >= self.volumes.len() || !e.live() || e.volume_recovery[vi] == VolumeRecovery::Copying {
             return; // Failed meanwhile, or superseded by a copy.
         }
-        if !e.replaying[vi] {
+        if e.volume_recovery[vi] == VolumeRecovery::Streaming {
             // Already switched to the write queue, which holds everything after its applied
             // sequence. A pull that failed after that point left a hole before the current
             // writes it had kept aside: send the queue again from what it holds.
@@ -974,7 +984,9 @@ impl HostCore {
                     }));
                     let e = &mut self.elements[element.0 as usize];
                     e.recovery.as_mut().expect("recovering").source = Some(next);
-                    let replaying: Vec<usize> = (0..e.replaying.len()).filter(|&i| e.replaying[i]).collect();
+                    let replaying: Vec<usize> = (0..e.volume_recovery.len())
+                        .filter(|&i| e.volume_recovery[i] == VolumeRecovery::Replaying)
+                        .collect();
                     for i in replaying {
                         self.send_recover(element, VolumeId(i as u32));
                     }
@@ -1031,8 +1043,7 @@ impl HostCore {
         e.state = ElementState::Failed(reason.clone());
         e.failed_in_session = e.session;
         e.recovery = None;
-        e.replaying.iter_mut().for_each(|r| *r = false);
-        e.copying.iter_mut().for_each(|c| *c = false);
+        e.volume_recovery.iter_mut().for_each(|r| *r = VolumeRecovery::Streaming);
         if disconnect && e.session {
             self.emit(Action::Disconnect { element });
         }
@@ -1074,7 +1085,7 @@ impl HostCore {
                 true,
             );
         }
-        if !e.live() || e.copying[vi] {
+        if !e.live() || e.volume_recovery[vi] == VolumeRecovery::Copying {
             return;
         }
         let old = e.applied[vi];
@@ -1088,9 +1099,11 @@ impl HostCore {
         for entry in self.volumes[vi].queue.range_mut(old, sequence) {
             entry.acked_by.insert(element);
         }
-        if self.elements[element.0 as usize].replaying[vi] && self.volumes[vi].queue.covers_after(sequence) {
+        if self.elements[element.0 as usize].volume_recovery[vi] == VolumeRecovery::Replaying
+            && self.volumes[vi].queue.covers_after(sequence)
+        {
             // The replay reached what the write queue holds: stream the rest from here.
-            self.elements[element.0 as usize].replaying[vi] = false;
+            self.elements[element.0 as usize].volume_recovery[vi] = VolumeRecovery::Streaming;
             self.emit(Action::Event(Event::RecoveryProgress {
                 element,
                 message: format!(
@@ -1110,8 +1123,11 @@ impl HostCore {
     fn maybe_in_sync(&mut self, now: Time, element: ElementId) -> bool {
         let e = &self.elements[element.0 as usize];
         let ElementState::Recovering(kind) = e.state else { return false };
-        let caught_up =
-            self.volumes.iter().enumerate().all(|(i, v)| !e.replaying[i] && e.applied[i] >= v.queue.last_sequence());
+        let caught_up = self
+            .volumes
+            .iter()
+            .enumerate()
+            .all(|(i, v)| !e.volume_recovery[i].off_queue() && e.applied[i] >= v.queue.last_sequence());
         if !caught_up {
             return false;
         }
@@ -1207,11 +1223,9 @@ impl HostCore {
     fn evictable(&self, entry: &Entry) -> bool {
         let vi = entry.record.volume.0 as usize;
         entry.host_reply == HostReply::Done
-            && self
-                .elements
-                .iter()
-                .enumerate()
-                .all(|(i, e)| !e.live() || e.replaying[vi] || entry.acked_by.contains(ElementId(i as u8)))
+            && self.elements.iter().enumerate().all(|(i, e)| {
+                !e.live() || e.volume_recovery[vi].off_queue() || entry.acked_by.contains(ElementId(i as u8))
+            })
     }
 
     fn admit_writes(&mut self, now: Time, volume: VolumeId) {
@@ -1696,7 +1710,7 @@ impl HostCore {
                 .map(|i| ElementId(i as u8))
                 .filter(|&e| {
                     let el = &self.elements[e.0 as usize];
-                    el.live() && !el.replaying[vi] && !front.acked_by.contains(e)
+                    el.live() && !el.volume_recovery[vi].off_queue() && !front.acked_by.contains(e)
                 })
                 .collect();
             let name = self.volumes[vi].spec.name.clone();
@@ -1733,65 +1747,71 @@ impl HostCore {
                 writes_waiting: v.admission.len(),
             })
             .collect();
-        let elements =
-            self.elements
-                .iter()
-                .map(|e| {
-                    let (state, reason) = match &e.state {
-                        ElementState::InSync => ("in-sync", None),
-                        ElementState::Recovering(_) => ("recovering", None),
-                        ElementState::Failed(failure) => ("failed", Some(failure.clone())),
-                    };
-                    let lag = self
-                        .volumes
+        let elements = self
+            .elements
+            .iter()
+            .map(|e| {
+                let (state, reason) = match &e.state {
+                    ElementState::InSync => ("in-sync", None),
+                    ElementState::Recovering(_) => ("recovering", None),
+                    ElementState::Failed(failure) => ("failed", Some(failure.clone())),
+                };
+                let lag = self
+                    .volumes
+                    .iter()
+                    .enumerate()
+                    .map(|(i, v)| v.queue.last_sequence().0.saturating_sub(e.applied[i].0))
+                    .sum();
+                let recovery = e.recovery.as_ref().map(|r| RecoveryStatus {
+                    kind: r.kind,
+                    source: r.source.map(|s| self.elements[s.0 as usize].name.clone()),
+                    done_records: r.start.iter().zip(&e.applied).map(|(s, a)| a.0.saturating_sub(s.0)).sum::<u64>(),
+                    // Writes that arrived meanwhile are part of the way back too.
+                    total_records: r
+                        .start
                         .iter()
-                        .enumerate()
-                        .map(|(i, v)| v.queue.last_sequence().0.saturating_sub(e.applied[i].0))
-                        .sum();
-                    let recovery = e.recovery.as_ref().map(|r| RecoveryStatus {
-                        kind: r.kind,
-                        source: r.source.map(|s| self.elements[s.0 as usize].name.clone()),
-                        done_records: r.start.iter().zip(&e.applied).map(|(s, a)| a.0.saturating_sub(s.0)).sum::<u64>(),
-                        // Writes that arrived meanwhile are part of the way back too.
-                        total_records: r
-                            .start
-                            .iter()
-                            .zip(&self.volumes)
-                            .map(|(s, v)| v.queue.last_sequence().0.saturating_sub(s.0))
-                            .sum::<u64>(),
-                        copy_done_bytes: e.copying.iter().any(|c| *c).then(|| {
-                            (0..self.volumes.len()).filter(|&i| e.copying[i]).map(|i| e.copy_progress[i].0).sum()
-                        }),
-                        copy_total_bytes: e.copying.iter().any(|c| *c).then(|| {
-                            (0..self.volumes.len())
-                                .filter(|&i| e.copying[i])
-                                .map(|i| self.volumes[i].spec.size_bytes)
-                                .sum()
-                        }),
-                        copied_bytes: e.copying.iter().any(|c| *c).then(|| {
-                            (0..self.volumes.len()).filter(|&i| e.copying[i]).map(|i| e.copy_progress[i].2).sum()
-                        }),
-                        elapsed_us: now.micros_since(r.started),
-                    });
-                    let last_recovery = e.last_recovery.as_ref().map(|r| LastRecoveryStatus {
-                        kind: r.kind,
-                        records: r.records,
-                        copied_bytes: r.copied_bytes,
-                        seconds: r.micros as f64 / 1e6,
-                    });
-                    ElementStatus {
-                        name: e.name.clone(),
-                        state,
-                        reason: reason.as_ref().map(|f| f.to_string()),
-                        failure: reason,
-                        applied_sequence: e.applied.clone(),
-                        lag,
-                        rtt_us: e.rtt_us,
-                        recovery,
-                        last_recovery,
-                    }
-                })
-                .collect();
+                        .zip(&self.volumes)
+                        .map(|(s, v)| v.queue.last_sequence().0.saturating_sub(s.0))
+                        .sum::<u64>(),
+                    copy_done_bytes: e.volume_recovery.contains(&VolumeRecovery::Copying).then(|| {
+                        (0..self.volumes.len())
+                            .filter(|&i| e.volume_recovery[i] == VolumeRecovery::Copying)
+                            .map(|i| e.copy_progress[i].0)
+                            .sum()
+                    }),
+                    copy_total_bytes: e.volume_recovery.contains(&VolumeRecovery::Copying).then(|| {
+                        (0..self.volumes.len())
+                            .filter(|&i| e.volume_recovery[i] == VolumeRecovery::Copying)
+                            .map(|i| self.volumes[i].spec.size_bytes)
+                            .sum()
+                    }),
+                    copied_bytes: e.volume_recovery.contains(&VolumeRecovery::Copying).then(|| {
+                        (0..self.volumes.len())
+                            .filter(|&i| e.volume_recovery[i] == VolumeRecovery::Copying)
+                            .map(|i| e.copy_progress[i].2)
+                            .sum()
+                    }),
+                    elapsed_us: now.micros_since(r.started),
+                });
+                let last_recovery = e.last_recovery.as_ref().map(|r| LastRecoveryStatus {
+                    kind: r.kind,
+                    records: r.records,
+                    copied_bytes: r.copied_bytes,
+                    seconds: r.micros as f64 / 1e6,
+                });
+                ElementStatus {
+                    name: e.name.clone(),
+                    state,
+                    reason: reason.as_ref().map(|f| f.to_string()),
+                    failure: reason,
+                    applied_sequence: e.applied.clone(),
+                    lag,
+                    rtt_us: e.rtt_us,
+                    recovery,
+                    last_recovery,
+                }
+            })
+            .collect();
         HostStatus {
             epoch: self.config.epoch,
             quorum: self.config.quorum,
@@ -1821,6 +1841,29 @@ impl HostCore {
             }
             for (i, e) in self.elements.iter().enumerate() {
                 assert!(e.applied[vi] <= e.sent_through[vi] || !e.welcomed);
+                match e.volume_recovery[vi] {
+                    VolumeRecovery::Streaming => {}
+                    how => {
+                        assert!(
+                            matches!(e.state, ElementState::Recovering(_)),
+                            "element {i}: volume {vi} {how:?} but the element is {:?}",
+                            e.state
+                        );
+                        let source = e.recovery.as_ref().and_then(|r| r.source);
+                        assert!(
+                            source.is_some_and(|s| s.0 as usize != i),
+                            "element {i}: {how:?} needs a peer as source"
+                        );
+                    }
+                }
+                if e.volume_recovery[vi] == VolumeRecovery::Copying {
+                    assert_eq!(e.recovery.as_ref().map(|r| r.kind), Some(RecoveryKind::Full));
+                    assert_eq!(
+                        e.applied[vi],
+                        Sequence::ZERO,
+                        "a volume being copied holds nothing the queue counts on"
+                    );
+                }
                 if e.state == ElementState::InSync {
                     assert!(e.session, "an in-sync element has a session");
                     // Everything the queue holds up to its acknowledgement carries its mark.

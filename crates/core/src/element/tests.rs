@@ -531,6 +531,52 @@ fn an_overflowing_stash_pulls_the_rest_from_the_peer() {
 }
 
 #[test]
+fn a_paced_replay_whose_stash_overflows_is_no_longer_paced() {
+    // Every action until storage idles (commits done), storage's own jobs included.
+    fn run(h: &mut Harness) -> Vec<ElementAction> {
+        let mut all = h.actions();
+        while h.storage.is_some() {
+            h.storage_done();
+            all.extend(h.actions());
+        }
+        all
+    }
+    // 4 KiB/s: one 4 KiB record a second, paced; room in the stash for one record.
+    let config = ElementConfig { replay_fetch_bytes: 1, replay_stash_bytes_max: 4096, ..ElementConfig::default() };
+    let mut h = replaying(0, 3, 4096, config);
+    peer(&mut h, welcome(1, &[(3, 1)]));
+    h.actions();
+    peer(&mut h, ElementMessage::LogRecords { request_id: 1, result: Ok(vec![record(0, 1, 1)]) });
+    assert_eq!(peer_sends(&run(&mut h)), vec![], "paced while the stash has room");
+    // Current writes 4 (kept) and 5 (no room): from now on the pull is not paced.
+    h.host(1, HostMessage::Apply(record(0, 1, 4)));
+    h.host(1, HostMessage::Apply(record(0, 1, 5)));
+    h.advance_ms(1000);
+    let fetch = peer_sends(&run(&mut h));
+    assert!(matches!(&fetch[..], [HostMessage::FetchLog { request_id: 2, after: Sequence(1), .. }]), "{fetch:?}");
+    peer(&mut h, ElementMessage::LogRecords { request_id: 2, result: Ok(vec![record(0, 1, 2)]) });
+    let fetch = peer_sends(&run(&mut h));
+    assert!(
+        matches!(&fetch[..], [HostMessage::FetchLog { request_id: 3, after: Sequence(2), .. }]),
+        "at once: {fetch:?}"
+    );
+    peer(&mut h, ElementMessage::LogRecords { request_id: 3, result: Ok(vec![record(0, 1, 3)]) });
+    // 4 from the stash; 5 was dropped: pulled on, still unpaced.
+    let fetch = peer_sends(&run(&mut h));
+    assert!(
+        matches!(&fetch[..], [HostMessage::FetchLog { request_id: 4, after: Sequence(4), .. }]),
+        "at once: {fetch:?}"
+    );
+    peer(&mut h, ElementMessage::LogRecords { request_id: 4, result: Ok(vec![record(0, 1, 5)]) });
+    let sent = h.settle();
+    assert_eq!(
+        sent.last(),
+        Some(&(1, ElementMessage::RecoveryDone { volume: VolumeId(0), result: Ok(Sequence(5)) })),
+        "{sent:?}"
+    );
+}
+
+#[test]
 fn closing_the_ordering_session_stops_the_replay() {
     let mut h = replaying(0, 3, 0, ElementConfig::default());
     h.core.handle_session_closed(h.now, SessionId(1));
