@@ -384,7 +384,7 @@ const OP_TRIM: u8 = 2;
 const OP_WRITE_ZEROES: u8 = 3;
 
 impl Record {
-    /// Encode without framing (also used by the element's on-disk log).
+    /// Encode without framing (the wire format only: the element's log has its own record).
     pub fn encode(&self, out: &mut BytesMut) {
         out.put_u32_le(self.volume.0);
         out.put_u64_le(self.epoch.0);
