@@ -240,6 +240,9 @@ struct Replay {
     request_id: u64,
     /// The stash overflowed: no more pacing (see `schedule_fetch`).
     unpaced: bool,
+    /// When the peer was last asked something (the connection, the check, a fetch): it has
+    /// `replay_idle_timeout_ms` to answer.
+    asked_at: Time,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -273,7 +276,10 @@ struct Volume {
 #[derive(Debug, Default)]
 struct Session {
     epoch: Option<Epoch>,
+    /// Its `Hello` is being answered: what it sends meanwhile waits in `deferred`.
     hello_pending: bool,
+    /// The `Hello` whose volumes storage is creating.
+    hello: Option<(Epoch, Vec<VolumeSpec>)>,
     deferred: VecDeque<HostMessage>,
     /// Session volume number → local volume.
     volumes: Vec<LocalVolume>,
@@ -397,10 +403,14 @@ impl ElementCore {
 
     /// The earliest time `handle_timeout` has something to do.
     pub fn poll_timeout(&self) -> Option<Time> {
+        let idle_timeout_us = self.config.replay_idle_timeout_ms * 1000;
         let replays = self.volumes.iter().filter_map(|v| match &v.recovery {
             Recovery::Replaying(r) => match r.phase {
                 ReplayPhase::Waiting { until } => until,
-                _ => None,
+                ReplayPhase::Connecting | ReplayPhase::Verifying { .. } | ReplayPhase::Fetching { .. } => {
+                    Some(Time(r.asked_at.0 + idle_timeout_us))
+                }
+                ReplayPhase::Stopped => None,
             },
             _ => None,
         });
@@ -458,12 +468,12 @@ impl ElementCore {
                     self.emit(ElementAction::ClosePeer { peer });
                 }
                 Recovery::Draining { session: s, .. } if *s == session => v.recovery = Recovery::Streaming,
-                Recovery::Copying { next: Some(order), .. } if order.session == session => {
-                    if let Recovery::Copying { next, .. } = &mut v.recovery {
-                        *next = None;
-                    }
-                }
                 _ => {}
+            }
+            if let Recovery::Copying { next, .. } = &mut self.volumes[vi].recovery {
+                if next.as_ref().is_some_and(|order| order.session == session) {
+                    *next = None;
+                }
             }
         }
     }
@@ -482,14 +492,10 @@ impl ElementCore {
             let HostMessage::Hello { epoch, volumes } = message else {
                 return self.refuse(session, "protocol: request before hello".into());
             };
+            // The epoch is compared when the hello's turn comes, after the volumes exist.
             state.hello_pending = true;
-            let _ = epoch; // Compared when the hello's turn comes, after the volumes exist.
-            self.emit(ElementAction::EnsureVolumes { session, specs: volumes.clone() });
-            self.sessions
-                .get_mut(&session)
-                .expect("present")
-                .deferred
-                .push_front(HostMessage::Hello { epoch, volumes });
+            state.hello = Some((epoch, volumes.clone()));
+            self.emit(ElementAction::EnsureVolumes { session, specs: volumes });
             return;
         };
         match message {
@@ -561,9 +567,7 @@ impl ElementCore {
         self.now = now;
         let Some(state) = self.sessions.get_mut(&session) else { return };
         assert!(state.hello_pending && state.epoch.is_none());
-        let Some(HostMessage::Hello { epoch, volumes: specs }) = state.deferred.pop_front() else {
-            unreachable!("the hello waits at the front of the deferred messages")
-        };
+        let (epoch, specs) = state.hello.take().expect("volumes are ensured for a pending hello");
         let ensured = match result {
             Ok(ensured) => ensured,
             Err(reason) => return self.refuse(session, reason),
@@ -927,6 +931,7 @@ impl ElementCore {
             idle_since: None,
             request_id: 0,
             unpaced: false,
+            asked_at: self.now,
         }));
         if cursor >= through {
             return self.finish_pull(vi);
@@ -965,7 +970,10 @@ impl ElementCore {
                 }
                 // Our newest record must be the peer's record at that sequence: a replay onto a
                 // diverged history would make a wrong replica look in sync.
-                self.replay_mut(vi).phase = ReplayPhase::Verifying { own, own_epoch };
+                let now = self.now;
+                let r = self.replay_mut(vi);
+                r.phase = ReplayPhase::Verifying { own, own_epoch };
+                r.asked_at = now;
                 let probe = HostMessage::FetchLog { request_id: 0, volume: VolumeId(0), after: Sequence(own.0 - 1), max_bytes: 1 };
                 self.emit(ElementAction::SendPeer { peer, message: probe });
             }
@@ -1088,9 +1096,10 @@ impl ElementCore {
     }
 
     fn next_fetch(&mut self, vi: usize) {
-        let max_bytes = self.config.replay_fetch_bytes;
+        let (max_bytes, now) = (self.config.replay_fetch_bytes, self.now);
         let r = self.replay_mut(vi);
         r.request_id += 1;
+        r.asked_at = now;
         let (peer, request_id, after) = (r.peer, r.request_id, r.cursor);
         r.phase = ReplayPhase::Fetching { request_id };
         let message = HostMessage::FetchLog { request_id, volume: VolumeId(0), after, max_bytes };
@@ -1148,13 +1157,18 @@ impl ElementCore {
 
     pub fn handle_timeout(&mut self, now: Time) {
         self.now = now;
+        let idle_timeout_us = self.config.replay_idle_timeout_ms * 1000;
         for vi in 0..self.volumes.len() {
-            if let Recovery::Replaying(r) = &self.volumes[vi].recovery {
-                if let ReplayPhase::Waiting { until: Some(until) } = r.phase {
-                    if until <= now {
-                        self.schedule_fetch(vi);
-                    }
+            let Recovery::Replaying(r) = &self.volumes[vi].recovery else { continue };
+            match r.phase {
+                ReplayPhase::Waiting { until: Some(until) } if until <= now => self.schedule_fetch(vi),
+                ReplayPhase::Connecting | ReplayPhase::Verifying { .. } | ReplayPhase::Fetching { .. }
+                    if now.0 >= r.asked_at.0 + idle_timeout_us =>
+                {
+                    let reason = format!("peer {} did not answer for {} s", r.source, idle_timeout_us / 1_000_000);
+                    self.fail_replay(vi, reason);
                 }
+                _ => {}
             }
         }
         let mut expired = Vec::new();
@@ -1290,17 +1304,17 @@ impl ElementCore {
         assert!(stash_total <= self.config.replay_stash_bytes_max, "the stash stays within its bound");
         for (id, s) in &self.sessions {
             assert!(!(s.hello_pending && s.epoch.is_some()), "session {}: answered and pending", id.0);
-            if let Some(epoch) = s.epoch {
-                assert!(s.deferred.is_empty(), "session {}: nothing deferred after the welcome", id.0);
-                let _ = epoch;
+            if s.epoch.is_some() {
+                assert!(
+                    s.deferred.is_empty() && s.hello.is_none(),
+                    "session {}: nothing waits after the welcome",
+                    id.0
+                );
             }
             assert!(s.volumes.iter().all(|l| (l.0 as usize) < self.volumes.len()));
         }
         if self.in_flight.is_none() {
-            assert!(
-                self.jobs.is_empty() || self.storage_failed.is_some() && self.jobs.is_empty(),
-                "storage idles only with nothing queued"
-            );
+            assert!(self.jobs.is_empty(), "storage idles only with nothing queued");
         }
     }
 }

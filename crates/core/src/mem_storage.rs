@@ -352,7 +352,6 @@ impl ElementStorage for MemStorage {
             accepted.push((vi, record.clone()));
         }
         let mut touched: Vec<usize> = batch.iter().map(|(v, _)| v.0 as usize).collect();
-        touched.dedup();
         touched.sort_unstable();
         touched.dedup();
         done.applied = touched.into_iter().map(|vi| (LocalVolume(vi as u32), running[vi].0, running[vi].1)).collect();

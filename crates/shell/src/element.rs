@@ -20,7 +20,7 @@ use starfish_core::{
     ElementAction, ElementConfig, ElementCore, ElementStorage, LocalVolume, LogLevel, PeerId, SessionId, StorageDone,
     StorageJob, Time, VolumeInfo,
 };
-use store::{Store, StoreOptions, VolumeHandle};
+use store::{Store, StoreOptions};
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufWriter};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
@@ -53,14 +53,6 @@ enum Input {
     CopyDone { volume: LocalVolume, session_volume: VolumeId, info: VolumeInfo, result: Result<Sequence, String> },
 }
 
-fn info_of(store: &Store, handle: VolumeHandle) -> VolumeInfo {
-    store.volume_info(handle)
-}
-
-fn handle(store: &Store, volume: LocalVolume) -> VolumeHandle {
-    store.handle_of(volume)
-}
-
 /// Open the store, start the committer and serve sessions until `shutdown` completes; then
 /// checkpoint, so the next start has no log to replay.
 pub async fn run(options: ElementOptions, shutdown: impl std::future::Future<Output = ()>) -> std::io::Result<()> {
@@ -79,7 +71,7 @@ pub async fn run(options: ElementOptions, shutdown: impl std::future::Future<Out
         .enumerate()
         .map(|(i, (name, size_bytes))| {
             let handle = store.volume_numbered(i as u32).expect("listed");
-            (VolumeSpec { name, size_bytes }, info_of(&store, handle))
+            (VolumeSpec { name, size_bytes }, store.volume_info(handle))
         })
         .collect();
     let core = ElementCore::new(ElementConfig::default(), store.epoch(), volumes);
@@ -165,7 +157,7 @@ async fn run_actor(
                     Ok(input) => input,
                     Err(_) => {
                         core.handle_timeout(now());
-                        carry_out(&mut core, &store, &inputs, &jobs, &mut writers, &mut peers);
+                        carry_out(now(), &mut core, &store, &inputs, &jobs, &mut writers, &mut peers);
                         continue;
                     }
                 }
@@ -199,11 +191,12 @@ async fn run_actor(
         if core.poll_timeout().is_some_and(|at| at <= now()) {
             core.handle_timeout(now());
         }
-        carry_out(&mut core, &store, &inputs, &jobs, &mut writers, &mut peers);
+        carry_out(now(), &mut core, &store, &inputs, &jobs, &mut writers, &mut peers);
     }
 }
 
 fn carry_out(
+    now: Time,
     core: &mut ElementCore,
     store: &Arc<Store>,
     inputs: &mpsc::Sender<Input>,
@@ -263,17 +256,17 @@ fn carry_out(
             }
             ElementAction::StartCopy { session, session_volume, volume, spec, epoch, source, rate_bytes_per_s } => {
                 let Some(writer) = writers.get(&session).cloned() else {
-                    // The session is gone already: report the copy as not run.
-                    let info = info_of(store, handle(store, volume));
+                    // The session is gone already: the copy does not run.
+                    let info = store.volume_info(store.handle_of(volume));
                     let result = Err("the host element's session ended".to_string());
-                    let _ = inputs.try_send(Input::CopyDone { volume, session_volume, info, result });
+                    core.handle_copy_done(now, volume, session_volume, info, result);
                     continue;
                 };
                 let job = crate::copy::CopyJob {
                     volume: session_volume,
                     spec,
                     epoch,
-                    handle: handle(store, volume),
+                    handle: store.handle_of(volume),
                     source,
                     rate_bytes_per_s,
                 };
@@ -284,7 +277,7 @@ fn carry_out(
                     while let Some(message) = report_rx.recv().await {
                         let input = match message {
                             ElementMessage::CopyDone { volume: session_volume, result } => {
-                                let info = info_of(&store, handle(&store, volume));
+                                let info = store.volume_info(store.handle_of(volume));
                                 Input::CopyDone { volume, session_volume, info, result }
                             }
                             message => Input::CopyProgress { volume, message },
@@ -324,7 +317,9 @@ async fn run_peer(
         let mut buf = BytesMut::with_capacity(1 << 20);
         loop {
             tokio::select! {
-                message = recv_frame::<ElementMessage>(&mut stream, &mut buf) => {
+                // No timeout here: the core knows when it asked and how long an answer may take
+                // (a paced replay may ask nothing for a long while).
+                message = read_frame::<ElementMessage>(&mut stream, &mut buf, None) => {
                     let message = message?;
                     if inputs.send(Input::PeerMessage { peer, message }).await.is_err() {
                         return Err("element stopping".to_string());
@@ -422,14 +417,29 @@ pub(crate) async fn send_frame<M: proto::Body>(stream: &mut TcpStream, message: 
     stream.write_all(&buf).await.map_err(|e| format!("send to peer: {e}"))
 }
 
+/// The next frame from a peer whose answer is awaited: a peer silent for
+/// `REPLAY_IDLE_TIMEOUT` has failed.
 pub(crate) async fn recv_frame<M: proto::Body>(stream: &mut TcpStream, buf: &mut BytesMut) -> Result<M, String> {
+    read_frame(stream, buf, Some(REPLAY_IDLE_TIMEOUT)).await
+}
+
+/// The next frame, waiting at most `idle` between reads (`None`: as long as it takes; the
+/// caller keeps its own time).
+async fn read_frame<M: proto::Body>(
+    stream: &mut TcpStream,
+    buf: &mut BytesMut,
+    idle: Option<Duration>,
+) -> Result<M, String> {
     loop {
         if let Some(message) = decode_frame::<M>(buf).map_err(|e| format!("bad frame from peer: {e}"))? {
             return Ok(message);
         }
-        let read = tokio::time::timeout(REPLAY_IDLE_TIMEOUT, stream.read_buf(buf))
-            .await
-            .map_err(|_| "peer stopped answering".to_string())?;
+        let read = match idle {
+            Some(idle) => tokio::time::timeout(idle, stream.read_buf(buf))
+                .await
+                .map_err(|_| "peer stopped answering".to_string())?,
+            None => stream.read_buf(buf).await,
+        };
         match read {
             Ok(0) => return Err("peer closed the connection".into()),
             Ok(_) => {}

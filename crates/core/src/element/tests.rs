@@ -507,6 +507,34 @@ fn replay_gives_up_on_a_peer_idle_too_long() {
 }
 
 #[test]
+fn a_peer_that_does_not_answer_fails_the_replay_but_a_paced_wait_does_not() {
+    // (answers the connection, answers the first fetch) → the replay fails for silence.
+    for (welcomes, answers_fetch) in [(false, false), (true, false), (true, true)] {
+        // 4 KiB/s: after one 4 KiB record the pace waits a second, far below the timeout
+        // with this pace, so only silence counts.
+        let config = ElementConfig { replay_fetch_bytes: 1, replay_idle_timeout_ms: 2_000, ..ElementConfig::default() };
+        let mut h = replaying(0, 2, 4096, config);
+        if welcomes {
+            peer(&mut h, welcome(1, &[(2, 1)]));
+        }
+        if answers_fetch {
+            peer(&mut h, ElementMessage::LogRecords { request_id: 1, result: Ok(vec![record(0, 1, 1)]) });
+        }
+        h.settle();
+        h.advance_ms(1_900);
+        let early = h.sent();
+        assert!(!early.iter().any(|(_, m)| matches!(m, ElementMessage::RecoveryDone { .. })), "{early:?}");
+        h.advance_ms(200);
+        let sent = h.sent();
+        let failed = sent.iter().any(
+            |(_, m)| matches!(m, ElementMessage::RecoveryDone { result: Err(r), .. } if r.contains("did not answer")),
+        );
+        // After an answered fetch the pace (1 s) asked again at 1 s: 2.1 s is within its timeout.
+        assert_eq!(failed, !answers_fetch, "welcomes {welcomes}, answers {answers_fetch}: {sent:?}");
+    }
+}
+
+#[test]
 fn an_overflowing_stash_pulls_the_rest_from_the_peer() {
     // Room for two 4 KiB records only.
     let config = ElementConfig { replay_stash_bytes_max: 2 * 4096, ..ElementConfig::default() };
