@@ -77,3 +77,7 @@ def test_bad_configuration_is_refused(make_cluster, workdir):
     host_refuses(workdir, good + '\n[[volume]]\nname = "vol0"\nsize = "1MiB"\n')  # duplicate volume
     host_refuses(workdir, good.replace('nbd = "', 'nbd = "not-an-address'))
     host_refuses(workdir, "this is [not toml")
+    # Two names for one address: one copy would count twice toward the quorum.
+    local = cluster.elements["local"].address
+    message = host_refuses(workdir, good + f'\n[[element]]\nname = "twin"\naddress = "{local}"\n')
+    assert f"elements local and twin have the same address {local}" in message, message

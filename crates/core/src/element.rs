@@ -24,7 +24,7 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::fmt;
 
-use proto::{ElementMessage, Epoch, HostMessage, Record, Sequence, VolumeId, VolumeSpec, VolumeState};
+use proto::{ElementMessage, Epoch, HostId, HostMessage, Record, Sequence, VolumeId, VolumeSpec, VolumeState};
 
 use crate::limits::{
     COMMIT_BATCH_BYTES_MAX, COMMIT_BATCH_RECORDS_MAX, REPLAY_EMPTY_RETRY_MS, REPLAY_FETCH_BYTES,
@@ -52,6 +52,8 @@ pub struct VolumeInfo {
     pub applied_epoch: Epoch,
     /// An interrupted full recovery: the volume's blocks are not consistent.
     pub copying: bool,
+    /// A repair waits (a block failed its checksum): `applied` holds, no record is taken.
+    pub repair: bool,
 }
 
 /// What one storage commit did.
@@ -68,8 +70,8 @@ pub struct CommitDone {
 pub enum StorageJob {
     /// Log these records with one sync, then apply them; answer with a [`CommitDone`].
     Commit(Vec<(LocalVolume, Record)>),
-    /// Make this the element's epoch, durably.
-    AdoptEpoch(Epoch),
+    /// Make this the element's epoch, held by this host element, durably.
+    AdoptEpoch(Epoch, HostId),
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -131,6 +133,8 @@ pub enum ElementAction {
         volume: LocalVolume,
         spec: VolumeSpec,
         epoch: Epoch,
+        /// The host element that ordered it (for the peer's `Hello`).
+        host: HostId,
         source: String,
         rate_bytes_per_s: u64,
     },
@@ -161,6 +165,8 @@ pub enum Refusal {
     Gap,
     /// Storage refused it (a damaged base block) or failed.
     Storage,
+    /// A sequence the element already holds, with another epoch or other content.
+    Diverged,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -175,6 +181,8 @@ pub struct ElementConfig {
     /// the simulator's deliberately broken variant (`--broken no-fencing`), which its checkers
     /// must catch.
     pub fencing: bool,
+    /// This element's identity (storage keeps it), sent in every `Welcome`.
+    pub element_id: u64,
 }
 
 impl Default for ElementConfig {
@@ -187,6 +195,7 @@ impl Default for ElementConfig {
             replay_idle_timeout_ms: REPLAY_IDLE_TIMEOUT_MS,
             source_catch_up_timeout_ms: SOURCE_CATCH_UP_TIMEOUT_MS,
             fencing: true,
+            element_id: 0,
         }
     }
 }
@@ -270,12 +279,39 @@ struct Volume {
     applied: Sequence,
     applied_epoch: Epoch,
     copy_interrupted: bool,
+    /// A block failed its checksum: the volume waits for a repair (a full recovery that
+    /// verifies every block); its applied sequence still holds.
+    repair: bool,
     recovery: Recovery,
+    /// The newest records applied in this run of the element: (sequence, epoch, digest), at
+    /// most `RECENT_RECORDS_MAX`. A record sent again at one of these sequences must be the
+    /// same record; another one means two histories, and is a fault, never a duplicate.
+    recent: VecDeque<(Sequence, Epoch, u32)>,
+}
+
+/// Records remembered per volume to check duplicates against (a host element resends only
+/// what it sent since the element's last acknowledgement, far fewer).
+const RECENT_RECORDS_MAX: usize = 4096;
+
+/// A digest of what a record does (kind, range, content).
+fn record_digest(op: &proto::Op) -> u32 {
+    let (kind, offset, length, data): (u8, u64, u64, &[u8]) = match op {
+        proto::Op::Write { offset_bytes, data } => (1, *offset_bytes, data.len() as u64, data),
+        proto::Op::Trim { offset_bytes, length_bytes } => (2, *offset_bytes, *length_bytes, &[]),
+        proto::Op::WriteZeroes { offset_bytes, length_bytes } => (3, *offset_bytes, *length_bytes, &[]),
+    };
+    let mut head = [0u8; 17];
+    head[0] = kind;
+    head[1..9].copy_from_slice(&offset.to_le_bytes());
+    head[9..17].copy_from_slice(&length.to_le_bytes());
+    crc32c::crc32c_append(crc32c::crc32c(&head), data)
 }
 
 #[derive(Debug, Default)]
 struct Session {
     epoch: Option<Epoch>,
+    /// The host element it speaks for (set with the hello).
+    host: HostId,
     /// Its `Hello` is being answered: what it sends meanwhile waits in `deferred`.
     hello_pending: bool,
     /// The `Hello` whose volumes storage is creating.
@@ -300,7 +336,7 @@ struct Commit {
 #[derive(Debug)]
 enum Job {
     Commit(Commit),
-    Hello { session: SessionId, epoch: Epoch },
+    Hello { session: SessionId, epoch: Epoch, host: HostId },
 }
 
 #[derive(Debug)]
@@ -313,6 +349,7 @@ enum InFlight {
     AdoptEpoch {
         session: SessionId,
         epoch: Epoch,
+        host: HostId,
         previous: Epoch,
     },
 }
@@ -330,6 +367,13 @@ struct WaitingFetch {
 pub struct ElementCore {
     config: ElementConfig,
     epoch: Epoch,
+    /// The host element that `epoch` belongs to (`HostId(0)`: not known, say after an epoch
+    /// raised by records alone). A hello with the same epoch from another host element is
+    /// refused: two host elements never share an epoch.
+    holder: HostId,
+    /// When the last session of the current epoch closed (the element's start if none was
+    /// ever open): a host element that wants the element back asks how long its owner is gone.
+    owner_left_at: Option<Time>,
     volumes: Vec<Volume>,
     sessions: BTreeMap<SessionId, Session>,
     jobs: VecDeque<Job>,
@@ -356,7 +400,12 @@ impl fmt::Debug for ElementCore {
 
 impl ElementCore {
     /// `volumes`: what storage holds, in local volume order.
-    pub fn new(config: ElementConfig, epoch: Epoch, volumes: Vec<(VolumeSpec, VolumeInfo)>) -> ElementCore {
+    pub fn new(
+        config: ElementConfig,
+        epoch: Epoch,
+        holder: HostId,
+        volumes: Vec<(VolumeSpec, VolumeInfo)>,
+    ) -> ElementCore {
         let volumes = volumes
             .into_iter()
             .map(|(spec, info)| Volume {
@@ -364,12 +413,16 @@ impl ElementCore {
                 applied: info.applied,
                 applied_epoch: info.applied_epoch,
                 copy_interrupted: info.copying,
+                repair: info.repair,
                 recovery: Recovery::Streaming,
+                recent: VecDeque::new(),
             })
             .collect();
         ElementCore {
             config,
             epoch,
+            holder,
+            owner_left_at: None,
             volumes,
             sessions: BTreeMap::new(),
             jobs: VecDeque::new(),
@@ -384,6 +437,18 @@ impl ElementCore {
 
     pub fn epoch(&self) -> Epoch {
         self.epoch
+    }
+
+    /// Why a hello of `epoch` from `host` cannot be welcomed now, if it cannot. Epochs only
+    /// grow, so a hello refused now would be refused later too.
+    fn epoch_refusal(&self, epoch: Epoch, host: HostId) -> Option<String> {
+        if epoch < self.epoch {
+            Some(format!("stale epoch {epoch}: this element already follows epoch {}", self.epoch))
+        } else if epoch == self.epoch && (host != self.holder || host == HostId(0)) {
+            Some(format!("epoch {epoch} belongs to another host element; a new host element takes a newer one"))
+        } else {
+            None
+        }
     }
 
     /// Durably applied sequence of a volume, as storage last reported it.
@@ -433,8 +498,14 @@ impl ElementCore {
     }
 
     fn refuse(&mut self, session: SessionId, reason: String) {
+        self.refuse_with(session, reason, None);
+    }
+
+    /// Refuse a session; `epoch` is set when its hello's epoch was the reason.
+    fn refuse_with(&mut self, session: SessionId, reason: String, epoch: Option<Epoch>) {
         self.log(LogLevel::Warn, format!("session {}: refused: {reason}", session.0));
-        self.send(session, ElementMessage::Refused { reason });
+        let owner_absent_ms = self.owner_absent_ms();
+        self.send(session, ElementMessage::Refused { reason, epoch, owner_absent_ms });
         self.emit(ElementAction::Close { session });
         self.close_session(session);
     }
@@ -442,19 +513,37 @@ impl ElementCore {
     // ----- sessions --------------------------------------------------------------------------
 
     pub fn handle_session_opened(&mut self, now: Time, session: SessionId) {
-        self.now = now;
+        self.tick(now);
         let previous = self.sessions.insert(session, Session::default());
         assert!(previous.is_none(), "session ids are not reused");
     }
 
     pub fn handle_session_closed(&mut self, now: Time, session: SessionId) {
-        self.now = now;
+        self.tick(now);
         self.close_session(session);
     }
 
+    /// How long no session of the current epoch has been open (0: one is).
+    fn owner_absent_ms(&self) -> u64 {
+        if self.sessions.values().any(|s| s.epoch == Some(self.epoch)) {
+            return 0;
+        }
+        self.owner_left_at.map_or(0, |at| self.now.micros_since(at) / 1000)
+    }
+
+    /// Every input brings the time.
+    fn tick(&mut self, now: Time) {
+        self.now = now;
+        // Until some session is opened, the owner is gone since the element started.
+        self.owner_left_at.get_or_insert(now);
+    }
+
     fn close_session(&mut self, session: SessionId) {
-        if self.sessions.remove(&session).is_none() {
+        let Some(closed) = self.sessions.remove(&session) else {
             return;
+        };
+        if closed.epoch == Some(self.epoch) && !self.sessions.values().any(|s| s.epoch == Some(self.epoch)) {
+            self.owner_left_at = Some(self.now);
         }
         self.waiting_fetches.retain(|w| w.session != session);
         // Recoveries it ordered stop: their records would be acknowledged to nobody. Queued
@@ -479,7 +568,7 @@ impl ElementCore {
     }
 
     pub fn handle_host_message(&mut self, now: Time, session: SessionId, message: HostMessage) {
-        self.now = now;
+        self.tick(now);
         let Some(state) = self.sessions.get_mut(&session) else { return };
         if state.hello_pending {
             if state.deferred.len() >= SESSION_DEFERRED_MAX {
@@ -489,10 +578,17 @@ impl ElementCore {
             return;
         }
         let Some(session_epoch) = state.epoch else {
-            let HostMessage::Hello { epoch, volumes } = message else {
+            let HostMessage::Hello { epoch, host, volumes } = message else {
                 return self.refuse(session, "protocol: request before hello".into());
             };
-            // The epoch is compared when the hello's turn comes, after the volumes exist.
+            state.host = host;
+            // A hello that cannot be welcomed creates nothing. Otherwise the epoch is compared
+            // again when the hello's turn comes, after the volumes exist.
+            if let Some(reason) = self.epoch_refusal(epoch, host) {
+                let current = self.epoch;
+                return self.refuse_with(session, reason, Some(current));
+            }
+            let state = self.sessions.get_mut(&session).expect("present");
             state.hello_pending = true;
             state.hello = Some((epoch, volumes.clone()));
             self.emit(ElementAction::EnsureVolumes { session, specs: volumes });
@@ -500,7 +596,10 @@ impl ElementCore {
         };
         match message {
             HostMessage::Hello { .. } => self.refuse(session, "protocol: second hello".into()),
-            HostMessage::Ping { nonce } => self.send(session, ElementMessage::Pong { nonce }),
+            HostMessage::Ping { nonce } => {
+                let (epoch, owner_absent_ms) = (self.epoch, self.owner_absent_ms());
+                self.send(session, ElementMessage::Pong { nonce, epoch, owner_absent_ms })
+            }
             HostMessage::Apply(record) => {
                 let Some(volume) = self.local(session, record.volume) else { return };
                 self.on_apply(session, session_epoch, volume, record);
@@ -564,7 +663,7 @@ impl ElementCore {
         session: SessionId,
         result: Result<Vec<(LocalVolume, VolumeInfo)>, String>,
     ) {
-        self.now = now;
+        self.tick(now);
         let Some(state) = self.sessions.get_mut(&session) else { return };
         assert!(state.hello_pending && state.epoch.is_none());
         let (epoch, specs) = state.hello.take().expect("volumes are ensured for a pending hello");
@@ -582,12 +681,15 @@ impl ElementCore {
                     applied: info.applied,
                     applied_epoch: info.applied_epoch,
                     copy_interrupted: info.copying,
+                    repair: info.repair,
                     recovery: Recovery::Streaming,
+                    recent: VecDeque::new(),
                 });
             }
         }
         self.sessions.get_mut(&session).expect("present").volumes = ensured.iter().map(|(l, _)| *l).collect();
-        self.jobs.push_back(Job::Hello { session, epoch });
+        let host = self.sessions[&session].host;
+        self.jobs.push_back(Job::Hello { session, epoch, host });
         self.pump_storage();
     }
 
@@ -601,14 +703,25 @@ impl ElementCore {
             .map(|l| {
                 let v = &self.volumes[l.0 as usize];
                 if v.copy_interrupted || matches!(v.recovery, Recovery::Copying { .. }) {
-                    VolumeState { applied_sequence: Sequence::ZERO, applied_epoch: Epoch(0), copying: true }
+                    VolumeState {
+                        applied_sequence: Sequence::ZERO,
+                        applied_epoch: Epoch(0),
+                        copying: true,
+                        repair: false,
+                    }
                 } else {
-                    VolumeState { applied_sequence: v.applied, applied_epoch: v.applied_epoch, copying: false }
+                    VolumeState {
+                        applied_sequence: v.applied,
+                        applied_epoch: v.applied_epoch,
+                        copying: false,
+                        repair: v.repair,
+                    }
                 }
             })
             .collect();
         let deferred = std::mem::take(&mut state.deferred);
-        self.send(session, ElementMessage::Welcome { epoch: previous, volumes: states });
+        let element_id = self.config.element_id;
+        self.send(session, ElementMessage::Welcome { epoch: previous, element_id, volumes: states });
         for message in deferred {
             self.handle_host_message(self.now, session, message);
         }
@@ -660,19 +773,16 @@ impl ElementCore {
             match self.jobs.front() {
                 None => return,
                 Some(Job::Hello { .. }) => {
-                    let Some(Job::Hello { session, epoch }) = self.jobs.pop_front() else { unreachable!() };
+                    let Some(Job::Hello { session, epoch, host }) = self.jobs.pop_front() else { unreachable!() };
                     if !self.sessions.contains_key(&session) {
                         continue;
                     }
                     let previous = self.epoch;
-                    if epoch < previous {
-                        self.refuse(
-                            session,
-                            format!("stale epoch {epoch}: this element already follows epoch {previous}"),
-                        );
+                    if let Some(reason) = self.epoch_refusal(epoch, host) {
+                        self.refuse_with(session, reason, Some(previous));
                     } else if epoch > previous {
-                        self.in_flight = Some(InFlight::AdoptEpoch { session, epoch, previous });
-                        self.emit(ElementAction::Storage(StorageJob::AdoptEpoch(epoch)));
+                        self.in_flight = Some(InFlight::AdoptEpoch { session, epoch, host, previous });
+                        self.emit(ElementAction::Storage(StorageJob::AdoptEpoch(epoch, host)));
                     } else {
                         self.welcome(session, epoch, previous);
                     }
@@ -713,10 +823,29 @@ impl ElementCore {
                 continue;
             }
             let v = &self.volumes[commit.volume.0 as usize];
+            if v.repair {
+                // Storage takes no records until the repair; the session that sent it had a
+                // fault when the damage was found, and the host element sends no more.
+                continue;
+            }
             let (applied, applied_epoch) = running.entry(commit.volume).or_insert((v.applied, v.applied_epoch));
             let ack = (commit.session, commit.session_volume, commit.volume);
             let record = &commit.record;
             if record.sequence <= *applied {
+                let held = v.recent.iter().find(|(sequence, ..)| *sequence == record.sequence);
+                let differs = match held {
+                    Some(&(_, epoch, digest)) => epoch != record.epoch || digest != record_digest(&record.op),
+                    // The newest one's epoch is known even when it was applied before a restart.
+                    None => record.sequence == *applied && record.epoch != *applied_epoch,
+                };
+                if differs {
+                    let reason = format!(
+                        "volume {:?}: sequence {} of epoch {} differs from the record this element holds at that sequence: two histories",
+                        v.spec.name, record.sequence, record.epoch
+                    );
+                    refuse(&commit, Refusal::Diverged, reason);
+                    continue;
+                }
                 if !acks.contains(&ack) {
                     acks.push(ack);
                 }
@@ -770,17 +899,24 @@ impl ElementCore {
 
     /// Storage finished the job it was given last.
     pub fn handle_storage_done(&mut self, now: Time, done: StorageDone) {
-        self.now = now;
+        self.tick(now);
         let in_flight = self.in_flight.take().expect("storage reports only the job it was given");
         match (in_flight, done) {
-            (InFlight::AdoptEpoch { session, epoch, previous }, StorageDone::AdoptEpoch(result)) => match result {
-                Ok(()) => {
-                    self.epoch = self.epoch.max(epoch);
-                    self.log(LogLevel::Info, format!("adopted epoch {epoch} (was {previous})"));
-                    self.welcome(session, epoch, previous);
+            (InFlight::AdoptEpoch { session, epoch, host, previous }, StorageDone::AdoptEpoch(result)) => {
+                match result {
+                    Ok(()) => {
+                        assert!(epoch > self.epoch, "only a newer epoch is adopted");
+                        self.epoch = epoch;
+                        self.holder = host;
+                        self.log(
+                            LogLevel::Info,
+                            format!("adopted epoch {epoch} of host element {host} (was {previous})"),
+                        );
+                        self.welcome(session, epoch, previous);
+                    }
+                    Err(reason) => self.refuse(session, format!("cannot adopt epoch {epoch}: {reason}")),
                 }
-                Err(reason) => self.refuse(session, format!("cannot adopt epoch {epoch}: {reason}")),
-            },
+            }
             (InFlight::Commit { records, acks }, StorageDone::Commit(result)) => match result {
                 Ok(done) => {
                     for &(volume, applied, applied_epoch) in &done.applied {
@@ -792,6 +928,16 @@ impl ElementCore {
                     // Storage raises its epoch to the newest record it holds.
                     let newest = records.iter().map(|c| c.record.epoch).max().expect("a commit has records");
                     self.epoch = self.epoch.max(newest);
+                    for (index, c) in records.iter().enumerate() {
+                        if done.rejected.iter().any(|(i, _)| *i == index) {
+                            continue;
+                        }
+                        let recent = &mut self.volumes[c.volume.0 as usize].recent;
+                        if recent.len() == RECENT_RECORDS_MAX {
+                            recent.pop_front();
+                        }
+                        recent.push_back((c.record.sequence, c.record.epoch, record_digest(&c.record.op)));
+                    }
                     for (index, reason) in &done.rejected {
                         let c = &records[*index];
                         let (session, volume, sequence, replayed) =
@@ -939,8 +1085,13 @@ impl ElementCore {
         self.emit(ElementAction::ConnectPeer {
             peer,
             address: source,
-            hello: HostMessage::Hello { epoch, volumes: vec![spec] },
+            hello: HostMessage::Hello { epoch, host: self.session_host(session), volumes: vec![spec] },
         });
+    }
+
+    /// The host element a session speaks for (`HostId(0)` once it is gone).
+    fn session_host(&self, session: SessionId) -> HostId {
+        self.sessions.get(&session).map_or(HostId(0), |s| s.host)
     }
 
     fn replay_of_peer(&self, peer: PeerId) -> Option<usize> {
@@ -957,7 +1108,7 @@ impl ElementCore {
     }
 
     pub fn handle_peer_message(&mut self, now: Time, peer: PeerId, message: ElementMessage) {
-        self.now = now;
+        self.tick(now);
         let Some(vi) = self.replay_of_peer(peer) else { return };
         let phase = self.replay_mut(vi).phase;
         match (phase, message) {
@@ -977,7 +1128,7 @@ impl ElementCore {
                 let probe = HostMessage::FetchLog { request_id: 0, volume: VolumeId(0), after: Sequence(own.0 - 1), max_bytes: 1 };
                 self.emit(ElementAction::SendPeer { peer, message: probe });
             }
-            (ReplayPhase::Connecting, ElementMessage::Refused { reason }) => self.fail_replay(vi, format!("peer refused: {reason}")),
+            (ReplayPhase::Connecting, ElementMessage::Refused { reason, .. }) => self.fail_replay(vi, format!("peer refused: {reason}")),
             (ReplayPhase::Verifying { own, own_epoch }, ElementMessage::LogRecords { request_id: 0, result }) => {
                 match result {
                     Err(e) => self.fail_replay(
@@ -1008,7 +1159,7 @@ impl ElementCore {
     }
 
     pub fn handle_peer_closed(&mut self, now: Time, peer: PeerId, reason: String) {
-        self.now = now;
+        self.tick(now);
         if let Some(vi) = self.replay_of_peer(peer) {
             self.fail_replay(vi, reason);
         }
@@ -1156,7 +1307,7 @@ impl ElementCore {
     }
 
     pub fn handle_timeout(&mut self, now: Time) {
-        self.now = now;
+        self.tick(now);
         let idle_timeout_us = self.config.replay_idle_timeout_ms * 1000;
         for vi in 0..self.volumes.len() {
             let Recovery::Replaying(r) = &self.volumes[vi].recovery else { continue };
@@ -1210,7 +1361,8 @@ impl ElementCore {
     }
 
     fn start_copy(&mut self, vi: usize, order: CopyOrder) {
-        let epoch = self.sessions.get(&order.session).and_then(|s| s.epoch).expect("a copy is ordered in a session");
+        let state = self.sessions.get(&order.session).expect("a copy is ordered in a session");
+        let (epoch, host) = (state.epoch.expect("a copy is ordered in a welcomed session"), state.host);
         let v = &mut self.volumes[vi];
         v.recovery = Recovery::Copying { session: order.session, next: None };
         let spec = v.spec.clone();
@@ -1220,15 +1372,52 @@ impl ElementCore {
             volume: LocalVolume(vi as u32),
             spec,
             epoch,
+            host,
             source: order.source,
             rate_bytes_per_s: order.rate_bytes_per_s,
         });
     }
 
     pub fn handle_copy_progress(&mut self, now: Time, volume: LocalVolume, progress: ElementMessage) {
-        self.now = now;
+        self.tick(now);
         if let Recovery::Copying { session, .. } = self.volumes[volume.0 as usize].recovery {
             self.send(session, progress);
+        }
+    }
+
+    /// Storage found a block of `volume` failing its checksum and made the volume a repair (a
+    /// full recovery that verifies every block). The element is not in sync for it any more:
+    /// every session that uses it gets a fault, a replay of it stops, and the next welcome
+    /// reports it as needing repair, so the host element orders the copy that repairs it.
+    pub fn handle_volume_damaged(&mut self, now: Time, volume: LocalVolume) {
+        self.tick(now);
+        let vi = volume.0 as usize;
+        let v = &mut self.volumes[vi];
+        if v.repair || v.copy_interrupted || matches!(v.recovery, Recovery::Copying { .. }) {
+            // A copy under way or due rebuilds the volume anyway.
+            return;
+        }
+        v.repair = true;
+        match &v.recovery {
+            Recovery::Replaying(r) => {
+                let peer = r.peer;
+                v.recovery = Recovery::Streaming;
+                self.emit(ElementAction::ClosePeer { peer });
+            }
+            Recovery::Draining { .. } => v.recovery = Recovery::Streaming,
+            _ => {}
+        }
+        let name = self.volumes[vi].spec.name.clone();
+        self.log(
+            LogLevel::Warn,
+            format!("volume {name:?}: a block fails its checksum; repairing it by a full recovery"),
+        );
+        let users: Vec<SessionId> =
+            self.sessions.iter().filter(|(_, s)| s.volumes.contains(&volume)).map(|(id, _)| *id).collect();
+        for session in users {
+            let reason =
+                format!("volume {name:?}: a block fails its checksum; the element repairs it by a full recovery");
+            self.send(session, ElementMessage::Fault { reason });
         }
     }
 
@@ -1242,7 +1431,7 @@ impl ElementCore {
         info: VolumeInfo,
         result: Result<Sequence, String>,
     ) {
-        self.now = now;
+        self.tick(now);
         let vi = volume.0 as usize;
         let Recovery::Copying { session, next } =
             std::mem::replace(&mut self.volumes[vi].recovery, Recovery::Streaming)
@@ -1253,6 +1442,9 @@ impl ElementCore {
         v.applied = info.applied;
         v.applied_epoch = info.applied_epoch;
         v.copy_interrupted = info.copying;
+        v.repair = info.repair;
+        // The copy replaced the volume's history.
+        v.recent.clear();
         self.send(session, ElementMessage::CopyDone { volume: session_volume, result });
         if let Some(order) = next {
             if self.sessions.contains_key(&order.session) {

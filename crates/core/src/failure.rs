@@ -31,6 +31,12 @@ pub enum Failure {
     },
     /// The element broke the protocol.
     Protocol(String),
+    /// Starting, this host element learned of a newer epoch and raised its own above it: the
+    /// session is redone with the new epoch.
+    EpochRaised(Epoch),
+    /// The same element (by the identity it keeps on disk) is already configured under
+    /// another name: it would count twice toward the quorum.
+    SameElementAs(String),
     /// Its replay log could not be read for the start-up roll forward.
     LogFetchFailed(String),
     /// A read the element served failed (e.g. a block failed its checksum).
@@ -79,6 +85,11 @@ impl fmt::Display for Failure {
                 write!(f, "fenced: the element has seen epoch {seen}, newer than ours ({ours}); another host element owns it")
             }
             Failure::Protocol(what) => write!(f, "protocol: {what}"),
+            Failure::EpochRaised(epoch) => write!(f, "reconnecting to offer the newer epoch {epoch}"),
+            Failure::SameElementAs(other) => write!(
+                f,
+                "it is the same element as {other} (same identity on disk): one copy must not count twice toward the quorum"
+            ),
             Failure::ReadFailed(reason) => write!(f, "read failed: {reason}"),
             Failure::LogFetchFailed(reason) => write!(f, "could not read its replay log: {reason}"),
             Failure::TooSlow { volume, waited_ms, sequence, behind } => write!(

@@ -8,7 +8,9 @@
 use std::collections::{HashMap, VecDeque};
 
 use bytes::Bytes;
-use proto::{BlockExtent, ElementMessage, Epoch, HostMessage, Op, Record, Sequence, VolumeId, VolumeSpec, VolumeState};
+use proto::{
+    BlockExtent, ElementMessage, Epoch, HostId, HostMessage, Op, Record, Sequence, VolumeId, VolumeSpec, VolumeState,
+};
 
 use crate::failure::Failure;
 use crate::limits;
@@ -18,8 +20,13 @@ use crate::{ElementId, ElementSet, Time, Token};
 
 #[derive(Clone, Debug)]
 pub struct HostConfig {
-    /// This host element's epoch; must be newer than any earlier host element's.
+    /// The first epoch this host element offers. Elements that follow an epoch at least as new
+    /// refuse it and say which, and a starting host element raises its own above it, so the
+    /// epoch does not depend on any clock.
     pub epoch: Epoch,
+    /// This host element's identity (random per start): elements refuse an epoch they follow
+    /// for another host element, so two host elements never share one.
+    pub host_id: HostId,
     pub quorum: usize,
     pub elements: Vec<String>,
     pub volumes: Vec<VolumeSpec>,
@@ -29,17 +36,25 @@ pub struct HostConfig {
     pub heartbeat_interval_ms: u64,
     pub heartbeat_timeout_ms: u64,
     pub startup_grace_ms: u64,
+    /// How long requests that arrive before the host element is ready are held; then they
+    /// (and later ones, until it is ready) fail with EIO.
+    pub startup_timeout_ms: u64,
     /// Element addresses as elements reach each other (for replay recovery between peers), in
     /// the order of `elements`; empty disables replay recovery.
     pub element_addresses: Vec<String>,
     /// Pace of recovery traffic per recovering volume (0: unlimited).
     pub recovery_rate_bytes_per_s: u64,
+    /// Raise the epoch above what a refusing element follows while starting. Off only in the
+    /// simulator's deliberately broken variant (`--broken clock-epochs`), which its checkers
+    /// must catch.
+    pub raise_epoch: bool,
 }
 
 impl HostConfig {
     pub fn new(epoch: Epoch, quorum: usize, elements: Vec<String>, volumes: Vec<VolumeSpec>) -> Self {
         HostConfig {
             epoch,
+            host_id: HostId(1),
             quorum,
             elements,
             volumes,
@@ -49,8 +64,10 @@ impl HostConfig {
             heartbeat_interval_ms: limits::HEARTBEAT_INTERVAL_MS_DEFAULT,
             heartbeat_timeout_ms: limits::HEARTBEAT_TIMEOUT_MS_DEFAULT,
             startup_grace_ms: limits::STARTUP_GRACE_MS_DEFAULT,
+            startup_timeout_ms: limits::STARTUP_TIMEOUT_MS_DEFAULT,
             element_addresses: Vec::new(),
             recovery_rate_bytes_per_s: 0,
+            raise_epoch: true,
         }
     }
 
@@ -97,6 +114,23 @@ impl HostConfig {
         if !self.element_addresses.is_empty() && self.element_addresses.len() != n {
             return Err("element addresses must be given for every element or none".into());
         }
+        for (i, a) in self.element_addresses.iter().enumerate() {
+            if let Some(j) = self.element_addresses[..i].iter().position(|b| b == a) {
+                return Err(format!(
+                    "elements {} and {} have the same address {a}: one copy would count twice toward the quorum",
+                    self.elements[j], self.elements[i]
+                ));
+            }
+        }
+        if self.startup_timeout_ms < self.startup_grace_ms {
+            return Err("the start-up timeout must be at least the start-up grace period".into());
+        }
+        if self.epoch == Epoch(0) {
+            return Err("the first epoch offered must be at least 1".into());
+        }
+        if self.host_id == HostId(0) {
+            return Err("host element identity 0 is reserved".into());
+        }
         if self.heartbeat_timeout_ms <= self.heartbeat_interval_ms {
             return Err("heartbeat timeout must exceed the heartbeat interval".into());
         }
@@ -126,6 +160,12 @@ pub enum Reply {
 pub enum VolumeMode {
     ReadWrite,
     ReadOnly,
+    /// Starting: requests are held until enough elements answered (at most the start-up
+    /// timeout).
+    Starting,
+    /// The start-up timeout passed without enough elements: requests fail at once (EIO) until
+    /// they answer.
+    Unavailable,
 }
 
 impl VolumeMode {
@@ -133,6 +173,8 @@ impl VolumeMode {
         match self {
             VolumeMode::ReadWrite => "read-write",
             VolumeMode::ReadOnly => "read-only",
+            VolumeMode::Starting => "starting",
+            VolumeMode::Unavailable => "unavailable",
         }
     }
 }
@@ -161,13 +203,60 @@ impl RecoveryKind {
 /// Something worth a log line; the shell logs it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Event {
-    Ready { volume: VolumeId, last: Sequence },
-    ElementFailed { element: ElementId, reason: Failure },
-    RecoveryStarted { element: ElementId, kind: RecoveryKind, records: u64, source: Option<ElementId> },
-    RecoveryProgress { element: ElementId, message: String },
-    ElementInSync { element: ElementId },
-    VolumeMode { volume: VolumeId, mode: VolumeMode, in_sync: usize },
-    Throttled { volume: VolumeId },
+    Ready {
+        volume: VolumeId,
+        last: Sequence,
+    },
+    ElementFailed {
+        element: ElementId,
+        reason: Failure,
+    },
+    RecoveryStarted {
+        element: ElementId,
+        kind: RecoveryKind,
+        records: u64,
+        source: Option<ElementId>,
+    },
+    RecoveryProgress {
+        element: ElementId,
+        message: String,
+    },
+    ElementInSync {
+        element: ElementId,
+    },
+    VolumeMode {
+        volume: VolumeId,
+        mode: VolumeMode,
+        in_sync: usize,
+    },
+    Throttled {
+        volume: VolumeId,
+    },
+    /// An element followed an epoch (`seen`) whose owner is gone, and a majority were free
+    /// (followed ours, or an epoch whose owner is gone): this host element started over with
+    /// epoch `to`.
+    Restarted {
+        from: Epoch,
+        to: Epoch,
+        refused_by: ElementId,
+        seen: Epoch,
+    },
+    /// A majority of elements follow a newer epoch than ours: this host element no longer
+    /// serves (every request fails with EIO).
+    Superseded {
+        ours: Epoch,
+        seen: Epoch,
+    },
+    /// Not ready when the start-up timeout passed: held requests failed.
+    StartupTimedOut {
+        welcomed: usize,
+    },
+    /// Starting, an element followed an epoch at least as new as ours: ours is now `to`.
+    EpochRaised {
+        from: Epoch,
+        to: Epoch,
+        refused_by: ElementId,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -269,6 +358,15 @@ struct ElementRuntime {
     needs_full: Option<(Vec<Sequence>, Failure)>,
     /// The current session ended in a failure with a reason of its own.
     failed_in_session: bool,
+    /// The identity it reported (kept across sessions): a second configured element with the
+    /// same identity is the same disk and is refused.
+    identity: Option<u64>,
+    /// The epoch it said it follows (welcome: ours; pong; refusal), and when.
+    follows: Option<(Epoch, Time)>,
+    /// With `follows`: how long no session of that epoch had been open at the element.
+    owner_absent_ms: u64,
+    /// With `follows`: the epoch is ours, taken for us (a welcome, a pong of our session).
+    follows_ours: bool,
 }
 
 impl ElementRuntime {
@@ -348,12 +446,42 @@ const FETCH_BYTES_MAX: u64 = proto::PAYLOAD_BYTES_MAX as u64 / 2;
 
 const READ_ATTEMPTS_MAX: u32 = 8;
 
+/// How often a starting host element raises its epoch before it gives up and counts the
+/// refusing elements as fenced: two host elements started together would otherwise take
+/// epochs from each other forever.
+const EPOCH_RAISES_MAX: u32 = 16;
+
+/// A running host element starts over above an element's epoch at most this often: two live
+/// host elements (a misconfiguration the failover issue's lease prevents) would otherwise take
+/// the elements from each other without pause.
+const RESTART_INTERVAL_MS_MIN: u64 = 10_000;
+
 pub struct HostCore {
     config: HostConfig,
+    /// The epoch offered now: `config.epoch`, raised while starting above any an element
+    /// reports. Fixed once ready.
+    epoch: Epoch,
+    /// How often it was raised (bounded: two host elements starting together must not chase
+    /// each other forever).
+    epoch_raises: u32,
+    /// An element took the current epoch. From then on a refusal means a newer host element
+    /// started after this one, which wins: the epoch is raised only while unclaimed.
+    claimed: bool,
+    /// Times it started over above an epoch an element followed, and the last time.
+    restarts: u32,
+    last_restart: Option<Time>,
+    /// An element said it follows a newer epoch: the read cache is off for good.
+    newer_epoch_seen: bool,
+    /// A majority of elements follow newer epochs (the newest one seen): another host element
+    /// took over and this one serves nothing.
+    superseded: Option<Epoch>,
     started: Time,
     ready: bool,
     /// The start-up grace period has passed (so it no longer sets a deadline).
     grace_over: bool,
+    /// The start-up timeout passed before the host element was ready: requests are answered
+    /// with `Unavailable` until it is.
+    hold_expired: bool,
     elements: Vec<ElementRuntime>,
     volumes: Vec<VolumeRuntime>,
     cache: ReadCache,
@@ -456,6 +584,10 @@ impl HostCore {
                 copy_passes: 0,
                 needs_full: None,
                 failed_in_session: false,
+                identity: None,
+                follows: None,
+                owner_absent_ms: 0,
+                follows_ours: false,
             })
             .collect();
         let volumes = config
@@ -474,10 +606,18 @@ impl HostCore {
             .collect();
         HostCore {
             cache: ReadCache::new(config.read_cache_bytes),
+            epoch: config.epoch,
+            epoch_raises: 0,
+            claimed: false,
+            restarts: 0,
+            last_restart: None,
+            newer_epoch_seen: false,
+            superseded: None,
             config,
             started: now,
             ready: false,
             grace_over: false,
+            hold_expired: false,
             elements,
             volumes,
             reads: HashMap::new(),
@@ -507,6 +647,9 @@ impl HostCore {
         if !self.ready && !self.grace_over {
             consider(self.started.plus_ms(self.config.startup_grace_ms));
         }
+        if !self.ready && !self.hold_expired {
+            consider(self.started.plus_ms(self.config.startup_timeout_ms));
+        }
         for e in &self.elements {
             if e.welcomed {
                 consider(e.next_ping);
@@ -532,6 +675,14 @@ impl HostCore {
         self.emit(Action::Reply { token, reply });
     }
 
+    fn welcomed_count(&self) -> usize {
+        self.elements.iter().filter(|e| e.welcome.is_some() || e.welcomed).count()
+    }
+
+    pub fn epoch(&self) -> Epoch {
+        self.epoch
+    }
+
     fn in_sync_count(&self) -> usize {
         self.elements.iter().filter(|e| e.state == ElementState::InSync).count()
     }
@@ -547,7 +698,8 @@ impl HostCore {
         e.failed_in_session = false;
         e.last_heard = now;
         // The state stays what it was (failed, with its reason) until the welcome decides.
-        let message = HostMessage::Hello { epoch: self.config.epoch, volumes: self.config.volumes.clone() };
+        let message =
+            HostMessage::Hello { epoch: self.epoch, host: self.config.host_id, volumes: self.config.volumes.clone() };
         let mut to = ElementSet::default();
         to.insert(element);
         self.emit(Action::Send { to, message });
@@ -580,9 +732,37 @@ impl HostCore {
             return; // A late message of a closed session.
         }
         e.last_heard = now;
+        match &message {
+            ElementMessage::Pong { epoch, owner_absent_ms, .. } => {
+                e.follows = Some((*epoch, now));
+                e.owner_absent_ms = *owner_absent_ms;
+                // Our session's epoch: the element can only follow it for us.
+                e.follows_ours = *epoch == self.epoch;
+            }
+            ElementMessage::Refused { epoch: Some(epoch), owner_absent_ms, .. } => {
+                e.follows = Some((*epoch, now));
+                e.owner_absent_ms = *owner_absent_ms;
+                e.follows_ours = false;
+            }
+            _ => {}
+        }
         match message {
-            ElementMessage::Welcome { epoch, volumes } => self.on_welcome(now, element, epoch, volumes),
-            ElementMessage::Refused { reason } => {
+            ElementMessage::Welcome { epoch, element_id, volumes } => {
+                self.on_welcome(now, element, epoch, element_id, volumes)
+            }
+            ElementMessage::Refused { reason: _, epoch: Some(seen), .. }
+                if !self.ready
+                    && !self.claimed
+                    && seen >= self.epoch
+                    && self.config.raise_epoch
+                    && self.epoch_raises < EPOCH_RAISES_MAX =>
+            {
+                self.raise_epoch(now, element, seen)
+            }
+            ElementMessage::Refused { reason: _, epoch: Some(seen), .. } if seen >= self.epoch => {
+                self.on_epoch_refused(now, element, seen)
+            }
+            ElementMessage::Refused { reason, .. } => {
                 self.fail_element(now, element, Failure::SessionRefused(reason), true)
             }
             ElementMessage::Applied { volume, sequence } => self.on_applied(now, element, volume, sequence),
@@ -592,7 +772,8 @@ impl HostCore {
             ElementMessage::BlockStatusReply { request_id, applied_sequence, result } => {
                 self.on_read_reply(now, element, request_id, applied_sequence, ReadResult::Extents(result))
             }
-            ElementMessage::Pong { nonce } => {
+            ElementMessage::Pong { epoch, .. } if epoch > self.epoch => self.on_epoch_refused(now, element, epoch),
+            ElementMessage::Pong { nonce, .. } => {
                 let sample = now.0.saturating_sub(nonce);
                 let e = &mut self.elements[element.0 as usize];
                 e.rtt_us = Some(match e.rtt_us {
@@ -616,7 +797,159 @@ impl HostCore {
         }
     }
 
-    fn on_welcome(&mut self, now: Time, element: ElementId, epoch: Epoch, volumes: Vec<VolumeState>) {
+    /// Starting, an element refused our epoch because it follows `seen`: take the next epoch
+    /// above it and redo every session with it (those already welcomed adopted the old one).
+    fn raise_epoch(&mut self, now: Time, refused_by: ElementId, seen: Epoch) {
+        let old = self.epoch;
+        self.epoch = Epoch(seen.0.checked_add(1).expect("epochs count starts, far below 2^64"));
+        self.epoch_raises += 1;
+        self.claimed = false;
+        self.emit(Action::Event(Event::EpochRaised { from: old, to: self.epoch, refused_by }));
+        // What a start-up fetch gathered is gathered again under the new epoch.
+        self.fetches.clear();
+        for i in 0..self.elements.len() {
+            let e = &mut self.elements[i];
+            if e.session && !e.closing() {
+                self.fail_element(now, ElementId(i as u8), Failure::EpochRaised(self.epoch), true);
+            }
+        }
+    }
+
+    /// Elements that said within `within_ms` that they follow an epoch `which` accepts.
+    fn following(&self, now: Time, within_ms: u64, which: impl Fn(Epoch) -> bool) -> usize {
+        self.elements
+            .iter()
+            .filter(|e| e.follows.is_some_and(|(epoch, at)| which(epoch) && now.micros_since(at) / 1000 <= within_ms))
+            .count()
+    }
+
+    /// An element said it follows `seen`, newer than our epoch (or ours, of another host
+    /// element). The read cache may hold what a newer host element has overwritten since, so it
+    /// serves no more; and once a majority follows newer epochs, this host element was taken
+    /// over and serves nothing.
+    fn on_newer_epoch(&mut self, now: Time, seen: Epoch) {
+        if !self.newer_epoch_seen {
+            self.newer_epoch_seen = true;
+            self.cache = ReadCache::new(0);
+        }
+        let majority = self.elements.len() / 2 + 1;
+        let ours = self.epoch;
+        if self.superseded.is_none() && self.following(now, self.config.heartbeat_timeout_ms, |e| e > ours) >= majority
+        {
+            self.superseded = Some(seen);
+            self.emit(Action::Event(Event::Superseded { ours, seen }));
+            self.fail_everything_under_way();
+        }
+    }
+
+    /// An element follows `seen`, at least as new as our epoch (a refused hello), or newer (a
+    /// pong), and our epoch is claimed (or we are running), so a newer host element started
+    /// after us, or one that started and died before it was ready left its epoch behind. The
+    /// newer one wins while it lives: this host element stays out. But once the element says
+    /// that no session of its epoch has been open for two heartbeat timeouts (its owner is
+    /// gone: dead, or cut off from it), and a majority of elements either follow our epoch or
+    /// say the same of theirs, this host element starts over above every epoch it saw and
+    /// takes them back. The start
+    /// over reads the history from the elements again, so nothing their owner acknowledged is
+    /// lost; it only decides who serves.
+    fn on_epoch_refused(&mut self, now: Time, element: ElementId, seen: Epoch) {
+        self.on_newer_epoch(now, seen);
+        let ours = self.epoch;
+        let within_ms = self.config.heartbeat_timeout_ms;
+        let gone_ms = 2 * self.config.heartbeat_timeout_ms;
+        let fresh = |at: Time| now.micros_since(at) / 1000 <= within_ms;
+        let mut free = 0;
+        let mut newest = seen;
+        for e in &self.elements {
+            let Some((epoch, _)) = e.follows.filter(|(_, at)| fresh(*at)) else { continue };
+            if e.follows_ours || e.owner_absent_ms >= gone_ms {
+                free += 1;
+            }
+            newest = newest.max(epoch);
+        }
+        let majority = self.elements.len() / 2 + 1;
+        let recently = self.last_restart.is_some_and(|at| now < at.plus_ms(RESTART_INTERVAL_MS_MIN));
+        // Never from a live owner: the element itself must have lost its owner.
+        let owner_gone = self.elements[element.0 as usize].owner_absent_ms >= gone_ms;
+        if !owner_gone || free < majority || recently || !self.config.raise_epoch {
+            return self.fail_element(now, element, Failure::Fenced { seen, ours }, true);
+        }
+        let epoch = Epoch(newest.0.checked_add(1).expect("epochs count starts, far below 2^64"));
+        self.restart(now, epoch, element, newest);
+    }
+
+    /// Start over as if this host element had just started with `epoch`: every request under
+    /// way fails (a write may or may not have reached the elements: the start-up roll forward
+    /// decides), every session is redone, and the history is read from the elements again.
+    fn restart(&mut self, now: Time, epoch: Epoch, refused_by: ElementId, seen: Epoch) {
+        let replies = self.take_everything_under_way();
+        let sessions: Vec<ElementId> =
+            (0..self.elements.len()).filter(|&i| self.elements[i].session).map(|i| ElementId(i as u8)).collect();
+        let old_actions = std::mem::take(&mut self.actions);
+        let restarts = self.restarts + 1;
+        let old = self.epoch;
+        let mut config = self.config.clone();
+        config.epoch = epoch;
+        *self = HostCore::new(config, now);
+        self.restarts = restarts;
+        self.last_restart = Some(now);
+        self.actions = old_actions;
+        self.emit(Action::Event(Event::Restarted { from: old, to: epoch, refused_by, seen }));
+        for (token, reply) in replies {
+            self.reply(token, reply);
+        }
+        for element in sessions {
+            self.emit(Action::Disconnect { element });
+        }
+    }
+
+    fn fail_everything_under_way(&mut self) {
+        for (token, reply) in self.take_everything_under_way() {
+            self.reply(token, reply);
+        }
+    }
+
+    /// The failure replies of every request under way: written and unanswered (`QuorumLost`:
+    /// it may or may not be on the elements), waiting for room, flushes, reads, held ones.
+    fn take_everything_under_way(&mut self) -> Vec<(Token, Reply)> {
+        let mut replies: Vec<(Token, Reply)> = Vec::new();
+        for v in &mut self.volumes {
+            for entry in v.queue.range_mut(v.queue.evicted_through(), v.queue.last_sequence()) {
+                if let HostReply::Waiting(token) = entry.host_reply {
+                    replies.push((token, Reply::Done(Err(HostError::QuorumLost))));
+                    entry.host_reply = HostReply::Done;
+                }
+            }
+            for w in v.admission.drain(..) {
+                replies.push((w.token, Reply::Done(Err(HostError::Unavailable))));
+            }
+            for (_, token) in v.flushes.drain(..) {
+                replies.push((token, Reply::Done(Err(HostError::Unavailable))));
+            }
+        }
+        let mut reads: Vec<(u64, PendingRead)> = self.reads.drain().collect();
+        reads.sort_unstable_by_key(|(id, _)| *id);
+        for (_, read) in reads {
+            let reply = match read.kind {
+                ReadKind::Data { .. } => Reply::Read(Err(HostError::Unavailable)),
+                ReadKind::BlockStatus { .. } => Reply::BlockStatus(Err(HostError::Unavailable)),
+            };
+            replies.push((read.token, reply));
+        }
+        for request in std::mem::take(&mut self.deferred) {
+            let (token, reply) = match request {
+                Deferred::Read { token, .. } => (token, Reply::Read(Err(HostError::Unavailable))),
+                Deferred::Write { token, .. } | Deferred::Flush { token, .. } => {
+                    (token, Reply::Done(Err(HostError::Unavailable)))
+                }
+                Deferred::BlockStatus { token, .. } => (token, Reply::BlockStatus(Err(HostError::Unavailable))),
+            };
+            replies.push((token, reply));
+        }
+        replies
+    }
+
+    fn on_welcome(&mut self, now: Time, element: ElementId, epoch: Epoch, element_id: u64, volumes: Vec<VolumeState>) {
         let e = &mut self.elements[element.0 as usize];
         if e.welcomed {
             return self.fail_element(now, element, Failure::Protocol("second welcome".into()), true);
@@ -624,9 +957,28 @@ impl HostCore {
         if volumes.len() != self.volumes.len() {
             return self.fail_element(now, element, Failure::Protocol("welcome volume count".into()), true);
         }
-        if epoch > self.config.epoch {
-            return self.fail_element(now, element, Failure::Fenced { seen: epoch, ours: self.config.epoch }, true);
+        if epoch > self.epoch {
+            return self.fail_element(now, element, Failure::Fenced { seen: epoch, ours: self.epoch }, true);
         }
+        if element_id != 0 {
+            let twin = self
+                .elements
+                .iter()
+                .enumerate()
+                .find(|(i, other)| *i != element.0 as usize && other.identity == Some(element_id));
+            if let Some((_, twin)) = twin {
+                let name = twin.name.clone();
+                return self.fail_element(now, element, Failure::SameElementAs(name), true);
+            }
+        }
+        let e = &mut self.elements[element.0 as usize];
+        if element_id != 0 {
+            e.identity = Some(element_id);
+        }
+        e.follows = Some((self.epoch, now));
+        e.owner_absent_ms = 0;
+        e.follows_ours = true;
+        self.claimed = true;
         e.welcomed = true;
         e.next_ping = now;
         e.welcome = Some(volumes);
@@ -665,6 +1017,8 @@ impl HostCore {
                 && v.queue.epoch_at(applied).is_some_and(|ours| ours != state.applied_epoch);
             let why_copy = if state.copying {
                 Some("an interrupted full recovery resumes".to_string())
+            } else if state.repair {
+                Some("a block fails its checksum: a full recovery that verifies every block repairs it".to_string())
             } else if applied > last {
                 Some(format!("holds sequence {applied}, beyond the newest this host element knows ({last})"))
             } else {
@@ -1268,7 +1622,7 @@ impl HostCore {
         let vi = volume.0 as usize;
         let v = &mut self.volumes[vi];
         let sequence = v.queue.last_sequence().next();
-        let record = Record { volume, epoch: self.config.epoch, sequence, op: pending.op };
+        let record = Record { volume, epoch: self.epoch, sequence, op: pending.op };
         self.cache.apply(volume, &record.op);
         let mut to = ElementSet::default();
         for (i, e) in self.elements.iter_mut().enumerate() {
@@ -1302,8 +1656,8 @@ impl HostCore {
     pub fn handle_host_write(&mut self, now: Time, token: Token, volume: VolumeId, op: Op) {
         self.check_range(volume, op.offset_bytes(), op.length_bytes());
         assert!(op.payload_bytes() <= proto::PAYLOAD_BYTES_MAX as u64, "NBD layer bounds writes");
-        if !self.ready {
-            return self.deferred.push(Deferred::Write { token, volume, op });
+        if !self.ready || self.superseded.is_some() {
+            return self.hold(Deferred::Write { token, volume, op });
         }
         let v = &mut self.volumes[volume.0 as usize];
         if v.mode == VolumeMode::ReadOnly {
@@ -1315,8 +1669,8 @@ impl HostCore {
 
     /// FLUSH: answered once every write accepted before it has been answered.
     pub fn handle_host_flush(&mut self, now: Time, token: Token, volume: VolumeId) {
-        if !self.ready {
-            return self.deferred.push(Deferred::Flush { token, volume });
+        if !self.ready || self.superseded.is_some() {
+            return self.hold(Deferred::Flush { token, volume });
         }
         let v = &mut self.volumes[volume.0 as usize];
         // Writes still waiting for room are accepted later; a flush covers them too.
@@ -1337,8 +1691,8 @@ impl HostCore {
         length_bytes: u32,
     ) {
         self.check_range(volume, offset_bytes, length_bytes as u64);
-        if !self.ready {
-            return self.deferred.push(Deferred::Read { token, volume, offset_bytes, length_bytes });
+        if !self.ready || self.superseded.is_some() {
+            return self.hold(Deferred::Read { token, volume, offset_bytes, length_bytes });
         }
         if length_bytes == 0 {
             return self.reply(token, Reply::Read(Ok(Bytes::new())));
@@ -1366,8 +1720,8 @@ impl HostCore {
         length_bytes: u64,
     ) {
         self.check_range(volume, offset_bytes, length_bytes);
-        if !self.ready {
-            return self.deferred.push(Deferred::BlockStatus { token, volume, offset_bytes, length_bytes });
+        if !self.ready || self.superseded.is_some() {
+            return self.hold(Deferred::BlockStatus { token, volume, offset_bytes, length_bytes });
         }
         let read = PendingRead {
             token,
@@ -1493,7 +1847,7 @@ impl HostCore {
         }
         let welcomed: Vec<usize> = (0..self.elements.len()).filter(|&i| self.elements[i].welcome.is_some()).collect();
         let grace_over = self.grace_over || now >= self.started.plus_ms(self.config.startup_grace_ms);
-        let enough = welcomed.len() == self.elements.len() || (grace_over && welcomed.len() >= self.config.quorum);
+        let enough = welcomed.len() == self.elements.len() || (grace_over && welcomed.len() >= self.start_minimum());
         if !enough {
             return;
         }
@@ -1632,6 +1986,34 @@ impl HostCore {
         }
     }
 
+    /// A request before the host element is ready: held, or failed once the start-up timeout
+    /// has passed.
+    fn hold(&mut self, request: Deferred) {
+        if self.hold_expired || self.superseded.is_some() {
+            return self.fail_held(request);
+        }
+        self.deferred.push(request);
+    }
+
+    fn fail_held(&mut self, request: Deferred) {
+        let (token, reply) = match request {
+            Deferred::Read { token, .. } => (token, Reply::Read(Err(HostError::Unavailable))),
+            Deferred::Write { token, .. } | Deferred::Flush { token, .. } => {
+                (token, Reply::Done(Err(HostError::Unavailable)))
+            }
+            Deferred::BlockStatus { token, .. } => (token, Reply::BlockStatus(Err(HostError::Unavailable))),
+        };
+        self.reply(token, reply);
+    }
+
+    /// The smallest number of welcomed elements a host element starts with once the grace
+    /// period is over: a write quorum, and a majority, so that any two host elements' sets
+    /// share an element. Its epoch is then above that of every host element that could have
+    /// written before it, and a history is never outranked by an older host element's.
+    pub fn start_minimum(&self) -> usize {
+        self.config.quorum.max(self.elements.len() / 2 + 1)
+    }
+
     fn become_ready(&mut self, now: Time) {
         self.ready = true;
         for (i, v) in self.volumes.iter().enumerate() {
@@ -1666,6 +2048,13 @@ impl HostCore {
                 self.grace_over = true;
             }
             self.maybe_become_ready(now);
+        }
+        if !self.ready && !self.hold_expired && now >= self.started.plus_ms(self.config.startup_timeout_ms) {
+            self.hold_expired = true;
+            self.emit(Action::Event(Event::StartupTimedOut { welcomed: self.welcomed_count() }));
+            for request in std::mem::take(&mut self.deferred) {
+                self.fail_held(request);
+            }
         }
         for i in 0..self.elements.len() {
             let element = ElementId(i as u8);
@@ -1738,7 +2127,12 @@ impl HostCore {
             .map(|v| VolumeStatus {
                 name: v.spec.name.clone(),
                 size_bytes: v.spec.size_bytes,
-                mode: if self.ready { v.mode } else { VolumeMode::ReadOnly },
+                mode: match (self.ready, self.hold_expired) {
+                    _ if self.superseded.is_some() => VolumeMode::Unavailable,
+                    (true, _) => v.mode,
+                    (false, false) => VolumeMode::Starting,
+                    (false, true) => VolumeMode::Unavailable,
+                },
                 acked_sequence: v.host_acked,
                 last_sequence: v.queue.last_sequence(),
                 write_queue_used_bytes: v.queue.used_bytes(),
@@ -1813,7 +2207,7 @@ impl HostCore {
             })
             .collect();
         HostStatus {
-            epoch: self.config.epoch,
+            epoch: self.epoch,
             quorum: self.config.quorum,
             ready: self.ready,
             volumes,

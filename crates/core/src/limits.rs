@@ -26,6 +26,8 @@ pub const HEARTBEAT_INTERVAL_MS_DEFAULT: u64 = 500;
 pub const HEARTBEAT_TIMEOUT_MS_DEFAULT: u64 = 3_000;
 /// At start, how long to wait for every element before proceeding with a quorum of them.
 pub const STARTUP_GRACE_MS_DEFAULT: u64 = 3_000;
+/// Requests that arrive before the host element is ready are held this long, then fail (EIO).
+pub const STARTUP_TIMEOUT_MS_DEFAULT: u64 = 10_000;
 
 const _: () = assert!(ELEMENTS_MAX <= 64);
 const _: () = assert!(WRITE_QUEUE_BYTES_DEFAULT >= WRITE_QUEUE_BYTES_MIN);

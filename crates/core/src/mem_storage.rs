@@ -14,7 +14,7 @@ use std::collections::{BTreeSet, VecDeque};
 use crate::element::{CommitDone, LocalVolume, VolumeInfo};
 use crate::storage::ElementStorage;
 use bytes::Bytes;
-use proto::{BlockChunk, BlockExtent, BlockSummary, Epoch, Op, Record, Sequence, VolumeSpec, BLOCK_BYTES};
+use proto::{BlockChunk, BlockExtent, BlockSummary, Epoch, HostId, Op, Record, Sequence, VolumeSpec, BLOCK_BYTES};
 
 /// What a power loss leaves of the job that was written but not synced.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -65,12 +65,14 @@ pub struct VolumeCopy {
 /// Written, not yet synced.
 enum Unsynced {
     Records(Vec<(usize, Record)>),
-    Epoch(Epoch),
+    Epoch(Epoch, HostId),
 }
 
 pub struct MemStorage {
     /// The epoch on disk: adopted, or raised by committed records.
     pub epoch: Epoch,
+    /// The host element the epoch belongs to.
+    pub holder: HostId,
     pub vols: Vec<Volume>,
     volume_bytes: u64,
     replay_log_bytes: u64,
@@ -83,6 +85,13 @@ pub struct MemStorage {
     pub fsync_us: u64,
     pub slow_disk_factor: u64,
     pub corrupt_blocks: BTreeSet<(usize, u64)>,
+    /// Volumes being repaired (a block failed its checksum), as the store's copy state file:
+    /// they take no records and report `copying` until a copy is installed.
+    repairs: std::cell::RefCell<BTreeSet<usize>>,
+    /// Repairs not yet taken by the element.
+    damaged: std::cell::RefCell<Vec<u32>>,
+    /// (volume, sequence) of the newest synced batch.
+    pub last_batch: Vec<(usize, Sequence)>,
     pub corrupt_log: BTreeSet<(usize, u64)>,
     pub torn_records: u64,
     pub unsynced_lost: u64,
@@ -96,6 +105,7 @@ impl MemStorage {
     pub fn new(volume_bytes: u64, fsync_us: u64, replay_log_bytes: u64, fencing: bool) -> MemStorage {
         MemStorage {
             epoch: Epoch(0),
+            holder: HostId(0),
             vols: Vec::new(),
             volume_bytes,
             replay_log_bytes,
@@ -106,6 +116,9 @@ impl MemStorage {
             fsync_us,
             slow_disk_factor: 1,
             corrupt_blocks: BTreeSet::new(),
+            repairs: std::cell::RefCell::new(BTreeSet::new()),
+            damaged: std::cell::RefCell::new(Vec::new()),
+            last_batch: Vec::new(),
             corrupt_log: BTreeSet::new(),
             torn_records: 0,
             unsynced_lost: 0,
@@ -142,10 +155,39 @@ impl MemStorage {
                 for (vi, record) in &records {
                     self.apply(*vi, record);
                 }
+                self.last_batch = records.iter().map(|(vi, r)| (*vi, r.sequence)).collect();
             }
-            Some(Unsynced::Epoch(epoch)) => self.epoch = self.epoch.max(epoch),
+            Some(Unsynced::Epoch(epoch, host)) => self.raise_epoch(epoch, host),
             None => {}
         }
+    }
+
+    /// Bit rot in the newest synced log batch, found at the next start, and the operator's
+    /// `starfish element repair`: the batch's records are gone (its history and replay log
+    /// end before them; the blocks they wrote may hold anything) and every volume waits for a
+    /// repair. Returns how many acknowledged records were lost.
+    pub fn rot_newest_batch(&mut self) -> usize {
+        let batch = std::mem::take(&mut self.last_batch);
+        let mut lost = 0;
+        for &(vi, sequence) in &batch {
+            let v = &mut self.vols[vi];
+            if v.applied() < sequence {
+                continue; // already gone (a copy replaced the volume since)
+            }
+            let keep = (sequence.0 - 1) as usize;
+            lost += v.history.len() - keep;
+            v.history.truncate(keep);
+            while v.log.back().is_some_and(|r| r.sequence >= sequence) {
+                let old = v.log.pop_back().expect("non-empty");
+                v.log_bytes -= old.op.payload_bytes() + LOG_RECORD_OVERHEAD_BYTES;
+            }
+        }
+        if lost > 0 {
+            for vi in 0..self.vols.len() {
+                self.mark_for_repair(vi);
+            }
+        }
+        lost
     }
 
     /// Whether records of volume `vi` are written but not synced.
@@ -189,10 +231,29 @@ impl MemStorage {
                 }
             }
             // The metadata write of a newer epoch may or may not have reached the disk.
-            Some(Unsynced::Epoch(epoch)) if power_loss.is_none_or(|p| p.epoch_kept) => {
-                self.epoch = self.epoch.max(epoch)
+            Some(Unsynced::Epoch(epoch, host)) if power_loss.is_none_or(|p| p.epoch_kept) => {
+                self.raise_epoch(epoch, host)
             }
-            Some(Unsynced::Epoch(_)) | None => {}
+            Some(Unsynced::Epoch(..)) | None => {}
+        }
+    }
+
+    /// A block of volume `vi` failed its checksum: the volume becomes a repair.
+    fn mark_for_repair(&self, vi: usize) {
+        if self.repairs.borrow_mut().insert(vi) {
+            self.damaged.borrow_mut().push(vi as u32);
+        }
+    }
+
+    /// Whether volume `vi` is being repaired.
+    pub fn repairing(&self, vi: usize) -> bool {
+        self.repairs.borrow().contains(&vi)
+    }
+
+    fn raise_epoch(&mut self, epoch: Epoch, host: HostId) {
+        if epoch > self.epoch {
+            self.epoch = epoch;
+            self.holder = host;
         }
     }
 
@@ -238,7 +299,11 @@ impl MemStorage {
             }
         }
         v.history.push(record.epoch);
-        self.epoch = self.epoch.max(record.epoch);
+        if record.epoch > self.epoch {
+            // As the store: an epoch raised by records alone has no known holder.
+            self.epoch = record.epoch;
+            self.holder = HostId(0);
+        }
         v.log_bytes += record.op.payload_bytes() + LOG_RECORD_OVERHEAD_BYTES;
         v.log.push_back(record.clone());
         while v.log_bytes > self.replay_log_bytes && v.log.len() > 1 {
@@ -268,7 +333,11 @@ impl MemStorage {
         v.log_bytes = 0;
         self.corrupt_blocks.retain(|(w, _)| *w != vi);
         self.corrupt_log.retain(|(w, _)| *w != vi);
-        self.epoch = self.epoch.max(self.vols[vi].applied_epoch());
+        self.repairs.borrow_mut().remove(&vi);
+        if self.vols[vi].applied_epoch() > self.epoch {
+            self.epoch = self.vols[vi].applied_epoch();
+            self.holder = HostId(0);
+        }
     }
 
     /// The blocks of volume `vi` that hold data (to corrupt one).
@@ -296,13 +365,26 @@ impl ElementStorage for MemStorage {
         self.epoch
     }
 
-    fn adopt_epoch(&mut self, epoch: Epoch) -> Result<(), String> {
+    fn epoch_holder(&self) -> HostId {
+        self.holder
+    }
+
+    fn adopt_epoch(&mut self, epoch: Epoch, host: HostId) -> Result<(), String> {
         assert!(self.unsynced.is_none(), "one storage job at a time");
         if let Some(reason) = self.refuse_changes() {
             return Err(reason);
         }
-        self.unsynced = Some(Unsynced::Epoch(epoch));
+        self.unsynced = Some(Unsynced::Epoch(epoch, host));
         Ok(())
+    }
+
+    fn check_new_volumes(&self, specs: &[VolumeSpec]) -> Result<(), String> {
+        match specs.iter().find(|s| s.size_bytes != self.volume_bytes) {
+            Some(s) => {
+                Err(format!("volume {}: this storage holds volumes of {} bytes only", s.name, self.volume_bytes))
+            }
+            None => Ok(()),
+        }
     }
 
     fn ensure_volume(&mut self, spec: &VolumeSpec) -> Result<LocalVolume, String> {
@@ -314,7 +396,8 @@ impl ElementStorage for MemStorage {
 
     fn info(&self, volume: LocalVolume) -> VolumeInfo {
         let v = &self.vols[volume.0 as usize];
-        VolumeInfo { applied: v.applied(), applied_epoch: v.applied_epoch(), copying: false }
+        let repair = self.repairing(volume.0 as usize);
+        VolumeInfo { applied: v.applied(), applied_epoch: v.applied_epoch(), copying: false, repair }
     }
 
     /// As `Store::commit`, except that the accepted records are only written here: they are
@@ -330,7 +413,7 @@ impl ElementStorage for MemStorage {
         for (index, (volume, record)) in batch.iter().enumerate() {
             let vi = volume.0 as usize;
             let (applied, epoch) = running[vi];
-            if record.sequence <= applied {
+            if record.sequence <= applied || self.repairing(vi) {
                 continue;
             }
             let refusal = if self.fencing && record.epoch < epoch {
@@ -341,8 +424,10 @@ impl ElementStorage for MemStorage {
             } else if record.sequence != applied.next() {
                 Some(format!("gap: applied {applied} but got {}", record.sequence))
             } else {
-                self.partially_covered_corrupt_block(vi, record)
-                    .map(|b| format!("block {b}: checksum mismatch in the base of a partial write"))
+                self.partially_covered_corrupt_block(vi, record).map(|b| {
+                    self.mark_for_repair(vi);
+                    format!("block {b}: checksum mismatch in the base of a partial write")
+                })
             };
             if let Some(reason) = refusal {
                 done.rejected.push((index, format!("volume {}: {reason}", self.vols[vi].name)));
@@ -365,6 +450,7 @@ impl ElementStorage for MemStorage {
         let first = offset_bytes / BLOCK_BYTES;
         let end = (offset_bytes + length_bytes as u64).div_ceil(BLOCK_BYTES);
         if let Some(b) = (first..end).find(|b| self.corrupt_blocks.contains(&(vi, *b))) {
+            self.mark_for_repair(vi);
             return Err(format!("volume {} block {b}: checksum mismatch", v.name));
         }
         let data =
@@ -435,5 +521,9 @@ impl ElementStorage for MemStorage {
         _have: &[BlockSummary],
     ) -> Result<BlockChunk, String> {
         Err("the simulator copies a volume whole (MemStorage::copy_volume), not chunk by chunk".into())
+    }
+
+    fn take_damaged(&self) -> Vec<LocalVolume> {
+        self.damaged.borrow_mut().drain(..).map(LocalVolume).collect()
     }
 }

@@ -4,7 +4,9 @@
 //! out as `ElementAction::Serve`, the same way over either.
 
 use bytes::Bytes;
-use proto::{BlockChunk, BlockExtent, BlockSummary, ElementMessage, Epoch, HostMessage, Record, Sequence, VolumeSpec};
+use proto::{
+    BlockChunk, BlockExtent, BlockSummary, ElementMessage, Epoch, HostId, HostMessage, Record, Sequence, VolumeSpec,
+};
 
 use crate::element::{CommitDone, LocalVolume, VolumeInfo};
 use crate::limits::LOG_REPLY_BYTES_MAX;
@@ -15,7 +17,14 @@ use crate::limits::LOG_REPLY_BYTES_MAX;
 pub trait ElementStorage {
     /// The epoch storage follows (raised by adopting one, and by committing newer records).
     fn epoch(&self) -> Epoch;
-    fn adopt_epoch(&mut self, epoch: Epoch) -> Result<(), String>;
+    /// The host element `epoch` belongs to (`HostId(0)`: not known).
+    fn epoch_holder(&self) -> HostId;
+    /// Make `epoch`, held by `host`, the element's epoch, durably.
+    fn adopt_epoch(&mut self, epoch: Epoch, host: HostId) -> Result<(), String>;
+    /// Whether the volumes of a hello that are new here fit (memory, disk), before any of them
+    /// is created: a volume too large for the element is refused with a reason, and the
+    /// volumes it already holds are untouched.
+    fn check_new_volumes(&self, specs: &[VolumeSpec]) -> Result<(), String>;
     /// The volume named in `spec`, created if new (local volumes are numbered densely).
     fn ensure_volume(&mut self, spec: &VolumeSpec) -> Result<LocalVolume, String>;
     fn info(&self, volume: LocalVolume) -> VolumeInfo;
@@ -33,6 +42,9 @@ pub trait ElementStorage {
     ) -> Result<(Sequence, Vec<BlockExtent>), String>;
     /// Replay-log records after `after`: at least one, then up to `max_bytes`.
     fn log_records(&self, volume: LocalVolume, after: Sequence, max_bytes: u64) -> Result<Vec<Record>, String>;
+    /// Volumes that became repairs (a block failed its checksum in a read, a commit or a copy)
+    /// since the last call: the element core must learn of them.
+    fn take_damaged(&self) -> Vec<LocalVolume>;
     /// A full recovery's chunk: the blocks from `first_block` that differ from `have`.
     fn copy_chunk(&self, volume: LocalVolume, first_block: u64, have: &[BlockSummary]) -> Result<BlockChunk, String>;
 }

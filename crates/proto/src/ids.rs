@@ -31,6 +31,17 @@ impl fmt::Display for Epoch {
     }
 }
 
+/// Identity of one host element incarnation (random, chosen at start). An element remembers
+/// which host element its epoch belongs to, so two host elements can never share an epoch.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct HostId(pub u64);
+
+impl fmt::Display for HostId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:016x}", self.0)
+    }
+}
+
 /// Index of a volume within one host element ↔ element session (the order of `Hello::volumes`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct VolumeId(pub u32);

@@ -8,7 +8,7 @@
 mod ids;
 mod message;
 
-pub use ids::{Epoch, Sequence, VolumeId};
+pub use ids::{Epoch, HostId, Sequence, VolumeId};
 pub use message::{
     decode_frame, encode_frame, BlockChunk, BlockCopy, BlockExtent, BlockSummary, Body, DecodeError, ElementMessage,
     HostMessage, Op, Record, VolumeSpec, VolumeState, COPY_CHUNK_BLOCKS_MAX, FRAME_BODY_BYTES_MAX, FRAME_HEADER_BYTES,

@@ -2,7 +2,7 @@
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 
-use crate::{Epoch, Sequence, VolumeId, BLOCK_BYTES, PAYLOAD_BYTES_MAX};
+use crate::{Epoch, HostId, Sequence, VolumeId, BLOCK_BYTES, PAYLOAD_BYTES_MAX};
 
 /// `[u32 body_len][u32 crc32c(body)]`.
 pub const FRAME_HEADER_BYTES: usize = 8;
@@ -104,6 +104,10 @@ pub struct VolumeState {
     /// A full recovery (block copy) of this volume was interrupted here: its blocks are not
     /// one consistent image and the two fields above mean nothing; the copy must resume.
     pub copying: bool,
+    /// A block of this volume failed its checksum: the two fields above hold (its log is
+    /// intact), but it takes no records until a full recovery that verifies every block has
+    /// repaired it.
+    pub repair: bool,
 }
 
 /// What an element holds of one block, as the block map says: sent by a full recovery's
@@ -147,9 +151,12 @@ pub struct BlockExtent {
 /// Host element → element.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum HostMessage {
-    /// First message of a session: the host element's epoch and the volumes it exports.
+    /// First message of a session: the host element's epoch, its identity, and the volumes it
+    /// exports. Element to element (replay, copy), the epoch and identity of the host element
+    /// that ordered the recovery.
     Hello {
         epoch: Epoch,
+        host: HostId,
         volumes: Vec<VolumeSpec>,
     },
     /// Apply one record; the element answers `Applied` once it is durable and applied.
@@ -209,15 +216,22 @@ pub enum HostMessage {
 /// Element → host element.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ElementMessage {
-    /// Answer to `Hello`: the highest epoch the element had seen before, and per volume (in
+    /// Answer to `Hello`: the highest epoch the element had seen before, its identity (random,
+    /// kept on disk: the same element behind two addresses is recognised), and per volume (in
     /// `Hello` order) what it holds.
     Welcome {
         epoch: Epoch,
+        element_id: u64,
         volumes: Vec<VolumeState>,
     },
     /// The element will not serve this session (stale epoch, volume size mismatch, ...).
+    /// `epoch` is set when the hello's epoch was the reason: the epoch the element follows,
+    /// which a starting host element must exceed. `owner_absent_ms`: how long no session of
+    /// that epoch has been open at the element (0: one is open).
     Refused {
         reason: String,
+        epoch: Option<Epoch>,
+        owner_absent_ms: u64,
     },
     /// Every record of `volume` up to and including `sequence` is durable and applied.
     Applied {
@@ -234,8 +248,13 @@ pub enum ElementMessage {
         applied_sequence: Sequence,
         result: Result<Vec<BlockExtent>, String>,
     },
+    /// Answer to `Ping`, with the epoch the element follows now: a host element learns within
+    /// a heartbeat that a newer one took the element over.
     Pong {
         nonce: u64,
+        epoch: Epoch,
+        /// How long no session of `epoch` has been open at the element (0: one is open).
+        owner_absent_ms: u64,
     },
     LogRecords {
         request_id: u64,
@@ -452,9 +471,10 @@ const HOST_FETCH_BLOCKS: u8 = 9;
 impl Body for HostMessage {
     fn encode_body(&self, out: &mut BytesMut) {
         match self {
-            HostMessage::Hello { epoch, volumes } => {
+            HostMessage::Hello { epoch, host, volumes } => {
                 out.put_u8(HOST_HELLO);
                 out.put_u64_le(epoch.0);
+                out.put_u64_le(host.0);
                 out.put_u32_le(volumes.len() as u32);
                 for v in volumes {
                     put_bytes(out, v.name.as_bytes());
@@ -526,6 +546,7 @@ impl Body for HostMessage {
         let message = match r.u8("host message tag")? {
             HOST_HELLO => {
                 let epoch = Epoch(r.u64("hello epoch")?);
+                let host = HostId(r.u64("hello host")?);
                 let n = r.count("hello volume count", VOLUMES_MAX)?;
                 let mut volumes = Vec::with_capacity(n);
                 for _ in 0..n {
@@ -533,7 +554,7 @@ impl Body for HostMessage {
                     let size_bytes = r.u64("volume size")?;
                     volumes.push(VolumeSpec { name, size_bytes });
                 }
-                HostMessage::Hello { epoch, volumes }
+                HostMessage::Hello { epoch, host, volumes }
             }
             HOST_APPLY => HostMessage::Apply(Record::read(&mut r)?),
             HOST_READ => {
@@ -613,19 +634,28 @@ const RESULT_ERR: u8 = 1;
 impl Body for ElementMessage {
     fn encode_body(&self, out: &mut BytesMut) {
         match self {
-            ElementMessage::Welcome { epoch, volumes } => {
+            ElementMessage::Welcome { epoch, element_id, volumes } => {
                 out.put_u8(ELEMENT_WELCOME);
                 out.put_u64_le(epoch.0);
+                out.put_u64_le(*element_id);
                 out.put_u32_le(volumes.len() as u32);
                 for v in volumes {
                     out.put_u64_le(v.applied_sequence.0);
                     out.put_u64_le(v.applied_epoch.0);
-                    out.put_u8(v.copying as u8);
+                    out.put_u8(v.copying as u8 | (v.repair as u8) << 1);
                 }
             }
-            ElementMessage::Refused { reason } => {
+            ElementMessage::Refused { reason, epoch, owner_absent_ms } => {
                 out.put_u8(ELEMENT_REFUSED);
                 put_bytes(out, truncate(reason).as_bytes());
+                out.put_u64_le(*owner_absent_ms);
+                match epoch {
+                    None => out.put_u8(0),
+                    Some(epoch) => {
+                        out.put_u8(1);
+                        out.put_u64_le(epoch.0);
+                    }
+                }
             }
             ElementMessage::Applied { volume, sequence } => {
                 out.put_u8(ELEMENT_APPLIED);
@@ -666,9 +696,11 @@ impl Body for ElementMessage {
                     }
                 }
             }
-            ElementMessage::Pong { nonce } => {
+            ElementMessage::Pong { nonce, epoch, owner_absent_ms } => {
                 out.put_u8(ELEMENT_PONG);
                 out.put_u64_le(*nonce);
+                out.put_u64_le(epoch.0);
+                out.put_u64_le(*owner_absent_ms);
             }
             ElementMessage::Fault { reason } => {
                 out.put_u8(ELEMENT_FAULT);
@@ -748,17 +780,31 @@ impl Body for ElementMessage {
         let message = match r.u8("element message tag")? {
             ELEMENT_WELCOME => {
                 let epoch = Epoch(r.u64("welcome epoch")?);
+                let element_id = r.u64("welcome element id")?;
                 let n = r.count("welcome volume count", VOLUMES_MAX)?;
                 let mut volumes = Vec::with_capacity(n);
                 for _ in 0..n {
                     let applied_sequence = Sequence(r.u64("applied")?);
                     let applied_epoch = Epoch(r.u64("applied epoch")?);
-                    let copying = r.u8("copying")? != 0;
-                    volumes.push(VolumeState { applied_sequence, applied_epoch, copying });
+                    let flags = r.u8("volume state flags")?;
+                    if flags > 3 {
+                        return Err(DecodeError::OutOfBounds { what: "volume state flags", value: flags as u64 });
+                    }
+                    let (copying, repair) = (flags & 1 != 0, flags & 2 != 0);
+                    volumes.push(VolumeState { applied_sequence, applied_epoch, copying, repair });
                 }
-                ElementMessage::Welcome { epoch, volumes }
+                ElementMessage::Welcome { epoch, element_id, volumes }
             }
-            ELEMENT_REFUSED => ElementMessage::Refused { reason: r.string("refusal reason", REASON_BYTES_MAX)? },
+            ELEMENT_REFUSED => {
+                let reason = r.string("refusal reason", REASON_BYTES_MAX)?;
+                let owner_absent_ms = r.u64("refusal owner absence")?;
+                let epoch = match r.u8("refusal epoch flag")? {
+                    0 => None,
+                    1 => Some(Epoch(r.u64("refusal epoch")?)),
+                    other => return Err(DecodeError::OutOfBounds { what: "refusal epoch flag", value: other as u64 }),
+                };
+                ElementMessage::Refused { reason, epoch, owner_absent_ms }
+            }
             ELEMENT_APPLIED => ElementMessage::Applied {
                 volume: VolumeId(r.u32("applied volume")?),
                 sequence: Sequence(r.u64("applied sequence")?),
@@ -792,7 +838,11 @@ impl Body for ElementMessage {
                 };
                 ElementMessage::BlockStatusReply { request_id, applied_sequence, result }
             }
-            ELEMENT_PONG => ElementMessage::Pong { nonce: r.u64("pong nonce")? },
+            ELEMENT_PONG => ElementMessage::Pong {
+                nonce: r.u64("pong nonce")?,
+                epoch: Epoch(r.u64("pong epoch")?),
+                owner_absent_ms: r.u64("pong owner absence")?,
+            },
             ELEMENT_FAULT => ElementMessage::Fault { reason: r.string("fault", REASON_BYTES_MAX)? },
             ELEMENT_RECOVERY_DONE => {
                 let volume = VolumeId(r.u32("recovery done volume")?);
@@ -908,6 +958,7 @@ mod tests {
     fn host_messages_round_trip() {
         round_trip(HostMessage::Hello {
             epoch: Epoch(3),
+            host: HostId(0xfeed),
             volumes: vec![VolumeSpec { name: "vol0".into(), size_bytes: 1 << 30 }],
         });
         for op in [
@@ -955,9 +1006,11 @@ mod tests {
     fn element_messages_round_trip() {
         round_trip(ElementMessage::Welcome {
             epoch: Epoch(1),
+            element_id: 77,
             volumes: vec![
-                VolumeState { applied_sequence: Sequence(10), applied_epoch: Epoch(2), copying: false },
-                VolumeState { applied_sequence: Sequence(0), applied_epoch: Epoch(0), copying: true },
+                VolumeState { applied_sequence: Sequence(10), applied_epoch: Epoch(2), copying: false, repair: false },
+                VolumeState { applied_sequence: Sequence(0), applied_epoch: Epoch(0), copying: true, repair: false },
+                VolumeState { applied_sequence: Sequence(9), applied_epoch: Epoch(2), copying: false, repair: true },
             ],
         });
         round_trip(ElementMessage::Blocks {
@@ -980,7 +1033,8 @@ mod tests {
         });
         round_trip(ElementMessage::CopyDone { volume: VolumeId(0), result: Ok(Sequence(40)) });
         round_trip(ElementMessage::CopyDone { volume: VolumeId(0), result: Err("source gone".into()) });
-        round_trip(ElementMessage::Refused { reason: "stale epoch".into() });
+        round_trip(ElementMessage::Refused { reason: "stale epoch".into(), epoch: Some(Epoch(9)), owner_absent_ms: 7 });
+        round_trip(ElementMessage::Refused { reason: "size mismatch".into(), epoch: None, owner_absent_ms: 0 });
         round_trip(ElementMessage::Applied { volume: VolumeId(0), sequence: Sequence(4) });
         round_trip(ElementMessage::ReadReply {
             request_id: 1,
@@ -1000,7 +1054,7 @@ mod tests {
                 BlockExtent { length_bytes: 8192, allocated: false },
             ]),
         });
-        round_trip(ElementMessage::Pong { nonce: 8 });
+        round_trip(ElementMessage::Pong { nonce: 8, epoch: Epoch(4), owner_absent_ms: 0 });
         round_trip(ElementMessage::Fault { reason: "EIO".into() });
         round_trip(ElementMessage::RecoveryDone { volume: VolumeId(0), result: Ok(Sequence(9)) });
         round_trip(ElementMessage::RecoveryDone { volume: VolumeId(0), result: Err("gone".into()) });

@@ -32,6 +32,8 @@ pub(crate) struct CopyJob {
     pub volume: VolumeId,
     pub spec: proto::VolumeSpec,
     pub epoch: Epoch,
+    /// The host element that ordered the copy (the peer's hello carries it).
+    pub host: proto::HostId,
     pub handle: VolumeHandle,
     pub source: String,
     pub rate_bytes_per_s: u64,
@@ -83,7 +85,7 @@ async fn copy(
     session: &mpsc::UnboundedSender<ElementMessage>,
     replies: &mpsc::UnboundedSender<ElementMessage>,
 ) -> Result<(Sequence, u64), String> {
-    let (mut stream, mut buf) = connect_peer(&job.source, job.epoch, &job.spec).await?;
+    let (mut stream, mut buf) = connect_peer(&job.source, job.epoch, job.host, &job.spec).await?;
     let (s, h, epoch) = (store.clone(), job.handle, job.epoch);
     let state = blocking(move || s.begin_copy(h, epoch)).await?;
     let blocks = job.spec.size_bytes / BLOCK_BYTES;

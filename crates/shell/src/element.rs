@@ -42,29 +42,97 @@ pub struct ElementOptions {
 
 /// What reaches the actor.
 enum Input {
-    Opened { session: SessionId, writer: mpsc::UnboundedSender<ElementMessage> },
-    Message { session: SessionId, message: HostMessage },
-    Closed { session: SessionId },
-    VolumesEnsured { session: SessionId, result: Result<Vec<(LocalVolume, VolumeInfo)>, String> },
+    Opened {
+        session: SessionId,
+        writer: mpsc::UnboundedSender<ElementMessage>,
+    },
+    Message {
+        session: SessionId,
+        message: HostMessage,
+    },
+    Closed {
+        session: SessionId,
+    },
+    VolumesEnsured {
+        session: SessionId,
+        result: Result<Vec<(LocalVolume, VolumeInfo)>, String>,
+    },
     Storage(StorageDone),
-    PeerMessage { peer: PeerId, message: ElementMessage },
-    PeerClosed { peer: PeerId, reason: String },
-    CopyProgress { volume: LocalVolume, message: ElementMessage },
-    CopyDone { volume: LocalVolume, session_volume: VolumeId, info: VolumeInfo, result: Result<Sequence, String> },
+    PeerMessage {
+        peer: PeerId,
+        message: ElementMessage,
+    },
+    PeerClosed {
+        peer: PeerId,
+        reason: String,
+    },
+    CopyProgress {
+        volume: LocalVolume,
+        message: ElementMessage,
+    },
+    CopyDone {
+        volume: LocalVolume,
+        session_volume: VolumeId,
+        info: VolumeInfo,
+        result: Result<Sequence, String>,
+    },
+    /// Storage made the volume a repair.
+    Damaged {
+        volume: LocalVolume,
+    },
 }
 
 /// Open the store, start the committer and serve sessions until `shutdown` completes; then
-/// checkpoint, so the next start has no log to replay.
+/// checkpoint, so the next start has no log to replay. A store that runs out of space is
+/// reopened once space is freed (meanwhile every session is refused with the reason), so an
+/// operator who frees space needs not restart the element.
 pub async fn run(options: ElementOptions, shutdown: impl std::future::Future<Output = ()>) -> std::io::Result<()> {
-    let data = options.data.clone();
-    let store = tokio::task::spawn_blocking(move || Store::open(&data, options.store))
-        .await
-        .map_err(std::io::Error::other)?
-        .map_err(|e| std::io::Error::other(format!("cannot open data directory: {e}")))?;
-    let store = Arc::new(store);
+    let mut store =
+        open_store(&options).await.map_err(|e| std::io::Error::other(format!("cannot open data directory: {e}")))?;
     let listener = TcpListener::bind(options.listen)
         .await
         .map_err(|e| std::io::Error::new(e.kind(), format!("cannot listen on {}: {e}", options.listen)))?;
+    tokio::pin!(shutdown);
+    let mut next_session = 1u64;
+    loop {
+        match serve(&listener, store, &options, &mut next_session, &mut shutdown).await? {
+            Served::Stopped(store) => {
+                tracing::info!("element stopping: checkpoint");
+                return tokio::task::spawn_blocking(move || store.checkpoint())
+                    .await
+                    .map_err(std::io::Error::other)?
+                    .map_err(|e| std::io::Error::other(format!("checkpoint at shutdown: {e}")));
+            }
+            Served::OutOfSpace(reason) => match reopen_when_space(&listener, &options, &reason, &mut shutdown).await {
+                Some(reopened) => store = reopened,
+                None => return Ok(()),
+            },
+        }
+    }
+}
+
+async fn open_store(options: &ElementOptions) -> Result<Arc<Store>, store::StoreError> {
+    let (data, store_options) = (options.data.clone(), options.store);
+    let opened = tokio::task::spawn_blocking(move || Store::open(&data, store_options))
+        .await
+        .map_err(|e| store::StoreError::Failed { reason: format!("opening task: {e}") })?;
+    opened.map(Arc::new)
+}
+
+enum Served {
+    Stopped(Arc<Store>),
+    /// The store failed for lack of space (the reason), and every task that used it is gone.
+    OutOfSpace(String),
+}
+
+/// Serve sessions over one open store until shutdown, or until the store runs out of space.
+async fn serve(
+    listener: &TcpListener,
+    store: Arc<Store>,
+    options: &ElementOptions,
+    next_session: &mut u64,
+    shutdown: &mut std::pin::Pin<&mut impl std::future::Future<Output = ()>>,
+) -> std::io::Result<Served> {
     let volumes = store
         .volumes()
         .into_iter()
@@ -74,22 +142,25 @@ pub async fn run(options: ElementOptions, shutdown: impl std::future::Future<Out
             (VolumeSpec { name, size_bytes }, store.volume_info(handle))
         })
         .collect();
-    let core = ElementCore::new(ElementConfig::default(), store.epoch(), volumes);
+    let config = ElementConfig { element_id: store.element_id(), ..ElementConfig::default() };
+    let core = ElementCore::new(config, store.epoch(), store.epoch_holder(), volumes);
     let (inputs, input_rx) = mpsc::channel::<Input>(ACTOR_QUEUE_MAX);
     let (jobs, job_rx) = std::sync::mpsc::channel::<StorageJob>();
-    {
+    let (out_of_space, mut out_of_space_rx) = tokio::sync::watch::channel(false);
+    let committer = {
         let (store, inputs) = (store.clone(), inputs.clone());
-        std::thread::Builder::new().name("committer".into()).spawn(move || run_committer(&store, job_rx, inputs))?;
-    }
-    let actor = tokio::spawn(run_actor(core, store.clone(), input_rx, inputs.clone(), jobs));
+        std::thread::Builder::new()
+            .name("committer".into())
+            .spawn(move || run_committer(&store, job_rx, inputs, out_of_space))?
+    };
+    let mut actor = tokio::spawn(run_actor(core, store.clone(), input_rx, inputs.clone(), jobs));
     tracing::info!(listen = %options.listen, data = %options.data.display(), epoch = %store.epoch(), "element serving");
     let sessions = Arc::new(tokio::sync::Semaphore::new(SESSIONS_MAX));
-    let mut next_session = 1u64;
-    tokio::pin!(shutdown);
-    loop {
+    let stopped = loop {
         let (stream, peer) = tokio::select! {
-            accepted = crate::accept::accept(&listener, "element") => accepted?,
-            _ = &mut shutdown => break,
+            accepted = crate::accept::accept(listener, "element") => accepted?,
+            _ = shutdown.as_mut() => break true,
+            _ = out_of_space_rx.changed() => break false,
         };
         let Ok(permit) = sessions.clone().try_acquire_owned() else {
             tracing::warn!(%peer, limit = SESSIONS_MAX, "element: session limit reached; connection closed");
@@ -97,29 +168,91 @@ pub async fn run(options: ElementOptions, shutdown: impl std::future::Future<Out
             continue;
         };
         let _ = stream.set_nodelay(true);
-        let session = SessionId(next_session);
-        next_session += 1;
+        let session = SessionId(*next_session);
+        *next_session += 1;
         let inputs = inputs.clone();
         tokio::spawn(async move {
             let reason = serve_session(stream, session, inputs).await;
             tracing::info!(%peer, session = session.0, %reason, "session ended");
             drop(permit);
         });
-    }
+    };
     actor.abort();
-    tracing::info!("element stopping: checkpoint");
-    tokio::task::spawn_blocking(move || store.checkpoint())
-        .await
-        .map_err(std::io::Error::other)?
-        .map_err(|e| std::io::Error::other(format!("checkpoint at shutdown: {e}")))
+    let _ = (&mut actor).await;
+    drop(inputs);
+    if stopped {
+        return Ok(Served::Stopped(store));
+    }
+    // The actor is gone, so the committer's job channel is closed and it ends; sessions end
+    // as their writers were dropped with the actor.
+    let _ = tokio::task::spawn_blocking(move || committer.join()).await;
+    let reason = store.failure().unwrap_or_else(|| "no space left on device".into());
+    Ok(Served::OutOfSpace(reason))
+}
+
+/// The store ran out of space: refuse every session with the reason until the file system
+/// has room again, then reopen the store (replaying its log). `None`: shut down meanwhile.
+async fn reopen_when_space(
+    listener: &TcpListener,
+    options: &ElementOptions,
+    reason: &str,
+    shutdown: &mut std::pin::Pin<&mut impl std::future::Future<Output = ()>>,
+) -> Option<Arc<Store>> {
+    let needed = Store::reopen_space_bytes(&options.store);
+    let refusal = format!(
+        "this element is out of disk space ({reason}); it takes no records until {} MiB are free in {}, then reopens its store by itself",
+        needed >> 20,
+        options.data.display()
+    );
+    tracing::error!(data = %options.data.display(), needed_mib = needed >> 20, %reason, "element OUT OF SPACE: refusing sessions until space is freed");
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        tokio::select! {
+            _ = shutdown.as_mut() => return None,
+            accepted = crate::accept::accept(listener, "element") => {
+                if let Ok((stream, _)) = accepted {
+                    let message = ElementMessage::Refused { reason: refusal.clone(), epoch: None, owner_absent_ms: 0 };
+                    tokio::spawn(refuse_connection(stream, message));
+                }
+            }
+            _ = tick.tick() => {
+                let free = store::sys_available_bytes(&options.data).unwrap_or(0);
+                if free < needed {
+                    continue;
+                }
+                match open_store(options).await {
+                    Ok(store) => {
+                        tracing::info!(free_mib = free >> 20, "space is free again: store reopened");
+                        return Some(store);
+                    }
+                    // The old store may still be held by a task that is ending.
+                    Err(e) => tracing::warn!(error = %e, "reopening the store failed; retrying"),
+                }
+            }
+        }
+    }
+}
+
+/// Answer a connection with one refusal and close it.
+async fn refuse_connection(mut stream: TcpStream, message: ElementMessage) {
+    let mut buf = BytesMut::new();
+    encode_frame(&message, &mut buf);
+    let _ = tokio::time::timeout(Duration::from_secs(2), stream.write_all(&buf)).await;
 }
 
 /// Carry out storage jobs in order, one at a time (a commit is one write and one fdatasync).
-fn run_committer(store: &Store, jobs: std::sync::mpsc::Receiver<StorageJob>, inputs: mpsc::Sender<Input>) {
+fn run_committer(
+    store: &Store,
+    jobs: std::sync::mpsc::Receiver<StorageJob>,
+    inputs: mpsc::Sender<Input>,
+    out_of_space: tokio::sync::watch::Sender<bool>,
+) {
     let mut storage = store;
     while let Ok(job) = jobs.recv() {
         let done = match job {
-            StorageJob::AdoptEpoch(epoch) => StorageDone::AdoptEpoch(ElementStorage::adopt_epoch(&mut storage, epoch)),
+            StorageJob::AdoptEpoch(epoch, host) => {
+                StorageDone::AdoptEpoch(ElementStorage::adopt_epoch(&mut storage, epoch, host))
+            }
             StorageJob::Commit(batch) => {
                 let result = ElementStorage::commit(&mut storage, &batch);
                 if let Err(e) = &result {
@@ -131,6 +264,17 @@ fn run_committer(store: &Store, jobs: std::sync::mpsc::Receiver<StorageJob>, inp
         if inputs.blocking_send(Input::Storage(done)).is_err() {
             return;
         }
+        report_damage(store, &inputs);
+        if store.failed_for_space() {
+            let _ = out_of_space.send(true);
+        }
+    }
+}
+
+/// Tell the actor of volumes that storage made repairs (a block failed its checksum).
+fn report_damage(store: &Store, inputs: &mpsc::Sender<Input>) {
+    for volume in ElementStorage::take_damaged(&store) {
+        let _ = inputs.blocking_send(Input::Damaged { volume });
     }
 }
 
@@ -187,6 +331,7 @@ async fn run_actor(
             Input::CopyDone { volume, session_volume, info, result } => {
                 core.handle_copy_done(t, volume, session_volume, info, result)
             }
+            Input::Damaged { volume } => core.handle_volume_damaged(t, volume),
         }
         if core.poll_timeout().is_some_and(|at| at <= now()) {
             core.handle_timeout(now());
@@ -219,13 +364,15 @@ fn carry_out(
                 let (store, inputs) = (store.clone(), inputs.clone());
                 tokio::task::spawn_blocking(move || {
                     let mut storage = &*store;
-                    let result = specs
-                        .iter()
-                        .map(|spec| {
-                            let volume = ElementStorage::ensure_volume(&mut storage, spec)?;
-                            Ok((volume, ElementStorage::info(&storage, volume)))
-                        })
-                        .collect::<Result<Vec<_>, String>>();
+                    let result = ElementStorage::check_new_volumes(&storage, &specs).and_then(|()| {
+                        specs
+                            .iter()
+                            .map(|spec| {
+                                let volume = ElementStorage::ensure_volume(&mut storage, spec)?;
+                                Ok((volume, ElementStorage::info(&storage, volume)))
+                            })
+                            .collect::<Result<Vec<_>, String>>()
+                    });
                     let _ = inputs.blocking_send(Input::VolumesEnsured { session, result });
                 });
             }
@@ -234,9 +381,10 @@ fn carry_out(
             }
             ElementAction::Serve { session, volume, request } => {
                 let Some(writer) = writers.get(&session).cloned() else { continue };
-                let store = store.clone();
+                let (store, inputs) = (store.clone(), inputs.clone());
                 tokio::task::spawn_blocking(move || {
                     let _ = writer.send(starfish_core::serve(&&*store, volume, request));
+                    report_damage(&store, &inputs);
                 });
             }
             ElementAction::ConnectPeer { peer, address, hello } => {
@@ -254,7 +402,16 @@ fn carry_out(
                     task.abort();
                 }
             }
-            ElementAction::StartCopy { session, session_volume, volume, spec, epoch, source, rate_bytes_per_s } => {
+            ElementAction::StartCopy {
+                session,
+                session_volume,
+                volume,
+                spec,
+                epoch,
+                host,
+                source,
+                rate_bytes_per_s,
+            } => {
                 let Some(writer) = writers.get(&session).cloned() else {
                     // The session is gone already: the copy does not run.
                     let info = store.volume_info(store.handle_of(volume));
@@ -266,6 +423,7 @@ fn carry_out(
                     volume: session_volume,
                     spec,
                     epoch,
+                    host,
                     handle: store.handle_of(volume),
                     source,
                     rate_bytes_per_s,
@@ -363,6 +521,7 @@ async fn serve_session(stream: TcpStream, session: SessionId, inputs: mpsc::Send
         Ok::<(), std::io::Error>(())
     });
     let mut buf = BytesMut::with_capacity(256 * 1024);
+    let mut writer_done = false;
     let reason = 'session: loop {
         loop {
             let message = match decode_frame::<HostMessage>(&mut buf) {
@@ -384,12 +543,17 @@ async fn serve_session(stream: TcpStream, session: SessionId, inputs: mpsc::Send
                 Err(e) => break format!("read error: {e}"),
             },
             // The core ended the session (a refusal): its writer was dropped and drained.
-            _ = &mut writer_task => break "refused".to_string(),
+            _ = &mut writer_task => {
+                writer_done = true;
+                break "refused".to_string();
+            }
         }
     };
     let _ = inputs.send(Input::Closed { session }).await;
-    // Let queued replies go out.
-    let _ = tokio::time::timeout(Duration::from_millis(200), writer_task).await;
+    // Let queued replies go out (a finished task must not be awaited again).
+    if !writer_done {
+        let _ = tokio::time::timeout(Duration::from_millis(200), writer_task).await;
+    }
     reason
 }
 
@@ -453,6 +617,7 @@ async fn read_frame<M: proto::Body>(
 pub(crate) async fn connect_peer(
     source: &str,
     epoch: proto::Epoch,
+    host: proto::HostId,
     spec: &proto::VolumeSpec,
 ) -> Result<(TcpStream, BytesMut), String> {
     let address: SocketAddr = source.parse().map_err(|e| format!("bad peer address {source}: {e}"))?;
@@ -462,10 +627,10 @@ pub(crate) async fn connect_peer(
         .map_err(|e| format!("cannot connect to {address}: {e}"))?;
     let _ = stream.set_nodelay(true);
     let mut buf = BytesMut::with_capacity(1 << 20);
-    send_frame(&mut stream, &HostMessage::Hello { epoch, volumes: vec![spec.clone()] }).await?;
+    send_frame(&mut stream, &HostMessage::Hello { epoch, host, volumes: vec![spec.clone()] }).await?;
     match recv_frame::<ElementMessage>(&mut stream, &mut buf).await? {
         ElementMessage::Welcome { .. } => Ok((stream, buf)),
-        ElementMessage::Refused { reason } => Err(format!("peer refused: {reason}")),
+        ElementMessage::Refused { reason, .. } => Err(format!("peer refused: {reason}")),
         other => Err(format!("peer answered {other:?} to hello")),
     }
 }

@@ -83,7 +83,8 @@ pub async fn start(options: HostOptions) -> std::io::Result<HostHandle> {
     let origin = Instant::now();
     let core = HostCore::new(options.config.clone(), Time(0));
     tracing::info!(
-        epoch = %options.config.epoch,
+        first_epoch = %options.config.epoch,
+        host_id = %options.config.host_id,
         quorum = options.config.quorum,
         elements = options.config.elements.len(),
         "host element starting"
@@ -257,8 +258,35 @@ fn log_event(core: &HostCore, names: &[String], event: Event) {
                 starfish_core::VolumeMode::ReadWrite => {
                     tracing::info!(volume, in_sync, "volume is read-write")
                 }
+                starfish_core::VolumeMode::Starting | starfish_core::VolumeMode::Unavailable => {
+                    tracing::warn!(volume, in_sync, mode = mode.as_str(), "volume is not serving")
+                }
             }
         }
+        Event::EpochRaised { from, to, refused_by } => tracing::info!(
+            element = name(refused_by),
+            from = %from,
+            to = %to,
+            "an element follows an epoch at least as new as ours: starting again with a newer epoch"
+        ),
+        Event::Restarted { from, to, refused_by, seen } => tracing::warn!(
+            element = name(refused_by),
+            from = %from,
+            to = %to,
+            seen = %seen,
+            "an element follows an epoch a host element that never became ready left there, while a majority follows ours: starting over with a newer epoch (requests under way fail)"
+        ),
+        Event::Superseded { ours, seen } => tracing::error!(
+            ours = %ours,
+            seen = %seen,
+            "a majority of elements follow a newer host element's epoch: this host element was taken over and serves nothing more (every request fails with EIO); stop it"
+        ),
+        Event::StartupTimedOut { welcomed } => tracing::error!(
+            welcomed,
+            needed = core.start_minimum(),
+            timeout_ms = core.config().startup_timeout_ms,
+            "volumes UNAVAILABLE: too few elements answered within the start-up timeout; requests fail with EIO until they do"
+        ),
         Event::Throttled { volume } => tracing::warn!(
             volume = volume_name(volume),
             "write queue full: throttling new writes until the slowest element catches up"

@@ -67,6 +67,7 @@ pub enum Out {
     Copy {
         session: u64,
         epoch: Epoch,
+        host: proto::HostId,
         volume: VolumeId,
         source: String,
     },
@@ -101,6 +102,7 @@ pub struct Element {
 impl Element {
     pub fn new(
         name: String,
+        element_id: u64,
         volumes: usize,
         volume_bytes: u64,
         fsync_us: u64,
@@ -112,7 +114,7 @@ impl Element {
         for v in 0..volumes {
             storage.add_volume(format!("vol{v}"));
         }
-        let config = ElementConfig { fencing, ..ElementConfig::default() };
+        let config = ElementConfig { fencing, element_id, ..ElementConfig::default() };
         let core = Self::boot(config, &storage);
         Element {
             name,
@@ -140,7 +142,7 @@ impl Element {
                 (spec, storage.info(LocalVolume(i as u32)))
             })
             .collect();
-        ElementCore::new(config, storage.epoch, volumes)
+        ElementCore::new(config, storage.epoch, storage.holder, volumes)
     }
 
     pub fn has_session(&self, session: u64) -> bool {
@@ -216,6 +218,9 @@ impl Element {
         self.storage.sync();
         let done = self.storage_done.take().expect("a sync completes a storage job");
         self.core.handle_storage_done(now, done);
+        for damaged in self.storage.take_damaged() {
+            self.core.handle_volume_damaged(now, damaged);
+        }
         self.drain(now, rng, out);
     }
 
@@ -276,18 +281,18 @@ impl Element {
                 ElementAction::Storage(job) => {
                     assert!(self.storage_done.is_none(), "one storage job at a time");
                     let result = match &job {
-                        StorageJob::AdoptEpoch(epoch) => self.storage.adopt_epoch(*epoch).map(|()| None),
+                        StorageJob::AdoptEpoch(epoch, host) => self.storage.adopt_epoch(*epoch, *host).map(|()| None),
                         StorageJob::Commit(batch) => self.storage.commit(batch).map(Some),
                     };
                     match (job, result) {
                         // Refused at once (a full disk): no sync to wait for.
-                        (StorageJob::AdoptEpoch(_), Err(reason)) => {
+                        (StorageJob::AdoptEpoch(..), Err(reason)) => {
                             self.core.handle_storage_done(now, StorageDone::AdoptEpoch(Err(reason)))
                         }
                         (StorageJob::Commit(_), Err(reason)) => {
                             self.core.handle_storage_done(now, StorageDone::Commit(Err(reason)))
                         }
-                        (StorageJob::AdoptEpoch(_), Ok(_)) => {
+                        (StorageJob::AdoptEpoch(..), Ok(_)) => {
                             self.storage_done = Some(StorageDone::AdoptEpoch(Ok(())));
                             out.push(Out::SyncAfter { delay_us: self.storage.sync_delay_us() });
                         }
@@ -299,6 +304,9 @@ impl Element {
                 }
                 ElementAction::Serve { session, volume, request } => {
                     let message = starfish_core::serve(&self.storage, volume, request);
+                    for damaged in self.storage.take_damaged() {
+                        self.core.handle_volume_damaged(now, damaged);
+                    }
                     let bytes = match &message {
                         ElementMessage::ReadReply { result: Ok(data), .. } => data.len() as u64,
                         ElementMessage::LogRecords { result: Ok(records), .. } => {
@@ -314,9 +322,9 @@ impl Element {
                 }
                 ElementAction::SendPeer { peer, message } => out.push(Out::SendPeer { peer, message }),
                 ElementAction::ClosePeer { peer } => out.push(Out::ClosePeer { peer }),
-                ElementAction::StartCopy { session, session_volume, volume, epoch, source, .. } => {
+                ElementAction::StartCopy { session, session_volume, volume, epoch, host, source, .. } => {
                     self.copies.insert(volume.0, session_volume);
-                    out.push(Out::Copy { session: session.0, epoch, volume: VolumeId(volume.0), source });
+                    out.push(Out::Copy { session: session.0, epoch, host, volume: VolumeId(volume.0), source });
                 }
                 ElementAction::Refused { session, volume, sequence, refusal, replayed } => {
                     let first = self.refused.insert((session.0, volume.0));

@@ -20,6 +20,10 @@ pub struct RunReport {
     pub reads_checked: u64,
     pub sectors_checked: u64,
     pub host_starts: u64,
+    /// Times a host element started over above an epoch whose owner was gone.
+    pub host_restarts: u64,
+    /// Times a starting host element raised its epoch above what an element followed.
+    pub epoch_raises: u64,
     pub recoveries: BTreeMap<String, u64>,
     pub elements_in_sync_at_end: u64,
     /// Elements left failed at the end for a reason the core documents as needing a recovery
@@ -64,6 +68,8 @@ pub struct Summary {
     pub writes_acked: u64,
     pub reads_checked: u64,
     pub host_starts: u64,
+    pub host_restarts: u64,
+    pub epoch_raises: u64,
     pub recoveries: BTreeMap<String, u64>,
     pub elements_needing_recovery: u64,
     pub torn_records: u64,
@@ -94,6 +100,8 @@ impl Summary {
         self.writes_acked += r.writes_acked;
         self.reads_checked += r.reads_checked;
         self.host_starts += r.host_starts;
+        self.host_restarts += r.host_restarts;
+        self.epoch_raises += r.epoch_raises;
         self.elements_needing_recovery += r.elements_needing_recovery;
         self.torn_records += r.torn_records;
         self.unsynced_records_lost += r.unsynced_records_lost;
@@ -138,7 +146,11 @@ impl Summary {
             "  (records lost unsynced at crashes: {}, torn: {})",
             self.unsynced_records_lost, self.torn_records
         );
-        let _ = writeln!(s, "host element starts: {}; recoveries: {:?}", self.host_starts, self.recoveries);
+        let _ = writeln!(
+            s,
+            "host element starts: {} (epochs raised while starting: {}, restarts above an epoch whose owner is gone: {}); recoveries: {:?}",
+            self.host_starts, self.epoch_raises, self.host_restarts, self.recoveries
+        );
         let _ = writeln!(
             s,
             "records applied with an epoch older than another volume's last (refused before bug 1's fix): {}",

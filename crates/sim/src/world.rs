@@ -13,7 +13,7 @@ use starfish_core::{Action, ElementId, Event, Failure, HostConfig, HostCore, Hos
 
 use crate::element::{CrashKind, Element, Out};
 use crate::model::{Model, OpKind, Outcome};
-use crate::options::{FaultKind, Scenario, SimOptions};
+use crate::options::{Broken, FaultKind, Scenario, SimOptions};
 use crate::report::RunReport;
 use crate::rng::{splitmix64, Rng};
 use crate::sector::{fill_sector, SECTOR_BYTES};
@@ -259,7 +259,6 @@ struct HostLink {
 
 struct Host {
     instance: u32,
-    epoch: Epoch,
     core: HostCore,
     links: Vec<HostLink>,
     /// The core has taken a Welcome in the current session.
@@ -271,6 +270,9 @@ struct Host {
     unsequenced: Vec<VecDeque<u64>>,
     last_timeout: Option<Time>,
     past_deadline_since: Option<Time>,
+    /// The core started over (`Event::Restarted`): ops before this one count as an earlier
+    /// host element's.
+    restarted_before_op: Option<u64>,
     /// `welcomed` when the core, not yet ready, last asked for a start-up roll-forward
     /// (`FetchLog`): the elements its start-up decision was made from. Welcomes that arrive
     /// while that fetch is under way do not change the decision.
@@ -295,6 +297,10 @@ pub struct World {
     rng_work: Rng,
     rng_fault: Rng,
     rng_disk: Rng,
+    /// Host elements' clocks: the first epoch each offers (skewed, frozen, cloned).
+    rng_clock: Rng,
+    /// The first epoch the last host element offered (what its clock said).
+    last_offer: u64,
     elements: Vec<Element>,
     links: Vec<Link>,
     sessions: BTreeMap<u64, NetSession>,
@@ -362,6 +368,7 @@ impl World {
             .map(|i| {
                 Element::new(
                     names[i].clone(),
+                    i as u64 + 1,
                     sc.volumes,
                     sc.volume_bytes,
                     sc.fsync_us[i],
@@ -395,6 +402,8 @@ impl World {
             rng_work: Rng::new(o.seed, 3),
             rng_fault: Rng::new(o.seed, 4),
             rng_disk: Rng::new(o.seed, 5),
+            rng_clock: Rng::new(o.seed, 7),
+            last_offer: 1,
             sc,
             o,
             now: Time(0),
@@ -892,11 +901,11 @@ impl World {
                         self.violation(format!("element e{element} was sent {what} {how}: {reason}"));
                     }
                 }
-                Out::Copy { session, epoch, volume, source } => {
+                Out::Copy { session, epoch, host, volume, source } => {
                     // As `copy.rs`: a session to the source with a one-volume hello, then the
                     // volume (taken whole here, see `peer_reply`).
                     let spec = VolumeSpec { name: format!("vol{}", volume.0), size_bytes: self.sc.volume_bytes };
-                    let hello = HostMessage::Hello { epoch, volumes: vec![spec] };
+                    let hello = HostMessage::Hello { epoch, host, volumes: vec![spec] };
                     self.connect_peer(element, PeerId(0), &source, hello, Some(CopyFetch { session, volume }));
                 }
                 Out::ConnectPeer { peer, address, hello } => self.connect_peer(element, peer, &address, hello, None),
@@ -1013,7 +1022,7 @@ impl World {
             let incarnation = link.from_incarnation;
             let result = match message {
                 ElementMessage::Welcome { .. } => self.elements[to].storage.copy_volume(volume.0 as usize),
-                ElementMessage::Refused { reason } => Err(format!("peer refused: {reason}")),
+                ElementMessage::Refused { reason, .. } => Err(format!("peer refused: {reason}")),
                 _ => return,
             };
             self.peer_links.remove(&id);
@@ -1057,7 +1066,18 @@ impl World {
         self.instances += 1;
         self.report.host_starts += 1;
         let instance = self.instances;
-        let epoch = Epoch(instance as u64);
+        // The real host element offers epoch 1 and raises it above what elements follow; an
+        // epoch from a clock is modelled here, so that clocks frozen, cloned (two host
+        // elements in one millisecond), behind or ahead of the last one are all tried.
+        let offer = match self.rng_clock.below(5) {
+            0 => 1,
+            1 => self.last_offer,
+            2 => self.last_offer.saturating_sub(self.rng_clock.range(1, 1_000)).max(1),
+            3 => self.last_offer + self.rng_clock.range(1, 1_000_000),
+            _ => self.last_offer + 1,
+        };
+        self.last_offer = offer;
+        let epoch = Epoch(offer);
         let mut config = HostConfig::new(
             epoch,
             self.o.quorum,
@@ -1072,15 +1092,17 @@ impl World {
         config.heartbeat_timeout_ms = self.sc.heartbeat_timeout_ms;
         config.throttle_timeout_ms = self.sc.throttle_timeout_ms;
         config.startup_grace_ms = self.sc.startup_grace_ms;
+        config.startup_timeout_ms = config.startup_timeout_ms.max(config.startup_grace_ms);
+        config.host_id = proto::HostId(instance as u64);
+        config.raise_epoch = self.o.broken != Broken::ClockEpochs;
         if self.sc.replay_recovery {
             config.element_addresses = self.elements.iter().map(|e| e.name.clone()).collect();
         }
-        self.trace(|| format!("host element starts: instance {instance}, epoch {epoch}"));
+        self.trace(|| format!("host element starts: instance {instance}, first epoch offered {epoch}"));
         self.recovery_kind.iter_mut().for_each(|k| *k = None);
         let n = self.elements.len();
         self.host = Some(Host {
             instance,
-            epoch,
             core: HostCore::new(config, self.now),
             links: vec![HostLink { current: None, running: None, backoff_ms: BACKOFF_MS_MIN, opened: Time(0) }; n],
             welcomed: vec![false; n],
@@ -1089,6 +1111,7 @@ impl World {
             unsequenced: vec![VecDeque::new(); self.sc.volumes],
             last_timeout: None,
             past_deadline_since: None,
+            restarted_before_op: None,
             decided_with: None,
         });
         for element in 0..n {
@@ -1289,6 +1312,18 @@ impl World {
             Event::ElementInSync { element } if !self.in_superseded => {
                 self.check_joined_history(element.0 as usize);
             }
+            Event::EpochRaised { .. } => self.report.epoch_raises += 1,
+            Event::Restarted { .. } => {
+                // The core starts over: as a new host element, except that what it
+                // acknowledged before is held to the same promise as an earlier one's.
+                self.report.host_restarts += 1;
+                let first_op = self.model.len() as u64;
+                let host = self.host.as_mut().expect("events come from a host");
+                host.ready = false;
+                host.welcomed.iter_mut().for_each(|w| *w = false);
+                host.decided_with = None;
+                host.restarted_before_op = Some(first_op);
+            }
             _ => {}
         }
     }
@@ -1303,7 +1338,8 @@ impl World {
         let host = self.host.as_ref().expect("called when ready");
         let mut at_risk = Vec::new();
         for (id, op) in self.model.ops() {
-            if !op.kind.write_like() || op.outcome != Outcome::Ok || op.instance >= host.instance || op.at_risk {
+            let earlier = op.instance < host.instance || host.restarted_before_op.is_some_and(|first| id < first);
+            if !op.kind.write_like() || op.outcome != Outcome::Ok || !earlier || op.at_risk {
                 continue;
             }
             let Some((epoch, sequence)) = op.seq else {
@@ -1365,7 +1401,7 @@ impl World {
             return;
         }
         let host = self.host.as_mut().expect("sends come from a host");
-        if record.epoch != host.epoch {
+        if record.epoch != host.core.epoch() {
             let message = format!(
                 "the host element sent volume {v} sequence {} of epoch {} that no host element created",
                 record.sequence, record.epoch
@@ -1375,7 +1411,10 @@ impl World {
         while host.next_sequence[v] <= record.sequence.0 {
             let id = loop {
                 match host.unsequenced[v].pop_front() {
-                    Some(id) if self.model.op(id).outcome == Outcome::ReadOnly => continue,
+                    // Failed before it was given a sequence.
+                    Some(id) if matches!(self.model.op(id).outcome, Outcome::ReadOnly | Outcome::Unavailable) => {
+                        continue
+                    }
                     other => break other,
                 }
             };
@@ -1576,6 +1615,16 @@ impl World {
 
     fn pick_element(&mut self, alive: bool) -> Option<usize> {
         let candidates: Vec<usize> = (0..self.elements.len()).filter(|&e| self.elements[e].alive == alive).collect();
+        if candidates.is_empty() {
+            return None;
+        }
+        Some(candidates[self.rng_fault.below(candidates.len() as u64) as usize])
+    }
+
+    /// A live element whose newest synced batch Q others hold (see `rot_is_redundant`).
+    fn pick_redundant_element(&mut self) -> Option<usize> {
+        let candidates: Vec<usize> =
+            (0..self.elements.len()).filter(|&e| self.elements[e].alive && self.rot_is_redundant(e)).collect();
         if candidates.is_empty() {
             return None;
         }
@@ -1825,6 +1874,20 @@ impl World {
                     None => false,
                 }
             }
+            // Only where the batch's records are held durably by Q other elements: rot is a
+            // partial disk loss, and the checkers' premise (a majority start sees every
+            // acknowledged write) holds for failures within the contract.
+            FaultKind::RotNewestBatch => match self.pick_redundant_element() {
+                Some(e) => {
+                    self.crash_element(e, CrashKind::Kill);
+                    let lost = self.elements[e].storage.rot_newest_batch();
+                    self.trace(|| format!("FAULT e{e}: newest log batch rotted; repaired, {lost} records lost"));
+                    let at = at_delay(self.now, us(self.rng_fault.range(500, 3_000)));
+                    self.schedule(at, Ev::ElementRestart { element: e });
+                    true
+                }
+                None => false,
+            },
             FaultKind::CorruptLog => {
                 let e = self.rng_fault.below(n as u64) as usize;
                 match self.elements[e].logged_record(&mut self.rng_fault) {
@@ -1842,10 +1905,26 @@ impl World {
         }
     }
 
+    /// Whether every record of element `e`'s newest synced batch is held durably, with the
+    /// same epoch, by at least Q other elements.
+    fn rot_is_redundant(&self, e: usize) -> bool {
+        let mine = &self.elements[e].storage;
+        !mine.last_batch.is_empty()
+            && mine.last_batch.iter().all(|&(vi, sequence)| {
+                let at = (sequence.0 - 1) as usize;
+                let Some(epoch) = mine.vols[vi].history.get(at) else { return true };
+                let holders = (0..self.elements.len())
+                    .filter(|&j| j != e && self.elements[j].storage.vols[vi].history.get(at) == Some(epoch))
+                    .count();
+                holders >= self.o.quorum
+            })
+    }
+
     fn heal_disk_full(&mut self, element: usize) {
         self.elements[element].storage.disk_full = false;
         if self.elements[element].alive && self.elements[element].storage.poisoned {
-            // The operator frees space and restarts the element.
+            // Space is freed: the element reopens its store by itself (the real one drops its
+            // store, core and sessions and opens the store again: a restart in all but name).
             self.crash_element(element, CrashKind::Kill);
             let at = at_delay(self.now, us(self.rng_fault.range(100, 1_000)));
             self.schedule(at, Ev::ElementRestart { element });

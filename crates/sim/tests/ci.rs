@@ -188,3 +188,21 @@ fn bug_3_handshake_with_a_silently_dead_element_times_out() {
 fn bug_4_diverged_element_admitted_by_replay_recovery() {
     replay(109, 3, 2);
 }
+
+/// Host elements start with skewed, frozen and cloned clocks (every host element start draws
+/// its first epoch offer from them). Raising the epoch above what the elements follow makes
+/// every start succeed; a host element that keeps its clock's epoch (`--broken clock-epochs`,
+/// the way epochs were taken before) is refused for good once its clock is behind, and the
+/// liveness checker must see it.
+#[test]
+fn clock_skew_is_harmless_and_clock_epochs_are_caught() {
+    let mut o = options(3, 2);
+    o.only_faults = vec![FaultKind::HostCrash, FaultKind::HostSuperseded, FaultKind::ElementKill];
+    let summary = sweep("N=3 Q=2 host restarts with skewed clocks", &o, 16);
+    assert!(summary.epoch_raises > 0, "starts that had to raise their epoch happened");
+    o.broken = Broken::ClockEpochs;
+    let reports = run_many(&o, 1_000, 16, 2);
+    let caught: Vec<u64> = reports.iter().filter(|r| !r.violations.is_empty()).map(|r| r.seed).collect();
+    eprintln!("--broken clock-epochs: caught seeds {caught:?} of 1000..1016");
+    assert!(caught.len() >= 4, "clock epochs must be caught in several runs, got {caught:?}");
+}

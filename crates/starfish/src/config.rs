@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::path::Path;
 
 use anyhow::{bail, Context, Result};
-use proto::{Epoch, VolumeSpec};
+use proto::{Epoch, HostId, VolumeSpec};
 use serde::Deserialize;
 use shell::host::HostOptions;
 use starfish_core::HostConfig;
@@ -21,6 +21,8 @@ pub struct HostFile {
     pub read_cache: Option<String>,
     /// Pace of recovery traffic per recovering volume, e.g. "100MiB" (per second); unlimited if absent.
     pub recovery_rate: Option<String>,
+    /// How long requests are held while starting before they fail with EIO (milliseconds).
+    pub startup_timeout_ms: Option<u64>,
     #[serde(default)]
     pub element: Vec<ElementEntry>,
     #[serde(default)]
@@ -47,7 +49,9 @@ impl HostFile {
         toml::from_str(&text).with_context(|| format!("parsing {}", path.display()))
     }
 
-    pub fn into_options(self, epoch: Epoch) -> Result<HostOptions> {
+    /// The options of a host element start. Its epoch is not chosen here: it offers epoch 1
+    /// and, starting, raises it above whatever the elements follow. Its identity is random.
+    pub fn into_options(self) -> Result<HostOptions> {
         let nbd = self.nbd.context("the NBD address is missing (--nbd or nbd = \"...\")")?;
         let admin = self.admin.context("the admin address is missing (--admin or admin = \"...\")")?;
         if self.element.is_empty() {
@@ -63,7 +67,12 @@ impl HostFile {
                 parse_size(&v.size).map_err(anyhow::Error::msg).with_context(|| format!("volume {}", v.name))?;
             volumes.push(VolumeSpec { name: v.name.clone(), size_bytes });
         }
-        let mut config = HostConfig::new(epoch, quorum, self.element.iter().map(|e| e.name.clone()).collect(), volumes);
+        let mut config =
+            HostConfig::new(Epoch(1), quorum, self.element.iter().map(|e| e.name.clone()).collect(), volumes);
+        config.host_id = fresh_host_id();
+        if let Some(ms) = self.startup_timeout_ms {
+            config.startup_timeout_ms = ms;
+        }
         if let Some(s) = &self.write_queue {
             config.write_queue_bytes = parse_size(s).map_err(anyhow::Error::msg).context("write queue")?;
         }
@@ -76,6 +85,16 @@ impl HostFile {
         config.element_addresses = self.element.iter().map(|e| e.address.to_string()).collect();
         config.validate().map_err(anyhow::Error::msg)?;
         Ok(HostOptions { nbd, admin, element_addresses: self.element.iter().map(|e| e.address).collect(), config })
+    }
+}
+
+/// A random, non-zero host element identity.
+fn fresh_host_id() -> HostId {
+    loop {
+        let id: u64 = rand::random();
+        if id != 0 {
+            return HostId(id);
+        }
     }
 }
 
@@ -167,7 +186,7 @@ mod tests {
             "#,
         )
         .expect("valid TOML");
-        let from_file = file.into_options(Epoch(1)).expect("valid");
+        let mut from_file = file.into_options().expect("valid");
         let from_flags = HostFile {
             nbd: Some("127.0.0.1:10809".parse().unwrap()),
             admin: Some("127.0.0.1:7100".parse().unwrap()),
@@ -179,14 +198,16 @@ mod tests {
             volume: vec![parse_volume("vol0:1GiB").unwrap()],
             ..HostFile::default()
         }
-        .into_options(Epoch(1))
+        .into_options()
         .expect("valid");
+        assert_ne!(from_file.config.host_id, from_flags.config.host_id, "each start has its own identity");
+        from_file.config.host_id = from_flags.config.host_id;
         assert_eq!(format!("{from_file:?}"), format!("{from_flags:?}"));
     }
 
     #[test]
     fn bad_configuration_is_explained() {
-        let err = |f: HostFile| f.into_options(Epoch(1)).unwrap_err().to_string();
+        let err = |f: HostFile| f.into_options().unwrap_err().to_string();
         assert!(err(HostFile::default()).contains("NBD address"));
         let base = || HostFile {
             nbd: Some("127.0.0.1:1".parse().unwrap()),

@@ -6,11 +6,10 @@ mod config;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
-use proto::Epoch;
 use shell::element::ElementOptions;
 use shell::host::HostOptions;
 use store::StoreOptions;
@@ -58,6 +57,10 @@ struct ElementArgs {
     /// Bytes of recent writes to keep on disk for peers' replay recovery (e.g. 256MiB).
     #[arg(long, value_parser = parse_size)]
     replay_log: Option<u64>,
+    /// Accept volumes whose sizes add up to more than the disk holds (thin provisioning;
+    /// writes fail with "no space left" when it fills). Default: such a volume is refused.
+    #[arg(long)]
+    overcommit: bool,
 }
 
 #[derive(Subcommand, Debug)]
@@ -65,6 +68,15 @@ enum ElementAction {
     /// Check every block's checksum in a stopped element's data directory and print a content
     /// digest per volume (equal digests = byte-identical replicas).
     Verify {
+        #[arg(long)]
+        data: PathBuf,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Make a stopped element whose log is damaged start again: keep what is intact, drop the
+    /// damaged part, and have every volume that may have lost acknowledged records repaired
+    /// from its peers (a full recovery that verifies every block) once the element runs.
+    Repair {
         #[arg(long)]
         data: PathBuf,
         #[arg(long)]
@@ -101,6 +113,10 @@ struct HostArgs {
     /// Recovery pace per recovering volume in bytes per second (e.g. 100MiB); default unlimited.
     #[arg(long, value_parser = parse_size)]
     recovery_rate: Option<u64>,
+    /// How long requests that arrive before enough elements answered are held; then they fail
+    /// with EIO until the elements answer (default 10000).
+    #[arg(long)]
+    startup_timeout_ms: Option<u64>,
 }
 
 #[derive(Args, Debug)]
@@ -149,6 +165,7 @@ fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Element(args) => match args.action {
             Some(ElementAction::Verify { data, json }) => verify(&data, json),
+            Some(ElementAction::Repair { data, json }) => repair(&data, json),
             None => {
                 let listen = args.listen.context("--listen ADDRESS is required")?;
                 let data = args.data.context("--data DIR is required")?;
@@ -156,6 +173,7 @@ fn run(cli: Cli) -> Result<()> {
                 if let Some(bytes) = args.replay_log {
                     store.replay_log_bytes = bytes;
                 }
+                store.overcommit = args.overcommit;
                 runtime()?.block_on(async {
                     shell::element::run(ElementOptions { listen, data, store }, shutdown_signal()).await?;
                     Ok(())
@@ -188,13 +206,6 @@ async fn shutdown_signal() {
     }
 }
 
-/// A new epoch for this host element: wall-clock milliseconds, so a restarted host element
-/// always follows the one before it (elements fence anything older).
-fn fresh_epoch() -> Epoch {
-    let ms = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(1);
-    Epoch(ms)
-}
-
 fn host_options(args: HostArgs) -> Result<HostOptions> {
     let mut file = match &args.config {
         Some(path) => HostFile::load(path)?,
@@ -224,7 +235,36 @@ fn host_options(args: HostArgs) -> Result<HostOptions> {
     if let Some(b) = args.recovery_rate {
         file.recovery_rate = Some(b.to_string());
     }
-    file.into_options(fresh_epoch())
+    if let Some(ms) = args.startup_timeout_ms {
+        file.startup_timeout_ms = Some(ms);
+    }
+    file.into_options()
+}
+
+fn repair(data: &std::path::Path, json: bool) -> Result<()> {
+    if !data.exists() {
+        bail!("data directory {} does not exist", data.display());
+    }
+    let report = store::Store::repair(data, StoreOptions::default())
+        .map_err(|e| anyhow::anyhow!("cannot repair {}: {e}", data.display()))?;
+    if json {
+        let doc = serde_json::json!({ "actions": report.actions, "volumes_to_repair": report.volumes_to_repair });
+        println!("{doc}");
+        return Ok(());
+    }
+    if report.actions.is_empty() {
+        println!("{}: opens as it is; nothing to repair", data.display());
+    }
+    for action in &report.actions {
+        println!("{action}");
+    }
+    if !report.volumes_to_repair.is_empty() {
+        println!(
+            "volumes to be repaired from their peers when the element runs: {}",
+            report.volumes_to_repair.join(", ")
+        );
+    }
+    Ok(())
 }
 
 fn verify(data: &std::path::Path, json: bool) -> Result<()> {
@@ -368,7 +408,7 @@ fn demo(args: DemoArgs) -> Result<()> {
             volume: vec![volume.clone()],
             ..HostFile::default()
         };
-        let options = file.into_options(fresh_epoch())?;
+        let options = file.into_options()?;
         let host = shell::host::start(options).await?;
         let uri = format!("nbd://{}/{}", args.nbd, volume.name);
         println!("StarFish demo: 3 elements (local 0 ms, near 1 ms, far 8 ms one-way), write quorum 2");

@@ -2,10 +2,10 @@
 //! committer thread and the blocking pool share one store).
 
 use bytes::Bytes;
-use proto::{BlockChunk, BlockExtent, BlockSummary, Epoch, Record, Sequence, VolumeSpec};
+use proto::{BlockChunk, BlockExtent, BlockSummary, Epoch, HostId, Record, Sequence, VolumeSpec};
 use starfish_core::{CommitDone, ElementStorage, LocalVolume, VolumeInfo};
 
-use crate::{Store, VolumeHandle};
+use crate::{Store, StoreError, VolumeHandle};
 
 impl Store {
     /// The handle of a local volume the element core named.
@@ -18,7 +18,19 @@ impl Store {
         VolumeInfo {
             applied: self.applied_sequence(handle),
             applied_epoch: self.applied_epoch(handle),
-            copying: self.copy_state(handle).is_some(),
+            copying: self.copy_state(handle).is_some_and(|s| !s.is_pending_repair()),
+            repair: self.copy_state(handle).is_some_and(|s| s.is_pending_repair()),
+        }
+    }
+}
+
+impl Store {
+    /// A block of `volume` failed its checksum (`error` says so): the volume becomes a repair.
+    fn on_damage(&self, volume: VolumeHandle, error: &StoreError) {
+        if let StoreError::BlockChecksum { block, .. } = error {
+            if let Err(e) = self.mark_for_repair(volume, *block) {
+                tracing::error!(error = %e, "cannot start the repair of a damaged volume");
+            }
         }
     }
 }
@@ -28,8 +40,17 @@ impl ElementStorage for &Store {
         Store::epoch(self)
     }
 
-    fn adopt_epoch(&mut self, epoch: Epoch) -> Result<(), String> {
-        self.set_epoch(epoch).map_err(|e| e.to_string())
+    fn epoch_holder(&self) -> HostId {
+        Store::epoch_holder(self)
+    }
+
+    fn adopt_epoch(&mut self, epoch: Epoch, host: HostId) -> Result<(), String> {
+        self.set_epoch(epoch, host).map_err(|e| e.to_string())
+    }
+
+    fn check_new_volumes(&self, specs: &[VolumeSpec]) -> Result<(), String> {
+        let specs: Vec<(String, u64)> = specs.iter().map(|s| (s.name.clone(), s.size_bytes)).collect();
+        Store::check_new_volumes(self, &specs).map_err(|e| e.to_string())
     }
 
     fn ensure_volume(&mut self, spec: &VolumeSpec) -> Result<LocalVolume, String> {
@@ -46,6 +67,9 @@ impl ElementStorage for &Store {
         let records: Vec<(VolumeHandle, Record)> =
             batch.iter().map(|(volume, record)| (self.handle_of(*volume), record.clone())).collect();
         let outcome = Store::commit(self, &records).map_err(|e| e.to_string())?;
+        for r in &outcome.rejected {
+            self.on_damage(records[r.index].0, &r.error);
+        }
         Ok(CommitDone {
             applied: outcome
                 .applied
@@ -57,7 +81,11 @@ impl ElementStorage for &Store {
     }
 
     fn read(&self, volume: LocalVolume, offset_bytes: u64, length_bytes: u32) -> Result<(Sequence, Bytes), String> {
-        Store::read(self, self.handle_of(volume), offset_bytes, length_bytes).map_err(|e| e.to_string())
+        let handle = self.handle_of(volume);
+        Store::read(self, handle, offset_bytes, length_bytes).map_err(|e| {
+            self.on_damage(handle, &e);
+            e.to_string()
+        })
     }
 
     fn block_status(
@@ -74,6 +102,14 @@ impl ElementStorage for &Store {
     }
 
     fn copy_chunk(&self, volume: LocalVolume, first_block: u64, have: &[BlockSummary]) -> Result<BlockChunk, String> {
-        Store::copy_chunk(self, self.handle_of(volume), first_block, have).map_err(|e| e.to_string())
+        let handle = self.handle_of(volume);
+        Store::copy_chunk(self, handle, first_block, have).map_err(|e| {
+            self.on_damage(handle, &e);
+            e.to_string()
+        })
+    }
+
+    fn take_damaged(&self) -> Vec<LocalVolume> {
+        Store::take_damaged(self).into_iter().map(LocalVolume).collect()
     }
 }

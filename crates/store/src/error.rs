@@ -41,7 +41,7 @@ pub enum StoreError {
          store's epoch {store_epoch}"
     )]
     StaleEpoch { volume: String, sequence: Sequence, epoch: Epoch, store_epoch: Epoch },
-    #[error("epoch {requested} is older than the store's epoch {current}")]
+    #[error("epoch {requested} is older than the store's epoch {current}, or is that epoch of another host element")]
     EpochBackwards { requested: Epoch, current: Epoch },
     #[error(
         "volume {volume:?}: range of {length_bytes} bytes at {offset_bytes} ends past the volume \
@@ -65,6 +65,15 @@ pub enum StoreError {
     NotInReplayLog { volume: String, sequence: Sequence, oldest: Option<Sequence> },
     #[error("the store failed earlier and accepts no more changes until reopened: {reason}")]
     Failed { reason: String },
+}
+
+impl StoreError {
+    /// The file system ran out of space (or quota): freeing space and reopening the store
+    /// brings it back.
+    pub fn is_no_space(&self) -> bool {
+        matches!(self, StoreError::Io { source, .. }
+            if matches!(source.raw_os_error(), Some(libc::ENOSPC) | Some(libc::EDQUOT)))
+    }
 }
 
 /// `map_err` helper: an I/O error with what was being done to which file.

@@ -33,7 +33,12 @@ mod volume;
 mod tests;
 
 pub use error::StoreError;
-pub use store::{CopyState, Store};
+pub use store::{CopyState, RepairReport, Store};
+
+/// Bytes of the file system holding `dir` still free for an unprivileged writer.
+pub fn sys_available_bytes(dir: &std::path::Path) -> std::io::Result<u64> {
+    sys::available_bytes(dir)
+}
 
 use proto::{Sequence, BLOCK_BYTES, PAYLOAD_BYTES_MAX};
 
@@ -122,12 +127,39 @@ pub struct StoreOptions {
     /// [`Store::log_records`]) up to this many bytes of their files; older segments are
     /// recycled or deleted (never one a committed checkpoint does not cover yet).
     pub replay_log_bytes: u64,
+    /// Create volumes whose sizes add up to more than the file system can hold (thin
+    /// provisioning: a write then fails with "no space left" when the disk fills). Off by
+    /// default: a volume that cannot be held whole is refused when it is created.
+    pub overcommit: bool,
+    /// Memory the block maps of all volumes may take (12 bytes per 4 KiB block); a volume
+    /// beyond it is refused when it is created. Default: half the machine's memory.
+    pub map_memory_bytes_max: u64,
 }
 
 impl Default for StoreOptions {
     fn default() -> Self {
-        StoreOptions { checkpoint_log_bytes: CHECKPOINT_LOG_BYTES_DEFAULT, replay_log_bytes: REPLAY_LOG_BYTES_DEFAULT }
+        StoreOptions {
+            checkpoint_log_bytes: CHECKPOINT_LOG_BYTES_DEFAULT,
+            replay_log_bytes: REPLAY_LOG_BYTES_DEFAULT,
+            overcommit: false,
+            map_memory_bytes_max: sys::physical_memory_bytes() / 2,
+        }
     }
+}
+
+/// What the volumes of a store need besides their data: block map memory and files, and the
+/// log (the replay log, the live segment, a spare and one segment being checkpointed).
+pub fn space_needed_bytes(volume_sizes: &[u64], options: &StoreOptions) -> u64 {
+    let blocks: u64 = volume_sizes.iter().map(|s| s / BLOCK_BYTES).sum();
+    let data: u64 = volume_sizes.iter().sum();
+    let map_files = (blocks.div_ceil(MAP_CHUNK_BLOCKS) * 2 + volume_sizes.len() as u64) * BLOCK_BYTES;
+    let log = options.replay_log_bytes + 3 * options.checkpoint_log_bytes;
+    data + map_files + log
+}
+
+/// Block map memory of volumes of these sizes.
+pub fn map_memory_bytes(volume_sizes: &[u64]) -> u64 {
+    volume_sizes.iter().map(|s| s / BLOCK_BYTES * block_map::ENTRY_BYTES).sum()
 }
 
 /// A volume of one open [`Store`]. Only meaningful for the store that returned it.

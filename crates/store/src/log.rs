@@ -429,7 +429,8 @@ fn parse_batch_header(header: &[u8], segment: u64, offset: u64) -> Result<(u64, 
     }
     let body = u64_at(24);
     let records = u32_at(32);
-    if body > LOG_BATCH_BYTES_MAX - BATCH_HEADER_BYTES as u64 || records == 0 || u32_at(36) != 0 {
+    // A batch of no records is a sync mark (see `LogWriter::append`): no body either.
+    if body > LOG_BATCH_BYTES_MAX - BATCH_HEADER_BYTES as u64 || (records == 0) != (body == 0) || u32_at(36) != 0 {
         return Err(format!("batch header is inconsistent ({body} bytes, {records} records)"));
     }
     Ok((body, records))
@@ -883,7 +884,27 @@ impl LogWriter {
             let written_end = batch_end + if end_mark { END_MARK.len() as u64 } else { 0 };
             self.file_bytes = self.file_bytes.max(written_end);
         }
+        self.write_sync_mark();
         Ok(positions)
+    }
+
+    /// After a sync: a batch of no records at the end of the log (followed by an end mark),
+    /// not synced and overwritten by the next batch. Its presence proves the batch before it
+    /// was synced (it is written only after the `fdatasync` returned), so damage in that batch
+    /// is read as rot of acknowledged records (refusing to start), never as a torn tail to
+    /// discard. Best effort: without it, that damage reads as a torn tail, as before.
+    fn write_sync_mark(&mut self) {
+        let mark = batch_header(self.segment, self.position, 0, 0);
+        let mut bytes = Vec::with_capacity(2 * BATCH_HEADER_BYTES);
+        bytes.extend_from_slice(&mark);
+        if self.position + (2 * BATCH_HEADER_BYTES) as u64 <= self.file_bytes {
+            bytes.extend_from_slice(&END_MARK);
+        }
+        if let Err(e) = self.file.write_all_at(&bytes, self.position) {
+            tracing::warn!(segment = %self.path.display(), error = %e, "cannot write the log's sync mark");
+            return;
+        }
+        self.file_bytes = self.file_bytes.max(self.position + bytes.len() as u64);
     }
 }
 

@@ -3,7 +3,7 @@
 
 use std::{fs, io::Write, path::Path};
 
-use proto::{Epoch, Sequence};
+use proto::{Epoch, HostId, Sequence};
 
 use crate::{error::io_error, sys, StoreError, VOLUMES_MAX, VOLUME_NAME_BYTES_MAX};
 
@@ -12,14 +12,22 @@ const META_TEMP_FILE: &str = "meta.tmp";
 const META_MAGIC: [u8; 8] = *b"SFSTMETA";
 /// 2: log segments start with a segment header; `log_start` may be followed by several
 /// segments written since the checkpoint.
-const META_VERSION: u32 = 2;
+/// 3: the host element holding the epoch, and the element's identity (version 2 is read:
+/// holder unknown, identity chosen at the next open).
+const META_VERSION: u32 = 3;
+const META_VERSION_OLDEST: u32 = 2;
 const META_HEADER_BYTES: usize = 24;
 const META_VOLUME_BYTES_MIN: usize = 4 + 4 + 8 + 8 + 8 + 2;
-const META_BYTES_MAX: usize = META_HEADER_BYTES + 32 + VOLUMES_MAX * (META_VOLUME_BYTES_MIN + VOLUME_NAME_BYTES_MAX);
+const META_BYTES_MAX: usize = META_HEADER_BYTES + 48 + VOLUMES_MAX * (META_VOLUME_BYTES_MIN + VOLUME_NAME_BYTES_MAX);
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Meta {
     pub epoch: Epoch,
+    /// The host element `epoch` belongs to (`HostId(0)`: not known).
+    pub epoch_holder: HostId,
+    /// This element's identity, random at creation: the same element reached under two names
+    /// is recognised by it (0: not chosen yet, a version-2 file).
+    pub element_id: u64,
     /// Generation of the last committed checkpoint (0: none yet).
     pub generation: u64,
     /// The first log segment not covered by the checkpoint: every record after the
@@ -46,6 +54,8 @@ impl Meta {
     pub fn encode(&self) -> Vec<u8> {
         let mut body = Vec::new();
         body.extend_from_slice(&self.epoch.0.to_le_bytes());
+        body.extend_from_slice(&self.epoch_holder.0.to_le_bytes());
+        body.extend_from_slice(&self.element_id.to_le_bytes());
         body.extend_from_slice(&self.generation.to_le_bytes());
         body.extend_from_slice(&self.log_start.to_le_bytes());
         body.extend_from_slice(&self.next_volume_number.to_le_bytes());
@@ -83,8 +93,8 @@ impl Meta {
             return Err("header checksum mismatch".into());
         }
         let version = u32_at(bytes, 8);
-        if version != META_VERSION {
-            return Err(format!("format version {version}, this build reads {META_VERSION}"));
+        if !(META_VERSION_OLDEST..=META_VERSION).contains(&version) {
+            return Err(format!("format version {version}, this build reads {META_VERSION_OLDEST} to {META_VERSION}"));
         }
         let body_len = u32_at(bytes, 12) as usize;
         let body = &bytes[META_HEADER_BYTES..];
@@ -96,6 +106,8 @@ impl Meta {
         }
         let mut reader = Reader { bytes: body };
         let epoch = Epoch(reader.u64()?);
+        let (epoch_holder, element_id) =
+            if version >= 3 { (HostId(reader.u64()?), reader.u64()?) } else { (HostId(0), 0) };
         let generation = reader.u64()?;
         let log_start = reader.u64()?;
         let next_volume_number = reader.u32()?;
@@ -121,7 +133,7 @@ impl Meta {
         if !reader.bytes.is_empty() {
             return Err(format!("{} bytes left over", reader.bytes.len()));
         }
-        Ok(Meta { epoch, generation, log_start, next_volume_number, volumes })
+        Ok(Meta { epoch, epoch_holder, element_id, generation, log_start, next_volume_number, volumes })
     }
 
     /// Read `dir/meta`; `Ok(None)` if there is none.
@@ -183,6 +195,8 @@ mod tests {
     fn round_trip_and_damage() {
         let meta = Meta {
             epoch: Epoch(7),
+            epoch_holder: HostId(0xabc),
+            element_id: 42,
             generation: 3,
             log_start: 12,
             next_volume_number: 2,

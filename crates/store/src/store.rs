@@ -13,7 +13,7 @@ use std::{
 };
 
 use bytes::{Bytes, BytesMut};
-use proto::{BlockExtent, Epoch, Op, Record, Sequence, BLOCK_BYTES, PAYLOAD_BYTES_MAX};
+use proto::{BlockExtent, Epoch, HostId, Op, Record, Sequence, BLOCK_BYTES, PAYLOAD_BYTES_MAX};
 
 use crate::{
     block_map::{BlockMap, ChunkImages, DirtyChunks, MapFile},
@@ -51,6 +51,10 @@ pub struct Store {
     _lock: File,
     /// Newest epoch seen: set by `set_epoch` or raised by committed records.
     epoch: AtomicU64,
+    /// The host element `epoch` belongs to (0: not known); changed with it.
+    epoch_holder: AtomicU64,
+    /// Random at creation; see `Meta::element_id`.
+    element_id: u64,
     /// Indexed by `VolumeHandle`; only grows.
     volumes: Arc<RwLock<Vec<Arc<Volume>>>>,
     /// Everything that appends to the log or applies; one commit at a time.
@@ -73,6 +77,10 @@ pub(crate) struct Shared {
     /// Set after an I/O error while changing durable state: from then on the in-memory state
     /// may not match the disk, so only reopening (and replaying) may change anything again.
     pub failure: Mutex<Option<String>>,
+    /// The failure was the file system running out of space (`ENOSPC`, or `EDQUOT`).
+    pub failure_no_space: std::sync::atomic::AtomicBool,
+    /// Volume numbers made repairs (a block failed its checksum) not yet taken.
+    pub damaged: Mutex<Vec<u32>>,
     /// Retained log records, for `log_records`; short critical sections only.
     pub log_index: Mutex<LogIndex>,
     pub checkpointer: Checkpointer,
@@ -81,7 +89,11 @@ pub(crate) struct Shared {
 impl Shared {
     pub fn fail(&self, error: &StoreError) {
         tracing::error!(%error, "store failed; it accepts no more changes until reopened");
-        lock(&self.failure).get_or_insert_with(|| error.to_string());
+        let mut failure = lock(&self.failure);
+        if failure.is_none() {
+            *failure = Some(error.to_string());
+            self.failure_no_space.store(error.is_no_space(), Ordering::Release);
+        }
     }
 
     pub fn check_failure(&self) -> Result<(), StoreError> {
@@ -139,10 +151,15 @@ impl Store {
         }
         fs::create_dir_all(dir).map_err(io_error("create data directory", dir))?;
         let lock_file = lock_directory(dir)?;
-        let meta = match Meta::read(dir)? {
+        let mut meta = match Meta::read(dir)? {
             Some(meta) => meta,
             None => initialize(dir)?,
         };
+        if meta.element_id == 0 {
+            // A store of format version 2: choose its identity now.
+            meta.element_id = fresh_element_id();
+            meta.write(dir)?;
+        }
 
         let mut volumes = Vec::with_capacity(meta.volumes.len());
         let mut images = Vec::with_capacity(meta.volumes.len());
@@ -246,6 +263,9 @@ impl Store {
             live_end = end;
         }
         let epoch = meta.epoch.max(log_epoch);
+        // An epoch raised by records alone has no known holder.
+        let epoch_holder = if log_epoch > meta.epoch { HostId(0) } else { meta.epoch_holder };
+        let element_id = meta.element_id;
         for volume in &volumes {
             let state = volume.state.read().expect("not shared yet");
             let newest = state.map.sequence_max();
@@ -321,6 +341,8 @@ impl Store {
             options,
             meta: Mutex::new(meta),
             failure: Mutex::new(None),
+            failure_no_space: std::sync::atomic::AtomicBool::new(false),
+            damaged: Mutex::new(Vec::new()),
             log_index: Mutex::new(index),
             checkpointer: Checkpointer::new(log_start, live, log_files.free),
         });
@@ -352,6 +374,8 @@ impl Store {
             options,
             _lock: lock_file,
             epoch: AtomicU64::new(epoch.0),
+            epoch_holder: AtomicU64::new(epoch_holder.0),
+            element_id,
             volumes,
             committer,
             shared,
@@ -365,18 +389,50 @@ impl Store {
         Epoch(self.epoch.load(Ordering::Acquire))
     }
 
-    /// Raise the epoch, durably. Setting the current epoch again is a no-op; an older one is
+    /// Why the store failed, if it did: it takes no more changes until it is reopened.
+    pub fn failure(&self) -> Option<String> {
+        lock(&self.shared.failure).clone()
+    }
+
+    /// The store failed because its file system ran out of space: once space is freed,
+    /// reopening it (which replays the log) brings it back.
+    pub fn failed_for_space(&self) -> bool {
+        self.shared.failure_no_space.load(Ordering::Acquire)
+    }
+
+    /// Free bytes an element needs before it reopens a store that ran out of space: a new log
+    /// segment, its spare, and one largest batch.
+    pub fn reopen_space_bytes(options: &StoreOptions) -> u64 {
+        2 * options.checkpoint_log_bytes + crate::LOG_BATCH_BYTES_MAX
+    }
+
+    /// The host element the epoch belongs to (`HostId(0)`: not known).
+    pub fn epoch_holder(&self) -> HostId {
+        HostId(self.epoch_holder.load(Ordering::Acquire))
+    }
+
+    /// This element's identity (random, chosen when the store was created).
+    pub fn element_id(&self) -> u64 {
+        self.element_id
+    }
+
+    /// Raise the epoch, held by `holder`, durably. Setting the current epoch of the same
+    /// holder again is a no-op; an older epoch, or the current one of another holder, is
     /// refused.
-    pub fn set_epoch(&self, epoch: Epoch) -> Result<(), StoreError> {
+    pub fn set_epoch(&self, epoch: Epoch, holder: HostId) -> Result<(), StoreError> {
         let _committer = self.lock_committer()?;
         let current = self.epoch();
-        if epoch < current {
+        if epoch < current || (epoch == current && holder != self.epoch_holder()) {
             return Err(StoreError::EpochBackwards { requested: epoch, current });
         }
         if epoch == current {
             return Ok(());
         }
-        self.write_meta(|meta| meta.epoch = epoch)?;
+        self.write_meta(|meta| {
+            meta.epoch = epoch;
+            meta.epoch_holder = holder;
+        })?;
+        self.epoch_holder.store(holder.0, Ordering::Release);
         self.epoch.store(epoch.0, Ordering::Release);
         Ok(())
     }
@@ -394,6 +450,65 @@ impl Store {
         Ok(())
     }
 
+    /// Whether volumes of these sizes (named in a hello, say) can be held besides the ones the
+    /// store has: the ones that exist are left out, the others must fit whole, in memory and
+    /// on disk (unless overcommitting). Checked before any is created.
+    pub fn check_new_volumes(&self, specs: &[(String, u64)]) -> Result<(), StoreError> {
+        let mut new = Vec::new();
+        for (name, size_bytes) in specs {
+            match self.volume(name) {
+                Some(handle) if self.volume_at(handle).size_bytes == *size_bytes => {}
+                Some(handle) => {
+                    return Err(StoreError::VolumeSizeMismatch {
+                        name: name.clone(),
+                        existing_bytes: self.volume_at(handle).size_bytes,
+                        requested_bytes: *size_bytes,
+                    })
+                }
+                None => new.push(*size_bytes),
+            }
+        }
+        if new.is_empty() {
+            return Ok(());
+        }
+        let names: Vec<&str> = specs.iter().map(|(n, _)| n.as_str()).collect();
+        self.check_room(&new).map_err(|reason| StoreError::InvalidVolume { name: names.join(", "), reason })
+    }
+
+    /// Room for new volumes of these sizes besides the existing ones; the reason if not.
+    fn check_room(&self, new: &[u64]) -> Result<(), String> {
+        let mut sizes: Vec<u64> = self.volumes.read().expect("volume list lock").iter().map(|v| v.size_bytes).collect();
+        sizes.extend_from_slice(new);
+        let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+        let memory = crate::map_memory_bytes(&sizes);
+        if memory > self.options.map_memory_bytes_max {
+            return Err(format!(
+                "the block maps of all volumes would take {:.1} GiB of memory, more than the {:.1} GiB this element allows (the map costs 12 bytes per 4 KiB block)",
+                gib(memory),
+                gib(self.options.map_memory_bytes_max)
+            ));
+        }
+        if self.options.overcommit {
+            return Ok(());
+        }
+        let dir = &self.shared.dir;
+        let needed = crate::space_needed_bytes(&sizes, &self.options);
+        let free =
+            sys::available_bytes(dir).map_err(|e| format!("cannot tell the free space of {}: {e}", dir.display()))?;
+        let used = sys::allocated_bytes_under(dir)
+            .map_err(|e| format!("cannot tell the space used in {}: {e}", dir.display()))?;
+        if needed > free + used {
+            return Err(format!(
+                "all volumes with their block maps and the log need {:.1} GiB, and this element's file system has {:.1} GiB for it ({:.1} GiB free, {:.1} GiB used by the element); free space, or start the element with --overcommit",
+                gib(needed),
+                gib(free + used),
+                gib(free),
+                gib(used)
+            ));
+        }
+        Ok(())
+    }
+
     /// The volume named `name`, created (durably, empty) if there is none. Its size must be a
     /// positive multiple of 4096 bytes, and match if the volume exists.
     pub fn ensure_volume(&self, name: &str, size_bytes: u64) -> Result<VolumeHandle, StoreError> {
@@ -407,6 +522,10 @@ impl Store {
             ));
         }
         let mut committer = self.lock_committer()?;
+        if self.volume(name).is_none() {
+            self.check_room(&[size_bytes])
+                .map_err(|reason| StoreError::InvalidVolume { name: name.to_string(), reason })?;
+        }
         if let Some(handle) = self.volume(name) {
             let existing_bytes = self.volume_at(handle).size_bytes;
             if existing_bytes != size_bytes {
@@ -1061,8 +1180,10 @@ fn replay_segment(
                 path: path.clone(),
                 offset: torn.offset,
                 reason: format!(
-                    "{}; a valid batch follows at byte {next}, so this is damage in the middle of \
-                     the log, not a torn tail (refusing to skip records)",
+                    "{}; a valid batch (or the sync mark written after an fdatasync) follows at \
+                     byte {next}, so these records were durable and acknowledged: damage, not a \
+                     torn tail (refusing to skip records). `starfish element repair --data DIR` \
+                     keeps what is intact and has the volumes repaired from their peers",
                     torn.reason
                 ),
             });
@@ -1112,11 +1233,29 @@ fn initialize(dir: &Path) -> Result<Meta, StoreError> {
     if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
         sys::sync_dir(parent).map_err(io_error("sync directory", parent))?;
     }
-    let meta = Meta { epoch: Epoch(0), generation: 0, log_start: 1, next_volume_number: 0, volumes: Vec::new() };
+    let meta = Meta {
+        epoch: Epoch(0),
+        epoch_holder: HostId(0),
+        element_id: fresh_element_id(),
+        generation: 0,
+        log_start: 1,
+        next_volume_number: 0,
+        volumes: Vec::new(),
+    };
     LogWriter::create_segment(dir, meta.log_start)?;
     meta.write(dir)?;
     tracing::info!(dir = %dir.display(), "created an empty store");
     Ok(meta)
+}
+
+/// A random, non-zero element identity.
+fn fresh_element_id() -> u64 {
+    loop {
+        let id: u64 = rand::random();
+        if id != 0 {
+            return id;
+        }
+    }
 }
 
 fn open_volume(dir: &Path, meta: &Meta, volume_meta: &VolumeMeta) -> Result<(Arc<Volume>, ChunkImages), StoreError> {
@@ -1372,5 +1511,88 @@ impl LogRecord {
                 whole.contains(&block).then_some(None)
             }
         }
+    }
+}
+
+/// What `Store::repair` did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RepairReport {
+    /// One line per change made, in order.
+    pub actions: Vec<String>,
+    /// Volumes now waiting for a repair from their peers (records they had acknowledged may
+    /// be gone from this element).
+    pub volumes_to_repair: Vec<String>,
+}
+
+impl Store {
+    /// Make a store that refuses to open because its log is damaged openable again, keeping
+    /// everything intact: a damaged segment of the replay log (already covered by a checkpoint)
+    /// is dropped with the older ones; damage in the log written since the last checkpoint
+    /// truncates it there (the later segments go too), and every volume becomes a repair (a
+    /// full recovery that verifies every block and fetches what differs or fails its checksum
+    /// from a peer), since records it had acknowledged may be gone. Then it checkpoints. A
+    /// store that opens as it is is left alone. Damaged block maps are not repaired.
+    pub fn repair(dir: &Path, options: StoreOptions) -> Result<RepairReport, StoreError> {
+        const ATTEMPTS_MAX: usize = 64;
+        let mut report = RepairReport::default();
+        let mut truncated = false;
+        for _ in 0..ATTEMPTS_MAX {
+            let error = match Store::open(dir, options) {
+                Ok(store) => {
+                    if truncated {
+                        for (name, size_bytes) in store.volumes() {
+                            let handle = store.ensure_volume(&name, size_bytes)?;
+                            store.mark_for_repair(handle, 0)?;
+                            report.volumes_to_repair.push(name);
+                        }
+                        store.checkpoint()?;
+                        report.actions.push("checkpoint written".into());
+                    }
+                    return Ok(report);
+                }
+                Err(error) => error,
+            };
+            let StoreError::CorruptLog { path, offset, .. } = &error else {
+                return Err(error);
+            };
+            let id = path
+                .file_name()
+                .and_then(|n| n.to_str())
+                .and_then(|n| n.split('.').next())
+                .and_then(|n| n.parse::<u64>().ok())
+                .ok_or_else(|| StoreError::Failed {
+                    reason: format!("cannot tell the segment of {}", path.display()),
+                })?;
+            let log_start = Meta::read(dir)?.map_or(1, |m| m.log_start);
+            let files = log::list_log_files(dir)?;
+            if id < log_start {
+                // Replay log only: its records are in the data files already.
+                for (other, paths) in files.segments.range(..=id) {
+                    for p in paths {
+                        fs::remove_file(p).map_err(io_error("remove", p))?;
+                    }
+                    report.actions.push(format!("dropped replay log segment {other} ({error})"));
+                }
+            } else {
+                let file = OpenOptions::new().write(true).open(path).map_err(io_error("open", path))?;
+                let before = file.metadata().map_err(io_error("stat", path))?.len();
+                let at = (*offset).max(log::SEGMENT_HEADER_BYTES as u64).min(before);
+                file.set_len(at).map_err(io_error("truncate log", path))?;
+                file.sync_all().map_err(io_error("sync log", path))?;
+                report
+                    .actions
+                    .push(format!("truncated log segment {id} at byte {at} ({} bytes dropped): {error}", before - at));
+                for (other, paths) in files.segments.range(id + 1..) {
+                    for p in paths {
+                        fs::remove_file(p).map_err(io_error("remove", p))?;
+                    }
+                    report.actions.push(format!("dropped log segment {other}, written after the damage"));
+                }
+                truncated = true;
+            }
+            let log_dir = dir.join(log::LOG_DIR);
+            sys::sync_dir(&log_dir).map_err(io_error("sync directory", &log_dir))?;
+        }
+        Err(StoreError::Failed { reason: format!("the log is still damaged after {ATTEMPTS_MAX} repairs") })
     }
 }

@@ -101,6 +101,41 @@ pub fn try_lock_exclusive(file: &File) -> io::Result<bool> {
 }
 
 /// Make the creations, renames and deletions of entries of `dir` durable.
+/// Bytes of the file system holding `dir` that an unprivileged writer can still allocate.
+pub fn available_bytes(dir: &Path) -> io::Result<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let path = std::ffi::CString::new(dir.as_os_str().as_bytes())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path contains a NUL byte"))?;
+    // SAFETY: `path` is a valid C string and `stat` a plain out-parameter of the right type.
+    let mut stat: libc::statvfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statvfs(path.as_ptr(), &mut stat) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(stat.f_bavail as u64 * stat.f_frsize as u64)
+}
+
+/// Bytes the files under `dir` occupy on disk (allocated blocks, not apparent sizes).
+pub fn allocated_bytes_under(dir: &Path) -> io::Result<u64> {
+    use std::os::unix::fs::MetadataExt;
+    let mut total = 0;
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        let meta = entry.metadata()?;
+        total += if meta.is_dir() { allocated_bytes_under(&entry.path())? } else { meta.blocks() * 512 };
+    }
+    Ok(total)
+}
+
+/// The machine's memory (0 if it cannot be told).
+pub fn physical_memory_bytes() -> u64 {
+    // SAFETY: sysconf has no memory-safety preconditions.
+    let (pages, page) = unsafe { (libc::sysconf(libc::_SC_PHYS_PAGES), libc::sysconf(libc::_SC_PAGESIZE)) };
+    if pages <= 0 || page <= 0 {
+        return 0;
+    }
+    pages as u64 * page as u64
+}
+
 pub fn sync_dir(dir: &Path) -> io::Result<()> {
     File::open(dir)?.sync_all()
 }

@@ -77,7 +77,11 @@ fn zeroes_op(offset_bytes: u64, length_bytes: u64) -> Op {
 }
 
 fn small_options() -> StoreOptions {
-    StoreOptions { checkpoint_log_bytes: CHECKPOINT_LOG_BYTES_MIN, replay_log_bytes: 4 * CHECKPOINT_LOG_BYTES_MIN }
+    StoreOptions {
+        checkpoint_log_bytes: CHECKPOINT_LOG_BYTES_MIN,
+        replay_log_bytes: 4 * CHECKPOINT_LOG_BYTES_MIN,
+        ..StoreOptions::default()
+    }
 }
 
 /// What a volume must hold: its bytes and which blocks are allocated.
@@ -441,9 +445,9 @@ fn duplicates_are_skipped_and_gaps_rejected() {
 fn stale_epochs_are_fenced_and_the_epoch_is_durable() {
     let mut f = Fixture::new("epoch", 1 << 20, StoreOptions::default());
     assert_eq!(f.store().epoch(), Epoch(0));
-    f.store().set_epoch(Epoch(5)).expect("raise epoch");
-    f.store().set_epoch(Epoch(5)).expect("same epoch again");
-    assert!(matches!(f.store().set_epoch(Epoch(4)), Err(StoreError::EpochBackwards { .. })));
+    f.store().set_epoch(Epoch(5), proto::HostId(7)).expect("raise epoch");
+    f.store().set_epoch(Epoch(5), proto::HostId(7)).expect("same epoch again");
+    assert!(matches!(f.store().set_epoch(Epoch(4), proto::HostId(7)), Err(StoreError::EpochBackwards { .. })));
     let v = f.volume;
     let at = |epoch: u64, sequence: u64| {
         let mut r = record(sequence, write_op(0, 512, sequence));
@@ -473,14 +477,74 @@ fn stale_epochs_are_fenced_and_the_epoch_is_durable() {
     f.reopen();
     assert_eq!(f.store().epoch(), Epoch(7), "from the metadata");
     assert_eq!(f.store().applied_epoch(f.volume), Epoch(7));
-    f.store().set_epoch(Epoch(9)).expect("raise");
+    f.store().set_epoch(Epoch(9), proto::HostId(7)).expect("raise");
     f.reopen();
     assert_eq!(f.store().epoch(), Epoch(9));
+}
+
+#[test]
+fn an_epoch_belongs_to_one_host_element_and_the_element_keeps_its_identity() {
+    let mut f = Fixture::new("holder", 1 << 20, StoreOptions::default());
+    let id = f.store().element_id();
+    assert_ne!(id, 0, "an identity is chosen at creation");
+    f.store().set_epoch(Epoch(3), proto::HostId(7)).expect("adopt");
+    assert!(
+        matches!(f.store().set_epoch(Epoch(3), proto::HostId(8)), Err(StoreError::EpochBackwards { .. })),
+        "the same epoch of another host element is refused"
+    );
+    f.reopen();
+    assert_eq!((f.store().epoch(), f.store().epoch_holder(), f.store().element_id()), (Epoch(3), proto::HostId(7), id));
+    f.store().checkpoint().expect("checkpoint");
+    f.reopen();
+    assert_eq!((f.store().epoch(), f.store().epoch_holder(), f.store().element_id()), (Epoch(3), proto::HostId(7), id));
 }
 
 // ---------------------------------------------------------------------------------------------
 // Volumes.
 // ---------------------------------------------------------------------------------------------
+
+#[test]
+fn a_volume_too_large_for_the_element_is_refused_before_anything_is_written() {
+    let dir = TempDir::new("too-large");
+    let options = StoreOptions { map_memory_bytes_max: 1 << 30, ..small_options() };
+    let store = Store::open(&dir.0, options).expect("open");
+    let kept = store.ensure_volume("kept", 1 << 20).expect("a small volume");
+    let files = |d: &Path| std::fs::read_dir(d.join("volumes")).expect("volumes dir").count();
+    let before = files(&dir.0);
+    // 15 TiB: its block map alone would take 45 GiB of memory.
+    let specs = vec![("kept".to_string(), 1 << 20), ("typo".to_string(), 15u64 << 40)];
+    let error = store.check_new_volumes(&specs).expect_err("too large").to_string();
+    assert!(error.contains("memory"), "{error}");
+    let error = store.ensure_volume("typo", 15 << 40).expect_err("too large").to_string();
+    assert!(error.contains("memory"), "{error}");
+    // Within the memory budget but beyond the disk: refused unless overcommitting.
+    let disk = crate::sys_available_bytes(&dir.0).expect("statvfs");
+    let beyond = (disk * 2 + (1 << 30)) / BLOCK_BYTES * BLOCK_BYTES;
+    let big = StoreOptions { map_memory_bytes_max: u64::MAX, ..options };
+    drop(store);
+    let store = Store::open(&dir.0, big).expect("reopen");
+    let error = store.check_new_volumes(&[("typo".into(), beyond)]).expect_err("beyond the disk").to_string();
+    assert!(error.contains("--overcommit"), "{error}");
+    assert_eq!(files(&dir.0), before, "nothing was created");
+    assert_eq!(store.volumes(), vec![("kept".to_string(), 1 << 20)]);
+    drop(store);
+    let store = Store::open(&dir.0, StoreOptions { overcommit: true, ..big }).expect("reopen");
+    store.check_new_volumes(&[("typo".into(), beyond)]).expect("overcommitting");
+    let _ = kept;
+}
+
+#[test]
+fn running_out_of_space_is_told_apart() {
+    let full = StoreError::Io {
+        operation: "write",
+        path: "x".into(),
+        source: std::io::Error::from_raw_os_error(libc::ENOSPC),
+    };
+    let other =
+        StoreError::Io { operation: "write", path: "x".into(), source: std::io::Error::from_raw_os_error(libc::EIO) };
+    assert!(full.is_no_space());
+    assert!(!other.is_no_space());
+}
 
 #[test]
 fn volumes_are_created_once_and_survive_reopening() {
@@ -550,12 +614,21 @@ fn reopening_returns_the_same_data() {
 /// the data file, where it was already applied, still reads as the older state once the record
 /// is gone). Returns the fixture (closed, its model without `last`), the segment, its bytes
 /// and where the last batch starts.
+/// The sync mark written after each commit at the end of the log (a batch header of no
+/// records), which the next batch overwrites.
+const SYNC_MARK_BYTES: u64 = log::BATCH_HEADER_BYTES as u64;
+
+/// Where the next batch goes: the end of the live segment's file, less its sync mark.
+fn log_end(segment: &Path) -> u64 {
+    fs::metadata(segment).expect("stat").len() - SYNC_MARK_BYTES
+}
+
 fn store_with_last_batch(name: &str, last: Op) -> (Fixture, PathBuf, Vec<u8>, u64) {
     let mut f = Fixture::new(name, 16 * BLOCK_BYTES, StoreOptions::default());
     f.commit(&[write_op(0, 4096, 1), write_op(512, 1024, 2)]);
     f.commit(&[trim_op(1024, 512), write_op(BLOCK_BYTES, 4096, 3)]);
     let segment = f.live_segment();
-    let last_batch_start = fs::metadata(&segment).expect("stat").len();
+    let last_batch_start = log_end(&segment);
     let before = f.model.clone();
     f.commit(&[last]);
     f.close();
@@ -579,13 +652,16 @@ fn check_cuts(f: &mut Fixture, segment: &Path, bytes: &[u8], start: u64, cuts: i
 #[test]
 fn a_torn_tail_is_cut_off_at_every_byte() {
     // A small last record (a trim of whole blocks): cut at every byte.
+    // A cut lands before the sync mark (written after the fdatasync returned): gone too.
     let (mut f, segment, bytes, start) = store_with_last_batch("torn-trim", trim_op(8 * BLOCK_BYTES, 2 * BLOCK_BYTES));
-    check_cuts(&mut f, &segment, &bytes, start, start..bytes.len() as u64);
+    let end = bytes.len() as u64 - SYNC_MARK_BYTES;
+    check_cuts(&mut f, &segment, &bytes, start, start..end);
     // A write (one whole block carried): every byte of the headers and the checksum table,
     // then every 61st byte of the block.
     let (mut f, segment, bytes, start) = store_with_last_batch("torn-write", write_op(5 * BLOCK_BYTES + 512, 1024, 4));
     let headers = start + 40 + 8 + 44 + 4;
-    check_cuts(&mut f, &segment, &bytes, start, (start..headers).chain((headers..bytes.len() as u64).step_by(61)));
+    let end = bytes.len() as u64 - SYNC_MARK_BYTES;
+    check_cuts(&mut f, &segment, &bytes, start, (start..headers).chain((headers..end).step_by(61)));
     // Zeroes instead of the last batch (the file grew but the data never landed).
     let mut zeroed = bytes.clone();
     zeroed[start as usize..].fill(0);
@@ -595,18 +671,51 @@ fn a_torn_tail_is_cut_off_at_every_byte() {
 }
 
 #[test]
-fn a_damaged_last_batch_is_cut_off() {
+fn a_damaged_last_batch_is_cut_off_unless_its_sync_mark_proves_it_was_acknowledged() {
     let (mut f, segment, bytes, start) = store_with_last_batch("flip", write_op(5 * BLOCK_BYTES + 512, 1024, 4));
+    let end = bytes.len() as u64 - SYNC_MARK_BYTES;
     // Every byte of the headers, then every 97th byte of the block data.
-    let positions = (start..start + 100).chain((start + 100..bytes.len() as u64).step_by(97));
+    let positions = (start..start + 100).chain((start + 100..end).step_by(97));
     for position in positions {
         let mut damaged = bytes.clone();
         damaged[position as usize] ^= 0x20;
-        fs::write(&segment, &damaged).expect("write segment");
+        // Without the sync mark (a crash before the fdatasync returned): a torn tail.
+        fs::write(&segment, &damaged[..end as usize]).expect("write segment");
         f.reopen();
         f.check();
         f.close();
+        // With it: the batch was synced, so acknowledged; damage, never discarded silently.
+        fs::write(&segment, &damaged).expect("write segment");
+        let error = Store::open(&f.dir.0, f.options).err().unwrap_or_else(|| panic!("byte {position}: opened"));
+        let message = error.to_string();
+        assert!(
+            matches!(error, StoreError::CorruptLog { offset, .. } if offset == start),
+            "byte {position}: {message}"
+        );
+        assert!(message.contains("acknowledged") && message.contains("element repair"), "{message}");
     }
+}
+
+#[test]
+fn repair_keeps_what_is_intact_and_marks_the_volumes_for_a_repair() {
+    let (mut f, segment, bytes, start) = store_with_last_batch("repair", write_op(5 * BLOCK_BYTES + 512, 1024, 4));
+    let mut damaged = bytes.clone();
+    damaged[start as usize + 200] ^= 0x08;
+    fs::write(&segment, &damaged).expect("write segment");
+    assert!(Store::open(&f.dir.0, f.options).is_err());
+    let report = Store::repair(&f.dir.0, f.options).expect("repair");
+
+    assert_eq!(report.volumes_to_repair, vec!["vol".to_string()], "{report:?}");
+    assert!(report.actions[0].starts_with("truncated log segment"), "{report:?}");
+    f.reopen();
+    // The intact prefix is kept: the four records before the damaged batch.
+    assert_eq!(f.store().applied_sequence(f.volume), Sequence(4));
+    let state = f.store().copy_state(f.volume).expect("a repair is pending");
+    assert!(state.verify && state.is_pending_repair(), "{state:?}");
+    // Nothing more to do the second time.
+    f.close();
+    let again = Store::repair(&f.dir.0, f.options).expect("repair again");
+    assert!(again.actions.is_empty() && again.volumes_to_repair.is_empty(), "{again:?}");
 }
 
 #[test]
@@ -614,9 +723,9 @@ fn damage_in_the_middle_of_the_log_refuses_to_open() {
     let mut f = Fixture::new("middle", 16 * BLOCK_BYTES, StoreOptions::default());
     f.commit(&[write_op(0, 4096, 1)]);
     let segment = f.live_segment();
-    let second = fs::metadata(&segment).expect("stat").len();
+    let second = log_end(&segment);
     f.commit(&[write_op(4096, 4096, 2)]);
-    let third = fs::metadata(&segment).expect("stat").len();
+    let third = log_end(&segment);
     f.commit(&[write_op(8192, 4096, 3)]);
     f.close();
     let bytes = fs::read(&segment).expect("read");
@@ -931,12 +1040,13 @@ fn a_sealed_segment_must_hold_its_whole_log() {
     f.close();
     fs::write(f.dir.0.join("meta"), &meta).expect("restore meta");
     let bytes = fs::read(&sealed).expect("read sealed segment");
+    let log_bytes = bytes.len() - SYNC_MARK_BYTES as usize;
     let mut flipped = bytes.clone();
-    *flipped.last_mut().expect("not empty") ^= 1;
+    flipped[log_bytes - 1] ^= 1;
     // (content of the sealed segment, what): the next segment's header says where its log
     // ends, so losing its last batch is damage, not a torn tail.
     for (damaged, what) in
-        [(flipped, "last batch damaged"), (bytes[..bytes.len() - 100].to_vec(), "last batch cut short")]
+        [(flipped, "last batch damaged"), (bytes[..log_bytes - 100].to_vec(), "last batch cut short")]
     {
         fs::write(&sealed, &damaged).expect("damage");
         let error = Store::open(&f.dir.0, f.options).err().unwrap_or_else(|| panic!("{what}: opened"));
@@ -994,6 +1104,8 @@ fn a_first_batch_without_its_segment_header_never_comes_back() {
     // did not. The segment counts as never written: the batch was never acknowledged.
     let mut bytes = fs::read(&segment).expect("read");
     bytes[..log::SEGMENT_HEADER_BYTES].fill(0);
+    // Its fdatasync never returned, so no sync mark was written after it.
+    bytes.truncate(bytes.len() - SYNC_MARK_BYTES as usize);
     fs::write(&segment, &bytes).expect("write");
     (f.model, f.applied) = (model.clone(), applied);
     f.reopen();
@@ -1046,8 +1158,11 @@ fn a_segment_is_found_under_its_spare_name() {
 
 #[test]
 fn segments_are_recycled_and_the_replay_log_stays_bounded() {
-    let options =
-        StoreOptions { checkpoint_log_bytes: CHECKPOINT_LOG_BYTES_MIN, replay_log_bytes: 2 * CHECKPOINT_LOG_BYTES_MIN };
+    let options = StoreOptions {
+        checkpoint_log_bytes: CHECKPOINT_LOG_BYTES_MIN,
+        replay_log_bytes: 2 * CHECKPOINT_LOG_BYTES_MIN,
+        ..StoreOptions::default()
+    };
     let mut f = Fixture::new("recycle", 1 << 20, options);
     let mut inodes = std::collections::HashSet::new();
     let mut reused = 0;
@@ -1281,7 +1396,7 @@ fn digest(store: &Store, v: VolumeHandle) -> (Sequence, u64) {
 
 #[test]
 fn full_copy_brings_a_lagging_a_diverged_and_an_empty_target_to_the_source() {
-    let options = StoreOptions { checkpoint_log_bytes: 1 << 20, replay_log_bytes: 64 << 20 };
+    let options = StoreOptions { checkpoint_log_bytes: 1 << 20, replay_log_bytes: 64 << 20, ..StoreOptions::default() };
     let dir_s = TempDir::new("copy-source");
     let source = Store::open(&dir_s.0, options).expect("open");
     let s = source.ensure_volume("vol", VOLUME).expect("volume");
@@ -1313,7 +1428,7 @@ fn full_copy_brings_a_lagging_a_diverged_and_an_empty_target_to_the_source() {
 
 #[test]
 fn an_interrupted_copy_resumes_after_a_restart_and_converges() {
-    let options = StoreOptions { checkpoint_log_bytes: 1 << 20, replay_log_bytes: 64 << 20 };
+    let options = StoreOptions { checkpoint_log_bytes: 1 << 20, replay_log_bytes: 64 << 20, ..StoreOptions::default() };
     let dir_s = TempDir::new("resume-source");
     let dir_t = TempDir::new("resume-target");
     let source = Store::open(&dir_s.0, options).expect("open");

@@ -1,7 +1,7 @@
 //! The element's rules, each as a short script of inputs and the actions they must produce.
 
 use bytes::Bytes;
-use proto::{ElementMessage, Epoch, HostMessage, Op, Record, Sequence, VolumeId, VolumeSpec};
+use proto::{ElementMessage, Epoch, HostId, HostMessage, Op, Record, Sequence, VolumeId, VolumeSpec};
 
 use super::*;
 
@@ -15,7 +15,12 @@ struct Harness {
     storage: Option<StorageJob>,
     /// What the harness's storage holds per local volume: (applied, epoch).
     held: Vec<(Sequence, Epoch)>,
+    /// Actions drained by a helper, handed out by the next `actions`.
+    pending: Vec<ElementAction>,
 }
+
+/// The host element the harness's sessions speak for (and the holder of its initial epoch).
+const HOST: HostId = HostId(1);
 
 fn spec(name: &str) -> VolumeSpec {
     VolumeSpec { name: name.into(), size_bytes: 64 * MB }
@@ -43,19 +48,29 @@ impl Harness {
         let infos = volumes
             .iter()
             .map(|&(name, applied, applied_epoch)| {
-                let info =
-                    VolumeInfo { applied: Sequence(applied), applied_epoch: Epoch(applied_epoch), copying: false };
+                let info = VolumeInfo {
+                    applied: Sequence(applied),
+                    applied_epoch: Epoch(applied_epoch),
+                    copying: false,
+                    repair: false,
+                };
                 (spec(name), info)
             })
             .collect();
         let held = volumes.iter().map(|&(_, a, e)| (Sequence(a), Epoch(e))).collect();
-        Harness { core: ElementCore::new(config, Epoch(epoch), infos), now: Time(1_000_000), storage: None, held }
+        Harness {
+            core: ElementCore::new(config, Epoch(epoch), HOST, infos),
+            now: Time(1_000_000),
+            storage: None,
+            held,
+            pending: Vec::new(),
+        }
     }
 
     /// Every action since the last call, storage jobs remembered, logs left out.
     fn actions(&mut self) -> Vec<ElementAction> {
         self.core.assert_invariants();
-        let mut out = Vec::new();
+        let mut out = std::mem::take(&mut self.pending);
         while let Some(action) = self.core.poll_action() {
             match action {
                 ElementAction::Log { .. } => {}
@@ -83,18 +98,24 @@ impl Harness {
 
     /// A session says hello; volumes are found by name (a new name gets the next number).
     fn hello(&mut self, session: u64, epoch: u64, names: &[&str]) {
+        self.hello_from(session, epoch, HOST, names)
+    }
+
+    /// A hello from a given host element; one refused at once leaves its actions pending.
+    fn hello_from(&mut self, session: u64, epoch: u64, host: HostId, names: &[&str]) {
         self.core.handle_session_opened(self.now, SessionId(session));
         let specs: Vec<VolumeSpec> = names.iter().map(|n| spec(n)).collect();
         self.core.handle_host_message(
             self.now,
             SessionId(session),
-            HostMessage::Hello { epoch: Epoch(epoch), volumes: specs.clone() },
+            HostMessage::Hello { epoch: Epoch(epoch), host, volumes: specs.clone() },
         );
         let actions = self.actions();
-        assert!(
-            actions.contains(&ElementAction::EnsureVolumes { session: SessionId(session), specs: specs.clone() }),
-            "{actions:?}"
-        );
+        let ensure = ElementAction::EnsureVolumes { session: SessionId(session), specs: specs.clone() };
+        if !actions.contains(&ensure) {
+            self.pending = actions;
+            return;
+        }
         let ensured = names
             .iter()
             .map(|n| {
@@ -103,7 +124,7 @@ impl Harness {
                     self.held.len() - 1
                 });
                 let (applied, applied_epoch) = self.held[index];
-                (LocalVolume(index as u32), VolumeInfo { applied, applied_epoch, copying: false })
+                (LocalVolume(index as u32), VolumeInfo { applied, applied_epoch, copying: false, repair: false })
             })
             .collect();
         self.core.handle_volumes_ensured(self.now, SessionId(session), Ok(ensured));
@@ -118,7 +139,7 @@ impl Harness {
         self.actions();
         let job = self.storage.take().expect("a storage job in flight");
         let done = match job {
-            StorageJob::AdoptEpoch(_) => StorageDone::AdoptEpoch(Ok(())),
+            StorageJob::AdoptEpoch(..) => StorageDone::AdoptEpoch(Ok(())),
             StorageJob::Commit(records) => {
                 let mut applied: Vec<(LocalVolume, Sequence, Epoch)> = Vec::new();
                 for (volume, record) in records {
@@ -153,12 +174,14 @@ impl Harness {
 fn welcome(epoch: u64, volumes: &[(u64, u64)]) -> ElementMessage {
     ElementMessage::Welcome {
         epoch: Epoch(epoch),
+        element_id: 0,
         volumes: volumes
             .iter()
             .map(|&(a, e)| proto::VolumeState {
                 applied_sequence: Sequence(a),
                 applied_epoch: Epoch(e),
                 copying: false,
+                repair: false,
             })
             .collect(),
     }
@@ -172,13 +195,24 @@ fn is_fault(message: &ElementMessage, containing: &str) -> bool {
 
 #[test]
 fn hello_epochs_table() {
-    // (element epoch, hello epoch, adopts durably, welcomed)
-    let table = [(5, 5, false, true), (5, 7, true, true), (5, 4, false, false), (0, 1, true, true)];
-    for (ours, theirs, adopts, welcomed) in table {
+    // (element epoch, hello epoch, from the holder of the element's epoch, adopts durably,
+    // welcomed, refusal text)
+    let other = HostId(2);
+    let table = [
+        (5, 5, HOST, false, true, ""),
+        (5, 7, HOST, true, true, ""),
+        (5, 7, other, true, true, ""),
+        (5, 4, HOST, false, false, "stale epoch"),
+        (5, 4, other, false, false, "stale epoch"),
+        // Two host elements never share an epoch.
+        (5, 5, other, false, false, "belongs to another host element"),
+        (0, 1, HOST, true, true, ""),
+    ];
+    for (ours, theirs, host, adopts, welcomed, refusal) in table {
         let mut h = Harness::new(ours, &[("a", 0, 0)]);
-        h.hello(1, theirs, &["a"]);
+        h.hello_from(1, theirs, host, &["a"]);
         let actions = h.actions();
-        let adopting = actions.contains(&ElementAction::Storage(StorageJob::AdoptEpoch(Epoch(theirs))));
+        let adopting = actions.contains(&ElementAction::Storage(StorageJob::AdoptEpoch(Epoch(theirs), host)));
         assert_eq!(adopting, adopts, "{ours} ← {theirs}: {actions:?}");
         // The welcome waits for a new epoch to be durable.
         assert!(
@@ -198,12 +232,16 @@ fn hello_epochs_table() {
         if welcomed {
             assert_eq!(sent, vec![welcome(ours, &[(0, 0)])], "{ours} ← {theirs}");
             assert_eq!(h.core.epoch(), Epoch(ours.max(theirs)));
+            assert_eq!(h.core.holder, host);
         } else {
+            // The refusal names the epoch to exceed, and nothing was created for the hello.
             assert!(
-                matches!(&sent[..], [ElementMessage::Refused { reason }] if reason.contains("stale epoch")),
+                matches!(&sent[..], [ElementMessage::Refused { reason, epoch: Some(e), .. }]
+                    if reason.contains(refusal) && *e == Epoch(ours)),
                 "{sent:?}"
             );
             assert_eq!(h.core.epoch(), Epoch(ours));
+            assert_eq!(h.core.holder, HOST);
         }
     }
 }
@@ -255,6 +293,8 @@ fn record_rules_table() {
         (5, 1, Outcome::Duplicate),
         (5, 5, Outcome::Fault("gap")),
         (4, 4, Outcome::Fault("older than the volume's epoch")),
+        // The newest record's epoch is known: another one at its sequence is another history.
+        (6, 3, Outcome::Fault("two histories")),
     ];
     for (epoch, sequence, outcome) in table {
         let mut h = Harness::new(6, &[("a", 3, 5)]);
@@ -286,6 +326,40 @@ fn record_rules_table() {
             }
         }
     }
+}
+
+#[test]
+fn a_record_sent_again_must_be_the_same_record() {
+    let mut h = Harness::new(6, &[("a", 3, 6)]);
+    h.hello(1, 6, &["a"]);
+    h.settle();
+    h.host(1, HostMessage::Apply(record(0, 6, 4)));
+    assert_eq!(h.settle(), vec![(1, applied(0, 4))]);
+    // The same record again: a duplicate, acknowledged.
+    h.host(1, HostMessage::Apply(record(0, 6, 4)));
+    assert_eq!(h.settle(), vec![(1, applied(0, 4))]);
+    // Same sequence and epoch, other content: refused, not acknowledged.
+    let mut other = record(0, 6, 4);
+    other.op = Op::Write { offset_bytes: 0, data: Bytes::from(vec![0xee; 4096]) };
+    h.host(1, HostMessage::Apply(other));
+    let sent = h.settle();
+    assert!(matches!(&sent[..], [(1, m)] if is_fault(m, "two histories")), "{sent:?}");
+}
+
+#[test]
+fn a_damaged_volume_faults_its_sessions_and_asks_for_repair() {
+    let mut h = Harness::new(6, &[("a", 3, 6)]);
+    h.hello(1, 6, &["a"]);
+    h.settle();
+    h.core.handle_volume_damaged(h.now, LocalVolume(0));
+    let sent = h.settle();
+    assert!(matches!(&sent[..], [(1, m)] if is_fault(m, "fails its checksum")), "{sent:?}");
+    // The next session hears that the volume needs repair, at its real position.
+    h.hello(2, 6, &["a"]);
+    let sent = h.settle();
+    let want =
+        proto::VolumeState { applied_sequence: Sequence(3), applied_epoch: Epoch(6), copying: false, repair: true };
+    assert!(matches!(&sent[..], [(2, ElementMessage::Welcome { volumes, .. })] if volumes == &vec![want]), "{sent:?}");
 }
 
 #[test]
@@ -328,7 +402,7 @@ fn protocol_errors_refuse_the_session() {
     let table: [(&str, Vec<HostMessage>); 3] = [
         ("before hello", vec![HostMessage::Ping { nonce: 1 }]),
         ("unknown volume", vec![HostMessage::Apply(record(7, 1, 1))]),
-        ("second hello", vec![HostMessage::Hello { epoch: Epoch(1), volumes: vec![] }]),
+        ("second hello", vec![HostMessage::Hello { epoch: Epoch(1), host: HOST, volumes: vec![] }]),
     ];
     for (text, messages) in table {
         let mut h = Harness::new(1, &[("a", 0, 0)]);
@@ -343,7 +417,7 @@ fn protocol_errors_refuse_the_session() {
         }
         let actions = h.actions();
         assert!(
-            actions.iter().any(|a| matches!(a, ElementAction::Send { message: ElementMessage::Refused { reason }, .. } if reason.contains(text))),
+            actions.iter().any(|a| matches!(a, ElementAction::Send { message: ElementMessage::Refused { reason, .. }, .. } if reason.contains(text))),
             "{text}: {actions:?}"
         );
         assert!(actions.contains(&ElementAction::Close { session: SessionId(1) }), "{text}");
@@ -676,7 +750,7 @@ fn copy_orders_run_one_at_a_time() {
     );
     h.host(2, copy);
     assert!(!h.actions().iter().any(|a| matches!(a, ElementAction::StartCopy { .. })), "waits for the running copy");
-    let info = VolumeInfo { applied: Sequence(7), applied_epoch: Epoch(1), copying: false };
+    let info = VolumeInfo { applied: Sequence(7), applied_epoch: Epoch(1), copying: false, repair: false };
     h.core.handle_copy_done(h.now, LocalVolume(0), VolumeId(0), info, Ok(Sequence(7)));
     let actions = h.actions();
     assert!(actions.iter().any(|a| matches!(a, ElementAction::StartCopy { session: SessionId(2), .. })), "{actions:?}");

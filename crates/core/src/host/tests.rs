@@ -31,14 +31,17 @@ struct TestElement {
     copies: u32,
     /// Its sessions to peers never get an answer (a hung connection).
     peers_unreachable: bool,
+    /// The identity its storage keeps.
+    id: u64,
 }
 
 impl TestElement {
-    fn new() -> TestElement {
+    fn new(id: u64) -> TestElement {
         let mut storage = MemStorage::new(SIZE, 0, u64::MAX, true);
         storage.add_volume("vol0".into());
         TestElement {
-            core: Self::boot(&storage),
+            core: Self::boot(&storage, id),
+            id,
             storage,
             connected: false,
             down: false,
@@ -50,9 +53,10 @@ impl TestElement {
         }
     }
 
-    fn boot(storage: &MemStorage) -> ElementCore {
+    fn boot(storage: &MemStorage, id: u64) -> ElementCore {
         let spec = VolumeSpec { name: "vol0".into(), size_bytes: SIZE };
-        ElementCore::new(ElementConfig::default(), storage.epoch, vec![(spec, storage.info(LocalVolume(0)))])
+        let config = ElementConfig { element_id: id, ..ElementConfig::default() };
+        ElementCore::new(config, storage.epoch, storage.holder, vec![(spec, storage.info(LocalVolume(0)))])
     }
 
     /// Durable content of the volume.
@@ -70,14 +74,27 @@ impl TestElement {
         let done = self.storage.commit(&batch).expect("commit");
         assert!(done.rejected.is_empty(), "{:?}", done.rejected);
         self.storage.sync();
-        self.core = Self::boot(&self.storage);
+        self.core = Self::boot(&self.storage, self.id);
     }
 }
 
 /// Where a message goes.
 enum Delivery {
-    ToElement { element: usize, session: SessionId, message: HostMessage },
-    ToHost { element: usize, session: SessionId, message: ElementMessage },
+    ToElement {
+        element: usize,
+        session: SessionId,
+        message: HostMessage,
+    },
+    ToHost {
+        element: usize,
+        session: SessionId,
+        message: ElementMessage,
+    },
+    /// The element closed a session: after what it sent before, as over TCP.
+    Closed {
+        element: usize,
+        session: SessionId,
+    },
 }
 
 struct Cluster {
@@ -111,7 +128,7 @@ impl Cluster {
         let mut c = Cluster {
             core: HostCore::new(config, Time(0)),
             now: Time(0),
-            elements: (0..n).map(|_| TestElement::new()).collect(),
+            elements: (0..n).map(|i| TestElement::new(i as u64 + 1)).collect(),
             replies: HashMap::new(),
             events: Vec::new(),
             next_token: 1,
@@ -136,7 +153,7 @@ impl Cluster {
         let e = &mut self.elements[i];
         if e.down {
             e.down = false;
-            e.core = TestElement::boot(&e.storage);
+            e.core = TestElement::boot(&e.storage, e.id);
         }
         e.connected = true;
         let session = self.open_session(i);
@@ -205,6 +222,14 @@ impl Cluster {
                         self.core.handle_element_message(self.now, ElementId(element as u8), message);
                     }
                 }
+                Delivery::Closed { element, session } => {
+                    if self.elements[element].session == Some(session) {
+                        self.elements[element].connected = false;
+                        self.elements[element].session = None;
+                        let element = ElementId(element as u8);
+                        self.core.handle_element_disconnected(self.now, element, "closed by the element");
+                    }
+                }
             }
         }
     }
@@ -219,11 +244,7 @@ impl Cluster {
                     self.deliveries.push_back(Delivery::ToHost { element: i, session, message })
                 }
                 ElementAction::Close { session } => {
-                    if self.elements[i].session == Some(session) {
-                        self.elements[i].connected = false;
-                        self.elements[i].session = None;
-                        self.core.handle_element_disconnected(now, ElementId(i as u8), "closed by the element");
-                    }
+                    self.deliveries.push_back(Delivery::Closed { element: i, session });
                 }
                 ElementAction::EnsureVolumes { session, specs } => {
                     let e = &mut self.elements[i];
@@ -236,7 +257,9 @@ impl Cluster {
                 ElementAction::Storage(job) => {
                     let e = &mut self.elements[i];
                     let done = match job {
-                        StorageJob::AdoptEpoch(epoch) => StorageDone::AdoptEpoch(e.storage.adopt_epoch(epoch)),
+                        StorageJob::AdoptEpoch(epoch, host) => {
+                            StorageDone::AdoptEpoch(e.storage.adopt_epoch(epoch, host))
+                        }
                         StorageJob::Commit(batch) => StorageDone::Commit(e.storage.commit(&batch)),
                     };
                     if e.responsive {
@@ -474,7 +497,7 @@ fn reads_go_to_the_closest_element_and_see_unapplied_writes() {
         c.core.handle_element_message(
             c.now.plus_ms(rtt_ms),
             ElementId(i as u8),
-            ElementMessage::Pong { nonce: ping_at.0 },
+            ElementMessage::Pong { nonce: ping_at.0, epoch: Epoch(5), owner_absent_ms: 0 },
         );
     }
     assert_eq!(c.core.closest_in_sync(), Some(ElementId(1)));
@@ -521,7 +544,11 @@ fn silent_element_is_failed_by_heartbeat() {
     c.elements[2].connected = false; // Stops answering without the connection closing.
     c.advance_ms(limits::HEARTBEAT_TIMEOUT_MS_DEFAULT / 2);
     for i in 0..2 {
-        c.core.handle_element_message(c.now, ElementId(i), ElementMessage::Pong { nonce: c.now.0 });
+        c.core.handle_element_message(
+            c.now,
+            ElementId(i),
+            ElementMessage::Pong { nonce: c.now.0, epoch: Epoch(5), owner_absent_ms: 0 },
+        );
     }
     c.advance_ms(limits::HEARTBEAT_TIMEOUT_MS_DEFAULT / 2 + 100);
     let status = c.core.status(c.now);
@@ -540,7 +567,7 @@ fn restart_rolls_lagging_elements_forward_from_the_most_advanced() {
     let history = old.elements[0].storage.log_records(LocalVolume(0), Sequence::ZERO, u64::MAX).expect("log");
     let mut elements = std::mem::take(&mut old.elements);
     for (i, keep) in [(1usize, 2usize), (2, 1)] {
-        let mut fresh = TestElement::new();
+        let mut fresh = TestElement::new(i as u64 + 1);
         fresh.install(&history[..keep]);
         elements[i] = fresh;
     }
@@ -577,7 +604,13 @@ fn element_from_a_newer_epoch_fences_us() {
         ElementId(0),
         ElementMessage::Welcome {
             epoch: Epoch(99),
-            volumes: vec![VolumeState { applied_sequence: Sequence::ZERO, applied_epoch: Epoch(0), copying: false }],
+            element_id: 1,
+            volumes: vec![VolumeState {
+                applied_sequence: Sequence::ZERO,
+                applied_epoch: Epoch(0),
+                copying: false,
+                repair: false,
+            }],
         },
     );
     c.run();
@@ -731,7 +764,11 @@ fn block_status_marks_queued_writes_as_data() {
 fn a_heartbeat_failure_is_reported_once_while_the_session_closes() {
     let mut c = Cluster::new(3, 2);
     // The shell is slow to close the session: timeouts keep coming meanwhile.
-    c.core.handle_element_message(c.now, ElementId(2), ElementMessage::Pong { nonce: 0 });
+    c.core.handle_element_message(
+        c.now,
+        ElementId(2),
+        ElementMessage::Pong { nonce: 0, epoch: Epoch(5), owner_absent_ms: 0 },
+    );
     for _ in 0..20 {
         c.now = Time(c.now.0 + 1_000_000);
         c.core.handle_timeout(c.now);
@@ -747,4 +784,132 @@ fn a_heartbeat_failure_is_reported_once_while_the_session_closes() {
         .filter(|e| matches!(e, Event::ElementFailed { element, .. } if *element == ElementId(2)))
         .count();
     assert_eq!(failures, 1, "a silent element fails once per session, not at every timeout");
+}
+
+// ----- epochs, start-up, identity --------------------------------------------------------------
+
+impl Cluster {
+    /// The host element is replaced by a new one (the old one is gone) with this first epoch
+    /// offer and identity; it connects to `reachable`.
+    fn new_host(&mut self, first_epoch: u64, host_id: u64, reachable: &[usize]) {
+        let mut config = self.core.config().clone();
+        config.epoch = Epoch(first_epoch);
+        config.host_id = HostId(host_id);
+        self.core = HostCore::new(config, self.now);
+        self.events.clear();
+        for e in &mut self.elements {
+            if let Some(session) = e.session.take() {
+                e.core.handle_session_closed(self.now, session);
+            }
+            e.connected = false;
+        }
+        self.reconnect(reachable);
+    }
+
+    /// What the shell's reconnect loop does: every element in `reachable` without a session
+    /// gets a new one, until none is closed any more (a raised epoch closes them all).
+    fn reconnect(&mut self, reachable: &[usize]) {
+        for _ in 0..4 {
+            let closed: Vec<usize> = reachable.iter().copied().filter(|&i| !self.elements[i].connected).collect();
+            if closed.is_empty() {
+                return;
+            }
+            for i in closed {
+                self.connect(i);
+            }
+        }
+    }
+}
+
+#[test]
+fn a_new_host_element_takes_an_epoch_above_what_the_elements_follow() {
+    // Whatever the new host element offers first (as if from a clock far behind, equal to
+    // the old one's, or far ahead), it ends above the old epoch, alone in its own, and keeps
+    // the old history.
+    for first in [1u64, 5, 1_000_000] {
+        let mut c = Cluster::new(3, 2); // epoch 5, host element 1
+        let t = c.write(0, 7, 4096);
+        assert_eq!(c.replies[&t], Reply::Done(Ok(())));
+        c.new_host(first, 2, &[0, 1, 2]);
+        let expected = if first > 5 { Epoch(first) } else { Epoch(6) };
+        assert_eq!(c.core.epoch(), expected, "first offer {first}");
+        let raised = c.events.iter().any(|e| matches!(e, Event::EpochRaised { to, .. } if *to == Epoch(6)));
+        assert_eq!(raised, first <= 5, "first offer {first}: {:?}", c.events);
+        assert_eq!(c.states(), "in-sync,in-sync,in-sync", "first offer {first}");
+        for e in &c.elements {
+            assert_eq!((e.core.epoch(), e.storage.holder), (expected, HostId(2)));
+        }
+        assert_eq!(c.read(0, 4096), Reply::Read(Ok(Bytes::from(vec![7; 4096]))));
+        let t = c.write(4096, 8, 4096);
+        assert_eq!(c.replies[&t], Reply::Done(Ok(())), "first offer {first}");
+    }
+}
+
+#[test]
+fn a_host_element_starts_with_a_majority_not_just_a_quorum() {
+    // N=4, Q=2: two elements are a write quorum but not a majority. Two host elements that
+    // started from disjoint pairs could each have written without seeing the other's epoch.
+    let mut c = Cluster::new(4, 2);
+    c.new_host(1, 2, &[0, 1]);
+    for _ in 0..8 {
+        c.advance_ms(limits::STARTUP_GRACE_MS_DEFAULT / 7); // heartbeats keep the sessions
+    }
+    assert_eq!(c.states(), "failed,failed,failed,failed", "not admitted before it is ready");
+    assert_eq!(c.mode(), VolumeMode::Starting);
+    assert!(!c.core.status(c.now).ready);
+    c.reconnect(&[2]);
+    assert!(c.core.status(c.now).ready, "{:?} {:?}", c.core.status(c.now), c.events);
+    assert_eq!(c.states(), "in-sync,in-sync,in-sync,failed");
+    assert_eq!(c.mode(), VolumeMode::ReadWrite);
+}
+
+#[test]
+fn requests_are_held_only_for_the_startup_timeout() {
+    let mut c = Cluster::new(3, 2);
+    c.new_host(1, 2, &[]);
+    let held = c.token();
+    c.core.handle_host_read(c.now, held, VOLUME, 0, 4096);
+    c.advance_ms(limits::STARTUP_GRACE_MS_DEFAULT + 1);
+    assert!(!c.replies.contains_key(&held), "held through the grace period");
+    assert_eq!(c.mode(), VolumeMode::Starting);
+    c.advance_ms(limits::STARTUP_TIMEOUT_MS_DEFAULT);
+    assert_eq!(c.replies.remove(&held), Some(Reply::Read(Err(HostError::Unavailable))));
+    assert_eq!(c.mode(), VolumeMode::Unavailable);
+    assert!(c.events.iter().any(|e| matches!(e, Event::StartupTimedOut { welcomed: 0 })));
+    // Later requests fail at once, until the elements answer.
+    let t = c.write(0, 1, 4096);
+    assert_eq!(c.replies[&t], Reply::Done(Err(HostError::Unavailable)));
+    c.reconnect(&[0, 1, 2]);
+    assert_eq!(c.mode(), VolumeMode::ReadWrite);
+    let t = c.write(0, 2, 4096);
+    assert_eq!(c.replies[&t], Reply::Done(Ok(())));
+}
+
+#[test]
+fn the_same_element_under_two_names_counts_once() {
+    let mut c = Cluster::new(3, 2);
+    // e2's address now leads to e1's disk: same identity.
+    c.crash(2);
+    c.elements[2].id = c.elements[1].id;
+    c.connect(2);
+    let status = c.core.status(c.now);
+    assert_eq!(status.elements[2].failure, Some(Failure::SameElementAs("e1".into())), "{status:?}");
+    assert_eq!(c.states(), "in-sync,in-sync,failed");
+    // e1 reconnecting is still itself.
+    c.crash(1);
+    c.connect(1);
+    assert_eq!(c.states(), "in-sync,in-sync,failed");
+}
+
+#[test]
+fn two_elements_at_one_address_are_refused_by_validation() {
+    let mut config = HostConfig::new(
+        Epoch(1),
+        2,
+        vec!["a".into(), "b".into(), "c".into()],
+        vec![VolumeSpec { name: "v".into(), size_bytes: 1 << 20 }],
+    );
+    config.element_addresses = vec!["127.0.0.1:1".into(), "127.0.0.1:2".into(), "127.0.0.1:1".into()];
+    let error = config.validate().expect_err("duplicate address");
+    assert!(error.contains("elements a and c have the same address 127.0.0.1:1"), "{error}");
 }

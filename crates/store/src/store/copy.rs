@@ -26,7 +26,10 @@ use proto::{BlockChunk, BlockCopy, BlockSummary, Epoch, Sequence, BLOCK_BYTES, C
 use super::{lock, remove_segments, Store, VOLUMES_DIR};
 use crate::{error::io_error, sys, StoreError, VolumeHandle};
 
-const COPY_MAGIC: &[u8; 8] = b"SFCOPY01";
+/// 02: the `verify` flag (byte 12, covered by the checksum, which starts at byte 12). 01 (the
+/// checksum from byte 16, no flag) is read as `verify: false`.
+const COPY_MAGIC: &[u8; 8] = b"SFCOPY02";
+const COPY_MAGIC_V1: &[u8; 8] = b"SFCOPY01";
 const COPY_FILE_BYTES: usize = 48;
 
 /// A full recovery of one volume in progress, as persisted.
@@ -41,6 +44,10 @@ pub struct CopyState {
     pub base_epoch: Epoch,
     /// Blocks before this one are compared (and, where they differed, installed) durably.
     pub cursor_block: u64,
+    /// A repair: the element found a block failing its checksum, so this copy also reads its
+    /// own blocks and fetches every one whose content does not match its checksum (a summary
+    /// alone would call such a block equal to the source's).
+    pub verify: bool,
 }
 
 pub(super) fn copy_path(dir: &Path, number: u32) -> PathBuf {
@@ -48,6 +55,12 @@ pub(super) fn copy_path(dir: &Path, number: u32) -> PathBuf {
 }
 
 impl CopyState {
+    /// A repair no host element has ordered yet: the volume's blocks and log still hold its
+    /// applied sequence (only some blocks fail their checksum).
+    pub fn is_pending_repair(&self) -> bool {
+        self.verify && self.epoch == Epoch(0) && self.base == Sequence::ZERO && self.cursor_block == 0
+    }
+
     fn encode(&self) -> [u8; COPY_FILE_BYTES] {
         let mut out = [0u8; COPY_FILE_BYTES];
         out[0..8].copy_from_slice(COPY_MAGIC);
@@ -55,7 +68,8 @@ impl CopyState {
         out[24..32].copy_from_slice(&self.base.0.to_le_bytes());
         out[32..40].copy_from_slice(&self.base_epoch.0.to_le_bytes());
         out[40..48].copy_from_slice(&self.cursor_block.to_le_bytes());
-        let crc = crc32c::crc32c(&out[16..]);
+        out[12] = self.verify as u8;
+        let crc = crc32c::crc32c(&out[12..]);
         out[8..12].copy_from_slice(&crc.to_le_bytes());
         out
     }
@@ -64,11 +78,13 @@ impl CopyState {
         if bytes.len() != COPY_FILE_BYTES {
             return Err(format!("{} bytes, expected {COPY_FILE_BYTES}", bytes.len()));
         }
-        if &bytes[0..8] != COPY_MAGIC {
-            return Err("bad magic".into());
-        }
+        let covered = match &bytes[0..8] {
+            m if m == COPY_MAGIC => 12,
+            m if m == COPY_MAGIC_V1 => 16,
+            _ => return Err("bad magic".into()),
+        };
         let stored = u32::from_le_bytes(bytes[8..12].try_into().expect("4"));
-        let actual = crc32c::crc32c(&bytes[16..]);
+        let actual = crc32c::crc32c(&bytes[covered..]);
         if stored != actual {
             return Err(format!("checksum mismatch: stored {stored:#010x}, content {actual:#010x}"));
         }
@@ -78,6 +94,7 @@ impl CopyState {
             base: Sequence(u64_at(24)),
             base_epoch: Epoch(u64_at(32)),
             cursor_block: u64_at(40),
+            verify: covered == 12 && bytes[12] != 0,
         })
     }
 }
@@ -94,8 +111,14 @@ pub(super) fn load(dir: &Path, number: u32) -> Result<Option<CopyState>, StoreEr
     match CopyState::decode(&bytes) {
         Ok(state) => Ok(Some(state)),
         Err(reason) => {
-            tracing::warn!(path = %path.display(), %reason, "copy state damaged; the full recovery starts over");
-            Ok(Some(CopyState { epoch: Epoch(0), base: Sequence::ZERO, base_epoch: Epoch(0), cursor_block: 0 }))
+            tracing::warn!(path = %path.display(), %reason, "copy state damaged; the full recovery starts over, verifying every block");
+            Ok(Some(CopyState {
+                epoch: Epoch(0),
+                base: Sequence::ZERO,
+                base_epoch: Epoch(0),
+                cursor_block: 0,
+                verify: true,
+            }))
         }
     }
 }
@@ -141,14 +164,65 @@ impl Store {
     ) -> Result<Vec<BlockSummary>, StoreError> {
         let v = self.volume_at(volume);
         v.check_range(first * BLOCK_BYTES, count * BLOCK_BYTES)?;
+        let verify = self.copy_state(volume).is_some_and(|s| s.verify);
         let state = v.state.read().expect("volume lock");
-        Ok((first..first + count)
+        let mut summaries: Vec<BlockSummary> = (first..first + count)
             .map(|b| BlockSummary {
                 sequence: state.map.sequence(b),
                 crc: state.map.crc(b),
                 allocated: state.map.is_allocated(b),
             })
-            .collect())
+            .collect();
+        if verify {
+            // A block whose content does not match its checksum is asked for whatever the
+            // source holds: its summary is made to differ.
+            let mut content = vec![0u8; BLOCK_BYTES as usize];
+            for (i, summary) in summaries.iter_mut().enumerate() {
+                if !summary.allocated {
+                    continue;
+                }
+                let b = first + i as u64;
+                v.data
+                    .read_exact_at(&mut content, b * BLOCK_BYTES)
+                    .map_err(io_error("read volume data", &v.data_path))?;
+                if crc32c::crc32c(&content) != summary.crc {
+                    tracing::warn!(volume = %v.name, block = b, "repair: block fails its checksum; fetching it from the source");
+                    summary.crc = !summary.crc;
+                    summary.sequence = Sequence(u64::MAX);
+                }
+            }
+        }
+        Ok(summaries)
+    }
+
+    /// A block of `volume` failed its checksum: make the volume a repair, a full recovery that
+    /// verifies every block (durably: the copy state file; the volume takes no records and
+    /// serves nothing until it is done, and the element says it is copying in its welcome).
+    /// Returns whether this made it one (false if it already was).
+    pub fn mark_for_repair(&self, volume: VolumeHandle, block: u64) -> Result<bool, StoreError> {
+        let v = self.volume_at(volume);
+        let _committer = self.lock_committer()?;
+        let current = *lock(&v.copy);
+        if current.is_some_and(|s| s.verify) {
+            return Ok(false);
+        }
+        let state = match current {
+            Some(s) => CopyState { verify: true, ..s },
+            None => {
+                CopyState { epoch: Epoch(0), base: Sequence::ZERO, base_epoch: Epoch(0), cursor_block: 0, verify: true }
+            }
+        };
+        let result = save(&self.shared.dir, v.number, &state);
+        self.guard(result)?;
+        *lock(&v.copy) = Some(state);
+        lock(&self.shared.damaged).push(volume.number());
+        tracing::error!(volume = %v.name, block, "block fails its checksum: the volume is repaired by a full recovery that verifies every block; it serves nothing until then");
+        Ok(true)
+    }
+
+    /// Volumes made repairs since the last call (for the element core).
+    pub fn take_damaged(&self) -> Vec<u32> {
+        std::mem::take(&mut *lock(&self.shared.damaged))
     }
 
     /// Source side: the blocks from `first` whose summary differs from `have`, read (and
@@ -221,13 +295,16 @@ impl Store {
     /// block 0. Checkpoints first, so that no log record of the volume is replayed over
     /// installed blocks after a crash. Returns the state to go on from.
     pub fn begin_copy(&self, volume: VolumeHandle, epoch: Epoch) -> Result<CopyState, StoreError> {
-        if let Some(state) = self.copy_state(volume) {
+        let previous = self.copy_state(volume);
+        if let Some(state) = previous {
             if state.epoch == epoch {
                 return Ok(state);
             }
         }
         let v = self.volume_at(volume);
-        let state = CopyState { epoch, base: Sequence::ZERO, base_epoch: Epoch(0), cursor_block: 0 };
+        // A repair stays one when a new host element orders it again.
+        let verify = previous.is_some_and(|s| s.verify);
+        let state = CopyState { epoch, base: Sequence::ZERO, base_epoch: Epoch(0), cursor_block: 0, verify };
         {
             // Under the committer lock, which `commit` holds while it checks the flag: a record
             // of this volume is either committed before (and covered by the checkpoint below,
@@ -383,9 +460,13 @@ mod tests {
 
     #[test]
     fn copy_state_round_trips_and_detects_damage() {
-        let state = CopyState { epoch: Epoch(3), base: Sequence(99), base_epoch: Epoch(2), cursor_block: 4096 };
+        let state =
+            CopyState { epoch: Epoch(3), base: Sequence(99), base_epoch: Epoch(2), cursor_block: 4096, verify: true };
         let mut bytes = state.encode();
         assert_eq!(CopyState::decode(&bytes), Ok(state));
+        bytes[12] = 0;
+        assert!(CopyState::decode(&bytes).unwrap_err().contains("checksum"), "the flag is covered");
+        bytes[12] = 1;
         bytes[41] ^= 1;
         assert!(CopyState::decode(&bytes).unwrap_err().contains("checksum"));
         assert!(CopyState::decode(&bytes[..40]).is_err());
