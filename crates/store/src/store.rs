@@ -1514,6 +1514,23 @@ impl LogRecord {
     }
 }
 
+/// A volume whose block map is damaged: a fresh, empty map (every block a hole at sequence 0;
+/// the log replays the records after the checkpoint onto it), and a pending repair, whose full
+/// recovery fetches every block the source holds. The volume's applied sequence and log stay.
+fn repair_block_map(dir: &Path, volume: &str, error: &StoreError) -> Result<(), StoreError> {
+    let mut meta = Meta::read(dir)?.ok_or_else(|| StoreError::Failed { reason: "no metadata".into() })?;
+    let Some(entry) = meta.volumes.iter_mut().find(|v| v.name == volume) else {
+        return Err(StoreError::Failed { reason: format!("volume {volume} is not in the metadata ({error})") });
+    };
+    MapFile::create(&map_path(dir, entry.number), volume, entry.number, entry.size_bytes)?;
+    entry.map_digest = ChunkImages::for_blocks(entry.size_bytes / BLOCK_BYTES).digest();
+    let number = entry.number;
+    meta.write(dir)?;
+    let state =
+        CopyState { epoch: Epoch(0), base: Sequence::ZERO, base_epoch: Epoch(0), cursor_block: 0, verify: true };
+    copy::save(dir, number, &state)
+}
+
 /// What `Store::repair` did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct RepairReport {
@@ -1543,7 +1560,9 @@ impl Store {
                         for (name, size_bytes) in store.volumes() {
                             let handle = store.ensure_volume(&name, size_bytes)?;
                             store.mark_for_repair(handle, 0)?;
-                            report.volumes_to_repair.push(name);
+                            if !report.volumes_to_repair.contains(&name) {
+                                report.volumes_to_repair.push(name);
+                            }
                         }
                         store.checkpoint()?;
                         report.actions.push("checkpoint written".into());
@@ -1552,6 +1571,13 @@ impl Store {
                 }
                 Err(error) => error,
             };
+            if let StoreError::CorruptBlockMap { volume, .. } = &error {
+                let volume = volume.clone();
+                repair_block_map(dir, &volume, &error)?;
+                report.actions.push(format!("rebuilt the block map of volume {volume} as empty: {error}"));
+                report.volumes_to_repair.push(volume);
+                continue;
+            }
             let StoreError::CorruptLog { path, offset, .. } = &error else {
                 return Err(error);
             };

@@ -859,6 +859,12 @@ fn a_damaged_block_map_refuses_to_open() {
     fs::write(&map, &bytes).expect("write map");
     let error = Store::open(&f.dir.0, f.options).err().expect("refused");
     assert!(matches!(error, StoreError::CorruptBlockMap { .. }), "{error}");
+    // Repair keeps the volume's position and log, and has it rebuilt from a peer.
+    let report = Store::repair(&f.dir.0, f.options).expect("repair");
+    assert_eq!(report.volumes_to_repair, vec!["vol".to_string()], "{report:?}");
+    f.reopen();
+    assert_eq!(f.store().applied_sequence(f.volume), Sequence(1));
+    assert!(f.store().copy_state(f.volume).is_some_and(|s| s.is_pending_repair()));
 }
 
 #[test]

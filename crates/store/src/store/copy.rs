@@ -124,7 +124,7 @@ pub(super) fn load(dir: &Path, number: u32) -> Result<Option<CopyState>, StoreEr
 }
 
 /// Replace the copy state file atomically (write, sync, rename, sync the directory).
-fn save(dir: &Path, number: u32, state: &CopyState) -> Result<(), StoreError> {
+pub(super) fn save(dir: &Path, number: u32, state: &CopyState) -> Result<(), StoreError> {
     let path = copy_path(dir, number);
     let tmp = path.with_extension("copy.tmp");
     let mut file: File = OpenOptions::new()
