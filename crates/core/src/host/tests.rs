@@ -913,3 +913,77 @@ fn two_elements_at_one_address_are_refused_by_validation() {
     let error = config.validate().expect_err("duplicate address");
     assert!(error.contains("elements a and c have the same address 127.0.0.1:1"), "{error}");
 }
+
+#[test]
+fn a_running_host_element_takes_back_an_element_whose_epoch_owner_is_gone() {
+    // e2 took epoch 9 from a host element that then died before it was ready (it never
+    // became ready, so it wrote nothing). The running host element (epoch 5) is refused by e2
+    // at first: its owner might be alive. Once e2 says its owner has been gone for two
+    // heartbeat timeouts while e0 and e1 still follow epoch 5, it starts over above 9.
+    let mut c = Cluster::new(3, 2);
+    let t = c.write(0, 3, 4096);
+    assert_eq!(c.replies[&t], Reply::Done(Ok(())));
+    c.crash(2);
+    c.connect(2); // boots e2 again, and the host element's session to it
+    let stranger = c.open_session(2);
+    c.elements[2].core.handle_host_message(
+        c.now,
+        stranger,
+        HostMessage::Hello {
+            epoch: Epoch(9),
+            host: HostId(77),
+            volumes: vec![VolumeSpec { name: "vol0".into(), size_bytes: SIZE }],
+        },
+    );
+    c.run();
+    c.elements[2].core.handle_session_closed(c.now, stranger);
+    // The host element learns it from e2's next pong.
+    for _ in 0..2 {
+        c.advance_ms(limits::HEARTBEAT_INTERVAL_MS_DEFAULT);
+    }
+    assert_eq!(c.states(), "in-sync,in-sync,failed");
+    assert!(matches!(c.core.status(c.now).elements[2].failure, Some(Failure::Fenced { .. })));
+    assert!(!c.events.iter().any(|e| matches!(e, Event::Restarted { .. })), "not while the owner may live");
+    // Heartbeats keep e0 and e1 confirming epoch 5; e2 is dialled again now and then.
+    for _ in 0..16 {
+        c.advance_ms(limits::HEARTBEAT_INTERVAL_MS_DEFAULT);
+        c.reconnect(&[2]);
+    }
+    assert!(c.events.iter().any(|e| matches!(e, Event::Restarted { to: Epoch(10), .. })), "{:?}", c.events);
+    c.reconnect(&[0, 1, 2]);
+    assert_eq!(c.states(), "in-sync,in-sync,in-sync");
+    assert_eq!(c.core.epoch(), Epoch(10));
+    assert_eq!(c.read(0, 4096), Reply::Read(Ok(Bytes::from(vec![3; 4096]))));
+}
+
+#[test]
+fn a_host_element_taken_over_by_a_majority_serves_nothing() {
+    let mut c = Cluster::new(3, 2);
+    let t = c.write(0, 3, 4096);
+    assert_eq!(c.replies[&t], Reply::Done(Ok(())));
+    // A newer host element (epoch 8) takes e0 and e1; its sessions stay open.
+    for i in 0..2 {
+        let session = c.open_session(i);
+        c.elements[i].core.handle_host_message(
+            c.now,
+            session,
+            HostMessage::Hello {
+                epoch: Epoch(8),
+                host: HostId(42),
+                volumes: vec![VolumeSpec { name: "vol0".into(), size_bytes: SIZE }],
+            },
+        );
+        c.run();
+    }
+    for _ in 0..3 {
+        c.advance_ms(limits::HEARTBEAT_INTERVAL_MS_DEFAULT);
+    }
+    assert!(c.events.iter().any(|e| matches!(e, Event::Superseded { seen: Epoch(8), .. })), "{:?}", c.events);
+    assert_eq!(c.mode(), VolumeMode::Unavailable);
+    let t = c.token();
+    c.core.handle_host_read(c.now, t, VOLUME, 0, 4096);
+    c.run();
+    assert_eq!(c.replies.remove(&t), Some(Reply::Read(Err(HostError::Unavailable))));
+    let t = c.write(0, 4, 4096);
+    assert_eq!(c.replies[&t], Reply::Done(Err(HostError::Unavailable)));
+}
