@@ -855,8 +855,11 @@ impl HostCore {
     fn on_epoch_refused(&mut self, now: Time, element: ElementId, seen: Epoch) {
         self.on_newer_epoch(now, seen);
         let ours = self.epoch;
-        let within_ms = self.config.heartbeat_timeout_ms;
         let gone_ms = 2 * self.config.heartbeat_timeout_ms;
+        // What an element said stays true until it says otherwise, and a failed element is
+        // dialled again (and welcomed, or refused) at least every 2 s; four heartbeat
+        // timeouts leave room for that without trusting old news.
+        let within_ms = 2 * gone_ms;
         let fresh = |at: Time| now.micros_since(at) / 1000 <= within_ms;
         let mut free = 0;
         let mut newest = seen;

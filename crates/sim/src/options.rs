@@ -37,10 +37,10 @@ pub enum FaultKind {
     CorruptBlock,
     /// A replay-log record's checksum no longer matches: serving it fails.
     CorruptLog,
-    /// An element is killed and one bit of its newest synced log batch flips: at the next
-    /// start it refuses to open (the batch was acknowledged), the operator runs `starfish
-    /// element repair`, and it comes back without those records, every volume waiting for a
-    /// repair from its peers.
+    /// An element whose newest synced batch every other element holds is killed and one bit
+    /// of that batch flips: at the next start it refuses to open (the batch was acknowledged),
+    /// the operator runs `starfish element repair`, and it comes back without those records,
+    /// every volume waiting for a repair from its peers.
     RotNewestBatch,
     /// A new host element starts (with a newer epoch) while the old one still runs — a
     /// supervisor's false failure detection, or an operator restarting a host element that

@@ -1621,7 +1621,7 @@ impl World {
         Some(candidates[self.rng_fault.below(candidates.len() as u64) as usize])
     }
 
-    /// A live element whose newest synced batch Q others hold (see `rot_is_redundant`).
+    /// A live element whose newest synced batch every other element holds (see `rot_is_redundant`).
     fn pick_redundant_element(&mut self) -> Option<usize> {
         let candidates: Vec<usize> =
             (0..self.elements.len()).filter(|&e| self.elements[e].alive && self.rot_is_redundant(e)).collect();
@@ -1874,7 +1874,7 @@ impl World {
                     None => false,
                 }
             }
-            // Only where the batch's records are held durably by Q other elements: rot is a
+            // Only where the batch's records are held durably by all the others: rot is a
             // partial disk loss, and the checkers' premise (a majority start sees every
             // acknowledged write) holds for failures within the contract.
             FaultKind::RotNewestBatch => match self.pick_redundant_element() {
@@ -1906,7 +1906,7 @@ impl World {
     }
 
     /// Whether every record of element `e`'s newest synced batch is held durably, with the
-    /// same epoch, by at least Q other elements.
+    /// same epoch, by every other element (and so by at least Q).
     fn rot_is_redundant(&self, e: usize) -> bool {
         let mine = &self.elements[e].storage;
         !mine.last_batch.is_empty()
@@ -1916,7 +1916,9 @@ impl World {
                 let holders = (0..self.elements.len())
                     .filter(|&j| j != e && self.elements[j].storage.vols[vi].history.get(at) == Some(epoch))
                     .count();
-                holders >= self.o.quorum
+                // Every other element, and at least Q: a rot never removes a record's last
+                // copies, however many follow (each is a partial disk loss of one element).
+                holders >= self.o.quorum && holders + 1 == self.elements.len()
             })
     }
 
@@ -2051,10 +2053,14 @@ impl World {
         let canonical = match in_sync.first() {
             Some(&e) => e,
             None => {
+                // As a starting host element chooses: the newest epoch first, then the
+                // sequence (by sequence alone, an older epoch's longer history would win).
                 self.report.notes.push("no element in sync at the end: history taken from the most advanced".into());
                 (0..self.elements.len())
                     .max_by_key(|&e| {
-                        (self.elements[e].storage.vols.iter().map(|v| v.applied().0).sum::<u64>(), Reverse(e))
+                        let vols = &self.elements[e].storage.vols;
+                        let newest_epoch = vols.iter().map(|v| v.applied_epoch()).max();
+                        (newest_epoch, vols.iter().map(|v| v.applied().0).sum::<u64>(), Reverse(e))
                     })
                     .expect("at least one element")
             }
