@@ -286,6 +286,32 @@ def test_an_element_whose_disk_fills_up_rejoins_by_itself_once_space_is_freed(ma
         unmount(mountpoint)
 
 
+def flip(path, offset, mask):
+    """Flip the bits `mask` of the byte at `offset` of a (stopped element's) file."""
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        byte = f.read(1)
+        f.seek(offset)
+        f.write(bytes([byte[0] ^ mask]))
+
+
+def refused_then_repaired(cluster, name, action):
+    """Element `name`, whose disk was damaged while stopped, refuses to start;
+    `starfish element repair` reports `action` and marks vol0 for repair;
+    started again, it is repaired from its peers and the cluster is healthy."""
+    element = cluster.elements[name]
+    element.process.start()
+    code = element.process.wait(30)
+    assert code not in (None, 0), f"{name} started with a damaged disk"
+    result = run([harness.starfish_bin(), "element", "repair", "--data", element.data, "--json"], timeout=120)
+    report = json.loads(result.stdout)
+    assert report["volumes_to_repair"] == ["vol0"], report
+    assert any(a.startswith(action) for a in report["actions"]), report
+    cluster.restart_element(name)
+    cluster.wait_healthy(timeout=120)
+    return element.process.log()
+
+
 @pytest.mark.time_limit(240)
 def test_a_bad_block_is_never_served_and_is_repaired_from_a_peer(make_cluster):
     """One byte of `near`'s data file flips while it is stopped. Reads that
@@ -302,11 +328,7 @@ def test_a_bad_block_is_never_served_and_is_repaired_from_a_peer(make_cluster):
     near = cluster.elements["near"]
     assert near.process.stop()[0] == 0
     path = os.path.join(near.data, "volumes", "0.data")
-    with open(path, "r+b") as f:
-        f.seek(8192 + 100)
-        byte = f.read(1)
-        f.seek(8192 + 100)
-        f.write(bytes([byte[0] ^ 0x40]))
+    flip(path, 8192 + 100, 0x40)
     cluster.restart_element("near")
     cluster.wait_healthy()
     cluster.kill_element("local")
@@ -372,22 +394,9 @@ def test_a_bit_flip_in_the_newest_log_batch_is_caught_and_repaired(make_cluster)
     far = cluster.elements["far"]
     cluster.kill_element("far")
     segment, body, length = newest_batch(far.data)
-    with open(segment, "r+b") as f:
-        f.seek(body + length // 2)
-        byte = f.read(1)
-        f.seek(body + length // 2)
-        f.write(bytes([byte[0] ^ 0x04]))
-    far.process.start()
-    code = far.process.wait(30)
-    assert code not in (None, 0), "far started with a damaged log batch"
-    log = far.process.log()
+    flip(segment, body + length // 2, 0x04)
+    log = refused_then_repaired(cluster, "far", "truncated log segment")
     assert "acknowledged" in log and "element repair" in log, log
-    result = run([harness.starfish_bin(), "element", "repair", "--data", far.data, "--json"], timeout=120)
-    report = json.loads(result.stdout)
-    assert report["volumes_to_repair"] == ["vol0"], report
-    assert any(a.startswith("truncated log segment") for a in report["actions"]), report
-    cluster.restart_element("far")
-    cluster.wait_healthy(timeout=120)
     with Client(cluster.uri()) as client:
         assert client.pread(len(data), 0) == data
     digests_agree(cluster)
@@ -407,21 +416,9 @@ def test_a_damaged_block_map_is_rebuilt_by_repair(make_cluster):
     near = cluster.elements["near"]
     assert near.process.stop()[0] == 0
     path = os.path.join(near.data, "volumes", "0.map")
-    with open(path, "r+b") as f:
-        for at in (4096 + 16, 8192 + 16):  # the first entry of chunk 0, in both slots
-            f.seek(at)
-            byte = f.read(1)
-            f.seek(at)
-            f.write(bytes([byte[0] ^ 0x01]))
-    near.process.start()
-    code = near.process.wait(30)
-    assert code not in (None, 0), "near started with a damaged block map"
-    result = run([harness.starfish_bin(), "element", "repair", "--data", near.data, "--json"], timeout=120)
-    report = json.loads(result.stdout)
-    assert report["volumes_to_repair"] == ["vol0"], report
-    assert any(a.startswith("rebuilt the block map of volume vol0") for a in report["actions"]), report
-    cluster.restart_element("near")
-    cluster.wait_healthy(timeout=120)
+    for at in (4096 + 16, 8192 + 16):  # the first entry of chunk 0, in both slots
+        flip(path, at, 0x01)
+    refused_then_repaired(cluster, "near", "rebuilt the block map of volume vol0")
     with Client(cluster.uri()) as client:
         assert client.pread(len(data), 0) == data
     digests_agree(cluster)
@@ -441,11 +438,7 @@ def test_a_partial_write_into_a_bad_block_repairs_instead_of_looping(make_cluste
     near = cluster.elements["near"]
     assert near.process.stop()[0] == 0
     path = os.path.join(near.data, "volumes", "0.data")
-    with open(path, "r+b") as f:
-        f.seek(12288 + 7)
-        byte = f.read(1)
-        f.seek(12288 + 7)
-        f.write(bytes([byte[0] ^ 0x10]))
+    flip(path, 12288 + 7, 0x10)
     cluster.restart_element("near")
     cluster.wait_healthy()
     patch = harness.random_bytes(512, seed=18)

@@ -290,8 +290,9 @@ struct Volume {
 }
 
 /// Records remembered per volume to check duplicates against (a host element resends only
-/// what it sent since the element's last acknowledgement, far fewer).
-const RECENT_RECORDS_MAX: usize = 4096;
+/// what it sent since the element's last acknowledgement, far fewer). 24 bytes each: at most
+/// 24 KiB per volume, 96 MiB for the largest store (4096 volumes).
+const RECENT_RECORDS_MAX: usize = 1024;
 
 /// A digest of what a record does (kind, range, content).
 fn record_digest(op: &proto::Op) -> u32 {
