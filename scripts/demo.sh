@@ -11,5 +11,11 @@ if ! command -v cargo >/dev/null 2>&1; then
     echo "cargo not found: installing Debian's Rust toolchain" >&2
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq cargo rustc >/dev/null
 fi
+# The etcd client (automatic failover) is generated from protobuf files at build time.
+if ! command -v protoc >/dev/null 2>&1 || [ ! -f /usr/include/google/protobuf/descriptor.proto ]; then
+    echo "protoc not found: installing Debian's protobuf-compiler" >&2
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+        protobuf-compiler libprotobuf-dev >/dev/null
+fi
 cargo build --release -q -p starfish
 exec target/release/starfish demo "$@"

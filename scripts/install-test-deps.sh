@@ -17,6 +17,9 @@ packages=(
     python3-libnbd
     util-linux
     iproute2
+    etcd-server
+    protobuf-compiler
+    libprotobuf-dev
 )
 
 missing=()

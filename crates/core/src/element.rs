@@ -27,8 +27,9 @@ use std::fmt;
 use proto::{ElementMessage, Epoch, HostId, HostMessage, Record, Sequence, VolumeId, VolumeSpec, VolumeState};
 
 use crate::limits::{
-    COMMIT_BATCH_BYTES_MAX, COMMIT_BATCH_RECORDS_MAX, REPLAY_EMPTY_RETRY_MS, REPLAY_FETCH_BYTES,
-    REPLAY_IDLE_TIMEOUT_MS, REPLAY_STASH_BYTES_MAX, SESSION_DEFERRED_MAX, SOURCE_CATCH_UP_TIMEOUT_MS,
+    COMMIT_BATCH_BYTES_MAX, COMMIT_BATCH_RECORDS_MAX, LEASE_MS_DEFAULT, OWNER_RELEASED_ABSENT_MS,
+    OWNER_SILENCE_MS_DEFAULT, REPLAY_EMPTY_RETRY_MS, REPLAY_FETCH_BYTES, REPLAY_IDLE_TIMEOUT_MS,
+    REPLAY_STASH_BYTES_MAX, SESSION_DEFERRED_MAX, SOURCE_CATCH_UP_TIMEOUT_MS,
 };
 use crate::Time;
 
@@ -183,6 +184,10 @@ pub struct ElementConfig {
     pub fencing: bool,
     /// This element's identity (storage keeps it), sent in every `Welcome`.
     pub element_id: u64,
+    /// The read lease each pong promises (0: none; see `LEASE_MS_DEFAULT`).
+    pub lease_ms: u64,
+    /// See `OWNER_SILENCE_MS_DEFAULT`.
+    pub owner_silence_ms: u64,
 }
 
 impl Default for ElementConfig {
@@ -196,6 +201,8 @@ impl Default for ElementConfig {
             source_catch_up_timeout_ms: SOURCE_CATCH_UP_TIMEOUT_MS,
             fencing: true,
             element_id: 0,
+            lease_ms: LEASE_MS_DEFAULT,
+            owner_silence_ms: OWNER_SILENCE_MS_DEFAULT,
         }
     }
 }
@@ -317,6 +324,8 @@ struct Session {
     hello_pending: bool,
     /// The `Hello` whose volumes storage is creating.
     hello: Option<(Epoch, Vec<VolumeSpec>)>,
+    /// The admin address its hello gave.
+    admin: String,
     deferred: VecDeque<HostMessage>,
     /// Session volume number → local volume.
     volumes: Vec<LocalVolume>,
@@ -372,9 +381,19 @@ pub struct ElementCore {
     /// raised by records alone). A hello with the same epoch from another host element is
     /// refused: two host elements never share an epoch.
     holder: HostId,
-    /// When the last session of the current epoch closed (the element's start if none was
-    /// ever open): a host element that wants the element back asks how long its owner is gone.
-    owner_left_at: Option<Time>,
+    /// The last time a session of the current epoch sent something or closed (the element's
+    /// start if none ever did): a host element that wants the element back, and a standby,
+    /// ask how long its owner is gone.
+    owner_heard_at: Option<Time>,
+    /// The holder sent `Release` (a graceful handover): it is gone for good.
+    owner_released: bool,
+    /// The holder's admin address, as its hello gave it (empty: not known since this start).
+    holder_admin: String,
+    /// No other host element's epoch is welcomed before this (the read lease promised in the
+    /// pongs). Set to a full lease at start: a promise made before a restart still holds.
+    promised_until: Option<Time>,
+    /// A newer host element's hello waits at the head of `jobs` for `promised_until`.
+    hello_waits: bool,
     volumes: Vec<Volume>,
     sessions: BTreeMap<SessionId, Session>,
     jobs: VecDeque<Job>,
@@ -423,7 +442,11 @@ impl ElementCore {
             config,
             epoch,
             holder,
-            owner_left_at: None,
+            owner_heard_at: None,
+            owner_released: false,
+            holder_admin: String::new(),
+            promised_until: None,
+            hello_waits: false,
             volumes,
             sessions: BTreeMap::new(),
             jobs: VecDeque::new(),
@@ -481,7 +504,8 @@ impl ElementCore {
             _ => None,
         });
         let fetches = self.waiting_fetches.iter().map(|w| w.deadline);
-        replays.chain(fetches).min()
+        let lease = if self.hello_waits { self.promised_until } else { None };
+        replays.chain(fetches).chain(lease).min()
     }
 
     fn emit(&mut self, action: ElementAction) {
@@ -524,19 +548,41 @@ impl ElementCore {
         self.close_session(session);
     }
 
-    /// How long no session of the current epoch has been open (0: one is).
+    /// How long the owner of the current epoch has been gone: no session of it open, or none
+    /// that sent anything for `owner_silence_ms` (0: it is here).
     fn owner_absent_ms(&self) -> u64 {
-        if self.sessions.values().any(|s| s.epoch == Some(self.epoch)) {
+        if self.owner_released {
+            return OWNER_RELEASED_ABSENT_MS;
+        }
+        let silent_ms = self.owner_heard_at.map_or(0, |at| self.now.micros_since(at) / 1000);
+        let open = self.sessions.values().any(|s| s.epoch == Some(self.epoch));
+        if open && silent_ms < self.config.owner_silence_ms {
             return 0;
         }
-        self.owner_left_at.map_or(0, |at| self.now.micros_since(at) / 1000)
+        silent_ms
     }
 
     /// Every input brings the time.
     fn tick(&mut self, now: Time) {
         self.now = now;
         // Until some session is opened, the owner is gone since the element started.
-        self.owner_left_at.get_or_insert(now);
+        self.owner_heard_at.get_or_insert(now);
+        // A promise made before a restart may still run (an element that never followed a
+        // host element made none).
+        if self.promised_until.is_none() {
+            let until = if self.epoch > Epoch(0) { now.plus_ms(self.config.lease_ms) } else { now };
+            self.promised_until = Some(until);
+        }
+    }
+
+    /// Another host element's hello waits for the lease: no more promises meanwhile.
+    fn lease_promise_ms(&self, session_epoch: Epoch) -> u64 {
+        // A holder that released the element gets no promise again (its pings may still come).
+        if session_epoch == self.epoch && !self.hello_waits && !self.owner_released {
+            self.config.lease_ms
+        } else {
+            0
+        }
     }
 
     fn close_session(&mut self, session: SessionId) {
@@ -544,7 +590,7 @@ impl ElementCore {
             return;
         };
         if closed.epoch == Some(self.epoch) && !self.sessions.values().any(|s| s.epoch == Some(self.epoch)) {
-            self.owner_left_at = Some(self.now);
+            self.owner_heard_at = Some(self.now);
         }
         self.waiting_fetches.retain(|w| w.session != session);
         // Recoveries it ordered stop: their records would be acknowledged to nobody. Queued
@@ -571,6 +617,22 @@ impl ElementCore {
     pub fn handle_host_message(&mut self, now: Time, session: SessionId, message: HostMessage) {
         self.tick(now);
         let Some(state) = self.sessions.get_mut(&session) else { return };
+        // The holder pings every heartbeat; peers' sessions (replay, copy) share its epoch but
+        // say nothing of it.
+        if state.epoch == Some(self.epoch) && matches!(message, HostMessage::Ping { .. } | HostMessage::Apply(_)) {
+            self.owner_heard_at = Some(now);
+        }
+        if let HostMessage::Observe { nonce } = message {
+            // A standby's question: allowed in any session, before a hello or without one.
+            let observed = ElementMessage::Observed {
+                nonce,
+                epoch: self.epoch,
+                holder: self.holder,
+                holder_admin: self.holder_admin.clone(),
+                owner_absent_ms: self.owner_absent_ms(),
+            };
+            return self.send(session, observed);
+        }
         if state.hello_pending {
             if state.deferred.len() >= SESSION_DEFERRED_MAX {
                 return self.refuse(session, "protocol: too many requests before the welcome".into());
@@ -579,10 +641,11 @@ impl ElementCore {
             return;
         }
         let Some(session_epoch) = state.epoch else {
-            let HostMessage::Hello { epoch, host, volumes } = message else {
+            let HostMessage::Hello { epoch, host, volumes, admin } = message else {
                 return self.refuse(session, "protocol: request before hello".into());
             };
             state.host = host;
+            state.admin = admin;
             // A hello that cannot be welcomed creates nothing. Otherwise the epoch is compared
             // again when the hello's turn comes, after the volumes exist.
             if let Some(reason) = self.epoch_refusal(epoch, host) {
@@ -599,7 +662,23 @@ impl ElementCore {
             HostMessage::Hello { .. } => self.refuse(session, "protocol: second hello".into()),
             HostMessage::Ping { nonce } => {
                 let (epoch, owner_absent_ms) = (self.epoch, self.owner_absent_ms());
-                self.send(session, ElementMessage::Pong { nonce, epoch, owner_absent_ms })
+                let lease_ms = self.lease_promise_ms(session_epoch);
+                if lease_ms > 0 {
+                    let until = now.plus_ms(lease_ms);
+                    self.promised_until = Some(self.promised_until.map_or(until, |p| p.max(until)));
+                }
+                let lease_ms = lease_ms.min(u32::MAX as u64) as u32;
+                self.send(session, ElementMessage::Pong { nonce, epoch, owner_absent_ms, lease_ms })
+            }
+            HostMessage::Observe { .. } => unreachable!("answered above"),
+            HostMessage::Release => {
+                // A graceful handover: the holder serves nothing any more, so its lease ends
+                // now and a standby may take the element at once.
+                if session_epoch == self.epoch {
+                    self.log(LogLevel::Info, format!("host element {} released epoch {}", self.holder, self.epoch));
+                    self.promised_until = Some(now);
+                    self.owner_released = true;
+                }
             }
             HostMessage::Apply(record) => {
                 let Some(volume) = self.local(session, record.volume) else { return };
@@ -625,6 +704,17 @@ impl ElementCore {
                         request: message,
                     });
                 }
+            }
+            HostMessage::Recover { .. } | HostMessage::Copy { .. }
+                if self.config.fencing && session_epoch < self.epoch =>
+            {
+                // A recovery order of a superseded host element (one that woke from a pause,
+                // say) would rebuild a volume under the newer one's stream.
+                let reason = format!(
+                    "fenced: a host element of epoch {} superseded epoch {session_epoch}; its recovery orders are refused",
+                    self.epoch
+                );
+                self.refuse(session, reason)
             }
             HostMessage::Recover { volume: session_volume, source, after, through, rate_bytes_per_s } => {
                 let Some(volume) = self.local(session, session_volume) else { return };
@@ -698,6 +788,11 @@ impl ElementCore {
         let Some(state) = self.sessions.get_mut(&session) else { return };
         state.epoch = Some(epoch);
         state.hello_pending = false;
+        if epoch == self.epoch {
+            self.holder_admin = state.admin.clone();
+            self.owner_released = false;
+            self.owner_heard_at = Some(self.now);
+        }
         let states = state
             .volumes
             .iter()
@@ -773,8 +868,25 @@ impl ElementCore {
         while self.in_flight.is_none() {
             match self.jobs.front() {
                 None => return,
-                Some(Job::Hello { .. }) => {
-                    let Some(Job::Hello { session, epoch, host }) = self.jobs.pop_front() else { unreachable!() };
+                Some(&Job::Hello { session, epoch, host }) => {
+                    let takeover = epoch > self.epoch && host != self.holder && self.sessions.contains_key(&session);
+                    let promised = self.promised_until.is_some_and(|until| self.now < until);
+                    if takeover && promised && self.config.fencing {
+                        // The read lease promised to the holder runs: wait for its end.
+                        if !self.hello_waits {
+                            self.log(
+                                LogLevel::Info,
+                                format!(
+                                    "epoch {epoch} of host element {host} waits for the lease of epoch {}",
+                                    self.epoch
+                                ),
+                            );
+                        }
+                        self.hello_waits = true;
+                        return;
+                    }
+                    self.hello_waits = false;
+                    self.jobs.pop_front();
                     if !self.sessions.contains_key(&session) {
                         continue;
                     }
@@ -909,6 +1021,8 @@ impl ElementCore {
                         assert!(epoch > self.epoch, "only a newer epoch is adopted");
                         self.epoch = epoch;
                         self.holder = host;
+                        self.owner_released = false;
+                        self.owner_heard_at = Some(now);
                         self.log(
                             LogLevel::Info,
                             format!("adopted epoch {epoch} of host element {host} (was {previous})"),
@@ -1086,7 +1200,12 @@ impl ElementCore {
         self.emit(ElementAction::ConnectPeer {
             peer,
             address: source,
-            hello: HostMessage::Hello { epoch, host: self.session_host(session), volumes: vec![spec] },
+            hello: HostMessage::Hello {
+                epoch,
+                host: self.session_host(session),
+                volumes: vec![spec],
+                admin: String::new(),
+            },
         });
     }
 
@@ -1309,6 +1428,9 @@ impl ElementCore {
 
     pub fn handle_timeout(&mut self, now: Time) {
         self.tick(now);
+        if self.hello_waits && self.promised_until.is_some_and(|until| until <= now) {
+            self.pump_storage();
+        }
         let idle_timeout_us = self.config.replay_idle_timeout_ms * 1000;
         for vi in 0..self.volumes.len() {
             let Recovery::Replaying(r) = &self.volumes[vi].recovery else { continue };
@@ -1507,7 +1629,10 @@ impl ElementCore {
             assert!(s.volumes.iter().all(|l| (l.0 as usize) < self.volumes.len()));
         }
         if self.in_flight.is_none() {
-            assert!(self.jobs.is_empty(), "storage idles only with nothing queued");
+            assert!(
+                self.jobs.is_empty() || (self.hello_waits && matches!(self.jobs.front(), Some(Job::Hello { .. }))),
+                "storage idles only with nothing queued, or with a hello waiting for the lease"
+            );
         }
     }
 }
@@ -1530,6 +1655,7 @@ fn message_name(message: &ElementMessage) -> &'static str {
         ElementMessage::ReadReply { .. } => "ReadReply",
         ElementMessage::BlockStatusReply { .. } => "BlockStatusReply",
         ElementMessage::Pong { .. } => "Pong",
+        ElementMessage::Observed { .. } => "Observed",
         ElementMessage::LogRecords { .. } => "LogRecords",
         ElementMessage::RecoveryDone { .. } => "RecoveryDone",
         ElementMessage::Blocks { .. } => "Blocks",

@@ -48,6 +48,12 @@ pub struct HostConfig {
     /// simulator's deliberately broken variant (`--broken clock-epochs`), which its checkers
     /// must catch.
     pub raise_epoch: bool,
+    /// This host element's admin address, told to the elements in the hello (a standby that
+    /// observes them learns where the active one is).
+    pub admin: String,
+    /// Answer reads only under the read lease (see `lease_held`). Off only in the simulator's
+    /// deliberately broken variant (`--broken no-read-lease`), which its checkers must catch.
+    pub read_lease: bool,
 }
 
 impl HostConfig {
@@ -68,6 +74,8 @@ impl HostConfig {
             element_addresses: Vec::new(),
             recovery_rate_bytes_per_s: 0,
             raise_epoch: true,
+            admin: String::new(),
+            read_lease: true,
         }
     }
 
@@ -367,6 +375,9 @@ struct ElementRuntime {
     owner_absent_ms: u64,
     /// With `follows`: the epoch is ours, taken for us (a welcome, a pong of our session).
     follows_ours: bool,
+    /// The element promised (in a pong of our epoch) to welcome no other host element's epoch
+    /// before this, on our clock with the margin taken off.
+    lease_until: Time,
 }
 
 impl ElementRuntime {
@@ -488,6 +499,8 @@ pub struct HostCore {
     reads: HashMap<u64, PendingRead>,
     fetches: HashMap<u64, Fetch>,
     deferred: Vec<Deferred>,
+    /// Read replies waiting for the read lease, with their deadline.
+    lease_waiting: VecDeque<(Token, Reply, Time)>,
     next_request_id: u64,
     actions: VecDeque<Action>,
 }
@@ -588,6 +601,7 @@ impl HostCore {
                 follows: None,
                 owner_absent_ms: 0,
                 follows_ours: false,
+                lease_until: Time(0),
             })
             .collect();
         let volumes = config
@@ -623,6 +637,7 @@ impl HostCore {
             reads: HashMap::new(),
             fetches: HashMap::new(),
             deferred: Vec::new(),
+            lease_waiting: VecDeque::new(),
             next_request_id: 1,
             actions: VecDeque::new(),
         }
@@ -664,6 +679,9 @@ impl HostCore {
                 consider(since.plus_ms(self.config.throttle_timeout_ms));
             }
         }
+        if let Some((_, _, deadline)) = self.lease_waiting.front() {
+            consider(*deadline);
+        }
         next
     }
 
@@ -698,8 +716,12 @@ impl HostCore {
         e.failed_in_session = false;
         e.last_heard = now;
         // The state stays what it was (failed, with its reason) until the welcome decides.
-        let message =
-            HostMessage::Hello { epoch: self.epoch, host: self.config.host_id, volumes: self.config.volumes.clone() };
+        let message = HostMessage::Hello {
+            epoch: self.epoch,
+            host: self.config.host_id,
+            volumes: self.config.volumes.clone(),
+            admin: self.config.admin.clone(),
+        };
         let mut to = ElementSet::default();
         to.insert(element);
         self.emit(Action::Send { to, message });
@@ -773,13 +795,22 @@ impl HostCore {
                 self.on_read_reply(now, element, request_id, applied_sequence, ReadResult::Extents(result))
             }
             ElementMessage::Pong { epoch, .. } if epoch > self.epoch => self.on_epoch_refused(now, element, epoch),
-            ElementMessage::Pong { nonce, .. } => {
+            ElementMessage::Pong { nonce, epoch, lease_ms, .. } => {
                 let sample = now.0.saturating_sub(nonce);
                 let e = &mut self.elements[element.0 as usize];
                 e.rtt_us = Some(match e.rtt_us {
                     None => sample,
                     Some(old) => (old * 7 + sample) / 8,
                 });
+                if epoch == self.epoch && lease_ms > 0 {
+                    // Promised from when the element sent the pong, after our ping left.
+                    let sent = Time(nonce.min(now.0));
+                    let lease_us = lease_ms as u64 * 1000 * limits::LEASE_CLOCK_MARGIN_PERMILLE / 1000;
+                    e.lease_until = e.lease_until.max(Time(sent.0 + lease_us));
+                    if !self.lease_waiting.is_empty() {
+                        self.settle_lease_waiting(now);
+                    }
+                }
             }
             ElementMessage::LogRecords { request_id, result } => self.on_log_records(now, element, request_id, result),
             ElementMessage::RecoveryDone { volume, result } => self.on_recovery_done(now, element, volume, result),
@@ -794,6 +825,9 @@ impl HostCore {
                 self.fail_element(now, element, Failure::Protocol("unsolicited blocks".into()), true)
             }
             ElementMessage::Fault { reason } => self.fail_element(now, element, Failure::Fault(reason), true),
+            ElementMessage::Observed { .. } => {
+                self.fail_element(now, element, Failure::Protocol("unsolicited observation".into()), true)
+            }
         }
     }
 
@@ -939,6 +973,9 @@ impl HostCore {
             };
             replies.push((read.token, reply));
         }
+        for (token, reply, _) in std::mem::take(&mut self.lease_waiting) {
+            replies.push((token, unavailable_like(&reply)));
+        }
         for request in std::mem::take(&mut self.deferred) {
             let (token, reply) = match request {
                 Deferred::Read { token, .. } => (token, Reply::Read(Err(HostError::Unavailable))),
@@ -983,8 +1020,12 @@ impl HostCore {
         e.follows_ours = true;
         self.claimed = true;
         e.welcomed = true;
-        e.next_ping = now;
+        // The first ping at once: its pong starts the read lease.
+        e.next_ping = now.plus_ms(self.config.heartbeat_interval_ms);
         e.welcome = Some(volumes);
+        let mut to = ElementSet::default();
+        to.insert(element);
+        self.emit(Action::Send { to, message: HostMessage::Ping { nonce: now.0 } });
         if self.ready {
             self.admit_element(now, element);
         } else {
@@ -1701,7 +1742,7 @@ impl HostCore {
             return self.reply(token, Reply::Read(Ok(Bytes::new())));
         }
         if let Some(data) = self.cache.get(volume, offset_bytes, length_bytes as u64) {
-            return self.reply(token, Reply::Read(Ok(data)));
+            return self.answer_read(now, token, Reply::Read(Ok(data)));
         }
         let read = PendingRead {
             token,
@@ -1821,14 +1862,14 @@ impl HostCore {
                     data
                 };
                 self.cache.fill(read.volume, read.offset_bytes, &data);
-                self.reply(read.token, Reply::Read(Ok(data)));
+                self.answer_read(now, read.token, Reply::Read(Ok(data)));
             }
             (ReadKind::BlockStatus { length_bytes }, ReadResult::Extents(Ok(extents))) => {
                 if applied < queue.evicted_through() {
                     return self.dispatch_read(now, read);
                 }
                 let extents = overlay_extents(queue, applied, read.offset_bytes, length_bytes, extents);
-                self.reply(read.token, Reply::BlockStatus(Ok(extents)));
+                self.answer_read(now, read.token, Reply::BlockStatus(Ok(extents)));
             }
             _ => {
                 self.reads.insert(request_id, read);
@@ -2013,8 +2054,67 @@ impl HostCore {
     /// period is over: a write quorum, and a majority, so that any two host elements' sets
     /// share an element. Its epoch is then above that of every host element that could have
     /// written before it, and a history is never outranked by an older host element's.
+    ///
+    /// And N−Q+1, so that the set meets every write quorum of an older host element: once the
+    /// new epoch is taken there, an older host element can never gather Q acknowledgements
+    /// again, and among the welcomes is every write it may have acknowledged.
     pub fn start_minimum(&self) -> usize {
-        self.config.quorum.max(self.elements.len() / 2 + 1)
+        start_minimum_of(self.elements.len(), self.config.quorum)
+    }
+
+    /// How many elements' read leases a read needs: enough to meet every start-up set of a
+    /// newer host element (`start_minimum`), so no newer one can have acknowledged anything.
+    pub fn lease_minimum(&self) -> usize {
+        self.elements.len() + 1 - self.start_minimum()
+    }
+
+    /// Whether no newer host element can have acknowledged a write by `now`: enough elements
+    /// promised, in pongs of our epoch, to welcome nobody else until after `now`.
+    pub fn lease_held(&self, now: Time) -> bool {
+        !self.config.read_lease || self.elements.iter().filter(|e| e.lease_until > now).count() >= self.lease_minimum()
+    }
+
+    /// Answer a read, or hold it until the read lease is renewed: a host element another one
+    /// took over from must not answer with data the new one has overwritten.
+    fn answer_read(&mut self, now: Time, token: Token, reply: Reply) {
+        if self.superseded.is_some() {
+            return self.reply(token, unavailable_like(&reply));
+        }
+        if self.lease_held(now) && self.lease_waiting.is_empty() {
+            return self.reply(token, reply);
+        }
+        if self.lease_waiting.is_empty() {
+            self.ping_all(now);
+        }
+        let deadline = now.plus_ms(self.config.heartbeat_timeout_ms);
+        self.lease_waiting.push_back((token, reply, deadline));
+    }
+
+    fn ping_all(&mut self, now: Time) {
+        let mut to = ElementSet::default();
+        for (i, e) in self.elements.iter_mut().enumerate() {
+            if e.welcomed && e.session && !e.closing() {
+                to.insert(ElementId(i as u8));
+                e.next_ping = now.plus_ms(self.config.heartbeat_interval_ms);
+            }
+        }
+        if !to.is_empty() {
+            self.emit(Action::Send { to, message: HostMessage::Ping { nonce: now.0 } });
+        }
+    }
+
+    /// Answer the held reads if the lease is back, fail those past their deadline.
+    fn settle_lease_waiting(&mut self, now: Time) {
+        if self.lease_held(now) && self.superseded.is_none() {
+            while let Some((token, reply, _)) = self.lease_waiting.pop_front() {
+                self.reply(token, reply);
+            }
+            return;
+        }
+        while self.lease_waiting.front().is_some_and(|(_, _, deadline)| *deadline <= now || self.superseded.is_some()) {
+            let (token, reply, _) = self.lease_waiting.pop_front().expect("checked");
+            self.reply(token, unavailable_like(&reply));
+        }
     }
 
     fn become_ready(&mut self, now: Time) {
@@ -2088,6 +2188,9 @@ impl HostCore {
                 to.insert(element);
                 self.emit(Action::Send { to, message: HostMessage::Ping { nonce: now.0 } });
             }
+        }
+        if !self.lease_waiting.is_empty() {
+            self.settle_lease_waiting(now);
         }
         for vi in 0..self.volumes.len() {
             let volume = VolumeId(vi as u32);
@@ -2280,6 +2383,20 @@ enum ReadResult {
 
 /// Mark ranges touched by queued operations newer than `applied` as allocated (a safe answer:
 /// block status may always report data where there are zeroes), clip to the request, and merge.
+/// `HostCore::start_minimum` for N elements and write quorum Q: max(Q, N−Q+1, ⌊N/2⌋+1).
+pub fn start_minimum_of(n: usize, quorum: usize) -> usize {
+    quorum.max(n + 1 - quorum).max(n / 2 + 1)
+}
+
+/// The failure reply of the same kind as `reply`.
+fn unavailable_like(reply: &Reply) -> Reply {
+    match reply {
+        Reply::Read(_) => Reply::Read(Err(HostError::Unavailable)),
+        Reply::Done(_) => Reply::Done(Err(HostError::Unavailable)),
+        Reply::BlockStatus(_) => Reply::BlockStatus(Err(HostError::Unavailable)),
+    }
+}
+
 fn overlay_extents(
     queue: &WriteQueue,
     applied: Sequence,

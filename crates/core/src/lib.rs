@@ -20,8 +20,8 @@ pub use element::{
 };
 pub use failure::Failure;
 pub use host::{
-    Action, ElementStatus, Event, HostConfig, HostCore, HostError, HostStatus, RecoveryKind, Reply, VolumeMode,
-    VolumeStatus,
+    start_minimum_of, Action, ElementStatus, Event, HostConfig, HostCore, HostError, HostStatus, RecoveryKind, Reply,
+    VolumeMode, VolumeStatus,
 };
 pub use read_cache::ReadCache;
 pub use storage::{serve, ElementStorage};

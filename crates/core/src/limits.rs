@@ -22,7 +22,7 @@ pub const ADMISSION_WAITING_MAX: usize = 4096;
 /// How long a full write queue waits for a lagging element before declaring it failed.
 pub const THROTTLE_TIMEOUT_MS_DEFAULT: u64 = 2_000;
 /// Heartbeat period and the silence after which an element is declared failed.
-pub const HEARTBEAT_INTERVAL_MS_DEFAULT: u64 = 500;
+pub const HEARTBEAT_INTERVAL_MS_DEFAULT: u64 = 100;
 pub const HEARTBEAT_TIMEOUT_MS_DEFAULT: u64 = 3_000;
 /// At start, how long to wait for every element before proceeding with a quorum of them.
 pub const STARTUP_GRACE_MS_DEFAULT: u64 = 3_000;
@@ -64,3 +64,17 @@ pub const SESSION_DEFERRED_MAX: usize = 65_536;
 const _: () = assert!(REPLAY_FETCH_BYTES <= LOG_REPLY_BYTES_MAX);
 const _: () = assert!(REPLAY_STASH_BYTES_MAX >= 2 * PAYLOAD_BYTES_MAX as u64);
 const _: () = assert!(COMMIT_BATCH_BYTES_MAX >= PAYLOAD_BYTES_MAX as u64);
+
+/// An element's read lease: after each pong it sends the host element it follows, it welcomes
+/// no other host element's epoch for this long (see ARCHITECTURE.md, "Failover").
+pub const LEASE_MS_DEFAULT: u64 = 500;
+/// A host element counts a lease as this many thousandths of what the element promised: the
+/// two clocks may run at different rates (by at most 10 %, assumed).
+pub const LEASE_CLOCK_MARGIN_PERMILLE: u64 = 900;
+/// An element says the host element it follows is absent when no session of its epoch is open,
+/// or when none has sent anything for this long (a paused process keeps its sessions open).
+pub const OWNER_SILENCE_MS_DEFAULT: u64 = 500;
+/// What an element reports as `owner_absent_ms` once its host element released it (a graceful
+/// handover): gone for good.
+pub const OWNER_RELEASED_ABSENT_MS: u64 = 86_400_000;
+const _: () = assert!(OWNER_SILENCE_MS_DEFAULT > 2 * HEARTBEAT_INTERVAL_MS_DEFAULT);

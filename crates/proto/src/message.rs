@@ -11,6 +11,8 @@ pub const FRAME_BODY_BYTES_MAX: u32 = PAYLOAD_BYTES_MAX + 64 * 1024;
 /// Bounds on the small variable-length fields, so a hostile peer cannot make us allocate.
 const NAME_BYTES_MAX: usize = 255;
 const REASON_BYTES_MAX: usize = 4096;
+/// A host element's admin address as text (`[v6]:port` fits with room to spare).
+const ADDRESS_BYTES_MAX: usize = 255;
 const VOLUMES_MAX: usize = 4096;
 const EXTENTS_MAX: usize = 1 << 20;
 /// Blocks one `FetchBlocks` may ask about (and one `Blocks` reply may carry): 16 MiB of data,
@@ -158,6 +160,9 @@ pub enum HostMessage {
         epoch: Epoch,
         host: HostId,
         volumes: Vec<VolumeSpec>,
+        /// The host element's admin address (empty if unknown): an element tells it to a
+        /// standby that observes it (`Observe`), so the standby can ask it to hand over.
+        admin: String,
     },
     /// Apply one record; the element answers `Applied` once it is durable and applied.
     Apply(Record),
@@ -176,6 +181,14 @@ pub enum HostMessage {
     Ping {
         nonce: u64,
     },
+    /// A standby host element's question, allowed without a hello: whom does the element
+    /// follow, and since when has it not heard from it? Answered by `Observed`.
+    Observe {
+        nonce: u64,
+    },
+    /// A graceful handover: the host element has answered everything it took and serves
+    /// nothing more; its read lease ends now.
+    Release,
     /// Send the records after `after` from the replay log, up to about `max_bytes` of payload.
     FetchLog {
         request_id: u64,
@@ -254,6 +267,18 @@ pub enum ElementMessage {
         nonce: u64,
         epoch: Epoch,
         /// How long no session of `epoch` has been open at the element (0: one is open).
+        owner_absent_ms: u64,
+        /// The read lease: the element promises not to welcome another host element's epoch
+        /// for this long after it sent this pong (0: no promise, another one is waiting).
+        lease_ms: u32,
+    },
+    /// Answer to `Observe`: the epoch the element follows, its holder and the holder's admin
+    /// address (empty if unknown), and how long the holder has not been heard from (0: it is).
+    Observed {
+        nonce: u64,
+        epoch: Epoch,
+        holder: HostId,
+        holder_admin: String,
         owner_absent_ms: u64,
     },
     LogRecords {
@@ -467,11 +492,13 @@ const HOST_FETCH_LOG: u8 = 6;
 const HOST_RECOVER: u8 = 7;
 const HOST_COPY: u8 = 8;
 const HOST_FETCH_BLOCKS: u8 = 9;
+const HOST_OBSERVE: u8 = 10;
+const HOST_RELEASE: u8 = 11;
 
 impl Body for HostMessage {
     fn encode_body(&self, out: &mut BytesMut) {
         match self {
-            HostMessage::Hello { epoch, host, volumes } => {
+            HostMessage::Hello { epoch, host, volumes, admin } => {
                 out.put_u8(HOST_HELLO);
                 out.put_u64_le(epoch.0);
                 out.put_u64_le(host.0);
@@ -480,6 +507,7 @@ impl Body for HostMessage {
                     put_bytes(out, v.name.as_bytes());
                     out.put_u64_le(v.size_bytes);
                 }
+                put_bytes(out, truncate_to(admin, ADDRESS_BYTES_MAX).as_bytes());
             }
             HostMessage::Apply(record) => {
                 out.put_u8(HOST_APPLY);
@@ -503,6 +531,11 @@ impl Body for HostMessage {
                 out.put_u8(HOST_PING);
                 out.put_u64_le(*nonce);
             }
+            HostMessage::Observe { nonce } => {
+                out.put_u8(HOST_OBSERVE);
+                out.put_u64_le(*nonce);
+            }
+            HostMessage::Release => out.put_u8(HOST_RELEASE),
             HostMessage::FetchLog { request_id, volume, after, max_bytes } => {
                 out.put_u8(HOST_FETCH_LOG);
                 out.put_u64_le(*request_id);
@@ -554,7 +587,8 @@ impl Body for HostMessage {
                     let size_bytes = r.u64("volume size")?;
                     volumes.push(VolumeSpec { name, size_bytes });
                 }
-                HostMessage::Hello { epoch, host, volumes }
+                let admin = r.string("hello admin address", ADDRESS_BYTES_MAX)?;
+                HostMessage::Hello { epoch, host, volumes, admin }
             }
             HOST_APPLY => HostMessage::Apply(Record::read(&mut r)?),
             HOST_READ => {
@@ -574,6 +608,8 @@ impl Body for HostMessage {
                 length_bytes: r.u64("block status length")?,
             },
             HOST_PING => HostMessage::Ping { nonce: r.u64("ping nonce")? },
+            HOST_OBSERVE => HostMessage::Observe { nonce: r.u64("observe nonce")? },
+            HOST_RELEASE => HostMessage::Release,
             HOST_FETCH_LOG => HostMessage::FetchLog {
                 request_id: r.u64("fetch log request id")?,
                 volume: VolumeId(r.u32("fetch log volume")?),
@@ -626,6 +662,7 @@ const ELEMENT_RECOVERY_DONE: u8 = 9;
 const ELEMENT_BLOCKS: u8 = 10;
 const ELEMENT_COPY_PROGRESS: u8 = 11;
 const ELEMENT_COPY_DONE: u8 = 12;
+const ELEMENT_OBSERVED: u8 = 13;
 const LOG_RECORDS_MAX: usize = 1 << 20;
 
 const RESULT_OK: u8 = 0;
@@ -696,10 +733,19 @@ impl Body for ElementMessage {
                     }
                 }
             }
-            ElementMessage::Pong { nonce, epoch, owner_absent_ms } => {
+            ElementMessage::Pong { nonce, epoch, owner_absent_ms, lease_ms } => {
                 out.put_u8(ELEMENT_PONG);
                 out.put_u64_le(*nonce);
                 out.put_u64_le(epoch.0);
+                out.put_u64_le(*owner_absent_ms);
+                out.put_u32_le(*lease_ms);
+            }
+            ElementMessage::Observed { nonce, epoch, holder, holder_admin, owner_absent_ms } => {
+                out.put_u8(ELEMENT_OBSERVED);
+                out.put_u64_le(*nonce);
+                out.put_u64_le(epoch.0);
+                out.put_u64_le(holder.0);
+                put_bytes(out, truncate_to(holder_admin, ADDRESS_BYTES_MAX).as_bytes());
                 out.put_u64_le(*owner_absent_ms);
             }
             ElementMessage::Fault { reason } => {
@@ -842,6 +888,14 @@ impl Body for ElementMessage {
                 nonce: r.u64("pong nonce")?,
                 epoch: Epoch(r.u64("pong epoch")?),
                 owner_absent_ms: r.u64("pong owner absence")?,
+                lease_ms: r.u32("pong lease")?,
+            },
+            ELEMENT_OBSERVED => ElementMessage::Observed {
+                nonce: r.u64("observed nonce")?,
+                epoch: Epoch(r.u64("observed epoch")?),
+                holder: HostId(r.u64("observed holder")?),
+                holder_admin: r.string("observed holder admin", ADDRESS_BYTES_MAX)?,
+                owner_absent_ms: r.u64("observed owner absence")?,
             },
             ELEMENT_FAULT => ElementMessage::Fault { reason: r.string("fault", REASON_BYTES_MAX)? },
             ELEMENT_RECOVERY_DONE => {
@@ -925,14 +979,18 @@ fn put_sequence_result(out: &mut BytesMut, result: &Result<Sequence, String>) {
 }
 
 fn truncate(reason: &str) -> &str {
-    if reason.len() <= REASON_BYTES_MAX {
-        return reason;
+    truncate_to(reason, REASON_BYTES_MAX)
+}
+
+fn truncate_to(text: &str, bytes_max: usize) -> &str {
+    if text.len() <= bytes_max {
+        return text;
     }
-    let mut end = REASON_BYTES_MAX;
-    while !reason.is_char_boundary(end) {
+    let mut end = bytes_max;
+    while !text.is_char_boundary(end) {
         end -= 1;
     }
-    &reason[..end]
+    &text[..end]
 }
 
 #[cfg(test)]
@@ -960,6 +1018,7 @@ mod tests {
             epoch: Epoch(3),
             host: HostId(0xfeed),
             volumes: vec![VolumeSpec { name: "vol0".into(), size_bytes: 1 << 30 }],
+            admin: "127.0.0.1:7190".into(),
         });
         for op in [
             Op::Write { offset_bytes: 4096, data: Bytes::from_static(b"hello world") },
@@ -976,6 +1035,8 @@ mod tests {
             length_bytes: 1 << 30,
         });
         round_trip(HostMessage::Ping { nonce: 5 });
+        round_trip(HostMessage::Observe { nonce: 6 });
+        round_trip(HostMessage::Release);
         round_trip(HostMessage::Recover {
             volume: VolumeId(0),
             source: "127.0.0.1:7102".into(),
@@ -1054,7 +1115,14 @@ mod tests {
                 BlockExtent { length_bytes: 8192, allocated: false },
             ]),
         });
-        round_trip(ElementMessage::Pong { nonce: 8, epoch: Epoch(4), owner_absent_ms: 0 });
+        round_trip(ElementMessage::Pong { nonce: 8, epoch: Epoch(4), owner_absent_ms: 0, lease_ms: 500 });
+        round_trip(ElementMessage::Observed {
+            nonce: 9,
+            epoch: Epoch(4),
+            holder: HostId(77),
+            holder_admin: "127.0.0.1:7190".into(),
+            owner_absent_ms: 120,
+        });
         round_trip(ElementMessage::Fault { reason: "EIO".into() });
         round_trip(ElementMessage::RecoveryDone { volume: VolumeId(0), result: Ok(Sequence(9)) });
         round_trip(ElementMessage::RecoveryDone { volume: VolumeId(0), result: Err("gone".into()) });

@@ -1,5 +1,7 @@
 //! The admin endpoint: a minimal HTTP/1.0 server on the admin address with `GET /status`
-//! (JSON, the shape `starfish status --json` prints) and `GET /metrics` (Prometheus text).
+//! (JSON, the shape `starfish status --json` prints), `GET /metrics` (Prometheus text), and
+//! the failover orders `POST /failover` (a standby takes over; `starfish failover`) and
+//! `POST /drain` (the active host element drains and becomes a standby).
 
 use std::fmt::Write as _;
 
@@ -8,7 +10,7 @@ use starfish_core::HostStatus;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-use crate::host::HostHandle;
+use crate::node::Node;
 
 /// Requests longer than this are refused: the admin API only takes short GETs.
 const REQUEST_BYTES_MAX: usize = 8192;
@@ -16,7 +18,7 @@ const REQUEST_BYTES_MAX: usize = 8192;
 /// Admin requests answered at once; more connections are closed until one is answered.
 const CONNECTIONS_MAX: usize = 32;
 
-pub async fn serve(listener: TcpListener, host: HostHandle) {
+pub async fn serve(listener: TcpListener, host: std::sync::Arc<Node>) {
     let permits = std::sync::Arc::new(tokio::sync::Semaphore::new(CONNECTIONS_MAX));
     loop {
         let (stream, peer) = match crate::accept::accept(&listener, "admin").await {
@@ -32,13 +34,14 @@ pub async fn serve(listener: TcpListener, host: HostHandle) {
         };
         let host = host.clone();
         tokio::spawn(async move {
-            let _ = tokio::time::timeout(std::time::Duration::from_secs(5), answer(stream, host)).await;
+            // A takeover may wait for the old host element's drain (10 s at most).
+            let _ = tokio::time::timeout(std::time::Duration::from_secs(30), answer(stream, host)).await;
             drop(permit);
         });
     }
 }
 
-async fn answer(mut stream: TcpStream, host: HostHandle) -> std::io::Result<()> {
+async fn answer(mut stream: TcpStream, host: std::sync::Arc<Node>) -> std::io::Result<()> {
     let mut request = Vec::with_capacity(1024);
     let mut buf = [0u8; 1024];
     while !request.windows(4).any(|w| w == b"\r\n\r\n") && !request.windows(2).any(|w| w == b"\n\n") {
@@ -50,16 +53,22 @@ async fn answer(mut stream: TcpStream, host: HostHandle) -> std::io::Result<()> 
     }
     let line = String::from_utf8_lossy(&request);
     let path = line.split_whitespace().nth(1).unwrap_or("");
+    let order = |result: Result<Value, String>| match result {
+        Ok(doc) => ("200 OK", "application/json", doc.to_string()),
+        Err(e) => ("409 Conflict", "application/json", json!({ "error": e }).to_string()),
+    };
     let (code, content_type, body) = match (line.split_whitespace().next(), path) {
-        (Some("GET"), "/status") => match host.status().await {
-            Some(status) => ("200 OK", "application/json", status_json(&status, host.addresses()).to_string()),
+        (Some("GET"), "/status") => match host.status_json().await {
+            Some(doc) => ("200 OK", "application/json", doc.to_string()),
             None => ("503 Service Unavailable", "text/plain", "host element stopping\n".into()),
         },
-        (Some("GET"), "/metrics") => match host.status().await {
-            Some(status) => ("200 OK", "text/plain; version=0.0.4", metrics(&status)),
+        (Some("GET"), "/metrics") => match host.metrics().await {
+            Some(text) => ("200 OK", "text/plain; version=0.0.4", text),
             None => ("503 Service Unavailable", "text/plain", "host element stopping\n".into()),
         },
-        _ => ("404 Not Found", "text/plain", "try GET /status or GET /metrics\n".into()),
+        (Some("POST"), "/failover") => order(host.take_over("told to (starfish failover)", true).await),
+        (Some("POST"), "/drain") => order(host.drain().await),
+        _ => ("404 Not Found", "text/plain", "try GET /status, GET /metrics, POST /failover or POST /drain\n".into()),
     };
     let head = format!(
         "HTTP/1.0 {code}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
@@ -162,7 +171,7 @@ pub fn status_json(status: &HostStatus, addresses: &[String]) -> Value {
     })
 }
 
-fn metrics(status: &HostStatus) -> String {
+pub(crate) fn metrics(status: &HostStatus) -> String {
     let mut out = String::new();
     let _ = writeln!(out, "# TYPE starfish_volume_read_only gauge");
     for v in &status.volumes {
@@ -200,14 +209,22 @@ fn metrics(status: &HostStatus) -> String {
 
 /// Fetch `path` from an admin endpoint (used by `starfish status`).
 pub async fn get(admin: std::net::SocketAddr, path: &str) -> std::io::Result<String> {
+    request(admin, "GET", path).await
+}
+
+/// One request to an admin endpoint; the body of a 200 answer, else an error with the
+/// status line and body.
+pub async fn request(admin: std::net::SocketAddr, method: &str, path: &str) -> std::io::Result<String> {
     let mut stream = TcpStream::connect(admin).await?;
-    stream.write_all(format!("GET {path} HTTP/1.0\r\nHost: {admin}\r\n\r\n").as_bytes()).await?;
+    let head = format!("{method} {path} HTTP/1.0\r\nHost: {admin}\r\nContent-Length: 0\r\n\r\n");
+    stream.write_all(head.as_bytes()).await?;
     let mut response = Vec::new();
     stream.read_to_end(&mut response).await?;
     let text = String::from_utf8_lossy(&response);
     let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
     if !head.starts_with("HTTP/1.0 200") {
-        return Err(std::io::Error::other(format!("admin endpoint answered: {}", head.lines().next().unwrap_or(""))));
+        let status = head.lines().next().unwrap_or("");
+        return Err(std::io::Error::other(format!("admin endpoint answered: {status}: {}", body.trim())));
     }
     Ok(body.to_string())
 }

@@ -627,7 +627,8 @@ pub(crate) async fn connect_peer(
         .map_err(|e| format!("cannot connect to {address}: {e}"))?;
     let _ = stream.set_nodelay(true);
     let mut buf = BytesMut::with_capacity(1 << 20);
-    send_frame(&mut stream, &HostMessage::Hello { epoch, host, volumes: vec![spec.clone()] }).await?;
+    send_frame(&mut stream, &HostMessage::Hello { epoch, host, volumes: vec![spec.clone()], admin: String::new() })
+        .await?;
     match recv_frame::<ElementMessage>(&mut stream, &mut buf).await? {
         ElementMessage::Welcome { .. } => Ok((stream, buf)),
         ElementMessage::Refused { reason, .. } => Err(format!("peer refused: {reason}")),

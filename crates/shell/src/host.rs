@@ -24,6 +24,21 @@ pub struct HostOptions {
     /// Element addresses, in the order of `config.elements`.
     pub element_addresses: Vec<SocketAddr>,
     pub config: HostConfig,
+    pub failover: FailoverOptions,
+}
+
+/// How this host element shares the cluster with others (see `crate::node`).
+#[derive(Clone, Debug, Default)]
+pub struct FailoverOptions {
+    /// Start as a standby: connect to nothing, serve nothing, until told (`starfish
+    /// failover`) or, with `etcd`, until elected and the elements say the active one is gone.
+    pub standby: bool,
+    /// etcd endpoint (`http://127.0.0.1:2379`): automatic takeover.
+    pub etcd: Option<String>,
+    /// Names the cluster's keys in etcd.
+    pub cluster: String,
+    /// With `etcd`: how long the elements must have missed the active host element.
+    pub takeover_after_ms: u64,
 }
 
 enum Request {
@@ -34,11 +49,34 @@ enum Request {
 }
 
 enum Input {
-    Host { volume: u32, request: Request, reply: oneshot::Sender<Reply> },
-    Connected { element: ElementId, session: u64, frames: mpsc::UnboundedSender<Bytes>, close: oneshot::Sender<()> },
-    Message { element: ElementId, session: u64, message: ElementMessage },
-    Disconnected { element: ElementId, session: u64, reason: String },
-    Status { reply: oneshot::Sender<HostStatus> },
+    Host {
+        volume: u32,
+        request: Request,
+        reply: oneshot::Sender<Reply>,
+    },
+    Connected {
+        element: ElementId,
+        session: u64,
+        frames: mpsc::UnboundedSender<Bytes>,
+        close: oneshot::Sender<()>,
+    },
+    Message {
+        element: ElementId,
+        session: u64,
+        message: ElementMessage,
+    },
+    Disconnected {
+        element: ElementId,
+        session: u64,
+        reason: String,
+    },
+    Status {
+        reply: oneshot::Sender<HostStatus>,
+    },
+    /// A graceful handover, after the NBD server drained: tell every element we are gone.
+    Release {
+        reply: oneshot::Sender<()>,
+    },
 }
 
 struct Session {
@@ -65,38 +103,65 @@ impl HostHandle {
         self.inputs.send(Input::Status { reply }).ok()?;
         rx.await.ok()
     }
+
+    /// Send `Release` to every element (see `Input::Release`).
+    pub(crate) async fn release(&self) {
+        let (reply, rx) = oneshot::channel();
+        if self.inputs.send(Input::Release { reply }).is_ok() {
+            let _ = rx.await;
+        }
+    }
 }
 
-/// Start the host element: the core actor, element sessions, the NBD server and the admin
-/// endpoint. Returns once everything listens; the tasks run until the runtime stops.
-pub async fn start(options: HostOptions) -> std::io::Result<HostHandle> {
-    options.config.validate().map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
-    let nbd_listener = TcpListener::bind(options.nbd)
-        .await
-        .map_err(|e| std::io::Error::new(e.kind(), format!("cannot listen for NBD on {}: {e}", options.nbd)))?;
-    let admin_listener = TcpListener::bind(options.admin)
-        .await
-        .map_err(|e| std::io::Error::new(e.kind(), format!("cannot listen for admin on {}: {e}", options.admin)))?;
+/// A running active host element: its tasks (stopped by dropping them) and its NBD server.
+pub(crate) struct Active {
+    pub handle: HostHandle,
+    pub tasks: Vec<tokio::task::JoinHandle<()>>,
+    pub nbd: tokio::task::JoinHandle<()>,
+    pub drain: tokio::sync::watch::Sender<bool>,
+    pub epoch: proto::Epoch,
+}
+
+impl Active {
+    /// Stop at once (no drain): what a superseded host element does.
+    pub fn abort(self) {
+        self.nbd.abort();
+        for task in self.tasks {
+            task.abort();
+        }
+    }
+}
+
+/// Start serving as the active host element with `config` (its epoch and identity set by the
+/// caller). NBD is served on `nbd_listener`, or, if none, on `options.nbd` as soon as it can
+/// be bound (a takeover on the same machine: the old host element may still hold it).
+/// `superseded` hears once the core is.
+pub(crate) fn start_active(
+    options: &HostOptions,
+    config: HostConfig,
+    nbd_listener: Option<TcpListener>,
+    superseded: mpsc::UnboundedSender<()>,
+) -> Active {
     let (inputs, rx) = mpsc::unbounded_channel();
     let addresses = options.element_addresses.iter().map(|a| a.to_string()).collect();
     let handle = HostHandle { inputs: inputs.clone(), addresses: Arc::new(addresses) };
     let origin = Instant::now();
-    let core = HostCore::new(options.config.clone(), Time(0));
+    let epoch = config.epoch;
+    let core = HostCore::new(config.clone(), Time(0));
     tracing::info!(
-        first_epoch = %options.config.epoch,
-        host_id = %options.config.host_id,
-        quorum = options.config.quorum,
-        elements = options.config.elements.len(),
+        first_epoch = %config.epoch,
+        host_id = %config.host_id,
+        quorum = config.quorum,
+        elements = config.elements.len(),
         "host element starting"
     );
-    tokio::spawn(run_actor(core, origin, rx, options.config.elements.clone()));
+    let mut tasks = vec![tokio::spawn(run_actor(core, origin, rx, config.elements.clone(), superseded))];
     for (i, address) in options.element_addresses.iter().enumerate() {
-        tokio::spawn(run_element_link(ElementId(i as u8), *address, inputs.clone()));
+        tasks.push(tokio::spawn(run_element_link(ElementId(i as u8), *address, inputs.clone())));
     }
     let backend = Arc::new(HostBackend {
         inputs: inputs.clone(),
-        exports: options
-            .config
+        exports: config
             .volumes
             .iter()
             .map(|v| ExportInfo {
@@ -106,22 +171,60 @@ pub async fn start(options: HostOptions) -> std::io::Result<HostHandle> {
             })
             .collect(),
     });
-    let server_options = ServerOptions { multi_conn: true, ..ServerOptions::default() };
-    tokio::spawn(async move {
-        if let Err(e) = nbd_server::serve(nbd_listener, backend, server_options).await {
+    let (drain, drain_rx) = tokio::sync::watch::channel(false);
+    let server_options = ServerOptions { multi_conn: true, drain: Some(drain_rx), ..ServerOptions::default() };
+    let address = options.nbd;
+    let nbd = tokio::spawn(async move {
+        let listener = match nbd_listener {
+            Some(listener) => listener,
+            None => bind_when_free(address).await,
+        };
+        if let Err(e) = nbd_server::serve(listener, backend, server_options).await {
             tracing::error!(error = %e, "NBD server stopped");
         }
     });
-    tokio::spawn(crate::admin::serve(admin_listener, handle.clone()));
-    tracing::info!(nbd = %options.nbd, admin = %options.admin, "host element listening");
-    Ok(handle)
+    Active { handle, tasks, nbd, drain, epoch }
+}
+
+/// Start the host element (see `crate::node`): its admin endpoint at once, and either the
+/// active host element or a standby. Returns once everything listens.
+pub async fn start(options: HostOptions) -> std::io::Result<Arc<crate::node::Node>> {
+    crate::node::start(options).await
+}
+
+/// Bind `address`, waiting while another process holds it (said once, then every minute).
+async fn bind_when_free(address: SocketAddr) -> TcpListener {
+    let mut said: Option<Instant> = None;
+    loop {
+        match TcpListener::bind(address).await {
+            Ok(listener) => {
+                if said.is_some() {
+                    tracing::info!(nbd = %address, "NBD address free again: serving");
+                }
+                return listener;
+            }
+            Err(e) => {
+                if said.is_none_or(|at| at.elapsed() > Duration::from_secs(60)) {
+                    tracing::warn!(nbd = %address, error = %e, "cannot listen for NBD yet (the old host element may hold the address); retrying");
+                    said = Some(Instant::now());
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+    }
 }
 
 fn now(origin: Instant) -> Time {
     Time(origin.elapsed().as_micros() as u64)
 }
 
-async fn run_actor(mut core: HostCore, origin: Instant, mut rx: mpsc::UnboundedReceiver<Input>, names: Vec<String>) {
+async fn run_actor(
+    mut core: HostCore,
+    origin: Instant,
+    mut rx: mpsc::UnboundedReceiver<Input>,
+    names: Vec<String>,
+    superseded: mpsc::UnboundedSender<()>,
+) {
     let mut sessions: Vec<Option<Session>> = names.iter().map(|_| None).collect();
     let mut waiting: HashMap<Token, oneshot::Sender<Reply>> = HashMap::new();
     let mut next_token = 0u64;
@@ -169,7 +272,12 @@ async fn run_actor(mut core: HostCore, origin: Instant, mut rx: mpsc::UnboundedR
                         let _ = tx.send(reply);
                     }
                 }
-                Action::Event(event) => log_event(&core, &names, event),
+                Action::Event(event) => {
+                    if matches!(event, Event::Superseded { .. }) {
+                        let _ = superseded.send(());
+                    }
+                    log_event(&core, &names, event)
+                }
             }
         }
     }
@@ -223,6 +331,15 @@ fn handle_input(
         }
         Input::Status { reply } => {
             let _ = reply.send(core.status(t));
+        }
+        Input::Release { reply } => {
+            let mut buf = BytesMut::new();
+            encode_frame(&proto::HostMessage::Release, &mut buf);
+            let frame = buf.freeze();
+            for session in sessions.iter().flatten() {
+                let _ = session.frames.send(frame.clone());
+            }
+            let _ = reply.send(());
         }
     }
 }

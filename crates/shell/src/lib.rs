@@ -3,7 +3,9 @@
 
 mod accept;
 pub mod admin;
+pub mod coordination;
 mod copy;
 pub mod element;
 pub mod host;
 pub mod nbd_server;
+pub mod node;

@@ -21,7 +21,7 @@ use nbd::{
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{Mutex, Notify, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{watch, Mutex, Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 
 pub use nbd::{Errno, ExportInfo, Extent};
@@ -78,6 +78,10 @@ pub struct ServerOptions {
     /// Advertise `NBD_FLAG_CAN_MULTI_CONN`: only if a flush covers writes completed on every
     /// connection to the export.
     pub multi_conn: bool,
+    /// Set to `true` to drain (a graceful handover): the listener closes, every connection
+    /// stops reading requests, answers those it took, and closes; `serve` then returns. A
+    /// client that reconnects (qemu's `reconnect-delay`) resends what was not answered.
+    pub drain: Option<watch::Receiver<bool>>,
 }
 
 impl Default for ServerOptions {
@@ -87,6 +91,7 @@ impl Default for ServerOptions {
             in_flight_bytes_max: 256 * 1024 * 1024,
             handshake_timeout: Duration::from_secs(10),
             multi_conn: false,
+            drain: None,
         }
     }
 }
@@ -116,9 +121,16 @@ pub async fn serve(listener: TcpListener, backend: Arc<dyn Backend>, options: Se
     options.validate()?;
     let options = Arc::new(options);
     let mut connections = JoinSet::new();
+    let mut drain = options.drain.clone();
     loop {
         let accepted = tokio::select! {
             accepted = crate::accept::accept(&listener, "nbd") => accepted?,
+            () = drained(&mut drain) => {
+                drop(listener);
+                tracing::info!(connections = connections.len(), "nbd: draining");
+                while connections.join_next().await.is_some() {}
+                return Ok(());
+            }
             Some(joined) = connections.join_next(), if !connections.is_empty() => {
                 if let Err(error) = joined {
                     if error.is_panic() {
@@ -146,12 +158,25 @@ pub async fn serve(listener: TcpListener, backend: Arc<dyn Backend>, options: Se
     }
 }
 
+/// Resolves once `drain` says so (never without one).
+async fn drained(drain: &mut Option<watch::Receiver<bool>>) {
+    match drain {
+        Some(rx) => {
+            if rx.wait_for(|&d| d).await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        }
+        None => std::future::pending().await,
+    }
+}
+
 /// How a connection ended normally.
 #[derive(Debug, PartialEq, Eq)]
 enum ConnectionEnd {
     Aborted,
     Disconnected,
     ClosedByClient,
+    Drained,
 }
 
 impl std::fmt::Display for ConnectionEnd {
@@ -160,6 +185,7 @@ impl std::fmt::Display for ConnectionEnd {
             ConnectionEnd::Aborted => "client aborted the handshake",
             ConnectionEnd::Disconnected => "client disconnected (NBD_CMD_DISC)",
             ConnectionEnd::ClosedByClient => "client closed the connection",
+            ConnectionEnd::Drained => "drained for a handover (a reconnecting client resends what was unanswered)",
         })
     }
 }
@@ -232,6 +258,7 @@ async fn serve_connection(
         requests: Arc::new(Semaphore::new(options.in_flight_requests_max as usize)),
         data_bytes: Arc::new(Semaphore::new(options.in_flight_bytes_max as usize)),
         tasks: JoinSet::new(),
+        drain: options.drain.clone(),
     };
     connection.run().await
 }
@@ -278,11 +305,14 @@ struct Connection {
     /// One permit per byte of read or write data in flight.
     data_bytes: Arc<Semaphore>,
     tasks: JoinSet<()>,
+    drain: Option<watch::Receiver<bool>>,
 }
 
 /// What reading the next request led to.
 enum Next {
     Continue,
+    /// A graceful handover: answer what was taken, then close.
+    Drain,
     Disconnect,
     Closed,
 }
@@ -290,6 +320,7 @@ enum Next {
 impl Connection {
     async fn run(&mut self) -> Result<ConnectionEnd, ConnectionError> {
         let reply_failed = self.reply_failed.clone();
+        let mut drain = self.drain.take();
         let result = loop {
             if let Err(error) = self.reap_finished_tasks() {
                 break Err(error);
@@ -297,9 +328,11 @@ impl Connection {
             let next = tokio::select! {
                 next = self.handle_next_request() => next,
                 error = reply_failed.wait() => Err(ConnectionError::ReplyFailed(error)),
+                () = drained(&mut drain) => Ok(Next::Drain),
             };
             match next {
                 Ok(Next::Continue) => {}
+                Ok(Next::Drain) => break Ok(ConnectionEnd::Drained),
                 Ok(Next::Disconnect) => break Ok(ConnectionEnd::Disconnected),
                 Ok(Next::Closed) => break Ok(ConnectionEnd::ClosedByClient),
                 Err(error) => break Err(error),

@@ -114,7 +114,8 @@ impl Element {
         for v in 0..volumes {
             storage.add_volume(format!("vol{v}"));
         }
-        let config = ElementConfig { fencing, element_id, ..ElementConfig::default() };
+        let lease_ms = if broken == Broken::NoReadLease { 0 } else { starfish_core::limits::LEASE_MS_DEFAULT };
+        let config = ElementConfig { fencing, element_id, lease_ms, ..ElementConfig::default() };
         let core = Self::boot(config, &storage);
         Element {
             name,

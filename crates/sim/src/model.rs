@@ -160,15 +160,29 @@ impl Model {
     /// The newest write-like request on the sector acknowledged before `step`.
     /// With `excused`, writes lost (or at risk, when the contract allows losing those) do not
     /// count.
+    /// The order in which elements apply writes: by (epoch, sequence), which two host elements
+    /// running at once (a takeover) do not give in request order; a request never sent (no
+    /// sequence) after every sent one, in request order.
+    fn order(&self, id: u64) -> (u64, u64, u64) {
+        match self.op(id).seq {
+            Some((epoch, sequence)) => (epoch.0, sequence.0, id),
+            None => (u64::MAX, u64::MAX, id),
+        }
+    }
+
     fn floor(&self, volume: usize, sector: u64, step: u64, excused: Option<bool>) -> Option<u64> {
-        self.sector_ops[volume][sector as usize].iter().rev().copied().find(|&id| {
-            let op = self.op(id);
-            let skip = match excused {
-                None => false,
-                Some(at_risk_allowed) => op.lost || (at_risk_allowed && op.at_risk),
-            };
-            op.outcome == Outcome::Ok && op.reply_step < step && !skip
-        })
+        self.sector_ops[volume][sector as usize]
+            .iter()
+            .copied()
+            .filter(|&id| {
+                let op = self.op(id);
+                let skip = match excused {
+                    None => false,
+                    Some(at_risk_allowed) => op.lost || (at_risk_allowed && op.at_risk),
+                };
+                op.outcome == Outcome::Ok && op.reply_step < step && !skip
+            })
+            .max_by_key(|&id| self.order(id))
     }
 
     /// Zeroes are a valid content: never acknowledged anything, or a trim / write-zeroes no
@@ -184,10 +198,16 @@ impl Model {
         if floor.is_none() && newer_than.is_none() {
             return true;
         }
-        let low = floor.max(newer_than.map(|n| n + 1)).expect("one is set");
-        self.sector_ops[volume][sector as usize].iter().rev().copied().take_while(|&id| id >= low).any(|id| {
+        let at_least = floor.map(|f| self.order(f));
+        let above = newer_than.map(|n| self.order(n));
+        self.sector_ops[volume][sector as usize].iter().rev().copied().any(|id| {
+            let key = self.order(id);
             let op = self.op(id);
-            matches!(op.kind, OpKind::Trim | OpKind::Zero) && op.outcome != Outcome::ReadOnly && op.submit_step < until
+            at_least.is_none_or(|low| key >= low)
+                && above.is_none_or(|low| key > low)
+                && matches!(op.kind, OpKind::Trim | OpKind::Zero)
+                && op.outcome != Outcome::ReadOnly
+                && op.submit_step < until
         })
     }
 
@@ -223,7 +243,7 @@ impl Model {
                             "read #{request} returned at volume {} sector {sector} the data of request #{id}, which never wrote it",
                             read.volume
                         ));
-                    } else if floor.is_some_and(|f| id < f) {
+                    } else if floor.is_some_and(|f| self.order(id) < self.order(f)) {
                         self.suspicions.push(Suspicion {
                             what: "stale read",
                             request,
@@ -262,7 +282,7 @@ impl Model {
             let end = (op.first_sector + op.sectors).min(read.first_sector + read.sectors);
             for sector in start..end {
                 let ok = match &values[(sector - read.first_sector) as usize] {
-                    SectorValue::Data(id) => *id >= w,
+                    SectorValue::Data(id) => self.order(*id) >= self.order(w),
                     SectorValue::Zero => self.zero_allowed(read.volume, sector, None, Some(w), until),
                     SectorValue::Garbage(_) => true,
                 };
@@ -339,7 +359,7 @@ impl Model {
             let read = self.op(s.request).clone();
             let floor = self.floor(s.volume, s.sector, read.submit_step, Some(at_risk_allowed));
             let explained = match s.got {
-                Some(id) => floor.is_none_or(|f| id >= f),
+                Some(id) => floor.is_none_or(|f| self.order(id) >= self.order(f)),
                 None => self.zero_allowed(s.volume, s.sector, floor, None, read.reply_step),
             };
             if !explained {

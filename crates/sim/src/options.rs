@@ -47,10 +47,15 @@ pub enum FaultKind {
     /// only looked dead. The old one keeps its sessions, timers and hosts for 0.2–4 s, then is
     /// killed: what it sends meanwhile must be fenced.
     HostSuperseded,
+    /// The host element's process is paused (SIGSTOP) for 0.5–4 s, long past its read lease,
+    /// while a standby takes over; then it runs on (its clients still connected, its sessions
+    /// open) until it is killed 0.2–3 s later: what it answers after it wakes must be fenced
+    /// or current.
+    HostPause,
 }
 
 impl FaultKind {
-    pub const ALL: [FaultKind; 15] = [
+    pub const ALL: [FaultKind; 16] = [
         FaultKind::ElementKill,
         FaultKind::ElementPowerLoss,
         FaultKind::HostCrash,
@@ -66,6 +71,7 @@ impl FaultKind {
         FaultKind::CorruptLog,
         FaultKind::HostSuperseded,
         FaultKind::RotNewestBatch,
+        FaultKind::HostPause,
     ];
 
     pub fn name(self) -> &'static str {
@@ -85,6 +91,7 @@ impl FaultKind {
             FaultKind::CorruptLog => "corrupt_log_record",
             FaultKind::RotNewestBatch => "rot_newest_log_batch",
             FaultKind::HostSuperseded => "host_superseded",
+            FaultKind::HostPause => "host_pause",
         }
     }
 
@@ -111,6 +118,8 @@ impl FaultKind {
             // `--faults rot_newest_log_batch` inject it.
             FaultKind::RotNewestBatch => 0.0,
             FaultKind::HostSuperseded => 0.7,
+            // Off in the default mix too (pinned seeds); swarm runs and `--faults` inject it.
+            FaultKind::HostPause => 0.0,
         }
     }
 }
@@ -131,6 +140,9 @@ pub enum Broken {
     /// A starting host element keeps the epoch its clock gave it instead of raising it above
     /// what the elements follow: one whose clock is behind is refused for good.
     ClockEpochs,
+    /// Host elements answer reads without the read lease (and elements promise none): one
+    /// a standby took over from serves what the new one has overwritten.
+    NoReadLease,
 }
 
 impl Broken {
@@ -140,6 +152,7 @@ impl Broken {
             "ack-before-sync" => Some(Broken::AckBeforeSync),
             "no-fencing" => Some(Broken::NoFencing),
             "clock-epochs" => Some(Broken::ClockEpochs),
+            "no-read-lease" => Some(Broken::NoReadLease),
             _ => None,
         }
     }
@@ -149,6 +162,7 @@ impl Broken {
             Broken::AckBeforeSync => "ack-before-sync",
             Broken::NoFencing => "no-fencing",
             Broken::ClockEpochs => "clock-epochs",
+            Broken::NoReadLease => "no-read-lease",
         }
     }
 }

@@ -273,6 +273,8 @@ struct Host {
     /// The core started over (`Event::Restarted`): ops before this one count as an earlier
     /// host element's.
     restarted_before_op: Option<u64>,
+    /// Paused (SIGSTOP) until then: nothing reaches it and its timers wait.
+    paused_until: Option<Time>,
     /// `welcomed` when the core, not yet ready, last asked for a start-up roll-forward
     /// (`FetchLog`): the elements its start-up decision was made from. Welcomes that arrive
     /// while that fetch is under way do not change the decision.
@@ -319,6 +321,8 @@ pub struct World {
     phase: Phase,
     /// (volume, epoch, sequence) → request id. Looked up only, never iterated.
     sequences: HashMap<(usize, u64, u64), u64>,
+    /// Epoch → the host element instance that acknowledged a write in it: never two.
+    ack_owner: HashMap<u64, u32>,
     final_requests: Vec<u64>,
     in_sync_at_quiet: usize,
     /// Per element, the newest reason the core gave for failing it.
@@ -419,6 +423,7 @@ impl World {
             instances: 0,
             phase: Phase::Faults,
             sequences: HashMap::new(),
+            ack_owner: HashMap::new(),
             final_requests: Vec::new(),
             in_sync_at_quiet: 0,
             last_failure: vec![None; n],
@@ -517,6 +522,11 @@ impl World {
             let Some(t) = host.core.poll_timeout() else {
                 continue;
             };
+            // A paused process's timers fire when it runs again.
+            let t = match host.paused_until {
+                Some(until) if until > now => t.max(until),
+                _ => t,
+            };
             let at = match host.last_timeout {
                 Some(last) if t <= last => {
                     let since = *host.past_deadline_since.get_or_insert(last);
@@ -550,13 +560,36 @@ impl World {
         }
     }
 
-    /// The host element the hosts' requests go to: a superseded one while it runs (the hosts
-    /// are still connected to it), else the current one.
-    fn serving_instance(&self) -> Option<u32> {
-        self.superseded.as_ref().or(self.host.as_ref()).map(|h| h.instance)
+    /// The host element a client's requests go to. While a superseded one runs, even clients
+    /// stay with it (still connected to it) and odd ones go to the new one at once (a
+    /// floating address moved): what one acknowledges, the other must not read stale.
+    fn serving_instance(&self, client: usize) -> Option<u32> {
+        let current = self.host.as_ref().map(|h| h.instance);
+        match &self.superseded {
+            Some(old) if client.is_multiple_of(2) || current.is_none() => Some(old.instance),
+            _ => current,
+        }
+    }
+
+    /// The time a paused host element runs again, if `ev` is for it.
+    fn paused_target(&self, ev: &Ev) -> Option<Time> {
+        let instance = match ev {
+            Ev::Deliver { session, wire: Wire::ToHost(_), .. } => self.sessions.get(session)?.instance,
+            Ev::LinkEnded { instance, .. } | Ev::ConnectStart { instance, .. } | Ev::ConnectDone { instance, .. } => {
+                *instance
+            }
+            Ev::ClientWake { client } => self.serving_instance(*client)?,
+            _ => return None,
+        };
+        let host =
+            [self.host.as_ref(), self.superseded.as_ref()].into_iter().flatten().find(|h| h.instance == instance)?;
+        host.paused_until.filter(|&until| until > self.now)
     }
 
     fn dispatch(&mut self, ev: Ev) {
+        if let Some(until) = self.paused_target(&ev) {
+            return self.schedule(until, ev);
+        }
         match ev {
             Ev::Deliver { session, wire, .. } => self.deliver(session, wire),
             Ev::LinkEnded { instance, element, session, reason } => {
@@ -905,7 +938,7 @@ impl World {
                     // As `copy.rs`: a session to the source with a one-volume hello, then the
                     // volume (taken whole here, see `peer_reply`).
                     let spec = VolumeSpec { name: format!("vol{}", volume.0), size_bytes: self.sc.volume_bytes };
-                    let hello = HostMessage::Hello { epoch, host, volumes: vec![spec] };
+                    let hello = HostMessage::Hello { epoch, host, volumes: vec![spec], admin: String::new() };
                     self.connect_peer(element, PeerId(0), &source, hello, Some(CopyFetch { session, volume }));
                 }
                 Out::ConnectPeer { peer, address, hello } => self.connect_peer(element, peer, &address, hello, None),
@@ -1095,6 +1128,7 @@ impl World {
         config.startup_timeout_ms = config.startup_timeout_ms.max(config.startup_grace_ms);
         config.host_id = proto::HostId(instance as u64);
         config.raise_epoch = self.o.broken != Broken::ClockEpochs;
+        config.read_lease = self.o.broken != Broken::NoReadLease;
         if self.sc.replay_recovery {
             config.element_addresses = self.elements.iter().map(|e| e.name.clone()).collect();
         }
@@ -1113,6 +1147,7 @@ impl World {
             past_deadline_since: None,
             restarted_before_op: None,
             decided_with: None,
+            paused_until: None,
         });
         for element in 0..n {
             let at = at_delay(self.now, self.rng_net.range(0, 200));
@@ -1480,6 +1515,13 @@ impl World {
             (OpKind::Write | OpKind::Trim | OpKind::Zero, Reply::Done(Ok(()))) => match op.seq {
                 None => self.violation(format!("write #{id} acknowledged but never sent to an element")),
                 Some((epoch, sequence)) => {
+                    let owner = *self.ack_owner.entry(epoch.0).or_insert(op.instance);
+                    if owner != op.instance {
+                        self.violation(format!(
+                            "write #{id} acknowledged in epoch {epoch} by host element {}, which host element {owner} acknowledged writes in too",
+                            op.instance
+                        ));
+                    }
                     if self.in_superseded {
                         // Acknowledged by a host element after a newer one started: with
                         // Q ≤ N/2 the two can hold disjoint quorums, and only then may it be
@@ -1519,7 +1561,7 @@ impl World {
         if self.phase != Phase::Faults || self.clients[client].is_some() {
             return;
         }
-        let Some(instance) = self.serving_instance() else {
+        let Some(instance) = self.serving_instance(client) else {
             return;
         };
         let volume = self.rng_work.below(self.sc.volumes as u64) as usize;
@@ -1776,6 +1818,25 @@ impl World {
                     false
                 }
             }
+            FaultKind::HostPause => {
+                if self.host.is_some() && self.superseded.is_none() {
+                    let mut old = self.host.take().expect("checked");
+                    let instance = old.instance;
+                    let pause_ms = self.rng_fault.range(500, 4_000);
+                    let until = at_delay(self.now, us(pause_ms));
+                    self.trace(|| {
+                        format!("FAULT host element {instance} paused for {pause_ms} ms; a standby takes over")
+                    });
+                    old.paused_until = Some(until);
+                    self.superseded = Some(old);
+                    self.start_host();
+                    let at = at_delay(until, us(self.rng_fault.range(200, 3_000)));
+                    self.schedule(at, Ev::KillSuperseded { instance });
+                    true
+                } else {
+                    false
+                }
+            }
             FaultKind::HostSuperseded => {
                 if self.host.is_some() && self.superseded.is_none() {
                     let old = self.host.take().expect("checked");
@@ -2027,7 +2088,11 @@ impl World {
         let quorum = self.o.quorum;
         for id in self.final_requests.clone() {
             let op = self.model.op(id).clone();
-            let expected = self.in_sync_at_quiet >= quorum || (op.kind == OpKind::Read && self.in_sync_at_quiet > 0);
+            // A read needs the read lease of enough elements to meet any newer host element's
+            // start-up set; the in-sync ones give it.
+            let lease_minimum = self.host.as_ref().map_or(quorum, |h| h.core.lease_minimum());
+            let expected = self.in_sync_at_quiet >= quorum
+                || (op.kind == OpKind::Read && self.in_sync_at_quiet >= lease_minimum.max(1));
             if op.outcome == Outcome::Pending {
                 self.violation(format!(
                     "liveness: final request #{id} ({:?}) not answered within {FINAL_MS} ms",
@@ -2171,6 +2236,8 @@ fn brief_host(m: &HostMessage) -> String {
         }
         HostMessage::BlockStatus { request_id, .. } => format!("BlockStatus #{request_id}"),
         HostMessage::Ping { .. } => "Ping".into(),
+        HostMessage::Observe { .. } => "Observe".into(),
+        HostMessage::Release => "Release".into(),
         HostMessage::FetchLog { request_id, volume, after, .. } => {
             format!("FetchLog #{request_id} vol {volume} after {after}")
         }

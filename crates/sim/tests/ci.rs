@@ -76,20 +76,22 @@ fn seed_sweep_other_shapes() {
 }
 
 /// The paper's section 4.2: with Q ≤ N/2, the host element and Q up-to-date elements failing
-/// together can lose acknowledged writes. The checkers must see those losses (and count them
-/// as allowed).
+/// together could lose acknowledged writes, when a new host element started without them.
+/// Since a host element starts only with N−Q+1 elements (issue 12: a set that meets every
+/// write quorum), it waits for enough of them to come back, and nothing is lost while they do
+/// (a loss now needs their disks gone). The disasters must happen, and lose nothing.
 #[test]
-fn losses_are_reported_when_quorum_is_at_most_half() {
-    let mut lost = 0;
+fn quorum_at_most_half_loses_nothing_while_the_elements_come_back() {
     for (n, q) in [(3, 1), (4, 2)] {
         let summary = sweep(&format!("N={n} Q={q}"), &options(n, q), 25);
         eprintln!(
-            "N={n} Q={q}: {} acknowledged writes lost, all within the contract",
+            "N={n} Q={q}: {} host-and-Q-elements disasters, {} acknowledged writes lost",
+            summary.faults.get("host_and_q_elements_crash").copied().unwrap_or(0),
             summary.acked_writes_lost_allowed
         );
-        lost += summary.acked_writes_lost_allowed;
+        assert!(summary.faults.get("host_and_q_elements_crash").copied().unwrap_or(0) > 0, "N={n} Q={q}: disasters");
+        assert_eq!(summary.acked_writes_lost_allowed, 0, "N={n} Q={q}");
     }
-    assert!(lost > 0, "Q ≤ N/2 with host element and element failures must show losses");
 }
 
 /// Elements that acknowledge before their fdatasync: every run must be caught.
@@ -158,9 +160,11 @@ fn replay(seed: u64, elements: usize, quorum: usize) -> RunReport {
 
 /// Bug 1 (fixed by session-level fencing in the element and per-volume fencing in the store):
 /// roll-forward records of an older epoch reach a volume after another volume moved on.
+/// (Seed 48 until issue 12 changed the heartbeat and start-up rules; 18 reaches the situation
+/// now, and was not replayed against the pre-fix store.)
 #[test]
 fn bug_1_rolled_forward_records_accepted_after_another_volume_moved_on() {
-    let r = replay(48, 3, 2);
+    let r = replay(18, 3, 2);
     assert!(r.records_applied_behind_another_volume > 0, "the seed no longer reaches the situation");
 }
 
@@ -205,4 +209,20 @@ fn clock_skew_is_harmless_and_clock_epochs_are_caught() {
     let caught: Vec<u64> = reports.iter().filter(|r| !r.violations.is_empty()).map(|r| r.seed).collect();
     eprintln!("--broken clock-epochs: caught seeds {caught:?} of 1000..1016");
     assert!(caught.len() >= 4, "clock epochs must be caught in several runs, got {caught:?}");
+}
+
+/// Failover (issue 12): a host element paused past its read lease while a standby takes over
+/// (its clients split between the two), or superseded while it runs, acknowledges nothing in
+/// the new one's epoch and answers no stale read; without the read lease it does.
+#[test]
+fn takeovers_are_safe_and_reads_without_the_lease_are_caught() {
+    let mut o = options(3, 2);
+    o.only_faults = vec![FaultKind::HostPause, FaultKind::HostSuperseded, FaultKind::ElementKill];
+    let summary = sweep("N=3 Q=2 paused and superseded host elements", &o, 16);
+    assert!(summary.host_starts > 16, "takeovers happened");
+    o.broken = Broken::NoReadLease;
+    let reports = run_many(&o, 2_000, 16, 2);
+    let caught: Vec<u64> = reports.iter().filter(|r| !r.violations.is_empty()).map(|r| r.seed).collect();
+    eprintln!("--broken no-read-lease: caught seeds {caught:?} of 2000..2016");
+    assert!(caught.len() >= 2, "reads without the lease must be caught in several runs, got {caught:?}");
 }

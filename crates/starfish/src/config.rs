@@ -7,7 +7,7 @@ use std::path::Path;
 use anyhow::{bail, Context, Result};
 use proto::{Epoch, HostId, VolumeSpec};
 use serde::Deserialize;
-use shell::host::HostOptions;
+use shell::host::{FailoverOptions, HostOptions};
 use starfish_core::HostConfig;
 
 #[derive(Debug, Default, Deserialize)]
@@ -23,6 +23,15 @@ pub struct HostFile {
     pub recovery_rate: Option<String>,
     /// How long requests are held while starting before they fail with EIO (milliseconds).
     pub startup_timeout_ms: Option<u64>,
+    /// Start as a standby (see `starfish failover`).
+    pub standby: Option<bool>,
+    /// etcd endpoint for automatic failover, e.g. "http://127.0.0.1:2379".
+    pub etcd: Option<String>,
+    /// The cluster's name in etcd (default "starfish").
+    pub cluster: Option<String>,
+    /// With etcd: how long the elements must have missed the active host element before a
+    /// standby takes over (milliseconds, default 300).
+    pub takeover_after_ms: Option<u64>,
     #[serde(default)]
     pub element: Vec<ElementEntry>,
     #[serde(default)]
@@ -84,7 +93,25 @@ impl HostFile {
         }
         config.element_addresses = self.element.iter().map(|e| e.address.to_string()).collect();
         config.validate().map_err(anyhow::Error::msg)?;
-        Ok(HostOptions { nbd, admin, element_addresses: self.element.iter().map(|e| e.address).collect(), config })
+        let cluster = self.cluster.unwrap_or_else(|| "starfish".into());
+        if cluster.is_empty() || !cluster.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_') {
+            bail!("cluster name {cluster:?}: use letters, digits, '-' and '_'");
+        }
+        let takeover_after_ms = self.takeover_after_ms.unwrap_or(shell::node::TAKEOVER_AFTER_MS_DEFAULT);
+        if let Some(etcd) = &self.etcd {
+            if etcd.is_empty() {
+                bail!("--etcd needs an endpoint, e.g. http://127.0.0.1:2379");
+            }
+        }
+        let failover =
+            FailoverOptions { standby: self.standby.unwrap_or(false), etcd: self.etcd, cluster, takeover_after_ms };
+        Ok(HostOptions {
+            nbd,
+            admin,
+            element_addresses: self.element.iter().map(|e| e.address).collect(),
+            config,
+            failover,
+        })
     }
 }
 

@@ -33,6 +33,8 @@ enum Command {
     Host(HostArgs),
     /// Show a host element's state.
     Status(StatusArgs),
+    /// Make a standby host element take over (a graceful handover if the active one answers).
+    Failover(FailoverArgs),
     /// Start three elements behind emulated local/near/far links and a host element.
     Demo(DemoArgs),
     /// Availability of a configuration (the StarFish paper's section 4).
@@ -117,6 +119,31 @@ struct HostArgs {
     /// with EIO until the elements answer (default 10000).
     #[arg(long)]
     startup_timeout_ms: Option<u64>,
+    /// Start as a standby: connect to nothing and serve nothing until `starfish failover`
+    /// (or, with --etcd, until elected and the elements lost the active host element).
+    #[arg(long)]
+    standby: bool,
+    /// etcd endpoint (e.g. http://127.0.0.1:2379): host elements of one cluster elect the
+    /// active one, and a standby takes over by itself.
+    #[arg(long)]
+    etcd: Option<String>,
+    /// The cluster's name in etcd (default starfish).
+    #[arg(long)]
+    cluster: Option<String>,
+    /// With --etcd: how long the elements must have missed the active host element before a
+    /// standby takes over (default 300).
+    #[arg(long)]
+    takeover_after_ms: Option<u64>,
+}
+
+#[derive(Args, Debug)]
+struct FailoverArgs {
+    /// Admin address of the standby host element that takes over (it asks the active one to
+    /// drain first, if that one answers).
+    #[arg(long)]
+    admin: SocketAddr,
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Args, Debug)]
@@ -190,6 +217,7 @@ fn run(cli: Cli) -> Result<()> {
             })
         }
         Command::Status(args) => status(args),
+        Command::Failover(args) => failover(args),
         Command::Demo(args) => demo(args),
         Command::Availability(args) => availability::cli::run(&args, &mut std::io::stdout()),
         Command::Link(args) => netem::cli::run(&args),
@@ -237,6 +265,18 @@ fn host_options(args: HostArgs) -> Result<HostOptions> {
     }
     if let Some(ms) = args.startup_timeout_ms {
         file.startup_timeout_ms = Some(ms);
+    }
+    if args.standby {
+        file.standby = Some(true);
+    }
+    if args.etcd.is_some() {
+        file.etcd = args.etcd;
+    }
+    if args.cluster.is_some() {
+        file.cluster = args.cluster;
+    }
+    if let Some(ms) = args.takeover_after_ms {
+        file.takeover_after_ms = Some(ms);
     }
     file.into_options()
 }
@@ -300,8 +340,73 @@ fn status(args: StatusArgs) -> Result<()> {
     Ok(())
 }
 
+fn failover(args: FailoverArgs) -> Result<()> {
+    let body = runtime()?
+        .block_on(shell::admin::request(args.admin, "POST", "/failover"))
+        .with_context(|| format!("the host element at {} did not take over", args.admin))?;
+    if args.json {
+        println!("{body}");
+        return Ok(());
+    }
+    let doc: serde_json::Value = serde_json::from_str(&body).context("admin endpoint sent bad JSON")?;
+    let drained = match doc["drained"].get("ok") {
+        Some(serde_json::Value::Bool(true)) => {
+            format!("; {} drained first", doc["drained"]["from"].as_str().unwrap_or("?"))
+        }
+        Some(_) => format!(
+            "; {} could not drain ({}), fenced instead",
+            doc["drained"]["from"].as_str().unwrap_or("?"),
+            doc["drained"]["error"].as_str().unwrap_or("?")
+        ),
+        None => String::new(),
+    };
+    let ready = match doc["ready_ms"].as_u64() {
+        Some(ms) => format!("every volume read-write after {ms} ms"),
+        None => "volumes not read-write yet (see starfish status)".into(),
+    };
+    println!("{} is active in epoch {}: {ready}{drained}", args.admin, doc["epoch"]);
+    Ok(())
+}
+
 fn print_status(doc: &serde_json::Value) {
-    println!("epoch {}  quorum {}", doc["epoch"], doc["quorum"]);
+    if doc["role"] == "standby" {
+        let active = match doc["active"].as_object() {
+            Some(a) => format!("{} at {}", a["host_id"].as_str().unwrap_or("?"), a["admin"].as_str().unwrap_or("?")),
+            None => "none known".into(),
+        };
+        println!(
+            "standby (host element {})  elements follow epoch {}  active: {active}",
+            doc["host_id"].as_str().unwrap_or("?"),
+            doc["epoch"]
+        );
+        println!("{:<10} {:<22} {:>8} {:>18} {:>12}", "ELEMENT", "ADDRESS", "EPOCH", "HOLDER", "ABSENT ms");
+        for e in doc["elements"].as_array().into_iter().flatten() {
+            if e["reachable"] == true {
+                println!(
+                    "{:<10} {:<22} {:>8} {:>18} {:>12}",
+                    e["name"].as_str().unwrap_or("?"),
+                    e["address"].as_str().unwrap_or("?"),
+                    e["epoch"],
+                    e["holder"].as_str().unwrap_or("?"),
+                    e["owner_absent_ms"]
+                );
+            } else {
+                println!(
+                    "{:<10} {:<22} unreachable",
+                    e["name"].as_str().unwrap_or("?"),
+                    e["address"].as_str().unwrap_or("?")
+                );
+            }
+        }
+        return;
+    }
+    println!(
+        "{} (host element {})  epoch {}  quorum {}",
+        doc["role"].as_str().unwrap_or("active"),
+        doc["host_id"].as_str().unwrap_or("?"),
+        doc["epoch"],
+        doc["quorum"]
+    );
     println!("{:<12} {:>14} {:<11} {:>14} {:>12}", "VOLUME", "SIZE", "MODE", "ACKED SEQ", "QUEUE");
     for v in doc["volumes"].as_array().into_iter().flatten() {
         println!(
@@ -439,8 +544,7 @@ fn demo(args: DemoArgs) -> Result<()> {
             };
             tokio::select! {
                 _ = tick.tick() => {
-                    if let Some(status) = host.status().await {
-                        let doc = shell::admin::status_json(&status, host.addresses());
+                    if let Some(doc) = host.status_json().await {
                         print_status(&doc);
                         println!();
                     }

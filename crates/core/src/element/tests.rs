@@ -58,13 +58,10 @@ impl Harness {
             })
             .collect();
         let held = volumes.iter().map(|&(_, a, e)| (Sequence(a), Epoch(e))).collect();
-        Harness {
-            core: ElementCore::new(config, Epoch(epoch), HOST, infos),
-            now: Time(1_000_000),
-            storage: None,
-            held,
-            pending: Vec::new(),
-        }
+        let mut core = ElementCore::new(config, Epoch(epoch), HOST, infos);
+        // Started long enough ago that a lease promised before it started has run out.
+        core.handle_timeout(Time(0));
+        Harness { core, now: Time(1_000_000), storage: None, held, pending: Vec::new() }
     }
 
     /// Every action since the last call, storage jobs remembered, logs left out.
@@ -108,7 +105,7 @@ impl Harness {
         self.core.handle_host_message(
             self.now,
             SessionId(session),
-            HostMessage::Hello { epoch: Epoch(epoch), host, volumes: specs.clone() },
+            HostMessage::Hello { epoch: Epoch(epoch), host, volumes: specs.clone(), admin: String::new() },
         );
         let actions = self.actions();
         let ensure = ElementAction::EnsureVolumes { session: SessionId(session), specs: specs.clone() };
@@ -402,7 +399,10 @@ fn protocol_errors_refuse_the_session() {
     let table: [(&str, Vec<HostMessage>); 3] = [
         ("before hello", vec![HostMessage::Ping { nonce: 1 }]),
         ("unknown volume", vec![HostMessage::Apply(record(7, 1, 1))]),
-        ("second hello", vec![HostMessage::Hello { epoch: Epoch(1), host: HOST, volumes: vec![] }]),
+        (
+            "second hello",
+            vec![HostMessage::Hello { epoch: Epoch(1), host: HOST, volumes: vec![], admin: String::new() }],
+        ),
     ];
     for (text, messages) in table {
         let mut h = Harness::new(1, &[("a", 0, 0)]);
@@ -761,4 +761,151 @@ fn copy_orders_run_one_at_a_time() {
             message: ElementMessage::CopyDone { result: Ok(Sequence(7)), .. }
         }
     )));
+}
+
+// ----- read lease and takeover ------------------------------------------------------------------
+
+fn pong_lease(sent: &[(u64, ElementMessage)], session: u64) -> Option<u32> {
+    sent.iter().find_map(|(s, m)| match m {
+        ElementMessage::Pong { lease_ms, .. } if *s == session => Some(*lease_ms),
+        _ => None,
+    })
+}
+
+fn adopting(h: &Harness) -> bool {
+    matches!(h.storage, Some(StorageJob::AdoptEpoch(..)))
+}
+
+#[test]
+fn a_newer_host_element_waits_for_the_read_lease_promised_to_the_holder() {
+    let other = HostId(2);
+    let mut h = Harness::new(5, &[("a", 0, 0)]);
+    h.hello(1, 5, &["a"]);
+    h.settle();
+    h.host(1, HostMessage::Ping { nonce: 1 });
+    assert_eq!(pong_lease(&h.sent(), 1), Some(LEASE_MS_DEFAULT as u32), "a pong of the holder's session promises");
+    // A newer host element's hello waits for the promise to run out...
+    h.hello_from(2, 7, other, &["a"]);
+    let sent = h.sent();
+    assert!(!adopting(&h), "{sent:?}");
+    // ...and no new promise is made meanwhile, so the holder's lease ends.
+    h.advance_ms(LEASE_MS_DEFAULT / 2);
+    h.host(1, HostMessage::Ping { nonce: 2 });
+    let sent = h.sent();
+    assert_eq!(pong_lease(&sent, 1), Some(0));
+    assert!(!adopting(&h));
+    h.advance_ms(LEASE_MS_DEFAULT / 2 - 1);
+    h.sent();
+    assert!(!adopting(&h), "not one millisecond early");
+    h.advance_ms(1);
+    let sent = h.sent();
+    assert!(adopting(&h), "{sent:?}");
+    let sent = h.settle();
+    assert!(sent.iter().any(|(s, m)| *s == 2 && matches!(m, ElementMessage::Welcome { .. })), "{sent:?}");
+    // The old holder's records are fenced now.
+    h.host(1, HostMessage::Apply(record(0, 5, 1)));
+    let sent = h.settle();
+    assert!(sent.iter().any(|(s, m)| *s == 1 && is_fault(m, "fenced")), "{sent:?}");
+}
+
+#[test]
+fn a_released_lease_lets_a_standby_in_at_once_and_says_the_owner_is_gone() {
+    let other = HostId(2);
+    let mut h = Harness::new(5, &[("a", 0, 0)]);
+    h.hello(1, 5, &["a"]);
+    h.settle();
+    h.host(1, HostMessage::Ping { nonce: 1 });
+    h.sent();
+    // A standby's observer session: no hello needed.
+    h.core.handle_session_opened(h.now, SessionId(9));
+    h.host(9, HostMessage::Observe { nonce: 4 });
+    let sent = h.sent();
+    assert!(
+        sent.iter().any(|(s, m)| *s == 9
+            && matches!(m, ElementMessage::Observed { nonce: 4, epoch: Epoch(5), owner_absent_ms: 0, .. })),
+        "{sent:?}"
+    );
+    h.host(1, HostMessage::Release);
+    // Its pings may still come before its sessions close: no promise any more.
+    h.host(1, HostMessage::Ping { nonce: 2 });
+    assert_eq!(pong_lease(&h.sent(), 1), Some(0));
+    h.host(9, HostMessage::Observe { nonce: 5 });
+    let sent = h.sent();
+    assert!(
+        sent.iter().any(|(s, m)| *s == 9
+            && matches!(m, ElementMessage::Observed { owner_absent_ms, .. } if *owner_absent_ms >= OWNER_RELEASED_ABSENT_MS)),
+        "{sent:?}"
+    );
+    h.hello_from(2, 6, other, &["a"]);
+    h.sent();
+    assert!(matches!(h.storage, Some(StorageJob::AdoptEpoch(Epoch(6), _))), "no wait after a release");
+}
+
+#[test]
+fn a_silent_holder_counts_as_absent_and_a_restarted_element_keeps_its_promise() {
+    let mut h = Harness::new(5, &[("a", 0, 0)]);
+    h.hello(1, 5, &["a"]);
+    h.settle();
+    h.core.handle_session_opened(h.now, SessionId(9));
+    let absent = |h: &mut Harness, nonce: u64| {
+        h.host(9, HostMessage::Observe { nonce });
+        h.sent()
+            .into_iter()
+            .find_map(|(_, m)| match m {
+                ElementMessage::Observed { owner_absent_ms, .. } => Some(owner_absent_ms),
+                _ => None,
+            })
+            .expect("observed")
+    };
+    h.advance_ms(OWNER_SILENCE_MS_DEFAULT - 1);
+    assert_eq!(absent(&mut h, 1), 0, "an open session that spoke lately");
+    h.advance_ms(1);
+    assert_eq!(absent(&mut h, 2), OWNER_SILENCE_MS_DEFAULT, "a paused host element keeps its session open");
+    h.host(1, HostMessage::Ping { nonce: 3 });
+    assert_eq!(absent(&mut h, 4), 0);
+
+    // A freshly started element that followed epoch 5 makes a newer one wait a full lease.
+    let config = ElementConfig { lease_ms: 300, ..ElementConfig::default() };
+    let mut fresh = ElementCore::new(config, Epoch(5), HOST, vec![]);
+    fresh.handle_session_opened(Time(10_000_000), SessionId(1));
+    fresh.handle_host_message(
+        Time(10_000_000),
+        SessionId(1),
+        HostMessage::Hello { epoch: Epoch(6), host: HostId(3), volumes: vec![], admin: "x".into() },
+    );
+    let mut actions = Vec::new();
+    while let Some(a) = fresh.poll_action() {
+        actions.push(a);
+    }
+    fresh.handle_volumes_ensured(Time(10_000_000), SessionId(1), Ok(vec![]));
+    while let Some(a) = fresh.poll_action() {
+        actions.push(a);
+    }
+    assert!(!actions.iter().any(|a| matches!(a, ElementAction::Storage(StorageJob::AdoptEpoch(..)))), "{actions:?}");
+    assert_eq!(fresh.poll_timeout(), Some(Time(10_300_000)));
+    fresh.handle_timeout(Time(10_300_000));
+    let mut adopted = false;
+    while let Some(a) = fresh.poll_action() {
+        adopted |= matches!(a, ElementAction::Storage(StorageJob::AdoptEpoch(Epoch(6), _)));
+    }
+    assert!(adopted);
+}
+
+#[test]
+fn a_superseded_host_elements_recovery_orders_are_refused() {
+    // A host element that wakes from a pause still has its session open, and may send a
+    // recovery order from before: it must not rebuild a volume under the newer one's stream.
+    let other = HostId(2);
+    let mut h = Harness::new(5, &[("a", 0, 0)]);
+    h.hello(1, 5, &["a"]);
+    h.settle();
+    h.hello_from(2, 6, other, &["a"]);
+    h.settle();
+    h.host(1, HostMessage::Copy { volume: VolumeId(0), source: "127.0.0.1:1".into(), rate_bytes_per_s: 0 });
+    let actions = h.actions();
+    assert!(!actions.iter().any(|a| matches!(a, ElementAction::StartCopy { .. })), "{actions:?}");
+    assert!(
+        actions.iter().any(|a| matches!(a, ElementAction::Send { session: SessionId(1), message: ElementMessage::Refused { reason, .. } } if reason.contains("fenced"))),
+        "{actions:?}"
+    );
 }

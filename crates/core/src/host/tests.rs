@@ -497,7 +497,7 @@ fn reads_go_to_the_closest_element_and_see_unapplied_writes() {
         c.core.handle_element_message(
             c.now.plus_ms(rtt_ms),
             ElementId(i as u8),
-            ElementMessage::Pong { nonce: ping_at.0, epoch: Epoch(5), owner_absent_ms: 0 },
+            ElementMessage::Pong { nonce: ping_at.0, epoch: Epoch(5), owner_absent_ms: 0, lease_ms: 500 },
         );
     }
     assert_eq!(c.core.closest_in_sync(), Some(ElementId(1)));
@@ -518,8 +518,18 @@ fn read_cache_serves_hits_without_elements() {
     c.crash(0);
     c.crash(1);
     c.crash(2);
+    // The read lease of the last pongs still runs.
     assert_eq!(c.read(0, 4096), Reply::Read(Ok(Bytes::from(vec![3u8; 4096]))), "write-through");
     assert_eq!(c.read(8192, 4096), Reply::Read(Err(HostError::Unavailable)));
+    // Once it ends, not even a cache hit is answered: a newer host element may have taken
+    // the elements and overwritten the block.
+    c.advance_ms(limits::LEASE_MS_DEFAULT);
+    let t = c.token();
+    c.core.handle_host_read(c.now, t, VOLUME, 0, 4096);
+    c.run();
+    assert!(!c.replies.contains_key(&t), "held while the lease is not renewed");
+    c.advance_ms(limits::HEARTBEAT_TIMEOUT_MS_DEFAULT);
+    assert_eq!(c.replies[&t], Reply::Read(Err(HostError::Unavailable)));
 }
 
 #[test]
@@ -547,7 +557,7 @@ fn silent_element_is_failed_by_heartbeat() {
         c.core.handle_element_message(
             c.now,
             ElementId(i),
-            ElementMessage::Pong { nonce: c.now.0, epoch: Epoch(5), owner_absent_ms: 0 },
+            ElementMessage::Pong { nonce: c.now.0, epoch: Epoch(5), owner_absent_ms: 0, lease_ms: 500 },
         );
     }
     c.advance_ms(limits::HEARTBEAT_TIMEOUT_MS_DEFAULT / 2 + 100);
@@ -582,6 +592,8 @@ fn restart_rolls_lagging_elements_forward_from_the_most_advanced() {
         c.elements[i].down = true;
         c.connect(i);
     }
+    // A restarted element keeps the read lease it may have promised before it stopped.
+    c.advance_ms(limits::LEASE_MS_DEFAULT);
     assert_eq!(c.states(), "in-sync,in-sync,in-sync");
     for e in &c.elements {
         assert_eq!(e.applied(), Sequence(3));
@@ -767,7 +779,7 @@ fn a_heartbeat_failure_is_reported_once_while_the_session_closes() {
     c.core.handle_element_message(
         c.now,
         ElementId(2),
-        ElementMessage::Pong { nonce: 0, epoch: Epoch(5), owner_absent_ms: 0 },
+        ElementMessage::Pong { nonce: 0, epoch: Epoch(5), owner_absent_ms: 0, lease_ms: 500 },
     );
     for _ in 0..20 {
         c.now = Time(c.now.0 + 1_000_000);
@@ -795,6 +807,8 @@ impl Cluster {
         let mut config = self.core.config().clone();
         config.epoch = Epoch(first_epoch);
         config.host_id = HostId(host_id);
+        // The old one's read lease runs out before the new one gets any element.
+        self.now = self.now.plus_ms(limits::LEASE_MS_DEFAULT);
         self.core = HostCore::new(config, self.now);
         self.events.clear();
         for e in &mut self.elements {
@@ -933,19 +947,21 @@ fn a_running_host_element_takes_back_an_element_whose_epoch_owner_is_gone() {
             epoch: Epoch(9),
             host: HostId(77),
             volumes: vec![VolumeSpec { name: "vol0".into(), size_bytes: SIZE }],
+            admin: String::new(),
         },
     );
     c.run();
-    c.elements[2].core.handle_session_closed(c.now, stranger);
-    // The host element learns it from e2's next pong.
-    for _ in 0..2 {
+    // e2 welcomes it once the read lease it promised us ran out; the host element learns it
+    // from e2's next pong.
+    for _ in 0..7 {
         c.advance_ms(limits::HEARTBEAT_INTERVAL_MS_DEFAULT);
     }
+    c.elements[2].core.handle_session_closed(c.now, stranger);
     assert_eq!(c.states(), "in-sync,in-sync,failed");
     assert!(matches!(c.core.status(c.now).elements[2].failure, Some(Failure::Fenced { .. })));
     assert!(!c.events.iter().any(|e| matches!(e, Event::Restarted { .. })), "not while the owner may live");
     // Heartbeats keep e0 and e1 confirming epoch 5; e2 is dialled again now and then.
-    for _ in 0..16 {
+    for _ in 0..80 {
         c.advance_ms(limits::HEARTBEAT_INTERVAL_MS_DEFAULT);
         c.reconnect(&[2]);
     }
@@ -971,11 +987,14 @@ fn a_host_element_taken_over_by_a_majority_serves_nothing() {
                 epoch: Epoch(8),
                 host: HostId(42),
                 volumes: vec![VolumeSpec { name: "vol0".into(), size_bytes: SIZE }],
+                admin: String::new(),
             },
         );
         c.run();
     }
-    for _ in 0..3 {
+    // They welcome it once the read lease they promised us runs out (no more promises
+    // meanwhile), and our pings learn it.
+    for _ in 0..8 {
         c.advance_ms(limits::HEARTBEAT_INTERVAL_MS_DEFAULT);
     }
     assert!(c.events.iter().any(|e| matches!(e, Event::Superseded { seen: Epoch(8), .. })), "{:?}", c.events);

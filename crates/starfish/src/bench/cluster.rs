@@ -167,15 +167,20 @@ pub fn all_in_sync(doc: &Value) -> bool {
 }
 
 fn admin_get(admin: SocketAddr, path: &str) -> Result<String> {
-    let mut stream = TcpStream::connect_timeout(&admin, ADMIN_TIMEOUT)?;
-    stream.set_read_timeout(Some(ADMIN_TIMEOUT))?;
-    stream.set_write_timeout(Some(ADMIN_TIMEOUT))?;
-    stream.write_all(format!("GET {path} HTTP/1.0\r\nHost: {admin}\r\n\r\n").as_bytes())?;
+    admin_request(admin, "GET", path, ADMIN_TIMEOUT)
+}
+
+/// One HTTP/1.0 request to a host element's admin endpoint: the body of a 200 answer.
+pub fn admin_request(admin: SocketAddr, method: &str, path: &str, timeout: Duration) -> Result<String> {
+    let mut stream = TcpStream::connect_timeout(&admin, timeout)?;
+    stream.set_read_timeout(Some(timeout))?;
+    stream.set_write_timeout(Some(timeout))?;
+    stream.write_all(format!("{method} {path} HTTP/1.0\r\nHost: {admin}\r\nContent-Length: 0\r\n\r\n").as_bytes())?;
     let mut response = String::new();
     stream.read_to_string(&mut response)?;
     let (head, body) = response.split_once("\r\n\r\n").context("admin endpoint sent no header end")?;
     if !head.starts_with("HTTP/1.0 200") {
-        bail!("admin endpoint answered: {}", head.lines().next().unwrap_or(""));
+        bail!("admin endpoint answered: {}: {}", head.lines().next().unwrap_or(""), body.trim());
     }
     Ok(body.to_string())
 }

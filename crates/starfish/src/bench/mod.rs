@@ -6,6 +6,7 @@
 //! site (the same, behind the near link).
 
 mod cluster;
+mod failover;
 mod fio;
 mod plot;
 mod process;
@@ -47,6 +48,8 @@ enum Table {
     T5,
     T6,
     T7,
+    /// Takeover times and the client's gap: manual, graceful and automatic (etcd).
+    Failover,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -156,6 +159,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         Table::T5 => t5::run(&bench)?,
         Table::T6 => t6::run(&bench)?,
         Table::T7 => t7::run(&bench)?,
+        Table::Failover => failover::run(&bench)?,
     };
     bench.progress(&format!("load average at the end: {}", load_average()));
     if args.json {
@@ -165,6 +169,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
             Table::T5 => t5::text(&rows),
             Table::T6 => t6::text(&rows),
             Table::T7 => t7::text(&rows),
+            Table::Failover => failover::text(&rows),
         };
         print!("{text}");
     }
@@ -186,8 +191,8 @@ fn write_plot(table: Table, rows: &[Row], dir: &Path) -> Result<()> {
     let path = match table {
         Table::T5 => dir.join("t5.png"),
         Table::T7 => dir.join("t7.png"),
-        Table::T6 => {
-            eprintln!("bench: no plot for Table 6 (plots are drawn for Tables 5 and 7)");
+        Table::T6 | Table::Failover => {
+            eprintln!("bench: no plot for this table (plots are drawn for Tables 5 and 7)");
             return Ok(());
         }
     };

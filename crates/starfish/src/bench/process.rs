@@ -103,6 +103,13 @@ impl Child {
         Ok(())
     }
 
+    /// SIGKILL now (a crash), and reap it.
+    pub fn kill9(&mut self) {
+        self.stopped = true;
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
     /// SIGTERM, up to `grace` to exit, then SIGKILL. Returns whether it had to be killed.
     pub fn stop(&mut self, grace: Duration) -> bool {
         if self.stopped {

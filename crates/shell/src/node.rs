@@ -1,0 +1,501 @@
+//! One host element process and its role: **active** (the core serving NBD, see `host.rs`) or
+//! **standby** (serving nothing, watching the elements). A standby takes over when told
+//! (`starfish failover`, `POST /failover`) or, with `--etcd`, by itself: once it holds the
+//! cluster's `active` key and the elements say the host element they follow is gone.
+//!
+//! Taking over: ask the active host element to drain (if one answers at the admin address the
+//! elements report), take an epoch above every one the elements follow (and above etcd's), bind
+//! the NBD address (the drained one lets it go), and start the core with that epoch. The core
+//! does the rest as at any start: the elements welcome the new epoch once the read lease they
+//! promised the old one has run out (at once after a drain), it waits for `start_minimum` of
+//! them — a set that meets every write quorum of the old one, so the old one can acknowledge
+//! nothing more and every write it may have acknowledged is among the welcomes — and it rolls
+//! them all forward to the newest history.
+//!
+//! A superseded active host element (the elements took a newer epoch) stops serving and becomes
+//! a standby.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::BytesMut;
+use proto::{ElementMessage, Epoch, HostId, HostMessage};
+use serde_json::{json, Value};
+use starfish_core::start_minimum_of;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
+
+use crate::coordination::{Coordinator, Holder};
+use crate::host::{start_active, Active, HostOptions};
+
+/// A standby asks each element this often whom it follows.
+const OBSERVE_INTERVAL: Duration = Duration::from_millis(100);
+/// An observation older than this is not counted.
+const OBSERVATION_FRESH: Duration = Duration::from_secs(1);
+/// Waiting for a drained host element to release the NBD address (it has by then; this only
+/// covers the kernel's pace).
+const NBD_BIND_WAIT: Duration = Duration::from_millis(500);
+/// A takeover's answer waits this long for every volume to serve.
+const READY_WAIT: Duration = Duration::from_secs(10);
+/// A drain answers what the clients sent within this, or the connections are cut.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
+/// With etcd: a standby leaves a freshly claimed `active` key to its holder for this long
+/// before it may take it over (the holder needs the time to take the elements).
+const FRESH_CLAIM_GRACE: Duration = Duration::from_millis(1500);
+/// Default for `FailoverOptions::takeover_after_ms`.
+pub const TAKEOVER_AFTER_MS_DEFAULT: u64 = 300;
+
+/// What an element said to `Observe`.
+#[derive(Clone, Debug)]
+struct Observation {
+    epoch: Epoch,
+    holder: HostId,
+    holder_admin: String,
+    owner_absent_ms: u64,
+    at: Instant,
+}
+
+pub struct Node {
+    options: HostOptions,
+    /// Our identity (also in etcd's `active` key): the core's `host_id`.
+    host_id: HostId,
+    admin_text: String,
+    /// Transitions (take over, drain, step down) one at a time.
+    active: tokio::sync::Mutex<Option<Active>>,
+    /// For status without waiting on a transition.
+    role: Mutex<RoleInfo>,
+    observations: Mutex<Vec<Option<Observation>>>,
+    coordinator: tokio::sync::Mutex<Option<Coordinator>>,
+    superseded_tx: mpsc::UnboundedSender<()>,
+}
+
+#[derive(Clone, Debug)]
+struct RoleInfo {
+    active: bool,
+    epoch: Option<Epoch>,
+    since: Instant,
+    last_takeover: Option<Value>,
+}
+
+/// Start a host element process: the admin endpoint, the element observers, and the active
+/// host element at once unless it is a standby (`--standby`) or elected (`--etcd`).
+pub async fn start(options: HostOptions) -> std::io::Result<Arc<Node>> {
+    let invalid = |e: String| std::io::Error::new(std::io::ErrorKind::InvalidInput, e);
+    options.config.validate().map_err(invalid)?;
+    let admin_listener = TcpListener::bind(options.admin)
+        .await
+        .map_err(|e| std::io::Error::new(e.kind(), format!("cannot listen for admin on {}: {e}", options.admin)))?;
+    let (superseded_tx, mut superseded_rx) = mpsc::unbounded_channel();
+    let n = options.element_addresses.len();
+    let node = Arc::new(Node {
+        host_id: options.config.host_id,
+        admin_text: options.admin.to_string(),
+        active: tokio::sync::Mutex::new(None),
+        role: Mutex::new(RoleInfo { active: false, epoch: None, since: Instant::now(), last_takeover: None }),
+        observations: Mutex::new(vec![None; n]),
+        coordinator: tokio::sync::Mutex::new(None),
+        superseded_tx,
+        options,
+    });
+    for (i, address) in node.options.element_addresses.iter().enumerate() {
+        tokio::spawn(observe(Arc::downgrade(&node), i, *address));
+    }
+    {
+        let node = node.clone();
+        tokio::spawn(async move {
+            while superseded_rx.recv().await.is_some() {
+                node.step_down("the elements follow a newer host element").await;
+            }
+        });
+    }
+    let automatic = node.options.failover.etcd.is_some();
+    if !node.options.failover.standby && !automatic {
+        let listener = bind_nbd(node.options.nbd, Duration::ZERO).await?;
+        let mut slot = node.active.lock().await;
+        node.activate(&mut slot, node.options.config.epoch, Some(listener));
+    } else {
+        tracing::info!(
+            admin = %node.options.admin,
+            etcd = node.options.failover.etcd.as_deref().unwrap_or("none"),
+            "host element is a standby: serving nothing until it takes over"
+        );
+    }
+    if automatic {
+        tokio::spawn(campaign(node.clone()));
+    }
+    tokio::spawn(crate::admin::serve(admin_listener, node.clone()));
+    tracing::info!(nbd = %node.options.nbd, admin = %node.options.admin, "host element listening");
+    Ok(node)
+}
+
+async fn bind_nbd(address: SocketAddr, wait: Duration) -> std::io::Result<TcpListener> {
+    let deadline = Instant::now() + wait;
+    loop {
+        match TcpListener::bind(address).await {
+            Ok(listener) => return Ok(listener),
+            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse && Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(10)).await
+            }
+            Err(e) => {
+                return Err(std::io::Error::new(e.kind(), format!("cannot listen for NBD on {address}: {e}")));
+            }
+        }
+    }
+}
+
+impl Node {
+    fn activate(&self, slot: &mut Option<Active>, epoch: Epoch, listener: Option<TcpListener>) {
+        let mut config = self.options.config.clone();
+        config.epoch = epoch;
+        config.host_id = self.host_id;
+        config.admin = self.admin_text.clone();
+        let active = start_active(&self.options, config, listener, self.superseded_tx.clone());
+        let mut role = self.role.lock().expect("role lock");
+        role.active = true;
+        role.epoch = Some(epoch);
+        role.since = Instant::now();
+        *slot = Some(active);
+    }
+
+    fn set_standby(&self) {
+        let mut role = self.role.lock().expect("role lock");
+        role.active = false;
+        role.since = Instant::now();
+    }
+
+    /// Fresh observations, per element.
+    fn fresh(&self) -> Vec<Option<Observation>> {
+        let observations = self.observations.lock().expect("observations lock");
+        observations.iter().map(|o| o.clone().filter(|o| o.at.elapsed() < OBSERVATION_FRESH)).collect()
+    }
+
+    /// The newest epoch any element follows, and the admin address of its holder as most
+    /// elements following it report it (not ours).
+    fn followed(&self) -> (Epoch, Option<(HostId, String)>) {
+        let fresh = self.fresh();
+        let newest = fresh.iter().flatten().map(|o| o.epoch).max().unwrap_or(Epoch(0));
+        let mut votes: HashMap<(u64, String), usize> = HashMap::new();
+        for o in fresh.iter().flatten().filter(|o| o.epoch == newest && o.holder != HostId(0)) {
+            *votes.entry((o.holder.0, o.holder_admin.clone())).or_default() += 1;
+        }
+        let holder = votes.into_iter().max_by_key(|(_, n)| *n).map(|((id, admin), _)| (HostId(id), admin));
+        (newest, holder)
+    }
+
+    /// How many elements say the host element they follow has been gone for `ms`.
+    fn absent_count(&self, ms: u64) -> usize {
+        self.fresh()
+            .iter()
+            .flatten()
+            .filter(|o| o.epoch == Epoch(0) || o.owner_absent_ms >= ms || o.holder == self.host_id)
+            .count()
+    }
+
+    /// Take over now. `graceful`: first ask the active host element (if one answers) to drain.
+    pub async fn take_over(self: &Arc<Self>, why: &str, graceful: bool) -> Result<Value, String> {
+        let started = Instant::now();
+        let mut slot = self.active.lock().await;
+        if slot.is_some() {
+            return Err("this host element is already active".into());
+        }
+        let mut drained = Value::Null;
+        if graceful {
+            if let Some((holder, admin)) = self.followed().1 {
+                if holder != self.host_id && !admin.is_empty() {
+                    drained = match admin.parse::<SocketAddr>() {
+                        Ok(address) => match tokio::time::timeout(DRAIN_TIMEOUT, post(address, "/drain")).await {
+                            Ok(Ok(_)) => json!({ "from": admin, "ok": true }),
+                            Ok(Err(e)) => json!({ "from": admin, "ok": false, "error": e.to_string() }),
+                            Err(_) => json!({ "from": admin, "ok": false, "error": "no answer" }),
+                        },
+                        Err(_) => json!({ "from": admin, "ok": false, "error": "not an address" }),
+                    };
+                    tracing::info!(%drained, "asked the active host element to drain");
+                }
+            }
+        }
+        let floor = self.followed().0 .0 + 1;
+        let epoch = match self.coordinator.lock().await.as_mut() {
+            Some(coordinator) => {
+                if graceful {
+                    // Told to: take the key whoever holds it (the old holder drained, or is
+                    // fenced by the new epoch anyway).
+                    let me = Holder { host_id: self.host_id.0, admin: self.admin_text.clone() };
+                    let expected = coordinator.active().await?.map(|k| k.mod_revision);
+                    if !coordinator.claim(&me, expected).await? {
+                        return Err("etcd: another host element claimed the active key meanwhile".into());
+                    }
+                }
+                Epoch(coordinator.next_epoch(floor).await?)
+            }
+            None => Epoch(floor),
+        };
+        // A drained host element let the address go; a frozen or cut-off one may still hold
+        // it: the new one fences it through the elements anyway and serves once it is free.
+        let listener = bind_nbd(self.options.nbd, NBD_BIND_WAIT).await.ok();
+        tracing::warn!(%epoch, why, nbd_bound = listener.is_some(), "taking over as the active host element");
+        self.activate(&mut slot, epoch, listener);
+        let handle = slot.as_ref().expect("just activated").handle.clone();
+        drop(slot);
+        let takeover_ms = started.elapsed().as_millis() as u64;
+        // Until every volume serves again (bounded: the answer says if it did not).
+        let deadline = Instant::now() + READY_WAIT;
+        let mut ready_ms = None;
+        while Instant::now() < deadline {
+            let Some(status) = handle.status().await else { break };
+            if !status.volumes.is_empty()
+                && status.volumes.iter().all(|v| v.mode == starfish_core::VolumeMode::ReadWrite)
+            {
+                ready_ms = Some(started.elapsed().as_millis() as u64);
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let report = json!({
+            "role": "active",
+            "epoch": epoch.0,
+            "why": why,
+            "drained": drained,
+            "takeover_ms": takeover_ms,
+            "ready_ms": ready_ms,
+        });
+        self.role.lock().expect("role lock").last_takeover = Some(report.clone());
+        Ok(report)
+    }
+
+    /// A graceful handover: stop taking requests, answer those taken, tell the elements we
+    /// are gone (their read lease ends now), and become a standby.
+    pub async fn drain(self: &Arc<Self>) -> Result<Value, String> {
+        let started = Instant::now();
+        let mut slot = self.active.lock().await;
+        let Some(active) = slot.take() else {
+            return Err("this host element is not active".into());
+        };
+        let _ = active.drain.send(true);
+        let mut nbd = active.nbd;
+        if tokio::time::timeout(DRAIN_TIMEOUT, &mut nbd).await.is_err() {
+            tracing::warn!("drain: clients did not finish in time; connections cut");
+            nbd.abort();
+        }
+        active.handle.release().await;
+        // The frames are written by the sessions' tasks: give them a moment.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        for task in active.tasks {
+            task.abort();
+        }
+        if let Some(coordinator) = self.coordinator.lock().await.as_mut() {
+            if let Err(e) = coordinator.resign().await {
+                tracing::warn!(error = %e, "drain: could not give the etcd key up (it lapses by itself)");
+            }
+        }
+        self.set_standby();
+        tracing::warn!(epoch = %active.epoch, "drained and released: now a standby");
+        Ok(json!({ "role": "standby", "drained_ms": started.elapsed().as_millis() as u64 }))
+    }
+
+    async fn step_down(self: &Arc<Self>, why: &str) {
+        let mut slot = self.active.lock().await;
+        if let Some(active) = slot.take() {
+            tracing::warn!(epoch = %active.epoch, why, "superseded: stopping, now a standby");
+            active.abort();
+            self.set_standby();
+        }
+    }
+
+    /// The status document: the active core's (`admin::status_json`) or a standby's, with
+    /// `role` either way.
+    pub async fn status_json(&self) -> Option<Value> {
+        let handle = self.active.lock().await.as_ref().map(|a| a.handle.clone());
+        let role = self.role.lock().expect("role lock").clone();
+        let mut doc = match handle {
+            Some(handle) => {
+                let status = handle.status().await?;
+                let mut doc = crate::admin::status_json(&status, handle.addresses());
+                doc["role"] = json!("active");
+                doc
+            }
+            None => self.standby_json(),
+        };
+        doc["host_id"] = json!(self.host_id.to_string());
+        doc["admin"] = json!(self.admin_text);
+        doc["role_since_ms"] = json!(role.since.elapsed().as_millis() as u64);
+        doc["last_takeover"] = role.last_takeover.unwrap_or(Value::Null);
+        doc["failover"] = json!({
+            "standby": self.options.failover.standby,
+            "etcd": self.options.failover.etcd,
+            "takeover_after_ms": self.options.failover.takeover_after_ms,
+        });
+        Some(doc)
+    }
+
+    pub async fn metrics(&self) -> Option<String> {
+        let handle = self.active.lock().await.as_ref().map(|a| a.handle.clone());
+        let text = match handle {
+            Some(handle) => crate::admin::metrics(&handle.status().await?),
+            None => String::new(),
+        };
+        let active = self.role.lock().expect("role lock").active as u8;
+        Some(format!("{text}# TYPE starfish_host_active gauge\nstarfish_host_active {active}\n"))
+    }
+
+    fn standby_json(&self) -> Value {
+        let fresh = self.fresh();
+        let (epoch, holder) = self.followed();
+        let elements: Vec<Value> = self
+            .options
+            .config
+            .elements
+            .iter()
+            .zip(&self.options.element_addresses)
+            .zip(&fresh)
+            .map(|((name, address), o)| match o {
+                Some(o) => json!({
+                    "name": name,
+                    "address": address.to_string(),
+                    "reachable": true,
+                    "epoch": o.epoch.0,
+                    "holder": o.holder.to_string(),
+                    "owner_absent_ms": o.owner_absent_ms,
+                }),
+                None => json!({ "name": name, "address": address.to_string(), "reachable": false }),
+            })
+            .collect();
+        json!({
+            "role": "standby",
+            "epoch": epoch.0,
+            "quorum": self.options.config.quorum,
+            "active": holder.map(|(id, admin)| json!({ "host_id": id.to_string(), "admin": admin })),
+            "volumes": [],
+            "elements": elements,
+        })
+    }
+}
+
+/// Keep asking element `index` whom it follows (`Observe`), for as long as the node lives.
+async fn observe(node: std::sync::Weak<Node>, index: usize, address: SocketAddr) {
+    let mut nonce = 0u64;
+    loop {
+        let session = async {
+            let mut stream = tokio::time::timeout(Duration::from_secs(1), TcpStream::connect(address))
+                .await
+                .map_err(|_| "connect timed out".to_string())?
+                .map_err(|e| e.to_string())?;
+            let _ = stream.set_nodelay(true);
+            let mut buf = BytesMut::new();
+            loop {
+                nonce += 1;
+                crate::element::send_frame(&mut stream, &HostMessage::Observe { nonce }).await?;
+                let answer = tokio::time::timeout(
+                    Duration::from_secs(1),
+                    crate::element::recv_frame::<ElementMessage>(&mut stream, &mut buf),
+                )
+                .await
+                .map_err(|_| "no answer".to_string())??;
+                let ElementMessage::Observed { epoch, holder, holder_admin, owner_absent_ms, .. } = answer else {
+                    return Err::<(), String>("unexpected answer to Observe".into());
+                };
+                let Some(node) = node.upgrade() else { return Ok(()) };
+                node.observations.lock().expect("observations lock")[index] =
+                    Some(Observation { epoch, holder, holder_admin, owner_absent_ms, at: Instant::now() });
+                drop(node);
+                tokio::time::sleep(OBSERVE_INTERVAL).await;
+            }
+        };
+        let ended = session.await;
+        let Some(node) = node.upgrade() else { return };
+        node.observations.lock().expect("observations lock")[index] = None;
+        drop(node);
+        if let Err(e) = ended {
+            tracing::debug!(element = index, error = %e, "observer session ended");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// With etcd: keep our lease while active; while a standby, take over once elected and the
+/// elements say the host element they follow is gone.
+async fn campaign(node: Arc<Node>) {
+    let failover = node.options.failover.clone();
+    let endpoint = failover.etcd.clone().expect("campaign runs with etcd");
+    let me = Holder { host_id: node.host_id.0, admin: node.admin_text.clone() };
+    let n = node.options.element_addresses.len();
+    let needed = start_minimum_of(n, node.options.config.quorum);
+    let mut first_seen: HashMap<i64, Instant> = HashMap::new();
+    let mut last_keep_alive = Instant::now();
+    let mut last_complaint: Option<Instant> = None;
+    let mut complain = |what: String| {
+        if last_complaint.is_none_or(|at| at.elapsed() > Duration::from_secs(5)) {
+            tracing::warn!(error = %what, "etcd");
+            last_complaint = Some(Instant::now());
+        }
+    };
+    loop {
+        tokio::time::sleep(OBSERVE_INTERVAL).await;
+        let mut guard = node.coordinator.lock().await;
+        if guard.is_none() {
+            match Coordinator::connect(&endpoint, &failover.cluster).await {
+                Ok(c) => *guard = Some(c),
+                Err(e) => {
+                    complain(e);
+                    continue;
+                }
+            }
+        }
+        let coordinator = guard.as_mut().expect("connected");
+        let active = node.role.lock().expect("role lock").active;
+        if active {
+            if last_keep_alive.elapsed() >= Duration::from_millis(600) {
+                last_keep_alive = Instant::now();
+                if let Err(e) = coordinator.keep_alive().await {
+                    // Not deposed by this alone: only the elements decide (see the module
+                    // comment of `coordination`).
+                    complain(e);
+                }
+            }
+            continue;
+        }
+        // Read the key every time, so that a claim's age is known before it matters.
+        let key = match coordinator.active().await {
+            Err(e) => {
+                complain(e);
+                continue;
+            }
+            Ok(key) => key,
+        };
+        if let Some(key) = &key {
+            first_seen.entry(key.mod_revision).or_insert_with(Instant::now);
+            first_seen.retain(|revision, _| *revision == key.mod_revision);
+        }
+        if node.absent_count(failover.takeover_after_ms) < needed {
+            continue;
+        }
+        let claimed = match key {
+            None => coordinator.claim(&me, None).await,
+            Some(key) if key.holder == me => Ok(true),
+            Some(key) => {
+                if first_seen[&key.mod_revision].elapsed() < FRESH_CLAIM_GRACE {
+                    continue;
+                }
+                coordinator.claim(&me, Some(key.mod_revision)).await
+            }
+        };
+        drop(guard);
+        match claimed {
+            Ok(true) => {
+                if let Err(e) = node.take_over("elected: the elements lost the active host element", false).await {
+                    tracing::warn!(error = %e, "takeover failed");
+                }
+                last_keep_alive = Instant::now();
+            }
+            Ok(false) => {}
+            Err(e) => complain(e),
+        }
+    }
+}
+
+/// `POST path` to an admin endpoint; the body of a 200 answer.
+pub async fn post(admin: SocketAddr, path: &str) -> std::io::Result<String> {
+    crate::admin::request(admin, "POST", path).await
+}
