@@ -359,3 +359,150 @@ def test_qemu_io_with_reconnect_goes_on_across_an_automatic_takeover(make_failov
     assert "Pattern verification failed" not in text and "error" not in text.lower(), text
     assert text.count("bytes at offset") == 4, text
     assert c.status_of("b")["role"] == "active"
+
+
+class Namespaces:
+    """A small routed network: `lan` (elements, etcd, the client) joined by a veth pair to
+    each of `a` and `b` (one host element each). The floating NBD address lives on both
+    host namespaces' loopback; `lan`'s route to it says which one gets the traffic — what a
+    floating address (VRRP, a BGP-announced address) does between machines."""
+
+    FLOATING = "10.77.1.100"
+
+    def __init__(self):
+        tag = f"sft{os.getpid() % 100000}"
+        self.names = {side: f"{tag}-{side}" for side in ("lan", "a", "b")}
+        self.lan_ip = {"a": "10.77.10.1", "b": "10.77.20.1"}
+        self.host_ip = {"a": "10.77.10.2", "b": "10.77.20.2"}
+        self.created = []
+
+    def ip(self, *args):
+        harness.run(["ip", *args], timeout=20)
+
+    def create(self):
+        for name in self.names.values():
+            self.ip("netns", "add", name)
+            self.created.append(name)
+            self.ip("-n", name, "link", "set", "lo", "up")
+        lan = self.names["lan"]
+        for side in ("a", "b"):
+            ns = self.names[side]
+            outer, inner = f"v{side}l{os.getpid() % 10000}", f"v{side}h{os.getpid() % 10000}"
+            self.ip("link", "add", outer, "netns", lan, "type", "veth", "peer", "name", inner, "netns", ns)
+            self.ip("-n", lan, "addr", "add", f"{self.lan_ip[side]}/24", "dev", outer)
+            self.ip("-n", lan, "link", "set", outer, "up")
+            self.ip("-n", ns, "addr", "add", f"{self.host_ip[side]}/24", "dev", inner)
+            self.ip("-n", ns, "link", "set", inner, "up")
+            self.ip("-n", ns, "addr", "add", f"{self.FLOATING}/32", "dev", "lo")
+            self.ip("-n", ns, "route", "add", "default", "via", self.lan_ip[side])
+        self.point_floating_at("a")
+
+    def point_floating_at(self, side):
+        self.ip("-n", self.names["lan"], "route", "replace", f"{self.FLOATING}/32", "via", self.host_ip[side])
+
+    def exec(self, side):
+        return ["ip", "netns", "exec", self.names[side]]
+
+    def destroy(self):
+        for name in reversed(self.created):
+            subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=20)
+
+
+@pytest.mark.time_limit(150)
+def test_floating_address_between_two_namespaces_qemu_io_never_told(request, workdir):
+    """Two host elements in two network namespaces (two machines), elements, etcd and a
+    qemu-io client in a third; the NBD address floats: after an automatic takeover the
+    network routes it to the new active host element, and qemu-io (reconnect-delay) goes on."""
+    cluster_only()
+    request.getfixturevalue("starfish_bin")
+    require_tools("qemu-io", "etcd", "ip")
+    if os.geteuid() != 0:
+        pytest.skip("network namespaces need root")
+    net = Namespaces()
+    processes = []
+
+    class Logs:
+        def logs(self, lines=150):
+            return [(p.name, harness.tail_file(p.log_path, lines)) for p in processes]
+
+    attach_logs(request, Logs())
+
+    def start(name, side, args):
+        process = harness.Process(name, net.exec(side) + args, os.path.join(workdir, f"{name}.log"))
+        processes.append(process)
+        process.start()
+        return process
+
+    def status(side):
+        result = harness.run(
+            net.exec("lan") + [harness.starfish_bin(), "status", "--json", "--admin", f"{net.host_ip[side]}:7100"],
+            timeout=10,
+        )
+        return json.loads(result.stdout)
+
+    def wait_role(side, role):
+        def check():
+            s = status(side)
+            return s if s["role"] == role and (role != "active" or harness.healthy(s)) else None
+
+        return harness.wait_until(check, 30, f"host {side} {role}", interval=0.1)
+
+    def wait_tcp(side, address, port):
+        def check():
+            code = subprocess.run(
+                net.exec(side) + ["bash", "-c", f"exec 3<>/dev/tcp/{address}/{port}"], capture_output=True, timeout=5
+            ).returncode
+            return code == 0
+
+        harness.wait_until(check, 30, f"{address}:{port} listening")
+
+    try:
+        net.create()
+        lan = net.lan_ip["a"]
+        etcd_url = f"http://{lan}:2379"
+        start("etcd", "lan", ["etcd", "--name", "ns", "--data-dir", os.path.join(workdir, "etcd"),
+                              "--listen-client-urls", etcd_url, "--advertise-client-urls", etcd_url,
+                              "--listen-peer-urls", f"http://{lan}:2380",
+                              "--initial-advertise-peer-urls", f"http://{lan}:2380",
+                              "--initial-cluster", f"ns=http://{lan}:2380"])
+        wait_tcp("lan", lan, 2379)
+        element_flags = []
+        for i, name in enumerate(harness.ELEMENT_NAMES):
+            port = 7101 + i
+            start(f"element-{name}", "lan", [harness.starfish_bin(), "element", "--listen", f"{lan}:{port}",
+                                              "--data", os.path.join(workdir, f"element-{name}")])
+            wait_tcp("lan", lan, port)
+            element_flags += ["--element", f"{name}={lan}:{port}"]
+        hosts = {}
+        for side in ("a", "b"):
+            hosts[side] = start(f"host-{side}", side, [harness.starfish_bin(), "host", "--nbd", f"{net.FLOATING}:10809",
+                                                       "--admin", f"{net.host_ip[side]}:7100", *element_flags,
+                                                       "--quorum", "2", "--volume", "vol0:256MiB", "--etcd", etcd_url])
+            wait_role(side, "active" if side == "a" else "standby")
+        image = (f"driver=raw,file.driver=nbd,file.server.type=inet,file.server.host={net.FLOATING},"
+                 "file.server.port=10809,file.export=vol0,file.reconnect-delay=30")
+        commands = ["write -P 0xc3 0 1M", "sleep 5000", "write -P 0xd4 1M 1M", "read -P 0xc3 0 1M",
+                    "read -P 0xd4 1M 1M"]
+        args = net.exec("lan") + ["qemu-io", "--image-opts", image]
+        for command in commands:
+            args += ["-c", command]
+        qemu = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            time.sleep(1.5)
+            hosts["a"].kill9()
+            wait_role("b", "active")
+            net.point_floating_at("b")  # what VRRP or a routing daemon does
+            out, _ = qemu.communicate(timeout=90)
+        finally:
+            if qemu.poll() is None:
+                os.killpg(qemu.pid, signal.SIGKILL)
+                qemu.wait(10)
+        text = out.decode(errors="replace")
+        assert qemu.returncode == 0, text
+        assert "Pattern verification failed" not in text and "error" not in text.lower(), text
+        assert text.count("bytes at offset") == 4, text
+    finally:
+        for process in processes:
+            process.kill9()
+            process.reap_group()
+        net.destroy()

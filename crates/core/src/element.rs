@@ -475,6 +475,13 @@ impl ElementCore {
         }
     }
 
+    /// What an `Observe` would be answered now: the epoch followed, its holder, and how long
+    /// the holder has been gone (the simulator's standby asks this way).
+    pub fn observe(&mut self, now: Time) -> (Epoch, HostId, u64) {
+        self.tick(now);
+        (self.epoch, self.holder, self.owner_absent_ms())
+    }
+
     /// Durably applied sequence of a volume, as storage last reported it.
     pub fn applied(&self, volume: LocalVolume) -> Sequence {
         self.volumes[volume.0 as usize].applied

@@ -2080,7 +2080,9 @@ impl HostCore {
         if self.superseded.is_some() {
             return self.reply(token, unavailable_like(&reply));
         }
-        if self.lease_held(now) && self.lease_waiting.is_empty() {
+        if self.lease_held(now) {
+            // Earlier held reads first (they were asked first).
+            self.settle_lease_waiting(now);
             return self.reply(token, reply);
         }
         if self.lease_waiting.is_empty() {

@@ -11,6 +11,7 @@ mod host;
 pub mod limits;
 pub mod mem_storage;
 mod read_cache;
+pub mod standby;
 mod storage;
 mod write_queue;
 

@@ -15,7 +15,6 @@
 //! A superseded active host element (the elements took a newer epoch) stops serving and becomes
 //! a standby.
 
-use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -23,7 +22,8 @@ use std::time::{Duration, Instant};
 use bytes::BytesMut;
 use proto::{ElementMessage, Epoch, HostId, HostMessage};
 use serde_json::{json, Value};
-use starfish_core::start_minimum_of;
+use starfish_core::standby::{Decision, Key, Observation, StandbyConfig, StandbyCore};
+use starfish_core::Time;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 
@@ -47,14 +47,18 @@ const FRESH_CLAIM_GRACE: Duration = Duration::from_millis(1500);
 /// Default for `FailoverOptions::takeover_after_ms`.
 pub const TAKEOVER_AFTER_MS_DEFAULT: u64 = 300;
 
-/// What an element said to `Observe`.
-#[derive(Clone, Debug)]
-struct Observation {
-    epoch: Epoch,
-    holder: HostId,
-    holder_admin: String,
-    owner_absent_ms: u64,
-    at: Instant,
+/// The standby's view: the sans-IO decision core, the holders' admin addresses as the
+/// elements report them, and the clock the core's `Time` counts from.
+struct Watch {
+    core: StandbyCore,
+    admins: Vec<Option<String>>,
+    origin: Instant,
+}
+
+impl Watch {
+    fn now(&self) -> Time {
+        Time(self.origin.elapsed().as_micros() as u64)
+    }
 }
 
 pub struct Node {
@@ -66,7 +70,7 @@ pub struct Node {
     active: tokio::sync::Mutex<Option<Active>>,
     /// For status without waiting on a transition.
     role: Mutex<RoleInfo>,
-    observations: Mutex<Vec<Option<Observation>>>,
+    watch: Mutex<Watch>,
     coordinator: tokio::sync::Mutex<Option<Coordinator>>,
     superseded_tx: mpsc::UnboundedSender<()>,
 }
@@ -94,7 +98,18 @@ pub async fn start(options: HostOptions) -> std::io::Result<Arc<Node>> {
         admin_text: options.admin.to_string(),
         active: tokio::sync::Mutex::new(None),
         role: Mutex::new(RoleInfo { active: false, epoch: None, since: Instant::now(), last_takeover: None }),
-        observations: Mutex::new(vec![None; n]),
+        watch: Mutex::new(Watch {
+            core: StandbyCore::new(StandbyConfig {
+                me: options.config.host_id,
+                elements: n,
+                quorum: options.config.quorum,
+                takeover_after_ms: options.failover.takeover_after_ms,
+                fresh_ms: OBSERVATION_FRESH.as_millis() as u64,
+                claim_grace_ms: FRESH_CLAIM_GRACE.as_millis() as u64,
+            }),
+            admins: vec![None; n],
+            origin: Instant::now(),
+        }),
         coordinator: tokio::sync::Mutex::new(None),
         superseded_tx,
         options,
@@ -165,32 +180,22 @@ impl Node {
         role.since = Instant::now();
     }
 
-    /// Fresh observations, per element.
-    fn fresh(&self) -> Vec<Option<Observation>> {
-        let observations = self.observations.lock().expect("observations lock");
-        observations.iter().map(|o| o.clone().filter(|o| o.at.elapsed() < OBSERVATION_FRESH)).collect()
-    }
-
-    /// The newest epoch any element follows, and the admin address of its holder as most
-    /// elements following it report it (not ours).
+    /// The newest epoch any element follows, and its holder with the admin address the
+    /// elements report for it.
     fn followed(&self) -> (Epoch, Option<(HostId, String)>) {
-        let fresh = self.fresh();
-        let newest = fresh.iter().flatten().map(|o| o.epoch).max().unwrap_or(Epoch(0));
-        let mut votes: HashMap<(u64, String), usize> = HashMap::new();
-        for o in fresh.iter().flatten().filter(|o| o.epoch == newest && o.holder != HostId(0)) {
-            *votes.entry((o.holder.0, o.holder_admin.clone())).or_default() += 1;
-        }
-        let holder = votes.into_iter().max_by_key(|(_, n)| *n).map(|((id, admin), _)| (HostId(id), admin));
+        let watch = self.watch.lock().expect("watch lock");
+        let now = watch.now();
+        let newest = watch.core.newest_epoch(now);
+        let holder = watch.core.followed_holder(now).map(|holder| {
+            let observations = watch.core.observations(now);
+            let admin = observations
+                .iter()
+                .zip(&watch.admins)
+                .find_map(|(o, a)| o.filter(|o| o.holder == holder).and(a.clone()))
+                .unwrap_or_default();
+            (holder, admin)
+        });
         (newest, holder)
-    }
-
-    /// How many elements say the host element they follow has been gone for `ms`.
-    fn absent_count(&self, ms: u64) -> usize {
-        self.fresh()
-            .iter()
-            .flatten()
-            .filter(|o| o.epoch == Epoch(0) || o.owner_absent_ms >= ms || o.holder == self.host_id)
-            .count()
     }
 
     /// Take over now. `graceful`: first ask the active host element (if one answers) to drain.
@@ -341,7 +346,10 @@ impl Node {
     }
 
     fn standby_json(&self) -> Value {
-        let fresh = self.fresh();
+        let fresh = {
+            let watch = self.watch.lock().expect("watch lock");
+            watch.core.observations(watch.now())
+        };
         let (epoch, holder) = self.followed();
         let elements: Vec<Value> = self
             .options
@@ -397,15 +405,19 @@ async fn observe(node: std::sync::Weak<Node>, index: usize, address: SocketAddr)
                     return Err::<(), String>("unexpected answer to Observe".into());
                 };
                 let Some(node) = node.upgrade() else { return Ok(()) };
-                node.observations.lock().expect("observations lock")[index] =
-                    Some(Observation { epoch, holder, holder_admin, owner_absent_ms, at: Instant::now() });
+                {
+                    let mut watch = node.watch.lock().expect("watch lock");
+                    let at = watch.now();
+                    watch.core.observe(index, Some(Observation { epoch, holder, owner_absent_ms, at }));
+                    watch.admins[index] = Some(holder_admin);
+                }
                 drop(node);
                 tokio::time::sleep(OBSERVE_INTERVAL).await;
             }
         };
         let ended = session.await;
         let Some(node) = node.upgrade() else { return };
-        node.observations.lock().expect("observations lock")[index] = None;
+        node.watch.lock().expect("watch lock").core.observe(index, None);
         drop(node);
         if let Err(e) = ended {
             tracing::debug!(element = index, error = %e, "observer session ended");
@@ -420,9 +432,6 @@ async fn campaign(node: Arc<Node>) {
     let failover = node.options.failover.clone();
     let endpoint = failover.etcd.clone().expect("campaign runs with etcd");
     let me = Holder { host_id: node.host_id.0, admin: node.admin_text.clone() };
-    let n = node.options.element_addresses.len();
-    let needed = start_minimum_of(n, node.options.config.quorum);
-    let mut first_seen: HashMap<i64, Instant> = HashMap::new();
     let mut last_keep_alive = Instant::now();
     let mut last_complaint: Option<Instant> = None;
     let mut complain = |what: String| {
@@ -460,26 +469,20 @@ async fn campaign(node: Arc<Node>) {
         let key = match coordinator.active().await {
             Err(e) => {
                 complain(e);
-                continue;
+                Key::Unknown
             }
-            Ok(key) => key,
+            Ok(None) => Key::Absent,
+            Ok(Some(k)) => Key::Held { holder: HostId(k.holder.host_id), revision: k.mod_revision },
         };
-        if let Some(key) = &key {
-            first_seen.entry(key.mod_revision).or_insert_with(Instant::now);
-            first_seen.retain(|revision, _| *revision == key.mod_revision);
-        }
-        if node.absent_count(failover.takeover_after_ms) < needed {
-            continue;
-        }
-        let claimed = match key {
-            None => coordinator.claim(&me, None).await,
-            Some(key) if key.holder == me => Ok(true),
-            Some(key) => {
-                if first_seen[&key.mod_revision].elapsed() < FRESH_CLAIM_GRACE {
-                    continue;
-                }
-                coordinator.claim(&me, Some(key.mod_revision)).await
-            }
+        let decision = {
+            let mut watch = node.watch.lock().expect("watch lock");
+            let now = watch.now();
+            watch.core.decide(now, key)
+        };
+        let claimed = match decision {
+            Decision::Wait => continue,
+            Decision::TakeOver => Ok(true),
+            Decision::Claim { expected } => coordinator.claim(&me, expected).await,
         };
         drop(guard);
         match claimed {

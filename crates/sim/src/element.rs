@@ -156,6 +156,11 @@ impl Element {
         self.core.handle_session_opened(now, SessionId(session));
     }
 
+    /// What the element answers to `Observe` now (a standby's question).
+    pub fn observe(&mut self, now: Time) -> (proto::Epoch, proto::HostId, u64) {
+        self.core.observe(now)
+    }
+
     pub fn close_session(&mut self, now: Time, rng: &mut Rng, session: u64, out: &mut Vec<Out>) {
         if self.sessions.remove(&session) {
             self.core.handle_session_closed(now, SessionId(session));

@@ -52,10 +52,15 @@ pub enum FaultKind {
     /// open) until it is killed 0.2–3 s later: what it answers after it wakes must be fenced
     /// or current.
     HostPause,
+    /// kill -9 of the host element, and no restart: a standby (the real `StandbyCore`)
+    /// observes the elements every 100 ms and takes over when they say the host element is
+    /// gone and it holds the coordinator's key (a register whose holder's lease lapses 2.5 s
+    /// after its death; claimed by compare on its revision).
+    HostCrashStandby,
 }
 
 impl FaultKind {
-    pub const ALL: [FaultKind; 16] = [
+    pub const ALL: [FaultKind; 17] = [
         FaultKind::ElementKill,
         FaultKind::ElementPowerLoss,
         FaultKind::HostCrash,
@@ -72,6 +77,7 @@ impl FaultKind {
         FaultKind::HostSuperseded,
         FaultKind::RotNewestBatch,
         FaultKind::HostPause,
+        FaultKind::HostCrashStandby,
     ];
 
     pub fn name(self) -> &'static str {
@@ -92,6 +98,7 @@ impl FaultKind {
             FaultKind::RotNewestBatch => "rot_newest_log_batch",
             FaultKind::HostSuperseded => "host_superseded",
             FaultKind::HostPause => "host_pause",
+            FaultKind::HostCrashStandby => "host_crash_standby_takes_over",
         }
     }
 
@@ -120,6 +127,7 @@ impl FaultKind {
             FaultKind::HostSuperseded => 0.7,
             // Off in the default mix too (pinned seeds); swarm runs and `--faults` inject it.
             FaultKind::HostPause => 0.0,
+            FaultKind::HostCrashStandby => 0.0,
         }
     }
 }

@@ -20,6 +20,8 @@ pub struct RunReport {
     pub reads_checked: u64,
     pub sectors_checked: u64,
     pub host_starts: u64,
+    /// Takeovers by the simulated standby (`host_crash_standby_takes_over`).
+    pub standby_takeovers: u64,
     /// Times a host element started over above an epoch whose owner was gone.
     pub host_restarts: u64,
     /// Times a starting host element raised its epoch above what an element followed.
@@ -68,6 +70,7 @@ pub struct Summary {
     pub writes_acked: u64,
     pub reads_checked: u64,
     pub host_starts: u64,
+    pub standby_takeovers: u64,
     pub host_restarts: u64,
     pub epoch_raises: u64,
     pub recoveries: BTreeMap<String, u64>,
@@ -100,6 +103,7 @@ impl Summary {
         self.writes_acked += r.writes_acked;
         self.reads_checked += r.reads_checked;
         self.host_starts += r.host_starts;
+        self.standby_takeovers += r.standby_takeovers;
         self.host_restarts += r.host_restarts;
         self.epoch_raises += r.epoch_raises;
         self.elements_needing_recovery += r.elements_needing_recovery;
@@ -148,8 +152,8 @@ impl Summary {
         );
         let _ = writeln!(
             s,
-            "host element starts: {} (epochs raised while starting: {}, restarts above an epoch whose owner is gone: {}); recoveries: {:?}",
-            self.host_starts, self.epoch_raises, self.host_restarts, self.recoveries
+            "host element starts: {} (standby takeovers: {}, epochs raised while starting: {}, restarts above an epoch whose owner is gone: {}); recoveries: {:?}",
+            self.host_starts, self.standby_takeovers, self.epoch_raises, self.host_restarts, self.recoveries
         );
         let _ = writeln!(
             s,

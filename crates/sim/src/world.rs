@@ -9,6 +9,7 @@ use std::collections::{BTreeMap, BinaryHeap, HashMap, VecDeque};
 
 use bytes::Bytes;
 use proto::{ElementMessage, Epoch, HostMessage, Op, Record, Sequence, VolumeId, VolumeSpec};
+use starfish_core::standby::{Decision, Key, Observation, StandbyConfig, StandbyCore};
 use starfish_core::{Action, ElementId, Event, Failure, HostConfig, HostCore, HostError, PeerId, Reply, Time, Token};
 
 use crate::element::{CrashKind, Element, Out};
@@ -135,6 +136,8 @@ enum Ev {
         element: usize,
     },
     HostRestart,
+    /// The standby asks the elements and the coordinator again (`host_crash_standby_takes_over`).
+    StandbyPoll,
     /// The superseded host element `instance` is finally killed.
     KillSuperseded {
         instance: u32,
@@ -176,6 +179,7 @@ impl Ev {
             Ev::ElementTimer { element, .. } => 23 ^ ((*element as u64) << 8),
             Ev::ElementRestart { element } => 8 ^ ((*element as u64) << 8),
             Ev::HostRestart => 9,
+            Ev::StandbyPoll => 24,
             Ev::HealStall { element, .. } => 10 ^ ((*element as u64) << 8),
             Ev::HealSlowLink { element } => 11 ^ ((*element as u64) << 8),
             Ev::HealSlowDisk { element } => 12 ^ ((*element as u64) << 8),
@@ -335,6 +339,11 @@ pub struct World {
     peer_links: BTreeMap<u64, PeerLink>,
     /// Per element, the time its core's timer is set for.
     timers: Vec<Option<Time>>,
+    /// A standby waiting to take over (`host_crash_standby_takes_over`), and the coordinator's
+    /// key as it models it: (holder, revision, when the holder's lease lapses).
+    standby: Option<StandbyCore>,
+    coordinator_key: Option<(proto::HostId, i64, Option<Time>)>,
+    coordinator_revision: i64,
 }
 
 /// An element's session to a peer element.
@@ -424,6 +433,9 @@ impl World {
             phase: Phase::Faults,
             sequences: HashMap::new(),
             ack_owner: HashMap::new(),
+            standby: None,
+            coordinator_key: None,
+            coordinator_revision: 0,
             final_requests: Vec::new(),
             in_sync_at_quiet: 0,
             last_failure: vec![None; n],
@@ -671,6 +683,7 @@ impl World {
                     self.start_host();
                 }
             }
+            Ev::StandbyPoll => self.standby_poll(),
             Ev::KillSuperseded { instance } => self.kill_superseded(instance),
             Ev::HealStall { element, dir } => {
                 if self.links[element].stalled[dir] && self.now >= self.links[element].stall_until[dir] {
@@ -1156,6 +1169,57 @@ impl World {
         for client in 0..self.clients.len() {
             let at = at_delay(self.now, self.rng_work.range(0, 5_000));
             self.schedule(at, Ev::ClientWake { client });
+        }
+    }
+
+    /// The standby's round: ask every element it can reach (as `Observe` would), read the key,
+    /// and act on the real `StandbyCore`'s decision.
+    fn standby_poll(&mut self) {
+        let Some(mut standby) = self.standby.take() else { return };
+        if self.host.is_some() {
+            return; // Started some other way meanwhile.
+        }
+        let now = self.now;
+        for e in 0..self.elements.len() {
+            let observation = if self.elements[e].alive && self.reachable(e) {
+                let (epoch, holder, owner_absent_ms) = self.elements[e].observe(now);
+                Some(Observation { epoch, holder, owner_absent_ms, at: now })
+            } else {
+                None
+            };
+            standby.observe(e, observation);
+        }
+        let key = match self.coordinator_key {
+            Some((_, _, Some(lapse))) if lapse <= now => Key::Absent,
+            Some((holder, revision, _)) => Key::Held { holder, revision },
+            None => Key::Absent,
+        };
+        let take_over = match standby.decide(now, key) {
+            Decision::Wait => false,
+            Decision::TakeOver => true,
+            Decision::Claim { expected } => {
+                let current = match key {
+                    Key::Held { revision, .. } => Some(revision),
+                    _ => None,
+                };
+                if expected == current {
+                    self.coordinator_revision += 1;
+                    self.coordinator_key =
+                        Some((proto::HostId(self.instances as u64 + 1), self.coordinator_revision, None));
+                    true
+                } else {
+                    false
+                }
+            }
+        };
+        if take_over {
+            self.trace(|| "the standby takes over".into());
+            self.report.standby_takeovers += 1;
+            self.start_host();
+        } else {
+            self.standby = Some(standby);
+            let at = at_delay(self.now, us(100));
+            self.schedule(at, Ev::StandbyPoll);
         }
     }
 
@@ -1813,6 +1877,31 @@ impl World {
                     }
                     let at = at_delay(self.now, us(self.rng_fault.range(50, 1_000)));
                     self.schedule(at, Ev::HostRestart);
+                    true
+                } else {
+                    false
+                }
+            }
+            FaultKind::HostCrashStandby => {
+                if self.host.is_some() && self.superseded.is_none() && self.standby.is_none() {
+                    let instance = self.host.as_ref().expect("checked").instance;
+                    self.crash_host();
+                    // The dead one's key lapses with its lease (etcd: 2.4–2.5 s).
+                    self.coordinator_revision += 1;
+                    let lapse = at_delay(self.now, us(2_500));
+                    self.coordinator_key =
+                        Some((proto::HostId(instance as u64), self.coordinator_revision, Some(lapse)));
+                    self.standby = Some(StandbyCore::new(StandbyConfig {
+                        me: proto::HostId(self.instances as u64 + 1),
+                        elements: n,
+                        quorum: self.o.quorum,
+                        takeover_after_ms: 300,
+                        fresh_ms: 1_000,
+                        claim_grace_ms: 1_500,
+                    }));
+                    self.trace(|| "a standby watches the elements".into());
+                    let at = at_delay(self.now, us(100));
+                    self.schedule(at, Ev::StandbyPoll);
                     true
                 } else {
                     false
