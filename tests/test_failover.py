@@ -326,29 +326,21 @@ def test_etcd_down_the_active_keeps_serving_and_nobody_takes_over(make_failover)
     assert c.status_of("b")["role"] == "standby"
 
 
-@pytest.mark.time_limit(120)
-def test_qemu_io_with_reconnect_goes_on_across_an_automatic_takeover(make_failover):
-    require_tools("qemu-io")
-    c = make_failover(with_etcd=True)
-    port = c.nbds["a"]
+def qemu_io_across(prefix, host, port, meanwhile):
+    """qemu-io (reconnect-delay=30) writes 1 MiB, sleeps 4-5 s while `meanwhile()` runs
+    (the failover), writes another, and reads both back; it must succeed, never told."""
     image = (
-        "driver=raw,file.driver=nbd,file.server.type=inet,file.server.host=127.0.0.1,"
+        f"driver=raw,file.driver=nbd,file.server.type=inet,file.server.host={host},"
         f"file.server.port={port},file.export=vol0,file.reconnect-delay=30"
     )
-    commands = [
-        "write -P 0xa1 0 1M",
-        "sleep 4000",  # the active host element is killed meanwhile
-        "write -P 0xb2 1M 1M",
-        "read -P 0xa1 0 1M",
-        "read -P 0xb2 1M 1M",
-    ]
-    args = ["qemu-io", "--image-opts", image]
+    commands = ["write -P 0xa1 0 1M", "sleep 5000", "write -P 0xb2 1M 1M", "read -P 0xa1 0 1M", "read -P 0xb2 1M 1M"]
+    args = prefix + ["qemu-io", "--image-opts", image]
     for command in commands:
         args += ["-c", command]
     qemu = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         time.sleep(1.5)
-        c.hosts["a"].kill9()
+        meanwhile()
         out, _ = qemu.communicate(timeout=90)
     finally:
         if qemu.poll() is None:
@@ -358,6 +350,13 @@ def test_qemu_io_with_reconnect_goes_on_across_an_automatic_takeover(make_failov
     assert qemu.returncode == 0, text
     assert "Pattern verification failed" not in text and "error" not in text.lower(), text
     assert text.count("bytes at offset") == 4, text
+
+
+@pytest.mark.time_limit(120)
+def test_qemu_io_with_reconnect_goes_on_across_an_automatic_takeover(make_failover):
+    require_tools("qemu-io")
+    c = make_failover(with_etcd=True)
+    qemu_io_across([], harness.LOCALHOST, c.nbds["a"], c.hosts["a"].kill9)
     assert c.status_of("b")["role"] == "active"
 
 
@@ -479,28 +478,13 @@ def test_floating_address_between_two_namespaces_qemu_io_never_told(request, wor
                                                        "--admin", f"{net.host_ip[side]}:7100", *element_flags,
                                                        "--quorum", "2", "--volume", "vol0:256MiB", "--etcd", etcd_url])
             wait_role(side, "active" if side == "a" else "standby")
-        image = (f"driver=raw,file.driver=nbd,file.server.type=inet,file.server.host={net.FLOATING},"
-                 "file.server.port=10809,file.export=vol0,file.reconnect-delay=30")
-        commands = ["write -P 0xc3 0 1M", "sleep 5000", "write -P 0xd4 1M 1M", "read -P 0xc3 0 1M",
-                    "read -P 0xd4 1M 1M"]
-        args = net.exec("lan") + ["qemu-io", "--image-opts", image]
-        for command in commands:
-            args += ["-c", command]
-        qemu = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            time.sleep(1.5)
+
+        def fail_over():
             hosts["a"].kill9()
             wait_role("b", "active")
             net.point_floating_at("b")  # what VRRP or a routing daemon does
-            out, _ = qemu.communicate(timeout=90)
-        finally:
-            if qemu.poll() is None:
-                os.killpg(qemu.pid, signal.SIGKILL)
-                qemu.wait(10)
-        text = out.decode(errors="replace")
-        assert qemu.returncode == 0, text
-        assert "Pattern verification failed" not in text and "error" not in text.lower(), text
-        assert text.count("bytes at offset") == 4, text
+
+        qemu_io_across(net.exec("lan"), net.FLOATING, 10809, fail_over)
     finally:
         for process in processes:
             process.kill9()
