@@ -1,11 +1,13 @@
 """Failures of real processes: elements killed under write load and brought
 back (quick recovery, also while writes go on and while it is recovering),
-an element frozen, two elements down (read-only consistency), the host
+an element frozen, two elements down (read-only: writes refused; reads too once
+the read lease runs out), the host
 stopped, the host and the whole cluster killed under load."""
 
 import errno
 import os
 import signal
+import time
 
 import pytest
 
@@ -192,15 +194,18 @@ def test_two_elements_down_read_only_then_read_write(cluster):
             assert element["state"] == "failed", status
             assert element.get("reason"), f"failed element {name} has no reason: {status}"
 
+        # Once the read leases of the dead elements have run out (0.45 s), one element of three
+        # answers no read either: a newer host element could hold the other two and have
+        # overwritten the data (ARCHITECTURE.md, "Failover"). Reads wait for a lease, then EIO.
+        time.sleep(1.0)
         with Client(uri) as fresh:
             for client in (survivor, fresh):
-                assert client.pread(4 * MiB, 0) == data, "read while read-only returned wrong data"
+                harness.expect_nbd_error(lambda: client.pread(4096, 0), {errno.EIO}, "read without the read lease")
                 harness.expect_nbd_error(
                     lambda: client.pwrite(b"\x5a" * 4096, 0), {errno.EPERM}, "write while read-only"
                 )
                 harness.expect_nbd_error(lambda: client.zero(4096, 8192), {errno.EPERM}, "write-zeroes while read-only")
                 harness.expect_nbd_error(lambda: client.trim(4096, 16384), {errno.EPERM}, "trim while read-only")
-                assert client.pread(64 * 1024, 0) == data[: 64 * 1024], "refused writes changed the data"
         assert volume_status(cluster.status())["mode"] == "read-only"
 
         # One element back in sync makes two: read-write again, by itself.
