@@ -201,10 +201,10 @@ impl Node {
     /// Take over now. `graceful`: first ask the active host element (if one answers) to drain.
     pub async fn take_over(self: &Arc<Self>, why: &str, graceful: bool) -> Result<Value, String> {
         let started = Instant::now();
-        let mut slot = self.active.lock().await;
-        if slot.is_some() {
+        if self.active.lock().await.is_some() {
             return Err("this host element is already active".into());
         }
+        // The drain may take seconds: not under the lock, so status requests go on meanwhile.
         let mut drained = Value::Null;
         if graceful {
             if let Some((holder, admin)) = self.followed().1 {
@@ -220,6 +220,10 @@ impl Node {
                     tracing::info!(%drained, "asked the active host element to drain");
                 }
             }
+        }
+        let mut slot = self.active.lock().await;
+        if slot.is_some() {
+            return Err("this host element became active meanwhile".into());
         }
         let floor = self.followed().0 .0 + 1;
         let epoch = match self.coordinator.lock().await.as_mut() {
