@@ -466,6 +466,15 @@ async fn campaign(node: Arc<Node>) {
                     // comment of `coordination`).
                     complain(e);
                 }
+                // Our key lapsed (etcd was away longer than the lease) and nobody took it:
+                // take it back, so that etcd names the host element that serves.
+                if let Ok(None) = coordinator.active().await {
+                    match coordinator.claim(&me, None).await {
+                        Ok(true) => tracing::info!("etcd: the active key had lapsed; claimed it again"),
+                        Ok(false) => {}
+                        Err(e) => complain(e),
+                    }
+                }
             }
             continue;
         }

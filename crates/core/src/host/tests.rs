@@ -533,6 +533,27 @@ fn read_cache_serves_hits_without_elements() {
 }
 
 #[test]
+fn a_read_waits_for_the_read_lease_and_a_pong_renews_it() {
+    let mut c = Cluster::with(3, 2, |cfg| cfg.read_cache_bytes = 1 << 20);
+    c.write(0, 3, 4096);
+    assert_eq!(c.core.lease_minimum(), 2);
+    // Two elements stop answering (their connections stay open): only one lease is renewed.
+    c.elements[1].connected = false;
+    c.elements[2].connected = false;
+    c.advance_ms(limits::LEASE_MS_DEFAULT);
+    assert!(!c.core.lease_held(c.now));
+    let t = c.token();
+    c.core.handle_host_read(c.now, t, VOLUME, 0, 4096);
+    c.run();
+    assert!(!c.replies.contains_key(&t), "a cache hit is held without the lease");
+    // One of them answers again: its next pong renews the lease, and the held read is answered.
+    c.elements[1].connected = true;
+    c.advance_ms(limits::HEARTBEAT_INTERVAL_MS_DEFAULT);
+    assert!(c.core.lease_held(c.now));
+    assert_eq!(c.replies.remove(&t), Some(Reply::Read(Ok(Bytes::from(vec![3u8; 4096])))));
+}
+
+#[test]
 fn flush_waits_for_earlier_writes() {
     let mut c = Cluster::new(3, 2);
     c.elements[1].responsive = false;
