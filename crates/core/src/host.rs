@@ -1023,9 +1023,7 @@ impl HostCore {
         // The first ping at once: its pong starts the read lease.
         e.next_ping = now.plus_ms(self.config.heartbeat_interval_ms);
         e.welcome = Some(volumes);
-        let mut to = ElementSet::default();
-        to.insert(element);
-        self.emit(Action::Send { to, message: HostMessage::Ping { nonce: now.0 } });
+        self.ping(now, ElementSet::one(element));
         if self.ready {
             self.admit_element(now, element);
         } else {
@@ -2101,8 +2099,13 @@ impl HostCore {
             }
         }
         if !to.is_empty() {
-            self.emit(Action::Send { to, message: HostMessage::Ping { nonce: now.0 } });
+            self.ping(now, to);
         }
+    }
+
+    /// A ping carries its send time: the pong's round trip, and where a read lease starts.
+    fn ping(&mut self, now: Time, to: ElementSet) {
+        self.emit(Action::Send { to, message: HostMessage::Ping { nonce: now.0 } });
     }
 
     /// Answer the held reads if the lease is back, fail those past their deadline.
@@ -2186,9 +2189,7 @@ impl HostCore {
             }
             if now >= e.next_ping {
                 e.next_ping = now.plus_ms(self.config.heartbeat_interval_ms);
-                let mut to = ElementSet::default();
-                to.insert(element);
-                self.emit(Action::Send { to, message: HostMessage::Ping { nonce: now.0 } });
+                self.ping(now, ElementSet::one(element));
             }
         }
         if !self.lease_waiting.is_empty() {

@@ -45,6 +45,11 @@ impl fmt::Display for ElementId {
 pub struct ElementSet(pub u64);
 
 impl ElementSet {
+    pub fn one(e: ElementId) -> ElementSet {
+        let mut set = ElementSet::default();
+        set.insert(e);
+        set
+    }
     pub fn insert(&mut self, e: ElementId) {
         self.0 |= 1 << e.0;
     }

@@ -78,3 +78,11 @@ pub const OWNER_SILENCE_MS_DEFAULT: u64 = 500;
 /// handover): gone for good.
 pub const OWNER_RELEASED_ABSENT_MS: u64 = 86_400_000;
 const _: () = assert!(OWNER_SILENCE_MS_DEFAULT > 2 * HEARTBEAT_INTERVAL_MS_DEFAULT);
+/// A standby takes over once the elements have missed the active host element this long
+/// (`--takeover-after-ms`).
+pub const TAKEOVER_AFTER_MS_DEFAULT: u64 = 300;
+/// A standby counts an element's observation for this long.
+pub const OBSERVATION_FRESH_MS: u64 = 1_000;
+/// A standby leaves a freshly claimed `active` key to its holder for this long before it may
+/// take it over (the holder needs the time to take the elements).
+pub const CLAIM_GRACE_MS: u64 = 1_500;

@@ -67,6 +67,20 @@ pub struct StandbyCore {
     key_first_seen: Option<(i64, Time)>,
 }
 
+impl StandbyConfig {
+    /// The default rule (`limits`) for `me` among `elements` with write quorum `quorum`.
+    pub fn new(me: HostId, elements: usize, quorum: usize, takeover_after_ms: u64) -> StandbyConfig {
+        StandbyConfig {
+            me,
+            elements,
+            quorum,
+            takeover_after_ms,
+            fresh_ms: crate::limits::OBSERVATION_FRESH_MS,
+            claim_grace_ms: crate::limits::CLAIM_GRACE_MS,
+        }
+    }
+}
+
 impl StandbyCore {
     pub fn new(config: StandbyConfig) -> StandbyCore {
         assert!(config.elements > 0 && config.quorum >= 1 && config.quorum <= config.elements);

@@ -32,20 +32,10 @@ use crate::host::{start_active, Active, HostOptions};
 
 /// A standby asks each element this often whom it follows.
 const OBSERVE_INTERVAL: Duration = Duration::from_millis(100);
-/// An observation older than this is not counted.
-const OBSERVATION_FRESH: Duration = Duration::from_secs(1);
-/// Waiting for a drained host element to release the NBD address (it has by then; this only
-/// covers the kernel's pace).
-const NBD_BIND_WAIT: Duration = Duration::from_millis(500);
 /// A takeover's answer waits this long for every volume to serve.
 const READY_WAIT: Duration = Duration::from_secs(10);
 /// A drain answers what the clients sent within this, or the connections are cut.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
-/// With etcd: a standby leaves a freshly claimed `active` key to its holder for this long
-/// before it may take it over (the holder needs the time to take the elements).
-const FRESH_CLAIM_GRACE: Duration = Duration::from_millis(1500);
-/// Default for `FailoverOptions::takeover_after_ms`.
-pub const TAKEOVER_AFTER_MS_DEFAULT: u64 = 300;
 
 /// The standby's view: the sans-IO decision core, the holders' admin addresses as the
 /// elements report them, and the clock the core's `Time` counts from.
@@ -99,14 +89,12 @@ pub async fn start(options: HostOptions) -> std::io::Result<Arc<Node>> {
         active: tokio::sync::Mutex::new(None),
         role: Mutex::new(RoleInfo { active: false, epoch: None, since: Instant::now(), last_takeover: None }),
         watch: Mutex::new(Watch {
-            core: StandbyCore::new(StandbyConfig {
-                me: options.config.host_id,
-                elements: n,
-                quorum: options.config.quorum,
-                takeover_after_ms: options.failover.takeover_after_ms,
-                fresh_ms: OBSERVATION_FRESH.as_millis() as u64,
-                claim_grace_ms: FRESH_CLAIM_GRACE.as_millis() as u64,
-            }),
+            core: StandbyCore::new(StandbyConfig::new(
+                options.config.host_id,
+                n,
+                options.config.quorum,
+                options.failover.takeover_after_ms,
+            )),
             admins: vec![None; n],
             origin: Instant::now(),
         }),
@@ -127,7 +115,10 @@ pub async fn start(options: HostOptions) -> std::io::Result<Arc<Node>> {
     }
     let automatic = node.options.failover.etcd.is_some();
     if !node.options.failover.standby && !automatic {
-        let listener = bind_nbd(node.options.nbd, Duration::ZERO).await?;
+        let address = node.options.nbd;
+        let listener = TcpListener::bind(address)
+            .await
+            .map_err(|e| std::io::Error::new(e.kind(), format!("cannot listen for NBD on {address}: {e}")))?;
         let mut slot = node.active.lock().await;
         node.activate(&mut slot, node.options.config.epoch, Some(listener));
     } else {
@@ -143,21 +134,6 @@ pub async fn start(options: HostOptions) -> std::io::Result<Arc<Node>> {
     tokio::spawn(crate::admin::serve(admin_listener, node.clone()));
     tracing::info!(nbd = %node.options.nbd, admin = %node.options.admin, "host element listening");
     Ok(node)
-}
-
-async fn bind_nbd(address: SocketAddr, wait: Duration) -> std::io::Result<TcpListener> {
-    let deadline = Instant::now() + wait;
-    loop {
-        match TcpListener::bind(address).await {
-            Ok(listener) => return Ok(listener),
-            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse && Instant::now() < deadline => {
-                tokio::time::sleep(Duration::from_millis(10)).await
-            }
-            Err(e) => {
-                return Err(std::io::Error::new(e.kind(), format!("cannot listen for NBD on {address}: {e}")));
-            }
-        }
-    }
 }
 
 impl Node {
@@ -242,10 +218,10 @@ impl Node {
             None => Epoch(floor),
         };
         // A drained host element let the address go; a frozen or cut-off one may still hold
-        // it: the new one fences it through the elements anyway and serves once it is free.
-        let listener = bind_nbd(self.options.nbd, NBD_BIND_WAIT).await.ok();
-        tracing::warn!(%epoch, why, nbd_bound = listener.is_some(), "taking over as the active host element");
-        self.activate(&mut slot, epoch, listener);
+        // it: the new one fences it through the elements anyway and serves NBD once it is
+        // free (`start_active` binds it then).
+        tracing::warn!(%epoch, why, "taking over as the active host element");
+        self.activate(&mut slot, epoch, None);
         let handle = slot.as_ref().expect("just activated").handle.clone();
         drop(slot);
         let takeover_ms = started.elapsed().as_millis() as u64;

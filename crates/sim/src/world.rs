@@ -1891,14 +1891,12 @@ impl World {
                     let lapse = at_delay(self.now, us(2_500));
                     self.coordinator_key =
                         Some((proto::HostId(instance as u64), self.coordinator_revision, Some(lapse)));
-                    self.standby = Some(StandbyCore::new(StandbyConfig {
-                        me: proto::HostId(self.instances as u64 + 1),
-                        elements: n,
-                        quorum: self.o.quorum,
-                        takeover_after_ms: 300,
-                        fresh_ms: 1_000,
-                        claim_grace_ms: 1_500,
-                    }));
+                    self.standby = Some(StandbyCore::new(StandbyConfig::new(
+                        proto::HostId(self.instances as u64 + 1),
+                        n,
+                        self.o.quorum,
+                        starfish_core::limits::TAKEOVER_AFTER_MS_DEFAULT,
+                    )));
                     self.trace(|| "a standby watches the elements".into());
                     let at = at_delay(self.now, us(100));
                     self.schedule(at, Ev::StandbyPoll);

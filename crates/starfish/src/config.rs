@@ -97,7 +97,7 @@ impl HostFile {
         if cluster.is_empty() || !cluster.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_') {
             bail!("cluster name {cluster:?}: use letters, digits, '-' and '_'");
         }
-        let takeover_after_ms = self.takeover_after_ms.unwrap_or(shell::node::TAKEOVER_AFTER_MS_DEFAULT);
+        let takeover_after_ms = self.takeover_after_ms.unwrap_or(starfish_core::limits::TAKEOVER_AFTER_MS_DEFAULT);
         if let Some(etcd) = &self.etcd {
             if etcd.is_empty() {
                 bail!("--etcd needs an endpoint, e.g. http://127.0.0.1:2379");
