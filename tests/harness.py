@@ -272,14 +272,14 @@ def wait_listening(process, port, timeout=START_TIMEOUT):
 
 
 class Element:
-    def __init__(self, name, workdir):
+    def __init__(self, name, workdir, extra=()):
         self.name = name
         self.port = free_port()
         self.data = os.path.join(workdir, f"element-{name}")
         os.makedirs(self.data, exist_ok=True)
         self.process = Process(
             f"element-{name}",
-            [starfish_bin(), "element", "--listen", self.address, "--data", self.data],
+            [starfish_bin(), "element", "--listen", self.address, "--data", self.data, *extra],
             os.path.join(workdir, f"element-{name}.log"),
         )
 
@@ -305,13 +305,23 @@ class Cluster:
     """Three elements (local, near, far) and a host exporting volumes over
     NBD. Logs go to files in `workdir`; `logs()` gathers their tails."""
 
-    def __init__(self, workdir, volumes=(("vol0", "1GiB"),), quorum=2, host_extra=(), use_config=False):
+    def __init__(self, workdir, volumes=(("vol0", "1GiB"),), quorum=2, host_extra=(), use_config=False, tls=False):
         self.workdir = workdir
         self.volumes = list(volumes)
         self.quorum = quorum
         self.host_extra = list(host_extra)
         self.use_config = use_config
-        self.elements = {name: Element(name, workdir) for name in ELEMENT_NAMES}
+        # With `tls`: `starfish certs init` makes the cluster's certificates in `certs`: the
+        # host element "host", the elements, an operator "admin" and an NBD host "nbdclient".
+        self.certs = os.path.join(workdir, "certs") if tls else None
+        if tls:
+            run([starfish_bin(), "certs", "init", self.certs, "--host", "host", "--element", *ELEMENT_NAMES,
+                 "--client", "admin", "--nbd-client", "nbdclient"], timeout=60)
+            self.host_extra += ["--tls-dir", os.path.join(self.certs, "host")]
+        self.elements = {
+            name: Element(name, workdir, ["--tls-dir", os.path.join(self.certs, name)] if tls else [])
+            for name in ELEMENT_NAMES
+        }
         self.nbd_port = free_port()
         self.admin_port = free_port()
         self.host = Process("host", self.host_args(), os.path.join(workdir, "host.log"))
@@ -353,7 +363,10 @@ class Cluster:
             args += ["--volume", f"{name}:{size}"]
         return args + self.host_extra
 
-    def uri(self, volume="vol0"):
+    def uri(self, volume="vol0", certificates="admin"):
+        """The volume's NBD URI; with TLS, `nbds://` with the named client's certificates."""
+        if self.certs:
+            return f"nbds://{LOCALHOST}:{self.nbd_port}/{volume}?tls-certificates={os.path.join(self.certs, certificates)}"
         return f"nbd://{LOCALHOST}:{self.nbd_port}/{volume}"
 
     # -- lifecycle
@@ -533,6 +546,8 @@ class Client:
         self.timeout = timeout
         self.h = nbd.NBD()
         self.h.set_handle_name("test-client")
+        # nbds:// URIs name the client's certificate directory (tls-certificates=DIR).
+        self.h.set_uri_allow_local_file(True)
         for context in meta_contexts:
             self.h.add_meta_context(context)
         if not strict:

@@ -28,16 +28,17 @@ def test_demo_serves_then_exits_by_itself(request, workdir):
     demo.start()
     try:
         found = harness.wait_until(
-            lambda: re.search(r"nbd://[\w.:\[\]-]+/[\w.-]+", harness.tail_file(demo.log_path, 200)) or (
+            lambda: re.search(r"nbds?://[^\s']+", harness.tail_file(demo.log_path, 200)) or (
                 not demo.alive() and "exited"
             ),
             30,
-            "the demo to print an nbd:// URI",
+            "the demo to print an NBD URI",
         )
         assert found != "exited", f"demo exited with {demo.returncode()} before printing a URI"
         uri = found.group(0)
+        assert uri.startswith("nbds://"), f"the demo runs with TLS on, but printed {uri}"
         info = json.loads(run(["nbdinfo", "--json", uri], timeout=30).stdout)
-        assert info["exports"][0]["export-size"] > 0
+        assert info["exports"][0]["export-size"] > 0 and info["TLS"] is True
         with Client(uri, timeout=30) as client:
             client.pwrite(b"demo" * 1024, 0)
             assert client.pread(4096, 0) == b"demo" * 1024

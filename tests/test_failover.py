@@ -91,7 +91,14 @@ class FailoverCluster(harness.Cluster):
         return f"{harness.LOCALHOST}:{self.admins[name]}"
 
     def uri_of(self, name, volume="vol0"):
+        if self.certs:
+            admin = os.path.join(self.certs, "admin")
+            return f"nbds://{harness.LOCALHOST}:{self.nbds[name]}/{volume}?tls-certificates={admin}"
         return f"nbd://{harness.LOCALHOST}:{self.nbds[name]}/{volume}"
+
+    def admin_tls(self):
+        """`--tls-dir` of the operator's certificate, with TLS."""
+        return ["--tls-dir", os.path.join(self.certs, "admin")] if self.certs else []
 
     def start(self):
         for element in self.elements.values():
@@ -129,7 +136,8 @@ class FailoverCluster(harness.Cluster):
 
     def failover(self, name):
         result = harness.run(
-            [harness.starfish_bin(), "failover", "--admin", self.admin_of(name), "--json"], timeout=60
+            [harness.starfish_bin(), "failover", "--admin", self.admin_of(name), "--json", *self.admin_tls()],
+            timeout=60,
         )
         return json.loads(result.stdout)
 
@@ -176,8 +184,10 @@ def pattern(seed, length):
 
 
 @pytest.mark.time_limit(120)
-def test_graceful_handover_keeps_every_write_and_the_nbd_address(make_failover):
-    c = make_failover()
+@pytest.mark.parametrize("tls", [False, True], ids=["plain", "tls"])
+def test_graceful_handover_keeps_every_write_and_the_nbd_address(make_failover, tls):
+    # With TLS the standby asks the active one to drain with its host element certificate.
+    c = make_failover(tls=tls)
     old_epoch = c.status_of("a")["epoch"]
     data = pattern(1, 4 * MiB)
     with harness.Client(c.uri_of("a")) as client:
@@ -326,15 +336,20 @@ def test_etcd_down_the_active_keeps_serving_and_nobody_takes_over(make_failover)
     assert c.status_of("b")["role"] == "standby"
 
 
-def qemu_io_across(prefix, host, port, meanwhile):
+def qemu_io_across(prefix, host, port, meanwhile, tls_dir=None):
     """qemu-io (reconnect-delay=30) writes 1 MiB, sleeps 4-5 s while `meanwhile()` runs
-    (the failover), writes another, and reads both back; it must succeed, never told."""
+    (the failover), writes another, and reads both back; it must succeed, never told.
+    With `tls_dir`, over TLS with that client certificate directory."""
     image = (
         f"driver=raw,file.driver=nbd,file.server.type=inet,file.server.host={host},"
         f"file.server.port={port},file.export=vol0,file.reconnect-delay=30"
     )
+    tls = []
+    if tls_dir:
+        image += ",file.tls-creds=tls0"
+        tls = ["--object", f"tls-creds-x509,id=tls0,endpoint=client,dir={tls_dir}"]
     commands = ["write -P 0xa1 0 1M", "sleep 5000", "write -P 0xb2 1M 1M", "read -P 0xa1 0 1M", "read -P 0xb2 1M 1M"]
-    args = prefix + ["qemu-io", "--image-opts", image]
+    args = prefix + ["qemu-io", *tls, "--image-opts", image]
     for command in commands:
         args += ["-c", command]
     qemu = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
@@ -432,9 +447,18 @@ def test_floating_address_between_two_namespaces_qemu_io_never_told(request, wor
         process.start()
         return process
 
+    # Across machines the cluster runs as it should: mutual TLS, NBD over TLS (the hosts'
+    # certificates name the floating address, which qemu checks).
+    certs = os.path.join(workdir, "certs")
+    harness.run([harness.starfish_bin(), "certs", "init", certs,
+                 "--host", f"a={net.FLOATING}", f"b={net.FLOATING}",
+                 "--element", *harness.ELEMENT_NAMES, "--client", "admin"], timeout=30)
+    admin_tls = os.path.join(certs, "admin")
+
     def status(side):
         result = harness.run(
-            net.exec("lan") + [harness.starfish_bin(), "status", "--json", "--admin", f"{net.host_ip[side]}:7100"],
+            net.exec("lan") + [harness.starfish_bin(), "status", "--json", "--admin", f"{net.host_ip[side]}:7100",
+                               "--tls-dir", admin_tls],
             timeout=10,
         )
         return json.loads(result.stdout)
@@ -469,14 +493,16 @@ def test_floating_address_between_two_namespaces_qemu_io_never_told(request, wor
         for i, name in enumerate(harness.ELEMENT_NAMES):
             port = 7101 + i
             start(f"element-{name}", "lan", [harness.starfish_bin(), "element", "--listen", f"{lan}:{port}",
-                                              "--data", os.path.join(workdir, f"element-{name}")])
+                                              "--data", os.path.join(workdir, f"element-{name}"),
+                                              "--tls-dir", os.path.join(certs, name)])
             wait_tcp("lan", lan, port)
             element_flags += ["--element", f"{name}={lan}:{port}"]
         hosts = {}
         for side in ("a", "b"):
             hosts[side] = start(f"host-{side}", side, [harness.starfish_bin(), "host", "--nbd", f"{net.FLOATING}:10809",
                                                        "--admin", f"{net.host_ip[side]}:7100", *element_flags,
-                                                       "--quorum", "2", "--volume", "vol0:256MiB", "--etcd", etcd_url])
+                                                       "--quorum", "2", "--volume", "vol0:256MiB", "--etcd", etcd_url,
+                                                       "--tls-dir", os.path.join(certs, side)])
             wait_role(side, "active" if side == "a" else "standby")
 
         def fail_over():
@@ -484,7 +510,7 @@ def test_floating_address_between_two_namespaces_qemu_io_never_told(request, wor
             wait_role("b", "active")
             net.point_floating_at("b")  # what VRRP or a routing daemon does
 
-        qemu_io_across(net.exec("lan"), net.FLOATING, 10809, fail_over)
+        qemu_io_across(net.exec("lan"), net.FLOATING, 10809, fail_over, tls_dir=admin_tls)
     finally:
         for process in processes:
             process.kill9()

@@ -37,6 +37,53 @@ use crate::Time;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct SessionId(pub u64);
 
+/// Who opened a session, as the shell authenticated it (mutual TLS: the role its certificate
+/// names). What each may ask is [`role_refusal`]'s rule.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum SessionRole {
+    /// No authentication configured (a loopback-only cluster): anything goes, as before TLS.
+    #[default]
+    Unauthenticated,
+    /// A host element: writes, epochs, recovery orders, reads, start-up log fetches, observing.
+    Host,
+    /// A peer element: only a replay's log fetches and a full recovery's block fetches, in a
+    /// session opened at the epoch this element follows (it never sets one).
+    Element,
+}
+
+/// Why a session of `role` may not send `message`, if it may not. `current` is the epoch the
+/// element follows.
+pub fn role_refusal(role: SessionRole, message: &HostMessage, current: Epoch) -> Option<String> {
+    let kind = match message {
+        HostMessage::Hello { .. } => "hello",
+        HostMessage::Apply(_) => "write",
+        HostMessage::Read { .. } => "read",
+        HostMessage::BlockStatus { .. } => "block status",
+        HostMessage::Ping { .. } => "ping",
+        HostMessage::FetchLog { .. } => "replay-log fetch",
+        HostMessage::Recover { .. } => "recovery order",
+        HostMessage::Copy { .. } => "copy order",
+        HostMessage::FetchBlocks { .. } => "block fetch",
+        HostMessage::Observe { .. } => "observe",
+        HostMessage::Release => "release",
+    };
+    match (role, message) {
+        (SessionRole::Unauthenticated, _) => None,
+        (SessionRole::Host, HostMessage::FetchBlocks { .. }) => {
+            Some(format!("a host element may not send a {kind}: only an element copies blocks"))
+        }
+        (SessionRole::Host, _) => None,
+        (SessionRole::Element, HostMessage::Hello { epoch, .. }) if *epoch != current => Some(format!(
+            "an element may not set epochs: its hello names epoch {epoch}, this element follows {current}"
+        )),
+        (
+            SessionRole::Element,
+            HostMessage::Hello { .. } | HostMessage::FetchLog { .. } | HostMessage::FetchBlocks { .. },
+        ) => None,
+        (SessionRole::Element, _) => Some(format!("an element may not send a {kind}: only a host element may")),
+    }
+}
+
 /// A session this element opened with a peer (a replay recovery's source).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct PeerId(pub u64);
@@ -317,6 +364,7 @@ fn record_digest(op: &proto::Op) -> u32 {
 
 #[derive(Debug, Default)]
 struct Session {
+    role: SessionRole,
     epoch: Option<Epoch>,
     /// The host element it speaks for (set with the hello).
     host: HostId,
@@ -544,9 +592,9 @@ impl ElementCore {
 
     // ----- sessions --------------------------------------------------------------------------
 
-    pub fn handle_session_opened(&mut self, now: Time, session: SessionId) {
+    pub fn handle_session_opened(&mut self, now: Time, session: SessionId, role: SessionRole) {
         self.tick(now);
-        let previous = self.sessions.insert(session, Session::default());
+        let previous = self.sessions.insert(session, Session { role, ..Session::default() });
         assert!(previous.is_none(), "session ids are not reused");
     }
 
@@ -623,6 +671,21 @@ impl ElementCore {
 
     pub fn handle_host_message(&mut self, now: Time, session: SessionId, message: HostMessage) {
         self.tick(now);
+        let Some(state) = self.sessions.get_mut(&session) else { return };
+        if let Some(reason) = role_refusal(state.role, &message, self.epoch) {
+            self.log(LogLevel::Warn, format!("session {}: refused: {reason}", session.0));
+            return self.refuse(session, format!("not allowed: {reason}"));
+        }
+        if state.role == SessionRole::Element {
+            if let HostMessage::Hello { volumes, .. } = &message {
+                // A peer reads what exists; it never creates a volume here.
+                if let Some(unknown) = volumes.iter().find(|spec| !self.volumes.iter().any(|v| v.spec == **spec)) {
+                    let reason = format!("an element may not create volumes: {:?} does not exist here", unknown.name);
+                    self.log(LogLevel::Warn, format!("session {}: refused: {reason}", session.0));
+                    return self.refuse(session, format!("not allowed: {reason}"));
+                }
+            }
+        }
         let Some(state) = self.sessions.get_mut(&session) else { return };
         // The holder pings every heartbeat; peers' sessions (replay, copy) share its epoch but
         // say nothing of it.

@@ -16,8 +16,8 @@ mod storage;
 mod write_queue;
 
 pub use element::{
-    CommitDone, ElementAction, ElementConfig, ElementCore, LocalVolume, LogLevel, PeerId, Refusal, SessionId,
-    StorageDone, StorageJob, VolumeInfo,
+    role_refusal, CommitDone, ElementAction, ElementConfig, ElementCore, LocalVolume, LogLevel, PeerId, Refusal,
+    SessionId, SessionRole, StorageDone, StorageJob, VolumeInfo,
 };
 pub use failure::Failure;
 pub use host::{

@@ -4,6 +4,12 @@
 //!
 //! Memory is bounded whatever the client sends: option data is read only up to
 //! [`OPTION_DATA_BYTES_MAX`]; longer (or unknown) options are skipped as they stream past.
+//!
+//! With [`HandshakeConfig::tls`] the server is in the spec's FORCEDTLS mode: before
+//! `NBD_OPT_STARTTLS` every option but `NBD_OPT_ABORT` gets `NBD_REP_ERR_TLS_REQD`
+//! (`NBD_OPT_EXPORT_NAME`, which cannot be refused, ends the connection). After acknowledging
+//! STARTTLS the handshake consumes nothing until the caller has run the TLS handshake and said
+//! so ([`Handshake::tls_established`]); whatever was negotiated before is forgotten.
 
 use crate::limits::{
     BLOCK_SIZE_MAX_BYTES, BLOCK_SIZE_MIN_BYTES, BLOCK_SIZE_PREFERRED_BYTES, OPTION_DATA_BYTES_MAX, STRING_BYTES_MAX,
@@ -64,6 +70,8 @@ pub struct HandshakeConfig {
     /// Advertise `NBD_FLAG_CAN_MULTI_CONN`: the backend makes a flush (and FUA) cover writes
     /// completed on every connection to the export.
     pub multi_conn: bool,
+    /// TLS is required (FORCEDTLS): the caller can run a TLS handshake when asked.
+    pub tls: bool,
 }
 
 /// How option haggling ended.
@@ -92,6 +100,8 @@ enum State {
         option: u32,
         remaining: u32,
     },
+    /// STARTTLS was acknowledged: the caller runs the TLS handshake next.
+    AwaitingTls,
     Done,
 }
 
@@ -107,6 +117,8 @@ pub struct Handshake {
     /// Export name of the last successful `NBD_OPT_SET_META_CONTEXT` that selected
     /// `base:allocation`.
     meta_context_export: Option<String>,
+    /// TLS is established on the connection.
+    tls_active: bool,
 }
 
 impl Handshake {
@@ -124,7 +136,26 @@ impl Handshake {
             client_no_zeroes: false,
             structured_replies: false,
             meta_context_export: None,
+            tls_active: false,
         }
+    }
+
+    /// Whether the caller must now run the server side of a TLS handshake (once everything
+    /// [`Handshake::poll_transmit`] gave is sent), then call [`Handshake::tls_established`].
+    /// Bytes the client sent after STARTTLS and before TLS are an attack (plaintext injected
+    /// ahead of the handshake): drop the connection rather than use them.
+    pub fn wants_tls(&self) -> bool {
+        self.state == State::AwaitingTls
+    }
+
+    /// TLS is up: option haggling goes on, from scratch, inside it.
+    pub fn tls_established(&mut self) {
+        assert_eq!(self.state, State::AwaitingTls, "no STARTTLS was acknowledged");
+        self.state = State::OptionHeader;
+        self.tls_active = true;
+        self.structured_replies = false;
+        self.meta_context_export = None;
+        self.assert_invariants();
     }
 
     /// Feeds bytes received from the client; returns how many were consumed. Unconsumed bytes
@@ -138,7 +169,7 @@ impl Handshake {
         loop {
             let rest = &input[consumed..];
             match self.state {
-                State::Done => break,
+                State::Done | State::AwaitingTls => break,
                 State::ClientFlags => {
                     let Some(flags) = Reader::new(rest).u32() else {
                         break;
@@ -163,6 +194,10 @@ impl Handshake {
                         self.finish(HandshakeOutcome::Fatal(FatalError::OptionMagic(magic)));
                         break;
                     }
+                    if option == OPT_EXPORT_NAME && self.tls_required() {
+                        self.finish(HandshakeOutcome::Fatal(FatalError::TlsRequired));
+                        break;
+                    }
                     if option == OPT_EXPORT_NAME && length as usize > STRING_BYTES_MAX {
                         // NBD_OPT_EXPORT_NAME cannot be answered with an error.
                         self.finish(HandshakeOutcome::Fatal(FatalError::ExportName));
@@ -183,6 +218,9 @@ impl Handshake {
                     consumed += length;
                     self.state = State::OptionHeader;
                     self.handle_option(option, &rest[..length], exports);
+                    if self.state == State::AwaitingTls {
+                        break;
+                    }
                 }
                 State::Skip { option, remaining } => {
                     let skipped = rest.len().min(remaining as usize);
@@ -230,6 +268,10 @@ impl Handshake {
             State::Skip { .. } | State::ClientFlags | State::OptionHeader => {
                 assert!(self.outcome.is_none())
             }
+            State::AwaitingTls => {
+                assert!(self.outcome.is_none() && self.config.tls && !self.tls_active);
+                assert!(!self.structured_replies && self.meta_context_export.is_none());
+            }
             State::Done => {}
         }
         if self.meta_context_export.is_some() {
@@ -243,11 +285,18 @@ impl Handshake {
         self.outcome = Some(outcome);
     }
 
+    /// FORCEDTLS and TLS not up yet.
+    fn tls_required(&self) -> bool {
+        self.config.tls && !self.tls_active
+    }
+
     fn handle_skipped_option(&mut self, option: u32) {
         if option == OPT_ABORT {
             // The spec asks us to ignore any data sent with NBD_OPT_ABORT.
             self.reply(option, REP_ACK, &[]);
             self.finish(HandshakeOutcome::Aborted);
+        } else if self.tls_required() {
+            self.reply_error(option, REP_ERR_TLS_REQD, "this server requires TLS: send NBD_OPT_STARTTLS first");
         } else if option_is_known(option) {
             self.reply_error(option, REP_ERR_TOO_BIG, "option data too long");
         } else {
@@ -256,6 +305,12 @@ impl Handshake {
     }
 
     fn handle_option(&mut self, option: u32, data: &[u8], exports: &(impl Exports + ?Sized)) {
+        if option == OPT_STARTTLS {
+            return self.handle_starttls(data);
+        }
+        if self.tls_required() {
+            return self.reply_error(option, REP_ERR_TLS_REQD, "this server requires TLS: send NBD_OPT_STARTTLS first");
+        }
         match option {
             OPT_EXPORT_NAME => self.handle_export_name(data, exports),
             OPT_LIST => self.handle_list(data, exports),
@@ -270,6 +325,22 @@ impl Handshake {
             }
             OPT_LIST_META_CONTEXT | OPT_SET_META_CONTEXT => self.handle_meta_context(option, data, exports),
             _ => unreachable!("option {option} is not one we read into memory"),
+        }
+    }
+
+    fn handle_starttls(&mut self, data: &[u8]) {
+        if !self.config.tls {
+            self.reply_error(OPT_STARTTLS, REP_ERR_POLICY, "TLS is not configured on this server");
+        } else if self.tls_active {
+            self.reply_error(OPT_STARTTLS, REP_ERR_INVALID, "TLS is already established");
+        } else if !data.is_empty() {
+            self.reply_error(OPT_STARTTLS, REP_ERR_INVALID, "NBD_OPT_STARTTLS takes no data");
+        } else {
+            self.reply(OPT_STARTTLS, REP_ACK, &[]);
+            // Nothing negotiated in the clear survives into TLS.
+            self.structured_replies = false;
+            self.meta_context_export = None;
+            self.state = State::AwaitingTls;
         }
     }
 
@@ -429,6 +500,7 @@ fn option_is_known(option: u32) -> bool {
         option,
         OPT_EXPORT_NAME
             | OPT_ABORT
+            | OPT_STARTTLS
             | OPT_LIST
             | OPT_INFO
             | OPT_GO
@@ -573,7 +645,7 @@ mod tests {
 
     /// A handshake past the greeting and client flags.
     fn started(client_flags: u32) -> Handshake {
-        let mut handshake = Handshake::new(HandshakeConfig { multi_conn: true });
+        let mut handshake = Handshake::new(HandshakeConfig { multi_conn: true, tls: false });
         let greeting = handshake.poll_transmit().unwrap();
         assert_eq!(greeting.len(), 18);
         assert_eq!(&greeting[..8], b"NBDMAGIC");
@@ -700,7 +772,8 @@ mod tests {
             (OPT_GO, go_data("\u{0}\u{ff}", &[]), REP_ERR_UNKNOWN),
             (OPT_LIST, vec![1], REP_ERR_INVALID),
             (OPT_STRUCTURED_REPLY, vec![1], REP_ERR_INVALID),
-            (OPT_STARTTLS, vec![], REP_ERR_UNSUP),
+            // The server supports TLS but this one is not configured for it.
+            (OPT_STARTTLS, vec![], REP_ERR_POLICY),
             (4, vec![1, 2, 3], REP_ERR_UNSUP),
             (0xdead_beef, vec![0; 100], REP_ERR_UNSUP),
             // Setting a context before structured replies were negotiated.
@@ -854,7 +927,7 @@ mod tests {
             (1, b"NOTMAGIC\0\0\0\x01\0\0\0\0".to_vec(), FatalError::OptionMagic(0x4e4f_544d_4147_4943)),
         ];
         for (client_flags, input, expected) in cases {
-            let mut handshake = Handshake::new(HandshakeConfig { multi_conn: false });
+            let mut handshake = Handshake::new(HandshakeConfig { multi_conn: false, tls: false });
             handshake.poll_transmit();
             let mut bytes = client_flags.to_be_bytes().to_vec();
             bytes.extend_from_slice(&input);
@@ -865,5 +938,67 @@ mod tests {
                 other => panic!("unexpected outcome {other:?}"),
             }
         }
+    }
+
+    fn started_tls() -> Handshake {
+        let mut handshake = Handshake::new(HandshakeConfig { multi_conn: false, tls: true });
+        handshake.poll_transmit().unwrap();
+        assert_eq!(handshake.handle_input(&1u32.to_be_bytes(), &exports()), 4);
+        handshake
+    }
+
+    #[test]
+    fn forced_tls_refuses_every_option_but_starttls_and_abort() {
+        let mut handshake = started_tls();
+        let mut input = option(OPT_LIST, &[]);
+        input.extend(option(OPT_STRUCTURED_REPLY, &[]));
+        input.extend(option(OPT_GO, &go_data("vol1", &[])));
+        input.extend(option(OPT_INFO, &vec![0; OPTION_DATA_BYTES_MAX as usize + 1]));
+        input.extend(option(99, &[]));
+        assert_eq!(handshake.handle_input(&input, &exports()), input.len());
+        let got = replies(&handshake.poll_transmit().unwrap());
+        let kinds: Vec<(u32, u32)> = got.iter().map(|(o, t, _)| (*o, *t)).collect();
+        assert_eq!(
+            kinds,
+            [
+                (OPT_LIST, REP_ERR_TLS_REQD),
+                (OPT_STRUCTURED_REPLY, REP_ERR_TLS_REQD),
+                (OPT_GO, REP_ERR_TLS_REQD),
+                (OPT_INFO, REP_ERR_TLS_REQD),
+                (99, REP_ERR_TLS_REQD)
+            ]
+        );
+        assert!(handshake.poll_outcome().is_none() && !handshake.wants_tls());
+        // NBD_OPT_EXPORT_NAME cannot be refused with a reply: the connection ends.
+        let input = option(OPT_EXPORT_NAME, b"vol1");
+        handshake.handle_input(&input, &exports());
+        assert!(matches!(handshake.poll_outcome(), Some(HandshakeOutcome::Fatal(FatalError::TlsRequired))));
+    }
+
+    #[test]
+    fn starttls_stops_consuming_until_tls_is_up_then_starts_afresh() {
+        let mut handshake = started_tls();
+        let mut input = option(OPT_STARTTLS, &[]);
+        // A client (or an attacker in the path) that sends more before TLS: none of it is read.
+        input.extend(option(OPT_GO, &go_data("vol1", &[])));
+        let consumed = handshake.handle_input(&input, &exports());
+        assert_eq!(consumed, OPTION_HEADER_BYTES);
+        assert_eq!(replies(&handshake.poll_transmit().unwrap()), vec![(OPT_STARTTLS, REP_ACK, vec![])]);
+        assert!(handshake.wants_tls());
+        assert_eq!(handshake.handle_input(&input[consumed..], &exports()), 0);
+        handshake.tls_established();
+        assert!(!handshake.wants_tls());
+        // Inside TLS: a second STARTTLS is invalid, everything else works.
+        let mut input = option(OPT_STARTTLS, &[]);
+        input.extend(option(OPT_STRUCTURED_REPLY, &[]));
+        input.extend(option(OPT_GO, &go_data("vol1", &[])));
+        assert_eq!(handshake.handle_input(&input, &exports()), input.len());
+        let got = replies(&handshake.poll_transmit().unwrap());
+        assert_eq!(got[0].1, REP_ERR_INVALID);
+        assert_eq!((got[1].0, got[1].1), (OPT_STRUCTURED_REPLY, REP_ACK));
+        let Some(HandshakeOutcome::Transmission(transmission)) = handshake.poll_outcome() else {
+            panic!("NBD_OPT_GO inside TLS enters transmission")
+        };
+        assert!(transmission.structured_replies());
     }
 }

@@ -34,4 +34,6 @@ pub enum FatalError {
     UnknownExport(String),
     #[error("bad request magic {0:#010x}")]
     RequestMagic(u32),
+    #[error("NBD_OPT_EXPORT_NAME before TLS on a server that requires TLS")]
+    TlsRequired,
 }

@@ -176,7 +176,7 @@ fn option_data(random: &mut Random, option: u32) -> Vec<u8> {
 /// Feeds `input` in random pieces, as a socket would, keeping unconsumed bytes like a driver.
 fn run_handshake(random: &mut Random, input: &[u8]) -> Option<HandshakeOutcome> {
     let exports = exports();
-    let mut handshake = Handshake::new(HandshakeConfig { multi_conn: random.chance(50) });
+    let mut handshake = Handshake::new(HandshakeConfig { multi_conn: random.chance(50), tls: random.chance(30) });
     let mut pending: Vec<u8> = Vec::new();
     let mut offset = 0;
     loop {
@@ -191,6 +191,11 @@ fn run_handshake(random: &mut Random, input: &[u8]) -> Option<HandshakeOutcome> 
         }
         if let Some(outcome) = handshake.poll_outcome() {
             return Some(outcome);
+        }
+        if handshake.wants_tls() {
+            // As if the TLS handshake had run: the rest goes on inside it.
+            handshake.tls_established();
+            continue;
         }
         assert!(pending.len() < HANDSHAKE_INPUT_BYTES_MAX, "the handshake must make progress on a full buffer");
         if offset == input.len() {

@@ -2,15 +2,25 @@
 //! (JSON, the shape `starfish status --json` prints), `GET /metrics` (Prometheus text), and
 //! the failover orders `POST /failover` (a standby takes over; `starfish failover`) and
 //! `POST /drain` (the active host element drains and becomes a standby).
+//!
+//! With TLS configured (`--tls-dir`) the same port also speaks HTTPS (told apart by the first
+//! byte: a TLS handshake record). Orders that change the cluster (every POST) need HTTPS with
+//! a client certificate of the `admin` role (`POST /drain` also takes a host element's: the
+//! standby that takes over sends it); reads (`GET`) need no certificate, and in the clear are
+//! answered only to loopback peers.
 
 use std::fmt::Write as _;
 
 use serde_json::{json, Value};
 use starfish_core::HostStatus;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 use crate::node::Node;
+use crate::tls::{Identity, PeerCertificate, Role, Stream, TlsContext};
+
+/// First byte of a TLS handshake record.
+const TLS_HANDSHAKE_RECORD: u8 = 0x16;
 
 /// Requests longer than this are refused: the admin API only takes short GETs.
 const REQUEST_BYTES_MAX: usize = 8192;
@@ -18,7 +28,7 @@ const REQUEST_BYTES_MAX: usize = 8192;
 /// Admin requests answered at once; more connections are closed until one is answered.
 const CONNECTIONS_MAX: usize = 32;
 
-pub async fn serve(listener: TcpListener, host: std::sync::Arc<Node>) {
+pub async fn serve(listener: TcpListener, host: std::sync::Arc<Node>, tls: Option<TlsContext>) {
     let permits = std::sync::Arc::new(tokio::sync::Semaphore::new(CONNECTIONS_MAX));
     loop {
         let (stream, peer) = match crate::accept::accept(&listener, "admin").await {
@@ -33,15 +43,74 @@ pub async fn serve(listener: TcpListener, host: std::sync::Arc<Node>) {
             continue;
         };
         let host = host.clone();
+        let tls = tls.clone();
         tokio::spawn(async move {
             // A takeover may wait for the old host element's drain (10 s at most).
-            let _ = tokio::time::timeout(std::time::Duration::from_secs(30), answer(stream, host)).await;
+            let answered = async {
+                let (stream, caller) = match authenticate(stream, peer, tls.as_ref()).await {
+                    Ok(authenticated) => authenticated,
+                    Err(reason) => {
+                        tracing::warn!(%peer, "admin: connection refused: {reason}");
+                        return Ok(());
+                    }
+                };
+                answer(stream, host, caller).await
+            };
+            let _ = tokio::time::timeout(std::time::Duration::from_secs(30), answered).await;
             drop(permit);
         });
     }
 }
 
-async fn answer(mut stream: TcpStream, host: std::sync::Arc<Node>) -> std::io::Result<()> {
+/// Who is asking: with TLS configured, what its certificate says.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Caller {
+    /// No TLS configured: trusted as before (the port is loopback-only, or `--insecure`).
+    Anyone,
+    /// TLS configured, but this request came in the clear from loopback: reads only.
+    PlainLoopback,
+    /// Over TLS, with the certificate's identity if one was presented.
+    Tls(Option<Identity>),
+}
+
+impl Caller {
+    /// Why this caller may not give an order (`drain`: the order a standby gives its peer).
+    fn order_refusal(&self, drain: bool) -> Option<String> {
+        match self {
+            Caller::Anyone => None,
+            Caller::PlainLoopback => Some("orders need HTTPS with an admin certificate (--tls-dir)".into()),
+            Caller::Tls(None) => Some("orders need a client certificate of the admin role".into()),
+            Caller::Tls(Some(identity)) => match identity.role {
+                Role::Admin => None,
+                Role::Host if drain => None,
+                _ => Some(format!("{identity} may not give orders; an admin certificate may")),
+            },
+        }
+    }
+}
+
+async fn authenticate(
+    stream: TcpStream,
+    peer: std::net::SocketAddr,
+    tls: Option<&TlsContext>,
+) -> Result<(Stream, Caller), String> {
+    let Some(tls) = tls else { return Ok((Stream::Plain(stream), Caller::Anyone)) };
+    let mut first = [0u8; 1];
+    let peeked = tokio::time::timeout(crate::tls::HANDSHAKE_TIMEOUT, stream.peek(&mut first))
+        .await
+        .map_err(|_| "sent nothing".to_string())?
+        .map_err(|e| e.to_string())?;
+    if peeked == 1 && first[0] == TLS_HANDSHAKE_RECORD {
+        let (stream, identity) = tls.accept(stream, PeerCertificate::Optional).await?;
+        return Ok((stream, Caller::Tls(identity)));
+    }
+    if !peer.ip().is_loopback() {
+        return Err("plain HTTP from beyond loopback; use HTTPS".into());
+    }
+    Ok((Stream::Plain(stream), Caller::PlainLoopback))
+}
+
+async fn answer(mut stream: Stream, host: std::sync::Arc<Node>, caller: Caller) -> std::io::Result<()> {
     let mut request = Vec::with_capacity(1024);
     let mut buf = [0u8; 1024];
     while !request.windows(4).any(|w| w == b"\r\n\r\n") && !request.windows(2).any(|w| w == b"\n\n") {
@@ -66,6 +135,11 @@ async fn answer(mut stream: TcpStream, host: std::sync::Arc<Node>) -> std::io::R
             Some(text) => ("200 OK", "text/plain; version=0.0.4", text),
             None => ("503 Service Unavailable", "text/plain", "host element stopping\n".into()),
         },
+        (Some("POST"), "/failover" | "/drain") if caller.order_refusal(path == "/drain").is_some() => {
+            let reason = caller.order_refusal(path == "/drain").unwrap_or_default();
+            tracing::warn!(?caller, path, "admin: order refused: {reason}");
+            ("403 Forbidden", "application/json", json!({ "error": reason }).to_string())
+        }
         (Some("POST"), "/failover") => order(host.take_over("told to (starfish failover)", true).await),
         (Some("POST"), "/drain") => order(host.drain().await),
         _ => ("404 Not Found", "text/plain", "try GET /status, GET /metrics, POST /failover or POST /drain\n".into()),
@@ -208,16 +282,33 @@ pub(crate) fn metrics(status: &HostStatus) -> String {
 }
 
 /// Fetch `path` from an admin endpoint (used by `starfish status`).
-pub async fn get(admin: std::net::SocketAddr, path: &str) -> std::io::Result<String> {
-    request(admin, "GET", path).await
+pub async fn get(admin: std::net::SocketAddr, path: &str, tls: Option<&TlsContext>) -> std::io::Result<String> {
+    request(admin, "GET", path, tls).await
 }
 
-/// One request to an admin endpoint; the body of a 200 answer, else an error with the
-/// status line and body.
-pub async fn request(admin: std::net::SocketAddr, method: &str, path: &str) -> std::io::Result<String> {
-    let mut stream = TcpStream::connect(admin).await?;
+/// One request to an admin endpoint (over HTTPS with `tls`, presenting its certificate); the
+/// body of a 200 answer, else an error with the status line and body.
+pub async fn request(
+    admin: std::net::SocketAddr,
+    method: &str,
+    path: &str,
+    tls: Option<&TlsContext>,
+) -> std::io::Result<String> {
+    let stream = crate::tls::connect(admin, tls, &[Role::Host], std::time::Duration::from_secs(5))
+        .await
+        .map_err(std::io::Error::other)?;
+    exchange(stream, admin, method, path).await
+}
+
+async fn exchange(
+    mut stream: impl AsyncRead + AsyncWrite + Unpin,
+    admin: std::net::SocketAddr,
+    method: &str,
+    path: &str,
+) -> std::io::Result<String> {
     let head = format!("{method} {path} HTTP/1.0\r\nHost: {admin}\r\nContent-Length: 0\r\n\r\n");
     stream.write_all(head.as_bytes()).await?;
+    stream.flush().await?;
     let mut response = Vec::new();
     stream.read_to_end(&mut response).await?;
     let text = String::from_utf8_lossy(&response);

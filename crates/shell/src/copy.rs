@@ -37,6 +37,8 @@ pub(crate) struct CopyJob {
     pub handle: VolumeHandle,
     pub source: String,
     pub rate_bytes_per_s: u64,
+    /// How to reach the source (mutual TLS, if the cluster uses it).
+    pub tls: Option<crate::tls::TlsContext>,
 }
 
 /// Run one copy; `session` is the ordering session's writer (the copy stops once it is
@@ -85,7 +87,7 @@ async fn copy(
     session: &mpsc::UnboundedSender<ElementMessage>,
     replies: &mpsc::UnboundedSender<ElementMessage>,
 ) -> Result<(Sequence, u64), String> {
-    let (mut stream, mut buf) = connect_peer(&job.source, job.epoch, job.host, &job.spec).await?;
+    let (mut stream, mut buf) = connect_peer(&job.source, job.epoch, job.host, &job.spec, job.tls.as_ref()).await?;
     let (s, h, epoch) = (store.clone(), job.handle, job.epoch);
     let state = blocking(move || s.begin_copy(h, epoch)).await?;
     let blocks = job.spec.size_bytes / BLOCK_BYTES;

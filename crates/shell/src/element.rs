@@ -17,13 +17,15 @@ use std::time::{Duration, Instant};
 use bytes::BytesMut;
 use proto::{decode_frame, encode_frame, ElementMessage, HostMessage, Sequence, VolumeId, VolumeSpec};
 use starfish_core::{
-    ElementAction, ElementConfig, ElementCore, ElementStorage, LocalVolume, LogLevel, PeerId, SessionId, StorageDone,
-    StorageJob, Time, VolumeInfo,
+    ElementAction, ElementConfig, ElementCore, ElementStorage, LocalVolume, LogLevel, PeerId, SessionId, SessionRole,
+    StorageDone, StorageJob, Time, VolumeInfo,
 };
 use store::{Store, StoreOptions};
-use tokio::io::{AsyncReadExt, AsyncWriteExt, BufWriter};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufWriter};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
+
+use crate::tls::{PeerCertificate, Role, Stream, TlsContext};
 
 /// Sessions (host elements and peers' recoveries) served at once; more are refused with a log
 /// line until one ends.
@@ -31,6 +33,8 @@ pub const SESSIONS_MAX: usize = 64;
 /// Inputs waiting for the actor, all sessions together: beyond it session tasks stop reading.
 const ACTOR_QUEUE_MAX: usize = 4096;
 /// A peer that answers nothing for this long has failed the replay or copy that uses it.
+/// A peer that does not accept a connection within this is unreachable.
+const PEER_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 pub(crate) const REPLAY_IDLE_TIMEOUT: Duration = Duration::from_millis(starfish_core::limits::REPLAY_IDLE_TIMEOUT_MS);
 
 #[derive(Clone, Debug)]
@@ -38,12 +42,19 @@ pub struct ElementOptions {
     pub listen: SocketAddr,
     pub data: PathBuf,
     pub store: StoreOptions,
+    /// Mutual TLS: every session must present a certificate of this cluster's CA (a host
+    /// element's or an element's), and peers are reached over TLS. `None`: plain TCP, which
+    /// [`run`] allows on loopback only unless `insecure`.
+    pub tls: Option<TlsContext>,
+    /// Serve plain TCP beyond loopback (`--insecure`).
+    pub insecure: bool,
 }
 
 /// What reaches the actor.
 enum Input {
     Opened {
         session: SessionId,
+        role: SessionRole,
         writer: mpsc::UnboundedSender<ElementMessage>,
     },
     Message {
@@ -87,6 +98,8 @@ enum Input {
 /// reopened once space is freed (meanwhile every session is refused with the reason), so an
 /// operator who frees space needs not restart the element.
 pub async fn run(options: ElementOptions, shutdown: impl std::future::Future<Output = ()>) -> std::io::Result<()> {
+    crate::tls::check_listen("the element port", options.listen, options.tls.is_some(), options.insecure)
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::PermissionDenied, e))?;
     let mut store =
         open_store(&options).await.map_err(|e| std::io::Error::other(format!("cannot open data directory: {e}")))?;
     let listener = TcpListener::bind(options.listen)
@@ -153,7 +166,8 @@ async fn serve(
             .name("committer".into())
             .spawn(move || run_committer(&store, job_rx, inputs, out_of_space))?
     };
-    let mut actor = tokio::spawn(run_actor(core, store.clone(), input_rx, inputs.clone(), jobs));
+    let peers = Peers { links: HashMap::new(), tls: options.tls.clone() };
+    let mut actor = tokio::spawn(run_actor(core, store.clone(), input_rx, inputs.clone(), jobs, peers));
     tracing::info!(listen = %options.listen, data = %options.data.display(), epoch = %store.epoch(), "element serving");
     let sessions = Arc::new(tokio::sync::Semaphore::new(SESSIONS_MAX));
     let stopped = loop {
@@ -171,8 +185,16 @@ async fn serve(
         let session = SessionId(*next_session);
         *next_session += 1;
         let inputs = inputs.clone();
+        let tls = options.tls.clone();
         tokio::spawn(async move {
-            let reason = serve_session(stream, session, inputs).await;
+            let (stream, role) = match authenticate(stream, tls.as_ref()).await {
+                Ok(authenticated) => authenticated,
+                Err(reason) => {
+                    tracing::warn!(%peer, session = session.0, "connection refused: {reason}");
+                    return;
+                }
+            };
+            let reason = serve_session(stream, session, role, inputs).await;
             tracing::info!(%peer, session = session.0, %reason, "session ended");
             drop(permit);
         });
@@ -212,7 +234,7 @@ async fn reopen_when_space(
             accepted = crate::accept::accept(listener, "element") => {
                 if let Ok((stream, _)) = accepted {
                     let message = ElementMessage::Refused { reason: refusal.clone(), epoch: None, owner_absent_ms: 0 };
-                    tokio::spawn(refuse_connection(stream, message));
+                    tokio::spawn(refuse_connection(stream, options.tls.clone(), message));
                 }
             }
             _ = tick.tick() => {
@@ -233,11 +255,27 @@ async fn reopen_when_space(
     }
 }
 
+/// The TLS handshake of a session (if TLS is configured) and the role its certificate gives:
+/// only host elements and elements are served.
+async fn authenticate(stream: TcpStream, tls: Option<&TlsContext>) -> Result<(Stream, SessionRole), String> {
+    let Some(tls) = tls else {
+        return Ok((Stream::Plain(stream), SessionRole::Unauthenticated));
+    };
+    let (stream, identity) = tls.accept(stream, PeerCertificate::Required).await?;
+    let identity = identity.ok_or("no client certificate")?;
+    match identity.role {
+        Role::Host => Ok((stream, SessionRole::Host)),
+        Role::Element => Ok((stream, SessionRole::Element)),
+        Role::Admin | Role::Client => {
+            Err(format!("{identity} may not speak to an element (only host elements and elements may)"))
+        }
+    }
+}
+
 /// Answer a connection with one refusal and close it.
-async fn refuse_connection(mut stream: TcpStream, message: ElementMessage) {
-    let mut buf = BytesMut::new();
-    encode_frame(&message, &mut buf);
-    let _ = tokio::time::timeout(Duration::from_secs(2), stream.write_all(&buf)).await;
+async fn refuse_connection(stream: TcpStream, tls: Option<TlsContext>, message: ElementMessage) {
+    let Ok((mut stream, _)) = authenticate(stream, tls.as_ref()).await else { return };
+    let _ = tokio::time::timeout(Duration::from_secs(2), send_frame(&mut stream, &message)).await;
 }
 
 /// Carry out storage jobs in order, one at a time (a commit is one write and one fdatasync).
@@ -278,8 +316,11 @@ fn report_damage(store: &Store, inputs: &mpsc::Sender<Input>) {
     }
 }
 
-/// Peer sessions the actor opened: what to send them.
-type PeerLinks = HashMap<PeerId, (mpsc::UnboundedSender<HostMessage>, tokio::task::JoinHandle<()>)>;
+/// Peer sessions the actor opened (what to send them), and how to reach peers.
+struct Peers {
+    links: HashMap<PeerId, (mpsc::UnboundedSender<HostMessage>, tokio::task::JoinHandle<()>)>,
+    tls: Option<TlsContext>,
+}
 
 async fn run_actor(
     mut core: ElementCore,
@@ -287,11 +328,11 @@ async fn run_actor(
     mut input_rx: mpsc::Receiver<Input>,
     inputs: mpsc::Sender<Input>,
     jobs: std::sync::mpsc::Sender<StorageJob>,
+    mut peers: Peers,
 ) {
     let origin = Instant::now();
     let now = || Time(origin.elapsed().as_micros() as u64);
     let mut writers: HashMap<SessionId, mpsc::UnboundedSender<ElementMessage>> = HashMap::new();
-    let mut peers: PeerLinks = HashMap::new();
     loop {
         let timeout = core.poll_timeout();
         let input = match timeout {
@@ -311,9 +352,9 @@ async fn run_actor(
         let Some(input) = input else { return };
         let t = now();
         match input {
-            Input::Opened { session, writer } => {
+            Input::Opened { session, role, writer } => {
                 writers.insert(session, writer);
-                core.handle_session_opened(t, session);
+                core.handle_session_opened(t, session, role);
             }
             Input::Message { session, message } => core.handle_host_message(t, session, message),
             Input::Closed { session } => {
@@ -324,7 +365,7 @@ async fn run_actor(
             Input::Storage(done) => core.handle_storage_done(t, done),
             Input::PeerMessage { peer, message } => core.handle_peer_message(t, peer, message),
             Input::PeerClosed { peer, reason } => {
-                peers.remove(&peer);
+                peers.links.remove(&peer);
                 core.handle_peer_closed(t, peer, reason);
             }
             Input::CopyProgress { volume, message } => core.handle_copy_progress(t, volume, message),
@@ -347,7 +388,7 @@ fn carry_out(
     inputs: &mpsc::Sender<Input>,
     jobs: &std::sync::mpsc::Sender<StorageJob>,
     writers: &mut HashMap<SessionId, mpsc::UnboundedSender<ElementMessage>>,
-    peers: &mut PeerLinks,
+    peers: &mut Peers,
 ) {
     while let Some(action) = core.poll_action() {
         match action {
@@ -389,16 +430,16 @@ fn carry_out(
             }
             ElementAction::ConnectPeer { peer, address, hello } => {
                 let (tx, rx) = mpsc::unbounded_channel();
-                let task = tokio::spawn(run_peer(peer, address, hello, rx, inputs.clone()));
-                peers.insert(peer, (tx, task));
+                let task = tokio::spawn(run_peer(peer, address, hello, rx, inputs.clone(), peers.tls.clone()));
+                peers.links.insert(peer, (tx, task));
             }
             ElementAction::SendPeer { peer, message } => {
-                if let Some((tx, _)) = peers.get(&peer) {
+                if let Some((tx, _)) = peers.links.get(&peer) {
                     let _ = tx.send(message);
                 }
             }
             ElementAction::ClosePeer { peer } => {
-                if let Some((_, task)) = peers.remove(&peer) {
+                if let Some((_, task)) = peers.links.remove(&peer) {
                     task.abort();
                 }
             }
@@ -427,6 +468,7 @@ fn carry_out(
                     handle: store.handle_of(volume),
                     source,
                     rate_bytes_per_s,
+                    tls: peers.tls.clone(),
                 };
                 let (store, inputs) = (store.clone(), inputs.clone());
                 tokio::spawn(async move {
@@ -463,14 +505,11 @@ async fn run_peer(
     hello: HostMessage,
     mut outgoing: mpsc::UnboundedReceiver<HostMessage>,
     inputs: mpsc::Sender<Input>,
+    tls: Option<TlsContext>,
 ) {
     let reason = async {
         let address: SocketAddr = address.parse().map_err(|e| format!("bad peer address {address}: {e}"))?;
-        let mut stream = tokio::time::timeout(Duration::from_secs(5), TcpStream::connect(address))
-            .await
-            .map_err(|_| format!("connecting to {address} timed out"))?
-            .map_err(|e| format!("cannot connect to {address}: {e}"))?;
-        let _ = stream.set_nodelay(true);
+        let mut stream = crate::tls::connect(address, tls.as_ref(), &[Role::Element], PEER_CONNECT_TIMEOUT).await?;
         send_frame(&mut stream, &hello).await?;
         let mut buf = BytesMut::with_capacity(1 << 20);
         loop {
@@ -498,10 +537,10 @@ async fn run_peer(
     let _ = inputs.send(Input::PeerClosed { peer, reason }).await;
 }
 
-async fn serve_session(stream: TcpStream, session: SessionId, inputs: mpsc::Sender<Input>) -> String {
-    let (mut read_half, write_half) = stream.into_split();
+async fn serve_session(stream: Stream, session: SessionId, role: SessionRole, inputs: mpsc::Sender<Input>) -> String {
+    let (mut read_half, write_half) = tokio::io::split(stream);
     let (writer, mut reply_rx) = mpsc::unbounded_channel::<ElementMessage>();
-    if inputs.send(Input::Opened { session, writer }).await.is_err() {
+    if inputs.send(Input::Opened { session, role, writer }).await.is_err() {
         return "element stopping".into();
     }
     let mut writer_task = tokio::spawn(async move {
@@ -575,22 +614,30 @@ pub fn verify(data: &std::path::Path) -> Result<Vec<(String, u64, Sequence, Stri
     Ok(out)
 }
 
-pub(crate) async fn send_frame<M: proto::Body>(stream: &mut TcpStream, message: &M) -> Result<(), String> {
+pub(crate) async fn send_frame<M: proto::Body>(
+    stream: &mut (impl AsyncWrite + Unpin),
+    message: &M,
+) -> Result<(), String> {
     let mut buf = BytesMut::new();
     encode_frame(message, &mut buf);
-    stream.write_all(&buf).await.map_err(|e| format!("send to peer: {e}"))
+    stream.write_all(&buf).await.map_err(|e| format!("send to peer: {e}"))?;
+    // TLS keeps records until flushed (a no-op on plain TCP).
+    stream.flush().await.map_err(|e| format!("send to peer: {e}"))
 }
 
 /// The next frame from a peer whose answer is awaited: a peer silent for
 /// `REPLAY_IDLE_TIMEOUT` has failed.
-pub(crate) async fn recv_frame<M: proto::Body>(stream: &mut TcpStream, buf: &mut BytesMut) -> Result<M, String> {
+pub(crate) async fn recv_frame<M: proto::Body>(
+    stream: &mut (impl AsyncRead + Unpin),
+    buf: &mut BytesMut,
+) -> Result<M, String> {
     read_frame(stream, buf, Some(REPLAY_IDLE_TIMEOUT)).await
 }
 
 /// The next frame, waiting at most `idle` between reads (`None`: as long as it takes; the
 /// caller keeps its own time).
 async fn read_frame<M: proto::Body>(
-    stream: &mut TcpStream,
+    stream: &mut (impl AsyncRead + Unpin),
     buf: &mut BytesMut,
     idle: Option<Duration>,
 ) -> Result<M, String> {
@@ -619,13 +666,10 @@ pub(crate) async fn connect_peer(
     epoch: proto::Epoch,
     host: proto::HostId,
     spec: &proto::VolumeSpec,
-) -> Result<(TcpStream, BytesMut), String> {
+    tls: Option<&TlsContext>,
+) -> Result<(Stream, BytesMut), String> {
     let address: SocketAddr = source.parse().map_err(|e| format!("bad peer address {source}: {e}"))?;
-    let mut stream = tokio::time::timeout(std::time::Duration::from_secs(5), TcpStream::connect(address))
-        .await
-        .map_err(|_| format!("connecting to {address} timed out"))?
-        .map_err(|e| format!("cannot connect to {address}: {e}"))?;
-    let _ = stream.set_nodelay(true);
+    let mut stream = crate::tls::connect(address, tls, &[Role::Element], PEER_CONNECT_TIMEOUT).await?;
     let mut buf = BytesMut::with_capacity(1 << 20);
     send_frame(&mut stream, &HostMessage::Hello { epoch, host, volumes: vec![spec.clone()], admin: String::new() })
         .await?;

@@ -11,7 +11,7 @@ use proto::{decode_frame, encode_frame, ElementMessage, Op};
 use starfish_core::Reply;
 use starfish_core::{Action, ElementId, Event, HostConfig, HostCore, HostError, HostStatus, Time, Token};
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufWriter};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::nbd_server::{self, Backend, BoxFuture, ExportInfo, Extent, ServerOptions};
@@ -25,6 +25,13 @@ pub struct HostOptions {
     pub element_addresses: Vec<SocketAddr>,
     pub config: HostConfig,
     pub failover: FailoverOptions,
+    /// Mutual TLS toward the elements, NBD over TLS only, admin changes by certificate.
+    pub tls: Option<crate::tls::TlsContext>,
+    /// With `tls`: NBD clients must present a certificate of the cluster's CA (an `admin` or
+    /// `client` one).
+    pub nbd_tls_verify_peer: bool,
+    /// Serve plain TCP beyond loopback (`--insecure`).
+    pub insecure: bool,
 }
 
 /// How this host element shares the cluster with others (see `crate::node`).
@@ -157,7 +164,8 @@ pub(crate) fn start_active(
     );
     let mut tasks = vec![tokio::spawn(run_actor(core, origin, rx, config.elements.clone(), superseded))];
     for (i, address) in options.element_addresses.iter().enumerate() {
-        tasks.push(tokio::spawn(run_element_link(ElementId(i as u8), *address, inputs.clone())));
+        let tls = options.tls.clone();
+        tasks.push(tokio::spawn(run_element_link(ElementId(i as u8), *address, inputs.clone(), tls)));
     }
     let backend = Arc::new(HostBackend {
         inputs: inputs.clone(),
@@ -172,7 +180,9 @@ pub(crate) fn start_active(
             .collect(),
     });
     let (drain, drain_rx) = tokio::sync::watch::channel(false);
-    let server_options = ServerOptions { multi_conn: true, drain: Some(drain_rx), ..ServerOptions::default() };
+    let tls =
+        options.tls.clone().map(|context| nbd_server::NbdTls { context, verify_peer: options.nbd_tls_verify_peer });
+    let server_options = ServerOptions { multi_conn: true, drain: Some(drain_rx), tls, ..ServerOptions::default() };
     let address = options.nbd;
     let nbd = tokio::spawn(async move {
         let listener = match nbd_listener {
@@ -419,18 +429,20 @@ const SESSION_STABLE: Duration = Duration::from_secs(10);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Keep one session to an element: connect, pump frames both ways, reconnect with backoff.
-async fn run_element_link(element: ElementId, address: SocketAddr, inputs: mpsc::UnboundedSender<Input>) {
+async fn run_element_link(
+    element: ElementId,
+    address: SocketAddr,
+    inputs: mpsc::UnboundedSender<Input>,
+    tls: Option<crate::tls::TlsContext>,
+) {
     let mut session_id = (element.0 as u64) << 48;
     let mut backoff = Duration::from_millis(50);
     loop {
-        let connected = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(address))
-            .await
-            .unwrap_or_else(|_| Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "connect timed out")));
+        let connected = crate::tls::connect(address, tls.as_ref(), &[crate::tls::Role::Element], CONNECT_TIMEOUT).await;
         match connected {
             Ok(stream) => {
                 session_id += 1;
                 let opened = tokio::time::Instant::now();
-                let _ = stream.set_nodelay(true);
                 let (frames_tx, frames_rx) = mpsc::unbounded_channel();
                 let (close_tx, close_rx) = oneshot::channel();
                 if inputs
@@ -450,8 +462,7 @@ async fn run_element_link(element: ElementId, address: SocketAddr, inputs: mpsc:
                     return;
                 }
             }
-            Err(e) => {
-                let reason = format!("{address}: {e}");
+            Err(reason) => {
                 if inputs.send(Input::Disconnected { element, session: 0, reason }).is_err() {
                     return;
                 }
@@ -465,12 +476,12 @@ async fn run_element_link(element: ElementId, address: SocketAddr, inputs: mpsc:
 async fn run_session(
     element: ElementId,
     session: u64,
-    stream: TcpStream,
+    stream: crate::tls::Stream,
     mut frames: mpsc::UnboundedReceiver<Bytes>,
     mut close: oneshot::Receiver<()>,
     inputs: &mpsc::UnboundedSender<Input>,
 ) -> String {
-    let (mut read_half, write_half) = stream.into_split();
+    let (mut read_half, write_half) = tokio::io::split(stream);
     let writer = async move {
         let mut out = BufWriter::with_capacity(256 * 1024, write_half);
         while let Some(frame) = frames.recv().await {

@@ -9,3 +9,4 @@ pub mod element;
 pub mod host;
 pub mod nbd_server;
 pub mod node;
+pub mod tls;

@@ -18,11 +18,12 @@ use nbd::{
     Command, Decoded, Exports, Handshake, HandshakeConfig, HandshakeOutcome, Request, Transmission,
     BLOCK_SIZE_MAX_BYTES, HANDSHAKE_INPUT_BYTES_MAX, REQUEST_HEADER_BYTES,
 };
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{watch, Mutex, Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
+
+use crate::tls::{PeerCertificate, Role, Stream, TlsContext};
 
 pub use nbd::{Errno, ExportInfo, Extent};
 
@@ -82,6 +83,16 @@ pub struct ServerOptions {
     /// stops reading requests, answers those it took, and closes; `serve` then returns. A
     /// client that reconnects (qemu's `reconnect-delay`) resends what was not answered.
     pub drain: Option<watch::Receiver<bool>>,
+    /// Serve NBD only over TLS (FORCEDTLS: `NBD_OPT_STARTTLS` first).
+    pub tls: Option<NbdTls>,
+}
+
+/// NBD over TLS: this server's certificate, and whether clients must present one.
+#[derive(Clone, Debug)]
+pub struct NbdTls {
+    pub context: TlsContext,
+    /// Clients must present a certificate of the cluster's CA with the `admin` or `client` role.
+    pub verify_peer: bool,
 }
 
 impl Default for ServerOptions {
@@ -92,6 +103,7 @@ impl Default for ServerOptions {
             handshake_timeout: Duration::from_secs(10),
             multi_conn: false,
             drain: None,
+            tls: None,
         }
     }
 }
@@ -207,6 +219,8 @@ enum ConnectionError {
     Io(#[from] io::Error),
     #[error("a request task panicked")]
     RequestPanicked,
+    #[error("TLS: {0}")]
+    Tls(String),
 }
 
 /// Lets the handshake look exports up in the backend.
@@ -221,6 +235,23 @@ impl Exports for BackendExports<'_> {
 /// Bytes read ahead from the socket at a time (beyond what the current message needs).
 const READ_CHUNK_BYTES: usize = 64 * 1024;
 
+/// The reading and writing halves of a connection, plain or TLS.
+type Reader = Box<dyn AsyncRead + Send + Unpin>;
+type Writer = Box<dyn AsyncWrite + Send + Unpin>;
+
+fn split(stream: Stream) -> (Reader, Writer) {
+    match stream {
+        Stream::Plain(tcp) => {
+            let (reader, writer) = tcp.into_split();
+            (Box::new(reader), Box::new(writer))
+        }
+        tls => {
+            let (reader, writer) = tokio::io::split(tls);
+            (Box::new(reader), Box::new(writer))
+        }
+    }
+}
+
 async fn serve_connection(
     stream: TcpStream,
     peer: SocketAddr,
@@ -228,13 +259,13 @@ async fn serve_connection(
     options: &ServerOptions,
 ) -> Result<ConnectionEnd, ConnectionError> {
     stream.set_nodelay(true)?;
-    let (mut reader, mut writer) = stream.into_split();
     let mut buffer = BytesMut::with_capacity(READ_CHUNK_BYTES);
-    let handshake = handshake(&mut reader, &mut writer, &mut buffer, backend.as_ref(), options.multi_conn);
-    let outcome = match tokio::time::timeout(options.handshake_timeout, handshake).await {
+    let handshake = handshake(Stream::Plain(stream), &mut buffer, backend.as_ref(), options);
+    let (stream, outcome) = match tokio::time::timeout(options.handshake_timeout, handshake).await {
         Ok(outcome) => outcome?,
         Err(_elapsed) => return Err(ConnectionError::HandshakeTimeout(options.handshake_timeout)),
     };
+    let (reader, writer) = split(stream);
     let transmission = match outcome {
         HandshakeOutcome::Transmission(transmission) => transmission,
         HandshakeOutcome::Aborted => return Ok(ConnectionEnd::Aborted),
@@ -264,23 +295,30 @@ async fn serve_connection(
 }
 
 async fn handshake(
-    reader: &mut OwnedReadHalf,
-    writer: &mut OwnedWriteHalf,
+    mut stream: Stream,
     buffer: &mut BytesMut,
     backend: &dyn Backend,
-    multi_conn: bool,
-) -> Result<HandshakeOutcome, ConnectionError> {
+    options: &ServerOptions,
+) -> Result<(Stream, HandshakeOutcome), ConnectionError> {
     let exports = BackendExports(backend);
-    let mut handshake = Handshake::new(HandshakeConfig { multi_conn });
+    let config = HandshakeConfig { multi_conn: options.multi_conn, tls: options.tls.is_some() };
+    let mut handshake = Handshake::new(config);
     loop {
         if let Some(output) = handshake.poll_transmit() {
-            writer.write_all(&output).await?;
+            stream.write_all(&output).await?;
+            stream.flush().await?;
         }
         if let Some(outcome) = handshake.poll_outcome() {
-            return Ok(outcome);
+            return Ok((stream, outcome));
+        }
+        if handshake.wants_tls() {
+            let tls = options.tls.as_ref().expect("STARTTLS is acknowledged only with TLS configured");
+            stream = start_tls(stream, buffer, tls).await?;
+            handshake.tls_established();
+            continue;
         }
         buffer.reserve(READ_CHUNK_BYTES);
-        if reader.read_buf(buffer).await? == 0 {
+        if stream.read_buf(buffer).await? == 0 {
             return Err(ConnectionError::HandshakeClosed);
         }
         let consumed = handshake.handle_input(buffer, &exports);
@@ -289,15 +327,37 @@ async fn handshake(
     }
 }
 
+/// The server side of TLS after `NBD_OPT_STARTTLS`, and who the client is if it must say.
+async fn start_tls(stream: Stream, buffer: &BytesMut, tls: &NbdTls) -> Result<Stream, ConnectionError> {
+    if !buffer.is_empty() {
+        // The client could not have seen our acknowledgement yet: these bytes were injected.
+        return Err(ConnectionError::Tls("data sent after NBD_OPT_STARTTLS before the TLS handshake".into()));
+    }
+    let Stream::Plain(tcp) = stream else {
+        return Err(ConnectionError::Tls("STARTTLS inside TLS".into()));
+    };
+    let peer = if tls.verify_peer { PeerCertificate::Required } else { PeerCertificate::Optional };
+    let (stream, identity) = tls.context.accept(tcp, peer).await.map_err(ConnectionError::Tls)?;
+    if let Some(identity) = identity {
+        if tls.verify_peer && !matches!(identity.role, Role::Admin | Role::Client) {
+            return Err(ConnectionError::Tls(format!(
+                "{identity} may not use NBD (only admin and client certificates)"
+            )));
+        }
+        tracing::debug!(%identity, "nbd client authenticated");
+    }
+    Ok(stream)
+}
+
 /// One connection in the transmission phase.
 struct Connection {
     export: Arc<str>,
     transmission: Arc<Transmission>,
     backend: Arc<dyn Backend>,
-    reader: OwnedReadHalf,
+    reader: Reader,
     /// Received bytes not yet consumed (read ahead of the current message).
     buffer: BytesMut,
-    writer: Arc<Mutex<OwnedWriteHalf>>,
+    writer: Arc<Mutex<Writer>>,
     /// Signalled when a reply could not be sent: the connection is dead.
     reply_failed: Arc<ReplyFailure>,
     /// One permit per request in flight.
@@ -464,7 +524,7 @@ struct RequestJob {
     export: Arc<str>,
     transmission: Arc<Transmission>,
     backend: Arc<dyn Backend>,
-    writer: Arc<Mutex<OwnedWriteHalf>>,
+    writer: Arc<Mutex<Writer>>,
     reply_failed: Arc<ReplyFailure>,
 }
 
@@ -522,11 +582,16 @@ impl RequestJob {
 }
 
 /// Writes one reply (header and data together, with no other reply in between).
-async fn send_reply(writer: &Mutex<OwnedWriteHalf>, reply_failed: &ReplyFailure, header: Vec<u8>, data: Option<Bytes>) {
+async fn send_reply(writer: &Mutex<Writer>, reply_failed: &ReplyFailure, header: Vec<u8>, data: Option<Bytes>) {
     let mut writer = writer.lock().await;
     let result = match data {
         Some(data) => writer.write_all_buf(&mut Bytes::from(header).chain(data)).await,
         None => writer.write_all(&header).await,
+    };
+    // TLS keeps records until flushed (a no-op on plain TCP).
+    let result = match result {
+        Ok(()) => writer.flush().await,
+        error => error,
     };
     if let Err(error) = result {
         reply_failed.report(error);

@@ -24,7 +24,7 @@ use proto::{ElementMessage, Epoch, HostId, HostMessage};
 use serde_json::{json, Value};
 use starfish_core::standby::{Decision, Key, Observation, StandbyConfig, StandbyCore};
 use starfish_core::Time;
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 
 use crate::coordination::{Coordinator, Holder};
@@ -78,6 +78,12 @@ struct RoleInfo {
 pub async fn start(options: HostOptions) -> std::io::Result<Arc<Node>> {
     let invalid = |e: String| std::io::Error::new(std::io::ErrorKind::InvalidInput, e);
     options.config.validate().map_err(invalid)?;
+    let tls = options.tls.is_some();
+    crate::tls::check_listen("NBD", options.nbd, tls, options.insecure).map_err(invalid)?;
+    crate::tls::check_listen("the admin address", options.admin, tls, options.insecure).map_err(invalid)?;
+    if options.nbd_tls_verify_peer && !tls {
+        return Err(invalid("--nbd-tls-verify-peer needs --tls-dir".into()));
+    }
     let admin_listener = TcpListener::bind(options.admin)
         .await
         .map_err(|e| std::io::Error::new(e.kind(), format!("cannot listen for admin on {}: {e}", options.admin)))?;
@@ -131,7 +137,7 @@ pub async fn start(options: HostOptions) -> std::io::Result<Arc<Node>> {
     if automatic {
         tokio::spawn(campaign(node.clone()));
     }
-    tokio::spawn(crate::admin::serve(admin_listener, node.clone()));
+    tokio::spawn(crate::admin::serve(admin_listener, node.clone(), node.options.tls.clone()));
     tracing::info!(nbd = %node.options.nbd, admin = %node.options.admin, "host element listening");
     Ok(node)
 }
@@ -186,7 +192,12 @@ impl Node {
             if let Some((holder, admin)) = self.followed().1 {
                 if holder != self.host_id && !admin.is_empty() {
                     drained = match admin.parse::<SocketAddr>() {
-                        Ok(address) => match tokio::time::timeout(DRAIN_TIMEOUT, post(address, "/drain")).await {
+                        Ok(address) => match tokio::time::timeout(
+                            DRAIN_TIMEOUT,
+                            post(address, "/drain", self.options.tls.as_ref()),
+                        )
+                        .await
+                        {
                             Ok(Ok(_)) => json!({ "from": admin, "ok": true }),
                             Ok(Err(e)) => json!({ "from": admin, "ok": false, "error": e.to_string() }),
                             Err(_) => json!({ "from": admin, "ok": false, "error": "no answer" }),
@@ -366,11 +377,9 @@ async fn observe(node: std::sync::Weak<Node>, index: usize, address: SocketAddr)
     let mut nonce = 0u64;
     loop {
         let session = async {
-            let mut stream = tokio::time::timeout(Duration::from_secs(1), TcpStream::connect(address))
-                .await
-                .map_err(|_| "connect timed out".to_string())?
-                .map_err(|e| e.to_string())?;
-            let _ = stream.set_nodelay(true);
+            let tls = node.upgrade().and_then(|node| node.options.tls.clone());
+            let expected = [crate::tls::Role::Element];
+            let mut stream = crate::tls::connect(address, tls.as_ref(), &expected, Duration::from_secs(1)).await?;
             let mut buf = BytesMut::new();
             loop {
                 nonce += 1;
@@ -487,7 +496,8 @@ async fn campaign(node: Arc<Node>) {
     }
 }
 
-/// `POST path` to an admin endpoint; the body of a 200 answer.
-pub async fn post(admin: SocketAddr, path: &str) -> std::io::Result<String> {
-    crate::admin::request(admin, "POST", path).await
+/// `POST path` to an admin endpoint (over HTTPS with this host element's certificate if TLS
+/// is configured); the body of a 200 answer.
+async fn post(admin: SocketAddr, path: &str, tls: Option<&crate::tls::TlsContext>) -> std::io::Result<String> {
+    crate::admin::request(admin, "POST", path, tls).await
 }

@@ -150,10 +150,11 @@ impl Element {
         self.sessions.contains(&session)
     }
 
-    pub fn open_session(&mut self, now: Time, session: u64) {
+    /// `role`: who opened it (a host element, or a peer's recovery), as TLS would tell.
+    pub fn open_session(&mut self, now: Time, session: u64, role: starfish_core::SessionRole) {
         assert!(self.alive);
         self.sessions.insert(session);
-        self.core.handle_session_opened(now, SessionId(session));
+        self.core.handle_session_opened(now, SessionId(session), role);
     }
 
     /// What the element answers to `Observe` now (a standby's question).

@@ -1035,7 +1035,7 @@ impl World {
                 copy,
             },
         );
-        self.elements[to].open_session(self.now, id);
+        self.elements[to].open_session(self.now, id, starfish_core::SessionRole::Element);
         self.trace(|| format!("e{element} connects to peer e{to}: session s{id}"));
         let at = at_delay(self.now, self.peer_delay_us(element, to));
         self.schedule(at, Ev::PeerDeliver { link: id, message: hello });
@@ -1261,7 +1261,7 @@ impl World {
                     channels: [Channel::default(); 2],
                 },
             );
-            self.elements[element].open_session(now, session);
+            self.elements[element].open_session(now, session, starfish_core::SessionRole::Host);
             self.trace(|| format!("HE connects to e{element}: session s{session}"));
             let host = self.host.as_mut().expect("checked");
             let link = &mut host.links[element];

@@ -2,7 +2,7 @@
 //! `NAME:SIZE`), sizes with units, and validation into [`HostOptions`].
 
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use proto::{Epoch, HostId, VolumeSpec};
@@ -32,6 +32,13 @@ pub struct HostFile {
     /// With etcd: how long the elements must have missed the active host element before a
     /// standby takes over (milliseconds, default 300).
     pub takeover_after_ms: Option<u64>,
+    /// Directory with the cluster CA and this host element's certificate and key: mutual TLS
+    /// toward the elements, NBD over TLS only, admin orders by certificate.
+    pub tls_dir: Option<PathBuf>,
+    /// With tls_dir: NBD clients must present a certificate of the cluster CA.
+    pub nbd_tls_verify_peer: Option<bool>,
+    /// Serve plain TCP beyond loopback (only on a network protected otherwise).
+    pub insecure: Option<bool>,
     #[serde(default)]
     pub element: Vec<ElementEntry>,
     #[serde(default)]
@@ -105,14 +112,27 @@ impl HostFile {
         }
         let failover =
             FailoverOptions { standby: self.standby.unwrap_or(false), etcd: self.etcd, cluster, takeover_after_ms };
+        let tls = load_tls(self.tls_dir.as_deref())?;
+        let nbd_tls_verify_peer = self.nbd_tls_verify_peer.unwrap_or(false);
+        if nbd_tls_verify_peer && tls.is_none() {
+            bail!("--nbd-tls-verify-peer needs --tls-dir");
+        }
         Ok(HostOptions {
             nbd,
             admin,
             element_addresses: self.element.iter().map(|e| e.address).collect(),
             config,
             failover,
+            tls,
+            nbd_tls_verify_peer,
+            insecure: self.insecure.unwrap_or(false),
         })
     }
+}
+
+/// Load a TLS directory (`--tls-dir`) if one is given.
+pub fn load_tls(dir: Option<&Path>) -> Result<Option<shell::tls::TlsContext>> {
+    dir.map(|dir| shell::tls::TlsContext::load(dir).map_err(anyhow::Error::msg)).transpose()
 }
 
 /// A random, non-zero host element identity.

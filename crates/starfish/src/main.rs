@@ -35,6 +35,8 @@ enum Command {
     Status(StatusArgs),
     /// Make a standby host element take over (a graceful handover if the active one answers).
     Failover(FailoverArgs),
+    /// Make a cluster CA and the certificates of its processes and operators (mutual TLS).
+    Certs(CertsArgs),
     /// Start three elements behind emulated local/near/far links and a host element.
     Demo(DemoArgs),
     /// Availability of a configuration (the StarFish paper's section 4).
@@ -63,6 +65,13 @@ struct ElementArgs {
     /// writes fail with "no space left" when it fills). Default: such a volume is refused.
     #[arg(long)]
     overcommit: bool,
+    /// Directory with the cluster CA and this element's certificate and key (`starfish certs
+    /// init`): only host elements and elements of the cluster are served, peers over TLS.
+    #[arg(long)]
+    tls_dir: Option<PathBuf>,
+    /// Serve plain TCP on an address beyond loopback (only on a network protected otherwise).
+    #[arg(long)]
+    insecure: bool,
 }
 
 #[derive(Subcommand, Debug)]
@@ -134,6 +143,56 @@ struct HostArgs {
     /// standby takes over (default 300).
     #[arg(long)]
     takeover_after_ms: Option<u64>,
+    /// Directory with the cluster CA and this host element's certificate and key: mutual TLS
+    /// toward the elements, NBD over TLS only (STARTTLS), admin orders by certificate.
+    #[arg(long)]
+    tls_dir: Option<PathBuf>,
+    /// With --tls-dir: NBD clients must present a certificate of the cluster CA (admin or
+    /// client role).
+    #[arg(long)]
+    nbd_tls_verify_peer: bool,
+    /// Serve plain TCP on addresses beyond loopback (only on a network protected otherwise).
+    #[arg(long)]
+    insecure: bool,
+}
+
+#[derive(Args, Debug)]
+struct CertsArgs {
+    #[command(subcommand)]
+    action: CertsAction,
+}
+
+#[derive(Subcommand, Debug)]
+enum CertsAction {
+    /// A new CA in DIR/ca and a certificate for every name, each in DIR/NAME (what --tls-dir
+    /// takes). Refuses if DIR/ca exists.
+    Init(CertsNames),
+    /// More certificates, signed by the CA in DIR/ca.
+    Add(CertsNames),
+}
+
+#[derive(Args, Debug)]
+struct CertsNames {
+    dir: PathBuf,
+    /// Host elements: NAME, or NAME=ALT,ALT… with the names and addresses NBD clients reach it
+    /// at (localhost, 127.0.0.1 and ::1 are always included).
+    #[arg(long = "host", num_args = 1..)]
+    hosts: Vec<String>,
+    /// Storage elements: NAME or NAME=ALT,ALT…
+    #[arg(long = "element", num_args = 1..)]
+    elements: Vec<String>,
+    /// Operators (admin role: admin orders and NBD), with the file names qemu and libnbd expect.
+    #[arg(long = "client", num_args = 1..)]
+    clients: Vec<String>,
+    /// NBD hosts that may only read and write volumes (client role).
+    #[arg(long = "nbd-client", num_args = 1..)]
+    nbd_clients: Vec<String>,
+    /// Days the certificates stay valid (default 825).
+    #[arg(long, conflicts_with = "not_after")]
+    days: Option<i64>,
+    /// Last day the certificates are valid, YYYY-MM-DD (UTC).
+    #[arg(long)]
+    not_after: Option<String>,
 }
 
 #[derive(Args, Debug)]
@@ -144,6 +203,9 @@ struct FailoverArgs {
     admin: SocketAddr,
     #[arg(long)]
     json: bool,
+    /// A TLS directory with an admin certificate (needed when the cluster uses TLS).
+    #[arg(long)]
+    tls_dir: Option<PathBuf>,
 }
 
 #[derive(Args, Debug)]
@@ -152,6 +214,9 @@ struct StatusArgs {
     admin: SocketAddr,
     #[arg(long)]
     json: bool,
+    /// Ask over HTTPS with this TLS directory (needed beyond loopback when the cluster uses TLS).
+    #[arg(long)]
+    tls_dir: Option<PathBuf>,
 }
 
 #[derive(Args, Debug)]
@@ -171,6 +236,28 @@ struct DemoArgs {
     data: Option<PathBuf>,
     #[arg(long, default_value = "vol0:1GiB")]
     volume: String,
+    /// Plain TCP everywhere (default: mutual TLS between the processes and NBD over TLS, with
+    /// certificates made in DATA/tls).
+    #[arg(long)]
+    no_tls: bool,
+}
+
+/// The demo's certificates in `dir` (made on the first run): its host element, its three
+/// elements, and an operator ("admin") whose directory NBD clients and `starfish` use.
+fn demo_certificates(dir: &std::path::Path, elements: &[&str]) -> Result<()> {
+    use shell::tls::certs::{Subject, Validity};
+    use shell::tls::Role;
+    if dir.join("ca").exists() {
+        return Ok(());
+    }
+    let mut subjects = vec![Subject::parse(Role::Host, "demo-host").map_err(anyhow::Error::msg)?];
+    for name in elements {
+        subjects.push(Subject::parse(Role::Element, name).map_err(anyhow::Error::msg)?);
+    }
+    subjects.push(Subject::parse(Role::Admin, "admin").map_err(anyhow::Error::msg)?);
+    let validity = Validity::days(shell::tls::certs::LEAF_DAYS_DEFAULT);
+    shell::tls::certs::init(dir, &subjects, validity).map_err(anyhow::Error::msg)?;
+    Ok(())
 }
 
 fn main() {
@@ -201,8 +288,10 @@ fn run(cli: Cli) -> Result<()> {
                     store.replay_log_bytes = bytes;
                 }
                 store.overcommit = args.overcommit;
+                let tls = config::load_tls(args.tls_dir.as_deref())?;
+                let options = ElementOptions { listen, data, store, tls, insecure: args.insecure };
                 runtime()?.block_on(async {
-                    shell::element::run(ElementOptions { listen, data, store }, shutdown_signal()).await?;
+                    shell::element::run(options, shutdown_signal()).await?;
                     Ok(())
                 })
             }
@@ -218,6 +307,7 @@ fn run(cli: Cli) -> Result<()> {
         }
         Command::Status(args) => status(args),
         Command::Failover(args) => failover(args),
+        Command::Certs(args) => certs(args),
         Command::Demo(args) => demo(args),
         Command::Availability(args) => availability::cli::run(&args, &mut std::io::stdout()),
         Command::Link(args) => netem::cli::run(&args),
@@ -278,6 +368,15 @@ fn host_options(args: HostArgs) -> Result<HostOptions> {
     if let Some(ms) = args.takeover_after_ms {
         file.takeover_after_ms = Some(ms);
     }
+    if args.tls_dir.is_some() {
+        file.tls_dir = args.tls_dir;
+    }
+    if args.nbd_tls_verify_peer {
+        file.nbd_tls_verify_peer = Some(true);
+    }
+    if args.insecure {
+        file.insecure = Some(true);
+    }
     file.into_options()
 }
 
@@ -327,9 +426,47 @@ fn verify(data: &std::path::Path, json: bool) -> Result<()> {
     Ok(())
 }
 
+fn certs(args: CertsArgs) -> Result<()> {
+    use shell::tls::certs::{Subject, Validity};
+    use shell::tls::Role;
+    let (names, init) = match args.action {
+        CertsAction::Init(names) => (names, true),
+        CertsAction::Add(names) => (names, false),
+    };
+    let mut subjects = Vec::new();
+    for (role, list) in [
+        (Role::Host, &names.hosts),
+        (Role::Element, &names.elements),
+        (Role::Admin, &names.clients),
+        (Role::Client, &names.nbd_clients),
+    ] {
+        for text in list {
+            subjects.push(Subject::parse(role, text).map_err(anyhow::Error::msg)?);
+        }
+    }
+    let validity = match (&names.not_after, names.days) {
+        (Some(date), _) => Validity::until(date).map_err(anyhow::Error::msg)?,
+        (None, days) => Validity::days(days.unwrap_or(shell::tls::certs::LEAF_DAYS_DEFAULT)),
+    };
+    let made = if init {
+        shell::tls::certs::init(&names.dir, &subjects, validity)
+    } else {
+        shell::tls::certs::add(&names.dir, &subjects, validity)
+    }
+    .map_err(anyhow::Error::msg)?;
+    if init {
+        println!("CA: {} (keep ca-key.pem safe; it signs new members)", names.dir.join("ca").display());
+    }
+    for m in made {
+        println!("{:<8} {:<16} --tls-dir {}", m.subject.role.as_str(), m.subject.name, m.directory.display());
+    }
+    Ok(())
+}
+
 fn status(args: StatusArgs) -> Result<()> {
+    let tls = config::load_tls(args.tls_dir.as_deref())?;
     let body = runtime()?
-        .block_on(shell::admin::get(args.admin, "/status"))
+        .block_on(shell::admin::get(args.admin, "/status", tls.as_ref()))
         .with_context(|| format!("cannot reach the host element's admin endpoint at {}", args.admin))?;
     if args.json {
         println!("{body}");
@@ -341,8 +478,9 @@ fn status(args: StatusArgs) -> Result<()> {
 }
 
 fn failover(args: FailoverArgs) -> Result<()> {
+    let tls = config::load_tls(args.tls_dir.as_deref())?;
     let body = runtime()?
-        .block_on(shell::admin::request(args.admin, "POST", "/failover"))
+        .block_on(shell::admin::request(args.admin, "POST", "/failover", tls.as_ref()))
         .with_context(|| format!("the host element at {} did not take over", args.admin))?;
     if args.json {
         println!("{body}");
@@ -481,12 +619,23 @@ fn demo(args: DemoArgs) -> Result<()> {
     let result = runtime()?.block_on(async {
         // (name, one-way delay) of the three sites, as in the paper's setting.
         let sites = [("local", 0u64), ("near", 1), ("far", 8)];
+        let tls_dir = data.join("tls");
+        if !args.no_tls {
+            demo_certificates(&tls_dir, &sites.map(|(name, _)| name))?;
+        }
+        let load = |name: &str| config::load_tls((!args.no_tls).then(|| tls_dir.join(name)).as_deref());
         let mut elements = Vec::new();
         let mut links = Vec::new();
         for (i, (name, delay_ms)) in sites.iter().enumerate() {
             let port = args.element_port + i as u16;
             let listen: SocketAddr = format!("127.0.0.1:{port}").parse().expect("valid address");
-            let options = ElementOptions { listen, data: data.join(name), store: StoreOptions::default() };
+            let options = ElementOptions {
+                listen,
+                data: data.join(name),
+                store: StoreOptions::default(),
+                tls: load(name)?,
+                insecure: false,
+            };
             tokio::spawn(async move {
                 if let Err(e) = shell::element::run(options, std::future::pending()).await {
                     tracing::error!(error = %e, "demo element stopped");
@@ -513,23 +662,38 @@ fn demo(args: DemoArgs) -> Result<()> {
             volume: vec![volume.clone()],
             ..HostFile::default()
         };
-        let options = file.into_options()?;
+        let mut options = file.into_options()?;
+        options.tls = load("demo-host")?;
         let host = shell::host::start(options).await?;
-        let uri = format!("nbd://{}/{}", args.nbd, volume.name);
         println!("StarFish demo: 3 elements (local 0 ms, near 1 ms, far 8 ms one-way), write quorum 2");
         println!("data directory: {}", data.display());
-        println!("volume {} ({}) exported at: {uri}", volume.name, volume.size);
-        println!();
-        println!("Use it from a host:");
-        println!("  nbdinfo {uri}");
-        println!("  qemu-io -f raw -c 'write -P 0xab 0 1M' -c 'read -P 0xab 0 1M' {uri}");
-        println!(
-            "  nbd-client -N {} {} {} /dev/nbd0     # Linux kernel client",
-            volume.name,
-            args.nbd.ip(),
-            args.nbd.port()
-        );
-        println!("  nbdfuse /tmp/sf/disk {uri} &  then  mkfs.ext4 /tmp/sf/disk  (or losetup + mount)");
+        if args.no_tls {
+            let uri = format!("nbd://{}/{}", args.nbd, volume.name);
+            println!("volume {} ({}) exported at: {uri}", volume.name, volume.size);
+            println!();
+            println!("Use it from a host:");
+            println!("  nbdinfo {uri}");
+            println!("  qemu-io -f raw -c 'write -P 0xab 0 1M' -c 'read -P 0xab 0 1M' {uri}");
+            println!("  nbdfuse /tmp/sf/disk {uri} &  then  mkfs.ext4 /tmp/sf/disk  (or losetup + mount)");
+        } else {
+            let admin = tls_dir.join("admin");
+            let uri = format!("nbds://{}/{}?tls-certificates={}", args.nbd, volume.name, admin.display());
+            println!("mutual TLS between the processes; NBD over TLS only (certificates in {})", tls_dir.display());
+            println!("volume {} ({}) exported at: {uri}", volume.name, volume.size);
+            println!();
+            println!("Use it from a host:");
+            println!("  nbdinfo '{uri}'");
+            println!(
+                "  qemu-io --object tls-creds-x509,id=tls0,endpoint=client,dir={} \\\n      \
+                 --image-opts driver=raw,file.driver=nbd,file.host={},file.port={},file.export={},file.tls-creds=tls0 \\\n      \
+                 -c 'write -P 0xab 0 1M' -c 'read -P 0xab 0 1M'",
+                admin.display(),
+                args.nbd.ip(),
+                args.nbd.port(),
+                volume.name
+            );
+            println!("  nbdfuse /tmp/sf/disk '{uri}' &  then  mkfs.ext4 /tmp/sf/disk  (or losetup + mount)");
+        }
         println!("  starfish status --admin {}", args.admin);
         println!();
         let deadline = args.duration.map(|s| tokio::time::Instant::now() + Duration::from_secs(s));

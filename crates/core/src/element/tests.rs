@@ -98,9 +98,18 @@ impl Harness {
         self.hello_from(session, epoch, HOST, names)
     }
 
+    /// A peer element's hello (a copy or replay source's session), at the host element's epoch.
+    fn peer_hello(&mut self, session: u64, epoch: u64, names: &[&str]) {
+        self.hello_as(session, epoch, HOST, SessionRole::Element, names)
+    }
+
     /// A hello from a given host element; one refused at once leaves its actions pending.
     fn hello_from(&mut self, session: u64, epoch: u64, host: HostId, names: &[&str]) {
-        self.core.handle_session_opened(self.now, SessionId(session));
+        self.hello_as(session, epoch, host, SessionRole::Host, names)
+    }
+
+    fn hello_as(&mut self, session: u64, epoch: u64, host: HostId, role: SessionRole, names: &[&str]) {
+        self.core.handle_session_opened(self.now, SessionId(session), role);
         let specs: Vec<VolumeSpec> = names.iter().map(|n| spec(n)).collect();
         self.core.handle_host_message(
             self.now,
@@ -407,7 +416,7 @@ fn protocol_errors_refuse_the_session() {
     for (text, messages) in table {
         let mut h = Harness::new(1, &[("a", 0, 0)]);
         if text == "before hello" {
-            h.core.handle_session_opened(h.now, SessionId(1));
+            h.core.handle_session_opened(h.now, SessionId(1), SessionRole::Host);
         } else {
             h.hello(1, 1, &["a"]);
             h.settle();
@@ -694,7 +703,7 @@ fn closing_the_ordering_session_stops_the_replay() {
 fn a_copy_source_waits_for_the_sequence_asked() {
     let mut h = Harness::new(1, &[("a", 0, 0)]);
     h.hello(1, 1, &["a"]);
-    h.hello(2, 1, &["a"]);
+    h.peer_hello(2, 1, &["a"]);
     h.settle();
     let fetch = |request_id, min| HostMessage::FetchBlocks {
         request_id,
@@ -817,7 +826,7 @@ fn a_released_lease_lets_a_standby_in_at_once_and_says_the_owner_is_gone() {
     h.host(1, HostMessage::Ping { nonce: 1 });
     h.sent();
     // A standby's observer session: no hello needed.
-    h.core.handle_session_opened(h.now, SessionId(9));
+    h.core.handle_session_opened(h.now, SessionId(9), SessionRole::Host);
     h.host(9, HostMessage::Observe { nonce: 4 });
     let sent = h.sent();
     assert!(
@@ -846,7 +855,7 @@ fn a_silent_holder_counts_as_absent_and_a_restarted_element_keeps_its_promise() 
     let mut h = Harness::new(5, &[("a", 0, 0)]);
     h.hello(1, 5, &["a"]);
     h.settle();
-    h.core.handle_session_opened(h.now, SessionId(9));
+    h.core.handle_session_opened(h.now, SessionId(9), SessionRole::Host);
     let absent = |h: &mut Harness, nonce: u64| {
         h.host(9, HostMessage::Observe { nonce });
         h.sent()
@@ -867,7 +876,7 @@ fn a_silent_holder_counts_as_absent_and_a_restarted_element_keeps_its_promise() 
     // A freshly started element that followed epoch 5 makes a newer one wait a full lease.
     let config = ElementConfig { lease_ms: 300, ..ElementConfig::default() };
     let mut fresh = ElementCore::new(config, Epoch(5), HOST, vec![]);
-    fresh.handle_session_opened(Time(10_000_000), SessionId(1));
+    fresh.handle_session_opened(Time(10_000_000), SessionId(1), SessionRole::Host);
     fresh.handle_host_message(
         Time(10_000_000),
         SessionId(1),
@@ -908,4 +917,65 @@ fn a_superseded_host_elements_recovery_orders_are_refused() {
         actions.iter().any(|a| matches!(a, ElementAction::Send { session: SessionId(1), message: ElementMessage::Refused { reason, .. } } if reason.contains("fenced"))),
         "{actions:?}"
     );
+}
+
+/// What a session may ask depends on who opened it (its certificate's role): a peer element
+/// fetches, a host element writes and sets epochs, neither does the other's part.
+#[test]
+fn a_sessions_role_bounds_what_it_may_ask() {
+    let mut h = Harness::new(3, &[("vol0", 5, 3)]);
+    let refused = |h: &mut Harness, session: u64| {
+        h.sent().into_iter().any(|(s, m)| s == session && matches!(m, ElementMessage::Refused { .. }))
+    };
+    // A peer may not raise the epoch (the attack that fences every host element forever).
+    h.core.handle_session_opened(h.now, SessionId(1), SessionRole::Element);
+    let hello = |epoch: u64, name: &str| HostMessage::Hello {
+        epoch: Epoch(epoch),
+        host: HOST,
+        volumes: vec![spec(name)],
+        admin: String::new(),
+    };
+    h.host(1, hello(u64::MAX, "vol0"));
+    assert!(refused(&mut h, 1));
+    assert_eq!(h.core.epoch(), Epoch(3));
+    assert!(h.storage.is_none(), "nothing adopted");
+    // Nor create a volume.
+    h.core.handle_session_opened(h.now, SessionId(2), SessionRole::Element);
+    h.host(2, hello(3, "other"));
+    assert!(refused(&mut h, 2));
+    // At the current epoch, for a volume that exists, it is welcomed and may fetch the log, but
+    // not write.
+    h.core.handle_session_opened(h.now, SessionId(3), SessionRole::Element);
+    h.host(3, hello(3, "vol0"));
+    let actions = h.actions();
+    assert!(actions.contains(&ElementAction::EnsureVolumes { session: SessionId(3), specs: vec![spec("vol0")] }));
+    h.core.handle_volumes_ensured(
+        h.now,
+        SessionId(3),
+        Ok(vec![(
+            LocalVolume(0),
+            VolumeInfo { applied: Sequence(5), applied_epoch: Epoch(3), copying: false, repair: false },
+        )]),
+    );
+    assert!(h.sent().iter().any(|(s, m)| *s == 3 && matches!(m, ElementMessage::Welcome { .. })));
+    h.host(3, HostMessage::FetchLog { request_id: 1, volume: VolumeId(0), after: Sequence(4), max_bytes: 1 << 20 });
+    assert!(h.actions().iter().any(|a| matches!(a, ElementAction::Serve { session: SessionId(3), .. })));
+    h.host(3, HostMessage::Apply(record(0, 3, 6)));
+    assert!(refused(&mut h, 3));
+    assert!(h.storage.is_none(), "the write was not committed");
+    // A host element writes, but does not copy blocks out (an element's part).
+    h.hello(4, 3, &["vol0"]);
+    h.actions();
+    let fetch = HostMessage::FetchBlocks {
+        request_id: 2,
+        volume: VolumeId(0),
+        first_block: 0,
+        min_applied: Sequence(0),
+        have: Vec::new(),
+    };
+    h.host(4, fetch.clone());
+    assert!(refused(&mut h, 4));
+    // Without authentication (a loopback-only cluster) the rules are as they always were.
+    assert_eq!(role_refusal(SessionRole::Unauthenticated, &fetch, Epoch(3)), None);
+    assert_eq!(role_refusal(SessionRole::Element, &fetch, Epoch(3)), None);
 }

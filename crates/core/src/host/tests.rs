@@ -145,7 +145,7 @@ impl Cluster {
     fn open_session(&mut self, element: usize) -> SessionId {
         let session = SessionId(self.next_session);
         self.next_session += 1;
-        self.elements[element].core.handle_session_opened(self.now, session);
+        self.elements[element].core.handle_session_opened(self.now, session, crate::SessionRole::Host);
         session
     }
 
