@@ -12,12 +12,41 @@ use tokio::net::{TcpListener, TcpStream};
 /// Pause after a failed accept before accepting again.
 const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(100);
 
+/// While accepting keeps failing, the failure is logged again at most this often.
+const ACCEPT_ERROR_LOG_EVERY: Duration = Duration::from_secs(60);
+
+/// When a failed accept was last logged, by any listener of the process.
+static LOGGED_AT: std::sync::Mutex<Option<std::time::Instant>> = std::sync::Mutex::new(None);
+
+/// The next connection. A passing failure (out of file descriptors, say) is logged at most
+/// once a minute for the whole process, with a count, and accepting going on again once.
 pub(crate) async fn accept(listener: &TcpListener, what: &str) -> io::Result<(TcpStream, SocketAddr)> {
+    let mut failures = 0u64;
     loop {
         match listener.accept().await {
-            Ok(accepted) => return Ok(accepted),
+            Ok(accepted) => {
+                if failures > 0 {
+                    tracing::debug!(failures, "{what}: accepting connections again");
+                }
+                return Ok(accepted);
+            }
             Err(error) if is_transient(&error) => {
-                tracing::warn!(%error, "{what}: accept failed; retrying in {ACCEPT_ERROR_PAUSE:?}");
+                failures += 1;
+                let log = {
+                    let mut logged_at = LOGGED_AT.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+                    let due = logged_at.is_none_or(|at| at.elapsed() >= ACCEPT_ERROR_LOG_EVERY);
+                    if due {
+                        *logged_at = Some(std::time::Instant::now());
+                    }
+                    due
+                };
+                if log {
+                    tracing::warn!(
+                        %error,
+                        failures,
+                        "{what}: accept failed; retrying every {ACCEPT_ERROR_PAUSE:?} (connections wait meanwhile)"
+                    );
+                }
                 tokio::time::sleep(ACCEPT_ERROR_PAUSE).await;
             }
             Err(error) => return Err(error),

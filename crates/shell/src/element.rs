@@ -32,6 +32,18 @@ use crate::tls::{PeerCertificate, Role, Stream, TlsContext};
 pub const SESSIONS_MAX: usize = 64;
 /// Inputs waiting for the actor, all sessions together: beyond it session tasks stop reading.
 const ACTOR_QUEUE_MAX: usize = 4096;
+/// A session must send its first message (a hello, or a standby's observe) within this.
+const FIRST_MESSAGE_TIMEOUT: Duration = Duration::from_secs(10);
+/// A frame that started arriving must go on arriving: nothing of it for this long ends the
+/// session (a stalled sender holds no memory longer than this).
+const FRAME_STALL_TIMEOUT: Duration = Duration::from_secs(30);
+/// Frames larger than this are counted against [`RECEIVING_BYTES_MAX`] while they arrive.
+const LARGE_FRAME_BYTES: usize = 1 << 20;
+/// Bytes of large frames being received, all sessions together; a session whose frame would go
+/// beyond waits (up to [`RECEIVING_WAIT_MAX`]: stalled senders are gone by then).
+const RECEIVING_BYTES_MAX: usize = 256 << 20;
+const RECEIVING_WAIT_MAX: Duration = Duration::from_secs(60);
+const _: () = assert!(RECEIVING_BYTES_MAX >= proto::FRAME_BODY_BYTES_MAX as usize * 4);
 /// A peer that answers nothing for this long has failed the replay or copy that uses it.
 /// A peer that does not accept a connection within this is unreachable.
 const PEER_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -170,6 +182,7 @@ async fn serve(
     let mut actor = tokio::spawn(run_actor(core, store.clone(), input_rx, inputs.clone(), jobs, peers));
     tracing::info!(listen = %options.listen, data = %options.data.display(), epoch = %store.epoch(), "element serving");
     let sessions = Arc::new(tokio::sync::Semaphore::new(SESSIONS_MAX));
+    let receiving = Arc::new(tokio::sync::Semaphore::new(RECEIVING_BYTES_MAX));
     let stopped = loop {
         let (stream, peer) = tokio::select! {
             accepted = crate::accept::accept(listener, "element") => accepted?,
@@ -186,6 +199,7 @@ async fn serve(
         *next_session += 1;
         let inputs = inputs.clone();
         let tls = options.tls.clone();
+        let receiving = receiving.clone();
         tokio::spawn(async move {
             let (stream, role) = match authenticate(stream, tls.as_ref()).await {
                 Ok(authenticated) => authenticated,
@@ -194,7 +208,7 @@ async fn serve(
                     return;
                 }
             };
-            let reason = serve_session(stream, session, role, inputs).await;
+            let reason = serve_session(stream, session, role, inputs, receiving).await;
             tracing::info!(%peer, session = session.0, %reason, "session ended");
             drop(permit);
         });
@@ -537,7 +551,14 @@ async fn run_peer(
     let _ = inputs.send(Input::PeerClosed { peer, reason }).await;
 }
 
-async fn serve_session(stream: Stream, session: SessionId, role: SessionRole, inputs: mpsc::Sender<Input>) -> String {
+async fn serve_session(
+    stream: Stream,
+    session: SessionId,
+    role: SessionRole,
+    inputs: mpsc::Sender<Input>,
+    receiving: Arc<tokio::sync::Semaphore>,
+) -> String {
+    let opened = tokio::time::Instant::now();
     let (mut read_half, write_half) = tokio::io::split(stream);
     let (writer, mut reply_rx) = mpsc::unbounded_channel::<ElementMessage>();
     if inputs.send(Input::Opened { session, role, writer }).await.is_err() {
@@ -561,6 +582,9 @@ async fn serve_session(stream: Stream, session: SessionId, role: SessionRole, in
     });
     let mut buf = BytesMut::with_capacity(256 * 1024);
     let mut writer_done = false;
+    let mut first_message = true;
+    // The large frame being received: its length and its share of `receiving`.
+    let mut large: Option<(usize, tokio::sync::OwnedSemaphorePermit)> = None;
     let reason = 'session: loop {
         loop {
             let message = match decode_frame::<HostMessage>(&mut buf) {
@@ -568,18 +592,55 @@ async fn serve_session(stream: Stream, session: SessionId, role: SessionRole, in
                 Ok(None) => break,
                 Err(e) => break 'session format!("bad frame: {e}"),
             };
+            first_message = false;
             if inputs.send(Input::Message { session, message }).await.is_err() {
                 break 'session "element stopping".to_string();
+            }
+        }
+        // A large frame arriving: count it before reading more of it.
+        let arriving = (buf.len() >= proto::FRAME_HEADER_BYTES)
+            .then(|| u32::from_le_bytes(buf[..4].try_into().expect("4 bytes")) as usize)
+            .filter(|&length| length > LARGE_FRAME_BYTES);
+        if large.as_ref().map(|(length, _)| *length) != arriving {
+            large = None;
+            if let Some(length) = arriving {
+                let acquire = receiving.clone().acquire_many_owned(length as u32);
+                match tokio::time::timeout(RECEIVING_WAIT_MAX, acquire).await {
+                    Ok(Ok(permit)) => large = Some((length, permit)),
+                    _ => {
+                        break format!("element busy: no room for a {length}-byte frame within {RECEIVING_WAIT_MAX:?}")
+                    }
+                }
             }
         }
         if buf.capacity() - buf.len() < 64 * 1024 {
             buf.reserve(256 * 1024);
         }
+        // How long the next read may take: the first message comes soon, and a frame that
+        // started keeps coming; between frames a session may be idle (a paced replay, say).
+        let limit = if first_message {
+            Some((FIRST_MESSAGE_TIMEOUT.saturating_sub(opened.elapsed()), "sent no message within the first"))
+        } else if !buf.is_empty() {
+            Some((FRAME_STALL_TIMEOUT, "stalled in the middle of a frame for"))
+        } else {
+            None
+        };
+        let read = async {
+            match limit {
+                Some((left, _)) => tokio::time::timeout(left, read_half.read_buf(&mut buf)).await.ok(),
+                None => Some(read_half.read_buf(&mut buf).await),
+            }
+        };
         tokio::select! {
-            read = read_half.read_buf(&mut buf) => match read {
-                Ok(0) => break "host element closed the connection".to_string(),
-                Ok(_) => {}
-                Err(e) => break format!("read error: {e}"),
+            read = read => match read {
+                None => {
+                    let (_, what) = limit.expect("only a bounded read times out");
+                    let bound = if first_message { FIRST_MESSAGE_TIMEOUT } else { FRAME_STALL_TIMEOUT };
+                    break format!("{what} {bound:?}");
+                }
+                Some(Ok(0)) => break "host element closed the connection".to_string(),
+                Some(Ok(_)) => {}
+                Some(Err(e)) => break format!("read error: {e}"),
             },
             // The core ended the session (a refusal): its writer was dropped and drained.
             _ = &mut writer_task => {

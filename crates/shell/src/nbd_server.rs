@@ -74,6 +74,12 @@ pub struct ServerOptions {
     /// Bytes of read and write data of one connection in flight at once (at least the maximum
     /// block size, 32 MiB, so every valid request fits).
     pub in_flight_bytes_max: u64,
+    /// The same, all connections together (at least `in_flight_bytes_max`): what a crowd of
+    /// clients that send writes slowly or never read replies can hold.
+    pub total_in_flight_bytes_max: u64,
+    /// A request that started arriving must go on arriving, and a reply must be taken by the
+    /// client, within this; otherwise the connection is closed and what it held is freed.
+    pub stall_timeout: Duration,
     /// Time a client has from connecting to finishing option haggling.
     pub handshake_timeout: Duration,
     /// Advertise `NBD_FLAG_CAN_MULTI_CONN`: only if a flush covers writes completed on every
@@ -99,7 +105,9 @@ impl Default for ServerOptions {
     fn default() -> Self {
         ServerOptions {
             in_flight_requests_max: 64,
-            in_flight_bytes_max: 256 * 1024 * 1024,
+            in_flight_bytes_max: 64 * 1024 * 1024,
+            total_in_flight_bytes_max: 1024 * 1024 * 1024,
+            stall_timeout: Duration::from_secs(30),
             handshake_timeout: Duration::from_secs(10),
             multi_conn: false,
             drain: None,
@@ -120,6 +128,11 @@ impl ServerOptions {
         if self.in_flight_bytes_max > Semaphore::MAX_PERMITS as u64 {
             return invalid("in_flight_bytes_max is too large");
         }
+        if self.total_in_flight_bytes_max < self.in_flight_bytes_max
+            || self.total_in_flight_bytes_max > Semaphore::MAX_PERMITS as u64
+        {
+            return invalid("total_in_flight_bytes_max must be at least in_flight_bytes_max");
+        }
         Ok(())
     }
 }
@@ -131,6 +144,7 @@ pub const CONNECTIONS_MAX: usize = 256;
 /// connection and the backend calls in flight), or until accepting fails for good.
 pub async fn serve(listener: TcpListener, backend: Arc<dyn Backend>, options: ServerOptions) -> io::Result<()> {
     options.validate()?;
+    let total_bytes = Arc::new(Semaphore::new(options.total_in_flight_bytes_max as usize));
     let options = Arc::new(options);
     let mut connections = JoinSet::new();
     let mut drain = options.drain.clone();
@@ -160,9 +174,10 @@ pub async fn serve(listener: TcpListener, backend: Arc<dyn Backend>, options: Se
         }
         let backend = backend.clone();
         let options = options.clone();
+        let total_bytes = total_bytes.clone();
         connections.spawn(async move {
             tracing::debug!(%peer, "nbd connection accepted");
-            match serve_connection(stream, peer, backend, &options).await {
+            match serve_connection(stream, peer, backend, &options, total_bytes).await {
                 Ok(end) => tracing::info!(%peer, "nbd connection closed: {end}"),
                 Err(error) => tracing::warn!(%peer, "nbd connection ended: {error}"),
             }
@@ -221,6 +236,8 @@ enum ConnectionError {
     RequestPanicked,
     #[error("TLS: {0}")]
     Tls(String),
+    #[error("the client stopped sending in the middle of a request for {0:?}")]
+    Stalled(Duration),
 }
 
 /// Lets the handshake look exports up in the backend.
@@ -257,6 +274,7 @@ async fn serve_connection(
     peer: SocketAddr,
     backend: Arc<dyn Backend>,
     options: &ServerOptions,
+    total_bytes: Arc<Semaphore>,
 ) -> Result<ConnectionEnd, ConnectionError> {
     stream.set_nodelay(true)?;
     let mut buffer = BytesMut::with_capacity(READ_CHUNK_BYTES);
@@ -288,6 +306,8 @@ async fn serve_connection(
         reply_failed: Arc::new(ReplyFailure::default()),
         requests: Arc::new(Semaphore::new(options.in_flight_requests_max as usize)),
         data_bytes: Arc::new(Semaphore::new(options.in_flight_bytes_max as usize)),
+        total_bytes,
+        stall_timeout: options.stall_timeout,
         tasks: JoinSet::new(),
         drain: options.drain.clone(),
     };
@@ -364,6 +384,9 @@ struct Connection {
     requests: Arc<Semaphore>,
     /// One permit per byte of read or write data in flight.
     data_bytes: Arc<Semaphore>,
+    /// The same for every connection of the server.
+    total_bytes: Arc<Semaphore>,
+    stall_timeout: Duration,
     tasks: JoinSet<()>,
     drain: Option<watch::Receiver<bool>>,
 }
@@ -454,6 +477,12 @@ impl Connection {
                     .acquire_many_owned(data_bytes)
                     .await
                     .expect("the data semaphore is never closed");
+                let total_permit = self
+                    .total_bytes
+                    .clone()
+                    .acquire_many_owned(data_bytes)
+                    .await
+                    .expect("the data semaphore is never closed");
                 let payload = match request.command.payload_bytes() {
                     0 => None,
                     length => {
@@ -470,8 +499,9 @@ impl Connection {
                     backend: self.backend.clone(),
                     writer: self.writer.clone(),
                     reply_failed: self.reply_failed.clone(),
+                    stall_timeout: self.stall_timeout,
                 };
-                self.tasks.spawn(job.run(request, payload, (request_permit, data_permit)));
+                self.tasks.spawn(job.run(request, payload, [request_permit, data_permit, total_permit]));
                 Ok(Next::Continue)
             }
         }
@@ -482,7 +512,9 @@ impl Connection {
     async fn fill(&mut self, wanted: usize) -> Result<bool, ConnectionError> {
         while self.buffer.len() < wanted {
             self.buffer.reserve((wanted - self.buffer.len()).max(READ_CHUNK_BYTES));
-            if self.reader.read_buf(&mut self.buffer).await? == 0 {
+            // Between requests a client may be idle as long as it likes; inside one it may not.
+            let started = !self.buffer.is_empty() || wanted > REQUEST_HEADER_BYTES;
+            if self.read_more(started).await? == 0 {
                 if self.buffer.is_empty() {
                     return Ok(false);
                 }
@@ -503,17 +535,29 @@ impl Connection {
                 return Ok(());
             }
             self.buffer.reserve(READ_CHUNK_BYTES);
-            if self.reader.read_buf(&mut self.buffer).await? == 0 {
+            if self.read_more(true).await? == 0 {
                 return Err(ConnectionError::RequestTruncated);
             }
+        }
+    }
+
+    /// One read into the buffer; inside a request (`started`) bounded by the stall timeout.
+    async fn read_more(&mut self, started: bool) -> Result<usize, ConnectionError> {
+        if !started {
+            return Ok(self.reader.read_buf(&mut self.buffer).await?);
+        }
+        match tokio::time::timeout(self.stall_timeout, self.reader.read_buf(&mut self.buffer)).await {
+            Ok(read) => Ok(read?),
+            Err(_) => Err(ConnectionError::Stalled(self.stall_timeout)),
         }
     }
 
     fn spawn_reply(&mut self, reply: Vec<u8>, permit: OwnedSemaphorePermit) {
         let writer = self.writer.clone();
         let reply_failed = self.reply_failed.clone();
+        let stall_timeout = self.stall_timeout;
         self.tasks.spawn(async move {
-            send_reply(&writer, &reply_failed, reply, None).await;
+            send_reply(&writer, &reply_failed, reply, None, stall_timeout).await;
             drop(permit);
         });
     }
@@ -526,18 +570,14 @@ struct RequestJob {
     backend: Arc<dyn Backend>,
     writer: Arc<Mutex<Writer>>,
     reply_failed: Arc<ReplyFailure>,
+    stall_timeout: Duration,
 }
 
 impl RequestJob {
     /// Runs one request on the backend and sends its reply; the permits are released after.
-    async fn run(
-        self,
-        request: Request,
-        payload: Option<Bytes>,
-        permits: (OwnedSemaphorePermit, OwnedSemaphorePermit),
-    ) {
+    async fn run(self, request: Request, payload: Option<Bytes>, permits: [OwnedSemaphorePermit; 3]) {
         let (reply, data) = self.execute(request, payload).await;
-        send_reply(&self.writer, &self.reply_failed, reply, data).await;
+        send_reply(&self.writer, &self.reply_failed, reply, data, self.stall_timeout).await;
         drop(permits);
     }
 
@@ -582,16 +622,31 @@ impl RequestJob {
 }
 
 /// Writes one reply (header and data together, with no other reply in between).
-async fn send_reply(writer: &Mutex<Writer>, reply_failed: &ReplyFailure, header: Vec<u8>, data: Option<Bytes>) {
+async fn send_reply(
+    writer: &Mutex<Writer>,
+    reply_failed: &ReplyFailure,
+    header: Vec<u8>,
+    data: Option<Bytes>,
+    stall_timeout: Duration,
+) {
     let mut writer = writer.lock().await;
-    let result = match data {
-        Some(data) => writer.write_all_buf(&mut Bytes::from(header).chain(data)).await,
-        None => writer.write_all(&header).await,
+    if reply_failed.failed() {
+        return;
+    }
+    let send = async {
+        match data {
+            Some(data) => writer.write_all_buf(&mut Bytes::from(header).chain(data)).await?,
+            None => writer.write_all(&header).await?,
+        }
+        // TLS keeps records until flushed (a no-op on plain TCP).
+        writer.flush().await
     };
-    // TLS keeps records until flushed (a no-op on plain TCP).
-    let result = match result {
-        Ok(()) => writer.flush().await,
-        error => error,
+    // A client that takes no replies would hold its requests' memory for good.
+    let result = match tokio::time::timeout(stall_timeout, send).await {
+        Ok(result) => result,
+        Err(_) => {
+            Err(io::Error::new(io::ErrorKind::TimedOut, format!("the client took no reply for {stall_timeout:?}")))
+        }
     };
     if let Err(error) = result {
         reply_failed.report(error);
@@ -604,10 +659,17 @@ async fn send_reply(writer: &Mutex<Writer>, reply_failed: &ReplyFailure, header:
 struct ReplyFailure {
     notify: Notify,
     error: std::sync::Mutex<Option<io::Error>>,
+    failed: std::sync::atomic::AtomicBool,
 }
 
 impl ReplyFailure {
+    /// Whether a reply failed already: later ones are not even tried.
+    fn failed(&self) -> bool {
+        self.failed.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     fn report(&self, error: io::Error) {
+        self.failed.store(true, std::sync::atomic::Ordering::Relaxed);
         let mut first = self.error.lock().expect("no panic while holding this lock");
         if first.is_none() {
             *first = Some(error);

@@ -49,9 +49,21 @@ pub struct BlockMap {
 }
 
 impl BlockMap {
-    pub fn new(blocks: u64) -> BlockMap {
-        let blocks = usize::try_from(blocks).expect("block count bounded by VOLUME_BYTES_MAX");
-        BlockMap { sequences: vec![0; blocks], crcs: vec![0; blocks], allocated: vec![0; blocks.div_ceil(64)] }
+    /// A map of `blocks` empty blocks; `Err` (never an abort) if the memory cannot be had.
+    pub fn new(blocks: u64) -> Result<BlockMap, String> {
+        let too_large = || format!("a block map of {blocks} blocks does not fit in memory");
+        let blocks = usize::try_from(blocks).map_err(|_| too_large())?;
+        fn zeroed<T: Clone + Default>(count: usize) -> Option<Vec<T>> {
+            let mut v = Vec::new();
+            v.try_reserve_exact(count).ok()?;
+            v.resize(count, T::default());
+            Some(v)
+        }
+        Ok(BlockMap {
+            sequences: zeroed(blocks).ok_or_else(too_large)?,
+            crcs: zeroed(blocks).ok_or_else(too_large)?,
+            allocated: zeroed(blocks.div_ceil(64)).ok_or_else(too_large)?,
+        })
     }
 
     pub fn blocks(&self) -> u64 {
@@ -371,7 +383,7 @@ impl MapFile {
         }
         let blocks = size_bytes / BLOCK_BYTES;
         let chunk_total = chunk_count(blocks);
-        let mut map = BlockMap::new(blocks);
+        let mut map = BlockMap::new(blocks).map_err(|reason| StoreError::Failed { reason })?;
         let mut chunks = ChunkImages::new(chunk_total);
         let mut stale_slots = Vec::new();
         let pairs_per_read = SCAN_BUFFER_BYTES / (2 * SLOT_BYTES);
@@ -498,12 +510,12 @@ mod tests {
 
     #[test]
     fn slot_images_round_trip() {
-        let mut map = BlockMap::new(MAP_CHUNK_BLOCKS + 10);
+        let mut map = BlockMap::new(MAP_CHUNK_BLOCKS + 10).unwrap();
         map.set_written(3, Sequence(5), 0xabcd);
         map.set_written(MAP_CHUNK_BLOCKS + 2, Sequence(6), 7);
         map.set_holes(MAP_CHUNK_BLOCKS + 3..MAP_CHUNK_BLOCKS + 5, Sequence(8));
         let mut image = vec![0u8; SLOT_BYTES as usize];
-        let mut loaded = BlockMap::new(MAP_CHUNK_BLOCKS + 10);
+        let mut loaded = BlockMap::new(MAP_CHUNK_BLOCKS + 10).unwrap();
         for chunk in 0..2 {
             map.encode_slot(chunk, 9, &mut image);
             assert_eq!(u64::from_le_bytes(image[0..8].try_into().expect("8")), 9);
@@ -527,7 +539,7 @@ mod tests {
 
     #[test]
     fn holes_and_runs() {
-        let mut map = BlockMap::new(300);
+        let mut map = BlockMap::new(300).unwrap();
         for block in [3, 4, 5, 64, 65, 200] {
             map.set_written(block, Sequence(1), 7);
         }

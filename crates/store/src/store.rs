@@ -161,6 +161,20 @@ impl Store {
             meta.write(dir)?;
         }
 
+        // The block maps must fit the memory this element allows before any is loaded (a store
+        // from before that check, or moved to a smaller machine, is refused, not aborted on).
+        let sizes: Vec<u64> = meta.volumes.iter().map(|v| v.size_bytes).collect();
+        let memory = crate::map_memory_bytes(&sizes);
+        if memory > options.map_memory_bytes_max {
+            let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+            return Err(StoreError::Failed {
+                reason: format!(
+                    "the block maps of this store's volumes need {:.1} GiB of memory, more than the {:.1} GiB this element allows",
+                    gib(memory),
+                    gib(options.map_memory_bytes_max)
+                ),
+            });
+        }
         let mut volumes = Vec::with_capacity(meta.volumes.len());
         let mut images = Vec::with_capacity(meta.volumes.len());
         let mut dirty = Vec::with_capacity(meta.volumes.len());
@@ -544,6 +558,9 @@ impl Store {
         if count >= VOLUMES_MAX {
             return invalid(format!("the store already holds {VOLUMES_MAX} volumes"));
         }
+        // The block map's memory first: a volume that cannot have it leaves nothing behind.
+        let map = BlockMap::new(size_bytes / BLOCK_BYTES)
+            .map_err(|reason| StoreError::InvalidVolume { name: name.to_string(), reason })?;
         let dir = &self.shared.dir;
         let data_path = data_path(dir, number);
         let data = OpenOptions::new()
@@ -580,11 +597,7 @@ impl Store {
             data_path,
             data,
             map_file,
-            state: RwLock::new(VolumeState {
-                applied: Sequence::ZERO,
-                applied_epoch: Epoch(0),
-                map: BlockMap::new(size_bytes / BLOCK_BYTES),
-            }),
+            state: RwLock::new(VolumeState { applied: Sequence::ZERO, applied_epoch: Epoch(0), map }),
             copy: Mutex::new(None),
         }));
         tracing::info!(volume = name, size_bytes, number, "volume created");

@@ -534,6 +534,19 @@ fn a_volume_too_large_for_the_element_is_refused_before_anything_is_written() {
 }
 
 #[test]
+fn a_store_whose_block_maps_exceed_the_memory_allowed_is_refused_at_open_not_aborted_on() {
+    let dir = TempDir::new("maps-too-large");
+    let store = Store::open(&dir.0, small_options()).expect("open");
+    store.ensure_volume("v", 64 << 20).expect("a volume");
+    drop(store);
+    // A smaller machine (or a store made before the check): the maps do not fit.
+    let tiny = StoreOptions { map_memory_bytes_max: 1 << 10, ..small_options() };
+    let error = Store::open(&dir.0, tiny).err().expect("refused").to_string();
+    assert!(error.contains("memory"), "{error}");
+    Store::open(&dir.0, small_options()).expect("opens where the maps fit");
+}
+
+#[test]
 fn running_out_of_space_is_told_apart() {
     let full = StoreError::Io {
         operation: "write",

@@ -1,0 +1,156 @@
+"""Limits at the doors: clients that stall in the middle of a request, never read their replies,
+or exhaust the file descriptors hold bounded memory for a bounded time, and the processes keep
+serving everyone else — never an exit, a busy loop or unbounded growth."""
+
+import os
+import socket
+import struct
+import time
+
+import pytest
+
+import harness
+from harness import MiB, Client
+
+NBD_CMD_READ = 0
+NBD_CMD_WRITE = 1
+# The server's stall timeout (ServerOptions::stall_timeout, element FRAME_STALL_TIMEOUT) and
+# the element's first-message timeout, plus room to act.
+STALL_S = 30
+FIRST_MESSAGE_S = 10
+
+
+def rss_mib(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    raise AssertionError(f"no VmRSS for {pid}")
+
+
+def cpu_seconds(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def raw_nbd(port, receive_buffer=None):
+    """A handshaken raw NBD connection to vol0; optionally with a tiny receive buffer (a client
+    that reads nothing then fills the server's send path quickly)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    if receive_buffer:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer)
+    sock.settimeout(10)
+    sock.connect((harness.LOCALHOST, port))
+    conn = harness.RawNbd.__new__(harness.RawNbd)
+    conn.sock = sock
+    conn.handshake("vol0")
+    return conn
+
+
+def bystander_round(client, seed):
+    data = harness.random_bytes(256 * 1024, seed)
+    client.pwrite(data, 900 * MiB)
+    assert client.pread(len(data), 900 * MiB) == data
+
+
+@pytest.mark.time_limit(240)
+def test_stalled_writers_and_clients_that_never_read_hold_bounded_memory_for_a_bounded_time(cluster):
+    pid = cluster.host.popen.pid
+    with Client(cluster.uri()) as bystander:
+        bystander_round(bystander, 1)
+        before = rss_mib(pid)
+        stalled = []
+        for i in range(16):
+            # A maximal write whose payload stops 1 MiB short, for good.
+            conn = raw_nbd(cluster.nbd_port)
+            conn.request(NBD_CMD_WRITE, 0, 32 * MiB, handle=i, payload=b"\xab" * (31 * MiB))
+            stalled.append(conn)
+        deaf = []
+        for i in range(4):
+            conn = raw_nbd(cluster.nbd_port, receive_buffer=4096)
+            for j in range(16):
+                conn.request(NBD_CMD_READ, j * 32 * MiB, 32 * MiB, handle=j)
+            deaf.append(conn)
+        time.sleep(3)
+        grown = rss_mib(pid) - before
+        print(f"host element RSS grew {grown:.0f} MiB under 16 stalled 32 MiB writes and 4 deaf readers")
+        # 16 × 31 MiB arrived of the writes; each deaf client may hold 64 MiB of reads.
+        assert grown < 16 * 32 + 4 * 64 + 128, f"host element memory grew {grown:.0f} MiB"
+        bystander_round(bystander, 2)
+        # The server gives up on them after its stall timeout, and frees what they held (read
+        # from the log: reading a deaf client's socket here would let its replies through).
+        def given_up():
+            log = harness.tail_file(cluster.host.log_path, 1000)
+            return (log.count("stopped sending in the middle of a request") >= len(stalled)
+                    and log.count("took no reply") >= len(deaf))
+
+        harness.wait_until(given_up, STALL_S + 20, "the host element to close every stalled and deaf connection")
+        for conn in stalled:
+            assert conn.closed_by_server(5), "a stalled writer's connection stayed open"
+        for conn in stalled + deaf:
+            conn.close()
+        bystander_round(bystander, 3)
+    assert cluster.host.alive()
+
+
+@pytest.mark.time_limit(180)
+def test_stalled_frames_on_an_element_are_dropped_and_bounded(cluster):
+    near = cluster.elements["near"]
+    pid = near.process.popen.pid
+    before = rss_mib(pid)
+    socks = []
+    for _ in range(16):
+        sock = socket.create_connection((harness.LOCALHOST, near.port), timeout=10)
+        # A maximal frame (32 MiB) of which 31 MiB arrive, then nothing.
+        sock.sendall(struct.pack("<II", 32 * MiB, 0) + b"\x02" * (31 * MiB))
+        socks.append(sock)
+    grown = rss_mib(pid) - before
+    print(f"element RSS grew {grown:.0f} MiB under 16 stalled maximal frames")
+    # Large frames arriving are bounded all together (256 MiB); the rest waits unread in TCP.
+    assert grown < 256 + 96, f"element memory grew {grown:.0f} MiB"
+    with Client(cluster.uri()) as client:
+        bystander_round(client, 4)
+    for sock in socks:
+        sock.settimeout(FIRST_MESSAGE_S + 15)
+        try:
+            assert sock.recv(1) == b"", "the element kept a stalled stranger's connection"
+        except ConnectionResetError:
+            pass
+        sock.close()
+    assert near.process.alive()
+    assert "sent no message within the first" in harness.tail_file(near.process.log_path, 300)
+    cluster.wait_healthy()
+
+
+@pytest.mark.time_limit(180)
+def test_out_of_file_descriptors_every_port_waits_and_serves_again(make_cluster):
+    cluster = make_cluster(start=False)
+    near = cluster.elements["near"]
+    near.process.args = ["prlimit", "--nofile=48:48", "--"] + near.process.args
+    cluster.host.args = ["prlimit", "--nofile=64:64", "--"] + cluster.host.args
+    cluster.start()
+    ports = {"element": (near.port, near.process), "nbd": (cluster.nbd_port, cluster.host),
+             "admin": (cluster.admin_port, cluster.host)}
+    for name, (port, process) in ports.items():
+        held = []
+        cpu_before = cpu_seconds(process.popen.pid)
+        for _ in range(80):
+            held.append(socket.create_connection((harness.LOCALHOST, port), timeout=10))
+        time.sleep(3)
+        busy = cpu_seconds(process.popen.pid) - cpu_before
+        assert process.alive(), f"{process.name} exited with its descriptors exhausted on the {name} port"
+        assert busy < 1.5, f"{process.name} spun ({busy:.1f} CPU seconds in 3 s) at the descriptor limit"
+        for sock in held:
+            sock.close()
+        log = harness.tail_file(process.log_path, 2000)
+        assert log.count("accept failed") <= 6, f"the {name} port logged every failed accept"
+        # Serving again: a write and a read through the host element, status answers.
+        status = cluster.wait_healthy(timeout=60)
+        assert harness.healthy(status)
+        with Client(cluster.uri()) as client:
+            bystander_round(client, 5)
+    # The element took new sessions too: a restarted host element reconnects to it.
+    cluster.host.kill9()
+    cluster.host.reap_group()
+    cluster.start_host()
