@@ -21,6 +21,7 @@ bash scripts/install-test-deps.sh
 
 echo "== cargo fmt --check"
 cargo fmt --all --check
+rustfmt --check --edition 2021 fuzz/fuzz_targets/*.rs
 
 echo "== cargo clippy --workspace --all-targets -- -D warnings"
 # Release profile: shares its dependency builds with the build and tests below.
@@ -31,6 +32,9 @@ cargo build --release --workspace
 
 echo "== cargo test --release --workspace"
 cargo test --release --workspace
+
+echo "== fuzz targets, 8 s each (bash scripts/fuzz.sh SECONDS for longer runs)"
+bash scripts/fuzz.sh 8
 
 target_dir="${CARGO_TARGET_DIR:-$repo/target}"
 export STARFISH_BIN="${STARFISH_BIN:-$target_dir/release/starfish}"

@@ -5,6 +5,7 @@
 //! current time passed in; outputs are taken with [`HostCore::poll_action`] and
 //! [`HostCore::poll_timeout`]. The shell (crates/shell) carries the actions out.
 
+pub mod admin_request;
 mod element;
 mod failure;
 mod host;

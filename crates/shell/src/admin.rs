@@ -22,8 +22,7 @@ use crate::tls::{Identity, PeerCertificate, Role, Stream, TlsContext};
 /// First byte of a TLS handshake record.
 const TLS_HANDSHAKE_RECORD: u8 = 0x16;
 
-/// Requests longer than this are refused: the admin API only takes short GETs.
-const REQUEST_BYTES_MAX: usize = 8192;
+use starfish_core::admin_request::{self, AdminRequest, REQUEST_BYTES_MAX};
 
 /// Admin requests answered at once; more connections are closed until one is answered.
 const CONNECTIONS_MAX: usize = 32;
@@ -111,38 +110,41 @@ async fn authenticate(
 }
 
 async fn answer(mut stream: Stream, host: std::sync::Arc<Node>, caller: Caller) -> std::io::Result<()> {
-    let mut request = Vec::with_capacity(1024);
+    let mut head = Vec::with_capacity(1024);
     let mut buf = [0u8; 1024];
-    while !request.windows(4).any(|w| w == b"\r\n\r\n") && !request.windows(2).any(|w| w == b"\n\n") {
+    while !admin_request::head_complete(&head) {
         let n = stream.read(&mut buf).await?;
-        if n == 0 || request.len() + n > REQUEST_BYTES_MAX {
+        if n == 0 || head.len() + n > REQUEST_BYTES_MAX {
             break;
         }
-        request.extend_from_slice(&buf[..n]);
+        head.extend_from_slice(&buf[..n]);
     }
-    let line = String::from_utf8_lossy(&request);
-    let path = line.split_whitespace().nth(1).unwrap_or("");
+    let request = admin_request::parse(&head);
     let order = |result: Result<Value, String>| match result {
         Ok(doc) => ("200 OK", "application/json", doc.to_string()),
         Err(e) => ("409 Conflict", "application/json", json!({ "error": e }).to_string()),
     };
-    let (code, content_type, body) = match (line.split_whitespace().next(), path) {
-        (Some("GET"), "/status") => match host.status_json().await {
+    let refusal = request.is_order().then(|| caller.order_refusal(request == AdminRequest::Drain)).flatten();
+    let (code, content_type, body) = match request {
+        _ if refusal.is_some() => {
+            let reason = refusal.unwrap_or_default();
+            tracing::warn!(?caller, ?request, "admin: order refused: {reason}");
+            ("403 Forbidden", "application/json", json!({ "error": reason }).to_string())
+        }
+        AdminRequest::Status => match host.status_json().await {
             Some(doc) => ("200 OK", "application/json", doc.to_string()),
             None => ("503 Service Unavailable", "text/plain", "host element stopping\n".into()),
         },
-        (Some("GET"), "/metrics") => match host.metrics().await {
+        AdminRequest::Metrics => match host.metrics().await {
             Some(text) => ("200 OK", "text/plain; version=0.0.4", text),
             None => ("503 Service Unavailable", "text/plain", "host element stopping\n".into()),
         },
-        (Some("POST"), "/failover" | "/drain") if caller.order_refusal(path == "/drain").is_some() => {
-            let reason = caller.order_refusal(path == "/drain").unwrap_or_default();
-            tracing::warn!(?caller, path, "admin: order refused: {reason}");
-            ("403 Forbidden", "application/json", json!({ "error": reason }).to_string())
+        AdminRequest::Failover => order(host.take_over("told to (starfish failover)", true).await),
+        AdminRequest::Drain => order(host.drain().await),
+        AdminRequest::NotFound => {
+            ("404 Not Found", "text/plain", "try GET /status, GET /metrics, POST /failover or POST /drain\n".into())
         }
-        (Some("POST"), "/failover") => order(host.take_over("told to (starfish failover)", true).await),
-        (Some("POST"), "/drain") => order(host.drain().await),
-        _ => ("404 Not Found", "text/plain", "try GET /status, GET /metrics, POST /failover or POST /drain\n".into()),
+        AdminRequest::Malformed(why) => ("400 Bad Request", "text/plain", format!("{why}\n")),
     };
     let head = format!(
         "HTTP/1.0 {code}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",

@@ -22,6 +22,8 @@ mod block_map;
 mod checkpoint;
 mod element_storage;
 mod error;
+#[cfg(feature = "fuzz")]
+pub mod fuzz;
 mod log;
 mod meta;
 mod reclaim;

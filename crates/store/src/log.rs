@@ -37,6 +37,25 @@ const END_MARK: [u8; BATCH_HEADER_BYTES] = [0; BATCH_HEADER_BYTES];
 
 const BATCH_MAGIC: u32 = u32::from_le_bytes(*b"SFLB");
 pub const BATCH_HEADER_BYTES: usize = 40;
+/// The record parser on any payload, for `store::fuzz`: never a panic; an accepted record
+/// re-encodes to the same header and table, and converts to a wire record.
+#[cfg(feature = "fuzz")]
+pub(crate) fn fuzz_record(payload: &[u8]) {
+    let header = RECORD_HEADER_BYTES as usize;
+    let table_end = (payload.len() >= header)
+        .then(|| header as u64 + 4 * u32::from_le_bytes(payload[4..8].try_into().expect("4")) as u64)
+        .filter(|end| *end <= payload.len() as u64);
+    let crc = table_end.map_or(0, |end| crc32c::crc32c(&payload[..end as usize]));
+    if let Ok(record) = LogRecord::decode(Bytes::copy_from_slice(payload), crc) {
+        let mut head = Vec::new();
+        record.encode_head(&mut head);
+        let end = table_end.expect("an accepted record has its table") as usize;
+        assert_eq!(&head[RECORD_FRAME_BYTES as usize..], &payload[..end]);
+        assert_eq!(record.frame_bytes(), RECORD_FRAME_BYTES + payload.len() as u64);
+        let _ = record.to_record();
+    }
+}
+
 /// `[u32 payload length][u32 crc32c]` before every record payload.
 pub const RECORD_FRAME_BYTES: u64 = 8;
 /// Fixed part of a record payload, before its block checksums and blocks.

@@ -1,0 +1,88 @@
+//! The admin endpoint's requests: what the shell's small HTTP server reads from a connection
+//! before it answers. Sans-IO, bounded, and fuzzed (`fuzz/fuzz_targets/admin_request.rs`).
+
+/// A request head longer than this is refused: the admin API takes short requests only.
+pub const REQUEST_BYTES_MAX: usize = 8192;
+
+/// What a request asks for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AdminRequest {
+    /// `GET /status`: the status document.
+    Status,
+    /// `GET /metrics`: Prometheus text.
+    Metrics,
+    /// `POST /failover`: this standby takes over.
+    Failover,
+    /// `POST /drain`: this active host element drains and turns standby.
+    Drain,
+    /// A well-formed request for something else.
+    NotFound,
+    /// Not an HTTP/1 request line (the reason says why).
+    Malformed(&'static str),
+}
+
+impl AdminRequest {
+    /// Whether it changes the cluster (and so needs an operator's certificate under TLS).
+    pub fn is_order(self) -> bool {
+        matches!(self, AdminRequest::Failover | AdminRequest::Drain)
+    }
+}
+
+/// Whether `received` holds a whole request head (through the blank line).
+pub fn head_complete(received: &[u8]) -> bool {
+    received.windows(4).any(|w| w == b"\r\n\r\n") || received.windows(2).any(|w| w == b"\n\n")
+}
+
+/// The request a head asks for, from its request line (`METHOD TARGET HTTP/1.x`); headers and
+/// a query string are ignored.
+pub fn parse(head: &[u8]) -> AdminRequest {
+    let head = &head[..head.len().min(REQUEST_BYTES_MAX)];
+    let line_end = head.iter().position(|&b| b == b'\n').unwrap_or(head.len());
+    let Ok(line) = std::str::from_utf8(&head[..line_end]) else {
+        return AdminRequest::Malformed("the request line is not UTF-8");
+    };
+    let line = line.strip_suffix('\r').unwrap_or(line);
+    let mut parts = line.split(' ');
+    let (Some(method), Some(target), Some(version), None) = (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
+        return AdminRequest::Malformed("expected METHOD TARGET HTTP/1.x");
+    };
+    if !version.starts_with("HTTP/1.") || method.is_empty() || !target.starts_with('/') {
+        return AdminRequest::Malformed("expected METHOD TARGET HTTP/1.x");
+    }
+    let path = target.split_once('?').map_or(target, |(path, _query)| path);
+    match (method, path) {
+        ("GET", "/status") => AdminRequest::Status,
+        ("GET", "/metrics") => AdminRequest::Metrics,
+        ("POST", "/failover") => AdminRequest::Failover,
+        ("POST", "/drain") => AdminRequest::Drain,
+        _ => AdminRequest::NotFound,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_are_read_from_their_request_line() {
+        assert_eq!(parse(b"GET /status HTTP/1.1\r\nHost: x\r\n\r\n"), AdminRequest::Status);
+        assert_eq!(parse(b"GET /metrics?x=1 HTTP/1.0\n\n"), AdminRequest::Metrics);
+        assert_eq!(parse(b"POST /failover HTTP/1.0\r\n\r\n"), AdminRequest::Failover);
+        assert_eq!(parse(b"POST /drain HTTP/1.1\r\n\r\n"), AdminRequest::Drain);
+        assert_eq!(parse(b"GET /failover HTTP/1.1\r\n\r\n"), AdminRequest::NotFound);
+        assert_eq!(parse(b"DELETE /status HTTP/1.1\r\n\r\n"), AdminRequest::NotFound);
+        assert!(AdminRequest::Failover.is_order() && !AdminRequest::Status.is_order());
+        for bad in [
+            &b""[..],
+            b"\xff\xfe /status HTTP/1.1\r\n",
+            b"GET /status\r\n",
+            b"GET status HTTP/1.1\r\n",
+            b"GET  /status HTTP/1.1\r\n",
+            b"GET /status SPDY/3\r\n",
+        ] {
+            assert!(matches!(parse(bad), AdminRequest::Malformed(_)), "{bad:?}");
+        }
+        assert!(head_complete(b"GET / HTTP/1.0\r\n\r\n") && !head_complete(b"GET / HTTP/1.0\r\n"));
+    }
+}
