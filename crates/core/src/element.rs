@@ -235,6 +235,9 @@ pub struct ElementConfig {
     pub lease_ms: u64,
     /// See `OWNER_SILENCE_MS_DEFAULT`.
     pub owner_silence_ms: u64,
+    /// Refuse what a session's role may not send ([`role_refusal`]). Off only in the
+    /// simulator's deliberately broken variant (`--broken no-role-check`).
+    pub check_roles: bool,
 }
 
 impl Default for ElementConfig {
@@ -250,6 +253,7 @@ impl Default for ElementConfig {
             element_id: 0,
             lease_ms: LEASE_MS_DEFAULT,
             owner_silence_ms: OWNER_SILENCE_MS_DEFAULT,
+            check_roles: true,
         }
     }
 }
@@ -672,11 +676,12 @@ impl ElementCore {
     pub fn handle_host_message(&mut self, now: Time, session: SessionId, message: HostMessage) {
         self.tick(now);
         let Some(state) = self.sessions.get_mut(&session) else { return };
-        if let Some(reason) = role_refusal(state.role, &message, self.epoch) {
+        let role = if self.config.check_roles { state.role } else { SessionRole::Unauthenticated };
+        if let Some(reason) = role_refusal(role, &message, self.epoch) {
             self.log(LogLevel::Warn, format!("session {}: refused: {reason}", session.0));
             return self.refuse(session, format!("not allowed: {reason}"));
         }
-        if state.role == SessionRole::Element {
+        if role == SessionRole::Element {
             if let HostMessage::Hello { volumes, .. } = &message {
                 // A peer reads what exists; it never creates a volume here.
                 if let Some(unknown) = volumes.iter().find(|spec| !self.volumes.iter().any(|v| v.spec == **spec)) {

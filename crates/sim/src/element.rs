@@ -115,7 +115,8 @@ impl Element {
             storage.add_volume(format!("vol{v}"));
         }
         let lease_ms = if broken == Broken::NoReadLease { 0 } else { starfish_core::limits::LEASE_MS_DEFAULT };
-        let config = ElementConfig { fencing, element_id, lease_ms, ..ElementConfig::default() };
+        let check_roles = broken != Broken::NoRoleCheck;
+        let config = ElementConfig { fencing, element_id, lease_ms, check_roles, ..ElementConfig::default() };
         let core = Self::boot(config, &storage);
         Element {
             name,

@@ -57,10 +57,15 @@ pub enum FaultKind {
     /// gone and it holds the coordinator's key (a register whose holder's lease lapses 2.5 s
     /// after its death; claimed by compare on its revision).
     HostCrashStandby,
+    /// Someone holding an element's certificate (a compromised element, or one of its
+    /// operators) opens sessions to elements as a peer would and tries what only a host
+    /// element may: a newer epoch, and writes at the next sequences with content nobody wrote.
+    /// Opt-in only (`--faults rogue_element_session`): not in the default mix or swarm draws.
+    RogueElementSession,
 }
 
 impl FaultKind {
-    pub const ALL: [FaultKind; 17] = [
+    pub const ALL: [FaultKind; 18] = [
         FaultKind::ElementKill,
         FaultKind::ElementPowerLoss,
         FaultKind::HostCrash,
@@ -78,6 +83,7 @@ impl FaultKind {
         FaultKind::RotNewestBatch,
         FaultKind::HostPause,
         FaultKind::HostCrashStandby,
+        FaultKind::RogueElementSession,
     ];
 
     pub fn name(self) -> &'static str {
@@ -99,6 +105,7 @@ impl FaultKind {
             FaultKind::HostSuperseded => "host_superseded",
             FaultKind::HostPause => "host_pause",
             FaultKind::HostCrashStandby => "host_crash_standby_takes_over",
+            FaultKind::RogueElementSession => "rogue_element_session",
         }
     }
 
@@ -128,7 +135,14 @@ impl FaultKind {
             // Off in the default mix too (pinned seeds); swarm runs and `--faults` inject it.
             FaultKind::HostPause => 0.0,
             FaultKind::HostCrashStandby => 0.0,
+            FaultKind::RogueElementSession => 0.0,
         }
+    }
+
+    /// Injected only when asked for by name: swarm runs draw no weight for it (so the draws,
+    /// and what every earlier seed means, stay as they were).
+    fn opt_in(self) -> bool {
+        self == FaultKind::RogueElementSession
     }
 }
 
@@ -151,6 +165,9 @@ pub enum Broken {
     /// Host elements answer reads without the read lease (and elements promise none): one
     /// a standby took over from serves what the new one has overwritten.
     NoReadLease,
+    /// Elements check no session's role: a session holding an element's certificate may set
+    /// epochs and write like a host element.
+    NoRoleCheck,
 }
 
 impl Broken {
@@ -161,6 +178,7 @@ impl Broken {
             "no-fencing" => Some(Broken::NoFencing),
             "clock-epochs" => Some(Broken::ClockEpochs),
             "no-read-lease" => Some(Broken::NoReadLease),
+            "no-role-check" => Some(Broken::NoRoleCheck),
             _ => None,
         }
     }
@@ -171,6 +189,7 @@ impl Broken {
             Broken::NoFencing => "no-fencing",
             Broken::ClockEpochs => "clock-epochs",
             Broken::NoReadLease => "no-read-lease",
+            Broken::NoRoleCheck => "no-role-check",
         }
     }
 }
@@ -300,8 +319,10 @@ impl Scenario {
         let mut fault_interval_ms = options.fault_interval_ms;
         if options.swarm {
             // Swarm testing: each run has its own mix, with some kinds switched off entirely.
-            for w in &mut fault_weights {
-                *w = if rng.chance(0.3) { 0.0 } else { rng.f64() * 4.0 };
+            for (w, kind) in fault_weights.iter_mut().zip(FaultKind::ALL) {
+                if !kind.opt_in() {
+                    *w = if rng.chance(0.3) { 0.0 } else { rng.f64() * 4.0 };
+                }
             }
             if fault_weights.iter().all(|w| *w == 0.0) {
                 fault_weights[0] = 1.0;
@@ -312,7 +333,7 @@ impl Scenario {
             for (w, kind) in fault_weights.iter_mut().zip(FaultKind::ALL) {
                 if !options.only_faults.contains(&kind) {
                     *w = 0.0;
-                } else if !options.swarm && *w == 0.0 {
+                } else if (!options.swarm || kind.opt_in()) && *w == 0.0 {
                     // Asked for by name although off in the default mix.
                     *w = 1.0;
                 }

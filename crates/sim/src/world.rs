@@ -1041,6 +1041,58 @@ impl World {
         self.schedule(at, Ev::PeerDeliver { link: id, message: hello });
     }
 
+    /// A session with an element's certificate does what only a host element may: either a
+    /// hello of a newer epoch, or, at the element's own epoch and as its holder (what
+    /// `Observe` tells anyone), writes at the element's next sequences with content nobody
+    /// wrote. The element must refuse them by role; if it did not, the checkers see the damage.
+    fn rogue_element_session(&mut self, e: usize) {
+        let (epoch, holder, _) = self.elements[e].observe(self.now);
+        let volumes = self.elements[e].storage.vols.len();
+        let specs: Vec<VolumeSpec> =
+            (0..volumes).map(|v| VolumeSpec { name: format!("vol{v}"), size_bytes: self.sc.volume_bytes }).collect();
+        let v = self.rng_fault.below(volumes as u64) as usize;
+        let applied = self.elements[e].storage.vols[v].applied();
+        let blocks = self.sc.volume_bytes / proto::BLOCK_BYTES;
+        let offset_bytes = self.rng_fault.below(blocks) * proto::BLOCK_BYTES;
+        self.trace(|| {
+            format!("FAULT rogue element session to e{e}: epoch {epoch}+1, then writes after {applied} on vol{v}")
+        });
+        let newer = HostMessage::Hello {
+            epoch: proto::Epoch(epoch.0 + 1),
+            host: proto::HostId(u64::MAX - 1),
+            volumes: specs.clone(),
+            admin: String::new(),
+        };
+        let writes: Vec<HostMessage> = (1..=3)
+            .map(|k| {
+                HostMessage::Apply(Record {
+                    volume: VolumeId(v as u32),
+                    epoch,
+                    sequence: Sequence(applied.0 + k),
+                    op: Op::Write { offset_bytes, data: bytes::Bytes::from(vec![0xee; proto::BLOCK_BYTES as usize]) },
+                })
+            })
+            .collect();
+        let same = HostMessage::Hello { epoch, host: holder, volumes: specs, admin: String::new() };
+        let script: Vec<HostMessage> =
+            if self.rng_fault.chance(0.5) { vec![newer] } else { std::iter::once(same).chain(writes).collect() };
+        {
+            let id = self.next_session;
+            self.next_session += 1;
+            self.elements[e].open_session(self.now, id, starfish_core::SessionRole::Element);
+            for message in script {
+                if !self.elements[e].has_session(id) {
+                    break;
+                }
+                let mut out = Vec::new();
+                self.elements[e].handle(self.now, &mut self.rng_disk, id, message, &mut out);
+                self.element_outputs(e, out);
+            }
+            // The stranger stays connected: a refusal closes the session; without one, what it
+            // asked is carried out in its turn.
+        }
+    }
+
     fn peer_deliver(&mut self, id: u64, message: HostMessage) {
         let Some(link) = self.peer_links.get(&id) else { return };
         let to = link.to;
@@ -1905,6 +1957,16 @@ impl World {
                     false
                 }
             }
+            FaultKind::RogueElementSession => {
+                let alive: Vec<usize> = (0..n).filter(|&e| self.elements[e].alive).collect();
+                if alive.is_empty() {
+                    false
+                } else {
+                    let e = alive[self.rng_fault.below(alive.len() as u64) as usize];
+                    self.rogue_element_session(e);
+                    true
+                }
+            }
             FaultKind::HostPause => {
                 if self.host.is_some() && self.superseded.is_none() {
                     let mut old = self.host.take().expect("checked");
@@ -2193,7 +2255,36 @@ impl World {
             }
         }
         self.check_replicas();
+        self.check_only_host_elements_wrote();
         self.model.settle(2 * self.o.quorum <= self.o.elements);
+    }
+
+    /// Only host elements set epochs and write: no element follows an epoch newer than the
+    /// host element's, and none holds a block of what a rogue session wrote (0xee throughout:
+    /// the workload's self-describing sectors never are).
+    fn check_only_host_elements_wrote(&mut self) {
+        let Some(host) = &self.host else { return };
+        let host_epoch = host.core.status(self.now).epoch;
+        for e in 0..self.elements.len() {
+            if !self.elements[e].alive {
+                continue;
+            }
+            let (epoch, holder, _) = self.elements[e].observe(self.now);
+            if epoch > host_epoch {
+                self.violation(format!(
+                    "element e{e} follows epoch {epoch} of {holder}, newer than any host element's ({host_epoch})"
+                ));
+            }
+            let rogue = self.elements[e].storage.vols.iter().enumerate().find_map(|(v, vol)| {
+                vol.data
+                    .chunks(proto::BLOCK_BYTES as usize)
+                    .position(|block| block.iter().all(|&b| b == 0xee))
+                    .map(|block| (v, block))
+            });
+            if let Some((v, block)) = rogue {
+                self.violation(format!("element e{e} holds at vol{v} block {block} what no host element wrote"));
+            }
+        }
     }
 
     /// Replicas in sync are byte-identical and hold the same history; every acknowledged write

@@ -226,3 +226,19 @@ fn takeovers_are_safe_and_reads_without_the_lease_are_caught() {
     eprintln!("--broken no-read-lease: caught seeds {caught:?} of 2000..2016");
     assert!(caught.len() >= 2, "reads without the lease must be caught in several runs, got {caught:?}");
 }
+
+/// A session holding an element's certificate (a compromised element) that tries what only a
+/// host element may — a newer epoch, writes at the next sequences — changes nothing; without
+/// the element's role check it fences host elements and plants content nobody wrote.
+#[test]
+fn rogue_element_sessions_change_nothing_and_without_the_role_check_are_caught() {
+    let mut o = options(3, 2);
+    o.only_faults = vec![FaultKind::RogueElementSession, FaultKind::ElementKill, FaultKind::HostCrash];
+    let summary = sweep("N=3 Q=2 rogue element sessions", &o, 16);
+    assert!(summary.faults_total() > 16, "rogue sessions happened");
+    o.broken = Broken::NoRoleCheck;
+    let reports = run_many(&o, 3_000, 16, 2);
+    let caught: Vec<u64> = reports.iter().filter(|r| !r.violations.is_empty()).map(|r| r.seed).collect();
+    eprintln!("--broken no-role-check: caught seeds {caught:?} of 3000..3016");
+    assert!(caught.len() >= 4, "a missing role check must be caught in several runs, got {caught:?}");
+}
