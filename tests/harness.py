@@ -343,6 +343,8 @@ class Cluster:
             f"quorum = {self.quorum}",
             "",
         ]
+        if self.certs:
+            lines.insert(3, f'tls_dir = "{os.path.join(self.certs, "host")}"')
         for element in self.elements.values():
             lines += ["[[element]]", f'name = "{element.name}"', f'address = "{element.address}"', ""]
         for name, size in self.volumes:

@@ -81,3 +81,29 @@ def test_bad_configuration_is_refused(make_cluster, workdir):
     local = cluster.elements["local"].address
     message = host_refuses(workdir, good + f'\n[[element]]\nname = "twin"\naddress = "{local}"\n')
     assert f"elements local and twin have the same address {local}" in message, message
+
+
+@pytest.mark.time_limit(180)
+def test_element_and_host_take_every_setting_from_their_files_tls_included(make_cluster, workdir):
+    cluster = make_cluster(tls=True, start=False)
+    for element in cluster.elements.values():
+        path = os.path.join(workdir, f"{element.name}.toml")
+        with open(path, "w") as f:
+            f.write(f'listen = "{element.address}"\ndata = "{element.data}"\nreplay_log = "64MiB"\n'
+                    f'tls_dir = "{os.path.join(cluster.certs, element.name)}"\n')
+        element.process.args = [harness.starfish_bin(), "element", "--config", path]
+    # The host element's TLS directory comes from its file only.
+    cluster.host_extra = []
+    cluster.use_config = True
+    cluster.host.args = cluster.host_args()
+    assert "--tls-dir" not in cluster.host.args
+    cluster.start()
+    with Client(cluster.uri()) as client:
+        client.pwrite(b"\x5a" * 8192, 0)
+        assert client.pread(8192, 0) == b"\x5a" * 8192
+    # A bad element file is refused with the reason.
+    bad = os.path.join(workdir, "bad-element.toml")
+    with open(bad, "w") as f:
+        f.write('listen = "127.0.0.1:1"\ndata = "/tmp/x"\nreplay = "1GiB"\n')
+    result = run([harness.starfish_bin(), "element", "--config", bad], timeout=20, check=False)
+    assert result.returncode != 0 and "replay" in result.stderr, result.stderr

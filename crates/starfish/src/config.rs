@@ -130,6 +130,45 @@ impl HostFile {
     }
 }
 
+/// An element's configuration file: the same settings as `starfish element`'s flags.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ElementFile {
+    pub listen: Option<SocketAddr>,
+    pub data: Option<PathBuf>,
+    /// Bytes of recent writes kept for peers' replay recovery, e.g. "256MiB".
+    pub replay_log: Option<String>,
+    pub overcommit: Option<bool>,
+    /// Directory with the cluster CA and this element's certificate and key.
+    pub tls_dir: Option<PathBuf>,
+    /// Serve plain TCP beyond loopback (only on a network protected otherwise).
+    pub insecure: Option<bool>,
+}
+
+impl ElementFile {
+    pub fn load(path: &Path) -> Result<ElementFile> {
+        let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        toml::from_str(&text).with_context(|| format!("parsing {}", path.display()))
+    }
+
+    pub fn into_options(self) -> Result<shell::element::ElementOptions> {
+        let listen = self.listen.context("the listen address is missing (--listen or listen = \"...\")")?;
+        let data = self.data.context("the data directory is missing (--data or data = \"...\")")?;
+        let mut store = store::StoreOptions::default();
+        if let Some(size) = &self.replay_log {
+            store.replay_log_bytes = parse_size(size).map_err(anyhow::Error::msg).context("replay log")?;
+        }
+        store.overcommit = self.overcommit.unwrap_or(false);
+        Ok(shell::element::ElementOptions {
+            listen,
+            data,
+            store,
+            tls: load_tls(self.tls_dir.as_deref())?,
+            insecure: self.insecure.unwrap_or(false),
+        })
+    }
+}
+
 /// Load a TLS directory (`--tls-dir`) if one is given.
 pub fn load_tls(dir: Option<&Path>) -> Result<Option<shell::tls::TlsContext>> {
     dir.map(|dir| shell::tls::TlsContext::load(dir).map_err(anyhow::Error::msg)).transpose()

@@ -52,7 +52,10 @@ enum Command {
 struct ElementArgs {
     #[command(subcommand)]
     action: Option<ElementAction>,
-    /// Address to listen on for the host element (and, later, peers).
+    /// TOML file with the same settings as the flags (flags win).
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Address to listen on for host elements and peers.
     #[arg(long)]
     listen: Option<SocketAddr>,
     /// Data directory (created if missing).
@@ -281,15 +284,7 @@ fn run(cli: Cli) -> Result<()> {
             Some(ElementAction::Verify { data, json }) => verify(&data, json),
             Some(ElementAction::Repair { data, json }) => repair(&data, json),
             None => {
-                let listen = args.listen.context("--listen ADDRESS is required")?;
-                let data = args.data.context("--data DIR is required")?;
-                let mut store = StoreOptions::default();
-                if let Some(bytes) = args.replay_log {
-                    store.replay_log_bytes = bytes;
-                }
-                store.overcommit = args.overcommit;
-                let tls = config::load_tls(args.tls_dir.as_deref())?;
-                let options = ElementOptions { listen, data, store, tls, insecure: args.insecure };
+                let options = element_options(args)?;
                 runtime()?.block_on(async {
                     shell::element::run(options, shutdown_signal()).await?;
                     Ok(())
@@ -322,6 +317,32 @@ async fn shutdown_signal() {
         _ = tokio::signal::ctrl_c() => {}
         _ = term.recv() => {}
     }
+}
+
+fn element_options(args: ElementArgs) -> Result<ElementOptions> {
+    let mut file = match &args.config {
+        Some(path) => config::ElementFile::load(path)?,
+        None => config::ElementFile::default(),
+    };
+    if args.listen.is_some() {
+        file.listen = args.listen;
+    }
+    if args.data.is_some() {
+        file.data = args.data;
+    }
+    if let Some(bytes) = args.replay_log {
+        file.replay_log = Some(bytes.to_string());
+    }
+    if args.overcommit {
+        file.overcommit = Some(true);
+    }
+    if args.tls_dir.is_some() {
+        file.tls_dir = args.tls_dir;
+    }
+    if args.insecure {
+        file.insecure = Some(true);
+    }
+    file.into_options()
 }
 
 fn host_options(args: HostArgs) -> Result<HostOptions> {

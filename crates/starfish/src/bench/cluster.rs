@@ -5,7 +5,7 @@
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -39,6 +39,9 @@ pub struct ClusterSpec {
     pub volume_bytes: u64,
     /// `None`: the host element's default read cache.
     pub read_cache_bytes: Option<u64>,
+    /// Mutual TLS between the processes and NBD over TLS (`starfish certs init` in the
+    /// cluster's directory).
+    pub tls: bool,
 }
 
 /// Fields drop in declaration order: host element first, then links, elements, data.
@@ -50,11 +53,23 @@ pub struct Cluster {
     dir: ScratchDir,
     nbd: SocketAddr,
     admin: SocketAddr,
+    /// With TLS: a home directory whose `.pki/libnbd` holds an operator's certificate, where
+    /// libnbd (fio's nbd engine) looks for one when not run as root.
+    client_home: Option<PathBuf>,
 }
 
 impl Cluster {
     pub fn start(bin: &Path, work: &Path, spec: &ClusterSpec) -> Result<Cluster> {
         let dir = ScratchDir::create(work, "starfish-bench")?;
+        let certs = dir.path().join("certs");
+        let client_home = if spec.tls { Some(make_certificates(bin, dir.path(), spec)?) } else { None };
+        let tls_dir = |name: &str| -> Vec<String> {
+            if spec.tls {
+                vec!["--tls-dir".into(), certs.join(name).display().to_string()]
+            } else {
+                Vec::new()
+            }
+        };
         let mut elements = Vec::new();
         let mut links = Vec::new();
         let mut element_flags = Vec::new();
@@ -62,6 +77,7 @@ impl Cluster {
             let listen = SocketAddr::from(([127, 0, 0, 1], free_port()?));
             let mut cmd = Command::new(bin);
             cmd.arg("element").arg("--listen").arg(listen.to_string()).arg("--data").arg(dir.path().join(site.name));
+            cmd.args(tls_dir(site.name));
             let log = dir.path().join(format!("{}.log", site.name));
             let mut child = Child::spawn(&format!("element {}", site.name), &mut cmd, &log)?;
             wait_port(listen, START_TIMEOUT, &mut child)?;
@@ -94,15 +110,25 @@ impl Cluster {
         if let Some(bytes) = spec.read_cache_bytes {
             cmd.arg("--read-cache").arg(bytes.to_string());
         }
+        cmd.args(tls_dir("host"));
         let mut host = Child::spawn("host element", &mut cmd, &dir.path().join("host.log"))?;
         wait_port(nbd, START_TIMEOUT, &mut host)?;
         wait_in_sync(admin, &mut host)?;
-        Ok(Cluster { host, _links: links, _elements: elements, dir, nbd, admin })
+        Ok(Cluster { host, _links: links, _elements: elements, dir, nbd, admin, client_home })
     }
 
-    /// The NBD URI of the volume.
+    /// The NBD URI of the volume (`nbds://` with TLS: the client finds its certificate in
+    /// [`Cluster::client_home`]).
     pub fn uri(&self) -> String {
-        format!("nbd://{}/vol0", self.nbd)
+        match self.client_home {
+            Some(_) => format!("nbds://{}/vol0", self.nbd),
+            None => format!("nbd://{}/vol0", self.nbd),
+        }
+    }
+
+    /// With TLS: the `HOME` of a client run as a user that is not root.
+    pub fn client_home(&self) -> Option<&Path> {
+        self.client_home.as_deref()
     }
 
     /// A directory for scratch files that goes away with the cluster.
@@ -130,6 +156,33 @@ impl Cluster {
     pub fn check_alive(&mut self) -> Result<()> {
         self.host.check_alive()
     }
+}
+
+/// The cluster's certificates in `dir/certs`, and a client home directory with the operator's
+/// (readable by anyone: fio runs as an unprivileged user to find it).
+fn make_certificates(bin: &Path, dir: &Path, spec: &ClusterSpec) -> Result<PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    let certs = dir.join("certs");
+    let mut cmd = Command::new(bin);
+    cmd.arg("certs").arg("init").arg(&certs).arg("--host").arg("host").arg("--client").arg("admin");
+    for site in &spec.sites {
+        cmd.arg("--element").arg(site.name);
+    }
+    let out = cmd.output().context("starting starfish certs init")?;
+    if !out.status.success() {
+        bail!("starfish certs init failed: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    let home = dir.join("client-home");
+    let pki = home.join(".pki").join("libnbd");
+    std::fs::create_dir_all(&pki).context("creating the client's certificate directory")?;
+    for name in ["ca-cert.pem", "client-cert.pem", "client-key.pem"] {
+        std::fs::copy(certs.join("admin").join(name), pki.join(name)).with_context(|| format!("copying {name}"))?;
+        std::fs::set_permissions(pki.join(name), std::fs::Permissions::from_mode(0o644))?;
+    }
+    for path in [dir, &home, &home.join(".pki"), &pki] {
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755))?;
+    }
+    Ok(home)
 }
 
 fn wait_in_sync(admin: SocketAddr, host: &mut Child) -> Result<()> {

@@ -69,7 +69,20 @@ pub struct Figures {
 }
 
 pub fn run(uri: &str, job: &Job, scratch: &Path) -> Result<Figures> {
-    let mut cmd = Command::new("fio");
+    run_as(uri, job, scratch, None)
+}
+
+/// With `home`: fio runs as an unprivileged user (a user namespace) with that `HOME`, where
+/// libnbd finds its TLS certificates (`.pki/libnbd`; it refuses paths in the URI of fio).
+pub fn run_as(uri: &str, job: &Job, scratch: &Path, home: Option<&Path>) -> Result<Figures> {
+    let mut cmd = match home {
+        Some(home) => {
+            let mut cmd = Command::new("unshare");
+            cmd.arg("--user").arg("fio").env("HOME", home);
+            cmd
+        }
+        None => Command::new("fio"),
+    };
     cmd.args(job.args(uri));
     let bound = Duration::from_secs(job.runtime_s + job.ramp_s + 60);
     let out = run_bounded(&format!("fio {} on {uri}", job.rw), &mut cmd, bound, scratch)?;

@@ -13,6 +13,7 @@ mod process;
 mod t5;
 mod t6;
 mod t7;
+mod tls;
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -50,6 +51,9 @@ enum Table {
     T7,
     /// Takeover times and the client's gap: manual, graceful and automatic (etcd).
     Failover,
+    /// What mutual TLS and NBD over TLS cost: the same fio jobs against a plain and a TLS
+    /// cluster in one run.
+    Tls,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -160,6 +164,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         Table::T6 => t6::run(&bench)?,
         Table::T7 => t7::run(&bench)?,
         Table::Failover => failover::run(&bench)?,
+        Table::Tls => tls::run(&bench)?,
     };
     bench.progress(&format!("load average at the end: {}", load_average()));
     if args.json {
@@ -170,6 +175,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
             Table::T6 => t6::text(&rows),
             Table::T7 => t7::text(&rows),
             Table::Failover => failover::text(&rows),
+            Table::Tls => tls::text(&rows),
         };
         print!("{text}");
     }
@@ -191,7 +197,7 @@ fn write_plot(table: Table, rows: &[Row], dir: &Path) -> Result<()> {
     let path = match table {
         Table::T5 => dir.join("t5.png"),
         Table::T7 => dir.join("t7.png"),
-        Table::T6 | Table::Failover => {
+        Table::T6 | Table::Failover | Table::Tls => {
             eprintln!("bench: no plot for this table (plots are drawn for Tables 5 and 7)");
             return Ok(());
         }
