@@ -14,32 +14,13 @@ import pytest
 
 import harness
 from conftest import require_tools
+from history_recorder import crc32c
 from harness import Client, run
 
 U64_MAX = (1 << 64) - 1
 
 
 # -- the element wire protocol, just enough to knock on an element's door ---------------------
-
-
-def _crc32c_table():
-    table = []
-    for byte in range(256):
-        crc = byte
-        for _ in range(8):
-            crc = (crc >> 1) ^ 0x82F63B78 if crc & 1 else crc >> 1
-        table.append(crc)
-    return table
-
-
-CRC32C = _crc32c_table()
-
-
-def crc32c(data):
-    crc = 0xFFFFFFFF
-    for byte in data:
-        crc = CRC32C[(crc ^ byte) & 0xFF] ^ (crc >> 8)
-    return crc ^ 0xFFFFFFFF
 
 
 def text(value):

@@ -6,8 +6,8 @@
 //! With TLS configured (`--tls-dir`) the same port also speaks HTTPS (told apart by the first
 //! byte: a TLS handshake record). Orders that change the cluster (every POST) need HTTPS with
 //! a client certificate of the `admin` role (`POST /drain` also takes a host element's: the
-//! standby that takes over sends it); reads (`GET`) need no certificate, and in the clear are
-//! answered only to loopback peers.
+//! standby that takes over sends it); reads (`GET`) are answered to anyone on loopback, and
+//! beyond it only over HTTPS to a certificate of the cluster.
 
 use std::fmt::Write as _;
 
@@ -69,7 +69,7 @@ enum Caller {
     /// TLS configured, but this request came in the clear from loopback: reads only.
     PlainLoopback,
     /// Over TLS, with the certificate's identity if one was presented.
-    Tls(Option<Identity>),
+    Tls { identity: Option<Identity>, loopback: bool },
 }
 
 impl Caller {
@@ -78,12 +78,23 @@ impl Caller {
         match self {
             Caller::Anyone => None,
             Caller::PlainLoopback => Some("orders need HTTPS with an admin certificate (--tls-dir)".into()),
-            Caller::Tls(None) => Some("orders need a client certificate of the admin role".into()),
-            Caller::Tls(Some(identity)) => match identity.role {
+            Caller::Tls { identity: None, .. } => Some("orders need a client certificate of the admin role".into()),
+            Caller::Tls { identity: Some(identity), .. } => match identity.role {
                 Role::Admin => None,
                 Role::Host if drain => None,
                 _ => Some(format!("{identity} may not give orders; an admin certificate may")),
             },
+        }
+    }
+
+    /// Why this caller may not read status or metrics: beyond loopback, only a member of the
+    /// cluster (any certificate of its CA) may.
+    fn read_refusal(&self) -> Option<String> {
+        match self {
+            Caller::Tls { identity: None, loopback: false } => {
+                Some("status beyond loopback needs a certificate of the cluster (--tls-dir)".into())
+            }
+            _ => None,
         }
     }
 }
@@ -101,7 +112,7 @@ async fn authenticate(
         .map_err(|e| e.to_string())?;
     if peeked == 1 && first[0] == TLS_HANDSHAKE_RECORD {
         let (stream, identity) = tls.accept(stream, PeerCertificate::Optional).await?;
-        return Ok((stream, Caller::Tls(identity)));
+        return Ok((stream, Caller::Tls { identity, loopback: peer.ip().is_loopback() }));
     }
     if !peer.ip().is_loopback() {
         return Err("plain HTTP from beyond loopback; use HTTPS".into());
@@ -124,7 +135,13 @@ async fn answer(mut stream: Stream, host: std::sync::Arc<Node>, caller: Caller) 
         Ok(doc) => ("200 OK", "application/json", doc.to_string()),
         Err(e) => ("409 Conflict", "application/json", json!({ "error": e }).to_string()),
     };
-    let refusal = request.is_order().then(|| caller.order_refusal(request == AdminRequest::Drain)).flatten();
+    let refusal = if request.is_order() {
+        caller.order_refusal(request == AdminRequest::Drain)
+    } else if matches!(request, AdminRequest::Status | AdminRequest::Metrics) {
+        caller.read_refusal()
+    } else {
+        None
+    };
     let (code, content_type, body) = match request {
         _ if refusal.is_some() => {
             let reason = refusal.unwrap_or_default();
@@ -320,4 +337,32 @@ async fn exchange(
         return Err(std::io::Error::other(format!("admin endpoint answered: {status}: {}", body.trim())));
     }
     Ok(body.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn who_may_read_and_who_may_give_orders() {
+        let tls = |role: Option<Role>, loopback| Caller::Tls {
+            identity: role.map(|role| Identity { role, name: "x".into() }),
+            loopback,
+        };
+        // Orders: an operator; a drain also from a host element (the standby taking over).
+        assert_eq!(tls(Some(Role::Admin), false).order_refusal(false), None);
+        assert_eq!(tls(Some(Role::Host), false).order_refusal(true), None);
+        assert!(tls(Some(Role::Host), false).order_refusal(false).is_some());
+        for caller in
+            [tls(Some(Role::Client), true), tls(Some(Role::Element), true), tls(None, true), Caller::PlainLoopback]
+        {
+            assert!(caller.order_refusal(true).is_some(), "{caller:?}");
+        }
+        assert_eq!(Caller::Anyone.order_refusal(false), None);
+        // Reads: anyone on loopback, any member of the cluster beyond it.
+        assert_eq!(tls(None, true).read_refusal(), None);
+        assert_eq!(tls(Some(Role::Client), false).read_refusal(), None);
+        assert_eq!(Caller::PlainLoopback.read_refusal(), None);
+        assert!(tls(None, false).read_refusal().is_some());
+    }
 }

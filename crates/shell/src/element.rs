@@ -44,9 +44,9 @@ const LARGE_FRAME_BYTES: usize = 1 << 20;
 const RECEIVING_BYTES_MAX: usize = 256 << 20;
 const RECEIVING_WAIT_MAX: Duration = Duration::from_secs(60);
 const _: () = assert!(RECEIVING_BYTES_MAX >= proto::FRAME_BODY_BYTES_MAX as usize * 4);
-/// A peer that answers nothing for this long has failed the replay or copy that uses it.
 /// A peer that does not accept a connection within this is unreachable.
 const PEER_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// A peer that answers nothing for this long has failed the replay or copy that uses it.
 pub(crate) const REPLAY_IDLE_TIMEOUT: Duration = Duration::from_millis(starfish_core::limits::REPLAY_IDLE_TIMEOUT_MS);
 
 #[derive(Clone, Debug)]

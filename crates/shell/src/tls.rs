@@ -284,6 +284,10 @@ pub fn describe_handshake_error(error: &io::Error) -> String {
         TlsError::AlertReceived(AlertDescription::UnknownCA | AlertDescription::BadCertificate) => {
             "the peer refused our certificate: not signed by its CA".into()
         }
+        TlsError::AlertReceived(AlertDescription::DecryptError) => {
+            "the peer refused our certificate (a decrypt error: most likely signed by another CA of the same name)"
+                .into()
+        }
         TlsError::AlertReceived(AlertDescription::CertificateRequired) => {
             "the peer requires a certificate and we presented none".into()
         }
@@ -440,3 +444,88 @@ pub fn check_listen(what: &str, address: SocketAddr, tls: bool, insecure: bool) 
 }
 
 pub mod certs;
+
+#[cfg(test)]
+mod tests {
+    use super::certs::{Subject, Validity};
+    use super::*;
+
+    fn cluster(tag: &str, subjects: &[(Role, &str)], validity: Validity) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("starfish-tls-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let subjects: Vec<Subject> = subjects.iter().map(|(role, name)| Subject::parse(*role, name).unwrap()).collect();
+        certs::init(&dir, &subjects, validity).unwrap();
+        dir
+    }
+
+    /// Serve one TLS handshake with `server` (client certificate required); the client side's
+    /// result, and the server side's.
+    async fn handshake(
+        server: &TlsContext,
+        client: &TlsContext,
+        expected: &[Role],
+    ) -> (Result<(), String>, Result<Option<Identity>, String>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        let server = server.clone();
+        let accepted = tokio::spawn(async move {
+            let (stream, _) = listener.accept().await.unwrap();
+            server.accept(stream, PeerCertificate::Required).await.map(|(_, identity)| identity)
+        });
+        let tcp = TcpStream::connect(address).await.unwrap();
+        let connected = client.connect(tcp, address, expected).await.map(|_| ());
+        (connected, accepted.await.unwrap())
+    }
+
+    #[tokio::test]
+    async fn peers_are_told_apart_by_role_and_strangers_refused() {
+        let dir = cluster("roles", &[(Role::Host, "he"), (Role::Element, "near")], Validity::days(2));
+        let other = cluster("other", &[(Role::Element, "near")], Validity::days(2));
+        let host = TlsContext::load(&dir.join("he")).unwrap();
+        let element = TlsContext::load(&dir.join("near")).unwrap();
+        let foreign = TlsContext::load(&other.join("near")).unwrap();
+
+        // A host element reaching an element: both learn who the other is.
+        let (client, server) = handshake(&element, &host, &[Role::Element]).await;
+        client.unwrap();
+        assert_eq!(server.unwrap(), Some(Identity { role: Role::Host, name: "he".into() }));
+        // An element told to copy from an address that answers with a host element's
+        // certificate (not a peer element): refused before anything is sent.
+        let (client, _) = handshake(&host, &element, &[Role::Element]).await;
+        assert!(client.unwrap_err().contains("not of a element"));
+        // Another cluster's element: it does not trust this cluster's CA either, and gives up;
+        // the server learns why.
+        let (client, server) = handshake(&element, &foreign, &[Role::Element]).await;
+        assert!(client.unwrap_err().contains("not signed by this cluster's CA"));
+        let reason = server.unwrap_err();
+        assert!(reason.contains("refused our certificate"), "{reason}");
+        std::fs::remove_dir_all(&dir).unwrap();
+        std::fs::remove_dir_all(&other).unwrap();
+    }
+
+    #[tokio::test]
+    async fn an_expired_certificate_is_refused_saying_so() {
+        let dir = cluster("expired", &[(Role::Element, "near")], Validity::days(2));
+        let old = [Subject::parse(Role::Host, "old").unwrap()];
+        certs::add(&dir, &old, Validity::until("2020-01-01").unwrap()).unwrap();
+        let element = TlsContext::load(&dir.join("near")).unwrap();
+        let expired = TlsContext::load(&dir.join("old")).unwrap();
+        // TLS 1.3: the client is done before the server checks its certificate; the server's
+        // refusal is what counts (the client's first read fails).
+        let (_, server) = handshake(&element, &expired, &[Role::Element]).await;
+        let reason = server.unwrap_err();
+        assert!(reason.contains("expired"), "{reason}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_missing_or_incomplete_directory_is_named() {
+        let error = TlsContext::load(Path::new("/nonexistent/tls")).unwrap_err();
+        assert!(error.contains("/nonexistent/tls") && error.contains("starfish certs init"), "{error}");
+        let dir = cluster("incomplete", &[(Role::Element, "near")], Validity::days(2));
+        std::fs::remove_file(dir.join("near/key.pem")).unwrap();
+        let error = TlsContext::load(&dir.join("near")).unwrap_err();
+        assert!(error.contains("no private key"), "{error}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

@@ -107,7 +107,9 @@ pub fn init(dir: &Path, subjects: &[Subject], validity: Validity) -> Result<Vec<
     let mut params = CertificateParams::new(Vec::<String>::new()).map_err(rcgen_error("CA"))?;
     let mut dn = DistinguishedName::new();
     dn.push(DnType::OrganizationName, "StarFish");
-    dn.push(DnType::CommonName, "StarFish cluster CA");
+    // A name of its own: another cluster's CA is then an unknown issuer, not a bad signature.
+    let tag = (now.unix_timestamp_nanos() as u64) ^ ((std::process::id() as u64) << 32);
+    dn.push(DnType::CommonName, format!("StarFish cluster CA {tag:016x}"));
     params.distinguished_name = dn;
     params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
     params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
