@@ -633,21 +633,23 @@ async fn send_reply(
     if reply_failed.failed() {
         return;
     }
-    let send = async {
-        match data {
-            Some(data) => writer.write_all_buf(&mut Bytes::from(header).chain(data)).await?,
-            None => writer.write_all(&header).await?,
+    // A client that takes no replies would hold its requests' memory for good: every piece of
+    // the reply must be taken within the stall timeout (a slow client that keeps reading is
+    // fine, however long the whole reply takes).
+    let stalled = || io::Error::new(io::ErrorKind::TimedOut, format!("the client took no reply for {stall_timeout:?}"));
+    let mut reply = Bytes::from(header).chain(data.unwrap_or_default());
+    let result = async {
+        while reply.has_remaining() {
+            let written =
+                tokio::time::timeout(stall_timeout, writer.write_buf(&mut reply)).await.map_err(|_| stalled())?;
+            if written? == 0 {
+                return Err(io::Error::new(io::ErrorKind::WriteZero, "the connection took no more bytes"));
+            }
         }
         // TLS keeps records until flushed (a no-op on plain TCP).
-        writer.flush().await
-    };
-    // A client that takes no replies would hold its requests' memory for good.
-    let result = match tokio::time::timeout(stall_timeout, send).await {
-        Ok(result) => result,
-        Err(_) => {
-            Err(io::Error::new(io::ErrorKind::TimedOut, format!("the client took no reply for {stall_timeout:?}")))
-        }
-    };
+        tokio::time::timeout(stall_timeout, writer.flush()).await.map_err(|_| stalled())?
+    }
+    .await;
     if let Err(error) = result {
         reply_failed.report(error);
     }
