@@ -27,7 +27,7 @@ use std::fmt;
 use proto::{ElementMessage, Epoch, HostId, HostMessage, Record, Sequence, VolumeId, VolumeSpec, VolumeState};
 
 use crate::limits::{
-    COMMIT_BATCH_BYTES_MAX, COMMIT_BATCH_RECORDS_MAX, LEASE_MS_DEFAULT, OWNER_RELEASED_ABSENT_MS,
+    COMMIT_BATCH_BYTES_MAX, COMMIT_BATCH_RECORDS_MAX, EPOCH_JUMP_MAX, LEASE_MS_DEFAULT, OWNER_RELEASED_ABSENT_MS,
     OWNER_SILENCE_MS_DEFAULT, REPLAY_EMPTY_RETRY_MS, REPLAY_FETCH_BYTES, REPLAY_IDLE_TIMEOUT_MS,
     REPLAY_STASH_BYTES_MAX, SESSION_DEFERRED_MAX, SOURCE_CATCH_UP_TIMEOUT_MS,
 };
@@ -522,6 +522,11 @@ impl ElementCore {
             Some(format!("stale epoch {epoch}: this element already follows epoch {}", self.epoch))
         } else if epoch == self.epoch && (host != self.holder || host == HostId(0)) {
             Some(format!("epoch {epoch} belongs to another host element; a new host element takes a newer one"))
+        } else if epoch.0 - self.epoch.0 > EPOCH_JUMP_MAX {
+            Some(format!(
+                "epoch {epoch} jumps more than {EPOCH_JUMP_MAX} past this element's {}: it would leave no newer epoch for any host element",
+                self.epoch
+            ))
         } else {
             None
         }

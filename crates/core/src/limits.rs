@@ -86,3 +86,8 @@ pub const OBSERVATION_FRESH_MS: u64 = 1_000;
 /// A standby leaves a freshly claimed `active` key to its holder for this long before it may
 /// take it over (the holder needs the time to take the elements).
 pub const CLAIM_GRACE_MS: u64 = 1_500;
+
+/// The furthest a hello may move an element's epoch at once. Host elements take the newest
+/// epoch they see plus one (one per start or takeover); a hello far beyond (2^64 − 1, say)
+/// would leave no newer epoch for any host element and fence them all for good.
+pub const EPOCH_JUMP_MAX: u64 = 1 << 32;

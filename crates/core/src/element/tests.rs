@@ -979,3 +979,20 @@ fn a_sessions_role_bounds_what_it_may_ask() {
     assert_eq!(role_refusal(SessionRole::Unauthenticated, &fetch, Epoch(3)), None);
     assert_eq!(role_refusal(SessionRole::Element, &fetch, Epoch(3)), None);
 }
+
+/// A hello far beyond the element's epoch (2^64 − 1) would fence every host element for good:
+/// refused, with the element's epoch, so a real host element takes the next one instead.
+#[test]
+fn an_epoch_jump_beyond_the_bound_is_refused() {
+    let mut h = Harness::new(3, &[("vol0", 0, 0)]);
+    h.hello(1, u64::MAX, &["vol0"]);
+    let refused = h.sent().into_iter().any(|(s, m)| {
+        s == 1 && matches!(m, ElementMessage::Refused { epoch: Some(Epoch(3)), ref reason, .. } if reason.contains("jumps"))
+    });
+    assert!(refused);
+    assert_eq!(h.core.epoch(), Epoch(3));
+    // The next epoch is fine.
+    h.hello(2, 4, &["vol0"]);
+    h.settle();
+    assert_eq!(h.core.epoch(), Epoch(4));
+}
