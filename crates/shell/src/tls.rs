@@ -353,15 +353,6 @@ pub enum Stream {
     Tls(Box<tokio_rustls::TlsStream<TcpStream>>),
 }
 
-impl Stream {
-    pub fn tcp(&self) -> &TcpStream {
-        match self {
-            Stream::Plain(stream) => stream,
-            Stream::Tls(stream) => stream.get_ref().0,
-        }
-    }
-}
-
 impl AsyncRead for Stream {
     fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         match self.get_mut() {
