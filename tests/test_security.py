@@ -40,7 +40,11 @@ def hello(epoch, host, volumes=(("vol0", 1 << 30),)):
 
 
 def apply_write(epoch, sequence, data, offset=0):
+    """An `Apply` of a block-aligned write, with the crc32c of each 4 KiB piece after the data."""
+    assert offset % 4096 == 0 and len(data) % 4096 == 0
+    crcs = [crc32c(data[i:i + 4096]) for i in range(0, len(data), 4096)]
     body = struct.pack("<BIQQBQI", 2, 0, epoch, sequence, 1, offset, len(data)) + data
+    body += struct.pack(f"<I{len(crcs)}I", len(crcs), *crcs)
     return frame(body)
 
 

@@ -5,7 +5,7 @@
 pub const REQUEST_BYTES_MAX: usize = 8192;
 
 /// What a request asks for.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum AdminRequest {
     /// `GET /status`: the status document.
     Status,
@@ -15,6 +15,9 @@ pub enum AdminRequest {
     Failover,
     /// `POST /drain`: this active host element drains and turns standby.
     Drain,
+    /// `POST /scrub?volume=NAME[&rate=BYTES]`: scrub a volume (rate 0: unlimited; none: the
+    /// host element's configured scrub rate).
+    Scrub { volume: String, rate_bytes_per_s: Option<u64> },
     /// A well-formed request for something else.
     NotFound,
     /// Not an HTTP/1 request line (the reason says why).
@@ -23,8 +26,8 @@ pub enum AdminRequest {
 
 impl AdminRequest {
     /// Whether it changes the cluster (and so needs an operator's certificate under TLS).
-    pub fn is_order(self) -> bool {
-        matches!(self, AdminRequest::Failover | AdminRequest::Drain)
+    pub fn is_order(&self) -> bool {
+        matches!(self, AdminRequest::Failover | AdminRequest::Drain | AdminRequest::Scrub { .. })
     }
 }
 
@@ -50,14 +53,67 @@ pub fn parse(head: &[u8]) -> AdminRequest {
     if !version.starts_with("HTTP/1.") || method.is_empty() || !target.starts_with('/') {
         return AdminRequest::Malformed("expected METHOD TARGET HTTP/1.x");
     }
-    let path = target.split_once('?').map_or(target, |(path, _query)| path);
+    let (path, query) = target.split_once('?').unwrap_or((target, ""));
     match (method, path) {
         ("GET", "/status") => AdminRequest::Status,
         ("GET", "/metrics") => AdminRequest::Metrics,
         ("POST", "/failover") => AdminRequest::Failover,
         ("POST", "/drain") => AdminRequest::Drain,
+        ("POST", "/scrub") => scrub(query),
         _ => AdminRequest::NotFound,
     }
+}
+
+fn scrub(query: &str) -> AdminRequest {
+    let mut volume = None;
+    let mut rate_bytes_per_s = None;
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+        match key {
+            "volume" => match percent_decode(value) {
+                Some(name) if !name.is_empty() && name.len() <= 255 => volume = Some(name),
+                _ => return AdminRequest::Malformed("volume= must be a name of 1 to 255 bytes, percent-encoded"),
+            },
+            "rate" => match value.parse::<u64>() {
+                Ok(rate) => rate_bytes_per_s = Some(rate),
+                Err(_) => return AdminRequest::Malformed("rate= must be bytes per second (0: unlimited)"),
+            },
+            _ => return AdminRequest::Malformed("POST /scrub takes volume= and rate= only"),
+        }
+    }
+    match volume {
+        Some(volume) => AdminRequest::Scrub { volume, rate_bytes_per_s },
+        None => AdminRequest::Malformed("POST /scrub needs ?volume=NAME"),
+    }
+}
+
+/// `%XX` escapes (and `+` as a space) decoded; `None` for a bad escape or bytes that are not
+/// UTF-8.
+fn percent_decode(text: &str) -> Option<String> {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'%' => {
+                let hex = bytes.get(i + 1..i + 3)?;
+                if !hex.iter().all(u8::is_ascii_hexdigit) {
+                    return None;
+                }
+                out.push(u8::from_str_radix(std::str::from_utf8(hex).ok()?, 16).ok()?);
+                i += 3;
+            }
+            b'+' => {
+                out.push(b' ');
+                i += 1;
+            }
+            b => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8(out).ok()
 }
 
 #[cfg(test)]
@@ -72,6 +128,27 @@ mod tests {
         assert_eq!(parse(b"POST /drain HTTP/1.1\r\n\r\n"), AdminRequest::Drain);
         assert_eq!(parse(b"GET /failover HTTP/1.1\r\n\r\n"), AdminRequest::NotFound);
         assert_eq!(parse(b"DELETE /status HTTP/1.1\r\n\r\n"), AdminRequest::NotFound);
+        assert_eq!(
+            parse(b"POST /scrub?volume=vol%200&rate=1048576 HTTP/1.1\r\n\r\n"),
+            AdminRequest::Scrub { volume: "vol 0".into(), rate_bytes_per_s: Some(1 << 20) }
+        );
+        assert_eq!(
+            parse(b"POST /scrub?volume=vol0 HTTP/1.1\r\n\r\n"),
+            AdminRequest::Scrub { volume: "vol0".into(), rate_bytes_per_s: None }
+        );
+        assert!(AdminRequest::Scrub { volume: "v".into(), rate_bytes_per_s: None }.is_order());
+        for bad in [
+            &b"POST /scrub HTTP/1.1\r\n\r\n"[..],
+            b"POST /scrub?volume= HTTP/1.1\r\n\r\n",
+            b"POST /scrub?volume=%zz HTTP/1.1\r\n\r\n",
+            b"POST /scrub?volume=%ff HTTP/1.1\r\n\r\n",
+            b"POST /scrub?volume=v&rate=fast HTTP/1.1\r\n\r\n",
+            b"POST /scrub?volume=v&colour=red HTTP/1.1\r\n\r\n",
+            b"POST /scrub?volume=%4 HTTP/1.1\r\n\r\n",
+            b"POST /scrub?volume=%+1 HTTP/1.1\r\n\r\n",
+        ] {
+            assert!(matches!(parse(bad), AdminRequest::Malformed(_)), "{bad:?}");
+        }
         assert!(AdminRequest::Failover.is_order() && !AdminRequest::Status.is_order());
         for bad in [
             &b""[..],

@@ -64,6 +64,7 @@ pub fn role_refusal(role: SessionRole, message: &HostMessage, current: Epoch) ->
         HostMessage::Recover { .. } => "recovery order",
         HostMessage::Copy { .. } => "copy order",
         HostMessage::FetchBlocks { .. } => "block fetch",
+        HostMessage::Scrub { .. } => "scrub",
         HostMessage::Observe { .. } => "observe",
         HostMessage::Release => "release",
     };
@@ -152,7 +153,7 @@ pub enum ElementAction {
         specs: Vec<VolumeSpec>,
     },
     Storage(StorageJob),
-    /// Answer a read-only request (`Read`, `BlockStatus`, `FetchLog`, `FetchBlocks`) from
+    /// Answer a read-only request (`Read`, `BlockStatus`, `FetchLog`, `FetchBlocks`, `Scrub`) from
     /// storage, on the session; the request keeps the session's volume number.
     Serve {
         session: SessionId,
@@ -352,10 +353,11 @@ struct Volume {
 /// 24 KiB per volume, 96 MiB for the largest store (4096 volumes).
 const RECENT_RECORDS_MAX: usize = 1024;
 
-/// A digest of what a record does (kind, range, content).
+/// A digest of what a record does (kind, range, content): a write's content through its piece
+/// checksums, which storage checked the data against before it committed.
 fn record_digest(op: &proto::Op) -> u32 {
-    let (kind, offset, length, data): (u8, u64, u64, &[u8]) = match op {
-        proto::Op::Write { offset_bytes, data } => (1, *offset_bytes, data.len() as u64, data),
+    let (kind, offset, length, crcs): (u8, u64, u64, &[u32]) = match op {
+        proto::Op::Write { offset_bytes, data, crcs } => (1, *offset_bytes, data.len() as u64, crcs),
         proto::Op::Trim { offset_bytes, length_bytes } => (2, *offset_bytes, *length_bytes, &[]),
         proto::Op::WriteZeroes { offset_bytes, length_bytes } => (3, *offset_bytes, *length_bytes, &[]),
     };
@@ -363,7 +365,7 @@ fn record_digest(op: &proto::Op) -> u32 {
     head[0] = kind;
     head[1..9].copy_from_slice(&offset.to_le_bytes());
     head[9..17].copy_from_slice(&length.to_le_bytes());
-    crc32c::crc32c_append(crc32c::crc32c(&head), data)
+    crcs.iter().fold(crc32c::crc32c(&head), |digest, crc| crc32c::crc32c_append(digest, &crc.to_le_bytes()))
 }
 
 #[derive(Debug, Default)]
@@ -416,7 +418,7 @@ enum InFlight {
     },
 }
 
-/// A copy source's `FetchBlocks` waiting for `min_applied`.
+/// A copy source's `FetchBlocks`, or a `Scrub`, waiting for `min_applied`.
 #[derive(Debug)]
 struct WaitingFetch {
     session: SessionId,
@@ -770,7 +772,8 @@ impl ElementCore {
                 let Some(volume) = self.local(session, session_volume) else { return };
                 self.emit(ElementAction::Serve { session, volume, request: message });
             }
-            HostMessage::FetchBlocks { volume: session_volume, min_applied, .. } => {
+            HostMessage::FetchBlocks { volume: session_volume, min_applied, .. }
+            | HostMessage::Scrub { volume: session_volume, min_applied, .. } => {
                 let Some(volume) = self.local(session, session_volume) else { return };
                 if self.volumes[volume.0 as usize].applied >= min_applied {
                     self.emit(ElementAction::Serve { session, volume, request: message });
@@ -1534,13 +1537,24 @@ impl ElementCore {
             keep
         });
         for (session, volume, min_applied, request) in expired {
-            let HostMessage::FetchBlocks { request_id, .. } = request else { unreachable!("only block fetches wait") };
             let applied = self.volumes[volume.0 as usize].applied;
-            let reason = format!(
-                "this element has applied only sequence {applied} after {} s; the copy needs {min_applied}",
-                self.config.source_catch_up_timeout_ms / 1000
-            );
-            self.send(session, ElementMessage::Blocks { request_id, result: Err(reason) });
+            let waited_s = self.config.source_catch_up_timeout_ms / 1000;
+            let reply = match request {
+                HostMessage::FetchBlocks { request_id, .. } => ElementMessage::Blocks {
+                    request_id,
+                    result: Err(format!(
+                        "this element has applied only sequence {applied} after {waited_s} s; the copy needs {min_applied}"
+                    )),
+                },
+                HostMessage::Scrub { request_id, .. } => ElementMessage::ScrubReply {
+                    request_id,
+                    result: Err(format!(
+                        "this element has applied only sequence {applied} after {waited_s} s; the scrub needs {min_applied}"
+                    )),
+                },
+                other => unreachable!("only block fetches and scrubs wait, not {other:?}"),
+            };
+            self.send(session, reply);
         }
     }
 
@@ -1739,6 +1753,7 @@ fn message_name(message: &ElementMessage) -> &'static str {
         ElementMessage::LogRecords { .. } => "LogRecords",
         ElementMessage::RecoveryDone { .. } => "RecoveryDone",
         ElementMessage::Blocks { .. } => "Blocks",
+        ElementMessage::ScrubReply { .. } => "ScrubReply",
         ElementMessage::CopyProgress { .. } => "CopyProgress",
         ElementMessage::CopyDone { .. } => "CopyDone",
         ElementMessage::Fault { .. } => "Fault",

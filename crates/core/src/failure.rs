@@ -41,6 +41,16 @@ pub enum Failure {
     LogFetchFailed(String),
     /// A read the element served failed (e.g. a block failed its checksum).
     ReadFailed(String),
+    /// A read's data did not match the checksums the element sent with it: the read goes to
+    /// another element, and a scrub of the blocks it read compares the replicas.
+    ReadChecksum(String),
+    /// A scrub found blocks of `volume` where it differs from the other replicas: a full
+    /// recovery (which copies only the blocks that differ) repairs it when it reconnects.
+    ScrubMismatch {
+        volume: String,
+        blocks: u64,
+        first_block: u64,
+    },
     /// The write queue stayed full waiting for it.
     TooSlow {
         volume: String,
@@ -91,6 +101,11 @@ impl fmt::Display for Failure {
                 "it is the same element as {other} (same identity on disk): one copy must not count twice toward the quorum"
             ),
             Failure::ReadFailed(reason) => write!(f, "read failed: {reason}"),
+            Failure::ReadChecksum(reason) => write!(f, "read data damaged on the way: {reason}"),
+            Failure::ScrubMismatch { volume, blocks, first_block } => write!(
+                f,
+                "scrub: volume {volume}: {blocks} block(s) (first {first_block}) differ from the other replicas; a full recovery repairs them"
+            ),
             Failure::LogFetchFailed(reason) => write!(f, "could not read its replay log: {reason}"),
             Failure::TooSlow { volume, waited_ms, sequence, behind } => write!(
                 f,

@@ -9,7 +9,8 @@ use std::collections::{HashMap, VecDeque};
 
 use bytes::Bytes;
 use proto::{
-    BlockExtent, ElementMessage, Epoch, HostId, HostMessage, Op, Record, Sequence, VolumeId, VolumeSpec, VolumeState,
+    BlockExtent, ElementMessage, Epoch, HostId, HostMessage, Op, ReadData, Record, Sequence, VolumeId, VolumeSpec,
+    VolumeState, BLOCK_BYTES,
 };
 
 use crate::failure::Failure;
@@ -54,6 +55,13 @@ pub struct HostConfig {
     /// Answer reads only under the read lease (see `lease_held`). Off only in the simulator's
     /// deliberately broken variant (`--broken no-read-lease`), which its checkers must catch.
     pub read_lease: bool,
+    /// Scrub every volume this often (0: never by itself), at most this fast.
+    pub scrub_interval_ms: u64,
+    pub scrub_rate_bytes_per_s: u64,
+    /// A scrub fails the elements whose blocks differ from the majority's, so that a full
+    /// recovery repairs them. Off only in the simulator's deliberately broken variant
+    /// (`--broken no-scrub-repair`), which its checkers must catch.
+    pub scrub_repair: bool,
 }
 
 impl HostConfig {
@@ -76,6 +84,9 @@ impl HostConfig {
             raise_epoch: true,
             admin: String::new(),
             read_lease: true,
+            scrub_interval_ms: limits::SCRUB_INTERVAL_MS_DEFAULT,
+            scrub_rate_bytes_per_s: limits::SCRUB_RATE_BYTES_PER_S_DEFAULT,
+            scrub_repair: true,
         }
     }
 
@@ -265,6 +276,11 @@ pub enum Event {
         to: Epoch,
         refused_by: ElementId,
     },
+    /// A scrub of `volume` ended.
+    ScrubDone {
+        volume: VolumeId,
+        status: ScrubStatus,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -378,6 +394,9 @@ struct ElementRuntime {
     /// The element promised (in a pong of our epoch) to welcome no other host element's epoch
     /// before this, on our clock with the margin taken off.
     lease_until: Time,
+    /// Per volume: a scrub found blocks where it differs from the other replicas; its next
+    /// session repairs the volume by a full recovery.
+    scrub_repair: Vec<bool>,
 }
 
 impl ElementRuntime {
@@ -410,6 +429,7 @@ struct VolumeRuntime {
     admission: VecDeque<PendingWrite>,
     blocked_since: Option<Time>,
     flushes: VecDeque<(Sequence, Token)>,
+    scrubs: scrub::VolumeScrubs,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -502,6 +522,7 @@ pub struct HostCore {
     /// Read replies waiting for the read lease, with their deadline.
     lease_waiting: VecDeque<(Token, Reply, Time)>,
     next_request_id: u64,
+    scrubs_started: u64,
     actions: VecDeque<Action>,
 }
 
@@ -516,6 +537,8 @@ pub struct VolumeStatus {
     pub write_queue_capacity_bytes: u64,
     pub write_queue_oldest: Option<Sequence>,
     pub writes_waiting: usize,
+    /// The last scrubs since this host element started (oldest first, the running one last).
+    pub scrubs: Vec<ScrubStatus>,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -602,6 +625,7 @@ impl HostCore {
                 owner_absent_ms: 0,
                 follows_ours: false,
                 lease_until: Time(0),
+                scrub_repair: vec![false; volume_count],
             })
             .collect();
         let volumes = config
@@ -616,6 +640,7 @@ impl HostCore {
                 admission: VecDeque::new(),
                 blocked_since: None,
                 flushes: VecDeque::new(),
+                scrubs: scrub::VolumeScrubs::default(),
             })
             .collect();
         HostCore {
@@ -639,6 +664,7 @@ impl HostCore {
             deferred: Vec::new(),
             lease_waiting: VecDeque::new(),
             next_request_id: 1,
+            scrubs_started: 0,
             actions: VecDeque::new(),
         }
     }
@@ -681,6 +707,9 @@ impl HostCore {
         }
         if let Some((_, _, deadline)) = self.lease_waiting.front() {
             consider(*deadline);
+        }
+        if let Some(t) = self.scrub_timeout() {
+            consider(t);
         }
         next
     }
@@ -794,6 +823,7 @@ impl HostCore {
             ElementMessage::BlockStatusReply { request_id, applied_sequence, result } => {
                 self.on_read_reply(now, element, request_id, applied_sequence, ReadResult::Extents(result))
             }
+            ElementMessage::ScrubReply { request_id, result } => self.on_scrub_reply(now, element, request_id, result),
             ElementMessage::Pong { epoch, .. } if epoch > self.epoch => self.on_epoch_refused(now, element, epoch),
             ElementMessage::Pong { nonce, epoch, lease_ms, .. } => {
                 let sample = now.0.saturating_sub(nonce);
@@ -1061,6 +1091,11 @@ impl HostCore {
                 Some("an interrupted full recovery resumes".to_string())
             } else if state.repair {
                 Some("a block fails its checksum: a full recovery that verifies every block repairs it".to_string())
+            } else if self.elements[element.0 as usize].scrub_repair[i] {
+                Some(
+                    "a scrub found blocks that differ from the other replicas: a full recovery repairs them"
+                        .to_string(),
+                )
             } else if applied > last {
                 Some(format!("holds sequence {applied}, beyond the newest this host element knows ({last})"))
             } else {
@@ -1080,6 +1115,8 @@ impl HostCore {
                     return self.fail_element(now, element, Failure::Unrecoverable { reason, diverged }, true);
                 }
                 plan[i] = VolumeRecovery::Copying;
+                // The copy's state is on the element's disk from its start: it resumes there.
+                self.elements[element.0 as usize].scrub_repair[i] = false;
                 behind += last.0;
                 continue;
             }
@@ -1466,6 +1503,7 @@ impl HostCore {
             let fetch = self.fetches.remove(&id).expect("listed above");
             self.finish_fetch(now, fetch);
         }
+        self.scrub_forget(now, element);
     }
 
     fn on_applied(&mut self, now: Time, element: ElementId, volume: VolumeId, sequence: Sequence) {
@@ -1842,10 +1880,22 @@ impl HostCore {
                 self.reads.insert(request_id, read);
                 self.fail_element(now, element, Failure::ReadFailed(reason), true);
             }
-            (ReadKind::Data { length_bytes }, ReadResult::Data(Ok(data))) => {
+            (ReadKind::Data { length_bytes }, ReadResult::Data(Ok(ReadData { data, crcs }))) => {
                 if data.len() != length_bytes as usize {
                     self.reads.insert(request_id, read);
                     return self.fail_element(now, element, Failure::Protocol("short read reply".into()), true);
+                }
+                // The checksums the element stored (computed when this host element received
+                // the writes): what the host gets is what it wrote.
+                if let Err(mismatch) = proto::pieces::check_pieces(read.offset_bytes, &data, &crcs) {
+                    let name = self.volumes[vi].spec.name.clone();
+                    let (first, end) = (
+                        read.offset_bytes / BLOCK_BYTES,
+                        (read.offset_bytes + length_bytes as u64).div_ceil(BLOCK_BYTES),
+                    );
+                    self.reads.insert(request_id, read);
+                    self.fail_element(now, element, Failure::ReadChecksum(format!("volume {name}: {mismatch}")), true);
+                    return self.scrub_range(now, vi, first, end);
                 }
                 if applied < queue.evicted_through() {
                     // Writes between what it applied and what we still hold are gone from the
@@ -2195,6 +2245,7 @@ impl HostCore {
         if !self.lease_waiting.is_empty() {
             self.settle_lease_waiting(now);
         }
+        self.pump_scrubs(now);
         for vi in 0..self.volumes.len() {
             let volume = VolumeId(vi as u32);
             let Some(since) = self.volumes[vi].blocked_since else { continue };
@@ -2233,7 +2284,8 @@ impl HostCore {
         let volumes = self
             .volumes
             .iter()
-            .map(|v| VolumeStatus {
+            .enumerate()
+            .map(|(vi, v)| VolumeStatus {
                 name: v.spec.name.clone(),
                 size_bytes: v.spec.size_bytes,
                 mode: match (self.ready, self.hold_expired) {
@@ -2248,6 +2300,7 @@ impl HostCore {
                 write_queue_capacity_bytes: v.queue.capacity_bytes(),
                 write_queue_oldest: v.queue.first_sequence(),
                 writes_waiting: v.admission.len(),
+                scrubs: self.scrub_statuses(now, vi),
             })
             .collect();
         let elements = self
@@ -2380,7 +2433,7 @@ impl HostCore {
 }
 
 enum ReadResult {
-    Data(Result<Bytes, String>),
+    Data(Result<ReadData, String>),
     Extents(Result<Vec<BlockExtent>, String>),
 }
 
@@ -2458,3 +2511,6 @@ fn overlay_extents(
 
 #[cfg(test)]
 mod tests;
+
+mod scrub;
+pub use scrub::{ScrubFindings, ScrubReason, ScrubStatus};

@@ -23,7 +23,7 @@ pub use element::{
 pub use failure::Failure;
 pub use host::{
     start_minimum_of, Action, ElementStatus, Event, HostConfig, HostCore, HostError, HostStatus, RecoveryKind, Reply,
-    VolumeMode, VolumeStatus,
+    ScrubFindings, ScrubReason, ScrubStatus, VolumeMode, VolumeStatus,
 };
 pub use read_cache::ReadCache;
 pub use storage::{serve, ElementStorage};
@@ -53,6 +53,9 @@ impl ElementSet {
     }
     pub fn insert(&mut self, e: ElementId) {
         self.0 |= 1 << e.0;
+    }
+    pub fn remove(&mut self, e: ElementId) {
+        self.0 &= !(1 << e.0);
     }
     pub fn contains(self, e: ElementId) -> bool {
         self.0 & (1 << e.0) != 0

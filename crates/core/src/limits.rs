@@ -28,6 +28,9 @@ pub const HEARTBEAT_TIMEOUT_MS_DEFAULT: u64 = 3_000;
 pub const STARTUP_GRACE_MS_DEFAULT: u64 = 3_000;
 /// Requests that arrive before the host element is ready are held this long, then fail (EIO).
 pub const STARTUP_TIMEOUT_MS_DEFAULT: u64 = 10_000;
+/// Background scrub of every volume: once a week (as Ceph's deep scrub), at most 32 MiB/s.
+pub const SCRUB_INTERVAL_MS_DEFAULT: u64 = 7 * 24 * 3600 * 1000;
+pub const SCRUB_RATE_BYTES_PER_S_DEFAULT: u64 = 32 * 1024 * 1024;
 
 const _: () = assert!(ELEMENTS_MAX <= 64);
 const _: () = assert!(WRITE_QUEUE_BYTES_DEFAULT >= WRITE_QUEUE_BYTES_MIN);

@@ -14,7 +14,9 @@ use std::collections::{BTreeSet, VecDeque};
 use crate::element::{CommitDone, LocalVolume, VolumeInfo};
 use crate::storage::ElementStorage;
 use bytes::Bytes;
-use proto::{BlockChunk, BlockExtent, BlockSummary, Epoch, HostId, Op, Record, Sequence, VolumeSpec, BLOCK_BYTES};
+use proto::{
+    BlockChunk, BlockExtent, BlockSummary, Epoch, HostId, Op, ReadData, Record, Sequence, VolumeSpec, BLOCK_BYTES,
+};
 
 /// What a power loss leaves of the job that was written but not synced.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -27,6 +29,9 @@ pub struct PowerLoss {
     pub epoch_kept: bool,
 }
 
+/// What a block silently diverged by [`MemStorage::diverge_block`] holds, every byte of it.
+pub const DIVERGED_BYTE: u8 = 0xdd;
+
 /// Replay-log bookkeeping per record beyond its payload.
 const LOG_RECORD_OVERHEAD_BYTES: u64 = 64;
 
@@ -38,6 +43,9 @@ pub struct Volume {
     /// Epoch of every applied record, index = sequence − 1. The simulator's ground truth of
     /// this replica's history (the real element keeps only the bounded replay log).
     pub history: Vec<Epoch>,
+    /// Per 4 KiB block: the sequence of the record that last changed it (as the store's block
+    /// map), for scrub summaries.
+    pub changed: Vec<Sequence>,
     log: VecDeque<Record>,
     log_bytes: u64,
 }
@@ -60,6 +68,7 @@ pub struct VolumeCopy {
     pub data: Vec<u8>,
     pub allocated: Vec<bool>,
     pub history: Vec<Epoch>,
+    pub changed: Vec<Sequence>,
 }
 
 /// Written, not yet synced.
@@ -133,6 +142,7 @@ impl MemStorage {
             data: vec![0; self.volume_bytes as usize],
             allocated: vec![false; blocks],
             history: Vec::new(),
+            changed: vec![Sequence::ZERO; blocks],
             log: VecDeque::new(),
             log_bytes: 0,
         });
@@ -297,6 +307,7 @@ impl MemStorage {
             if covered {
                 self.corrupt_blocks.remove(&(vi, b));
             }
+            v.changed[b as usize] = record.sequence;
         }
         v.history.push(record.epoch);
         if record.epoch > self.epoch {
@@ -320,7 +331,12 @@ impl MemStorage {
             return Err(format!("peer could not send blocks: block {b} fails its checksum"));
         }
         let v = &self.vols[vi];
-        Ok(VolumeCopy { data: v.data.clone(), allocated: v.allocated.clone(), history: v.history.clone() })
+        Ok(VolumeCopy {
+            data: v.data.clone(),
+            allocated: v.allocated.clone(),
+            history: v.history.clone(),
+            changed: v.changed.clone(),
+        })
     }
 
     /// Install a copy durably; the volume's replay log (its pre-copy history) is dropped.
@@ -329,6 +345,7 @@ impl MemStorage {
         v.data = copy.data;
         v.allocated = copy.allocated;
         v.history = copy.history;
+        v.changed = copy.changed;
         v.log.clear();
         v.log_bytes = 0;
         self.corrupt_blocks.retain(|(w, _)| *w != vi);
@@ -343,6 +360,17 @@ impl MemStorage {
     /// The blocks of volume `vi` that hold data (to corrupt one).
     pub fn allocated_blocks(&self, vi: usize) -> Vec<u64> {
         (0..self.vols[vi].allocated.len() as u64).filter(|b| self.vols[vi].allocated[*b as usize]).collect()
+    }
+
+    /// Change block `b` of volume `vi` behind the element's back, its checksum with it: a
+    /// replica that silently differs (a misdirected write, a bug), which only a comparison
+    /// with the other replicas (scrub) finds. The block then holds [`DIVERGED_BYTE`]
+    /// throughout.
+    pub fn diverge_block(&mut self, vi: usize, b: u64) {
+        let v = &mut self.vols[vi];
+        let start = (b * BLOCK_BYTES) as usize;
+        v.data[start..start + BLOCK_BYTES as usize].fill(DIVERGED_BYTE);
+        v.allocated[b as usize] = true;
     }
 
     /// The sequences volume `vi`'s replay log holds (to corrupt one).
@@ -423,6 +451,8 @@ impl ElementStorage for MemStorage {
                 ))
             } else if record.sequence != applied.next() {
                 Some(format!("gap: applied {applied} but got {}", record.sequence))
+            } else if let Err(mismatch) = record.op.check_data() {
+                Some(format!("record {} arrived damaged: {mismatch}; not committed", record.sequence))
             } else {
                 self.partially_covered_corrupt_block(vi, record).map(|b| {
                     self.mark_for_repair(vi);
@@ -444,7 +474,7 @@ impl ElementStorage for MemStorage {
         Ok(done)
     }
 
-    fn read(&self, volume: LocalVolume, offset_bytes: u64, length_bytes: u32) -> Result<(Sequence, Bytes), String> {
+    fn read(&self, volume: LocalVolume, offset_bytes: u64, length_bytes: u32) -> Result<(Sequence, ReadData), String> {
         let vi = volume.0 as usize;
         let v = &self.vols[vi];
         let first = offset_bytes / BLOCK_BYTES;
@@ -455,7 +485,7 @@ impl ElementStorage for MemStorage {
         }
         let data =
             Bytes::copy_from_slice(&v.data[offset_bytes as usize..(offset_bytes + length_bytes as u64) as usize]);
-        Ok((v.applied(), data))
+        Ok((v.applied(), ReadData::computed(offset_bytes, data)))
     }
 
     fn block_status(
@@ -521,6 +551,32 @@ impl ElementStorage for MemStorage {
         _have: &[BlockSummary],
     ) -> Result<BlockChunk, String> {
         Err("the simulator copies a volume whole (MemStorage::copy_volume), not chunk by chunk".into())
+    }
+
+    fn scrub_chunk(
+        &self,
+        volume: LocalVolume,
+        first_block: u64,
+        count: u32,
+    ) -> Result<(Sequence, Vec<BlockSummary>), String> {
+        let vi = volume.0 as usize;
+        let v = &self.vols[vi];
+        let end = (first_block + count as u64).min(v.allocated.len() as u64);
+        if let Some(b) = (first_block..end).find(|b| self.corrupt_blocks.contains(&(vi, *b))) {
+            self.mark_for_repair(vi);
+            return Err(format!("volume {} block {b}: checksum mismatch", v.name));
+        }
+        let summaries = (first_block..end)
+            .map(|b| {
+                let start = (b * BLOCK_BYTES) as usize;
+                BlockSummary {
+                    sequence: v.changed[b as usize],
+                    crc: crc32c::crc32c(&v.data[start..start + BLOCK_BYTES as usize]),
+                    allocated: v.allocated[b as usize],
+                }
+            })
+            .collect();
+        Ok((v.applied(), summaries))
     }
 
     fn take_damaged(&self) -> Vec<LocalVolume> {

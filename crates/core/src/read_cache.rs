@@ -59,7 +59,9 @@ impl ReadCache {
         }
     }
 
-    fn remove_range(&mut self, volume: VolumeId, first_block: u64, end_block: u64) {
+    /// Forget the blocks `[first_block, end_block)` of `volume` (a scrub found that the replicas
+    /// differ there: what the cache holds may be the minority's).
+    pub fn remove_range(&mut self, volume: VolumeId, first_block: u64, end_block: u64) {
         let keys: Vec<Key> = self.blocks.range((volume, first_block)..(volume, end_block)).map(|(k, _)| *k).collect();
         for key in keys {
             if let Some((_, age)) = self.blocks.remove(&key) {
@@ -162,7 +164,7 @@ mod tests {
     const V: VolumeId = VolumeId(0);
 
     fn write(offset_bytes: u64, fill: u8, len: usize) -> Op {
-        Op::Write { offset_bytes, data: Bytes::from(vec![fill; len]) }
+        Op::write(offset_bytes, Bytes::from(vec![fill; len]))
     }
 
     #[test]

@@ -3,9 +3,9 @@
 //! image (`crates/sim/src/storage.rs`). [`serve`] answers the read-only requests the core hands
 //! out as `ElementAction::Serve`, the same way over either.
 
-use bytes::Bytes;
 use proto::{
-    BlockChunk, BlockExtent, BlockSummary, ElementMessage, Epoch, HostId, HostMessage, Record, Sequence, VolumeSpec,
+    BlockChunk, BlockExtent, BlockSummary, ElementMessage, Epoch, HostId, HostMessage, ReadData, Record, Sequence,
+    VolumeSpec,
 };
 
 use crate::element::{CommitDone, LocalVolume, VolumeInfo};
@@ -31,9 +31,10 @@ pub trait ElementStorage {
     /// Log the records with one sync, then apply them in order; refused records are listed in
     /// the outcome and change nothing. `Err`: storage failed and takes no more changes.
     fn commit(&mut self, batch: &[(LocalVolume, Record)]) -> Result<CommitDone, String>;
-    /// Read with the applied sequence the data reflects; a block that fails its checksum is
-    /// an error, never data.
-    fn read(&self, volume: LocalVolume, offset_bytes: u64, length_bytes: u32) -> Result<(Sequence, Bytes), String>;
+    /// Read with the applied sequence the data reflects and the data's piece checksums (the
+    /// stored ones for whole blocks, [`proto::pieces`]); a block that fails its checksum is an
+    /// error, never data.
+    fn read(&self, volume: LocalVolume, offset_bytes: u64, length_bytes: u32) -> Result<(Sequence, ReadData), String>;
     fn block_status(
         &self,
         volume: LocalVolume,
@@ -47,9 +48,18 @@ pub trait ElementStorage {
     fn take_damaged(&self) -> Vec<LocalVolume>;
     /// A full recovery's chunk: the blocks from `first_block` that differ from `have`.
     fn copy_chunk(&self, volume: LocalVolume, first_block: u64, have: &[BlockSummary]) -> Result<BlockChunk, String>;
+    /// A scrub's chunk: read `count` blocks from `first_block` (fewer past the volume's end),
+    /// check each against its stored checksum, and summarise them, with the applied sequence
+    /// they reflect. A block that fails its checksum is an error and makes the volume a repair.
+    fn scrub_chunk(
+        &self,
+        volume: LocalVolume,
+        first_block: u64,
+        count: u32,
+    ) -> Result<(Sequence, Vec<BlockSummary>), String>;
 }
 
-/// Answer a read-only request (`Read`, `BlockStatus`, `FetchLog`, `FetchBlocks`).
+/// Answer a read-only request (`Read`, `BlockStatus`, `FetchLog`, `FetchBlocks`, `Scrub`).
 pub fn serve(storage: &impl ElementStorage, volume: LocalVolume, request: HostMessage) -> ElementMessage {
     match request {
         HostMessage::Read { request_id, offset_bytes, length_bytes, .. } => {
@@ -75,6 +85,9 @@ pub fn serve(storage: &impl ElementStorage, volume: LocalVolume, request: HostMe
         }
         HostMessage::FetchBlocks { request_id, first_block, have, .. } => {
             ElementMessage::Blocks { request_id, result: storage.copy_chunk(volume, first_block, &have) }
+        }
+        HostMessage::Scrub { request_id, first_block, count, .. } => {
+            ElementMessage::ScrubReply { request_id, result: storage.scrub_chunk(volume, first_block, count) }
         }
         other => unreachable!("the core serves only read-only requests, not {other:?}"),
     }

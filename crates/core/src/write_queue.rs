@@ -211,7 +211,7 @@ mod tests {
                 volume: VolumeId(0),
                 epoch: Epoch(1),
                 sequence: Sequence(sequence),
-                op: Op::Write { offset_bytes, data: Bytes::from(vec![fill; len]) },
+                op: Op::write(offset_bytes, Bytes::from(vec![fill; len])),
             },
             acked_by: ElementSet::default(),
             host_reply: HostReply::Done,

@@ -41,9 +41,13 @@ pub enum DecodeError {
 /// A write-like operation, the unit that gets a sequence.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Op {
+    /// `crcs`: the crc32c of each piece of `data` (cut at block boundaries of the volume,
+    /// [`crate::pieces`]), computed once when the host element received the write: the element
+    /// checks the data against them before it commits, and stores them.
     Write {
         offset_bytes: u64,
         data: Bytes,
+        crcs: Vec<u32>,
     },
     /// Discard: the range reads back as zeroes afterwards (we promise that, NBD does not).
     Trim {
@@ -57,6 +61,20 @@ pub enum Op {
 }
 
 impl Op {
+    /// A write of `data` at `offset_bytes`, its piece checksums computed here.
+    pub fn write(offset_bytes: u64, data: Bytes) -> Op {
+        let crcs = crate::pieces::piece_crcs(offset_bytes, &data);
+        Op::Write { offset_bytes, data, crcs }
+    }
+
+    /// Check a write's data against its piece checksums (other operations carry no data).
+    pub fn check_data(&self) -> Result<(), crate::pieces::PieceMismatch> {
+        match self {
+            Op::Write { offset_bytes, data, crcs } => crate::pieces::check_pieces(*offset_bytes, data, crcs),
+            _ => Ok(()),
+        }
+    }
+
     pub fn offset_bytes(&self) -> u64 {
         match self {
             Op::Write { offset_bytes, .. } | Op::Trim { offset_bytes, .. } | Op::WriteZeroes { offset_bytes, .. } => {
@@ -142,6 +160,23 @@ pub struct BlockChunk {
     pub blocks: Vec<BlockCopy>,
 }
 
+/// A read's data with the crc32c of each of its pieces ([`crate::pieces`]): for a whole block,
+/// the checksum the element stored with it, which the host element checks before the host
+/// sees the data.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReadData {
+    pub data: Bytes,
+    pub crcs: Vec<u32>,
+}
+
+impl ReadData {
+    /// Data whose piece checksums are computed here (for data no stored checksum covers).
+    pub fn computed(offset_bytes: u64, data: Bytes) -> ReadData {
+        let crcs = crate::pieces::piece_crcs(offset_bytes, &data);
+        ReadData { data, crcs }
+    }
+}
+
 /// A run of blocks with the same allocation state, for NBD block status.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct BlockExtent {
@@ -224,6 +259,17 @@ pub enum HostMessage {
         min_applied: Sequence,
         have: Vec<BlockSummary>,
     },
+    /// Scrub: read the `count` blocks of `volume` from `first_block` on (at most
+    /// [`SCRUB_CHUNK_BLOCKS_MAX`]), check each against its stored checksum, and answer their
+    /// summaries, once the applied sequence is at least `min_applied`. Answered by
+    /// `ScrubReply`; a block that fails its checksum makes the volume a repair, as on a read.
+    Scrub {
+        request_id: u64,
+        volume: VolumeId,
+        first_block: u64,
+        count: u32,
+        min_applied: Sequence,
+    },
 }
 
 /// Element → host element.
@@ -254,7 +300,7 @@ pub enum ElementMessage {
     ReadReply {
         request_id: u64,
         applied_sequence: Sequence,
-        result: Result<Bytes, String>,
+        result: Result<ReadData, String>,
     },
     BlockStatusReply {
         request_id: u64,
@@ -309,12 +355,21 @@ pub enum ElementMessage {
         volume: VolumeId,
         result: Result<Sequence, String>,
     },
+    /// Answer to `Scrub`: the applied sequence when the blocks were read, and one summary per
+    /// block asked (a block past the volume's end is not sent).
+    ScrubReply {
+        request_id: u64,
+        result: Result<(Sequence, Vec<BlockSummary>), String>,
+    },
     /// The element hit a fault it cannot continue from in this session (I/O error, a gap in
     /// the sequence, a checksum mismatch on its own disk). The host element marks it failed.
     Fault {
         reason: String,
     },
 }
+
+/// Most blocks one `Scrub` asks about (4 MiB of data; 13 bytes of summary each in the reply).
+pub const SCRUB_CHUNK_BLOCKS_MAX: u32 = 1024;
 
 /// A message that can be put into and taken out of a frame body.
 pub trait Body: Sized {
@@ -395,6 +450,31 @@ impl Reader {
         let raw = self.bytes(what, max)?;
         String::from_utf8(raw.to_vec()).map_err(|_| DecodeError::Utf8(what))
     }
+    /// The piece checksums of `length_bytes` at `offset_bytes`: exactly one per piece.
+    fn crcs(&mut self, what: &'static str, offset_bytes: u64, length_bytes: usize) -> Result<Vec<u32>, DecodeError> {
+        let n = self.count(what, PIECES_MAX)?;
+        if offset_bytes.checked_add(length_bytes as u64).is_none()
+            || n != crate::pieces::piece_count(offset_bytes, length_bytes as u64)
+        {
+            return Err(DecodeError::OutOfBounds { what, value: n as u64 });
+        }
+        let mut crcs = Vec::with_capacity(n);
+        for _ in 0..n {
+            crcs.push(self.u32(what)?);
+        }
+        Ok(crcs)
+    }
+    fn summaries(&mut self, what: &'static str, max: usize) -> Result<Vec<BlockSummary>, DecodeError> {
+        let n = self.count(what, max)?;
+        let mut summaries = Vec::with_capacity(n);
+        for _ in 0..n {
+            let sequence = Sequence(self.u64("block summary sequence")?);
+            let crc = self.u32("block summary crc")?;
+            let allocated = self.u8("block summary allocated")? != 0;
+            summaries.push(BlockSummary { sequence, crc, allocated });
+        }
+        Ok(summaries)
+    }
     fn count(&mut self, what: &'static str, max: usize) -> Result<usize, DecodeError> {
         let n = self.u32(what)? as usize;
         if n > max {
@@ -418,6 +498,25 @@ impl Reader {
     }
 }
 
+/// Most pieces one payload can have: one per block, plus one for a start inside a block.
+const PIECES_MAX: usize = (PAYLOAD_BYTES_MAX as u64 / BLOCK_BYTES) as usize + 1;
+
+fn put_summaries(out: &mut BytesMut, summaries: &[BlockSummary]) {
+    out.put_u32_le(u32::try_from(summaries.len()).expect("bounded by the chunk limits"));
+    for h in summaries {
+        out.put_u64_le(h.sequence.0);
+        out.put_u32_le(h.crc);
+        out.put_u8(h.allocated as u8);
+    }
+}
+
+fn put_crcs(out: &mut BytesMut, crcs: &[u32]) {
+    out.put_u32_le(u32::try_from(crcs.len()).expect("bounded by the payload"));
+    for crc in crcs {
+        out.put_u32_le(*crc);
+    }
+}
+
 fn put_bytes(out: &mut BytesMut, b: &[u8]) {
     out.put_u32_le(u32::try_from(b.len()).expect("field length bounded by the frame limit"));
     out.put_slice(b);
@@ -434,10 +533,11 @@ impl Record {
         out.put_u64_le(self.epoch.0);
         out.put_u64_le(self.sequence.0);
         match &self.op {
-            Op::Write { offset_bytes, data } => {
+            Op::Write { offset_bytes, data, crcs } => {
                 out.put_u8(OP_WRITE);
                 out.put_u64_le(*offset_bytes);
                 put_bytes(out, data);
+                put_crcs(out, crcs);
             }
             Op::Trim { offset_bytes, length_bytes } => {
                 out.put_u8(OP_TRIM);
@@ -468,7 +568,8 @@ impl Record {
             OP_WRITE => {
                 let offset_bytes = r.u64("write offset")?;
                 let data = r.bytes("write data", PAYLOAD_BYTES_MAX as usize)?;
-                Op::Write { offset_bytes, data }
+                let crcs = r.crcs("write checksums", offset_bytes, data.len())?;
+                Op::Write { offset_bytes, data, crcs }
             }
             OP_TRIM => Op::Trim { offset_bytes: r.u64("trim offset")?, length_bytes: r.u64("trim length")? },
             OP_WRITE_ZEROES => {
@@ -494,6 +595,7 @@ const HOST_COPY: u8 = 8;
 const HOST_FETCH_BLOCKS: u8 = 9;
 const HOST_OBSERVE: u8 = 10;
 const HOST_RELEASE: u8 = 11;
+const HOST_SCRUB: u8 = 12;
 
 impl Body for HostMessage {
     fn encode_body(&self, out: &mut BytesMut) {
@@ -564,12 +666,15 @@ impl Body for HostMessage {
                 out.put_u64_le(*first_block);
                 out.put_u64_le(min_applied.0);
                 assert!(have.len() <= COPY_CHUNK_BLOCKS_MAX, "a fetch asks about at most COPY_CHUNK_BLOCKS_MAX blocks");
-                out.put_u32_le(have.len() as u32);
-                for h in have {
-                    out.put_u64_le(h.sequence.0);
-                    out.put_u32_le(h.crc);
-                    out.put_u8(h.allocated as u8);
-                }
+                put_summaries(out, have);
+            }
+            HostMessage::Scrub { request_id, volume, first_block, count, min_applied } => {
+                out.put_u8(HOST_SCRUB);
+                out.put_u64_le(*request_id);
+                out.put_u32_le(volume.0);
+                out.put_u64_le(*first_block);
+                out.put_u32_le(*count);
+                out.put_u64_le(min_applied.0);
             }
         }
     }
@@ -633,15 +738,19 @@ impl Body for HostMessage {
                 let volume = VolumeId(r.u32("fetch blocks volume")?);
                 let first_block = r.u64("fetch blocks first block")?;
                 let min_applied = Sequence(r.u64("fetch blocks min applied")?);
-                let n = r.count("fetch blocks count", COPY_CHUNK_BLOCKS_MAX)?;
-                let mut have = Vec::with_capacity(n);
-                for _ in 0..n {
-                    let sequence = Sequence(r.u64("block summary sequence")?);
-                    let crc = r.u32("block summary crc")?;
-                    let allocated = r.u8("block summary allocated")? != 0;
-                    have.push(BlockSummary { sequence, crc, allocated });
-                }
+                let have = r.summaries("fetch blocks count", COPY_CHUNK_BLOCKS_MAX)?;
                 HostMessage::FetchBlocks { request_id, volume, first_block, min_applied, have }
+            }
+            HOST_SCRUB => {
+                let request_id = r.u64("scrub request id")?;
+                let volume = VolumeId(r.u32("scrub volume")?);
+                let first_block = r.u64("scrub first block")?;
+                let count = r.u32("scrub block count")?;
+                if count > SCRUB_CHUNK_BLOCKS_MAX {
+                    return Err(DecodeError::OutOfBounds { what: "scrub block count", value: count as u64 });
+                }
+                let min_applied = Sequence(r.u64("scrub min applied")?);
+                HostMessage::Scrub { request_id, volume, first_block, count, min_applied }
             }
             tag => return Err(DecodeError::UnknownTag(tag)),
         };
@@ -663,6 +772,7 @@ const ELEMENT_BLOCKS: u8 = 10;
 const ELEMENT_COPY_PROGRESS: u8 = 11;
 const ELEMENT_COPY_DONE: u8 = 12;
 const ELEMENT_OBSERVED: u8 = 13;
+const ELEMENT_SCRUB_REPLY: u8 = 14;
 const LOG_RECORDS_MAX: usize = 1 << 20;
 
 const RESULT_OK: u8 = 0;
@@ -704,9 +814,10 @@ impl Body for ElementMessage {
                 out.put_u64_le(*request_id);
                 out.put_u64_le(applied_sequence.0);
                 match result {
-                    Ok(data) => {
+                    Ok(read) => {
                         out.put_u8(RESULT_OK);
-                        put_bytes(out, data);
+                        put_bytes(out, &read.data);
+                        put_crcs(out, &read.crcs);
                     }
                     Err(reason) => {
                         out.put_u8(RESULT_ERR);
@@ -767,6 +878,22 @@ impl Body for ElementMessage {
                         for record in records {
                             record.encode(out);
                         }
+                    }
+                    Err(reason) => {
+                        out.put_u8(RESULT_ERR);
+                        put_bytes(out, truncate(reason).as_bytes());
+                    }
+                }
+            }
+            ElementMessage::ScrubReply { request_id, result } => {
+                out.put_u8(ELEMENT_SCRUB_REPLY);
+                out.put_u64_le(*request_id);
+                match result {
+                    Ok((applied, blocks)) => {
+                        out.put_u8(RESULT_OK);
+                        out.put_u64_le(applied.0);
+                        assert!(blocks.len() <= SCRUB_CHUNK_BLOCKS_MAX as usize, "a scrub reply answers one chunk");
+                        put_summaries(out, blocks);
                     }
                     Err(reason) => {
                         out.put_u8(RESULT_ERR);
@@ -859,7 +986,15 @@ impl Body for ElementMessage {
                 let request_id = r.u64("read reply id")?;
                 let applied_sequence = Sequence(r.u64("read reply applied")?);
                 let result = match r.u8("read result")? {
-                    RESULT_OK => Ok(r.bytes("read data", PAYLOAD_BYTES_MAX as usize)?),
+                    RESULT_OK => {
+                        let data = r.bytes("read data", PAYLOAD_BYTES_MAX as usize)?;
+                        let n = r.count("read checksum count", PIECES_MAX)?;
+                        let mut crcs = Vec::with_capacity(n);
+                        for _ in 0..n {
+                            crcs.push(r.u32("read checksum")?);
+                        }
+                        Ok(ReadData { data, crcs })
+                    }
                     RESULT_ERR => Err(r.string("read error", REASON_BYTES_MAX)?),
                     tag => return Err(DecodeError::UnknownTag(tag)),
                 };
@@ -918,6 +1053,18 @@ impl Body for ElementMessage {
                     tag => return Err(DecodeError::UnknownTag(tag)),
                 };
                 ElementMessage::LogRecords { request_id, result }
+            }
+            ELEMENT_SCRUB_REPLY => {
+                let request_id = r.u64("scrub reply id")?;
+                let result = match r.u8("scrub result")? {
+                    RESULT_OK => {
+                        let applied = Sequence(r.u64("scrub applied")?);
+                        Ok((applied, r.summaries("scrub block count", SCRUB_CHUNK_BLOCKS_MAX as usize)?))
+                    }
+                    RESULT_ERR => Err(r.string("scrub error", REASON_BYTES_MAX)?),
+                    tag => return Err(DecodeError::UnknownTag(tag)),
+                };
+                ElementMessage::ScrubReply { request_id, result }
             }
             ELEMENT_BLOCKS => {
                 let request_id = r.u64("blocks id")?;
@@ -1021,7 +1168,8 @@ mod tests {
             admin: "127.0.0.1:7190".into(),
         });
         for op in [
-            Op::Write { offset_bytes: 4096, data: Bytes::from_static(b"hello world") },
+            Op::write(4096, Bytes::from_static(b"hello world")),
+            Op::write(4000, Bytes::from(vec![3u8; 9000])),
             Op::Trim { offset_bytes: 0, length_bytes: 1 << 20 },
             Op::WriteZeroes { offset_bytes: 512, length_bytes: 1024 },
         ] {
@@ -1055,6 +1203,13 @@ mod tests {
                 BlockSummary { sequence: Sequence(0), crc: 0, allocated: false },
             ],
         });
+        round_trip(HostMessage::Scrub {
+            request_id: 4,
+            volume: VolumeId(1),
+            first_block: 1024,
+            count: SCRUB_CHUNK_BLOCKS_MAX,
+            min_applied: Sequence(99),
+        });
         round_trip(HostMessage::FetchLog {
             request_id: 3,
             volume: VolumeId(0),
@@ -1086,6 +1241,17 @@ mod tests {
             }),
         });
         round_trip(ElementMessage::Blocks { request_id: 5, result: Err("not in sync".into()) });
+        round_trip(ElementMessage::ScrubReply {
+            request_id: 6,
+            result: Ok((
+                Sequence(12),
+                vec![
+                    BlockSummary { sequence: Sequence(3), crc: 0xdead_beef, allocated: true },
+                    BlockSummary { sequence: Sequence(0), crc: 0, allocated: false },
+                ],
+            )),
+        });
+        round_trip(ElementMessage::ScrubReply { request_id: 6, result: Err("a repair waits".into()) });
         round_trip(ElementMessage::CopyProgress {
             volume: VolumeId(0),
             done_bytes: 1 << 20,
@@ -1100,7 +1266,7 @@ mod tests {
         round_trip(ElementMessage::ReadReply {
             request_id: 1,
             applied_sequence: Sequence(4),
-            result: Ok(Bytes::from_static(&[7; 100])),
+            result: Ok(ReadData::computed(4000, Bytes::from_static(&[7; 100]))),
         });
         round_trip(ElementMessage::ReadReply {
             request_id: 1,

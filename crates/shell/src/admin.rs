@@ -1,7 +1,8 @@
 //! The admin endpoint: a minimal HTTP/1.0 server on the admin address with `GET /status`
 //! (JSON, the shape `starfish status --json` prints), `GET /metrics` (Prometheus text), and
 //! the failover orders `POST /failover` (a standby takes over; `starfish failover`) and
-//! `POST /drain` (the active host element drains and becomes a standby).
+//! `POST /drain` (the active host element drains and becomes a standby), and
+//! `POST /scrub?volume=NAME[&rate=BYTES]` (`starfish scrub`).
 //!
 //! With TLS configured (`--tls-dir`) the same port also speaks HTTPS (told apart by the first
 //! byte: a TLS handshake record). Orders that change the cluster (every POST) need HTTPS with
@@ -158,9 +159,12 @@ async fn answer(mut stream: Stream, host: std::sync::Arc<Node>, caller: Caller) 
         },
         AdminRequest::Failover => order(host.take_over("told to (starfish failover)", true).await),
         AdminRequest::Drain => order(host.drain().await),
-        AdminRequest::NotFound => {
-            ("404 Not Found", "text/plain", "try GET /status, GET /metrics, POST /failover or POST /drain\n".into())
-        }
+        AdminRequest::Scrub { volume, rate_bytes_per_s } => order(host.scrub(&volume, rate_bytes_per_s).await),
+        AdminRequest::NotFound => (
+            "404 Not Found",
+            "text/plain",
+            "try GET /status, GET /metrics, POST /failover, POST /drain or POST /scrub?volume=NAME\n".into(),
+        ),
         AdminRequest::Malformed(why) => ("400 Bad Request", "text/plain", format!("{why}\n")),
     };
     let head = format!(
@@ -170,6 +174,27 @@ async fn answer(mut stream: Stream, host: std::sync::Arc<Node>, caller: Caller) 
     stream.write_all(head.as_bytes()).await?;
     stream.write_all(body.as_bytes()).await?;
     stream.shutdown().await
+}
+
+/// A volume's running (else last) scrub, in the status document.
+fn scrub_json(s: &starfish_core::ScrubStatus) -> Value {
+    let f = &s.findings;
+    json!({
+        "id": s.id,
+        "running": s.running,
+        "reason": s.reason.as_str(),
+        "done_bytes": s.done_bytes,
+        "total_bytes": s.total_bytes,
+        "rate_bytes_per_s": s.rate_bytes_per_s,
+        "elapsed_ms": s.elapsed_ms,
+        "blocks_compared": f.blocks_compared,
+        "blocks_changed": f.blocks_changed,
+        "blocks_mismatched": f.blocks_mismatched,
+        "blocks_undecided": f.blocks_undecided,
+        "element_errors": f.element_errors,
+        "last_error": f.last_error,
+        "repaired": f.repaired,
+    })
 }
 
 /// The status document; field names are part of the CLI contract (`starfish status --json`).
@@ -188,6 +213,8 @@ pub fn status_json(status: &HostStatus, addresses: &[String]) -> Value {
                 "write_queue_capacity_bytes": v.write_queue_capacity_bytes,
                 "write_queue_oldest_sequence": v.write_queue_oldest.map(|s| s.0),
                 "writes_waiting": v.writes_waiting,
+                "scrub": v.scrubs.last().map(scrub_json),
+                "scrubs": v.scrubs.iter().map(scrub_json).collect::<Vec<_>>(),
             })
         })
         .collect();
@@ -278,6 +305,23 @@ pub(crate) fn metrics(status: &HostStatus) -> String {
     let _ = writeln!(out, "# TYPE starfish_write_queue_used_bytes gauge");
     for v in &status.volumes {
         let _ = writeln!(out, "starfish_write_queue_used_bytes{{volume=\"{}\"}} {}", v.name, v.write_queue_used_bytes);
+    }
+    let scrubs: Vec<(&str, &starfish_core::ScrubStatus)> =
+        status.volumes.iter().filter_map(|v| v.scrubs.last().map(|s| (v.name.as_str(), s))).collect();
+    type Gauge = fn(&starfish_core::ScrubStatus) -> u64;
+    let scrub_gauges: [(&str, Gauge); 6] = [
+        ("starfish_scrub_running", |s| s.running as u64),
+        ("starfish_scrub_done_bytes", |s| s.done_bytes),
+        ("starfish_scrub_total_bytes", |s| s.total_bytes),
+        ("starfish_scrub_mismatched_blocks", |s| s.findings.blocks_mismatched),
+        ("starfish_scrub_undecided_blocks", |s| s.findings.blocks_undecided),
+        ("starfish_scrub_element_errors", |s| s.findings.element_errors),
+    ];
+    for (name, value) in scrub_gauges {
+        let _ = writeln!(out, "# TYPE {name} gauge");
+        for (volume, s) in &scrubs {
+            let _ = writeln!(out, "{name}{{volume=\"{volume}\"}} {}", value(s));
+        }
     }
     let _ = writeln!(out, "# TYPE starfish_element_in_sync gauge");
     for e in &status.elements {

@@ -80,6 +80,12 @@ enum Input {
     Status {
         reply: oneshot::Sender<HostStatus>,
     },
+    /// Start a scrub of a volume (`POST /scrub`).
+    Scrub {
+        volume: String,
+        rate_bytes_per_s: u64,
+        reply: oneshot::Sender<Result<u64, String>>,
+    },
     /// A graceful handover, after the NBD server drained: tell every element we are gone.
     Release {
         reply: oneshot::Sender<()>,
@@ -109,6 +115,14 @@ impl HostHandle {
         let (reply, rx) = oneshot::channel();
         self.inputs.send(Input::Status { reply }).ok()?;
         rx.await.ok()
+    }
+
+    /// Start scrubbing `volume` at most `rate_bytes_per_s` (0: unlimited); the scrub's id.
+    pub async fn scrub(&self, volume: &str, rate_bytes_per_s: u64) -> Result<u64, String> {
+        let (reply, rx) = oneshot::channel();
+        let volume = volume.to_string();
+        self.inputs.send(Input::Scrub { volume, rate_bytes_per_s, reply }).map_err(|_| "host element stopping")?;
+        rx.await.map_err(|_| "host element stopping")?
     }
 
     /// Send `Release` to every element (see `Input::Release`).
@@ -342,6 +356,13 @@ fn handle_input(
         Input::Status { reply } => {
             let _ = reply.send(core.status(t));
         }
+        Input::Scrub { volume, rate_bytes_per_s, reply } => {
+            let result = match core.volume_id(&volume) {
+                Some(id) => core.start_scrub(t, id, rate_bytes_per_s),
+                None => Err(format!("no volume {volume:?} (see starfish status)")),
+            };
+            let _ = reply.send(result);
+        }
         Input::Release { reply } => {
             let mut buf = BytesMut::new();
             encode_frame(&proto::HostMessage::Release, &mut buf);
@@ -414,6 +435,29 @@ fn log_event(core: &HostCore, names: &[String], event: Event) {
             timeout_ms = core.config().startup_timeout_ms,
             "volumes UNAVAILABLE: too few elements answered within the start-up timeout; requests fail with EIO until they do"
         ),
+        Event::ScrubDone { volume, status } => {
+            let f = &status.findings;
+            let problems = f.blocks_mismatched + f.blocks_undecided + f.element_errors;
+            let (volume, reason) = (volume_name(volume), status.reason.as_str());
+            let (bytes, ms, repaired) = (status.done_bytes, status.elapsed_ms, f.repaired.join(","));
+            if problems == 0 {
+                tracing::info!(volume, reason, bytes, ms, compared = f.blocks_compared, changed = f.blocks_changed, "scrub done: the replicas agree");
+            } else {
+                tracing::warn!(
+                    volume,
+                    reason,
+                    bytes,
+                    ms,
+                    compared = f.blocks_compared,
+                    mismatched = f.blocks_mismatched,
+                    undecided = f.blocks_undecided,
+                    element_errors = f.element_errors,
+                    last_error = f.last_error.as_deref().unwrap_or(""),
+                    repaired,
+                    "scrub done: replicas differed"
+                );
+            }
+        }
         Event::Throttled { volume } => tracing::warn!(
             volume = volume_name(volume),
             "write queue full: throttling new writes until the slowest element catches up"
@@ -573,7 +617,9 @@ impl Backend for HostBackend {
     }
 
     fn write(&self, export: &str, offset_bytes: u64, data: Bytes, _fua: bool) -> BoxFuture<Result<(), nbd::Errno>> {
-        done(self.call(export, Request::Write(Op::Write { offset_bytes, data })))
+        // The piece checksums are computed here, once, as the write arrives: they travel with
+        // it to every element's disk, and reads are checked against them.
+        done(self.call(export, Request::Write(Op::write(offset_bytes, data))))
     }
 
     fn write_zeroes(

@@ -261,6 +261,19 @@ impl Node {
         Ok(report)
     }
 
+    /// Start a scrub of `volume` (`POST /scrub`) at most `rate_bytes_per_s` (0: unlimited;
+    /// `None`: the configured scrub rate); its progress is in the status document.
+    pub async fn scrub(&self, volume: &str, rate_bytes_per_s: Option<u64>) -> Result<Value, String> {
+        let rate_bytes_per_s = rate_bytes_per_s.unwrap_or(self.options.config.scrub_rate_bytes_per_s);
+        let handle = self.active.lock().await.as_ref().map(|a| a.handle.clone());
+        let Some(handle) = handle else {
+            return Err("this host element is a standby: scrub through the active one".into());
+        };
+        let id = handle.scrub(volume, rate_bytes_per_s).await?;
+        tracing::info!(volume, id, rate_bytes_per_s, "scrub started");
+        Ok(json!({ "volume": volume, "id": id, "rate_bytes_per_s": rate_bytes_per_s }))
+    }
+
     /// A graceful handover: stop taking requests, answer those taken, tell the elements we
     /// are gone (their read lease ends now), and become a standby.
     pub async fn drain(self: &Arc<Self>) -> Result<Value, String> {

@@ -316,7 +316,7 @@ impl Element {
                         self.core.handle_volume_damaged(now, damaged);
                     }
                     let bytes = match &message {
-                        ElementMessage::ReadReply { result: Ok(data), .. } => data.len() as u64,
+                        ElementMessage::ReadReply { result: Ok(read), .. } => read.data.len() as u64,
                         ElementMessage::LogRecords { result: Ok(records), .. } => {
                             records.iter().map(|r| r.op.payload_bytes()).sum()
                         }

@@ -13,7 +13,7 @@ use sim::{Broken, SimOptions, Summary};
 
 const USAGE: &str = "usage: sim [--seeds K] [--seed S] [--elements N] [--quorum Q] [--swarm] [--json]
            [--fault-phase-ms MS] [--fault-interval-ms MS] [--faults KIND,…]
-           [--broken none|ack-before-sync|no-fencing|clock-epochs|no-read-lease|no-role-check] [--threads T] [--trace]
+           [--broken none|ack-before-sync|no-fencing|clock-epochs|no-read-lease|no-role-check|no-scrub-repair] [--threads T] [--trace]
 
   --seeds K       run K seeds, starting at --seed (default 0); without --seeds, run --seed alone
   --swarm         draw the fault mix and rates from each seed (swarm testing)

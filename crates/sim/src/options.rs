@@ -62,10 +62,15 @@ pub enum FaultKind {
     /// element may: a newer epoch, and writes at the next sequences with content nobody wrote.
     /// Opt-in only (`--faults rogue_element_session`): not in the default mix or swarm draws.
     RogueElementSession,
+    /// One block of one element silently changes, its checksum with it (a misdirected write,
+    /// a firmware bug): only a scrub, comparing the replicas, can find it; runs with it scrub
+    /// every second. Only where every other element holds that block alike, so a majority
+    /// knows the right content. Opt-in only (`--faults diverge_block`).
+    DivergeBlock,
 }
 
 impl FaultKind {
-    pub const ALL: [FaultKind; 18] = [
+    pub const ALL: [FaultKind; 19] = [
         FaultKind::ElementKill,
         FaultKind::ElementPowerLoss,
         FaultKind::HostCrash,
@@ -84,6 +89,7 @@ impl FaultKind {
         FaultKind::HostPause,
         FaultKind::HostCrashStandby,
         FaultKind::RogueElementSession,
+        FaultKind::DivergeBlock,
     ];
 
     pub fn name(self) -> &'static str {
@@ -106,6 +112,7 @@ impl FaultKind {
             FaultKind::HostPause => "host_pause",
             FaultKind::HostCrashStandby => "host_crash_standby_takes_over",
             FaultKind::RogueElementSession => "rogue_element_session",
+            FaultKind::DivergeBlock => "diverge_block",
         }
     }
 
@@ -136,13 +143,14 @@ impl FaultKind {
             FaultKind::HostPause => 0.0,
             FaultKind::HostCrashStandby => 0.0,
             FaultKind::RogueElementSession => 0.0,
+            FaultKind::DivergeBlock => 0.0,
         }
     }
 
     /// Injected only when asked for by name: swarm runs draw no weight for it (so the draws,
     /// and what every earlier seed means, stay as they were).
     fn opt_in(self) -> bool {
-        self == FaultKind::RogueElementSession
+        matches!(self, FaultKind::RogueElementSession | FaultKind::DivergeBlock)
     }
 }
 
@@ -168,6 +176,8 @@ pub enum Broken {
     /// Elements check no session's role: a session holding an element's certificate may set
     /// epochs and write like a host element.
     NoRoleCheck,
+    /// The host element's scrub finds replicas that differ but repairs none of them.
+    NoScrubRepair,
 }
 
 impl Broken {
@@ -179,6 +189,7 @@ impl Broken {
             "clock-epochs" => Some(Broken::ClockEpochs),
             "no-read-lease" => Some(Broken::NoReadLease),
             "no-role-check" => Some(Broken::NoRoleCheck),
+            "no-scrub-repair" => Some(Broken::NoScrubRepair),
             _ => None,
         }
     }
@@ -190,6 +201,7 @@ impl Broken {
             Broken::ClockEpochs => "clock-epochs",
             Broken::NoReadLease => "no-read-lease",
             Broken::NoRoleCheck => "no-role-check",
+            Broken::NoScrubRepair => "no-scrub-repair",
         }
     }
 }
@@ -285,6 +297,9 @@ pub struct Scenario {
     pub big_write_share: f64,
     pub fault_weights: Vec<f64>,
     pub fault_interval_ms: f64,
+    /// The host element scrubs every volume this often (0: not within a run): every second
+    /// in runs that inject silent divergence.
+    pub scrub_interval_ms: u64,
 }
 
 impl Scenario {
@@ -344,7 +359,10 @@ impl Scenario {
                 fault_weights[first.expect("non-empty")] = 1.0;
             }
         }
+        let diverging =
+            fault_weights[FaultKind::ALL.iter().position(|k| *k == FaultKind::DivergeBlock).expect("listed")] > 0.0;
         Scenario {
+            scrub_interval_ms: if diverging { 1_000 } else { 0 },
             volumes: rng.range(1, 2) as usize,
             volume_bytes: *[512u64 << 10, 2 << 20].get(rng.below(2) as usize).expect("2"),
             links,

@@ -45,6 +45,12 @@ pub struct RunReport {
     /// Longest stretch during which the core's `poll_timeout` stayed in the past (a shell
     /// that sleeps until it would spin).
     pub past_deadline_ms_max: u64,
+    /// Scrubs the host elements finished, and elements they failed for a repair.
+    pub scrubs_done: u64,
+    pub scrub_repairs: u64,
+    /// Reads (before the final probe) that returned a silently diverged block: not judged,
+    /// as nothing but a scrub can tell such a block from the right one.
+    pub diverged_reads_unjudged: u64,
     pub sim_ms: u64,
     pub events: u64,
     pub digest: u64,
@@ -79,6 +85,9 @@ pub struct Summary {
     pub unsynced_records_lost: u64,
     pub records_applied_behind_another_volume: u64,
     pub past_deadline_ms_max: u64,
+    pub scrubs_done: u64,
+    pub scrub_repairs: u64,
+    pub diverged_reads_unjudged: u64,
     pub sim_ms: u64,
     pub events: u64,
     /// (seed, first violation, count, replay command)
@@ -111,6 +120,9 @@ impl Summary {
         self.unsynced_records_lost += r.unsynced_records_lost;
         self.records_applied_behind_another_volume += r.records_applied_behind_another_volume;
         self.past_deadline_ms_max = self.past_deadline_ms_max.max(r.past_deadline_ms_max);
+        self.scrubs_done += r.scrubs_done;
+        self.scrub_repairs += r.scrub_repairs;
+        self.diverged_reads_unjudged += r.diverged_reads_unjudged;
         self.sim_ms += r.sim_ms;
         self.events += r.events;
         if !r.violations.is_empty() {
@@ -161,6 +173,13 @@ impl Summary {
             self.records_applied_behind_another_volume
         );
         let _ = writeln!(s, "elements ended failed needing replay/full recovery: {}", self.elements_needing_recovery);
+        if self.scrubs_done > 0 {
+            let _ = writeln!(
+                s,
+                "scrubs finished: {} (elements failed for a repair: {}; reads of silently diverged blocks not judged: {})",
+                self.scrubs_done, self.scrub_repairs, self.diverged_reads_unjudged
+            );
+        }
         let _ = writeln!(
             s,
             "acknowledged writes lost: {} ({} allowed by the contract)",

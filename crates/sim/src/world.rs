@@ -9,11 +9,12 @@ use std::collections::{BTreeMap, BinaryHeap, HashMap, VecDeque};
 
 use bytes::Bytes;
 use proto::{ElementMessage, Epoch, HostMessage, Op, Record, Sequence, VolumeId, VolumeSpec};
+use starfish_core::mem_storage::DIVERGED_BYTE;
 use starfish_core::standby::{Decision, Key, Observation, StandbyConfig, StandbyCore};
 use starfish_core::{Action, ElementId, Event, Failure, HostConfig, HostCore, HostError, PeerId, Reply, Time, Token};
 
 use crate::element::{CrashKind, Element, Out};
-use crate::model::{Model, OpKind, Outcome};
+use crate::model::{Model, OpKind, OpRec, Outcome};
 use crate::options::{Broken, FaultKind, Scenario, SimOptions};
 use crate::report::RunReport;
 use crate::rng::{splitmix64, Rng};
@@ -61,7 +62,7 @@ impl Wire {
     fn bytes(&self) -> u64 {
         let payload = match self {
             Wire::ToElement(ToElement::Msg(HostMessage::Apply(r))) => r.op.payload_bytes(),
-            Wire::ToHost(ToHost::Msg(ElementMessage::ReadReply { result: Ok(d), .. })) => d.len() as u64,
+            Wire::ToHost(ToHost::Msg(ElementMessage::ReadReply { result: Ok(d), .. })) => d.data.len() as u64,
             Wire::ToHost(ToHost::Msg(ElementMessage::LogRecords { result: Ok(rs), .. })) => {
                 rs.iter().map(|r| r.op.payload_bytes() + 48).sum()
             }
@@ -328,6 +329,8 @@ pub struct World {
     /// Epoch → the host element instance that acknowledged a write in it: never two.
     ack_owner: HashMap<u64, u32>,
     final_requests: Vec<u64>,
+    /// Silent divergences injected (`diverge_block`).
+    diverge_faults: u64,
     in_sync_at_quiet: usize,
     /// Per element, the newest reason the core gave for failing it.
     last_failure: Vec<Option<Failure>>,
@@ -437,6 +440,7 @@ impl World {
             coordinator_key: None,
             coordinator_revision: 0,
             final_requests: Vec::new(),
+            diverge_faults: 0,
             in_sync_at_quiet: 0,
             last_failure: vec![None; n],
             recovery_kind: vec![None; n],
@@ -1069,7 +1073,7 @@ impl World {
                     volume: VolumeId(v as u32),
                     epoch,
                     sequence: Sequence(applied.0 + k),
-                    op: Op::Write { offset_bytes, data: bytes::Bytes::from(vec![0xee; proto::BLOCK_BYTES as usize]) },
+                    op: Op::write(offset_bytes, bytes::Bytes::from(vec![0xee; proto::BLOCK_BYTES as usize])),
                 })
             })
             .collect();
@@ -1194,6 +1198,11 @@ impl World {
         config.host_id = proto::HostId(instance as u64);
         config.raise_epoch = self.o.broken != Broken::ClockEpochs;
         config.read_lease = self.o.broken != Broken::NoReadLease;
+        config.scrub_repair = self.o.broken != Broken::NoScrubRepair;
+        if self.sc.scrub_interval_ms > 0 {
+            config.scrub_interval_ms = self.sc.scrub_interval_ms;
+            config.scrub_rate_bytes_per_s = 0;
+        }
         if self.sc.replay_recovery {
             config.element_addresses = self.elements.iter().map(|e| e.name.clone()).collect();
         }
@@ -1464,6 +1473,10 @@ impl World {
                 self.check_joined_history(element.0 as usize);
             }
             Event::EpochRaised { .. } => self.report.epoch_raises += 1,
+            Event::ScrubDone { status, .. } => {
+                self.report.scrubs_done += 1;
+                self.report.scrub_repairs += status.findings.repaired.len() as u64;
+            }
             Event::Restarted { .. } => {
                 // The core starts over: as a new host element, except that what it
                 // acknowledged before is held to the same promise as an earlier one's.
@@ -1625,6 +1638,9 @@ impl World {
         };
         self.trace(|| format!("reply #{id} {:?} {:?}", op.kind, result));
         match (op.kind, &reply) {
+            (OpKind::Read, Reply::Read(Ok(data))) if self.holds_diverged_sector(data) => {
+                self.judge_diverged_read(id, &op, data)
+            }
             (OpKind::Read, Reply::Read(Ok(data))) => self.model.check_read(id, data),
             (OpKind::BlockStatus, Reply::BlockStatus(Ok(extents))) => self.model.check_block_status(id, extents),
             (OpKind::Flush, Reply::Done(Ok(()))) => self.model.check_flush(id),
@@ -1751,7 +1767,7 @@ impl World {
                     fill_sector(chunk, id, volume as u32, first + i as u64);
                 }
                 host.unsequenced[volume].push_back(id);
-                host.core.handle_host_write(now, token, vid, Op::Write { offset_bytes, data: Bytes::from(data) });
+                host.core.handle_host_write(now, token, vid, Op::write(offset_bytes, Bytes::from(data)));
             }
             OpKind::Trim => {
                 host.unsequenced[volume].push_back(id);
@@ -2098,6 +2114,20 @@ impl World {
                 }
                 None => false,
             },
+            FaultKind::DivergeBlock => {
+                let e = self.rng_fault.below(n as u64) as usize;
+                match self.elements[e].allocated_block(&mut self.rng_fault) {
+                    // Only where every other element holds the block alike (and this one does
+                    // too): a majority knows the right content.
+                    Some((vi, block)) if self.block_agreed(vi, block) => {
+                        self.trace(|| format!("FAULT e{e}: vol{vi} block {block} silently diverges"));
+                        self.elements[e].storage.diverge_block(vi, block);
+                        self.diverge_faults += 1;
+                        true
+                    }
+                    _ => false,
+                }
+            }
             FaultKind::CorruptLog => {
                 let e = self.rng_fault.below(n as u64) as usize;
                 match self.elements[e].logged_record(&mut self.rng_fault) {
@@ -2113,6 +2143,79 @@ impl World {
         if applied {
             self.count_fault(kind);
         }
+    }
+
+    /// Whether every element holds block `block` of volume `vi` alike.
+    fn block_agreed(&self, vi: usize, block: u64) -> bool {
+        let range = (block * proto::BLOCK_BYTES) as usize..((block + 1) * proto::BLOCK_BYTES) as usize;
+        let first = &self.elements[0].storage.vols[vi].data[range.clone()];
+        self.elements.iter().all(|e| e.storage.vols[vi].data[range.clone()] == *first)
+    }
+
+    /// Whether a read's data holds a sector a silent divergence wrote (runs that inject it
+    /// only: elsewhere such a sector is garbage, for the model to judge).
+    fn holds_diverged_sector(&self, data: &[u8]) -> bool {
+        self.diverge_faults > 0
+            && data.chunks(proto::SECTOR_BYTES as usize).any(|s| s.iter().all(|&b| b == DIVERGED_BYTE))
+    }
+
+    /// A read that returned silently diverged content. Before the final probe nothing but a
+    /// scrub can tell it from the right content: not judged. The final probe comes after
+    /// every element has been in sync for a while, with scrubs every second: a diverged block
+    /// still read then is a violation, unless the divergence had spread to a majority of the
+    /// elements in sync (a full recovery copied it from the diverged element before any scrub
+    /// compared it), which no comparison can undo.
+    fn judge_diverged_read(&mut self, id: u64, op: &OpRec, data: &[u8]) {
+        if !self.final_requests.contains(&id) {
+            self.report.diverged_reads_unjudged += 1;
+            return;
+        }
+        let status = self.host.as_ref().map(|h| h.core.status(self.now));
+        let in_sync: Vec<usize> = (0..self.elements.len())
+            .filter(|&e| status.as_ref().is_some_and(|s| s.elements[e].state == "in-sync"))
+            .collect();
+        let sector_bytes = proto::SECTOR_BYTES as usize;
+        for (i, sector) in data.chunks(sector_bytes).enumerate() {
+            if !sector.iter().all(|&b| b == DIVERGED_BYTE) {
+                continue;
+            }
+            let at =
+                ((op.first_sector as usize + i) * sector_bytes)..((op.first_sector as usize + i + 1) * sector_bytes);
+            let sector = op.first_sector as usize + i;
+            let holders = in_sync
+                .iter()
+                .filter(|&&e| {
+                    self.elements[e].storage.vols[op.volume].data[at.clone()].iter().all(|&b| b == DIVERGED_BYTE)
+                })
+                .count();
+            if self.diverged_without_majority(op.volume, sector, &in_sync) {
+                self.report.notes.push(format!(
+                    "final read #{id}: vol{} sector {sector} diverged on {holders} of {} in-sync elements: no majority holds the right content (spread by a full recovery, or its peers out of sync)",
+                    op.volume,
+                    in_sync.len()
+                ));
+            } else {
+                self.violation(format!(
+                    "final read #{id} returned silently diverged content at vol{} sector {}, which {holders} of {} in-sync elements hold: a scrub should have repaired it",
+                    op.volume,
+                    op.first_sector as usize + i,
+                    in_sync.len()
+                ));
+                return;
+            }
+        }
+    }
+
+    /// Whether sector `sector` of volume `vi` silently diverged (in a run that injects it) on
+    /// at least half of the `in_sync` elements: no majority of them holds the right content,
+    /// so no scrub can repair it (the weaker promise of that fault).
+    fn diverged_without_majority(&self, vi: usize, sector: usize, in_sync: &[usize]) -> bool {
+        let at = sector * proto::SECTOR_BYTES as usize..(sector + 1) * proto::SECTOR_BYTES as usize;
+        let holders = in_sync
+            .iter()
+            .filter(|&&e| self.elements[e].storage.vols[vi].data[at.clone()].iter().all(|&b| b == DIVERGED_BYTE))
+            .count();
+        self.diverge_faults > 0 && holders > 0 && 2 * holders >= in_sync.len()
     }
 
     /// Whether every record of element `e`'s newest synced batch is held durably, with the
@@ -2320,11 +2423,23 @@ impl World {
                     );
                     self.violation(message);
                 } else if a.data != b.data {
-                    let sector =
-                        a.data.chunks(512).zip(b.data.chunks(512)).position(|(x, y)| x != y).expect("they differ");
-                    self.violation(format!(
-                        "replicas differ: e{canonical} and e{e} (both in sync) differ at volume {v} sector {sector}"
-                    ));
+                    let differing: Vec<usize> = a
+                        .data
+                        .chunks(512)
+                        .zip(b.data.chunks(512))
+                        .enumerate()
+                        .filter(|(_, (x, y))| x != y)
+                        .map(|(sector, _)| sector)
+                        .collect();
+                    match differing.iter().find(|&&sector| !self.diverged_without_majority(v, sector, &in_sync)) {
+                        Some(sector) => self.violation(format!(
+                            "replicas differ: e{canonical} and e{e} (both in sync) differ at volume {v} sector {sector}"
+                        )),
+                        None => self.report.notes.push(format!(
+                            "e{canonical} and e{e} differ at volume {v} in {} sectors silently diverged where no majority of the in-sync elements holds the right content (a scrub cannot decide)",
+                            differing.len()
+                        )),
+                    }
                 }
             }
         }
@@ -2413,6 +2528,9 @@ fn brief_host(m: &HostMessage) -> String {
             format!("Read #{request_id} vol {volume} {offset_bytes}+{length_bytes}")
         }
         HostMessage::BlockStatus { request_id, .. } => format!("BlockStatus #{request_id}"),
+        HostMessage::Scrub { request_id, volume, first_block, count, min_applied } => {
+            format!("Scrub #{request_id} vol {volume} blocks {first_block}+{count} at {min_applied}")
+        }
         HostMessage::Ping { .. } => "Ping".into(),
         HostMessage::Observe { .. } => "Observe".into(),
         HostMessage::Release => "Release".into(),
@@ -2434,7 +2552,7 @@ fn brief_element(m: &ElementMessage) -> String {
         ElementMessage::ReadReply { request_id, applied_sequence, result } => format!(
             "ReadReply #{request_id} applied {applied_sequence} {}",
             match result {
-                Ok(d) => format!("{} bytes", d.len()),
+                Ok(d) => format!("{} bytes", d.data.len()),
                 Err(e) => format!("error {e}"),
             }
         ),

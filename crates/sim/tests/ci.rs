@@ -242,3 +242,22 @@ fn rogue_element_sessions_change_nothing_and_without_the_role_check_are_caught()
     eprintln!("--broken no-role-check: caught seeds {caught:?} of 3000..3016");
     assert!(caught.len() >= 4, "a missing role check must be caught in several runs, got {caught:?}");
 }
+
+/// Scrub (issue 13): a block that silently diverges on one element, checksum and all, is
+/// found by the host element's scrubs (every second in these runs) and repaired, so that the
+/// replicas in sync end identical and the final read-back sees no diverged block; without the
+/// repair (`--broken no-scrub-repair`) the checkers see the replicas differ.
+#[test]
+fn silent_divergence_is_repaired_by_scrub_and_without_the_repair_is_caught() {
+    let mut o = options(3, 2);
+    o.only_faults = vec![FaultKind::DivergeBlock, FaultKind::ElementKill, FaultKind::HostCrash];
+    o.fault_interval_ms = 300.0;
+    let summary = sweep("N=3 Q=2 silent divergence and scrub", &o, 16);
+    assert!(summary.faults.get("diverge_block").is_some_and(|n| *n > 0), "divergences were injected");
+    assert!(summary.scrubs_done > 0 && summary.scrub_repairs > 0, "scrubs ran and repaired");
+    o.broken = Broken::NoScrubRepair;
+    let reports = run_many(&o, 6_000, 16, 2);
+    let caught: Vec<u64> = reports.iter().filter(|r| !r.violations.is_empty()).map(|r| r.seed).collect();
+    eprintln!("--broken no-scrub-repair: caught seeds {caught:?} of 6000..6016");
+    assert!(caught.len() >= 6, "a scrub that repairs nothing must be caught in several runs, got {caught:?}");
+}

@@ -21,6 +21,10 @@ pub struct HostFile {
     pub read_cache: Option<String>,
     /// Pace of recovery traffic per recovering volume, e.g. "100MiB" (per second); unlimited if absent.
     pub recovery_rate: Option<String>,
+    /// Background scrub of every volume, e.g. "7d" (the default), "12h"; "0" turns it off.
+    pub scrub_interval: Option<String>,
+    /// Pace of scrubs, e.g. "32MiB" (per second, the default); "0": unlimited.
+    pub scrub_rate: Option<String>,
     /// How long requests are held while starting before they fail with EIO (milliseconds).
     pub startup_timeout_ms: Option<u64>,
     /// Start as a standby (see `starfish failover`).
@@ -97,6 +101,12 @@ impl HostFile {
         }
         if let Some(s) = &self.recovery_rate {
             config.recovery_rate_bytes_per_s = parse_size(s).map_err(anyhow::Error::msg).context("recovery rate")?;
+        }
+        if let Some(s) = &self.scrub_interval {
+            config.scrub_interval_ms = parse_interval_ms(s).context("scrub interval")?;
+        }
+        if let Some(s) = &self.scrub_rate {
+            config.scrub_rate_bytes_per_s = parse_size(s).map_err(anyhow::Error::msg).context("scrub rate")?;
         }
         config.element_addresses = self.element.iter().map(|e| e.address.to_string()).collect();
         config.validate().map_err(anyhow::Error::msg)?;
@@ -216,6 +226,50 @@ pub fn parse_size(s: &str) -> std::result::Result<u64, String> {
         other => return Err(format!("bad size {s:?}: unknown unit {other:?} (use KiB, MiB, GiB or TiB)")),
     };
     number.checked_mul(1u64 << shift).ok_or_else(|| format!("size {s:?} is too large"))
+}
+
+/// An interval such as `7d`, `12h`, `30min` (humantime's syntax); `0` or `off`: never.
+pub fn parse_interval_ms(s: &str) -> Result<u64> {
+    match s.trim() {
+        "0" | "off" => Ok(0),
+        t => {
+            let d = humantime::parse_duration(t)
+                .with_context(|| format!("bad interval {s:?}: expected e.g. 7d, 12h, 30min or 0"))?;
+            if d.as_millis() == 0 {
+                return Ok(0);
+            }
+            u64::try_from(d.as_millis()).map_err(|_| anyhow::anyhow!("interval {s:?} is too long"))
+        }
+    }
+}
+
+/// A volume name as a URL query value: unreserved characters as they are, the rest `%XX`.
+pub fn percent_encode(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for b in text.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// Bytes in the largest binary unit that keeps one decimal, e.g. `1.5GiB`, `300.0MiB`.
+pub fn format_size_approx(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut value = bytes as f64;
+    let mut unit = 0;
+    while unit + 1 < UNITS.len() && value >= 1024.0 {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{bytes}B")
+    } else {
+        format!("{value:.1}{}", UNITS[unit])
+    }
 }
 
 pub fn format_size(bytes: u64) -> String {

@@ -35,6 +35,8 @@ enum Command {
     Status(StatusArgs),
     /// Make a standby host element take over (a graceful handover if the active one answers).
     Failover(FailoverArgs),
+    /// Compare a volume's replicas block by block and repair an element that differs.
+    Scrub(ScrubArgs),
     /// Make a cluster CA and the certificates of its processes and operators (mutual TLS).
     Certs(CertsArgs),
     /// Start three elements behind emulated local/near/far links and a host element.
@@ -127,6 +129,13 @@ struct HostArgs {
     /// Recovery pace per recovering volume in bytes per second (e.g. 100MiB); default unlimited.
     #[arg(long, value_parser = parse_size)]
     recovery_rate: Option<u64>,
+    /// Scrub every volume this often in the background, e.g. 7d, 12h; 0 turns it off
+    /// (default 7d).
+    #[arg(long)]
+    scrub_interval: Option<String>,
+    /// Pace of scrubs in bytes per second, e.g. 32MiB (default; 0: unlimited).
+    #[arg(long, value_parser = parse_size)]
+    scrub_rate: Option<u64>,
     /// How long requests that arrive before enough elements answered are held; then they fail
     /// with EIO until the elements answer (default 10000).
     #[arg(long)]
@@ -204,6 +213,28 @@ struct FailoverArgs {
     /// drain first, if that one answers).
     #[arg(long)]
     admin: SocketAddr,
+    #[arg(long)]
+    json: bool,
+    /// A TLS directory with an admin certificate (needed when the cluster uses TLS).
+    #[arg(long)]
+    tls_dir: Option<PathBuf>,
+}
+
+#[derive(Args, Debug)]
+struct ScrubArgs {
+    /// The volume to scrub.
+    volume: String,
+    /// Admin address of the active host element.
+    #[arg(long, default_value = "127.0.0.1:7100")]
+    admin: SocketAddr,
+    /// Pace in bytes per second, e.g. 64MiB; 0: unlimited (default: the host element's
+    /// --scrub-rate).
+    #[arg(long, value_parser = parse_size)]
+    rate: Option<u64>,
+    /// Start it and return at once (progress is in `starfish status`).
+    #[arg(long)]
+    no_wait: bool,
+    /// Print the final report as JSON.
     #[arg(long)]
     json: bool,
     /// A TLS directory with an admin certificate (needed when the cluster uses TLS).
@@ -302,6 +333,7 @@ fn run(cli: Cli) -> Result<()> {
         }
         Command::Status(args) => status(args),
         Command::Failover(args) => failover(args),
+        Command::Scrub(args) => scrub(args),
         Command::Certs(args) => certs(args),
         Command::Demo(args) => demo(args),
         Command::Availability(args) => availability::cli::run(&args, &mut std::io::stdout()),
@@ -373,6 +405,12 @@ fn host_options(args: HostArgs) -> Result<HostOptions> {
     }
     if let Some(b) = args.recovery_rate {
         file.recovery_rate = Some(b.to_string());
+    }
+    if args.scrub_interval.is_some() {
+        file.scrub_interval = args.scrub_interval;
+    }
+    if let Some(b) = args.scrub_rate {
+        file.scrub_rate = Some(b.to_string());
     }
     if let Some(ms) = args.startup_timeout_ms {
         file.startup_timeout_ms = Some(ms);
@@ -527,6 +565,88 @@ fn failover(args: FailoverArgs) -> Result<()> {
     Ok(())
 }
 
+/// `starfish scrub`: start a scrub, follow it in the status document, report what it found.
+/// Exit status as fsck's: 0 the replicas agree, 1 differences were repaired, 4 some were left
+/// (no majority, or an element could not scrub; it repairs itself from a peer).
+fn scrub(args: ScrubArgs) -> Result<()> {
+    let tls = config::load_tls(args.tls_dir.as_deref())?;
+    let rt = runtime()?;
+    let mut path = format!("/scrub?volume={}", config::percent_encode(&args.volume));
+    if let Some(rate) = args.rate {
+        path.push_str(&format!("&rate={rate}"));
+    }
+    let body = rt
+        .block_on(shell::admin::request(args.admin, "POST", &path, tls.as_ref()))
+        .with_context(|| format!("the host element at {} did not start the scrub", args.admin))?;
+    let started: serde_json::Value = serde_json::from_str(&body).context("admin endpoint sent bad JSON")?;
+    let id = started["id"].as_u64().context("the host element did not say which scrub it started")?;
+    if args.no_wait {
+        println!("scrub {id} of {} started; see starfish status", args.volume);
+        return Ok(());
+    }
+    let mut last_line = String::new();
+    let report = loop {
+        std::thread::sleep(std::time::Duration::from_millis(500));
+        let body = rt
+            .block_on(shell::admin::get(args.admin, "/status", tls.as_ref()))
+            .with_context(|| format!("cannot reach the host element at {}", args.admin))?;
+        let doc: serde_json::Value = serde_json::from_str(&body).context("admin endpoint sent bad JSON")?;
+        let volume = doc["volumes"].as_array().into_iter().flatten().find(|v| v["name"] == args.volume.as_str());
+        let ours = volume.and_then(|v| v["scrubs"].as_array().into_iter().flatten().find(|s| s["id"] == id).cloned());
+        let Some(scrub) = ours else {
+            bail!("the host element no longer reports scrub {id} of {} (did it restart or hand over?)", args.volume);
+        };
+        if scrub["running"] != true {
+            break scrub;
+        }
+        if !args.json && scrub["running"] == true {
+            let (done, total) = (scrub["done_bytes"].as_u64().unwrap_or(0), scrub["total_bytes"].as_u64().unwrap_or(0));
+            let line = format!(
+                "scrubbing {}: {}/{} ({:.0}%)",
+                args.volume,
+                config::format_size_approx(done),
+                config::format_size_approx(total),
+                100.0 * done as f64 / total.max(1) as f64
+            );
+            if line != last_line {
+                eprintln!("{line}");
+                last_line = line;
+            }
+        }
+    };
+    let count = |key: &str| report[key].as_u64().unwrap_or(0);
+    if args.json {
+        println!("{report}");
+    } else {
+        println!(
+            "scrub of {}: {} in {:.1}s; {} blocks agree, {} changed while it ran, {} repaired, {} without a majority, {} element errors",
+            args.volume,
+            config::format_size_approx(count("done_bytes")),
+            count("elapsed_ms") as f64 / 1000.0,
+            count("blocks_compared"),
+            count("blocks_changed"),
+            count("blocks_mismatched"),
+            count("blocks_undecided"),
+            count("element_errors"),
+        );
+        let repaired: Vec<&str> =
+            report["repaired"].as_array().into_iter().flatten().filter_map(|v| v.as_str()).collect();
+        if !repaired.is_empty() {
+            println!("elements repaired by a full recovery from their peers: {}", repaired.join(", "));
+        }
+        if let Some(error) = report["last_error"].as_str() {
+            println!("last element error: {error}");
+        }
+    }
+    if count("blocks_undecided") + count("element_errors") > 0 {
+        std::process::exit(4);
+    }
+    if count("blocks_mismatched") > 0 {
+        std::process::exit(1);
+    }
+    Ok(())
+}
+
 fn print_status(doc: &serde_json::Value) {
     if doc["role"] == "standby" {
         let active = match doc["active"].as_object() {
@@ -577,6 +697,30 @@ fn print_status(doc: &serde_json::Value) {
             100.0 * v["write_queue_used_bytes"].as_f64().unwrap_or(0.0)
                 / v["write_queue_capacity_bytes"].as_f64().unwrap_or(1.0).max(1.0),
         );
+        let s = &v["scrub"];
+        if s.is_object() {
+            let (done, total) = (s["done_bytes"].as_u64().unwrap_or(0), s["total_bytes"].as_u64().unwrap_or(0));
+            let state = if s["running"] == true {
+                format!(
+                    "running {:.0}% of {}",
+                    100.0 * done as f64 / total.max(1) as f64,
+                    config::format_size_approx(total)
+                )
+            } else {
+                format!(
+                    "done, {} in {:.1}s",
+                    config::format_size_approx(total),
+                    s["elapsed_ms"].as_f64().unwrap_or(0.0) / 1000.0
+                )
+            };
+            println!(
+                "  scrub ({}): {state}; {} repaired, {} without a majority, {} element errors",
+                s["reason"].as_str().unwrap_or("?"),
+                s["blocks_mismatched"],
+                s["blocks_undecided"],
+                s["element_errors"]
+            );
+        }
     }
     println!("{:<10} {:<22} {:<11} {:>8} {:>9}  DETAIL", "ELEMENT", "ADDRESS", "STATE", "LAG", "RTT ms");
     for e in doc["elements"].as_array().into_iter().flatten() {

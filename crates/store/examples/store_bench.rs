@@ -44,7 +44,7 @@ impl Bench {
                         next_slot
                     };
                     self.sequence += 1;
-                    let op = Op::Write { offset_bytes: slot * size, data: data.clone() };
+                    let op = Op::write(slot * size, data.clone());
                     (
                         self.volume,
                         Record { volume: VolumeId(0), epoch: Epoch(1), sequence: Sequence(self.sequence), op },

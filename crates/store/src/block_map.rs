@@ -84,7 +84,6 @@ impl BlockMap {
     }
 
     /// Sequence of the last operation that changed the block (for recovery planning).
-    #[cfg_attr(not(test), allow(dead_code))]
     pub fn sequence(&self, block: u64) -> Sequence {
         Sequence(self.sequences[block as usize])
     }

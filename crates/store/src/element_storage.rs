@@ -1,8 +1,7 @@
 //! The element core's storage trait over this store (implemented for `&Store`, so that the
 //! committer thread and the blocking pool share one store).
 
-use bytes::Bytes;
-use proto::{BlockChunk, BlockExtent, BlockSummary, Epoch, HostId, Record, Sequence, VolumeSpec};
+use proto::{BlockChunk, BlockExtent, BlockSummary, Epoch, HostId, ReadData, Record, Sequence, VolumeSpec};
 use starfish_core::{CommitDone, ElementStorage, LocalVolume, VolumeInfo};
 
 use crate::{Store, StoreError, VolumeHandle};
@@ -80,9 +79,9 @@ impl ElementStorage for &Store {
         })
     }
 
-    fn read(&self, volume: LocalVolume, offset_bytes: u64, length_bytes: u32) -> Result<(Sequence, Bytes), String> {
+    fn read(&self, volume: LocalVolume, offset_bytes: u64, length_bytes: u32) -> Result<(Sequence, ReadData), String> {
         let handle = self.handle_of(volume);
-        Store::read(self, handle, offset_bytes, length_bytes).map_err(|e| {
+        Store::read_checked(self, handle, offset_bytes, length_bytes).map_err(|e| {
             self.on_damage(handle, &e);
             e.to_string()
         })
@@ -99,6 +98,19 @@ impl ElementStorage for &Store {
 
     fn log_records(&self, volume: LocalVolume, after: Sequence, max_bytes: u64) -> Result<Vec<Record>, String> {
         Store::log_records(self, self.handle_of(volume), after, max_bytes).map_err(|e| e.to_string())
+    }
+
+    fn scrub_chunk(
+        &self,
+        volume: LocalVolume,
+        first_block: u64,
+        count: u32,
+    ) -> Result<(Sequence, Vec<BlockSummary>), String> {
+        let handle = self.handle_of(volume);
+        Store::scrub_chunk(self, handle, first_block, count).map_err(|e| {
+            self.on_damage(handle, &e);
+            e.to_string()
+        })
     }
 
     fn copy_chunk(&self, volume: LocalVolume, first_block: u64, have: &[BlockSummary]) -> Result<BlockChunk, String> {

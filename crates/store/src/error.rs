@@ -50,6 +50,8 @@ pub enum StoreError {
     OutOfRange { volume: String, offset_bytes: u64, length_bytes: u64, size_bytes: u64 },
     #[error("volume {volume:?}: {length_bytes} bytes exceed the largest payload, {PAYLOAD_BYTES_MAX}")]
     PayloadTooLarge { volume: String, length_bytes: u64 },
+    #[error("volume {volume:?}: record {sequence} arrived damaged: {detail}; not committed")]
+    RecordChecksum { volume: String, sequence: Sequence, detail: String },
     #[error("volume {name:?} exists with {existing_bytes} bytes, not {requested_bytes}")]
     VolumeSizeMismatch { name: String, existing_bytes: u64, requested_bytes: u64 },
     #[error("volume {volume:?} is being rebuilt by a full recovery (block copy): it holds no consistent image yet")]

@@ -38,18 +38,15 @@ fn template() -> &'static Path {
         let a = store.ensure_volume("a", 1 << 20).expect("volume a");
         let b = store.ensure_volume("b", 96 * 1024).expect("volume b");
         let op = |i: u64| match i % 4 {
-            0 => Op::Write { offset_bytes: (i * 12_288) % (1 << 20), data: Bytes::from(vec![i as u8; 8192]) },
-            1 => Op::Write { offset_bytes: (i * 512) % 65_536, data: Bytes::from(vec![!(i as u8); 1536]) },
+            0 => Op::write((i * 12_288) % (1 << 20), Bytes::from(vec![i as u8; 8192])),
+            1 => Op::write((i * 512) % 65_536, Bytes::from(vec![!(i as u8); 1536])),
             2 => Op::WriteZeroes { offset_bytes: (i * 1024) % 65_536, length_bytes: 6144 },
             _ => Op::Trim { offset_bytes: (i * 4096) % (1 << 20), length_bytes: 4096 },
         };
         for i in 1..=24u64 {
             let record =
                 |volume| Record { volume: VolumeId(volume), epoch: Epoch(3), sequence: Sequence(i), op: op(i) };
-            let b_record = Record {
-                op: Op::Write { offset_bytes: (i * 4096) % 65_536, data: Bytes::from(vec![i as u8; 4096]) },
-                ..record(1)
-            };
+            let b_record = Record { op: Op::write((i * 4096) % 65_536, Bytes::from(vec![i as u8; 4096])), ..record(1) };
             store.commit(&[(a, record(0)), (b, b_record)]).expect("commit");
             if i == 12 {
                 store.checkpoint().expect("checkpoint");

@@ -212,7 +212,17 @@ impl LogRecord {
                     }
                     Change::Zero { .. } => unreachable!("writes change blocks"),
                 };
-                Op::Write { offset_bytes: self.offset_bytes, data }
+                // The checksums stored with whole blocks are the host element's; only the
+                // pieces of partly written blocks are computed again here.
+                let crcs = match &self.change {
+                    Change::Blocks { crcs, .. }
+                        if self.offset_bytes % BLOCK_BYTES == 0 && self.length_bytes % BLOCK_BYTES == 0 =>
+                    {
+                        crcs.clone()
+                    }
+                    _ => proto::pieces::piece_crcs(self.offset_bytes, &data),
+                };
+                Op::Write { offset_bytes: self.offset_bytes, data, crcs }
             }
             Kind::Trim => Op::Trim { offset_bytes: self.offset_bytes, length_bytes: self.length_bytes },
             Kind::WriteZeroes => Op::WriteZeroes { offset_bytes: self.offset_bytes, length_bytes: self.length_bytes },

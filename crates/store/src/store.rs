@@ -13,7 +13,7 @@ use std::{
 };
 
 use bytes::{Bytes, BytesMut};
-use proto::{BlockExtent, Epoch, HostId, Op, Record, Sequence, BLOCK_BYTES, PAYLOAD_BYTES_MAX};
+use proto::{BlockExtent, BlockSummary, Epoch, HostId, Op, ReadData, Record, Sequence, BLOCK_BYTES, PAYLOAD_BYTES_MAX};
 
 use crate::{
     block_map::{BlockMap, ChunkImages, DirtyChunks, MapFile},
@@ -741,43 +741,72 @@ impl Store {
         offset_bytes: u64,
         length_bytes: u32,
     ) -> Result<(Sequence, Bytes), StoreError> {
+        self.read_checked(volume, offset_bytes, length_bytes).map(|(applied, read)| (applied, read.data))
+    }
+
+    /// As [`Store::read`], with the data's piece checksums ([`proto::pieces`]): for a whole
+    /// block the one stored with it (which the data was just checked against), for a piece of
+    /// a block computed from the data read.
+    pub fn read_checked(
+        &self,
+        volume: VolumeHandle,
+        offset_bytes: u64,
+        length_bytes: u32,
+    ) -> Result<(Sequence, ReadData), StoreError> {
         let volume = self.volume_at(volume);
         volume.check_range(offset_bytes, length_bytes as u64)?;
         if length_bytes > PAYLOAD_BYTES_MAX {
             return Err(StoreError::PayloadTooLarge { volume: volume.name.clone(), length_bytes: length_bytes as u64 });
         }
         let Some(geometry) = Geometry::of(offset_bytes, length_bytes as u64) else {
-            return Ok((volume.state.read().expect("volume lock").applied, Bytes::new()));
+            let applied = volume.state.read().expect("volume lock").applied;
+            return Ok((applied, ReadData { data: Bytes::new(), crcs: Vec::new() }));
         };
         let count = geometry.last - geometry.first + 1;
         let mut buffer = BytesMut::zeroed((count * BLOCK_BYTES) as usize);
-        // The disk read runs without the volume lock, so that a slow read never delays a
-        // commit's apply; a commit that changed a block under it shows as a checksum mismatch
-        // with a newer applied sequence, and the read is tried again (the last time under the
-        // lock). A mismatch at an unchanged sequence is real damage.
-        let mut attempt = 0;
-        let applied = loop {
-            attempt += 1;
-            let state = volume.state.read().expect("volume lock");
-            if attempt > READ_UNLOCKED_ATTEMPTS_MAX {
-                volume.read_blocks(&state.map, geometry.first, &mut buffer)?;
-                break state.applied;
-            }
-            let (map, applied) = (MapSlice::of(&state.map, geometry.first, count), state.applied);
-            drop(state);
-            match volume.read_blocks_unlocked(&map, &mut buffer) {
-                Ok(()) => break applied,
-                Err(e @ StoreError::BlockChecksum { .. }) => {
-                    if volume.state.read().expect("volume lock").applied == applied {
-                        return Err(e);
-                    }
-                    buffer.fill(0);
-                }
-                Err(e) => return Err(e),
-            }
-        };
+        let (applied, map) = read_verified(&volume, geometry.first, count, &mut buffer)?;
         let skip = (offset_bytes - geometry.first * BLOCK_BYTES) as usize;
-        Ok((applied, buffer.freeze().slice(skip..skip + length_bytes as usize)))
+        let data = buffer.freeze().slice(skip..skip + length_bytes as usize);
+        let crcs = proto::pieces::piece_ranges(offset_bytes, data.len())
+            .enumerate()
+            .map(
+                |(i, range)| {
+                    if range.len() == BLOCK_BYTES as usize {
+                        map.entries[i].1
+                    } else {
+                        crc32c::crc32c(&data[range])
+                    }
+                },
+            )
+            .collect();
+        Ok((applied, ReadData { data, crcs }))
+    }
+
+    /// A scrub's chunk: blocks `first..first + count` (fewer past the volume's end) read and
+    /// each checked against its stored checksum, summarised, with the applied sequence they
+    /// reflect. A block that fails is [`StoreError::BlockChecksum`].
+    pub fn scrub_chunk(
+        &self,
+        volume: VolumeHandle,
+        first: u64,
+        count: u32,
+    ) -> Result<(Sequence, Vec<BlockSummary>), StoreError> {
+        self.refuse_if_copying(volume)?;
+        let v = self.volume_at(volume);
+        let end = first.saturating_add(count as u64).min(v.blocks());
+        if first > end || count as u64 * BLOCK_BYTES > PAYLOAD_BYTES_MAX as u64 {
+            return Err(StoreError::OutOfRange {
+                volume: v.name.clone(),
+                offset_bytes: first.saturating_mul(BLOCK_BYTES),
+                length_bytes: count as u64 * BLOCK_BYTES,
+                size_bytes: v.size_bytes,
+            });
+        }
+        let mut buffer = vec![0u8; ((end - first) * BLOCK_BYTES) as usize];
+        let (applied, map) = read_verified(&v, first, end - first, &mut buffer)?;
+        let summaries =
+            map.entries.iter().map(|&(allocated, crc, sequence)| BlockSummary { sequence, crc, allocated }).collect();
+        Ok((applied, summaries))
     }
 
     /// Allocated and hole extents of a range, in order, with the applied sequence they
@@ -1377,6 +1406,41 @@ fn remove_segments(segments: Vec<log::Segment>) {
     }
 }
 
+/// Read blocks `first..first + count` of `volume` into `buffer` (zeroes for holes), each
+/// checked against its stored checksum, with the block map entries and applied sequence they
+/// reflect. The disk read runs without the volume lock, so that a slow read never delays a
+/// commit's apply; a commit that changed a block under it shows as a checksum mismatch with a
+/// newer applied sequence, and the read is tried again (the last time under the lock). A
+/// mismatch at an unchanged sequence is real damage.
+fn read_verified(
+    volume: &Volume,
+    first: u64,
+    count: u64,
+    buffer: &mut [u8],
+) -> Result<(Sequence, MapSlice), StoreError> {
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let state = volume.state.read().expect("volume lock");
+        let (map, applied) = (MapSlice::of(&state.map, first, count), state.applied);
+        if attempt > READ_UNLOCKED_ATTEMPTS_MAX {
+            volume.read_blocks_unlocked(&map, buffer)?;
+            return Ok((applied, map));
+        }
+        drop(state);
+        match volume.read_blocks_unlocked(&map, buffer) {
+            Ok(()) => return Ok((applied, map)),
+            Err(e @ StoreError::BlockChecksum { .. }) => {
+                if volume.state.read().expect("volume lock").applied == applied {
+                    return Err(e);
+                }
+                buffer.fill(0);
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
 /// Resolve a record against the volume's current content (and the records accepted before it
 /// in the same batch): range checks, and partial edge blocks merged into whole blocks.
 fn prepare(
@@ -1386,7 +1450,7 @@ fn prepare(
     earlier: &[(usize, LogRecord)],
 ) -> Result<LogRecord, StoreError> {
     let (kind, offset_bytes, length_bytes) = match &record.op {
-        Op::Write { offset_bytes, data } => (Kind::Write, *offset_bytes, data.len() as u64),
+        Op::Write { offset_bytes, data, .. } => (Kind::Write, *offset_bytes, data.len() as u64),
         Op::Trim { offset_bytes, length_bytes } => (Kind::Trim, *offset_bytes, *length_bytes),
         Op::WriteZeroes { offset_bytes, length_bytes } => (Kind::WriteZeroes, *offset_bytes, *length_bytes),
     };
@@ -1394,10 +1458,17 @@ fn prepare(
     if kind == Kind::Write && length_bytes > PAYLOAD_BYTES_MAX as u64 {
         return Err(StoreError::PayloadTooLarge { volume: volume.name.clone(), length_bytes });
     }
+    // The piece checksums came with the write from the host element, which computed them
+    // when it received it: the data must still match them, and whole blocks keep them.
+    record.op.check_data().map_err(|mismatch| StoreError::RecordChecksum {
+        volume: volume.name.clone(),
+        sequence: record.sequence,
+        detail: mismatch.to_string(),
+    })?;
     let base = |block: u64| base_block(volume, i, block, earlier);
     let change = match (Geometry::of(offset_bytes, length_bytes), &record.op) {
         (None, _) => Change::Nothing,
-        (Some(g), Op::Write { data, .. }) => {
+        (Some(g), Op::Write { data, crcs: piece_crcs, .. }) => {
             let end = offset_bytes + length_bytes;
             let mut pieces = Vec::with_capacity(3);
             let mut position = offset_bytes;
@@ -1421,7 +1492,18 @@ fn prepare(
                 merged[..n].copy_from_slice(&data[(position - offset_bytes) as usize..]);
                 pieces.push(merged.freeze());
             }
-            let crcs = pieces.iter().flat_map(|p| p.chunks(BLOCK_BYTES as usize)).map(crc32c::crc32c).collect();
+            // One block per piece checksum: the merged edge blocks get new ones, whole blocks
+            // keep the host element's.
+            let last_piece = piece_crcs.len() - 1;
+            let crcs = piece_crcs
+                .iter()
+                .enumerate()
+                .map(|(k, &crc)| match k {
+                    0 if g.head_partial => crc32c::crc32c(pieces.first().expect("a head piece")),
+                    k if k == last_piece && g.tail_partial => crc32c::crc32c(pieces.last().expect("a tail piece")),
+                    _ => crc,
+                })
+                .collect();
             Change::Blocks { first_block: g.first, pieces, crcs }
         }
         (Some(g), _) => {

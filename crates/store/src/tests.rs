@@ -65,7 +65,7 @@ fn record(sequence: u64, op: Op) -> Record {
 }
 
 fn write_op(offset_bytes: u64, length: usize, seed: u64) -> Op {
-    Op::Write { offset_bytes, data: Bytes::from(pattern(seed, length)) }
+    Op::write(offset_bytes, Bytes::from(pattern(seed, length)))
 }
 
 fn trim_op(offset_bytes: u64, length_bytes: u64) -> Op {
@@ -287,7 +287,7 @@ fn reads_racing_commits_see_one_whole_version_and_never_a_false_checksum_error()
             }
         });
         for sequence in 1..=commits {
-            let op = Op::Write { offset_bytes: 0, data: Bytes::from(vec![sequence as u8; length]) };
+            let op = Op::write(0, Bytes::from(vec![sequence as u8; length]));
             store.commit(&[(volume, record(sequence, op))]).expect("commit");
         }
         let reads = reader.join().expect("reader");
@@ -343,7 +343,7 @@ fn a_batch_of_sequential_writes_is_applied_in_one_run() {
 fn a_commit_larger_than_a_log_batch() {
     // 96 MiB of writes in one commit: several log batches, each synced before the next.
     let mut f = Fixture::new("big-commit", 128 << 20, StoreOptions::default());
-    let big = |offset: u64, byte: u8| Op::Write { offset_bytes: offset, data: Bytes::from(vec![byte; 32 << 20]) };
+    let big = |offset: u64, byte: u8| Op::write(offset, Bytes::from(vec![byte; 32 << 20]));
     f.commit(&[big(0, 1), big(32 << 20, 2), write_op(512, 1024, 3), big((64 << 20) + 512, 4)]);
     f.reopen();
     f.check();
@@ -930,9 +930,9 @@ fn digests_depend_on_content_only() {
     // Same content through different histories (written zeroes vs never written, trims).
     let mut a = Fixture::new("digest-a", 1 << 20, StoreOptions::default());
     let mut b = Fixture::new("digest-b", 1 << 20, StoreOptions::default());
-    a.commit(&[write_op(0, 8192, 1), Op::Write { offset_bytes: 8192, data: Bytes::from(vec![0; 4096]) }]);
+    a.commit(&[write_op(0, 8192, 1), Op::write(8192, Bytes::from(vec![0; 4096]))]);
     b.commit(&[write_op(0, 4096, 1), write_op(4096, 4096, 9)]);
-    b.commit(&[Op::Write { offset_bytes: 4096, data: Bytes::from(pattern(1, 8192)[4096..].to_vec()) }]);
+    b.commit(&[Op::write(4096, Bytes::from(pattern(1, 8192)[4096..].to_vec()))]);
     let (da, db) = (a.store().verify(a.volume).expect("a"), b.store().verify(b.volume).expect("b"));
     assert_eq!(da.content_digest, db.content_digest);
     assert_ne!(da.blocks_allocated, db.blocks_allocated);
@@ -964,7 +964,7 @@ fn reads_never_see_half_an_apply() {
         .collect();
     for sequence in 1..=150u64 {
         let data = Bytes::from(vec![(sequence % 251) as u8; 64 * 4096]);
-        let r = record(sequence, Op::Write { offset_bytes: 0, data });
+        let r = record(sequence, Op::write(0, data));
         store.commit(&[(volume, r)]).expect("commit");
     }
     done.store(true, Ordering::Relaxed);
@@ -1395,7 +1395,7 @@ fn write_history(store: &Store, v: VolumeHandle, from: u64, count: u64, seed: u6
             _ => write_op(block * BLOCK_BYTES, BLOCK_BYTES as usize * (1 + x[3] as usize % 3), seed + sequence),
         };
         let op = match op {
-            Op::Write { offset_bytes, data } if offset_bytes + data.len() as u64 > VOLUME => {
+            Op::Write { offset_bytes, data, .. } if offset_bytes + data.len() as u64 > VOLUME => {
                 write_op(0, data.len(), seed + sequence)
             }
             Op::Trim { offset_bytes, length_bytes } if offset_bytes + length_bytes > VOLUME => trim_op(0, length_bytes),
@@ -1486,4 +1486,38 @@ fn a_copy_ordered_under_a_new_epoch_starts_over() {
     store.save_copy_cursor(v, 100).expect("cursor");
     assert_eq!(store.begin_copy(v, Epoch(1)).expect("same epoch").cursor_block, 100);
     assert_eq!(store.begin_copy(v, Epoch(2)).expect("new epoch").cursor_block, 0);
+}
+
+#[test]
+fn the_host_elements_checksums_are_checked_stored_and_read_back() {
+    let mut f = Fixture::new("piece-checksums", 1 << 20, StoreOptions::default());
+    // A write that arrives with data that no longer matches its checksums is refused whole.
+    let Op::Write { offset_bytes, data, crcs } = write_op(4096 - 512, 8192, 1) else { unreachable!("a write") };
+    let mut damaged = data.to_vec();
+    damaged[4000] ^= 1;
+    let op = Op::Write { offset_bytes, data: Bytes::from(damaged), crcs: crcs.clone() };
+    let outcome = f.store().commit(&[(f.volume, record(1, op))]).expect("commit");
+    assert!(matches!(&outcome.rejected[0].error, StoreError::RecordChecksum { .. }), "{:?}", outcome.rejected);
+    assert!(outcome.rejected[0].error.to_string().contains("block 1"), "{}", outcome.rejected[0].error);
+    assert_eq!(f.store().applied_sequence(f.volume), Sequence(0));
+    // The same write intact: the whole block in the middle keeps the host element's checksum,
+    // which a read returns again; the replay log gives the record back with its checksums.
+    f.commit(&[Op::Write { offset_bytes, data: data.clone(), crcs: crcs.clone() }]);
+    let (_, read) = f.store().read_checked(f.volume, 4096, 4096).expect("read");
+    assert_eq!(read.crcs, vec![crcs[1]]);
+    let (_, read) = f.store().read_checked(f.volume, offset_bytes, 8192).expect("read");
+    assert_eq!((read.data, read.crcs), (data, crcs.clone()));
+    let logged = f.store().log_records(f.volume, Sequence(0), 1 << 20).expect("log");
+    assert_eq!(logged[0].op.check_data(), Ok(()));
+    // A scrub chunk summarises what the blocks hold, and finds rot.
+    let (applied, summaries) = f.store().scrub_chunk(f.volume, 0, 4).expect("scrub");
+    assert_eq!((applied, summaries.len()), (Sequence(1), 4));
+    assert_eq!((summaries[1].crc, summaries[1].sequence, summaries[3].allocated), (crcs[1], Sequence(1), false));
+    let data_path = f.dir.0.join("volumes/0.data");
+    let file = fs::OpenOptions::new().write(true).open(&data_path).expect("open data");
+    file.write_all_at(b"rot", BLOCK_BYTES + 9).expect("damage");
+    let error = f.store().scrub_chunk(f.volume, 0, 4).expect_err("rot is found");
+    assert!(matches!(error, StoreError::BlockChecksum { block: 1, .. }), "{error}");
+    assert_eq!(f.store().scrub_chunk(f.volume, 254, 4).expect("past the end is cut").1.len(), 2);
+    assert!(f.store().scrub_chunk(f.volume, 257, 1).is_err(), "a chunk past the end is refused");
 }

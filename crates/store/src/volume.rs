@@ -31,12 +31,16 @@ pub struct Volume {
 /// The block map's (allocated, crc) of a run of blocks, copied under the volume lock.
 pub struct MapSlice {
     pub first: u64,
-    pub entries: Vec<(bool, u32)>,
+    /// Per block: allocated, crc32c, sequence of the record that last changed it.
+    pub entries: Vec<(bool, u32, Sequence)>,
 }
 
 impl MapSlice {
     pub fn of(map: &BlockMap, first: u64, count: u64) -> MapSlice {
-        MapSlice { first, entries: (first..first + count).map(|b| (map.is_allocated(b), map.crc(b))).collect() }
+        MapSlice {
+            first,
+            entries: (first..first + count).map(|b| (map.is_allocated(b), map.crc(b), map.sequence(b))).collect(),
+        }
     }
 }
 
@@ -198,7 +202,7 @@ impl Volume {
     /// (old) checksum, which the caller tells from real damage by the applied sequence.
     pub fn read_blocks_unlocked(&self, map: &MapSlice, out: &mut [u8]) -> Result<(), StoreError> {
         debug_assert_eq!(out.len() as u64 % BLOCK_BYTES, 0);
-        for (i, (allocated, crc)) in map.entries.iter().enumerate() {
+        for (i, (allocated, crc, _)) in map.entries.iter().enumerate() {
             if !allocated {
                 continue;
             }

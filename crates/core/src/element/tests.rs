@@ -31,7 +31,7 @@ fn record(volume: u32, epoch: u64, sequence: u64) -> Record {
         volume: VolumeId(volume),
         epoch: Epoch(epoch),
         sequence: Sequence(sequence),
-        op: Op::Write { offset_bytes: 0, data: Bytes::from(vec![sequence as u8; 4096]) },
+        op: Op::write(0, Bytes::from(vec![sequence as u8; 4096])),
     }
 }
 
@@ -346,7 +346,7 @@ fn a_record_sent_again_must_be_the_same_record() {
     assert_eq!(h.settle(), vec![(1, applied(0, 4))]);
     // Same sequence and epoch, other content: refused, not acknowledged.
     let mut other = record(0, 6, 4);
-    other.op = Op::Write { offset_bytes: 0, data: Bytes::from(vec![0xee; 4096]) };
+    other.op = Op::write(0, Bytes::from(vec![0xee; 4096]));
     h.host(1, HostMessage::Apply(other));
     let sent = h.settle();
     assert!(matches!(&sent[..], [(1, m)] if is_fault(m, "two histories")), "{sent:?}");

@@ -272,6 +272,9 @@ impl Cluster {
                 ElementAction::Serve { session, volume, request } => {
                     let message = crate::storage::serve(&self.elements[i].storage, volume, request);
                     self.deliveries.push_back(Delivery::ToHost { element: i, session, message });
+                    for damaged in self.elements[i].storage.take_damaged() {
+                        self.elements[i].core.handle_volume_damaged(now, damaged);
+                    }
                 }
                 ElementAction::ConnectPeer { .. } if self.elements[i].peers_unreachable => {}
                 ElementAction::ConnectPeer { peer, address, hello } => {
@@ -333,7 +336,7 @@ impl Cluster {
 
     fn write(&mut self, offset_bytes: u64, fill: u8, len: usize) -> Token {
         let token = self.token();
-        let op = Op::Write { offset_bytes, data: Bytes::from(vec![fill; len]) };
+        let op = Op::write(offset_bytes, Bytes::from(vec![fill; len]));
         self.core.handle_host_write(self.now, token, VOLUME, op);
         self.run();
         token
@@ -710,7 +713,7 @@ fn a_diverged_or_copy_interrupted_element_is_copied_not_failed() {
         volume: VOLUME,
         epoch: Epoch(3),
         sequence: Sequence(1),
-        op: Op::Write { offset_bytes: 8192, data: Bytes::from(vec![9u8; 4096]) },
+        op: Op::write(8192, Bytes::from(vec![9u8; 4096])),
     };
     c.elements[2].install(std::slice::from_ref(&stray));
     c.write(0, 1, 4096);
@@ -773,7 +776,7 @@ fn block_status_marks_queued_writes_as_data() {
             volume: VOLUME,
             epoch: Epoch(1),
             sequence: Sequence(1),
-            op: Op::Write { offset_bytes: 4096, data: Bytes::from(vec![1; 4096]) },
+            op: Op::write(4096, Bytes::from(vec![1; 4096])),
         },
         acked_by: ElementSet::default(),
         host_reply: HostReply::Done,
@@ -1027,3 +1030,113 @@ fn a_host_element_taken_over_by_a_majority_serves_nothing() {
     let t = c.write(0, 4, 4096);
     assert_eq!(c.replies[&t], Reply::Done(Err(HostError::Unavailable)));
 }
+
+#[test]
+fn a_scrub_repairs_the_one_replica_that_differs() {
+    let mut c = Cluster::new(3, 2);
+    for i in 0..8u64 {
+        c.write(i * 4096, i as u8 + 1, 4096);
+    }
+    // Block 3 of e1 changes behind its back, checksum and all: only a comparison finds it.
+    c.elements[1].storage.diverge_block(0, 3);
+    c.core.start_scrub(c.now, VOLUME, 0).expect("a scrub starts");
+    assert!(c.core.start_scrub(c.now, VOLUME, 0).is_err(), "one scrub of a volume at a time");
+    c.run();
+    assert!(
+        c.events.iter().any(|e| matches!(
+            e,
+            Event::ElementFailed {
+                element: ElementId(1),
+                reason: Failure::ScrubMismatch { blocks: 1, first_block: 3, .. }
+            }
+        )),
+        "{:?}",
+        c.events
+    );
+    let status = c.core.status(c.now).volumes[0].scrubs.last().cloned().expect("a scrub ran");
+    assert!(!status.running);
+    assert_eq!(status.done_bytes, SIZE);
+    assert_eq!(status.findings.blocks_mismatched, 1);
+    assert_eq!(status.findings.repaired, vec!["e1".to_string()]);
+    assert_eq!(status.findings.blocks_compared, SIZE / BLOCK_BYTES - 1);
+    assert!(c.events.iter().any(|e| matches!(e, Event::ScrubDone { .. })));
+    // Back, it is repaired by a full recovery from a peer that agrees with the majority.
+    c.connect(1);
+    assert_eq!(c.elements[1].copies, 1);
+    assert_eq!(c.states(), "in-sync,in-sync,in-sync");
+    assert_eq!(c.elements[1].data(), c.elements[0].data());
+    c.core.start_scrub(c.now, VOLUME, 0).expect("a second scrub starts");
+    c.run();
+    let status = c.core.status(c.now).volumes[0].scrubs.last().cloned().expect("a scrub ran");
+    assert_eq!((status.findings.blocks_mismatched, status.findings.blocks_compared), (0, SIZE / BLOCK_BYTES));
+}
+
+#[test]
+fn a_scrub_with_two_replicas_that_differ_repairs_nothing_and_says_so() {
+    let mut c = Cluster::new(2, 1);
+    c.write(0, 1, 8192);
+    c.elements[0].storage.diverge_block(0, 1);
+    c.core.start_scrub(c.now, VOLUME, 0).expect("a scrub starts");
+    c.run();
+    let status = c.core.status(c.now).volumes[0].scrubs.last().cloned().expect("a scrub ran");
+    assert_eq!((status.findings.blocks_undecided, status.findings.blocks_mismatched), (1, 0));
+    assert!(status.findings.repaired.is_empty());
+    assert_eq!(c.states(), "in-sync,in-sync");
+}
+
+#[test]
+fn a_rotten_block_found_by_a_scrub_is_repaired_by_its_element() {
+    let mut c = Cluster::new(3, 2);
+    c.write(0, 1, 16384);
+    c.elements[2].storage.corrupt_blocks.insert((0, 2));
+    c.core.start_scrub(c.now, VOLUME, 0).expect("a scrub starts");
+    c.run();
+    let status = c.core.status(c.now).volumes[0].scrubs.last().cloned().expect("a scrub ran");
+    assert!(status.findings.element_errors >= 1, "{status:?}");
+    assert!(status.findings.last_error.as_deref().is_some_and(|e| e.contains("checksum")), "{status:?}");
+    // Its element made the volume a repair and faulted: back, a full recovery repairs it.
+    if c.elements[2].session.is_none() {
+        c.connect(2);
+    }
+    assert_eq!(c.elements[2].copies, 1);
+    assert_eq!(c.elements[2].data(), c.elements[0].data());
+}
+
+#[test]
+fn a_read_whose_data_fails_its_checksums_goes_elsewhere_and_its_blocks_are_scrubbed() {
+    let mut c = Cluster::new(3, 2);
+    c.write(8192, 7, 8192);
+    let token = c.token();
+    c.core.handle_host_read(c.now, token, VOLUME, 8192, 8192);
+    let mut asked = None;
+    while let Some(action) = c.core.poll_action() {
+        match action {
+            Action::Send { to, message: HostMessage::Read { request_id, .. } } => {
+                asked = Some((to.iter().next().expect("one element"), request_id))
+            }
+            other => panic!("only the read is sent: {other:?}"),
+        }
+    }
+    let (element, request_id) = asked.expect("the read went to an element");
+    // Its answer was damaged after the element checked it: one bit of the second block.
+    let good = vec![7u8; 8192];
+    let mut bad = good.clone();
+    bad[5000] ^= 4;
+    let crcs = proto::pieces::piece_crcs(8192, &good);
+    let reply = ElementMessage::ReadReply {
+        request_id,
+        applied_sequence: Sequence(1),
+        result: Ok(ReadData { data: Bytes::from(bad), crcs }),
+    };
+    c.core.handle_element_message(c.now, element, reply);
+    c.run();
+    match c.replies.remove(&token) {
+        Some(Reply::Read(Ok(data))) => assert_eq!(&data[..], &good[..], "the host gets what it wrote"),
+        other => panic!("the read is answered by another element: {other:?}"),
+    }
+    assert!(c.events.iter().any(|e| matches!(e, Event::ElementFailed { reason: Failure::ReadChecksum(_), .. })));
+    let status = c.core.status(c.now).volumes[0].scrubs.last().cloned().expect("its blocks were scrubbed");
+    assert_eq!((status.reason, status.total_bytes, status.running), (ScrubReason::ReadChecksum, 8192, false));
+    assert_eq!(status.findings.blocks_mismatched, 0, "what is stored agrees");
+}
+

@@ -146,7 +146,7 @@ impl Store {
         *lock(&self.volume_at(volume).copy)
     }
 
-    fn refuse_if_copying(&self, volume: VolumeHandle) -> Result<(), StoreError> {
+    pub(super) fn refuse_if_copying(&self, volume: VolumeHandle) -> Result<(), StoreError> {
         let v = self.volume_at(volume);
         if lock(&v.copy).is_some() {
             return Err(StoreError::Copying { volume: v.name.clone() });
