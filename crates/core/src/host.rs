@@ -864,8 +864,11 @@ impl HostCore {
     /// Starting, an element refused our epoch because it follows `seen`: take the next epoch
     /// above it and redo every session with it (those already welcomed adopted the old one).
     fn raise_epoch(&mut self, now: Time, refused_by: ElementId, seen: Epoch) {
+        let Some(next) = seen.0.checked_add(1) else {
+            return self.fail_element(now, refused_by, Failure::Protocol(last_epoch_claim(seen)), true);
+        };
         let old = self.epoch;
-        self.epoch = Epoch(seen.0.checked_add(1).expect("epochs count starts, far below 2^64"));
+        self.epoch = Epoch(next);
         self.epoch_raises += 1;
         self.claimed = false;
         self.emit(Action::Event(Event::EpochRaised { from: old, to: self.epoch, refused_by }));
@@ -941,8 +944,10 @@ impl HostCore {
         if !owner_gone || free < majority || recently || !self.config.raise_epoch {
             return self.fail_element(now, element, Failure::Fenced { seen, ours }, true);
         }
-        let epoch = Epoch(newest.0.checked_add(1).expect("epochs count starts, far below 2^64"));
-        self.restart(now, epoch, element, newest);
+        let Some(next) = newest.0.checked_add(1) else {
+            return self.fail_element(now, element, Failure::Protocol(last_epoch_claim(newest)), true);
+        };
+        self.restart(now, Epoch(next), element, newest);
     }
 
     /// Start over as if this host element had just started with `epoch`: every request under
@@ -2440,6 +2445,12 @@ enum ReadResult {
 /// Mark ranges touched by queued operations newer than `applied` as allocated (a safe answer:
 /// block status may always report data where there are zeroes), clip to the request, and merge.
 /// `HostCore::start_minimum` for N elements and write quorum Q: max(Q, N−Q+1, ⌊N/2⌋+1).
+/// Why an element that claims the last epoch there is is not followed: no host element could
+/// ever take it over (elements refuse hellos so far ahead; a damaged or hostile element says it).
+fn last_epoch_claim(seen: Epoch) -> String {
+    format!("it follows epoch {seen}, the last there is: no newer epoch exists to take it over (a damaged or hostile element)")
+}
+
 pub fn start_minimum_of(n: usize, quorum: usize) -> usize {
     quorum.max(n + 1 - quorum).max(n / 2 + 1)
 }

@@ -1140,3 +1140,29 @@ fn a_read_whose_data_fails_its_checksums_goes_elsewhere_and_its_blocks_are_scrub
     assert_eq!(status.findings.blocks_mismatched, 0, "what is stored agrees");
 }
 
+#[test]
+fn an_element_that_claims_the_last_epoch_is_failed_not_followed() {
+    // A running host element: the claim is a newer epoch than ours, whose owner is not gone.
+    let mut c = Cluster::new(3, 2);
+    c.crash(2);
+    c.elements[2].storage.epoch = Epoch(u64::MAX);
+    c.connect(2);
+    c.advance_ms(100);
+    let status = c.core.status(c.now);
+    assert_eq!((status.elements[2].state, status.epoch), ("failed", Epoch(5)));
+    let token = c.write(0, 7, 4096);
+    assert_eq!(c.replies.remove(&token), Some(Reply::Done(Ok(()))), "the others go on");
+    // A starting host element that hears it first would raise its epoch above the claim:
+    // there is nothing above.
+    c.new_host(1, 2, &[2, 0, 1]);
+    c.advance_ms(100);
+    assert!(
+        c.events.iter().any(|e| matches!(
+            e,
+            Event::ElementFailed { element: ElementId(2), reason: Failure::Protocol(why) } if why.contains("the last there is")
+        )),
+        "{:?}",
+        c.events
+    );
+    assert!(c.core.status(c.now).epoch < Epoch(u64::MAX));
+}
