@@ -137,6 +137,7 @@ mod tests {
             AdminRequest::Scrub { volume: "vol0".into(), rate_bytes_per_s: None }
         );
         assert!(AdminRequest::Scrub { volume: "v".into(), rate_bytes_per_s: None }.is_order());
+        assert!(AdminRequest::Failover.is_order() && !AdminRequest::Status.is_order());
         for bad in [
             &b"POST /scrub HTTP/1.1\r\n\r\n"[..],
             b"POST /scrub?volume= HTTP/1.1\r\n\r\n",
@@ -146,12 +147,7 @@ mod tests {
             b"POST /scrub?volume=v&colour=red HTTP/1.1\r\n\r\n",
             b"POST /scrub?volume=%4 HTTP/1.1\r\n\r\n",
             b"POST /scrub?volume=%+1 HTTP/1.1\r\n\r\n",
-        ] {
-            assert!(matches!(parse(bad), AdminRequest::Malformed(_)), "{bad:?}");
-        }
-        assert!(AdminRequest::Failover.is_order() && !AdminRequest::Status.is_order());
-        for bad in [
-            &b""[..],
+            b"",
             b"\xff\xfe /status HTTP/1.1\r\n",
             b"GET /status\r\n",
             b"GET status HTTP/1.1\r\n",
