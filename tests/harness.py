@@ -305,8 +305,11 @@ class Cluster:
     """Three elements (local, near, far) and a host exporting volumes over
     NBD. Logs go to files in `workdir`; `logs()` gathers their tails."""
 
-    def __init__(self, workdir, volumes=(("vol0", "1GiB"),), quorum=2, host_extra=(), use_config=False, tls=False):
+    def __init__(self, workdir, volumes=(("vol0", "1GiB"),), quorum=2, host_extra=(), use_config=False, tls=False,
+                 ack=None):
         self.workdir = workdir
+        # Ack policy per element name ("received", "network-sync", …); the rest are durable.
+        self.ack = dict(ack or {})
         self.volumes = list(volumes)
         self.quorum = quorum
         self.host_extra = list(host_extra)
@@ -346,7 +349,10 @@ class Cluster:
         if self.certs:
             lines.insert(3, f'tls_dir = "{os.path.join(self.certs, "host")}"')
         for element in self.elements.values():
-            lines += ["[[element]]", f'name = "{element.name}"', f'address = "{element.address}"', ""]
+            lines += ["[[element]]", f'name = "{element.name}"', f'address = "{element.address}"']
+            if element.name in self.ack:
+                lines.append(f'ack = "{self.ack[element.name]}"')
+            lines.append("")
         for name, size in self.volumes:
             lines += ["[[volume]]", f'name = "{name}"', f'size = "{size}"', ""]
         return "\n".join(lines)
@@ -359,7 +365,8 @@ class Cluster:
             return [starfish_bin(), "host", "--config", path] + self.host_extra
         args = [starfish_bin(), "host", "--nbd", self.nbd_address, "--admin", self.admin]
         for element in self.elements.values():
-            args += ["--element", f"{element.name}={element.address}"]
+            ack = f",ack={self.ack[element.name]}" if element.name in self.ack else ""
+            args += ["--element", f"{element.name}={element.address}{ack}"]
         args += ["--quorum", str(self.quorum)]
         for name, size in self.volumes:
             args += ["--volume", f"{name}:{size}"]

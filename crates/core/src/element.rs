@@ -380,6 +380,8 @@ struct Session {
     hello: Option<(Epoch, Vec<VolumeSpec>)>,
     /// The admin address its hello gave.
     admin: String,
+    /// Its hello asked for `Received` as each record arrives.
+    receipt_acks: bool,
     deferred: VecDeque<HostMessage>,
     /// Session volume number → local volume.
     volumes: Vec<LocalVolume>,
@@ -723,11 +725,12 @@ impl ElementCore {
             return;
         }
         let Some(session_epoch) = state.epoch else {
-            let HostMessage::Hello { epoch, host, volumes, admin } = message else {
+            let HostMessage::Hello { epoch, host, volumes, admin, receipt_acks } = message else {
                 return self.refuse(session, "protocol: request before hello".into());
             };
             state.host = host;
             state.admin = admin;
+            state.receipt_acks = receipt_acks;
             // A hello that cannot be welcomed creates nothing. Otherwise the epoch is compared
             // again when the hello's turn comes, after the volumes exist.
             if let Some(reason) = self.epoch_refusal(epoch, host) {
@@ -941,8 +944,12 @@ impl ElementCore {
             }
             _ => {}
         }
+        let sequence = record.sequence;
         let commit = Commit { session, session_volume, session_epoch, volume, record, replayed: false };
         self.jobs.push_back(Job::Commit(commit));
+        if self.sessions.get(&session).is_some_and(|s| s.receipt_acks) {
+            self.send(session, ElementMessage::Received { volume: session_volume, sequence });
+        }
         self.pump_storage();
     }
 
@@ -1288,6 +1295,7 @@ impl ElementCore {
                 host: self.session_host(session),
                 volumes: vec![spec],
                 admin: String::new(),
+                receipt_acks: false,
             },
         });
     }
@@ -1746,6 +1754,7 @@ fn message_name(message: &ElementMessage) -> &'static str {
         ElementMessage::Welcome { .. } => "Welcome",
         ElementMessage::Refused { .. } => "Refused",
         ElementMessage::Applied { .. } => "Applied",
+        ElementMessage::Received { .. } => "Received",
         ElementMessage::ReadReply { .. } => "ReadReply",
         ElementMessage::BlockStatusReply { .. } => "BlockStatusReply",
         ElementMessage::Pong { .. } => "Pong",

@@ -13,6 +13,7 @@ use proto::{
     VolumeState, BLOCK_BYTES,
 };
 
+use crate::ack_policy::AckPolicy;
 use crate::failure::Failure;
 use crate::limits;
 use crate::read_cache::ReadCache;
@@ -30,6 +31,9 @@ pub struct HostConfig {
     pub host_id: HostId,
     pub quorum: usize,
     pub elements: Vec<String>,
+    /// Per element, in the order of `elements`: what its acknowledgement of a write means
+    /// before it counts toward the quorum.
+    pub ack_policies: Vec<AckPolicy>,
     pub volumes: Vec<VolumeSpec>,
     pub write_queue_bytes: u64,
     pub read_cache_bytes: u64,
@@ -70,6 +74,7 @@ impl HostConfig {
             epoch,
             host_id: HostId(1),
             quorum,
+            ack_policies: vec![AckPolicy::Durable; elements.len()],
             elements,
             volumes,
             write_queue_bytes: limits::WRITE_QUEUE_BYTES_DEFAULT,
@@ -98,6 +103,16 @@ impl HostConfig {
         }
         if self.quorum == 0 || self.quorum > n {
             return Err(format!("quorum must be between 1 and the number of elements ({n}), got {}", self.quorum));
+        }
+        if self.ack_policies.len() != n {
+            return Err(format!("{} ack policies for {n} elements", self.ack_policies.len()));
+        }
+        let counting = self.ack_policies.iter().filter(|p| p.counts_toward_quorum()).count();
+        if counting < self.quorum {
+            return Err(format!(
+                "quorum {} needs at least {} elements that count toward it; only {counting} are not local-sync",
+                self.quorum, self.quorum
+            ));
         }
         if self.volumes.is_empty() || self.volumes.len() > limits::VOLUMES_MAX {
             return Err(format!("need 1 to {} volumes, got {}", limits::VOLUMES_MAX, self.volumes.len()));
@@ -397,6 +412,9 @@ struct ElementRuntime {
     /// Per volume: a scrub found blocks where it differs from the other replicas; its next
     /// session repairs the volume by a full recovery.
     scrub_repair: Vec<bool>,
+    /// Per volume: the highest sequence a weaker acknowledgement (see `Entry::weak_by`) came
+    /// for in this session.
+    weak_through: Vec<Sequence>,
 }
 
 impl ElementRuntime {
@@ -429,6 +447,9 @@ struct VolumeRuntime {
     admission: VecDeque<PendingWrite>,
     blocked_since: Option<Time>,
     flushes: VecDeque<(Sequence, Token)>,
+    /// Every entry up to here is durable on Q in-sync elements (or gone from the queue, which
+    /// every live element applied first): what a FLUSH waits for.
+    durable_through: Sequence,
     scrubs: scrub::VolumeScrubs,
 }
 
@@ -568,6 +589,7 @@ pub struct LastRecoveryStatus {
 #[derive(Clone, Debug, PartialEq)]
 pub struct ElementStatus {
     pub name: String,
+    pub ack_policy: AckPolicy,
     /// "in-sync", "recovering" or "failed".
     pub state: &'static str,
     /// Why it is failed, as `starfish status` shows it (`failure`, as text).
@@ -626,6 +648,7 @@ impl HostCore {
                 follows_ours: false,
                 lease_until: Time(0),
                 scrub_repair: vec![false; volume_count],
+                weak_through: vec![Sequence::ZERO; volume_count],
             })
             .collect();
         let volumes = config
@@ -640,6 +663,7 @@ impl HostCore {
                 admission: VecDeque::new(),
                 blocked_since: None,
                 flushes: VecDeque::new(),
+                durable_through: Sequence::ZERO,
                 scrubs: scrub::VolumeScrubs::default(),
             })
             .collect();
@@ -750,6 +774,7 @@ impl HostCore {
             host: self.config.host_id,
             volumes: self.config.volumes.clone(),
             admin: self.config.admin.clone(),
+            receipt_acks: self.config.ack_policies[element.0 as usize] == AckPolicy::Received,
         };
         let mut to = ElementSet::default();
         to.insert(element);
@@ -817,6 +842,7 @@ impl HostCore {
                 self.fail_element(now, element, Failure::SessionRefused(reason), true)
             }
             ElementMessage::Applied { volume, sequence } => self.on_applied(now, element, volume, sequence),
+            ElementMessage::Received { volume, sequence } => self.on_weak_ack(now, element, volume, sequence),
             ElementMessage::ReadReply { request_id, applied_sequence, result } => {
                 self.on_read_reply(now, element, request_id, applied_sequence, ReadResult::Data(result))
             }
@@ -1482,6 +1508,16 @@ impl HostCore {
         e.failed_in_session = e.session;
         e.recovery = None;
         e.volume_recovery.iter_mut().for_each(|r| *r = VolumeRecovery::Streaming);
+        // What it only had in memory, or on its way to it, may be gone with it.
+        e.weak_through.iter_mut().for_each(|s| *s = Sequence::ZERO);
+        for v in &mut self.volumes {
+            let after = v.queue.evicted_through();
+            let last = v.queue.last_sequence();
+            for entry in v.queue.range_mut(after, last) {
+                entry.weak_by.remove(element);
+            }
+        }
+        let e = &self.elements[element.0 as usize];
         if disconnect && e.session {
             self.emit(Action::Disconnect { element });
         }
@@ -1558,6 +1594,47 @@ impl HostCore {
         self.settle_volume(now, volume);
     }
 
+    /// The shell handed the records of `volume` through `sequence` to the element's connection
+    /// (written to its socket): a `network-sync` element counts toward the quorum from here.
+    pub fn handle_element_sent(&mut self, now: Time, element: ElementId, volume: VolumeId, sequence: Sequence) {
+        if self.config.ack_policies[element.0 as usize] == AckPolicy::NetworkSync
+            && self.elements[element.0 as usize].session
+        {
+            self.on_weak_ack(now, element, volume, sequence);
+        }
+    }
+
+    /// An acknowledgement weaker than durable (`Received`, or the shell's word that a record
+    /// is on the wire): it counts toward the quorum for an element whose ack policy takes it.
+    fn on_weak_ack(&mut self, now: Time, element: ElementId, volume: VolumeId, sequence: Sequence) {
+        let vi = volume.0 as usize;
+        let policy = self.config.ack_policies[element.0 as usize];
+        if policy.needs_durable() || !policy.counts_toward_quorum() {
+            return; // Not asked for (a network-sync element's receipt counts, though).
+        }
+        if vi >= self.volumes.len() || sequence > self.volumes[vi].queue.last_sequence() {
+            return self.fail_element(
+                now,
+                element,
+                Failure::Protocol(format!("received sequence {sequence} of volume {volume}, newer than any assigned")),
+                true,
+            );
+        }
+        let e = &mut self.elements[element.0 as usize];
+        if e.state != ElementState::InSync || e.volume_recovery[vi].off_queue() {
+            return;
+        }
+        let after = e.weak_through[vi].max(e.applied[vi]);
+        if sequence <= after {
+            return;
+        }
+        e.weak_through[vi] = sequence;
+        for entry in self.volumes[vi].queue.range_mut(after, sequence) {
+            entry.weak_by.insert(element);
+        }
+        self.settle_volume(now, volume);
+    }
+
     /// A recovering element that holds everything the queues hold rejoins: true if it did.
     fn maybe_in_sync(&mut self, now: Time, element: ElementId) -> bool {
         let e = &self.elements[element.0 as usize];
@@ -1609,6 +1686,15 @@ impl HostCore {
     fn settle_volume(&mut self, now: Time, volume: VolumeId) {
         let vi = volume.0 as usize;
         let quorum = self.config.quorum;
+        let counting: ElementSet = {
+            let mut s = ElementSet::default();
+            for (i, p) in self.config.ack_policies.iter().enumerate() {
+                if p.counts_toward_quorum() {
+                    s.insert(ElementId(i as u8));
+                }
+            }
+            s
+        };
         let in_sync: ElementSet = {
             let mut s = ElementSet::default();
             for (i, e) in self.elements.iter().enumerate() {
@@ -1627,7 +1713,7 @@ impl HostCore {
                 v.host_resolved = sequence;
                 continue;
             };
-            let held = ElementSet(entry.acked_by.0 & in_sync.0).len();
+            let held = ElementSet((entry.acked_by.0 | entry.weak_by.0) & in_sync.0 & counting.0).len();
             let outcome = if held >= quorum {
                 Ok(())
             } else if v.mode == VolumeMode::ReadOnly {
@@ -1644,12 +1730,32 @@ impl HostCore {
             entry.host_reply = HostReply::Done;
             v.host_resolved = sequence;
         }
-        while let Some(&(sequence, token)) = v.flushes.front() {
-            if sequence > v.host_resolved {
-                break;
+        // A FLUSH answers once every write before it is durable on Q elements, whatever their
+        // ack policies: with weaker ones that comes after the writes' own answers.
+        let weak = self.config.ack_policies.iter().any(|p| p.counts_toward_quorum() && !p.needs_durable());
+        if weak {
+            // What left the queue was applied by every live element first.
+            v.durable_through = v.durable_through.max(v.queue.evicted_through().min(v.host_resolved));
+            while v.durable_through < v.host_resolved {
+                let sequence = v.durable_through.next();
+                match v.queue.get(sequence) {
+                    Some(entry) if ElementSet(entry.acked_by.0 & in_sync.0).len() < quorum => break,
+                    _ => v.durable_through = sequence,
+                }
             }
+        } else {
+            v.durable_through = v.host_resolved;
+        }
+        while let Some(&(sequence, token)) = v.flushes.front() {
+            let outcome = if sequence <= v.durable_through {
+                Ok(())
+            } else if sequence <= v.host_resolved && v.mode == VolumeMode::ReadOnly {
+                Err(HostError::QuorumLost)
+            } else {
+                break;
+            };
             v.flushes.pop_front();
-            replies.push((token, Reply::Done(Ok(()))));
+            replies.push((token, Reply::Done(outcome)));
         }
         for (token, reply) in replies {
             self.reply(token, reply);
@@ -1719,6 +1825,7 @@ impl HostCore {
         v.queue.push(Entry {
             record: record.clone(),
             acked_by: ElementSet::default(),
+            weak_by: ElementSet::default(),
             host_reply: HostReply::Waiting(pending.token),
         });
         if !to.is_empty() {
@@ -1760,7 +1867,7 @@ impl HostCore {
         let v = &mut self.volumes[volume.0 as usize];
         // Writes still waiting for room are accepted later; a flush covers them too.
         let through = Sequence(v.queue.last_sequence().0 + v.admission.len() as u64);
-        if through <= v.host_resolved {
+        if through <= v.durable_through {
             return self.reply(token, Reply::Done(Ok(())));
         }
         v.flushes.push_back((through, token));
@@ -2070,7 +2177,7 @@ impl HostCore {
                     }
                 }
                 self.cache.apply(fetch.volume, &record.op);
-                v.queue.push(Entry { record, acked_by, host_reply: HostReply::Done });
+                v.queue.push(Entry { record, acked_by, weak_by: ElementSet::default(), host_reply: HostReply::Done });
             }
         } else {
             v.queue = WriteQueue::new(self.config.write_queue_bytes, fetch.through, fetch.through_epoch);
@@ -2311,7 +2418,8 @@ impl HostCore {
         let elements = self
             .elements
             .iter()
-            .map(|e| {
+            .zip(&self.config.ack_policies)
+            .map(|(e, &ack_policy)| {
                 let (state, reason) = match &e.state {
                     ElementState::InSync => ("in-sync", None),
                     ElementState::Recovering(_) => ("recovering", None),
@@ -2362,6 +2470,7 @@ impl HostCore {
                 });
                 ElementStatus {
                     name: e.name.clone(),
+                    ack_policy,
                     state,
                     reason: reason.as_ref().map(|f| f.to_string()),
                     failure: reason,

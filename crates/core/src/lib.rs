@@ -5,6 +5,7 @@
 //! current time passed in; outputs are taken with [`HostCore::poll_action`] and
 //! [`HostCore::poll_timeout`]. The shell (crates/shell) carries the actions out.
 
+mod ack_policy;
 pub mod admin_request;
 mod element;
 mod failure;
@@ -16,6 +17,7 @@ pub mod standby;
 mod storage;
 mod write_queue;
 
+pub use ack_policy::AckPolicy;
 pub use element::{
     role_refusal, CommitDone, ElementAction, ElementConfig, ElementCore, LocalVolume, LogLevel, PeerId, Refusal,
     SessionId, SessionRole, StorageDone, StorageJob, VolumeInfo,

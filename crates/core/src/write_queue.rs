@@ -23,6 +23,10 @@ pub struct Entry {
     pub record: Record,
     /// Elements that have durably applied this entry.
     pub acked_by: ElementSet,
+    /// Elements whose weaker acknowledgement arrived (`received`: in its memory;
+    /// `network-sync`: on the wire toward it): they count toward the quorum under their ack
+    /// policy before they are in `acked_by`. Cleared for an element that fails.
+    pub weak_by: ElementSet,
     pub host_reply: HostReply,
 }
 
@@ -214,6 +218,7 @@ mod tests {
                 op: Op::write(offset_bytes, Bytes::from(vec![fill; len])),
             },
             acked_by: ElementSet::default(),
+            weak_by: ElementSet::default(),
             host_reply: HostReply::Done,
         }
     }
@@ -256,6 +261,7 @@ mod tests {
                 op: Op::WriteZeroes { offset_bytes: 768, length_bytes: 128 },
             },
             acked_by: ElementSet::default(),
+            weak_by: ElementSet::default(),
             host_reply: HostReply::Done,
         });
         let mut data = vec![9u8; 1024];

@@ -198,6 +198,9 @@ pub enum HostMessage {
         /// The host element's admin address (empty if unknown): an element tells it to a
         /// standby that observes it (`Observe`), so the standby can ask it to hand over.
         admin: String,
+        /// Acknowledge each record as it arrives, before it is durable (`Received`): the host
+        /// element counts this element's writes under the `received` ack policy.
+        receipt_acks: bool,
     },
     /// Apply one record; the element answers `Applied` once it is durable and applied.
     Apply(Record),
@@ -294,6 +297,12 @@ pub enum ElementMessage {
     },
     /// Every record of `volume` up to and including `sequence` is durable and applied.
     Applied {
+        volume: VolumeId,
+        sequence: Sequence,
+    },
+    /// The record of `volume` at `sequence` arrived and waits in the element's memory to be
+    /// committed (sessions whose hello asked for `receipt_acks` only).
+    Received {
         volume: VolumeId,
         sequence: Sequence,
     },
@@ -600,7 +609,7 @@ const HOST_SCRUB: u8 = 12;
 impl Body for HostMessage {
     fn encode_body(&self, out: &mut BytesMut) {
         match self {
-            HostMessage::Hello { epoch, host, volumes, admin } => {
+            HostMessage::Hello { epoch, host, volumes, admin, receipt_acks } => {
                 out.put_u8(HOST_HELLO);
                 out.put_u64_le(epoch.0);
                 out.put_u64_le(host.0);
@@ -610,6 +619,7 @@ impl Body for HostMessage {
                     out.put_u64_le(v.size_bytes);
                 }
                 put_bytes(out, truncate_to(admin, ADDRESS_BYTES_MAX).as_bytes());
+                out.put_u8(*receipt_acks as u8);
             }
             HostMessage::Apply(record) => {
                 out.put_u8(HOST_APPLY);
@@ -693,7 +703,12 @@ impl Body for HostMessage {
                     volumes.push(VolumeSpec { name, size_bytes });
                 }
                 let admin = r.string("hello admin address", ADDRESS_BYTES_MAX)?;
-                HostMessage::Hello { epoch, host, volumes, admin }
+                let receipt_acks = match r.u8("hello flags")? {
+                    0 => false,
+                    1 => true,
+                    flags => return Err(DecodeError::OutOfBounds { what: "hello flags", value: flags as u64 }),
+                };
+                HostMessage::Hello { epoch, host, volumes, admin, receipt_acks }
             }
             HOST_APPLY => HostMessage::Apply(Record::read(&mut r)?),
             HOST_READ => {
@@ -773,6 +788,7 @@ const ELEMENT_COPY_PROGRESS: u8 = 11;
 const ELEMENT_COPY_DONE: u8 = 12;
 const ELEMENT_OBSERVED: u8 = 13;
 const ELEMENT_SCRUB_REPLY: u8 = 14;
+const ELEMENT_RECEIVED: u8 = 15;
 const LOG_RECORDS_MAX: usize = 1 << 20;
 
 const RESULT_OK: u8 = 0;
@@ -806,6 +822,11 @@ impl Body for ElementMessage {
             }
             ElementMessage::Applied { volume, sequence } => {
                 out.put_u8(ELEMENT_APPLIED);
+                out.put_u32_le(volume.0);
+                out.put_u64_le(sequence.0);
+            }
+            ElementMessage::Received { volume, sequence } => {
+                out.put_u8(ELEMENT_RECEIVED);
                 out.put_u32_le(volume.0);
                 out.put_u64_le(sequence.0);
             }
@@ -1054,6 +1075,10 @@ impl Body for ElementMessage {
                 };
                 ElementMessage::LogRecords { request_id, result }
             }
+            ELEMENT_RECEIVED => ElementMessage::Received {
+                volume: VolumeId(r.u32("received volume")?),
+                sequence: Sequence(r.u64("received sequence")?),
+            },
             ELEMENT_SCRUB_REPLY => {
                 let request_id = r.u64("scrub reply id")?;
                 let result = match r.u8("scrub result")? {
@@ -1166,6 +1191,7 @@ mod tests {
             host: HostId(0xfeed),
             volumes: vec![VolumeSpec { name: "vol0".into(), size_bytes: 1 << 30 }],
             admin: "127.0.0.1:7190".into(),
+            receipt_acks: true,
         });
         for op in [
             Op::write(4096, Bytes::from_static(b"hello world")),
@@ -1252,6 +1278,7 @@ mod tests {
             )),
         });
         round_trip(ElementMessage::ScrubReply { request_id: 6, result: Err("a repair waits".into()) });
+        round_trip(ElementMessage::Received { volume: VolumeId(2), sequence: Sequence(41) });
         round_trip(ElementMessage::CopyProgress {
             volume: VolumeId(0),
             done_bytes: 1 << 20,

@@ -229,6 +229,7 @@ pub fn status_json(status: &HostStatus, addresses: &[String]) -> Value {
                 "name": e.name,
                 "address": addresses.get(i),
                 "state": e.state,
+                "ack_policy": e.ack_policy.as_str(),
                 "applied_sequence": applied,
                 "lag": e.lag,
                 "rtt_ms": e.rtt_us.map(|us| us as f64 / 1000.0),

@@ -732,8 +732,11 @@ pub(crate) async fn connect_peer(
     let address: SocketAddr = source.parse().map_err(|e| format!("bad peer address {source}: {e}"))?;
     let mut stream = crate::tls::connect(address, tls, &[Role::Element], PEER_CONNECT_TIMEOUT).await?;
     let mut buf = BytesMut::with_capacity(1 << 20);
-    send_frame(&mut stream, &HostMessage::Hello { epoch, host, volumes: vec![spec.clone()], admin: String::new() })
-        .await?;
+    send_frame(
+        &mut stream,
+        &HostMessage::Hello { epoch, host, volumes: vec![spec.clone()], admin: String::new(), receipt_acks: false },
+    )
+    .await?;
     match recv_frame::<ElementMessage>(&mut stream, &mut buf).await? {
         ElementMessage::Welcome { .. } => Ok((stream, buf)),
         ElementMessage::Refused { reason, .. } => Err(format!("peer refused: {reason}")),

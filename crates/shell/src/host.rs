@@ -64,8 +64,15 @@ enum Input {
     Connected {
         element: ElementId,
         session: u64,
-        frames: mpsc::UnboundedSender<Bytes>,
+        frames: mpsc::UnboundedSender<Frame>,
         close: oneshot::Sender<()>,
+    },
+    /// A session's writer put these records on the wire (flushed to its socket): for a
+    /// `network-sync` element, the highest sequence per volume.
+    Sent {
+        element: ElementId,
+        session: u64,
+        through: Vec<(proto::VolumeId, proto::Sequence)>,
     },
     Message {
         element: ElementId,
@@ -92,9 +99,13 @@ enum Input {
     },
 }
 
+/// A frame for an element's session, with the record it carries when the element's ack policy
+/// counts it once it is on the wire (`network-sync`).
+type Frame = (Bytes, Option<(proto::VolumeId, proto::Sequence)>);
+
 struct Session {
     id: u64,
-    frames: mpsc::UnboundedSender<Bytes>,
+    frames: mpsc::UnboundedSender<Frame>,
     _close: oneshot::Sender<()>,
 }
 
@@ -281,9 +292,15 @@ async fn run_actor(
                     let mut buf = BytesMut::new();
                     encode_frame(&message, &mut buf);
                     let frame = buf.freeze();
+                    let record = match &message {
+                        proto::HostMessage::Apply(r) => Some((r.volume, r.sequence)),
+                        _ => None,
+                    };
                     for element in to.iter() {
                         if let Some(session) = &sessions[element.0 as usize] {
-                            let _ = session.frames.send(frame.clone());
+                            let policy = core.config().ack_policies[element.0 as usize];
+                            let mark = record.filter(|_| policy == starfish_core::AckPolicy::NetworkSync);
+                            let _ = session.frames.send((frame.clone(), mark));
                         }
                     }
                 }
@@ -337,6 +354,13 @@ fn handle_input(
             sessions[element.0 as usize] = Some(Session { id: session, frames, _close: close });
             core.handle_element_connected(t, element);
         }
+        Input::Sent { element, session, through } => {
+            if sessions[element.0 as usize].as_ref().is_some_and(|s| s.id == session) {
+                for (volume, sequence) in through {
+                    core.handle_element_sent(t, element, volume, sequence);
+                }
+            }
+        }
         Input::Message { element, session, message } => {
             if sessions[element.0 as usize].as_ref().is_some_and(|s| s.id == session) {
                 core.handle_element_message(t, element, message);
@@ -368,7 +392,7 @@ fn handle_input(
             encode_frame(&proto::HostMessage::Release, &mut buf);
             let frame = buf.freeze();
             for session in sessions.iter().flatten() {
-                let _ = session.frames.send(frame.clone());
+                let _ = session.frames.send((frame.clone(), None));
             }
             let _ = reply.send(());
         }
@@ -521,19 +545,34 @@ async fn run_session(
     element: ElementId,
     session: u64,
     stream: crate::tls::Stream,
-    mut frames: mpsc::UnboundedReceiver<Bytes>,
+    mut frames: mpsc::UnboundedReceiver<Frame>,
     mut close: oneshot::Receiver<()>,
     inputs: &mpsc::UnboundedSender<Input>,
 ) -> String {
     let (mut read_half, write_half) = tokio::io::split(stream);
     let writer = async move {
         let mut out = BufWriter::with_capacity(256 * 1024, write_half);
-        while let Some(frame) = frames.recv().await {
+        let mut sent: Vec<(proto::VolumeId, proto::Sequence)> = Vec::new();
+        fn note(sent: &mut Vec<(proto::VolumeId, proto::Sequence)>, mark: Option<(proto::VolumeId, proto::Sequence)>) {
+            if let Some((volume, sequence)) = mark {
+                match sent.iter_mut().find(|(v, _)| *v == volume) {
+                    Some(entry) => entry.1 = entry.1.max(sequence),
+                    None => sent.push((volume, sequence)),
+                }
+            }
+        }
+        while let Some((frame, mark)) = frames.recv().await {
             out.write_all(&frame).await?;
-            while let Ok(frame) = frames.try_recv() {
+            note(&mut sent, mark);
+            while let Ok((frame, mark)) = frames.try_recv() {
                 out.write_all(&frame).await?;
+                note(&mut sent, mark);
             }
             out.flush().await?;
+            if !sent.is_empty() {
+                let through = std::mem::take(&mut sent);
+                let _ = inputs.send(Input::Sent { element, session, through });
+            }
         }
         Ok::<(), std::io::Error>(())
     };

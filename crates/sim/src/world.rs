@@ -955,7 +955,13 @@ impl World {
                     // As `copy.rs`: a session to the source with a one-volume hello, then the
                     // volume (taken whole here, see `peer_reply`).
                     let spec = VolumeSpec { name: format!("vol{}", volume.0), size_bytes: self.sc.volume_bytes };
-                    let hello = HostMessage::Hello { epoch, host, volumes: vec![spec], admin: String::new() };
+                    let hello = HostMessage::Hello {
+                        epoch,
+                        host,
+                        volumes: vec![spec],
+                        admin: String::new(),
+                        receipt_acks: false,
+                    };
                     self.connect_peer(element, PeerId(0), &source, hello, Some(CopyFetch { session, volume }));
                 }
                 Out::ConnectPeer { peer, address, hello } => self.connect_peer(element, peer, &address, hello, None),
@@ -1066,6 +1072,7 @@ impl World {
             host: proto::HostId(u64::MAX - 1),
             volumes: specs.clone(),
             admin: String::new(),
+            receipt_acks: false,
         };
         let writes: Vec<HostMessage> = (1..=3)
             .map(|k| {
@@ -1077,7 +1084,8 @@ impl World {
                 })
             })
             .collect();
-        let same = HostMessage::Hello { epoch, host: holder, volumes: specs, admin: String::new() };
+        let same =
+            HostMessage::Hello { epoch, host: holder, volumes: specs, admin: String::new(), receipt_acks: false };
         let script: Vec<HostMessage> =
             if self.rng_fault.chance(0.5) { vec![newer] } else { std::iter::once(same).chain(writes).collect() };
         {

@@ -8,7 +8,7 @@ use anyhow::{bail, Context, Result};
 use proto::{Epoch, HostId, VolumeSpec};
 use serde::Deserialize;
 use shell::host::{FailoverOptions, HostOptions};
-use starfish_core::HostConfig;
+use starfish_core::{AckPolicy, HostConfig};
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -54,6 +54,10 @@ pub struct HostFile {
 pub struct ElementEntry {
     pub name: String,
     pub address: SocketAddr,
+    /// Its ack policy: "durable" (the default), "received", "remote-sync", "network-sync" or
+    /// "local-sync".
+    #[serde(default)]
+    pub ack: Option<String>,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -89,6 +93,16 @@ impl HostFile {
         }
         let mut config =
             HostConfig::new(Epoch(1), quorum, self.element.iter().map(|e| e.name.clone()).collect(), volumes);
+        config.ack_policies = self
+            .element
+            .iter()
+            .map(|e| match &e.ack {
+                Some(p) => {
+                    AckPolicy::parse(p).map_err(anyhow::Error::msg).with_context(|| format!("element {}", e.name))
+                }
+                None => Ok(AckPolicy::Durable),
+            })
+            .collect::<Result<_>>()?;
         config.host_id = fresh_host_id();
         if let Some(ms) = self.startup_timeout_ms {
             config.startup_timeout_ms = ms;
@@ -194,14 +208,28 @@ fn fresh_host_id() -> HostId {
     }
 }
 
+/// `NAME=ADDRESS[,ack=POLICY]`, e.g. `far=10.0.0.3:7103,ack=network-sync`.
 pub fn parse_element(s: &str) -> Result<ElementEntry> {
-    let (name, address) =
-        s.split_once('=').with_context(|| format!("element {s:?}: expected NAME=ADDRESS, e.g. near=127.0.0.1:7102"))?;
+    let (name, rest) = s
+        .split_once('=')
+        .with_context(|| format!("element {s:?}: expected NAME=ADDRESS[,ack=POLICY], e.g. near=127.0.0.1:7102"))?;
     if name.is_empty() {
         bail!("element {s:?}: the name is empty");
     }
+    let mut parts = rest.split(',');
+    let address = parts.next().unwrap_or_default();
     let address = address.parse().with_context(|| format!("element {s:?}: bad address {address:?}"))?;
-    Ok(ElementEntry { name: name.to_string(), address })
+    let mut ack = None;
+    for option in parts {
+        match option.split_once('=') {
+            Some(("ack", policy)) => {
+                AckPolicy::parse(policy).map_err(anyhow::Error::msg).with_context(|| format!("element {s:?}"))?;
+                ack = Some(policy.to_string());
+            }
+            _ => bail!("element {s:?}: unknown option {option:?} (the only one is ack=POLICY)"),
+        }
+    }
+    Ok(ElementEntry { name: name.to_string(), address, ack })
 }
 
 pub fn parse_volume(s: &str) -> Result<VolumeEntry> {

@@ -722,7 +722,7 @@ fn print_status(doc: &serde_json::Value) {
             );
         }
     }
-    println!("{:<10} {:<22} {:<11} {:>8} {:>9}  DETAIL", "ELEMENT", "ADDRESS", "STATE", "LAG", "RTT ms");
+    println!("{:<10} {:<22} {:<11} {:<12} {:>8} {:>9}  DETAIL", "ELEMENT", "ADDRESS", "STATE", "ACK", "LAG", "RTT ms");
     for e in doc["elements"].as_array().into_iter().flatten() {
         let detail = if let Some(r) = e.get("recovery") {
             let kind = r["kind"].as_str().unwrap_or("?");
@@ -761,10 +761,11 @@ fn print_status(doc: &serde_json::Value) {
         };
         let rtt = e["rtt_ms"].as_f64().map_or("-".to_string(), |ms| format!("{ms:.2}"));
         println!(
-            "{:<10} {:<22} {:<11} {:>8} {:>9}  {}",
+            "{:<10} {:<22} {:<11} {:<12} {:>8} {:>9}  {}",
             e["name"].as_str().unwrap_or("?"),
             e["address"].as_str().unwrap_or("?"),
             e["state"].as_str().unwrap_or("?"),
+            e["ack_policy"].as_str().unwrap_or("durable"),
             e["lag"],
             rtt,
             detail
@@ -817,7 +818,7 @@ fn demo(args: DemoArgs) -> Result<()> {
                 links.push(proxy);
                 address
             };
-            elements.push(config::ElementEntry { name: name.to_string(), address });
+            elements.push(config::ElementEntry { name: name.to_string(), address, ack: None });
         }
         let file = HostFile {
             nbd: Some(args.nbd),

@@ -114,7 +114,13 @@ impl Harness {
         self.core.handle_host_message(
             self.now,
             SessionId(session),
-            HostMessage::Hello { epoch: Epoch(epoch), host, volumes: specs.clone(), admin: String::new() },
+            HostMessage::Hello {
+                epoch: Epoch(epoch),
+                host,
+                volumes: specs.clone(),
+                admin: String::new(),
+                receipt_acks: false,
+            },
         );
         let actions = self.actions();
         let ensure = ElementAction::EnsureVolumes { session: SessionId(session), specs: specs.clone() };
@@ -410,7 +416,13 @@ fn protocol_errors_refuse_the_session() {
         ("unknown volume", vec![HostMessage::Apply(record(7, 1, 1))]),
         (
             "second hello",
-            vec![HostMessage::Hello { epoch: Epoch(1), host: HOST, volumes: vec![], admin: String::new() }],
+            vec![HostMessage::Hello {
+                epoch: Epoch(1),
+                host: HOST,
+                volumes: vec![],
+                admin: String::new(),
+                receipt_acks: false,
+            }],
         ),
     ];
     for (text, messages) in table {
@@ -880,7 +892,13 @@ fn a_silent_holder_counts_as_absent_and_a_restarted_element_keeps_its_promise() 
     fresh.handle_host_message(
         Time(10_000_000),
         SessionId(1),
-        HostMessage::Hello { epoch: Epoch(6), host: HostId(3), volumes: vec![], admin: "x".into() },
+        HostMessage::Hello {
+            epoch: Epoch(6),
+            host: HostId(3),
+            volumes: vec![],
+            admin: "x".into(),
+            receipt_acks: false,
+        },
     );
     let mut actions = Vec::new();
     while let Some(a) = fresh.poll_action() {
@@ -934,6 +952,7 @@ fn a_sessions_role_bounds_what_it_may_ask() {
         host: HOST,
         volumes: vec![spec(name)],
         admin: String::new(),
+        receipt_acks: false,
     };
     h.host(1, hello(u64::MAX, "vol0"));
     assert!(refused(&mut h, 1));

@@ -779,6 +779,7 @@ fn block_status_marks_queued_writes_as_data() {
             op: Op::write(4096, Bytes::from(vec![1; 4096])),
         },
         acked_by: ElementSet::default(),
+        weak_by: ElementSet::default(),
         host_reply: HostReply::Done,
     });
     let got = overlay_extents(&q, Sequence::ZERO, 0, 16384, extents.clone());
@@ -972,6 +973,7 @@ fn a_running_host_element_takes_back_an_element_whose_epoch_owner_is_gone() {
             host: HostId(77),
             volumes: vec![VolumeSpec { name: "vol0".into(), size_bytes: SIZE }],
             admin: String::new(),
+            receipt_acks: false,
         },
     );
     c.run();
@@ -1012,6 +1014,7 @@ fn a_host_element_taken_over_by_a_majority_serves_nothing() {
                 host: HostId(42),
                 volumes: vec![VolumeSpec { name: "vol0".into(), size_bytes: SIZE }],
                 admin: String::new(),
+                receipt_acks: false,
             },
         );
         c.run();
@@ -1165,4 +1168,90 @@ fn an_element_that_claims_the_last_epoch_is_failed_not_followed() {
         c.events
     );
     assert!(c.core.status(c.now).epoch < Epoch(u64::MAX));
+}
+
+// ----- ack policies -----------------------------------------------------------------------------
+
+impl Cluster {
+    fn flush(&mut self) -> Token {
+        let token = self.token();
+        self.core.handle_host_flush(self.now, token, VOLUME);
+        self.run();
+        token
+    }
+}
+
+#[test]
+fn a_received_element_counts_once_the_write_is_in_its_memory_and_a_flush_waits_for_durable() {
+    let policies = [AckPolicy::Durable, AckPolicy::Received, AckPolicy::Durable];
+    let mut c = Cluster::with(3, 2, |cfg| cfg.ack_policies = policies.to_vec());
+    // e1 holds the write in memory only; e2 not even that: e0 (durable) and e1 (received).
+    c.elements[1].responsive = false;
+    c.elements[2].responsive = false;
+    let write = c.write(0, 1, 4096);
+    assert_eq!(c.replies.remove(&write), Some(Reply::Done(Ok(()))), "received counts toward Q");
+    let flush = c.flush();
+    assert!(!c.replies.contains_key(&flush), "a flush waits until Q elements hold it durably");
+    c.elements[1].responsive = true;
+    c.release(1);
+    assert_eq!(c.replies.remove(&flush), Some(Reply::Done(Ok(()))));
+    assert_eq!(c.core.status(c.now).elements[1].ack_policy, AckPolicy::Received);
+    // With durable elements only, the same write waits.
+    let mut d = Cluster::new(3, 2);
+    d.elements[1].responsive = false;
+    d.elements[2].responsive = false;
+    let write = d.write(0, 1, 4096);
+    assert!(!d.replies.contains_key(&write));
+}
+
+#[test]
+fn a_received_element_that_fails_stops_counting_what_it_had_only_in_memory() {
+    let policies = [AckPolicy::Durable, AckPolicy::Received, AckPolicy::Durable];
+    let mut c = Cluster::with(3, 2, |cfg| cfg.ack_policies = policies.to_vec());
+    c.elements[0].responsive = false;
+    c.elements[1].responsive = false;
+    c.elements[2].responsive = false;
+    let write = c.write(0, 1, 4096);
+    assert!(!c.replies.contains_key(&write), "e1's receipt alone is not a quorum");
+    c.crash(1);
+    c.elements[0].responsive = true;
+    c.release(0);
+    assert!(!c.replies.contains_key(&write), "e1 failed: what it had in memory no longer counts");
+    c.elements[2].responsive = true;
+    c.release(2);
+    assert_eq!(c.replies.remove(&write), Some(Reply::Done(Ok(()))));
+}
+
+#[test]
+fn a_network_sync_element_counts_once_the_shell_has_put_the_write_on_the_wire() {
+    let policies = [AckPolicy::Durable, AckPolicy::Durable, AckPolicy::NetworkSync];
+    let mut c = Cluster::with(3, 2, |cfg| cfg.ack_policies = policies.to_vec());
+    c.elements[1].responsive = false;
+    c.elements[2].responsive = false;
+    let write = c.write(0, 1, 4096);
+    assert!(!c.replies.contains_key(&write));
+    c.core.handle_element_sent(c.now, ElementId(2), VOLUME, Sequence(1));
+    c.run();
+    assert_eq!(c.replies.remove(&write), Some(Reply::Done(Ok(()))));
+    // The word of a durable element's socket counts for nothing.
+    let second = c.write(4096, 2, 4096);
+    c.core.handle_element_sent(c.now, ElementId(1), VOLUME, Sequence(2));
+    c.run();
+    assert!(!c.replies.contains_key(&second));
+}
+
+#[test]
+fn a_local_sync_element_never_counts_toward_the_quorum() {
+    let policies = [AckPolicy::Durable, AckPolicy::Durable, AckPolicy::LocalSync];
+    let mut c = Cluster::with(3, 2, |cfg| cfg.ack_policies = policies.to_vec());
+    c.elements[1].responsive = false;
+    let write = c.write(0, 1, 4096);
+    assert!(!c.replies.contains_key(&write), "e0 and the local-sync e2 are not a quorum");
+    c.elements[1].responsive = true;
+    c.release(1);
+    assert_eq!(c.replies.remove(&write), Some(Reply::Done(Ok(()))));
+    let mut config = c.core.config().clone();
+    config.quorum = 3;
+    let err = config.validate().unwrap_err();
+    assert!(err.contains("local-sync"), "{err}");
 }

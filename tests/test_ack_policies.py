@@ -1,0 +1,104 @@
+"""Ack policies per element (issue 14), with real processes: what each policy lets a write's
+answer wait for. `network-sync` counts once the write is on the wire toward the element (here
+a far element that is stopped and stores nothing), `local-sync` never counts, `received` counts
+once the write is in the element's memory; a FLUSH still waits until Q elements hold the
+writes durably; `starfish status` shows each element's policy."""
+
+import json
+import os
+import signal
+import subprocess
+import time
+
+import nbd
+import pytest
+
+import harness
+from harness import Client, random_bytes
+
+
+def pending_write(uri, data, offset):
+    """A libnbd handle with one write under way: (handle, cookie)."""
+    h = nbd.NBD()
+    h.connect_uri(uri)
+    cookie = h.aio_pwrite(nbd.Buffer.from_bytearray(bytearray(data)), offset)
+    return h, cookie
+
+
+def completes_within(h, cookie, seconds):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if h.aio_command_completed(cookie):
+            return True
+        h.poll(50)
+    return False
+
+
+def stopped(cluster, *names):
+    """SIGSTOP these elements; the caller resumes them (`resume`)."""
+    for name in names:
+        cluster.elements[name].process.send_signal(signal.SIGSTOP)
+
+
+def resume(cluster, *names):
+    for name in names:
+        cluster.elements[name].process.send_signal(signal.SIGCONT)
+
+
+@pytest.mark.time_limit(120)
+def test_network_sync_counts_on_the_wire_and_local_sync_never(make_cluster):
+    cluster = make_cluster(volumes=(("vol0", "64MiB"),), ack={"far": "network-sync"}, use_config=True)
+    status = cluster.status()
+    assert {e["name"]: e["ack_policy"] for e in status["elements"]} == \
+        {"local": "durable", "near": "durable", "far": "network-sync"}
+    text = subprocess.run([harness.starfish_bin(), "status", "--admin", cluster.admin], capture_output=True,
+                          text=True, timeout=30).stdout
+    assert "network-sync" in text, text
+
+    # near and far stopped: local (durable) + far (network-sync: the write is in far's socket
+    # buffer, it stores nothing) are a quorum of 2.
+    data = random_bytes(64 * 1024, 1)
+    stopped(cluster, "near", "far")
+    try:
+        h, cookie = pending_write(cluster.uri(), data, 0)
+        answered = completes_within(h, cookie, 1.5)
+    finally:
+        resume(cluster, "near", "far")
+    assert answered, "a network-sync element counts once the write is on the wire"
+    h.flush()
+    h.shutdown()
+    cluster.wait_healthy(timeout=30)
+    with Client(cluster.uri()) as c:
+        assert c.pread(len(data), 0) == data
+
+
+@pytest.mark.time_limit(120)
+def test_local_sync_does_not_count_and_received_does(make_cluster):
+    cluster = make_cluster(volumes=(("vol0", "64MiB"),), ack={"near": "received", "far": "local-sync"})
+    data = random_bytes(64 * 1024, 2)
+    # near stopped: local (durable) and far (local-sync, never counted) are not a quorum.
+    stopped(cluster, "near")
+    try:
+        h, cookie = pending_write(cluster.uri(), data, 0)
+        answered_early = completes_within(h, cookie, 1.0)
+    finally:
+        resume(cluster, "near")
+    assert not answered_early, "a local-sync element must not count toward the quorum"
+    assert completes_within(h, cookie, 10), "once near is back, the write is answered"
+    h.flush()
+    h.shutdown()
+    cluster.wait_healthy(timeout=30)
+    # far stopped: local (durable) and near (received) are a quorum; a FLUSH waits for Q
+    # durable copies, which local and near give.
+    stopped(cluster, "far")
+    try:
+        with Client(cluster.uri(), timeout=5) as c:
+            c.pwrite(data, MIB)
+            c.flush()
+            assert c.pread(len(data), MIB) == data
+    finally:
+        resume(cluster, "far")
+    cluster.wait_healthy(timeout=30)
+
+
+MIB = 1 << 20
