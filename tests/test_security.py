@@ -36,7 +36,8 @@ def hello(epoch, host, volumes=(("vol0", 1 << 30),)):
     body = struct.pack("<BQQI", 1, epoch, host, len(volumes))
     for name, size in volumes:
         body += text(name) + struct.pack("<Q", size)
-    return frame(body + text(""))
+    # No admin address; flags 0 (no receipt acknowledgements).
+    return frame(body + text("") + b"\x00")
 
 
 def apply_write(epoch, sequence, data, offset=0):

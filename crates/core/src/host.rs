@@ -66,6 +66,9 @@ pub struct HostConfig {
     /// recovery repairs them. Off only in the simulator's deliberately broken variant
     /// (`--broken no-scrub-repair`), which its checkers must catch.
     pub scrub_repair: bool,
+    /// A FLUSH waits until Q elements hold every earlier write durably. Off only in the
+    /// simulator's deliberately broken variant (`--broken flush-before-durable`).
+    pub flush_waits_for_durable: bool,
 }
 
 impl HostConfig {
@@ -92,6 +95,7 @@ impl HostConfig {
             scrub_interval_ms: limits::SCRUB_INTERVAL_MS_DEFAULT,
             scrub_rate_bytes_per_s: limits::SCRUB_RATE_BYTES_PER_S_DEFAULT,
             scrub_repair: true,
+            flush_waits_for_durable: true,
         }
     }
 
@@ -754,8 +758,14 @@ impl HostCore {
         self.epoch
     }
 
+    /// In-sync elements that count toward the write quorum (local-sync ones never do): what
+    /// decides whether a volume is read-write.
     fn in_sync_count(&self) -> usize {
-        self.elements.iter().filter(|e| e.state == ElementState::InSync).count()
+        self.elements
+            .iter()
+            .zip(&self.config.ack_policies)
+            .filter(|(e, p)| e.state == ElementState::InSync && p.counts_toward_quorum())
+            .count()
     }
 
     // ----- elements -------------------------------------------------------------------------
@@ -1732,7 +1742,8 @@ impl HostCore {
         }
         // A FLUSH answers once every write before it is durable on Q elements, whatever their
         // ack policies: with weaker ones that comes after the writes' own answers.
-        let weak = self.config.ack_policies.iter().any(|p| p.counts_toward_quorum() && !p.needs_durable());
+        let weak = self.config.ack_policies.iter().any(|p| p.counts_toward_quorum() && !p.needs_durable())
+            && self.config.flush_waits_for_durable;
         if weak {
             // What left the queue was applied by every live element first.
             v.durable_through = v.durable_through.max(v.queue.evicted_through().min(v.host_resolved));

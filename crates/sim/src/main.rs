@@ -13,7 +13,8 @@ use sim::{Broken, SimOptions, Summary};
 
 const USAGE: &str = "usage: sim [--seeds K] [--seed S] [--elements N] [--quorum Q] [--swarm] [--json]
            [--fault-phase-ms MS] [--fault-interval-ms MS] [--faults KIND,…]
-           [--broken none|ack-before-sync|no-fencing|clock-epochs|no-read-lease|no-role-check|no-scrub-repair] [--threads T] [--trace]
+           [--broken none|ack-before-sync|no-fencing|clock-epochs|no-read-lease|no-role-check|no-scrub-repair|flush-before-durable]
+           [--ack POLICY,… (one per element: durable, received, remote-sync, network-sync, local-sync)] [--threads T] [--trace]
 
   --seeds K       run K seeds, starting at --seed (default 0); without --seeds, run --seed alone
   --swarm         draw the fault mix and rates from each seed (swarm testing)
@@ -129,6 +130,11 @@ fn main() -> ExitCode {
                             .push(sim::FaultKind::parse(name).ok_or(format!("--faults: unknown kind {name}"))?);
                     }
                 }
+                "--ack" => {
+                    for name in value("--ack")?.split(',') {
+                        options.ack.push(starfish_core::AckPolicy::parse(name).map_err(|e| format!("--ack: {e}"))?);
+                    }
+                }
                 "--broken" => {
                     let v = value("--broken")?;
                     options.broken = Broken::parse(&v).ok_or(format!("--broken: unknown variant {v}"))?;
@@ -159,6 +165,13 @@ fn main() -> ExitCode {
         || options.quorum > options.elements
     {
         eprintln!("sim: need 1 ≤ Q ≤ N ≤ {}", starfish_core::limits::ELEMENTS_MAX);
+        return ExitCode::from(2);
+    }
+    if !options.ack.is_empty()
+        && (options.ack.len() != options.elements
+            || options.ack.iter().filter(|p| p.counts_toward_quorum()).count() < options.quorum)
+    {
+        eprintln!("sim: --ack needs one policy per element, and at least Q that are not local-sync");
         return ExitCode::from(2);
     }
     let count = seeds.unwrap_or(1);

@@ -178,6 +178,9 @@ pub enum Broken {
     NoRoleCheck,
     /// The host element's scrub finds replicas that differ but repairs none of them.
     NoScrubRepair,
+    /// A FLUSH is answered once the writes before it are answered, not once Q elements hold
+    /// them durably: with weaker ack policies it promises what nobody stored yet.
+    FlushBeforeDurable,
 }
 
 impl Broken {
@@ -190,6 +193,7 @@ impl Broken {
             "no-read-lease" => Some(Broken::NoReadLease),
             "no-role-check" => Some(Broken::NoRoleCheck),
             "no-scrub-repair" => Some(Broken::NoScrubRepair),
+            "flush-before-durable" => Some(Broken::FlushBeforeDurable),
             _ => None,
         }
     }
@@ -202,6 +206,7 @@ impl Broken {
             Broken::NoReadLease => "no-read-lease",
             Broken::NoRoleCheck => "no-role-check",
             Broken::NoScrubRepair => "no-scrub-repair",
+            Broken::FlushBeforeDurable => "flush-before-durable",
         }
     }
 }
@@ -221,6 +226,8 @@ pub struct SimOptions {
     /// Inject only these kinds of fault (each at its usual weight; swarm runs draw theirs).
     /// Empty: every kind.
     pub only_faults: Vec<FaultKind>,
+    /// Ack policy per element (`--ack durable,received,network-sync`); empty: all durable.
+    pub ack: Vec<starfish_core::AckPolicy>,
     /// Print every event to stderr.
     pub trace: bool,
 }
@@ -236,6 +243,7 @@ impl SimOptions {
             fault_interval_ms: 1_000.0,
             broken: Broken::None,
             only_faults: Vec::new(),
+            ack: Vec::new(),
             trace: false,
         }
     }
@@ -261,6 +269,10 @@ impl SimOptions {
         if !self.only_faults.is_empty() {
             let names: Vec<&str> = self.only_faults.iter().map(|k| k.name()).collect();
             cmd.push_str(&format!(" --faults {}", names.join(",")));
+        }
+        if !self.ack.is_empty() {
+            let names: Vec<&str> = self.ack.iter().map(|p| p.as_str()).collect();
+            cmd.push_str(&format!(" --ack {}", names.join(",")));
         }
         cmd.push_str(" --trace");
         cmd

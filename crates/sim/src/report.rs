@@ -14,6 +14,9 @@ pub struct RunReport {
     /// Of those, the ones the contract allows (Q ≤ N/2, host element and every holder failed
     /// together).
     pub acked_writes_lost_allowed: u64,
+    /// Of those, writes answered on `received` / `network-sync` acknowledgements whose elements
+    /// crashed before Q stored them.
+    pub acked_writes_lost_weak: u64,
     pub faults: BTreeMap<&'static str, u64>,
     pub requests: u64,
     pub writes_acked: u64,

@@ -163,6 +163,15 @@ enum Ev {
     EndFaultPhase,
     EndQuiet,
     EndFinal,
+    /// An `Apply` to a `network-sync` element left the host element's side of the link: the
+    /// shell tells the core so.
+    Sent {
+        instance: u32,
+        element: usize,
+        session: u64,
+        volume: VolumeId,
+        sequence: Sequence,
+    },
 }
 
 impl Ev {
@@ -192,6 +201,7 @@ impl Ev {
             Ev::EndFinal => 18,
             Ev::KillSuperseded { instance } => 19 ^ ((*instance as u64) << 8),
             Ev::CopyFetched { element, .. } => 20 ^ ((*element as u64) << 8),
+            Ev::Sent { session, .. } => 25 ^ (session << 8),
         }
     }
 }
@@ -331,7 +341,14 @@ pub struct World {
     final_requests: Vec<u64>,
     /// Silent divergences injected (`diverge_block`).
     diverge_faults: u64,
+    /// Writes answered while fewer than Q elements held them durably (weaker ack policies),
+    /// until Q do: (volume, epoch, sequence).
+    weak_acked: BTreeMap<u64, (usize, Epoch, Sequence)>,
+    /// Of those, the ones a successful FLUSH covered: never to be lost.
+    weak_flushed: std::collections::BTreeSet<u64>,
     in_sync_at_quiet: usize,
+    /// Of those, the ones whose ack policy counts toward the quorum.
+    counting_in_sync_at_quiet: usize,
     /// Per element, the newest reason the core gave for failing it.
     last_failure: Vec<Option<Failure>>,
     /// Per element, the kind of the recovery under way (to say how a diverged one got in).
@@ -441,7 +458,10 @@ impl World {
             coordinator_revision: 0,
             final_requests: Vec::new(),
             diverge_faults: 0,
+            weak_acked: BTreeMap::new(),
+            weak_flushed: std::collections::BTreeSet::new(),
             in_sync_at_quiet: 0,
+            counting_in_sync_at_quiet: 0,
             last_failure: vec![None; n],
             recovery_kind: vec![None; n],
             sectors_per_volume,
@@ -591,9 +611,10 @@ impl World {
     fn paused_target(&self, ev: &Ev) -> Option<Time> {
         let instance = match ev {
             Ev::Deliver { session, wire: Wire::ToHost(_), .. } => self.sessions.get(session)?.instance,
-            Ev::LinkEnded { instance, .. } | Ev::ConnectStart { instance, .. } | Ev::ConnectDone { instance, .. } => {
-                *instance
-            }
+            Ev::LinkEnded { instance, .. }
+            | Ev::ConnectStart { instance, .. }
+            | Ev::ConnectDone { instance, .. }
+            | Ev::Sent { instance, .. } => *instance,
             Ev::ClientWake { client } => self.serving_instance(*client)?,
             _ => return None,
         };
@@ -613,6 +634,13 @@ impl World {
             }
             Ev::ConnectStart { instance, element } => self.with_host(instance, |w| w.connect_start(instance, element)),
             Ev::ConnectDone { instance, element } => self.with_host(instance, |w| w.connect_done(instance, element)),
+            Ev::Sent { instance, element, session, volume, sequence } => self.with_host(instance, |w| {
+                let host = w.host.as_mut().expect("with_host");
+                if host.links[element].current == Some(session) {
+                    host.core.handle_element_sent(w.now, ElementId(element as u8), volume, sequence);
+                    w.drain();
+                }
+            }),
             Ev::ElementSend { element, incarnation, session, message } => {
                 if self.elements[element].alive && self.elements[element].incarnation == incarnation {
                     self.element_send(element, session, message);
@@ -737,6 +765,13 @@ impl World {
         channel.busy_until = departs;
         let arrive = Time((departs.0 + latency_us).max(channel.last_arrival.0));
         channel.last_arrival = arrive;
+        if let Wire::ToElement(ToElement::Msg(HostMessage::Apply(r))) = &wire {
+            if self.o.ack.get(element) == Some(&starfish_core::AckPolicy::NetworkSync) {
+                let instance = self.sessions[&session].instance;
+                let (volume, sequence) = (r.volume, r.sequence);
+                self.schedule(departs, Ev::Sent { instance, element, session, volume, sequence });
+            }
+        }
         self.schedule(arrive, Ev::Deliver { session, wire, departs });
     }
 
@@ -1207,6 +1242,10 @@ impl World {
         config.raise_epoch = self.o.broken != Broken::ClockEpochs;
         config.read_lease = self.o.broken != Broken::NoReadLease;
         config.scrub_repair = self.o.broken != Broken::NoScrubRepair;
+        config.flush_waits_for_durable = self.o.broken != Broken::FlushBeforeDurable;
+        if !self.o.ack.is_empty() {
+            config.ack_policies = self.o.ack.clone();
+        }
         if self.sc.scrub_interval_ms > 0 {
             config.scrub_interval_ms = self.sc.scrub_interval_ms;
             config.scrub_rate_bytes_per_s = 0;
@@ -1651,7 +1690,22 @@ impl World {
             }
             (OpKind::Read, Reply::Read(Ok(data))) => self.model.check_read(id, data),
             (OpKind::BlockStatus, Reply::BlockStatus(Ok(extents))) => self.model.check_block_status(id, extents),
-            (OpKind::Flush, Reply::Done(Ok(()))) => self.model.check_flush(id),
+            (OpKind::Flush, Reply::Done(Ok(()))) => {
+                self.model.check_flush(id);
+                // Every write answered before the flush was sent must now be durable on Q
+                // elements, whatever their ack policies: its loss is a violation from here.
+                let covered: Vec<u64> = self
+                    .weak_acked
+                    .iter()
+                    .filter(|(w, (volume, _, _))| {
+                        let write = self.model.op(**w);
+                        // The same host element: a flush answers for what it acknowledged.
+                        *volume == op.volume && write.instance == op.instance && write.reply_step < op.submit_step
+                    })
+                    .map(|(w, _)| *w)
+                    .collect();
+                self.weak_flushed.extend(covered);
+            }
             (OpKind::Write | OpKind::Trim | OpKind::Zero, Reply::Done(Ok(()))) => match op.seq {
                 None => self.violation(format!("write #{id} acknowledged but never sent to an element")),
                 Some((epoch, sequence)) => {
@@ -1669,7 +1723,11 @@ impl World {
                         self.model.op_mut(id).at_risk = true;
                     }
                     let holders = self.holders(op.volume, epoch, sequence);
-                    if holders < self.o.quorum {
+                    if holders < self.o.quorum && self.weak_policies() {
+                        // Counted on receipts or sends: kept only while those elements keep it
+                        // until they store it (the weaker promise; see `check_replicas`).
+                        self.weak_acked.insert(id, (op.volume, epoch, sequence));
+                    } else if holders < self.o.quorum {
                         self.violation(format!(
                             "write #{id} (volume {} sequence {sequence}) acknowledged while {holders} element(s) hold it durably, fewer than Q={}",
                             op.volume, self.o.quorum
@@ -1815,6 +1873,7 @@ impl World {
 
     fn crash_element(&mut self, element: usize, kind: CrashKind) {
         self.trace(|| format!("FAULT element e{element} crashes ({kind:?})"));
+        self.prune_weak_acked();
         let sessions = self.elements[element].sessions();
         self.elements[element].crash(kind, &mut self.rng_disk);
         self.timers[element] = None;
@@ -2153,6 +2212,26 @@ impl World {
         }
     }
 
+    /// Whether some element's ack policy counts toward the quorum before it stores a write.
+    fn weak_policies(&self) -> bool {
+        self.o.ack.iter().any(|p| p.counts_toward_quorum() && !p.needs_durable())
+    }
+
+    /// Weakly acknowledged writes that Q elements now hold durably are held to the durable
+    /// promise from here (checked before each element crash, which is what could lose them).
+    fn prune_weak_acked(&mut self) {
+        let quorum = self.o.quorum;
+        let strong: Vec<u64> = self
+            .weak_acked
+            .iter()
+            .filter(|(_, &(volume, epoch, sequence))| self.holders(volume, epoch, sequence) >= quorum)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in strong {
+            self.weak_acked.remove(&id);
+        }
+    }
+
     /// Whether every element holds block `block` of volume `vi` alike.
     fn block_agreed(&self, vi: usize, block: u64) -> bool {
         let range = (block * proto::BLOCK_BYTES) as usize..((block + 1) * proto::BLOCK_BYTES) as usize;
@@ -2303,9 +2382,13 @@ impl World {
             return;
         }
         let mut in_sync = 0;
+        let mut counting_in_sync = 0;
         for (e, s) in status.elements.iter().enumerate() {
             match s.state {
-                "in-sync" => in_sync += 1,
+                "in-sync" => {
+                    in_sync += 1;
+                    counting_in_sync += s.ack_policy.counts_toward_quorum() as usize;
+                }
                 // Failed for a documented reason, or caught between two rounds of the reconnect loop
                 // of an element that keeps failing for one.
                 "failed" | "recovering"
@@ -2327,6 +2410,7 @@ impl World {
             }
         }
         self.in_sync_at_quiet = in_sync;
+        self.counting_in_sync_at_quiet = counting_in_sync;
         self.report.elements_in_sync_at_end = in_sync as u64;
         // Probe: a write per volume, then the whole volume read back.
         for v in 0..self.sc.volumes {
@@ -2351,7 +2435,8 @@ impl World {
             // A read needs the read lease of enough elements to meet any newer host element's
             // start-up set; the in-sync ones give it.
             let lease_minimum = self.host.as_ref().map_or(quorum, |h| h.core.lease_minimum());
-            let expected = self.in_sync_at_quiet >= quorum
+            // Writes need Q in-sync elements that count (local-sync ones never do).
+            let expected = self.counting_in_sync_at_quiet >= quorum
                 || (op.kind == OpKind::Read && self.in_sync_at_quiet >= lease_minimum.max(1));
             if op.outcome == Outcome::Pending {
                 self.violation(format!(
@@ -2478,11 +2563,21 @@ impl World {
                 lost.push((id, op.volume, epoch, sequence, op.at_risk));
             }
         }
+        self.prune_weak_acked();
         for (id, volume, epoch, sequence, at_risk) in lost {
             self.model.mark_lost(id);
             self.report.acked_writes_lost += 1;
             if loss_allowed && at_risk {
                 self.report.acked_writes_lost_allowed += 1;
+            } else if self.weak_acked.contains_key(&id) && !self.weak_flushed.contains(&id) {
+                // Acknowledged on receipts or sends, and never stored by Q elements before
+                // those that counted crashed: what `received` and `network-sync` allow.
+                self.report.acked_writes_lost_allowed += 1;
+                self.report.acked_writes_lost_weak += 1;
+            } else if self.weak_acked.contains_key(&id) {
+                self.violation(format!(
+                    "acknowledged write #{id} (volume {volume}, epoch {epoch}, sequence {sequence}) is lost although a FLUSH answered after it (a flush waits for Q durable copies)"
+                ));
             } else {
                 self.violation(format!(
                     "acknowledged write #{id} (volume {volume}, epoch {epoch}, sequence {sequence}) is not in the history the replicas ended with{}",

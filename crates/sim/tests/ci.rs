@@ -261,3 +261,26 @@ fn silent_divergence_is_repaired_by_scrub_and_without_the_repair_is_caught() {
     eprintln!("--broken no-scrub-repair: caught seeds {caught:?} of 6000..6016");
     assert!(caught.len() >= 6, "a scrub that repairs nothing must be caught in several runs, got {caught:?}");
 }
+
+/// Ack policies (issue 14): with `received` and `network-sync` elements counting toward Q, a
+/// write may be lost only if the elements that counted for it crash before Q store it, and
+/// never once a FLUSH answered after it; a `local-sync` element never counts (a volume whose
+/// counting elements fall below Q is read-only, which the simulator found the core got wrong:
+/// it counted the local-sync element and left writes waiting). A FLUSH answered before Q
+/// durable copies (`--broken flush-before-durable`) is caught.
+#[test]
+fn weaker_ack_policies_keep_their_promise_and_an_early_flush_is_caught() {
+    use starfish_core::AckPolicy::{Durable, LocalSync, NetworkSync, Received};
+    let mut o = options(3, 2);
+    o.ack = vec![Received, NetworkSync, Durable];
+    let summary = sweep("N=3 Q=2 received, network-sync, durable", &o, 16);
+    eprintln!("  acknowledged writes lost within the weaker promise: {}", summary.acked_writes_lost_allowed);
+    o.ack = vec![Durable, Durable, LocalSync];
+    sweep("N=3 Q=2 durable, durable, local-sync", &o, 16);
+    o.ack = vec![Received, Received, Durable];
+    o.broken = Broken::FlushBeforeDurable;
+    let reports = run_many(&o, 7_000, 16, 2);
+    let caught: Vec<u64> = reports.iter().filter(|r| !r.violations.is_empty()).map(|r| r.seed).collect();
+    eprintln!("--broken flush-before-durable: caught seeds {caught:?} of 7000..7016");
+    assert!(caught.len() >= 2, "a flush before Q durable copies must be caught, got {caught:?}");
+}

@@ -1254,4 +1254,10 @@ fn a_local_sync_element_never_counts_toward_the_quorum() {
     config.quorum = 3;
     let err = config.validate().unwrap_err();
     assert!(err.contains("local-sync"), "{err}");
+    // With e1 gone, e0 and the local-sync e2 are in sync but not a quorum: read-only (writes
+    // fail at once instead of waiting for a quorum that cannot come).
+    c.crash(1);
+    assert_eq!(c.mode(), VolumeMode::ReadOnly);
+    let refused = c.write(8192, 3, 4096);
+    assert_eq!(c.replies.remove(&refused), Some(Reply::Done(Err(HostError::ReadOnly))));
 }
