@@ -35,6 +35,19 @@ if ! cargo fuzz --version >/dev/null 2>&1; then
     cargo install --locked cargo-fuzz
 fi
 
+# The store_open target keeps a template store per fuzzing process (and a case copy) in
+# /dev/shm or the temporary directory, named by its PID: remove those of processes gone.
+remove_stale_store_dirs() {
+    local dir pid
+    for dir in /dev/shm/starfish-fuzz-template-* /dev/shm/starfish-fuzz-case-* \
+        "${TMPDIR:-/tmp}"/starfish-fuzz-template-* "${TMPDIR:-/tmp}"/starfish-fuzz-case-*; do
+        [[ -e "$dir" ]] || continue
+        pid="${dir##*-}"
+        kill -0 "$pid" 2>/dev/null || rm -rf "$dir"
+    done
+}
+trap remove_stale_store_dirs EXIT
+
 cargo +nightly fuzz build
 for target in "${targets[@]}"; do mkdir -p "corpus/$target"; done
 for target in "${targets[@]}"; do

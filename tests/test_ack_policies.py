@@ -102,3 +102,27 @@ def test_local_sync_does_not_count_and_received_does(make_cluster):
 
 
 MIB = 1 << 20
+
+
+@pytest.mark.time_limit(180)
+def test_flushed_writes_survive_kill_9_of_everything_under_received_policies(make_cluster):
+    # Two of three elements count on receipt: writes are answered from their memory, but a
+    # FLUSH waits for Q durable copies, so what a flush covered survives kill -9 of every
+    # process.
+    cluster = make_cluster(volumes=(("vol0", "64MiB"),), ack={"near": "received", "far": "received"})
+    blocks = {}
+    with Client(cluster.uri()) as c:
+        for i in range(256):
+            data = random_bytes(4096, 1000 + i)
+            c.pwrite(data, i * 65536)
+            blocks[i * 65536] = data
+        c.flush()
+    cluster.host.kill9()
+    for name in cluster.elements:
+        cluster.kill_element(name)
+    for name in cluster.elements:
+        cluster.restart_element(name)
+    cluster.start_host()
+    with Client(cluster.uri()) as c:
+        for offset, data in blocks.items():
+            assert c.pread(4096, offset) == data, f"flushed block at {offset} lost"
