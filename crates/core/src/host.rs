@@ -548,6 +548,11 @@ pub struct HostCore {
     lease_waiting: VecDeque<(Token, Reply, Time)>,
     next_request_id: u64,
     scrubs_started: u64,
+    /// Elements whose ack policy counts toward the quorum (all but local-sync ones).
+    counting: ElementSet,
+    /// Some counting element counts before it stores a write (`received`, `network-sync`):
+    /// a FLUSH then waits for durable copies after the writes' answers.
+    weak_acks: bool,
     actions: VecDeque<Action>,
 }
 
@@ -655,6 +660,14 @@ impl HostCore {
                 weak_through: vec![Sequence::ZERO; volume_count],
             })
             .collect();
+        let mut counting = ElementSet::default();
+        for (i, p) in config.ack_policies.iter().enumerate() {
+            if p.counts_toward_quorum() {
+                counting.insert(ElementId(i as u8));
+            }
+        }
+        let weak_acks = config.flush_waits_for_durable
+            && config.ack_policies.iter().any(|p| p.counts_toward_quorum() && !p.needs_durable());
         let volumes = config
             .volumes
             .iter()
@@ -693,6 +706,8 @@ impl HostCore {
             lease_waiting: VecDeque::new(),
             next_request_id: 1,
             scrubs_started: 0,
+            counting,
+            weak_acks,
             actions: VecDeque::new(),
         }
     }
@@ -761,10 +776,8 @@ impl HostCore {
     /// In-sync elements that count toward the write quorum (local-sync ones never do): what
     /// decides whether a volume is read-write.
     fn in_sync_count(&self) -> usize {
-        self.elements
-            .iter()
-            .zip(&self.config.ack_policies)
-            .filter(|(e, p)| e.state == ElementState::InSync && p.counts_toward_quorum())
+        (0..self.elements.len())
+            .filter(|&i| self.elements[i].state == ElementState::InSync && self.counting.contains(ElementId(i as u8)))
             .count()
     }
 
@@ -1518,12 +1531,12 @@ impl HostCore {
         e.failed_in_session = e.session;
         e.recovery = None;
         e.volume_recovery.iter_mut().for_each(|r| *r = VolumeRecovery::Streaming);
-        // What it only had in memory, or on its way to it, may be gone with it.
-        e.weak_through.iter_mut().for_each(|s| *s = Sequence::ZERO);
-        for v in &mut self.volumes {
+        // What it only had in memory, or on its way to it, may be gone with it (weak
+        // acknowledgements marked entries up to `weak_through`, nothing beyond).
+        let weak_through = std::mem::replace(&mut e.weak_through, vec![Sequence::ZERO; self.volumes.len()]);
+        for (v, through) in self.volumes.iter_mut().zip(weak_through) {
             let after = v.queue.evicted_through();
-            let last = v.queue.last_sequence();
-            for entry in v.queue.range_mut(after, last) {
+            for entry in v.queue.range_mut(after, through) {
                 entry.weak_by.remove(element);
             }
         }
@@ -1696,15 +1709,7 @@ impl HostCore {
     fn settle_volume(&mut self, now: Time, volume: VolumeId) {
         let vi = volume.0 as usize;
         let quorum = self.config.quorum;
-        let counting: ElementSet = {
-            let mut s = ElementSet::default();
-            for (i, p) in self.config.ack_policies.iter().enumerate() {
-                if p.counts_toward_quorum() {
-                    s.insert(ElementId(i as u8));
-                }
-            }
-            s
-        };
+        let (counting, weak_acks) = (self.counting, self.weak_acks);
         let in_sync: ElementSet = {
             let mut s = ElementSet::default();
             for (i, e) in self.elements.iter().enumerate() {
@@ -1742,9 +1747,7 @@ impl HostCore {
         }
         // A FLUSH answers once every write before it is durable on Q elements, whatever their
         // ack policies: with weaker ones that comes after the writes' own answers.
-        let weak = self.config.ack_policies.iter().any(|p| p.counts_toward_quorum() && !p.needs_durable())
-            && self.config.flush_waits_for_durable;
-        if weak {
+        if weak_acks {
             // What left the queue was applied by every live element first.
             v.durable_through = v.durable_through.max(v.queue.evicted_through().min(v.host_resolved));
             while v.durable_through < v.host_resolved {
@@ -2562,15 +2565,13 @@ enum ReadResult {
     Extents(Result<Vec<BlockExtent>, String>),
 }
 
-/// Mark ranges touched by queued operations newer than `applied` as allocated (a safe answer:
-/// block status may always report data where there are zeroes), clip to the request, and merge.
-/// `HostCore::start_minimum` for N elements and write quorum Q: max(Q, N−Q+1, ⌊N/2⌋+1).
 /// Why an element that claims the last epoch there is is not followed: no host element could
 /// ever take it over (elements refuse hellos so far ahead; a damaged or hostile element says it).
 fn last_epoch_claim(seen: Epoch) -> String {
     format!("it follows epoch {seen}, the last there is: no newer epoch exists to take it over (a damaged or hostile element)")
 }
 
+/// `HostCore::start_minimum` for N elements and write quorum Q: max(Q, N−Q+1, ⌊N/2⌋+1).
 pub fn start_minimum_of(n: usize, quorum: usize) -> usize {
     quorum.max(n + 1 - quorum).max(n / 2 + 1)
 }
@@ -2584,6 +2585,8 @@ fn unavailable_like(reply: &Reply) -> Reply {
     }
 }
 
+/// Mark ranges touched by queued operations newer than `applied` as allocated (a safe answer:
+/// block status may always report data where there are zeroes), clip to the request, and merge.
 fn overlay_extents(
     queue: &WriteQueue,
     applied: Sequence,

@@ -2262,46 +2262,41 @@ impl World {
             .filter(|&e| status.as_ref().is_some_and(|s| s.elements[e].state == "in-sync"))
             .collect();
         let sector_bytes = proto::SECTOR_BYTES as usize;
-        for (i, sector) in data.chunks(sector_bytes).enumerate() {
-            if !sector.iter().all(|&b| b == DIVERGED_BYTE) {
+        for (i, content) in data.chunks(sector_bytes).enumerate() {
+            if !content.iter().all(|&b| b == DIVERGED_BYTE) {
                 continue;
             }
-            let at =
-                ((op.first_sector as usize + i) * sector_bytes)..((op.first_sector as usize + i + 1) * sector_bytes);
             let sector = op.first_sector as usize + i;
-            let holders = in_sync
-                .iter()
-                .filter(|&&e| {
-                    self.elements[e].storage.vols[op.volume].data[at.clone()].iter().all(|&b| b == DIVERGED_BYTE)
-                })
-                .count();
+            let holders = self.diverged_holders(op.volume, sector, &in_sync);
+            let (volume, n) = (op.volume, in_sync.len());
             if self.diverged_without_majority(op.volume, sector, &in_sync) {
                 self.report.notes.push(format!(
-                    "final read #{id}: vol{} sector {sector} diverged on {holders} of {} in-sync elements: no majority holds the right content (spread by a full recovery, or its peers out of sync)",
-                    op.volume,
-                    in_sync.len()
+                    "final read #{id}: vol{volume} sector {sector} diverged on {holders} of {n} in-sync elements: no majority holds the right content (spread by a full recovery, or its peers out of sync)"
                 ));
             } else {
                 self.violation(format!(
-                    "final read #{id} returned silently diverged content at vol{} sector {}, which {holders} of {} in-sync elements hold: a scrub should have repaired it",
-                    op.volume,
-                    op.first_sector as usize + i,
-                    in_sync.len()
+                    "final read #{id} returned silently diverged content at vol{volume} sector {sector}, which {holders} of {n} in-sync elements hold: a scrub should have repaired it"
                 ));
                 return;
             }
         }
     }
 
+    /// How many of the `in_sync` elements hold sector `sector` of volume `vi` silently
+    /// diverged.
+    fn diverged_holders(&self, vi: usize, sector: usize, in_sync: &[usize]) -> usize {
+        let at = sector * proto::SECTOR_BYTES as usize..(sector + 1) * proto::SECTOR_BYTES as usize;
+        in_sync
+            .iter()
+            .filter(|&&e| self.elements[e].storage.vols[vi].data[at.clone()].iter().all(|&b| b == DIVERGED_BYTE))
+            .count()
+    }
+
     /// Whether sector `sector` of volume `vi` silently diverged (in a run that injects it) on
     /// at least half of the `in_sync` elements: no majority of them holds the right content,
     /// so no scrub can repair it (the weaker promise of that fault).
     fn diverged_without_majority(&self, vi: usize, sector: usize, in_sync: &[usize]) -> bool {
-        let at = sector * proto::SECTOR_BYTES as usize..(sector + 1) * proto::SECTOR_BYTES as usize;
-        let holders = in_sync
-            .iter()
-            .filter(|&&e| self.elements[e].storage.vols[vi].data[at.clone()].iter().all(|&b| b == DIVERGED_BYTE))
-            .count();
+        let holders = self.diverged_holders(vi, sector, in_sync);
         self.diverge_faults > 0 && holders > 0 && 2 * holders >= in_sync.len()
     }
 

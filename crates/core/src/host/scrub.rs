@@ -233,13 +233,14 @@ impl HostCore {
     pub(super) fn scrub_timeout(&self) -> Option<Time> {
         let mut next: Option<Time> = None;
         for v in &self.volumes {
-            if let Some(t) = v.scrubs.next_scheduled.filter(|_| self.config.scrub_interval_ms > 0) {
+            // A schedule that came due while a scrub runs waits for its end (an answer wakes
+            // the core then): a deadline in the past would wake it without pause.
+            let t = match &v.scrubs.running {
+                Some(s) => s.request.is_none().then_some(s.not_before),
+                None => v.scrubs.next_scheduled.filter(|_| self.config.scrub_interval_ms > 0),
+            };
+            if let Some(t) = t {
                 next = Some(next.map_or(t, |n| n.min(t)));
-            }
-            if let Some(s) = &v.scrubs.running {
-                if s.request.is_none() {
-                    next = Some(next.map_or(s.not_before, |n| n.min(s.not_before)));
-                }
             }
         }
         next

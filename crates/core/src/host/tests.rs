@@ -1261,3 +1261,17 @@ fn a_local_sync_element_never_counts_toward_the_quorum() {
     let refused = c.write(8192, 3, 4096);
     assert_eq!(c.replies.remove(&refused), Some(Reply::Done(Err(HostError::ReadOnly))));
 }
+
+#[test]
+fn a_schedule_that_comes_due_during_a_scrub_leaves_no_deadline_in_the_past() {
+    let mut c = Cluster::with(3, 2, |cfg| cfg.scrub_interval_ms = 1_000);
+    // 4 MiB chunks at 1 MiB/s: the scrub outlasts the schedule.
+    c.core.start_scrub(c.now, VOLUME, 1 << 20).expect("a scrub starts");
+    c.run();
+    c.advance_ms(100); // The schedule is set: due at 1.1 s.
+    c.advance_ms(1_500);
+    let next = c.core.poll_timeout().expect("a ping or the scrub's next chunk is due");
+    assert!(next > c.now, "a deadline in the past would wake the core without pause: {next:?} <= {:?}", c.now);
+    let running = c.core.status(c.now).volumes[0].scrubs.last().cloned().expect("a scrub");
+    assert!(running.running && running.reason == ScrubReason::Ordered);
+}
