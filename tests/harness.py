@@ -306,10 +306,16 @@ class Cluster:
     NBD. Logs go to files in `workdir`; `logs()` gathers their tails."""
 
     def __init__(self, workdir, volumes=(("vol0", "1GiB"),), quorum=2, host_extra=(), use_config=False, tls=False,
-                 ack=None):
+                 ack=None, far_links=None, addresses=None):
         self.workdir = workdir
         # Ack policy per element name ("received", "network-sync", …); the rest are durable.
         self.ack = dict(ack or {})
+        # Far link per element name, (fec, rate) such as ("8:3", "100Mbit") or ("8:3", None):
+        # reached over UDP with FEC; the rest over TCP.
+        self.far_links = dict(far_links or {})
+        # The address the host element dials per element name, when not the element's own
+        # (say, the far end of an emulated link).
+        self.addresses = dict(addresses or {})
         self.volumes = list(volumes)
         self.quorum = quorum
         self.host_extra = list(host_extra)
@@ -349,9 +355,15 @@ class Cluster:
         if self.certs:
             lines.insert(3, f'tls_dir = "{os.path.join(self.certs, "host")}"')
         for element in self.elements.values():
-            lines += ["[[element]]", f'name = "{element.name}"', f'address = "{element.address}"']
+            address = self.addresses.get(element.name, element.address)
+            lines += ["[[element]]", f'name = "{element.name}"', f'address = "{address}"']
             if element.name in self.ack:
                 lines.append(f'ack = "{self.ack[element.name]}"')
+            if element.name in self.far_links:
+                fec, rate = self.far_links[element.name]
+                lines.append(f'fec = "{fec}"')
+                if rate:
+                    lines.append(f'rate = "{rate}"')
             lines.append("")
         for name, size in self.volumes:
             lines += ["[[volume]]", f'name = "{name}"', f'size = "{size}"', ""]
@@ -365,8 +377,12 @@ class Cluster:
             return [starfish_bin(), "host", "--config", path] + self.host_extra
         args = [starfish_bin(), "host", "--nbd", self.nbd_address, "--admin", self.admin]
         for element in self.elements.values():
-            ack = f",ack={self.ack[element.name]}" if element.name in self.ack else ""
-            args += ["--element", f"{element.name}={element.address}{ack}"]
+            options = f",ack={self.ack[element.name]}" if element.name in self.ack else ""
+            if element.name in self.far_links:
+                fec, rate = self.far_links[element.name]
+                options += f",fec={fec}" + (f",rate={rate}" if rate else "")
+            address = self.addresses.get(element.name, element.address)
+            args += ["--element", f"{element.name}={address}{options}"]
         args += ["--quorum", str(self.quorum)]
         for name, size in self.volumes:
             args += ["--volume", f"{name}:{size}"]

@@ -56,6 +56,10 @@ impl std::error::Error for FecError {}
 pub enum PacketKind {
     Data,
     Repair,
+    /// No payload: it only says how many data packets its group has (`originals`). Sent when
+    /// a group closes without repair packets (c = 0) and after every resend, so a receiver
+    /// that lost every packet carrying the count still completes the group.
+    End,
 }
 
 /// One datagram.
@@ -78,6 +82,7 @@ impl Packet {
         out.put_u8(match self.kind {
             PacketKind::Data => 1,
             PacketKind::Repair => 2,
+            PacketKind::End => 3,
         });
         out.put_u64_le(self.group);
         out.put_u8(self.index);
@@ -94,6 +99,7 @@ impl Packet {
         let kind = match datagram[0] {
             1 => PacketKind::Data,
             2 => PacketKind::Repair,
+            3 => PacketKind::End,
             _ => return Err(FecError::Malformed("unknown kind")),
         };
         let group = u64::from_le_bytes(datagram[1..9].try_into().expect("8 bytes"));
@@ -108,6 +114,9 @@ impl Packet {
                 Err(FecError::Malformed("repair packet with no data count, a bad index or no shard"))
             }
             PacketKind::Data if originals != 0 && index >= originals => Err(FecError::Malformed("data index past k")),
+            PacketKind::End if originals == 0 || !packet.payload.is_empty() => {
+                Err(FecError::Malformed("end packet without a data count, or with a payload"))
+            }
             _ => Ok(packet),
         }
     }
@@ -179,7 +188,7 @@ impl<C: ErasureCode> Encoder<C> {
         let repairs =
             if self.c == 0 { Vec::new() } else { self.code.encode(&refs, self.c as usize).map_err(FecError::Code)? };
         let group = self.group;
-        let out = repairs
+        let mut out: Vec<Packet> = repairs
             .into_iter()
             .enumerate()
             .map(|(i, payload)| Packet {
@@ -191,6 +200,9 @@ impl<C: ErasureCode> Encoder<C> {
                 payload: Bytes::from(payload),
             })
             .collect();
+        if self.c == 0 {
+            out.push(self.end_packet(group, k));
+        }
         if self.sent.len() == RESEND_GROUPS_MAX {
             self.sent.pop_front();
         }
@@ -206,7 +218,7 @@ impl<C: ErasureCode> Encoder<C> {
             return Err(FecError::Overrun(format!("group {group} is no longer kept for resending")));
         };
         let k = payloads.len() as u8;
-        Ok(payloads
+        let mut out: Vec<Packet> = payloads
             .iter()
             .enumerate()
             .filter(|(i, _)| have & (1 << i) == 0)
@@ -218,7 +230,30 @@ impl<C: ErasureCode> Encoder<C> {
                 repairs: self.c,
                 payload: p.clone(),
             })
-            .collect())
+            .collect();
+        out.push(self.end_packet(group, k));
+        Ok(out)
+    }
+
+    fn end_packet(&self, group: u64, k: u8) -> Packet {
+        Packet { kind: PacketKind::End, group, index: 0, originals: k, repairs: self.c, payload: Bytes::new() }
+    }
+
+    /// The receiver has every group before `next_group`: they need not be kept for resending.
+    pub fn acknowledge(&mut self, next_group: u64) {
+        while self.sent.front().is_some_and(|(g, _)| *g < next_group) {
+            self.sent.pop_front();
+        }
+    }
+
+    /// The number the next group will have.
+    pub fn next_group(&self) -> u64 {
+        self.group
+    }
+
+    /// Payloads pushed into the group that is still open.
+    pub fn open_payloads(&self) -> usize {
+        self.open.len()
     }
 }
 
@@ -280,6 +315,7 @@ impl<C: ErasureCode> Decoder<C> {
         let fresh = match packet.kind {
             PacketKind::Data => g.data.insert(packet.index, packet.payload).is_none(),
             PacketKind::Repair => g.repair.insert(packet.index, packet.payload).is_none(),
+            PacketKind::End => true,
         };
         if !fresh {
             self.stats.duplicates += 1;
@@ -373,6 +409,11 @@ impl<C: ErasureCode> Decoder<C> {
     }
 
     /// Groups held, waiting for packets.
+    /// Every group before this one has been delivered.
+    pub fn next_group(&self) -> u64 {
+        self.next.0
+    }
+
     pub fn pending_groups(&self) -> usize {
         self.groups.len()
     }

@@ -9,10 +9,12 @@
 
 mod code;
 mod group;
+pub mod link;
 mod pacer;
 
 pub use code::{ErasureCode, GaloisCode};
 pub use group::{Decoder, Encoder, FecError, Packet, PacketKind};
+pub use link::{Datagram, Link, LinkConfig, LinkState, LinkStats};
 pub use pacer::Pacer;
 
 /// The paper's default: 8 data packets and 3 repair packets per group.

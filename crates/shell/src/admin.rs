@@ -198,7 +198,7 @@ fn scrub_json(s: &starfish_core::ScrubStatus) -> Value {
 }
 
 /// The status document; field names are part of the CLI contract (`starfish status --json`).
-pub fn status_json(status: &HostStatus, addresses: &[String]) -> Value {
+pub fn status_json(status: &HostStatus, addresses: &[String], links: &[String]) -> Value {
     let volumes: Vec<Value> = status
         .volumes
         .iter()
@@ -228,6 +228,7 @@ pub fn status_json(status: &HostStatus, addresses: &[String]) -> Value {
             let mut o = json!({
                 "name": e.name,
                 "address": addresses.get(i),
+                "link": links.get(i).map_or("tcp", |l| l.as_str()),
                 "state": e.state,
                 "ack_policy": e.ack_policy.as_str(),
                 "applied_sequence": applied,

@@ -117,10 +117,15 @@ pub async fn run(options: ElementOptions, shutdown: impl std::future::Future<Out
     let listener = TcpListener::bind(options.listen)
         .await
         .map_err(|e| std::io::Error::new(e.kind(), format!("cannot listen on {}: {e}", options.listen)))?;
+    // The far link: host elements that reach this element over a lossy long path open
+    // sessions over UDP (FEC, see `far_link`) on the same port number.
+    let mut far = crate::far_link::FarListener::bind(listener.local_addr()?).await.map_err(|e| {
+        std::io::Error::new(e.kind(), format!("cannot listen for the far link on UDP {}: {e}", options.listen))
+    })?;
     tokio::pin!(shutdown);
     let mut next_session = 1u64;
     loop {
-        match serve(&listener, store, &options, &mut next_session, &mut shutdown).await? {
+        match serve(&listener, &mut far, store, &options, &mut next_session, &mut shutdown).await? {
             Served::Stopped(store) => {
                 tracing::info!("element stopping: checkpoint");
                 return tokio::task::spawn_blocking(move || store.checkpoint())
@@ -128,10 +133,12 @@ pub async fn run(options: ElementOptions, shutdown: impl std::future::Future<Out
                     .map_err(std::io::Error::other)?
                     .map_err(|e| std::io::Error::other(format!("checkpoint at shutdown: {e}")));
             }
-            Served::OutOfSpace(reason) => match reopen_when_space(&listener, &options, &reason, &mut shutdown).await {
-                Some(reopened) => store = reopened,
-                None => return Ok(()),
-            },
+            Served::OutOfSpace(reason) => {
+                match reopen_when_space(&listener, &mut far, &options, &reason, &mut shutdown).await {
+                    Some(reopened) => store = reopened,
+                    None => return Ok(()),
+                }
+            }
         }
     }
 }
@@ -153,6 +160,7 @@ enum Served {
 /// Serve sessions over one open store until shutdown, or until the store runs out of space.
 async fn serve(
     listener: &TcpListener,
+    far: &mut crate::far_link::FarListener,
     store: Arc<Store>,
     options: &ElementOptions,
     next_session: &mut u64,
@@ -185,7 +193,15 @@ async fn serve(
     let receiving = Arc::new(tokio::sync::Semaphore::new(RECEIVING_BYTES_MAX));
     let stopped = loop {
         let (stream, peer) = tokio::select! {
-            accepted = crate::accept::accept(listener, "element") => accepted?,
+            accepted = crate::accept::accept(listener, "element") => {
+                let (stream, peer) = accepted?;
+                let _ = stream.set_nodelay(true);
+                (Incoming::Tcp(stream), peer)
+            }
+            accepted = far.accept() => {
+                let (stream, peer) = accepted?;
+                (Incoming::Far(stream), peer)
+            }
             _ = shutdown.as_mut() => break true,
             _ = out_of_space_rx.changed() => break false,
         };
@@ -194,7 +210,6 @@ async fn serve(
             drop(stream);
             continue;
         };
-        let _ = stream.set_nodelay(true);
         let session = SessionId(*next_session);
         *next_session += 1;
         let inputs = inputs.clone();
@@ -230,6 +245,7 @@ async fn serve(
 /// has room again, then reopen the store (replaying its log). `None`: shut down meanwhile.
 async fn reopen_when_space(
     listener: &TcpListener,
+    far: &mut crate::far_link::FarListener,
     options: &ElementOptions,
     reason: &str,
     shutdown: &mut std::pin::Pin<&mut impl std::future::Future<Output = ()>>,
@@ -248,7 +264,13 @@ async fn reopen_when_space(
             accepted = crate::accept::accept(listener, "element") => {
                 if let Ok((stream, _)) = accepted {
                     let message = ElementMessage::Refused { reason: refusal.clone(), epoch: None, owner_absent_ms: 0 };
-                    tokio::spawn(refuse_connection(stream, options.tls.clone(), message));
+                    tokio::spawn(refuse_connection(Incoming::Tcp(stream), options.tls.clone(), message));
+                }
+            }
+            accepted = far.accept() => {
+                if let Ok((stream, _)) = accepted {
+                    let message = ElementMessage::Refused { reason: refusal.clone(), epoch: None, owner_absent_ms: 0 };
+                    tokio::spawn(refuse_connection(Incoming::Far(stream), options.tls.clone(), message));
                 }
             }
             _ = tick.tick() => {
@@ -271,11 +293,25 @@ async fn reopen_when_space(
 
 /// The TLS handshake of a session (if TLS is configured) and the role its certificate gives:
 /// only host elements and elements are served.
-async fn authenticate(stream: TcpStream, tls: Option<&TlsContext>) -> Result<(Stream, SessionRole), String> {
+/// A connection as accepted: over TCP, or a far-link session over UDP.
+enum Incoming {
+    Tcp(TcpStream),
+    Far(crate::far_link::FecStream),
+}
+
+async fn authenticate(stream: Incoming, tls: Option<&TlsContext>) -> Result<(Stream, SessionRole), String> {
+    use crate::tls::Carrier;
     let Some(tls) = tls else {
-        return Ok((Stream::Plain(stream), SessionRole::Unauthenticated));
+        let stream = match stream {
+            Incoming::Tcp(s) => s.plain(),
+            Incoming::Far(s) => s.plain(),
+        };
+        return Ok((stream, SessionRole::Unauthenticated));
     };
-    let (stream, identity) = tls.accept(stream, PeerCertificate::Required).await?;
+    let (stream, identity) = match stream {
+        Incoming::Tcp(s) => tls.accept(s, PeerCertificate::Required).await?,
+        Incoming::Far(s) => tls.accept(s, PeerCertificate::Required).await?,
+    };
     let identity = identity.ok_or("no client certificate")?;
     match identity.role {
         Role::Host => Ok((stream, SessionRole::Host)),
@@ -287,7 +323,7 @@ async fn authenticate(stream: TcpStream, tls: Option<&TlsContext>) -> Result<(St
 }
 
 /// Answer a connection with one refusal and close it.
-async fn refuse_connection(stream: TcpStream, tls: Option<TlsContext>, message: ElementMessage) {
+async fn refuse_connection(stream: Incoming, tls: Option<TlsContext>, message: ElementMessage) {
     let Ok((mut stream, _)) = authenticate(stream, tls.as_ref()).await else { return };
     let _ = tokio::time::timeout(Duration::from_secs(2), send_frame(&mut stream, &message)).await;
 }

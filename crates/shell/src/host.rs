@@ -23,6 +23,9 @@ pub struct HostOptions {
     pub admin: SocketAddr,
     /// Element addresses, in the order of `config.elements`.
     pub element_addresses: Vec<SocketAddr>,
+    /// Per element: reached over the far link (UDP with FEC, these parameters), or over TCP
+    /// (`None`). Empty: every element over TCP.
+    pub element_links: Vec<Option<crate::far_link::FarLinkOptions>>,
     pub config: HostConfig,
     pub failover: FailoverOptions,
     /// Mutual TLS toward the elements, NBD over TLS only, admin changes by certificate.
@@ -114,12 +117,18 @@ struct Session {
 pub struct HostHandle {
     inputs: mpsc::UnboundedSender<Input>,
     addresses: Arc<Vec<String>>,
+    links: Arc<Vec<String>>,
 }
 
 impl HostHandle {
     /// Element addresses, in configuration order.
     pub fn addresses(&self) -> &[String] {
         &self.addresses
+    }
+
+    /// How each element is reached ("tcp", or the far link's parameters), in configuration order.
+    pub fn links(&self) -> &[String] {
+        &self.links
     }
 
     pub async fn status(&self) -> Option<HostStatus> {
@@ -176,7 +185,10 @@ pub(crate) fn start_active(
 ) -> Active {
     let (inputs, rx) = mpsc::unbounded_channel();
     let addresses = options.element_addresses.iter().map(|a| a.to_string()).collect();
-    let handle = HostHandle { inputs: inputs.clone(), addresses: Arc::new(addresses) };
+    let far_links: Vec<_> =
+        (0..options.element_addresses.len()).map(|i| options.element_links.get(i).copied().flatten()).collect();
+    let links = far_links.iter().map(|l| describe_link(l.as_ref())).collect();
+    let handle = HostHandle { inputs: inputs.clone(), addresses: Arc::new(addresses), links: Arc::new(links) };
     let origin = Instant::now();
     let epoch = config.epoch;
     let core = HostCore::new(config.clone(), Time(0));
@@ -190,7 +202,7 @@ pub(crate) fn start_active(
     let mut tasks = vec![tokio::spawn(run_actor(core, origin, rx, config.elements.clone(), superseded))];
     for (i, address) in options.element_addresses.iter().enumerate() {
         let tls = options.tls.clone();
-        tasks.push(tokio::spawn(run_element_link(ElementId(i as u8), *address, inputs.clone(), tls)));
+        tasks.push(tokio::spawn(run_element_link(ElementId(i as u8), *address, far_links[i], inputs.clone(), tls)));
     }
     let backend = Arc::new(HostBackend {
         inputs: inputs.clone(),
@@ -497,16 +509,30 @@ const SESSION_STABLE: Duration = Duration::from_secs(10);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Keep one session to an element: connect, pump frames both ways, reconnect with backoff.
+/// How an element is reached, for status: "tcp" or "udp-fec r=8 c=3 rate=100 Mbit/s".
+pub fn describe_link(far: Option<&crate::far_link::FarLinkOptions>) -> String {
+    match far {
+        None => "tcp".into(),
+        Some(f) if f.rate_bytes_per_s == 0 => format!("udp-fec r={} c={} unpaced", f.r, f.c),
+        Some(f) => format!("udp-fec r={} c={} rate={} Mbit/s", f.r, f.c, f.rate_bytes_per_s as f64 * 8.0 / 1e6),
+    }
+}
+
 async fn run_element_link(
     element: ElementId,
     address: SocketAddr,
+    far: Option<crate::far_link::FarLinkOptions>,
     inputs: mpsc::UnboundedSender<Input>,
     tls: Option<crate::tls::TlsContext>,
 ) {
     let mut session_id = (element.0 as u64) << 48;
     let mut backoff = Duration::from_millis(50);
     loop {
-        let connected = crate::tls::connect(address, tls.as_ref(), &[crate::tls::Role::Element], CONNECT_TIMEOUT).await;
+        let expected = &[crate::tls::Role::Element];
+        let connected = match far {
+            None => crate::tls::connect(address, tls.as_ref(), expected, CONNECT_TIMEOUT).await,
+            Some(far) => crate::tls::connect_far(address, far, tls.as_ref(), expected, CONNECT_TIMEOUT).await,
+        };
         match connected {
             Ok(stream) => {
                 session_id += 1;
@@ -549,7 +575,22 @@ async fn run_session(
     mut close: oneshot::Receiver<()>,
     inputs: &mpsc::UnboundedSender<Input>,
 ) -> String {
+    // Over the far link, a network-sync element's records count once they are protected on
+    // the wire (every data and repair packet of their FEC groups has left), not when written.
+    let far = stream.far_progress();
+    let (marks_tx, mut marks_rx) = mpsc::unbounded_channel::<(u64, Vec<(proto::VolumeId, proto::Sequence)>)>();
     let (mut read_half, write_half) = tokio::io::split(stream);
+    let marker = async {
+        let Some(far) = &far else { return std::future::pending::<String>().await };
+        while let Some((offset, through)) = marks_rx.recv().await {
+            if !far.protected(offset).await {
+                break;
+            }
+            let _ = inputs.send(Input::Sent { element, session, through });
+        }
+        std::future::pending::<String>().await
+    };
+    let far_written = far.clone();
     let writer = async move {
         let mut out = BufWriter::with_capacity(256 * 1024, write_half);
         let mut sent: Vec<(proto::VolumeId, proto::Sequence)> = Vec::new();
@@ -571,7 +612,14 @@ async fn run_session(
             out.flush().await?;
             if !sent.is_empty() {
                 let through = std::mem::take(&mut sent);
-                let _ = inputs.send(Input::Sent { element, session, through });
+                match &far_written {
+                    None => {
+                        let _ = inputs.send(Input::Sent { element, session, through });
+                    }
+                    Some(progress) => {
+                        let _ = marks_tx.send((progress.written(), through));
+                    }
+                }
             }
         }
         Ok::<(), std::io::Error>(())
@@ -607,6 +655,7 @@ async fn run_session(
             Err(e) => format!("write error: {e}"),
         },
         _ = &mut close => "closed by the host element".to_string(),
+        reason = marker => reason,
     }
 }
 

@@ -6,6 +6,7 @@ pub mod admin;
 pub mod coordination;
 mod copy;
 pub mod element;
+pub mod far_link;
 pub mod host;
 pub mod nbd_server;
 pub mod node;

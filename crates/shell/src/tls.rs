@@ -27,6 +27,8 @@ use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 
+use crate::far_link::FecStream;
+
 /// Time a peer has to finish the TLS handshake.
 pub const HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
@@ -205,7 +207,11 @@ impl TlsContext {
 
     /// The server side of a handshake on an accepted connection. With
     /// [`PeerCertificate::Optional`] the identity may be `None` (an anonymous peer).
-    pub async fn accept(&self, stream: TcpStream, peer: PeerCertificate) -> Result<(Stream, Option<Identity>), String> {
+    pub async fn accept<IO: Carrier>(
+        &self,
+        stream: IO,
+        peer: PeerCertificate,
+    ) -> Result<(Stream, Option<Identity>), String> {
         let acceptor = match peer {
             PeerCertificate::Required => &self.inner.server_required,
             PeerCertificate::Optional => &self.inner.server_optional,
@@ -218,12 +224,17 @@ impl TlsContext {
             Some(certificate) => Some(identity_of(certificate)?),
             None => None,
         };
-        Ok((Stream::Tls(Box::new(tokio_rustls::TlsStream::Server(tls))), identity))
+        Ok((IO::tls(tokio_rustls::TlsStream::Server(tls)), identity))
     }
 
     /// The client side of a handshake; the server's certificate must chain to the CA and name
     /// one of `expected` roles.
-    pub async fn connect(&self, stream: TcpStream, address: SocketAddr, expected: &[Role]) -> Result<Stream, String> {
+    pub async fn connect<IO: Carrier>(
+        &self,
+        stream: IO,
+        address: SocketAddr,
+        expected: &[Role],
+    ) -> Result<Stream, String> {
         let name = ServerName::IpAddress(address.ip().into());
         let tls = tokio::time::timeout(HANDSHAKE_TIMEOUT, self.inner.client.connect(name, stream))
             .await
@@ -242,7 +253,7 @@ impl TlsContext {
                 expected.iter().map(|r| r.as_str()).collect::<Vec<_>>().join(" or ")
             ));
         }
-        Ok(Stream::Tls(Box::new(tokio_rustls::TlsStream::Client(tls))))
+        Ok(IO::tls(tokio_rustls::TlsStream::Client(tls)))
     }
 }
 
@@ -347,10 +358,47 @@ impl ServerCertVerifier for ClusterServerVerifier {
     }
 }
 
-/// A connection, plain or TLS.
+/// A connection, plain or TLS, over TCP or the far link (UDP with FEC).
 pub enum Stream {
     Plain(TcpStream),
     Tls(Box<tokio_rustls::TlsStream<TcpStream>>),
+    Fec(FecStream),
+    FecTls(Box<tokio_rustls::TlsStream<FecStream>>),
+}
+
+/// What a connection is carried over: TCP or a far-link session.
+pub trait Carrier: AsyncRead + AsyncWrite + Unpin + Send + Sized + 'static {
+    fn plain(self) -> Stream;
+    fn tls(stream: tokio_rustls::TlsStream<Self>) -> Stream;
+}
+
+impl Carrier for TcpStream {
+    fn plain(self) -> Stream {
+        Stream::Plain(self)
+    }
+    fn tls(stream: tokio_rustls::TlsStream<Self>) -> Stream {
+        Stream::Tls(Box::new(stream))
+    }
+}
+
+impl Carrier for FecStream {
+    fn plain(self) -> Stream {
+        Stream::Fec(self)
+    }
+    fn tls(stream: tokio_rustls::TlsStream<Self>) -> Stream {
+        Stream::FecTls(Box::new(stream))
+    }
+}
+
+impl Stream {
+    /// The far-link session under this stream, if it is carried by one.
+    pub fn far_progress(&self) -> Option<crate::far_link::FarProgress> {
+        match self {
+            Stream::Fec(s) => Some(s.progress()),
+            Stream::FecTls(s) => Some(s.get_ref().0.progress()),
+            _ => None,
+        }
+    }
 }
 
 impl AsyncRead for Stream {
@@ -358,6 +406,8 @@ impl AsyncRead for Stream {
         match self.get_mut() {
             Stream::Plain(stream) => Pin::new(stream).poll_read(cx, buf),
             Stream::Tls(stream) => Pin::new(stream.as_mut()).poll_read(cx, buf),
+            Stream::Fec(stream) => Pin::new(stream).poll_read(cx, buf),
+            Stream::FecTls(stream) => Pin::new(stream.as_mut()).poll_read(cx, buf),
         }
     }
 }
@@ -367,6 +417,8 @@ impl AsyncWrite for Stream {
         match self.get_mut() {
             Stream::Plain(stream) => Pin::new(stream).poll_write(cx, buf),
             Stream::Tls(stream) => Pin::new(stream.as_mut()).poll_write(cx, buf),
+            Stream::Fec(stream) => Pin::new(stream).poll_write(cx, buf),
+            Stream::FecTls(stream) => Pin::new(stream.as_mut()).poll_write(cx, buf),
         }
     }
 
@@ -378,6 +430,8 @@ impl AsyncWrite for Stream {
         match self.get_mut() {
             Stream::Plain(stream) => Pin::new(stream).poll_write_vectored(cx, bufs),
             Stream::Tls(stream) => Pin::new(stream.as_mut()).poll_write_vectored(cx, bufs),
+            Stream::Fec(stream) => Pin::new(stream).poll_write_vectored(cx, bufs),
+            Stream::FecTls(stream) => Pin::new(stream.as_mut()).poll_write_vectored(cx, bufs),
         }
     }
 
@@ -385,6 +439,8 @@ impl AsyncWrite for Stream {
         match self {
             Stream::Plain(stream) => stream.is_write_vectored(),
             Stream::Tls(stream) => stream.is_write_vectored(),
+            Stream::Fec(stream) => stream.is_write_vectored(),
+            Stream::FecTls(stream) => stream.is_write_vectored(),
         }
     }
 
@@ -392,6 +448,8 @@ impl AsyncWrite for Stream {
         match self.get_mut() {
             Stream::Plain(stream) => Pin::new(stream).poll_flush(cx),
             Stream::Tls(stream) => Pin::new(stream.as_mut()).poll_flush(cx),
+            Stream::Fec(stream) => Pin::new(stream).poll_flush(cx),
+            Stream::FecTls(stream) => Pin::new(stream.as_mut()).poll_flush(cx),
         }
     }
 
@@ -399,6 +457,8 @@ impl AsyncWrite for Stream {
         match self.get_mut() {
             Stream::Plain(stream) => Pin::new(stream).poll_shutdown(cx),
             Stream::Tls(stream) => Pin::new(stream.as_mut()).poll_shutdown(cx),
+            Stream::Fec(stream) => Pin::new(stream).poll_shutdown(cx),
+            Stream::FecTls(stream) => Pin::new(stream.as_mut()).poll_shutdown(cx),
         }
     }
 }
@@ -418,6 +478,21 @@ pub async fn connect(
     let _ = stream.set_nodelay(true);
     match tls {
         None => Ok(Stream::Plain(stream)),
+        Some(tls) => tls.connect(stream, address, expected).await,
+    }
+}
+
+/// Open a far-link session to an element (UDP with FEC), then TLS if `tls` is given.
+pub async fn connect_far(
+    address: SocketAddr,
+    options: crate::far_link::FarLinkOptions,
+    tls: Option<&TlsContext>,
+    expected: &[Role],
+    timeout: std::time::Duration,
+) -> Result<Stream, String> {
+    let stream = crate::far_link::connect(address, options, timeout).await?;
+    match tls {
+        None => Ok(Stream::Fec(stream)),
         Some(tls) => tls.connect(stream, address, expected).await,
     }
 }

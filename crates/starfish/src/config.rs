@@ -58,6 +58,61 @@ pub struct ElementEntry {
     /// "local-sync".
     #[serde(default)]
     pub ack: Option<String>,
+    /// Reach it over the far link, UDP with FEC: "R:C" data and repair packets per group,
+    /// e.g. "8:3" (the SMFS default). Absent: TCP.
+    #[serde(default)]
+    pub fec: Option<String>,
+    /// With `fec`: the far link's rate, to pace to, e.g. "100Mbit" (absent: unpaced).
+    #[serde(default)]
+    pub rate: Option<String>,
+}
+
+impl ElementEntry {
+    /// The far-link parameters, if this element is reached over one.
+    pub fn far_link(&self) -> Result<Option<shell::far_link::FarLinkOptions>> {
+        let Some(fec) = &self.fec else {
+            if self.rate.is_some() {
+                bail!("element {}: rate= paces the far link; give fec=R:C too (e.g. fec=8:3)", self.name);
+            }
+            return Ok(None);
+        };
+        let (r, c) = fec
+            .split_once(':')
+            .and_then(|(r, c)| Some((r.parse::<u8>().ok()?, c.parse::<u8>().ok()?)))
+            .with_context(|| format!("element {}: fec={fec:?}: expected R:C, e.g. 8:3", self.name))?;
+        let rate_bytes_per_s = match &self.rate {
+            Some(rate) => parse_rate_bits(rate).with_context(|| format!("element {}", self.name))? / 8,
+            None => 0,
+        };
+        let options = shell::far_link::FarLinkOptions { r, c, rate_bytes_per_s };
+        options.link_config().check().map_err(anyhow::Error::msg).with_context(|| format!("element {}", self.name))?;
+        Ok(Some(options))
+    }
+}
+
+/// A link rate in bits per second: "100Mbit", "1Gbit", "500kbit" or a number of bit/s.
+pub fn parse_rate_bits(s: &str) -> Result<u64> {
+    let t = s.trim().to_ascii_lowercase();
+    let (number, scale) = if let Some(n) = t.strip_suffix("gbit") {
+        (n, 1e9)
+    } else if let Some(n) = t.strip_suffix("mbit") {
+        (n, 1e6)
+    } else if let Some(n) = t.strip_suffix("kbit") {
+        (n, 1e3)
+    } else {
+        (t.strip_suffix("bit").unwrap_or(&t), 1.0)
+    };
+    let value: f64 = number
+        .trim()
+        .parse()
+        .ok()
+        .filter(|v: &f64| v.is_finite() && *v > 0.0)
+        .with_context(|| format!("rate {s:?}: expected a positive rate such as 100Mbit, 1Gbit or 500kbit"))?;
+    let bits = value * scale;
+    if !(100_000.0..=100e9).contains(&bits) {
+        bail!("rate {s:?}: out of range (100kbit to 100Gbit)");
+    }
+    Ok(bits as u64)
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -145,6 +200,7 @@ impl HostFile {
             nbd,
             admin,
             element_addresses: self.element.iter().map(|e| e.address).collect(),
+            element_links: self.element.iter().map(|e| e.far_link()).collect::<Result<_>>()?,
             config,
             failover,
             tls,
@@ -208,28 +264,32 @@ fn fresh_host_id() -> HostId {
     }
 }
 
-/// `NAME=ADDRESS[,ack=POLICY]`, e.g. `far=10.0.0.3:7103,ack=network-sync`.
+/// `NAME=ADDRESS[,ack=POLICY][,fec=R:C][,rate=RATE]`, e.g.
+/// `far=10.0.0.3:7103,ack=network-sync,fec=8:3,rate=100Mbit`.
 pub fn parse_element(s: &str) -> Result<ElementEntry> {
-    let (name, rest) = s
-        .split_once('=')
-        .with_context(|| format!("element {s:?}: expected NAME=ADDRESS[,ack=POLICY], e.g. near=127.0.0.1:7102"))?;
+    let (name, rest) = s.split_once('=').with_context(|| {
+        format!("element {s:?}: expected NAME=ADDRESS[,ack=POLICY][,fec=R:C][,rate=RATE], e.g. near=127.0.0.1:7102")
+    })?;
     if name.is_empty() {
         bail!("element {s:?}: the name is empty");
     }
     let mut parts = rest.split(',');
     let address = parts.next().unwrap_or_default();
     let address = address.parse().with_context(|| format!("element {s:?}: bad address {address:?}"))?;
-    let mut ack = None;
+    let mut entry = ElementEntry { name: name.to_string(), address, ack: None, fec: None, rate: None };
     for option in parts {
         match option.split_once('=') {
             Some(("ack", policy)) => {
                 AckPolicy::parse(policy).map_err(anyhow::Error::msg).with_context(|| format!("element {s:?}"))?;
-                ack = Some(policy.to_string());
+                entry.ack = Some(policy.to_string());
             }
-            _ => bail!("element {s:?}: unknown option {option:?} (the only one is ack=POLICY)"),
+            Some(("fec", fec)) => entry.fec = Some(fec.to_string()),
+            Some(("rate", rate)) => entry.rate = Some(rate.to_string()),
+            _ => bail!("element {s:?}: unknown option {option:?} (they are ack=POLICY, fec=R:C and rate=RATE)"),
         }
     }
-    Ok(ElementEntry { name: name.to_string(), address, ack })
+    entry.far_link()?;
+    Ok(entry)
 }
 
 pub fn parse_volume(s: &str) -> Result<VolumeEntry> {
@@ -330,6 +390,30 @@ mod tests {
         check("99999999999TiB", None);
         assert_eq!(format_size(1 << 30), "1GiB");
         assert_eq!(format_size(1000), "1000B");
+    }
+
+    #[test]
+    fn far_links_parse_and_bad_ones_are_refused_with_the_reason() {
+        let e = parse_element("far=10.0.0.3:7103,ack=network-sync,fec=8:3,rate=100Mbit").expect("valid");
+        let far = e.far_link().expect("valid").expect("a far link");
+        assert_eq!((far.r, far.c, far.rate_bytes_per_s), (8, 3, 12_500_000));
+        let e = parse_element("far=10.0.0.3:7103,fec=4:0").expect("valid: no repair packets");
+        assert_eq!(e.far_link().expect("valid").map(|f| (f.r, f.c, f.rate_bytes_per_s)), Some((4, 0, 0)));
+        assert!(parse_element("near=127.0.0.1:7102").expect("valid").far_link().expect("valid").is_none());
+        for (bad, says) in [
+            ("far=10.0.0.3:7103,rate=100Mbit", "give fec=R:C too"),
+            ("far=10.0.0.3:7103,fec=8", "expected R:C"),
+            ("far=10.0.0.3:7103,fec=0:3", "1 ≤ r"),
+            ("far=10.0.0.3:7103,fec=60:10", "r + c ≤ 64"),
+            ("far=10.0.0.3:7103,fec=8:3,rate=fast", "positive rate"),
+            ("far=10.0.0.3:7103,fec=8:3,rate=10bit", "out of range"),
+            ("far=10.0.0.3:7103,mtu=9000", "fec=R:C and rate=RATE"),
+        ] {
+            let error = format!("{:#}", parse_element(bad).expect_err(bad));
+            assert!(error.contains(says), "{bad}: {error}");
+        }
+        assert_eq!(parse_rate_bits("1Gbit").expect("valid"), 1_000_000_000);
+        assert_eq!(parse_rate_bits("2.5 mbit").expect("valid"), 2_500_000);
     }
 
     #[test]

@@ -111,7 +111,10 @@ struct HostArgs {
     /// Admin (status, metrics) listen address.
     #[arg(long)]
     admin: Option<SocketAddr>,
-    /// An element as NAME=ADDRESS, e.g. near=127.0.0.1:7102 (repeatable).
+    /// An element as NAME=ADDRESS[,ack=POLICY][,fec=R:C][,rate=RATE], e.g.
+    /// near=127.0.0.1:7102 or far=10.0.0.3:7103,ack=network-sync,fec=8:3,rate=100Mbit
+    /// (repeatable). fec= reaches it over the far link: UDP with R data and C repair packets
+    /// per group, paced to rate=.
     #[arg(long = "element")]
     elements: Vec<String>,
     /// Write quorum: elements that must hold a write before the host is answered.
@@ -818,7 +821,7 @@ fn demo(args: DemoArgs) -> Result<()> {
                 links.push(proxy);
                 address
             };
-            elements.push(config::ElementEntry { name: name.to_string(), address, ack: None });
+            elements.push(config::ElementEntry { name: name.to_string(), address, ack: None, fec: None, rate: None });
         }
         let file = HostFile {
             nbd: Some(args.nbd),

@@ -1,0 +1,431 @@
+//! The far link over UDP: the sans-IO `fec::Link` sessions carried out on a socket. A
+//! [`FecStream`] is a reliable ordered byte stream (AsyncRead + AsyncWrite) like a TCP one,
+//! so TLS and the element protocol run over it unchanged; what TCP cannot say, it does: how
+//! much of the stream is *protected on the wire* (every data and repair packet of its groups
+//! has left the socket), for the network-sync acknowledgement.
+//!
+//! One driver task per socket: a client's (one session, [`connect`]) or an element's
+//! ([`FarListener`], sessions keyed by peer address and session id). The task feeds arrivals
+//! and the time to the links, sends what they release (paced), and wakes the streams.
+
+use std::collections::HashMap;
+use std::io;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Waker};
+use std::time::{Duration, Instant};
+
+use fec::{Datagram, GaloisCode, Link, LinkConfig, LinkState};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::UdpSocket;
+use tokio::sync::{mpsc, watch, Notify};
+
+/// Sessions an element serves over its far-link port at most.
+const SESSIONS_MAX: usize = 64;
+/// Socket buffers asked of the kernel (it may give less).
+const SOCKET_BUFFER_BYTES: libc::c_int = 8 << 20;
+/// Largest datagram read.
+const DATAGRAM_BYTES_MAX: usize = 65_536;
+/// A refused datagram is logged at most this often per socket.
+const REFUSED_LOG_EVERY: Duration = Duration::from_secs(10);
+
+/// What the host element asks of one far link (from `--element NAME=ADDR,fec=R:C,rate=…`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FarLinkOptions {
+    pub r: u8,
+    pub c: u8,
+    /// Pacing rate, bytes/s (0: unpaced).
+    pub rate_bytes_per_s: u64,
+}
+
+impl FarLinkOptions {
+    pub fn link_config(&self) -> LinkConfig {
+        LinkConfig { r: self.r, c: self.c, rate_bytes_per_s: self.rate_bytes_per_s, ..LinkConfig::default() }
+    }
+}
+
+struct SessionState {
+    link: Link<GaloisCode>,
+    read_waker: Option<Waker>,
+    write_waker: Option<Waker>,
+}
+
+struct Shared {
+    state: Mutex<SessionState>,
+    /// Wakes the socket's driver (something to send).
+    driver: Arc<Notify>,
+    /// Stream bytes protected on the wire, and whether the session is closed, as last seen by
+    /// the driver.
+    protected: watch::Sender<(u64, bool)>,
+    peer: SocketAddr,
+}
+
+impl Shared {
+    fn lock(&self) -> std::sync::MutexGuard<'_, SessionState> {
+        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+/// One session's byte stream. Dropping it closes the session (the peer hears why).
+pub struct FecStream {
+    shared: Arc<Shared>,
+}
+
+/// How far a stream's bytes have gone: written into it, protected on the wire.
+#[derive(Clone)]
+pub struct FarProgress {
+    shared: Arc<Shared>,
+}
+
+impl FarProgress {
+    /// Stream bytes written so far (below any TLS layer: ciphertext).
+    pub fn written(&self) -> u64 {
+        self.shared.lock().link.written()
+    }
+
+    /// Wait until the first `offset` bytes of the stream are protected on the wire; false if
+    /// the session closed first.
+    pub async fn protected(&self, offset: u64) -> bool {
+        let mut rx = self.shared.protected.subscribe();
+        let reached = match rx.wait_for(|&(p, closed)| p >= offset || closed).await {
+            Ok(seen) => seen.0 >= offset,
+            Err(_) => false,
+        };
+        reached
+    }
+}
+
+impl FecStream {
+    pub fn peer(&self) -> SocketAddr {
+        self.shared.peer
+    }
+
+    pub fn progress(&self) -> FarProgress {
+        FarProgress { shared: self.shared.clone() }
+    }
+}
+
+impl Drop for FecStream {
+    fn drop(&mut self) {
+        self.shared.lock().link.close("the stream was closed");
+        self.shared.driver.notify_one();
+    }
+}
+
+fn closed_error(state: &LinkState) -> io::Error {
+    let why = match state {
+        LinkState::Closed(why) => why.clone(),
+        _ => "not open".into(),
+    };
+    io::Error::new(io::ErrorKind::ConnectionReset, format!("far link: {why}"))
+}
+
+impl AsyncRead for FecStream {
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        let mut s = self.shared.lock();
+        if s.link.readable() > 0 {
+            let bytes = s.link.read(buf.remaining());
+            buf.put_slice(&bytes);
+            drop(s);
+            // Room in the receive buffer may let the driver take more.
+            self.shared.driver.notify_one();
+            return Poll::Ready(Ok(()));
+        }
+        if let LinkState::Closed(why) = s.link.state() {
+            if why.starts_with("closed by the peer") {
+                return Poll::Ready(Ok(())); // end of stream
+            }
+            return Poll::Ready(Err(closed_error(s.link.state())));
+        }
+        s.read_waker = Some(cx.waker().clone());
+        Poll::Pending
+    }
+}
+
+impl AsyncWrite for FecStream {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        let mut s = self.shared.lock();
+        if let LinkState::Closed(_) = s.link.state() {
+            return Poll::Ready(Err(closed_error(s.link.state())));
+        }
+        let n = s.link.write(buf).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
+        if n == 0 {
+            s.write_waker = Some(cx.waker().clone());
+            return Poll::Pending;
+        }
+        drop(s);
+        self.shared.driver.notify_one();
+        Poll::Ready(Ok(n))
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let mut s = self.shared.lock();
+        if let LinkState::Closed(_) = s.link.state() {
+            return Poll::Ready(Err(closed_error(s.link.state())));
+        }
+        s.link.flush().map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
+        drop(s);
+        self.shared.driver.notify_one();
+        Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let flushed = self.as_mut().poll_flush(cx);
+        self.shared.lock().link.close("shut down");
+        self.shared.driver.notify_one();
+        flushed
+    }
+}
+
+fn enlarge_buffers(socket: &UdpSocket) {
+    use std::os::fd::AsRawFd;
+    for option in [libc::SO_RCVBUF, libc::SO_SNDBUF] {
+        let value = SOCKET_BUFFER_BYTES;
+        // SAFETY: a valid socket descriptor and a c_int option value of the right size.
+        unsafe {
+            libc::setsockopt(
+                socket.as_raw_fd(),
+                libc::SOL_SOCKET,
+                option,
+                &value as *const libc::c_int as *const libc::c_void,
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            );
+        }
+    }
+}
+
+fn random_session() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos());
+    h.finish().max(1)
+}
+
+/// Open a far-link session to `address` (an element's far-link port: its address, over UDP).
+pub async fn connect(address: SocketAddr, options: FarLinkOptions, timeout: Duration) -> Result<FecStream, String> {
+    let config = options.link_config();
+    config.check()?;
+    let local: SocketAddr = if address.is_ipv4() { "0.0.0.0:0" } else { "[::]:0" }.parse().expect("an address");
+    let socket = UdpSocket::bind(local).await.map_err(|e| format!("far link to {address}: cannot bind UDP: {e}"))?;
+    socket.connect(address).await.map_err(|e| format!("far link to {address}: {e}"))?;
+    enlarge_buffers(&socket);
+    let origin = Instant::now();
+    let link = Link::client(config, random_session(), GaloisCode::default(), GaloisCode::default(), 1);
+    let driver = Arc::new(Notify::new());
+    let shared = Arc::new(Shared {
+        state: Mutex::new(SessionState { link, read_waker: None, write_waker: None }),
+        driver: driver.clone(),
+        protected: watch::channel((0, false)).0,
+        peer: address,
+    });
+    let mut sessions = HashMap::new();
+    sessions.insert((address, shared.lock().link.session()), shared.clone());
+    let endpoint = Endpoint { socket, origin, driver, sessions, accept: None, limits: config };
+    tokio::spawn(endpoint.run());
+    let stream = FecStream { shared };
+    let opened = async {
+        loop {
+            match stream.shared.lock().link.state() {
+                LinkState::Open => return Ok(()),
+                LinkState::Closed(why) => return Err(format!("far link to {address}: {why}")),
+                LinkState::Opening => {}
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    };
+    match tokio::time::timeout(timeout, opened).await {
+        Ok(Ok(())) => Ok(stream),
+        Ok(Err(e)) => Err(e),
+        Err(_) => Err(format!("far link to {address}: no answer over UDP within {timeout:?}")),
+    }
+}
+
+/// An element's far-link port: sessions opened by host elements over UDP.
+pub struct FarListener {
+    accepted: mpsc::Receiver<FecStream>,
+    local: SocketAddr,
+}
+
+impl FarListener {
+    pub async fn bind(address: SocketAddr) -> io::Result<FarListener> {
+        let socket = UdpSocket::bind(address).await?;
+        enlarge_buffers(&socket);
+        let local = socket.local_addr()?;
+        let (tx, accepted) = mpsc::channel(8);
+        let endpoint = Endpoint {
+            socket,
+            origin: Instant::now(),
+            driver: Arc::new(Notify::new()),
+            sessions: HashMap::new(),
+            accept: Some(tx),
+            limits: LinkConfig::default(),
+        };
+        tokio::spawn(endpoint.run());
+        Ok(FarListener { accepted, local })
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local
+    }
+
+    /// The next session a host element opened.
+    pub async fn accept(&mut self) -> io::Result<(FecStream, SocketAddr)> {
+        match self.accepted.recv().await {
+            Some(stream) => {
+                let peer = stream.peer();
+                Ok((stream, peer))
+            }
+            None => Err(io::Error::other("the far-link socket's driver ended")),
+        }
+    }
+}
+
+struct Endpoint {
+    socket: UdpSocket,
+    origin: Instant,
+    driver: Arc<Notify>,
+    /// Held here until a session is closed and its last datagram (the `Close`) has left.
+    sessions: HashMap<(SocketAddr, u64), Arc<Shared>>,
+    /// An element's: where new sessions go.
+    accept: Option<mpsc::Sender<FecStream>>,
+    limits: LinkConfig,
+}
+
+impl Endpoint {
+    fn now_us(&self) -> u64 {
+        self.origin.elapsed().as_micros() as u64 + 1
+    }
+
+    async fn run(mut self) {
+        let mut buf = vec![0u8; DATAGRAM_BYTES_MAX];
+        let mut refused_logged: Option<Instant> = None;
+        let mut refused = 0u64;
+        loop {
+            self.pump().await;
+            // A client's socket ends with its one session; an element's when its listener goes.
+            if self.accept.as_ref().map_or(self.sessions.is_empty(), |tx| tx.is_closed()) {
+                return;
+            }
+            let deadline = self.sessions.values().filter_map(|s| s.lock().link.poll_timeout()).min();
+            let sleep = async {
+                match deadline {
+                    Some(t) => {
+                        tokio::time::sleep_until((self.origin + Duration::from_micros(t.saturating_sub(1))).into())
+                            .await
+                    }
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                received = self.socket.recv_from(&mut buf) => {
+                    let (n, from) = match received {
+                        Ok(r) => r,
+                        // ICMP port unreachable and the like: the peer is not there (yet).
+                        Err(_) => continue,
+                    };
+                    if let Err(why) = self.arrive(&buf[..n], from) {
+                        refused += 1;
+                        if refused_logged.is_none_or(|at| at.elapsed() >= REFUSED_LOG_EVERY) {
+                            tracing::warn!(%from, refused, "far link: datagram refused: {why}");
+                            refused_logged = Some(Instant::now());
+                        }
+                    }
+                }
+                _ = self.driver.notified() => {}
+                _ = sleep => {}
+            }
+        }
+    }
+
+    /// One datagram from `from`.
+    fn arrive(&mut self, datagram: &[u8], from: SocketAddr) -> Result<(), String> {
+        let d = Datagram::parse(datagram).map_err(|e| e.to_string())?;
+        let key = (from, d.session);
+        let now = self.now_us();
+        if let Some(shared) = self.sessions.get(&key) {
+            let mut s = shared.lock();
+            let result = s.link.receive(d, now).map_err(|e| e.to_string());
+            wake(&mut s);
+            return result;
+        }
+        let Some(accept) = &self.accept else { return Err("datagram of no session of ours".into()) };
+        if !d.is_open() {
+            return Err("datagram of an unknown session (the session ended, or a stranger)".into());
+        }
+        if self.sessions.len() >= SESSIONS_MAX {
+            return Err(format!("session limit ({SESSIONS_MAX}) reached"));
+        }
+        let link = Link::server(&d, self.limits, GaloisCode::default(), GaloisCode::default(), now)
+            .map_err(|e| format!("Open refused: {e}"))?;
+        let shared = Arc::new(Shared {
+            state: Mutex::new(SessionState { link, read_waker: None, write_waker: None }),
+            driver: self.driver.clone(),
+            protected: watch::channel((0, false)).0,
+            peer: from,
+        });
+        let stream = FecStream { shared: shared.clone() };
+        if let Err(refused) = accept.try_send(stream) {
+            // Dropping it closes the session; it is not kept.
+            drop(refused);
+            self.sessions.remove(&key);
+            return Err("too many sessions waiting to be accepted".into());
+        }
+        self.sessions.insert(key, shared);
+        Ok(())
+    }
+
+    /// Timers, then everything the links release now; forget sessions that are over.
+    async fn pump(&mut self) {
+        let now = self.now_us();
+        let mut gone = Vec::new();
+        for (&key, shared) in &self.sessions {
+            let datagrams = {
+                let mut s = shared.lock();
+                if s.link.poll_timeout().is_some_and(|t| t <= now) {
+                    if let Err(e) = s.link.handle_timeout(now) {
+                        s.link.close(&e.to_string());
+                    }
+                }
+                let mut out = Vec::new();
+                while let Some(d) = s.link.poll_transmit(now) {
+                    out.push(d);
+                }
+                out
+            };
+            for d in datagrams {
+                // A send that fails is a lost datagram: the link sends it again.
+                let _ = self.socket.send_to(&d, key.0).await;
+            }
+            let mut s = shared.lock();
+            let closed = matches!(s.link.state(), LinkState::Closed(_));
+            let now_seen = (s.link.protected(), closed);
+            shared.protected.send_if_modified(|seen| {
+                let changed = *seen != now_seen;
+                *seen = now_seen;
+                changed
+            });
+            wake(&mut s);
+            if closed && s.link.poll_timeout().is_none() {
+                gone.push(key);
+            }
+        }
+        for key in gone {
+            // The stream may still be held: it sees the closed state.
+            self.sessions.remove(&key);
+        }
+    }
+}
+
+fn wake(s: &mut SessionState) {
+    if s.link.readable() > 0 || matches!(s.link.state(), LinkState::Closed(_)) {
+        if let Some(w) = s.read_waker.take() {
+            w.wake();
+        }
+    }
+    if s.link.window_room() > 0 || matches!(s.link.state(), LinkState::Closed(_)) {
+        if let Some(w) = s.write_waker.take() {
+            w.wake();
+        }
+    }
+}
