@@ -1,4 +1,4 @@
-"""`starfish bench t5|t6|t7 --quick --json`: the benchmark driver runs end to end
+"""`starfish bench t5|t6|t7|smfs --quick --json`: the benchmark driver runs end to end
 against real processes and prints one JSON object per row with the documented
 keys. A benchmark reports figures; this test only checks that they are there
 and positive, never their values or ratios."""
@@ -82,6 +82,27 @@ def test_bench_t7_quick(starfish_bin, workdir):
         positive(row, "postmark_tps")
     for row in starfish_rows(rows):
         positive(row, "near_delay_ms", "direct_postmark_tps", "near_disk_postmark_tps", "fraction_of_direct")
+
+
+@pytest.mark.time_limit(180)
+def test_bench_smfs_quick(starfish_bin, workdir):
+    if os.geteuid() != 0 or not os.path.exists("/dev/net/tun"):
+        pytest.skip("the emulated WAN link needs root and /dev/net/tun")
+    rows = bench_rows(starfish_bin, workdir, "smfs", 170)
+    disasters = {r["mode"]: r for r in rows if r["kind"] == "disaster"}
+    assert set(disasters) == {"local-sync", "network-sync"}, rows
+    for row in disasters.values():
+        positive(row, "acked")
+        assert 0 <= row["acked_lost"] <= row["acked"], row
+    # The promise of network-sync (not a figure): every write acknowledged had its data and
+    # repair packets on the wire, so the far site holds it after the primary site is gone.
+    assert disasters["network-sync"]["acked_lost"] == 0, disasters["network-sync"]
+    assert disasters["network-sync"]["fec_c"] == 3
+    for row in rows:
+        if row["kind"] == "latency":
+            positive(row, "writes", "p50_ms", "p99_ms")
+        elif row["kind"] == "throughput":
+            positive(row, "acked_mbit_s", "far_mbit_s")
 
 
 @pytest.mark.time_limit(60)

@@ -203,6 +203,8 @@ pub struct Link<C: ErasureCode> {
     pacer: Pacer,
     /// Written stream bytes not yet cut into a full payload.
     partial: BytesMut,
+    /// A flush asked for the open group's repair packets: they go once the queue is empty.
+    close_when_idle: bool,
     /// Stream bytes accepted by `write`, and acknowledged (whole groups), and protected.
     written: u64,
     acked: u64,
@@ -261,6 +263,7 @@ impl<C: ErasureCode> Link<C> {
             decoder: Decoder::new(decode),
             pacer: Pacer::new(config.rate_bytes_per_s, burst, now_us),
             partial: BytesMut::new(),
+            close_when_idle: false,
             written: 0,
             acked: 0,
             protected: 0,
@@ -343,12 +346,26 @@ impl<C: ErasureCode> Link<C> {
         Ok(n)
     }
 
-    /// Send what is written: the partial packet and the open group's repair packets.
+    /// Send what is written: the partial packet at once, and the open group's repair packets
+    /// as soon as nothing else waits to leave. While packets wait for the pacer (the link is
+    /// busy) the group stays open for the next writes: groups fill up to r data packets under
+    /// load, and close at once when the link is idle (no write waits for later ones).
     pub fn flush(&mut self) -> Result<(), FecError> {
         if !self.partial.is_empty() {
             let payload = self.partial.split().freeze();
             self.push(payload)?;
         }
+        if self.encoder.open_payloads() > 0 {
+            self.close_when_idle = true;
+            if self.queue.is_empty() {
+                self.close_group()?;
+            }
+        }
+        Ok(())
+    }
+
+    fn close_group(&mut self) -> Result<(), FecError> {
+        self.close_when_idle = false;
         let group = self.encoder.next_group();
         if self.encoder.open_payloads() > 0 {
             let packets = self.encoder.close()?;
@@ -365,6 +382,7 @@ impl<C: ErasureCode> Link<C> {
         let data = packets.remove(0);
         self.queue_fec(data, None, false);
         if closing {
+            self.close_when_idle = false;
             self.queue_group_end(group, packets);
         }
         Ok(())
@@ -576,6 +594,11 @@ impl<C: ErasureCode> Link<C> {
         }
         self.head_at = None;
         let out = self.resends.pop_front().or_else(|| self.queue.pop_front()).expect("a head");
+        if self.queue.is_empty() && self.close_when_idle {
+            if let Err(e) = self.close_group() {
+                self.state = LinkState::Closed(e.to_string());
+            }
+        }
         if out.kind == Kind::Fec {
             match out.body.first() {
                 Some(1) if !out.resend => self.stats.data_packets_sent += 1,

@@ -183,6 +183,14 @@ impl Link {
         }
     }
 
+    /// Both directions refuse new packets and deliver those on the wire: a site that vanishes
+    /// (its packets already sent still arrive). Undone by [`Link::heal`].
+    pub fn close_entries(&self) {
+        for model in &self.models {
+            lock(model).close_entry();
+        }
+    }
+
     pub fn heal(&self) {
         for model in &self.models {
             lock(model).heal();

@@ -82,6 +82,9 @@ impl std::fmt::Display for PathStats {
 pub struct PathModel {
     params: LinkParams,
     cut: bool,
+    /// No packet enters, but those on the wire arrive: the sending site is gone (a disaster),
+    /// the network is not.
+    closed: bool,
     /// The Gilbert chain's state.
     burst_bad: bool,
     /// When the serialiser finishes the last accepted packet.
@@ -99,6 +102,7 @@ impl PathModel {
         PathModel {
             params,
             cut: false,
+            closed: false,
             burst_bad: false,
             line_free_at_ns: 0,
             delivery_last_ns: 0,
@@ -122,6 +126,13 @@ impl PathModel {
 
     pub fn heal(&mut self) {
         self.cut = false;
+        self.closed = false;
+    }
+
+    /// Refuse every packet from now on, and deliver those already on the wire (as when the
+    /// site at the link's entry is destroyed). Undone by [`PathModel::heal`].
+    pub fn close_entry(&mut self) {
+        self.closed = true;
     }
 
     pub fn is_cut(&self) -> bool {
@@ -146,7 +157,7 @@ impl PathModel {
     }
 
     fn decide(&mut self, now_ns: u64, len_bytes: u64, rng: &mut impl Rng) -> Verdict {
-        if self.cut {
+        if self.cut || self.closed {
             return Verdict::Drop(DropReason::Cut);
         }
         if self.packets_in_flight >= PACKETS_IN_FLIGHT_MAX {
@@ -332,6 +343,18 @@ mod tests {
         model.set_params(LinkParams { delay_ms_one_way: 1.0, ..LinkParams::default() });
         assert_eq!(model.handle_packet(MS, 100, &mut rng), at(30 * MS), "not before the earlier packet");
         assert_eq!(model.handle_packet(40 * MS, 100, &mut rng), at(41 * MS));
+    }
+
+    #[test]
+    fn a_closed_entry_drops_arrivals_and_delivers_what_is_on_the_wire() {
+        let mut model = PathModel::new(LinkParams { delay_ms_one_way: 10.0, ..LinkParams::default() });
+        let mut rng = StdRng::seed_from_u64(1);
+        assert_eq!(model.handle_packet(0, 100, &mut rng), at(10 * MS));
+        model.close_entry();
+        assert_eq!(model.handle_packet(MS, 100, &mut rng), Verdict::Drop(DropReason::Cut));
+        assert!(model.handle_due(10 * MS, 10 * MS, 100), "on the wire when the entry closed: delivered");
+        model.heal();
+        assert_eq!(model.handle_packet(11 * MS, 100, &mut rng), at(21 * MS));
     }
 
     #[test]

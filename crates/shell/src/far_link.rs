@@ -16,6 +16,7 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
 use fec::{Datagram, GaloisCode, Link, LinkConfig, LinkState};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::UdpSocket;
@@ -49,10 +50,21 @@ struct SessionState {
     link: Link<GaloisCode>,
     read_waker: Option<Waker>,
     write_waker: Option<Waker>,
+    /// Datagrams the link released that the socket could not take yet (its buffer was full),
+    /// in order; the driver sends them when it can.
+    backlog: std::collections::VecDeque<Bytes>,
+}
+
+impl SessionState {
+    fn new(link: Link<GaloisCode>) -> SessionState {
+        SessionState { link, read_waker: None, write_waker: None, backlog: Default::default() }
+    }
 }
 
 struct Shared {
     state: Mutex<SessionState>,
+    socket: Arc<UdpSocket>,
+    origin: Instant,
     /// Wakes the socket's driver (something to send).
     driver: Arc<Notify>,
     /// Stream bytes protected on the wire, and whether the session is closed, as last seen by
@@ -64,6 +76,45 @@ struct Shared {
 impl Shared {
     fn lock(&self) -> std::sync::MutexGuard<'_, SessionState> {
         self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn now_us(&self) -> u64 {
+        self.origin.elapsed().as_micros() as u64 + 1
+    }
+
+    /// Send what the link releases now, without waiting (the socket is non-blocking), and
+    /// publish how much of the stream is protected: only what has really left the socket
+    /// counts. Called with the session locked, so sends keep the link's order. Returns whether
+    /// datagrams wait in the backlog (the driver then waits for the socket to take more).
+    fn transmit(&self, s: &mut SessionState, now: u64) -> bool {
+        while let Some(d) = s.backlog.front() {
+            match self.socket.try_send_to(d, self.peer) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                // Sent, or refused (a lost datagram: the link sends it again).
+                _ => {
+                    s.backlog.pop_front();
+                }
+            }
+        }
+        while let Some(d) = s.link.poll_transmit(now) {
+            if !s.backlog.is_empty() {
+                s.backlog.push_back(d);
+                continue;
+            }
+            if let Err(e) = self.socket.try_send_to(&d, self.peer) {
+                if e.kind() == io::ErrorKind::WouldBlock {
+                    s.backlog.push_back(d);
+                }
+            }
+        }
+        let protected = if s.backlog.is_empty() { s.link.protected() } else { self.protected.borrow().0 };
+        let now_seen = (protected, matches!(s.link.state(), LinkState::Closed(_)));
+        self.protected.send_if_modified(|seen| {
+            let changed = *seen != now_seen;
+            *seen = now_seen;
+            changed
+        });
+        !s.backlog.is_empty()
     }
 }
 
@@ -82,6 +133,11 @@ impl FarProgress {
     /// Stream bytes written so far (below any TLS layer: ciphertext).
     pub fn written(&self) -> u64 {
         self.shared.lock().link.written()
+    }
+
+    /// Stream bytes protected on the wire now.
+    pub fn protected_now(&self) -> u64 {
+        self.shared.protected.borrow().0
     }
 
     /// Wait until the first `offset` bytes of the stream are protected on the wire; false if
@@ -154,8 +210,10 @@ impl AsyncWrite for FecStream {
             s.write_waker = Some(cx.waker().clone());
             return Poll::Pending;
         }
-        drop(s);
-        self.shared.driver.notify_one();
+        if self.shared.transmit(&mut s, self.shared.now_us()) {
+            drop(s);
+            self.shared.driver.notify_one();
+        }
         Poll::Ready(Ok(n))
     }
 
@@ -165,6 +223,9 @@ impl AsyncWrite for FecStream {
             return Poll::Ready(Err(closed_error(s.link.state())));
         }
         s.link.flush().map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
+        // Sent from this task at once: the network-sync acknowledgement waits for it. What
+        // the pacer holds back, the driver sends when due.
+        self.shared.transmit(&mut s, self.shared.now_us());
         drop(s);
         self.shared.driver.notify_one();
         Poll::Ready(Ok(()))
@@ -208,13 +269,15 @@ pub async fn connect(address: SocketAddr, options: FarLinkOptions, timeout: Dura
     config.check()?;
     let local: SocketAddr = if address.is_ipv4() { "0.0.0.0:0" } else { "[::]:0" }.parse().expect("an address");
     let socket = UdpSocket::bind(local).await.map_err(|e| format!("far link to {address}: cannot bind UDP: {e}"))?;
-    socket.connect(address).await.map_err(|e| format!("far link to {address}: {e}"))?;
     enlarge_buffers(&socket);
+    let socket = Arc::new(socket);
     let origin = Instant::now();
     let link = Link::client(config, random_session(), GaloisCode::default(), GaloisCode::default(), 1);
     let driver = Arc::new(Notify::new());
     let shared = Arc::new(Shared {
-        state: Mutex::new(SessionState { link, read_waker: None, write_waker: None }),
+        state: Mutex::new(SessionState::new(link)),
+        socket: socket.clone(),
+        origin,
         driver: driver.clone(),
         protected: watch::channel((0, false)).0,
         peer: address,
@@ -252,6 +315,7 @@ impl FarListener {
         let socket = UdpSocket::bind(address).await?;
         enlarge_buffers(&socket);
         let local = socket.local_addr()?;
+        let socket = Arc::new(socket);
         let (tx, accepted) = mpsc::channel(8);
         let endpoint = Endpoint {
             socket,
@@ -282,7 +346,7 @@ impl FarListener {
 }
 
 struct Endpoint {
-    socket: UdpSocket,
+    socket: Arc<UdpSocket>,
     origin: Instant,
     driver: Arc<Notify>,
     /// Held here until a session is closed and its last datagram (the `Close`) has left.
@@ -302,7 +366,7 @@ impl Endpoint {
         let mut refused_logged: Option<Instant> = None;
         let mut refused = 0u64;
         loop {
-            self.pump().await;
+            let backlog = self.pump();
             // A client's socket ends with its one session; an element's when its listener goes.
             if self.accept.as_ref().map_or(self.sessions.is_empty(), |tx| tx.is_closed()) {
                 return;
@@ -334,6 +398,7 @@ impl Endpoint {
                 }
                 _ = self.driver.notified() => {}
                 _ = sleep => {}
+                _ = self.socket.writable(), if backlog => {}
             }
         }
     }
@@ -359,7 +424,9 @@ impl Endpoint {
         let link = Link::server(&d, self.limits, GaloisCode::default(), GaloisCode::default(), now)
             .map_err(|e| format!("Open refused: {e}"))?;
         let shared = Arc::new(Shared {
-            state: Mutex::new(SessionState { link, read_waker: None, write_waker: None }),
+            state: Mutex::new(SessionState::new(link)),
+            socket: self.socket.clone(),
+            origin: self.origin,
             driver: self.driver.clone(),
             protected: watch::channel((0, false)).0,
             peer: from,
@@ -375,38 +442,23 @@ impl Endpoint {
         Ok(())
     }
 
-    /// Timers, then everything the links release now; forget sessions that are over.
-    async fn pump(&mut self) {
+    /// Timers, then everything the links release now; forget sessions that are over. Returns
+    /// whether some session's datagrams wait for room in the socket.
+    fn pump(&mut self) -> bool {
         let now = self.now_us();
         let mut gone = Vec::new();
+        let mut backlog = false;
         for (&key, shared) in &self.sessions {
-            let datagrams = {
-                let mut s = shared.lock();
-                if s.link.poll_timeout().is_some_and(|t| t <= now) {
-                    if let Err(e) = s.link.handle_timeout(now) {
-                        s.link.close(&e.to_string());
-                    }
-                }
-                let mut out = Vec::new();
-                while let Some(d) = s.link.poll_transmit(now) {
-                    out.push(d);
-                }
-                out
-            };
-            for d in datagrams {
-                // A send that fails is a lost datagram: the link sends it again.
-                let _ = self.socket.send_to(&d, key.0).await;
-            }
             let mut s = shared.lock();
-            let closed = matches!(s.link.state(), LinkState::Closed(_));
-            let now_seen = (s.link.protected(), closed);
-            shared.protected.send_if_modified(|seen| {
-                let changed = *seen != now_seen;
-                *seen = now_seen;
-                changed
-            });
+            if s.link.poll_timeout().is_some_and(|t| t <= now) {
+                if let Err(e) = s.link.handle_timeout(now) {
+                    s.link.close(&e.to_string());
+                }
+            }
+            backlog |= shared.transmit(&mut s, now);
             wake(&mut s);
-            if closed && s.link.poll_timeout().is_none() {
+            if matches!(s.link.state(), LinkState::Closed(_)) && s.link.poll_timeout().is_none() && s.backlog.is_empty()
+            {
                 gone.push(key);
             }
         }
@@ -414,6 +466,7 @@ impl Endpoint {
             // The stream may still be held: it sees the closed state.
             self.sessions.remove(&key);
         }
+        backlog
     }
 }
 

@@ -616,6 +616,10 @@ async fn run_session(
                     None => {
                         let _ = inputs.send(Input::Sent { element, session, through });
                     }
+                    // Usually already out: the flush sent it unless the pacer holds it back.
+                    Some(progress) if progress.protected_now() >= progress.written() => {
+                        let _ = inputs.send(Input::Sent { element, session, through });
+                    }
                     Some(progress) => {
                         let _ = marks_tx.send((progress.written(), through));
                     }

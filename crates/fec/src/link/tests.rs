@@ -138,7 +138,6 @@ impl World {
         }
         while self.got[1 - side].len() < data.len() && self.step(until) {}
     }
-
 }
 
 fn pattern(n: usize) -> Vec<u8> {
@@ -273,4 +272,28 @@ fn strangers_and_damaged_datagrams_are_refused() {
     let foreign = Datagram::parse(&other.poll_transmit(0).expect("open")).expect("parses");
     assert!(server.receive(foreign, 1).is_err(), "a datagram of another session is refused");
     assert_eq!(server.state(), &LinkState::Open);
+}
+
+#[test]
+fn groups_fill_under_load_and_close_at_once_when_idle() {
+    // Paced at 1 MB/s, 200 writes of 1 000 bytes each flushed: the link is busy, so groups
+    // fill to r data packets instead of closing at every flush.
+    let mut w = World::new(config(1_000_000), Path::new(5_000, 0.0), 23);
+    let data = pattern(200_000);
+    w.send(0, &data, 1000, 10_000_000);
+    assert!(w.got[1] == data);
+    let s = w.ends[0].stats;
+    // Closing at every flush would send 3 repair packets per data packet; full groups 3/8.
+    assert!(
+        s.repair_packets_sent * 2 <= s.data_packets_sent,
+        "groups fill under load: {} repair packets for {} data packets",
+        s.repair_packets_sent,
+        s.data_packets_sent
+    );
+    // Idle: one small write is protected (its repair packets left) without waiting for more.
+    let before = w.ends[0].protected();
+    w.ends[0].write(b"one more").expect("write");
+    w.ends[0].flush().expect("flush");
+    w.transmit();
+    assert_eq!(w.ends[0].protected(), before + 8, "its group closed at once");
 }

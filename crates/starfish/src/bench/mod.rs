@@ -8,8 +8,10 @@
 mod cluster;
 mod failover;
 mod fio;
+mod nbd_client;
 mod plot;
 mod process;
+mod smfs;
 mod t5;
 mod t6;
 mod t7;
@@ -54,6 +56,9 @@ enum Table {
     /// What mutual TLS and NBD over TLS cost: the same fio jobs against a plain and a TLS
     /// cluster in one run.
     Tls,
+    /// The SMFS evaluation: rolling disaster, latency and throughput of the far-site
+    /// mirroring modes over an emulated lossy WAN link (needs root).
+    Smfs,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -165,6 +170,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         Table::T7 => t7::run(&bench)?,
         Table::Failover => failover::run(&bench)?,
         Table::Tls => tls::run(&bench)?,
+        Table::Smfs => smfs::run(&bench)?,
     };
     bench.progress(&format!("load average at the end: {}", load_average()));
     if args.json {
@@ -176,6 +182,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
             Table::T7 => t7::text(&rows),
             Table::Failover => failover::text(&rows),
             Table::Tls => tls::text(&rows),
+            Table::Smfs => smfs::text(&rows),
         };
         print!("{text}");
     }
@@ -197,7 +204,7 @@ fn write_plot(table: Table, rows: &[Row], dir: &Path) -> Result<()> {
     let path = match table {
         Table::T5 => dir.join("t5.png"),
         Table::T7 => dir.join("t7.png"),
-        Table::T6 | Table::Failover | Table::Tls => {
+        Table::T6 | Table::Failover | Table::Tls | Table::Smfs => {
             eprintln!("bench: no plot for this table (plots are drawn for Tables 5 and 7)");
             return Ok(());
         }
