@@ -146,3 +146,22 @@ def target(request, workdir):
             server.destroy()
     else:
         yield request.getfixturevalue("cluster")
+
+
+@pytest.fixture
+def netns_link(request, workdir):
+    """Returns a function that starts an emulated WAN link (harness.NetnsLink keyword
+    arguments); every link it started is torn down at teardown."""
+    if os.geteuid() != 0 or not os.path.exists("/dev/net/tun"):
+        pytest.skip("the emulated WAN link needs root and /dev/net/tun")
+    links = []
+
+    def make(**kwargs):
+        link = harness.NetnsLink(workdir, **kwargs).start()
+        links.append(link)
+        attach_logs(request, link)
+        return link
+
+    yield make
+    for link in links:
+        link.destroy()

@@ -10,6 +10,7 @@ import hashlib
 import json
 import os
 import random
+import re
 import shlex
 import shutil
 import signal
@@ -979,3 +980,83 @@ class LoadWriter:
     def __exit__(self, *exc):
         open(self.stop_file, "w").close()
         self.process.stop(signal.SIGTERM, timeout=10)
+
+
+# ---------------------------------------------------------------------------
+# An emulated WAN link in network namespaces, and a far element behind it
+
+
+class NetnsLink:
+    """`starfish link --netns --root-end`: end A is this (root) namespace, end B a namespace
+    of its own where the far element runs; `set`, `cut`, `heal` go to its stdin."""
+
+    def __init__(self, workdir, delay_ms, loss_pct, rate_mbit, duration_s=600):
+        self.log_path = os.path.join(workdir, "link.log")
+        self.args = [starfish_bin(), "link", "--netns", "--root-end", "--delay-ms", str(delay_ms),
+                     "--loss", str(loss_pct), "--rate-mbit", str(rate_mbit), "--duration", str(duration_s)]
+        self.popen = None
+        self.namespace = None
+        self.address = None
+
+    def start(self):
+        with open(self.log_path, "ab") as log:
+            self.popen = subprocess.Popen(self.args, stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT,
+                                          start_new_session=True)
+
+        def up():
+            match = re.search(r"end B: (\S+) in namespace (\S+)", tail_file(self.log_path))
+            if self.popen.poll() is not None:
+                raise AssertionError(f"starfish link exited:\n{tail_file(self.log_path)}")
+            return match
+
+        match = wait_until(up, 30, "the emulated link up")
+        self.address, self.namespace = match.group(1), match.group(2)
+        return self
+
+    def command(self, line):
+        self.popen.stdin.write(line.encode() + b"\n")
+        self.popen.stdin.flush()
+
+    def destroy(self):
+        if self.popen and self.popen.poll() is None:
+            # SIGTERM: the link tears its namespaces down.
+            self.popen.terminate()
+            try:
+                self.popen.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait(timeout=10)
+
+    def logs(self, lines=50):
+        return [("link", tail_file(self.log_path, lines))]
+
+
+def place_far_element_behind(cluster, link):
+    """Run the cluster's far element inside the link's namespace, on end B's address."""
+    far = cluster.elements["far"]
+    address = f"{link.address}:{far.port}"
+    far.process.args = ["ip", "netns", "exec", link.namespace] + far.process.args
+    far.process.args[far.process.args.index("--listen") + 1] = address
+    # Not loopback: the element wants TLS or --insecure (the namespace is ours alone).
+    far.process.args.append("--insecure")
+    cluster.addresses["far"] = address
+    cluster.host = Process("host", cluster.host_args(), cluster.host.log_path)
+    return address
+
+
+def start_far_behind(cluster, far_address):
+    """Start the elements (the far one through its namespace) and the host element."""
+    for name, element in cluster.elements.items():
+        if name != "far":
+            element.start()
+    cluster.elements["far"].process.start()
+    host, port = far_address.rsplit(":", 1)
+
+    def reachable():
+        if not cluster.elements["far"].process.alive():
+            raise AssertionError(f"far element exited:\n{cluster.elements['far'].process.log()}")
+        with socket.create_connection((host, int(port)), timeout=2):
+            return True
+
+    wait_until(reachable, 30, "the far element listening behind the link")
+    cluster.start_host()

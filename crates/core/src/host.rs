@@ -34,7 +34,12 @@ pub struct HostConfig {
     /// Per element, in the order of `elements`: what its acknowledgement of a write means
     /// before it counts toward the quorum.
     pub ack_policies: Vec<AckPolicy>,
+    /// Storage volumes: each a volume of its own, or a consistency group holding its member
+    /// volumes (see `crate::groups`).
     pub volumes: Vec<VolumeSpec>,
+    /// The volumes exported over NBD, each a range of a storage volume; empty: every storage
+    /// volume exported whole under its own name (no groups). See [`HostConfig::exported`].
+    pub exports: Vec<crate::groups::ExportedVolume>,
     pub write_queue_bytes: u64,
     pub read_cache_bytes: u64,
     pub throttle_timeout_ms: u64,
@@ -80,6 +85,7 @@ impl HostConfig {
             ack_policies: vec![AckPolicy::Durable; elements.len()],
             elements,
             volumes,
+            exports: Vec::new(),
             write_queue_bytes: limits::WRITE_QUEUE_BYTES_DEFAULT,
             read_cache_bytes: limits::READ_CACHE_BYTES_DEFAULT,
             throttle_timeout_ms: limits::THROTTLE_TIMEOUT_MS_DEFAULT,
@@ -96,6 +102,16 @@ impl HostConfig {
             scrub_rate_bytes_per_s: limits::SCRUB_RATE_BYTES_PER_S_DEFAULT,
             scrub_repair: true,
             flush_waits_for_durable: true,
+        }
+    }
+
+    /// The volumes exported over NBD (the storage volumes themselves when no groups are
+    /// configured).
+    pub fn exported(&self) -> Vec<crate::groups::ExportedVolume> {
+        if self.exports.is_empty() {
+            crate::groups::ungrouped(&self.volumes)
+        } else {
+            self.exports.clone()
         }
     }
 
@@ -141,6 +157,9 @@ impl HostConfig {
             if self.elements[..i].contains(e) {
                 return Err(format!("element {e} is configured twice"));
             }
+        }
+        if !self.exports.is_empty() {
+            crate::groups::check_exports(&self.volumes, &self.exports)?;
         }
         if self.write_queue_bytes < limits::WRITE_QUEUE_BYTES_MIN {
             return Err(format!(
@@ -716,8 +735,15 @@ impl HostCore {
         &self.config
     }
 
+    /// A storage volume by its name, or the storage volume of an exported volume or of a
+    /// consistency group (by the group's name).
     pub fn volume_id(&self, name: &str) -> Option<VolumeId> {
-        self.volumes.iter().position(|v| v.spec.name == name).map(|i| VolumeId(i as u32))
+        let storage = self.volumes.iter().position(|v| v.spec.name == name);
+        let exported = || {
+            let e = self.config.exports.iter().find(|e| e.name == name || e.group.as_deref() == Some(name))?;
+            Some(e.volume)
+        };
+        storage.or_else(exported).map(|i| VolumeId(i as u32))
     }
 
     pub fn poll_action(&mut self) -> Option<Action> {
@@ -823,6 +849,15 @@ impl HostCore {
             ElementState::Failed(_) => e.state = ElementState::Failed(Failure::CannotConnect(reason.to_string())),
         }
         self.abandon_requests_to(now, element);
+    }
+
+    /// Part of a message from the element arrived (a large frame still coming over a thin
+    /// link): the element is alive, though no whole message has arrived for a while.
+    pub fn handle_element_progress(&mut self, now: Time, element: ElementId) {
+        let e = &mut self.elements[element.0 as usize];
+        if e.session {
+            e.last_heard = now;
+        }
     }
 
     pub fn handle_element_message(&mut self, now: Time, element: ElementId, message: ElementMessage) {

@@ -9,6 +9,7 @@ mod ack_policy;
 pub mod admin_request;
 mod element;
 mod failure;
+pub mod groups;
 mod host;
 pub mod limits;
 pub mod mem_storage;

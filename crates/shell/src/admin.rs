@@ -198,8 +198,16 @@ fn scrub_json(s: &starfish_core::ScrubStatus) -> Value {
 }
 
 /// The status document; field names are part of the CLI contract (`starfish status --json`).
-pub fn status_json(status: &HostStatus, addresses: &[String], links: &[String]) -> Value {
-    let volumes: Vec<Value> = status
+/// The status document. `exports`: the volumes exported over NBD; a consistency group's
+/// member is reported with its group's state (mode, sequences, write queue, scrubs: they are
+/// the group's), and the groups are listed under `groups`.
+pub fn status_json(
+    status: &HostStatus,
+    addresses: &[String],
+    links: &[String],
+    exports: &[starfish_core::groups::ExportedVolume],
+) -> Value {
+    let storage: Vec<Value> = status
         .volumes
         .iter()
         .map(|v| {
@@ -215,6 +223,41 @@ pub fn status_json(status: &HostStatus, addresses: &[String], links: &[String]) 
                 "writes_waiting": v.writes_waiting,
                 "scrub": v.scrubs.last().map(scrub_json),
                 "scrubs": v.scrubs.iter().map(scrub_json).collect::<Vec<_>>(),
+            })
+        })
+        .collect();
+    let volumes: Vec<Value> = if exports.is_empty() {
+        storage.clone()
+    } else {
+        exports
+            .iter()
+            .filter_map(|e| {
+                let mut o = storage.get(e.volume)?.clone();
+                o["name"] = json!(e.name);
+                o["size_bytes"] = json!(e.size_bytes);
+                if let Some(group) = &e.group {
+                    o["group"] = json!(group);
+                    o["group_offset_bytes"] = json!(e.offset_bytes);
+                }
+                Some(o)
+            })
+            .collect()
+    };
+    let groups: Vec<Value> = status
+        .volumes
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| exports.iter().any(|e| e.volume == *i && e.group.is_some()))
+        .map(|(i, v)| {
+            let members: Vec<&starfish_core::groups::ExportedVolume> =
+                exports.iter().filter(|e| e.volume == i).collect();
+            json!({
+                "name": members.first().and_then(|e| e.group.clone()),
+                "storage_volume": v.name,
+                "size_bytes": v.size_bytes,
+                "mode": v.mode.as_str(),
+                "acked_sequence": v.acked_sequence.0,
+                "volumes": members.iter().map(|e| e.name.clone()).collect::<Vec<_>>(),
             })
         })
         .collect();
@@ -284,6 +327,7 @@ pub fn status_json(status: &HostStatus, addresses: &[String], links: &[String]) 
         "quorum": status.quorum,
         "ready": status.ready,
         "volumes": volumes,
+        "groups": groups,
         "elements": elements,
         "read_cache": {
             "used_bytes": status.read_cache_used_bytes,

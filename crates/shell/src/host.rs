@@ -72,6 +72,11 @@ enum Input {
     },
     /// A session's writer put these records on the wire (flushed to its socket): for a
     /// `network-sync` element, the highest sequence per volume.
+    /// Bytes of a message from an element arrived, but not the whole message yet.
+    Progress {
+        element: ElementId,
+        session: u64,
+    },
     Sent {
         element: ElementId,
         session: u64,
@@ -118,12 +123,18 @@ pub struct HostHandle {
     inputs: mpsc::UnboundedSender<Input>,
     addresses: Arc<Vec<String>>,
     links: Arc<Vec<String>>,
+    exports: Arc<Vec<starfish_core::groups::ExportedVolume>>,
 }
 
 impl HostHandle {
     /// Element addresses, in configuration order.
     pub fn addresses(&self) -> &[String] {
         &self.addresses
+    }
+
+    /// The volumes exported over NBD (with their groups).
+    pub fn exports(&self) -> &[starfish_core::groups::ExportedVolume] {
+        &self.exports
     }
 
     /// How each element is reached ("tcp", or the far link's parameters), in configuration order.
@@ -188,7 +199,12 @@ pub(crate) fn start_active(
     let far_links: Vec<_> =
         (0..options.element_addresses.len()).map(|i| options.element_links.get(i).copied().flatten()).collect();
     let links = far_links.iter().map(|l| describe_link(l.as_ref())).collect();
-    let handle = HostHandle { inputs: inputs.clone(), addresses: Arc::new(addresses), links: Arc::new(links) };
+    let handle = HostHandle {
+        inputs: inputs.clone(),
+        addresses: Arc::new(addresses),
+        links: Arc::new(links),
+        exports: Arc::new(config.exported()),
+    };
     let origin = Instant::now();
     let epoch = config.epoch;
     let core = HostCore::new(config.clone(), Time(0));
@@ -207,12 +223,18 @@ pub(crate) fn start_active(
     let backend = Arc::new(HostBackend {
         inputs: inputs.clone(),
         exports: config
-            .volumes
+            .exported()
             .iter()
-            .map(|v| ExportInfo {
-                name: v.name.clone(),
-                size_bytes: v.size_bytes,
-                description: format!("StarFish volume {}", v.name),
+            .map(|e| {
+                let description = match &e.group {
+                    Some(group) => format!("StarFish volume {} (consistency group {group})", e.name),
+                    None => format!("StarFish volume {}", e.name),
+                };
+                (
+                    ExportInfo { name: e.name.clone(), size_bytes: e.size_bytes, description },
+                    e.volume as u32,
+                    e.offset_bytes,
+                )
             })
             .collect(),
     });
@@ -366,6 +388,11 @@ fn handle_input(
             sessions[element.0 as usize] = Some(Session { id: session, frames, _close: close });
             core.handle_element_connected(t, element);
         }
+        Input::Progress { element, session } => {
+            if sessions[element.0 as usize].as_ref().is_some_and(|s| s.id == session) {
+                core.handle_element_progress(t, element);
+            }
+        }
         Input::Sent { element, session, through } => {
             if sessions[element.0 as usize].as_ref().is_some_and(|s| s.id == session) {
                 for (volume, sequence) in through {
@@ -507,6 +534,8 @@ const SESSION_STABLE: Duration = Duration::from_secs(10);
 
 /// An element that does not accept a connection within this is reported unreachable.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+/// While a frame from an element is still arriving, its progress is told the core this often.
+const PROGRESS_EVERY: Duration = Duration::from_millis(500);
 
 /// Keep one session to an element: connect, pump frames both ways, reconnect with backoff.
 /// How an element is reached, for status: "tcp" or "udp-fec r=8 c=3 rate=100 Mbit/s".
@@ -630,10 +659,13 @@ async fn run_session(
     };
     let reader = async {
         let mut buf = BytesMut::with_capacity(256 * 1024);
+        let mut progress_said = tokio::time::Instant::now();
         loop {
+            let mut whole = false;
             loop {
                 match decode_frame::<ElementMessage>(&mut buf) {
                     Ok(Some(message)) => {
+                        whole = true;
                         if inputs.send(Input::Message { element, session, message }).is_err() {
                             return "host element stopping".to_string();
                         }
@@ -641,6 +673,14 @@ async fn run_session(
                     Ok(None) => break,
                     Err(e) => return format!("bad frame from element: {e}"),
                 }
+            }
+            // A large frame trickling over a thin link is not silence (the heartbeat timeout
+            // is shorter than a 32 MiB read reply takes at 10 Mbit/s).
+            if whole {
+                progress_said = tokio::time::Instant::now();
+            } else if !buf.is_empty() && progress_said.elapsed() >= PROGRESS_EVERY {
+                progress_said = tokio::time::Instant::now();
+                let _ = inputs.send(Input::Progress { element, session });
             }
             if buf.capacity() - buf.len() < 64 * 1024 {
                 buf.reserve(256 * 1024);
@@ -665,15 +705,48 @@ async fn run_session(
 
 struct HostBackend {
     inputs: mpsc::UnboundedSender<Input>,
-    exports: Vec<ExportInfo>,
+    /// Each exported volume, with its storage volume and where in it the volume starts (a
+    /// consistency group's members are windows of the group's storage volume).
+    exports: Vec<(ExportInfo, u32, u64)>,
 }
 
 impl HostBackend {
-    fn call(&self, export: &str, request: Request) -> Option<oneshot::Receiver<Reply>> {
-        let volume = self.exports.iter().position(|e| e.name == export)? as u32;
+    /// The storage volume of `export` and its offset there.
+    fn locate(&self, export: &str) -> Option<(u32, u64)> {
+        self.exports.iter().find(|(e, _, _)| e.name == export).map(|(_, volume, base)| (*volume, *base))
+    }
+
+    /// Hand `request` (offsets already in the storage volume) to the core. The NBD layer has
+    /// checked that it lies inside the export.
+    fn call_in(&self, volume: u32, request: Request) -> Option<oneshot::Receiver<Reply>> {
         let (reply, rx) = oneshot::channel();
         self.inputs.send(Input::Host { volume, request, reply }).ok()?;
         Some(rx)
+    }
+
+    /// `request` with offsets in `export`, moved to its storage volume.
+    fn call(&self, export: &str, request: Request) -> Option<oneshot::Receiver<Reply>> {
+        let (volume, base) = self.locate(export)?;
+        let request = match request {
+            Request::Read { offset_bytes, length_bytes } => {
+                Request::Read { offset_bytes: base + offset_bytes, length_bytes }
+            }
+            Request::BlockStatus { offset_bytes, length_bytes } => {
+                Request::BlockStatus { offset_bytes: base + offset_bytes, length_bytes }
+            }
+            Request::Write(Op::WriteZeroes { offset_bytes, length_bytes }) => {
+                Request::Write(Op::WriteZeroes { offset_bytes: base + offset_bytes, length_bytes })
+            }
+            Request::Write(Op::Trim { offset_bytes, length_bytes }) => {
+                Request::Write(Op::Trim { offset_bytes: base + offset_bytes, length_bytes })
+            }
+            // The base is a whole number of blocks: the pieces and their checksums stay.
+            Request::Write(Op::Write { offset_bytes, data, crcs }) => {
+                Request::Write(Op::Write { offset_bytes: base + offset_bytes, data, crcs })
+            }
+            Request::Flush => Request::Flush,
+        };
+        self.call_in(volume, request)
     }
 }
 
@@ -695,7 +768,7 @@ fn done(rx: Option<oneshot::Receiver<Reply>>) -> BoxFuture<Result<(), nbd::Errno
 
 impl Backend for HostBackend {
     fn exports(&self) -> Vec<ExportInfo> {
-        self.exports.clone()
+        self.exports.iter().map(|(e, _, _)| e.clone()).collect()
     }
 
     fn read(&self, export: &str, offset_bytes: u64, length_bytes: u32) -> BoxFuture<Result<Bytes, nbd::Errno>> {
@@ -710,8 +783,10 @@ impl Backend for HostBackend {
 
     fn write(&self, export: &str, offset_bytes: u64, data: Bytes, _fua: bool) -> BoxFuture<Result<(), nbd::Errno>> {
         // The piece checksums are computed here, once, as the write arrives: they travel with
-        // it to every element's disk, and reads are checked against them.
-        done(self.call(export, Request::Write(Op::write(offset_bytes, data))))
+        // it to every element's disk, and reads are checked against them. Pieces are cut at
+        // block boundaries of the storage volume (a group member starts on one).
+        let Some((volume, base)) = self.locate(export) else { return done(None) };
+        done(self.call_in(volume, Request::Write(Op::write(base + offset_bytes, data))))
     }
 
     fn write_zeroes(

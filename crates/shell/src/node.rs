@@ -321,7 +321,7 @@ impl Node {
         let mut doc = match handle {
             Some(handle) => {
                 let status = handle.status().await?;
-                let mut doc = crate::admin::status_json(&status, handle.addresses(), handle.links());
+                let mut doc = crate::admin::status_json(&status, handle.addresses(), handle.links(), handle.exports());
                 doc["role"] = json!("active");
                 doc
             }

@@ -47,6 +47,16 @@ pub struct HostFile {
     pub element: Vec<ElementEntry>,
     #[serde(default)]
     pub volume: Vec<VolumeEntry>,
+    /// Consistency groups: volumes that share one sequence space.
+    #[serde(default)]
+    pub group: Vec<GroupEntry>,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GroupEntry {
+    pub name: String,
+    pub volumes: Vec<String>,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -146,8 +156,17 @@ impl HostFile {
                 parse_size(&v.size).map_err(anyhow::Error::msg).with_context(|| format!("volume {}", v.name))?;
             volumes.push(VolumeSpec { name: v.name.clone(), size_bytes });
         }
+        let groups: Vec<starfish_core::groups::GroupSpec> = self
+            .group
+            .iter()
+            .map(|g| starfish_core::groups::GroupSpec { name: g.name.clone(), volumes: g.volumes.clone() })
+            .collect();
+        let (storage, exports) = starfish_core::groups::layout(&volumes, &groups).map_err(anyhow::Error::msg)?;
         let mut config =
-            HostConfig::new(Epoch(1), quorum, self.element.iter().map(|e| e.name.clone()).collect(), volumes);
+            HostConfig::new(Epoch(1), quorum, self.element.iter().map(|e| e.name.clone()).collect(), storage);
+        if !groups.is_empty() {
+            config.exports = exports;
+        }
         config.ack_policies = self
             .element
             .iter()
@@ -290,6 +309,17 @@ pub fn parse_element(s: &str) -> Result<ElementEntry> {
     }
     entry.far_link()?;
     Ok(entry)
+}
+
+/// `NAME:VOL,VOL…`, e.g. `db:data,wal`.
+pub fn parse_group(s: &str) -> Result<GroupEntry> {
+    let (name, volumes) =
+        s.split_once(':').with_context(|| format!("group {s:?}: expected NAME:VOLUME,VOLUME…, e.g. db:data,wal"))?;
+    let volumes: Vec<String> = volumes.split(',').map(str::to_string).collect();
+    if name.is_empty() || volumes.iter().any(String::is_empty) {
+        bail!("group {s:?}: expected NAME:VOLUME,VOLUME…, e.g. db:data,wal");
+    }
+    Ok(GroupEntry { name: name.to_string(), volumes })
 }
 
 pub fn parse_volume(s: &str) -> Result<VolumeEntry> {

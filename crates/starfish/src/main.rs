@@ -123,6 +123,12 @@ struct HostArgs {
     /// A volume as NAME:SIZE, e.g. vol0:1GiB (repeatable).
     #[arg(long = "volume")]
     volumes: Vec<String>,
+    /// A consistency group as NAME:VOLUME,VOLUME…, e.g. db:data,wal (repeatable): its volumes
+    /// share one sequence space, so every element (the far one included) applies their writes
+    /// in one order and holds a crash-consistent copy of all of them. A volume in no group is
+    /// its own.
+    #[arg(long = "group")]
+    groups: Vec<String>,
     /// Write queue size per volume (e.g. 128MiB).
     #[arg(long, value_parser = parse_size)]
     write_queue: Option<u64>,
@@ -396,6 +402,9 @@ fn host_options(args: HostArgs) -> Result<HostOptions> {
     }
     if !args.volumes.is_empty() {
         file.volume = args.volumes.iter().map(|s| config::parse_volume(s)).collect::<Result<_>>()?;
+    }
+    if !args.groups.is_empty() {
+        file.group = args.groups.iter().map(|s| config::parse_group(s)).collect::<Result<_>>()?;
     }
     if let Some(q) = args.quorum {
         file.quorum = Some(q);
@@ -692,13 +701,14 @@ fn print_status(doc: &serde_json::Value) {
     println!("{:<12} {:>14} {:<11} {:>14} {:>12}", "VOLUME", "SIZE", "MODE", "ACKED SEQ", "QUEUE");
     for v in doc["volumes"].as_array().into_iter().flatten() {
         println!(
-            "{:<12} {:>14} {:<11} {:>14} {:>11.1}%",
+            "{:<12} {:>14} {:<11} {:>14} {:>11.1}%{}",
             v["name"].as_str().unwrap_or("?"),
             config::format_size(v["size_bytes"].as_u64().unwrap_or(0)),
             v["mode"].as_str().unwrap_or("?"),
             v["acked_sequence"],
             100.0 * v["write_queue_used_bytes"].as_f64().unwrap_or(0.0)
                 / v["write_queue_capacity_bytes"].as_f64().unwrap_or(1.0).max(1.0),
+            v["group"].as_str().map_or(String::new(), |g| format!("  group {g} (its sequence and queue)")),
         );
         let s = &v["scrub"];
         if s.is_object() {
