@@ -53,13 +53,21 @@ struct SessionState {
     /// Datagrams the link released that the socket could not take yet (its buffer was full),
     /// in order; the driver sends them when it can.
     backlog: std::collections::VecDeque<Bytes>,
+    /// Since when sending has failed with an error other than a full buffer (µs), and why:
+    /// the datagram has not left, so it stays in the backlog and is tried again.
+    send_failing: Option<(u64, String)>,
 }
 
 impl SessionState {
     fn new(link: Link<GaloisCode>) -> SessionState {
-        SessionState { link, read_waker: None, write_waker: None, backlog: Default::default() }
+        SessionState { link, read_waker: None, write_waker: None, backlog: Default::default(), send_failing: None }
     }
 }
+
+/// A send that keeps failing (no route, a firewall's refusal) closes the session after this.
+const SEND_FAILING_CLOSE_US: u64 = 2_000_000;
+/// While sending fails, it is tried again this often.
+const SEND_RETRY: Duration = Duration::from_millis(20);
 
 struct Shared {
     state: Mutex<SessionState>,
@@ -87,23 +95,24 @@ impl Shared {
     /// counts. Called with the session locked, so sends keep the link's order. Returns whether
     /// datagrams wait in the backlog (the driver then waits for the socket to take more).
     fn transmit(&self, s: &mut SessionState, now: u64) -> bool {
+        while let Some(d) = s.link.poll_transmit(now) {
+            s.backlog.push_back(d);
+        }
         while let Some(d) = s.backlog.front() {
             match self.socket.try_send_to(d, self.peer) {
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                // Sent, or refused (a lost datagram: the link sends it again).
-                _ => {
+                Ok(_) => {
                     s.backlog.pop_front();
+                    s.send_failing = None;
                 }
-            }
-        }
-        while let Some(d) = s.link.poll_transmit(now) {
-            if !s.backlog.is_empty() {
-                s.backlog.push_back(d);
-                continue;
-            }
-            if let Err(e) = self.socket.try_send_to(&d, self.peer) {
-                if e.kind() == io::ErrorKind::WouldBlock {
-                    s.backlog.push_back(d);
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                // Not sent (so not protected): tried again, and the session ends if it lasts.
+                Err(e) => {
+                    let since = s.send_failing.get_or_insert_with(|| (now, e.to_string())).0;
+                    if now >= since + SEND_FAILING_CLOSE_US {
+                        s.link.close(&format!("sending to {} fails: {e}", self.peer));
+                        s.backlog.clear();
+                    }
+                    break;
                 }
             }
         }
@@ -366,12 +375,16 @@ impl Endpoint {
         let mut refused_logged: Option<Instant> = None;
         let mut refused = 0u64;
         loop {
-            let backlog = self.pump();
+            let (backlog, failing) = self.pump();
             // A client's socket ends with its one session; an element's when its listener goes.
             if self.accept.as_ref().map_or(self.sessions.is_empty(), |tx| tx.is_closed()) {
                 return;
             }
-            let deadline = self.sessions.values().filter_map(|s| s.lock().link.poll_timeout()).min();
+            let mut deadline = self.sessions.values().filter_map(|s| s.lock().link.poll_timeout()).min();
+            if failing {
+                let retry = self.now_us() + SEND_RETRY.as_micros() as u64;
+                deadline = Some(deadline.map_or(retry, |d| d.min(retry)));
+            }
             let sleep = async {
                 match deadline {
                     Some(t) => {
@@ -398,7 +411,7 @@ impl Endpoint {
                 }
                 _ = self.driver.notified() => {}
                 _ = sleep => {}
-                _ = self.socket.writable(), if backlog => {}
+                _ = self.socket.writable(), if backlog && !failing => {}
             }
         }
     }
@@ -443,11 +456,13 @@ impl Endpoint {
     }
 
     /// Timers, then everything the links release now; forget sessions that are over. Returns
-    /// whether some session's datagrams wait for room in the socket.
-    fn pump(&mut self) -> bool {
+    /// whether some session's datagrams wait for room in the socket, and whether some
+    /// session's sends fail (tried again after a pause).
+    fn pump(&mut self) -> (bool, bool) {
         let now = self.now_us();
         let mut gone = Vec::new();
         let mut backlog = false;
+        let mut failing = false;
         for (&key, shared) in &self.sessions {
             let mut s = shared.lock();
             if s.link.poll_timeout().is_some_and(|t| t <= now) {
@@ -456,6 +471,7 @@ impl Endpoint {
                 }
             }
             backlog |= shared.transmit(&mut s, now);
+            failing |= s.send_failing.is_some();
             wake(&mut s);
             if matches!(s.link.state(), LinkState::Closed(_)) && s.link.poll_timeout().is_none() && s.backlog.is_empty()
             {
@@ -466,7 +482,7 @@ impl Endpoint {
             // The stream may still be held: it sees the closed state.
             self.sessions.remove(&key);
         }
-        backlog
+        (backlog, failing)
     }
 }
 
@@ -480,5 +496,57 @@ fn wake(s: &mut SessionState) {
         if let Some(w) = s.write_waker.take() {
             w.wake();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    use super::*;
+
+    const OPTIONS: FarLinkOptions = FarLinkOptions { r: 8, c: 3, rate_bytes_per_s: 0 };
+
+    #[tokio::test]
+    async fn a_session_carries_bytes_both_ways_and_tells_what_is_protected() {
+        let mut listener = FarListener::bind("127.0.0.1:0".parse().expect("an address")).await.expect("bind");
+        let address = listener.local_addr();
+        let server = tokio::spawn(async move {
+            let (mut stream, _) = listener.accept().await.expect("a session");
+            let mut buf = vec![0u8; 300_000];
+            stream.read_exact(&mut buf).await.expect("read");
+            stream.write_all(&buf[..1000]).await.expect("write");
+            stream.flush().await.expect("flush");
+            // Hold the session until the client has read.
+            let mut end = [0u8; 1];
+            let _ = stream.read(&mut end).await;
+            buf
+        });
+        let mut client = connect(address, OPTIONS, Duration::from_secs(5)).await.expect("connect");
+        let progress = client.progress();
+        let data: Vec<u8> = (0..300_000u32).map(|i| (i % 253) as u8).collect();
+        client.write_all(&data).await.expect("write");
+        client.flush().await.expect("flush");
+        assert_eq!(progress.written(), data.len() as u64);
+        assert!(progress.protected(data.len() as u64).await, "every group's repair packets left");
+        let mut back = vec![0u8; 1000];
+        client.read_exact(&mut back).await.expect("read back");
+        assert_eq!(back, data[..1000]);
+        drop(client);
+        assert_eq!(server.await.expect("server"), data);
+    }
+
+    #[tokio::test]
+    async fn nobody_answering_and_sends_that_fail_are_clear_errors() {
+        // A UDP port where nothing listens: no answer to the Open.
+        let silent = std::net::UdpSocket::bind("127.0.0.1:0").expect("bind");
+        let address = silent.local_addr().expect("address");
+        drop(silent);
+        let error = connect(address, OPTIONS, Duration::from_millis(700)).await.err().expect("no session");
+        assert!(error.contains("no answer over UDP"), "{error}");
+        // The broadcast address without SO_BROADCAST: every send is refused by the kernel.
+        let broadcast: SocketAddr = "255.255.255.255:9".parse().expect("an address");
+        let error = connect(broadcast, OPTIONS, Duration::from_secs(10)).await.err().expect("no session");
+        assert!(error.contains("fails"), "{error}");
     }
 }

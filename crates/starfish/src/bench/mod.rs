@@ -44,6 +44,10 @@ pub struct BenchArgs {
     /// Where element data and scratch directories go (removed afterwards).
     #[arg(long, default_value = "/tmp")]
     work_dir: PathBuf,
+    /// Print (and with --plot draw) the rows of an earlier `--json` run of this table, saved in
+    /// FILE, instead of running it.
+    #[arg(long, value_name = "FILE")]
+    rows: Option<PathBuf>,
 }
 
 #[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
@@ -163,16 +167,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         anyhow::bail!("--work-dir {} is not a directory", args.work_dir.display());
     }
     let bench = Bench { bin, work: args.work_dir.clone(), mode };
-    bench.progress(&format!("load average at the start: {}", load_average()));
-    let rows = match args.table {
-        Table::T5 => t5::run(&bench)?,
-        Table::T6 => t6::run(&bench)?,
-        Table::T7 => t7::run(&bench)?,
-        Table::Failover => failover::run(&bench)?,
-        Table::Tls => tls::run(&bench)?,
-        Table::Smfs => smfs::run(&bench)?,
-    };
-    bench.progress(&format!("load average at the end: {}", load_average()));
+    let rows = if let Some(file) = &args.rows { read_rows(file, args.table)? } else { run_table(&bench, args.table)? };
     if args.json {
         print!("{}", json_lines(&rows));
     } else {
@@ -192,6 +187,37 @@ pub fn run(args: BenchArgs) -> Result<()> {
     Ok(())
 }
 
+fn run_table(bench: &Bench, table: Table) -> Result<Vec<Row>> {
+    bench.progress(&format!("load average at the start: {}", load_average()));
+    let rows = match table {
+        Table::T5 => t5::run(bench)?,
+        Table::T6 => t6::run(bench)?,
+        Table::T7 => t7::run(bench)?,
+        Table::Failover => failover::run(bench)?,
+        Table::Tls => tls::run(bench)?,
+        Table::Smfs => smfs::run(bench)?,
+    };
+    bench.progress(&format!("load average at the end: {}", load_average()));
+    Ok(rows)
+}
+
+/// The rows of an earlier `--json` run (one JSON object per line).
+fn read_rows(file: &Path, table: Table) -> Result<Vec<Row>> {
+    let text = std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
+    let name = table.to_possible_value().map(|v| v.get_name().to_string()).unwrap_or_default();
+    let mut rows = Vec::new();
+    for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
+        let value: Value =
+            serde_json::from_str(line).with_context(|| format!("{} line {}: not JSON", file.display(), i + 1))?;
+        let Value::Object(row) = value else { anyhow::bail!("{} line {}: not a JSON object", file.display(), i + 1) };
+        if row.get("table").and_then(Value::as_str) != Some(name.as_str()) {
+            anyhow::bail!("{} line {}: a row of another table than {name}", file.display(), i + 1);
+        }
+        rows.push(row);
+    }
+    Ok(rows)
+}
+
 /// The machine is shared: the load average says how much the figures can be trusted.
 fn load_average() -> String {
     std::fs::read_to_string("/proc/loadavg")
@@ -204,13 +230,15 @@ fn write_plot(table: Table, rows: &[Row], dir: &Path) -> Result<()> {
     let path = match table {
         Table::T5 => dir.join("t5.png"),
         Table::T7 => dir.join("t7.png"),
-        Table::T6 | Table::Failover | Table::Tls | Table::Smfs => {
-            eprintln!("bench: no plot for this table (plots are drawn for Tables 5 and 7)");
+        Table::Smfs => dir.join("smfs.png"),
+        Table::T6 | Table::Failover | Table::Tls => {
+            eprintln!("bench: no plot for this table (plots are drawn for Tables 5 and 7 and smfs)");
             return Ok(());
         }
     };
     match table {
         Table::T5 => plot::t5(rows, &path)?,
+        Table::Smfs => plot::smfs(rows, &path)?,
         _ => plot::t7(rows, &path)?,
     }
     eprintln!("bench: wrote {}", path.display());

@@ -204,3 +204,81 @@ pub fn t7(rows: &[Row], path: &Path) -> Result<()> {
     root.present().map_err(draw_error)?;
     Ok(())
 }
+
+/// The SMFS evaluation: left, writes acknowledged but lost in the rolling disaster against the
+/// loss rate; right, what reaches the far element against the loss rate (one line per mode).
+pub fn smfs(rows: &[Row], path: &Path) -> Result<()> {
+    register_font()?;
+    const MODES: [(&str, RGBColor); 6] = [
+        ("local-sync", RGBColor(255, 127, 14)),
+        ("local-sync+FEC", RGBColor(188, 189, 34)),
+        ("remote-sync", RGBColor(31, 119, 180)),
+        ("remote-sync+FEC", RGBColor(23, 190, 207)),
+        ("network-sync over TCP", RGBColor(148, 103, 189)),
+        ("network-sync", RGBColor(214, 39, 40)),
+    ];
+    let series = |kind: &str, key: &str, mode: &str| -> Vec<(f64, f64)> {
+        let mut points: Vec<(f64, f64)> = rows
+            .iter()
+            .filter(|r| r["kind"] == kind && r["mode"] == mode && number(r, "delay_ms").is_none_or(|d| d == 50.0))
+            .filter(|r| kind != "disaster" || r["fec_c"].as_u64().is_none_or(|c| c == 3))
+            .filter_map(|r| Some((number(r, "loss_pct")?, number(r, key)?)))
+            .collect();
+        points.sort_by(|a, b| a.0.total_cmp(&b.0));
+        points
+    };
+    let root = BitMapBackend::new(path, (WIDTH, HEIGHT)).into_drawing_area();
+    root.fill(&WHITE).map_err(draw_error)?;
+    let root =
+        root.titled("SMFS evaluation: far element behind 50 ms one way, 100 Mbit/s", (FONT, 24)).map_err(draw_error)?;
+    let panels = root.split_evenly((1, 2));
+    for (panel, (kind, key, title, y_desc)) in panels.iter().zip([
+        (
+            "disaster",
+            "acked_lost",
+            "Rolling disaster: acknowledged writes lost",
+            "writes acknowledged, absent at the far site",
+        ),
+        ("throughput", "far_mbit_s", "Throughput reaching the far element", "Mbit/s (16 writes of 4 KiB in flight)"),
+    ]) {
+        let y_max = MODES.iter().flat_map(|(m, _)| series(kind, key, m)).map(|p| p.1).fold(1.0, f64::max);
+        let x_max = MODES.iter().flat_map(|(m, _)| series(kind, key, m)).map(|p| p.0).fold(0.1, f64::max);
+        let mut chart = ChartBuilder::on(panel)
+            .caption(title, (FONT, 18))
+            .margin(15)
+            .x_label_area_size(45)
+            .y_label_area_size(70)
+            .build_cartesian_2d(0.0..x_max * 1.05, 0.0..y_max * 1.15)
+            .map_err(draw_error)?;
+        chart
+            .configure_mesh()
+            .x_desc("random loss on the link (%)")
+            .y_desc(y_desc)
+            .label_style((FONT, 14))
+            .axis_desc_style((FONT, 15))
+            .draw()
+            .map_err(draw_error)?;
+        for (mode, color) in MODES {
+            let points = series(kind, key, mode);
+            if points.is_empty() {
+                continue;
+            }
+            chart
+                .draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))
+                .map_err(draw_error)?
+                .label(mode)
+                .legend(move |(x, y)| PathElement::new([(x, y), (x + 18, y)], color.stroke_width(2)));
+            chart.draw_series(points.iter().map(|&p| Circle::new(p, 4, color.filled()))).map_err(draw_error)?;
+        }
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::UpperLeft)
+            .label_font((FONT, 13))
+            .background_style(WHITE.mix(0.85))
+            .border_style(BLACK)
+            .draw()
+            .map_err(draw_error)?;
+    }
+    root.present().map_err(draw_error)?;
+    Ok(())
+}
