@@ -16,6 +16,12 @@ from harness import Client, random_bytes
 MiB = 1024 * 1024
 
 
+def caught_up(status):
+    volume = harness.volume_status(status)
+    far = next(e for e in status["elements"] if e["name"] == "far")
+    return far["state"] == "in-sync" and far["applied_sequence"]["vol0"] == volume["acked_sequence"]
+
+
 def element_digests(cluster, name):
     return {v["name"]: (v["applied_sequence"], v["digest"]) for v in cluster.elements[name].verify()["volumes"]}
 
@@ -40,11 +46,6 @@ def test_a_far_element_behind_a_lossy_long_link_keeps_up(make_cluster, netns_lin
             c.pwrite(data[offset:offset + MiB], offset)
         c.flush()
     written_s = time.monotonic() - started
-
-    def caught_up(status):
-        volume = harness.volume_status(status)
-        far = next(e for e in status["elements"] if e["name"] == "far")
-        return far["state"] == "in-sync" and far["applied_sequence"]["vol0"] == volume["acked_sequence"]
 
     cluster.wait_status(caught_up, 60, "the far element caught up with every acknowledged write")
     caught_up_s = time.monotonic() - started
@@ -74,7 +75,9 @@ def test_the_far_link_carries_tls_and_refuses_strangers(make_cluster):
         c.pwrite(data, 0)
         c.flush()
         assert c.pread(len(data), 0) == data
-    status = cluster.wait_healthy(timeout=30)
+    # network-sync counted the far element once the write was on the wire; it applies it soon
+    # after.
+    status = cluster.wait_status(caught_up, 30, "the far element applied every acknowledged write")
     entry = next(e for e in status["elements"] if e["name"] == "far")
     assert entry["link"] == "udp-fec r=8 c=3 unpaced", entry
     assert far.process.alive()

@@ -328,6 +328,11 @@ impl<C: ErasureCode> Link<C> {
         self.acked
     }
 
+    /// Everything written has been flushed, sent and acknowledged by the peer.
+    pub fn drained(&self) -> bool {
+        self.acked == self.written && self.queue.is_empty() && self.resends.iter().all(|o| o.kind != Kind::Fec)
+    }
+
     /// Take up to `window_room()` bytes of the stream; full packets are cut at once, the rest
     /// waits for more or for `flush`.
     pub fn write(&mut self, data: &[u8]) -> Result<usize, FecError> {

@@ -265,6 +265,41 @@ fn enlarge_buffers(socket: &UdpSocket) {
     }
 }
 
+/// The sessions this process opened (a host element's), so that it can let them drain before
+/// it exits: unlike a TCP socket's buffer, what a far-link session has not delivered dies with
+/// the process.
+static OPENED: Mutex<Vec<std::sync::Weak<Shared>>> = Mutex::new(Vec::new());
+
+/// Wait until every far-link session this process opened has had everything written to it
+/// acknowledged by the peer (or was closed), at most `timeout`. Returns how many had not.
+pub async fn drain(timeout: Duration) -> usize {
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        let pending = {
+            let mut opened = OPENED.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            opened.retain(|weak| weak.strong_count() > 0);
+            opened
+                .iter()
+                .filter_map(|weak| weak.upgrade())
+                .filter(|shared| {
+                    let mut s = shared.lock();
+                    if matches!(s.link.state(), LinkState::Closed(_)) {
+                        return false;
+                    }
+                    let _ = s.link.flush();
+                    shared.transmit(&mut s, shared.now_us());
+                    shared.driver.notify_one();
+                    !(s.link.drained() && s.backlog.is_empty())
+                })
+                .count()
+        };
+        if pending == 0 || tokio::time::Instant::now() >= deadline {
+            return pending;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 fn random_session() -> u64 {
     use std::hash::{BuildHasher, Hasher};
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
@@ -295,6 +330,7 @@ pub async fn connect(address: SocketAddr, options: FarLinkOptions, timeout: Dura
     sessions.insert((address, shared.lock().link.session()), shared.clone());
     let endpoint = Endpoint { socket, origin, driver, sessions, accept: None, limits: config };
     tokio::spawn(endpoint.run());
+    OPENED.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).push(Arc::downgrade(&shared));
     let stream = FecStream { shared };
     let opened = async {
         loop {
@@ -529,6 +565,7 @@ mod tests {
         client.flush().await.expect("flush");
         assert_eq!(progress.written(), data.len() as u64);
         assert!(progress.protected(data.len() as u64).await, "every group's repair packets left");
+        assert_eq!(drain(Duration::from_secs(5)).await, 0, "the peer acknowledged everything");
         let mut back = vec![0u8; 1000];
         client.read_exact(&mut back).await.expect("read back");
         assert_eq!(back, data[..1000]);

@@ -337,6 +337,12 @@ fn run(cli: Cli) -> Result<()> {
                 shell::host::start(options).await?;
                 shutdown_signal().await;
                 tracing::info!("host element stopping");
+                // What far-link sessions have not delivered would die with the process (a TCP
+                // socket's buffer does not): let them drain first, briefly.
+                let undrained = shell::far_link::drain(FAR_LINK_DRAIN).await;
+                if undrained > 0 {
+                    tracing::warn!(sessions = undrained, "far-link sessions not drained when stopping");
+                }
                 Ok(())
             })
         }
@@ -350,6 +356,9 @@ fn run(cli: Cli) -> Result<()> {
         Command::Bench(args) => bench::run(args),
     }
 }
+
+/// How long a stopping host element waits for its far-link sessions to deliver what they hold.
+const FAR_LINK_DRAIN: std::time::Duration = std::time::Duration::from_secs(5);
 
 async fn shutdown_signal() {
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
