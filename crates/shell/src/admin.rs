@@ -198,7 +198,8 @@ fn scrub_json(s: &starfish_core::ScrubStatus) -> Value {
 }
 
 /// The status document; field names are part of the CLI contract (`starfish status --json`).
-/// The status document. `exports`: the volumes exported over NBD; a consistency group's
+/// The status document. `exports`: the volumes exported over NBD (`HostConfig::exported`,
+/// never empty); a consistency group's
 /// member is reported with its group's state (mode, sequences, write queue, scrubs: they are
 /// the group's), and the groups are listed under `groups`.
 pub fn status_json(
@@ -226,23 +227,19 @@ pub fn status_json(
             })
         })
         .collect();
-    let volumes: Vec<Value> = if exports.is_empty() {
-        storage.clone()
-    } else {
-        exports
-            .iter()
-            .filter_map(|e| {
-                let mut o = storage.get(e.volume)?.clone();
-                o["name"] = json!(e.name);
-                o["size_bytes"] = json!(e.size_bytes);
-                if let Some(group) = &e.group {
-                    o["group"] = json!(group);
-                    o["group_offset_bytes"] = json!(e.offset_bytes);
-                }
-                Some(o)
-            })
-            .collect()
-    };
+    let volumes: Vec<Value> = exports
+        .iter()
+        .filter_map(|e| {
+            let mut o = storage.get(e.volume)?.clone();
+            o["name"] = json!(e.name);
+            o["size_bytes"] = json!(e.size_bytes);
+            if let Some(group) = &e.group {
+                o["group"] = json!(group);
+                o["group_offset_bytes"] = json!(e.offset_bytes);
+            }
+            Some(o)
+        })
+        .collect();
     let groups: Vec<Value> = status
         .volumes
         .iter()

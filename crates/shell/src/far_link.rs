@@ -330,7 +330,12 @@ pub async fn connect(address: SocketAddr, options: FarLinkOptions, timeout: Dura
     sessions.insert((address, shared.lock().link.session()), shared.clone());
     let endpoint = Endpoint { socket, origin, driver, sessions, accept: None, limits: config };
     tokio::spawn(endpoint.run());
-    OPENED.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).push(Arc::downgrade(&shared));
+    {
+        // A host element redials an absent far element every few seconds: forget ended ones.
+        let mut opened = OPENED.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        opened.retain(|weak| weak.strong_count() > 0);
+        opened.push(Arc::downgrade(&shared));
+    }
     let stream = FecStream { shared };
     let opened = async {
         loop {
