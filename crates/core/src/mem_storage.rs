@@ -83,7 +83,8 @@ pub struct MemStorage {
     /// The host element the epoch belongs to.
     pub holder: HostId,
     pub vols: Vec<Volume>,
-    volume_bytes: u64,
+    /// The largest volume it holds (its "disk").
+    volume_bytes_max: u64,
     replay_log_bytes: u64,
     /// Off in the `no-fencing` broken variant (as the element core's `fencing`).
     fencing: bool,
@@ -111,12 +112,13 @@ pub struct MemStorage {
 }
 
 impl MemStorage {
-    pub fn new(volume_bytes: u64, fsync_us: u64, replay_log_bytes: u64, fencing: bool) -> MemStorage {
+    /// Storage for volumes of up to `volume_bytes_max` bytes each.
+    pub fn new(volume_bytes_max: u64, fsync_us: u64, replay_log_bytes: u64, fencing: bool) -> MemStorage {
         MemStorage {
             epoch: Epoch(0),
             holder: HostId(0),
             vols: Vec::new(),
-            volume_bytes,
+            volume_bytes_max,
             replay_log_bytes,
             fencing,
             unsynced: None,
@@ -135,11 +137,16 @@ impl MemStorage {
         }
     }
 
-    pub fn add_volume(&mut self, name: String) -> LocalVolume {
-        let blocks = (self.volume_bytes / BLOCK_BYTES) as usize;
+    /// A new empty volume of `size_bytes` (a whole number of blocks, at most the largest).
+    pub fn add_volume(&mut self, name: String, size_bytes: u64) -> LocalVolume {
+        assert!(
+            size_bytes <= self.volume_bytes_max && size_bytes.is_multiple_of(BLOCK_BYTES),
+            "volume {name}: {size_bytes} bytes"
+        );
+        let blocks = (size_bytes / BLOCK_BYTES) as usize;
         self.vols.push(Volume {
             name,
-            data: vec![0; self.volume_bytes as usize],
+            data: vec![0; size_bytes as usize],
             allocated: vec![false; blocks],
             history: Vec::new(),
             changed: vec![Sequence::ZERO; blocks],
@@ -407,18 +414,28 @@ impl ElementStorage for MemStorage {
     }
 
     fn check_new_volumes(&self, specs: &[VolumeSpec]) -> Result<(), String> {
-        match specs.iter().find(|s| s.size_bytes != self.volume_bytes) {
-            Some(s) => {
-                Err(format!("volume {}: this storage holds volumes of {} bytes only", s.name, self.volume_bytes))
+        for spec in specs {
+            let here = self.vols.iter().find(|v| v.name == spec.name).map(|v| v.data.len() as u64);
+            match here {
+                Some(size) if size != spec.size_bytes => {
+                    return Err(format!("volume {}: {} bytes here, not {}", spec.name, size, spec.size_bytes))
+                }
+                None if spec.size_bytes > self.volume_bytes_max || !spec.size_bytes.is_multiple_of(BLOCK_BYTES) => {
+                    return Err(format!(
+                        "volume {}: this storage holds volumes of whole blocks up to {} bytes only",
+                        spec.name, self.volume_bytes_max
+                    ))
+                }
+                _ => {}
             }
-            None => Ok(()),
         }
+        Ok(())
     }
 
     fn ensure_volume(&mut self, spec: &VolumeSpec) -> Result<LocalVolume, String> {
         match self.vols.iter().position(|v| v.name == spec.name) {
             Some(i) => Ok(LocalVolume(i as u32)),
-            None => Ok(self.add_volume(spec.name.clone())),
+            None => Ok(self.add_volume(spec.name.clone(), spec.size_bytes)),
         }
     }
 

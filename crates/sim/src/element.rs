@@ -103,16 +103,16 @@ impl Element {
     pub fn new(
         name: String,
         element_id: u64,
-        volumes: usize,
-        volume_bytes: u64,
+        volumes: &[proto::VolumeSpec],
         fsync_us: u64,
         replay_log_bytes: u64,
         broken: Broken,
     ) -> Element {
         let fencing = broken != Broken::NoFencing;
-        let mut storage = MemStorage::new(volume_bytes, fsync_us, replay_log_bytes, fencing);
-        for v in 0..volumes {
-            storage.add_volume(format!("vol{v}"));
+        let largest = volumes.iter().map(|v| v.size_bytes).max().unwrap_or(0);
+        let mut storage = MemStorage::new(largest, fsync_us, replay_log_bytes, fencing);
+        for v in volumes {
+            storage.add_volume(v.name.clone(), v.size_bytes);
         }
         let lease_ms = if broken == Broken::NoReadLease { 0 } else { starfish_core::limits::LEASE_MS_DEFAULT };
         let check_roles = broken != Broken::NoRoleCheck;
@@ -131,7 +131,7 @@ impl Element {
             copies: BTreeMap::new(),
             refused: BTreeSet::new(),
             broken,
-            received_through: vec![Sequence::ZERO; volumes],
+            received_through: vec![Sequence::ZERO; volumes.len()],
         }
     }
 

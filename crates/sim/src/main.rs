@@ -13,13 +13,14 @@ use sim::{Broken, SimOptions, Summary};
 
 const USAGE: &str = "usage: sim [--seeds K] [--seed S] [--elements N] [--quorum Q] [--swarm] [--json]
            [--fault-phase-ms MS] [--fault-interval-ms MS] [--faults KIND,…]
-           [--broken none|ack-before-sync|no-fencing|clock-epochs|no-read-lease|no-role-check|no-scrub-repair|flush-before-durable]
-           [--ack POLICY,… (one per element: durable, received, remote-sync, network-sync, local-sync)] [--threads T] [--trace]
+           [--broken none|ack-before-sync|no-fencing|clock-epochs|no-read-lease|no-role-check|no-scrub-repair|flush-before-durable|split-group]
+           [--groups] [--ack POLICY,… (one per element: durable, received, remote-sync, network-sync, local-sync)] [--threads T] [--trace]
 
   --seeds K       run K seeds, starting at --seed (default 0); without --seeds, run --seed alone
   --swarm         draw the fault mix and rates from each seed (swarm testing)
   --faults K,…    inject only these kinds of fault (names as in the report, e.g. host_superseded)
   --broken X      run a deliberately broken variant, to show the checkers catch it
+  --groups        vol0 and vol1 form a consistency group (one storage volume, one order)
   --trace         print every event (for replaying one seed)
 
        sim check-history FILE [--data PATH] [--json]
@@ -141,6 +142,7 @@ fn main() -> ExitCode {
                 }
                 "--threads" => threads = value("--threads")?.parse().map_err(|e| format!("--threads: {e}"))?,
                 "--swarm" => options.swarm = true,
+                "--groups" => options.groups = true,
                 "--json" => json = true,
                 "--trace" => options.trace = true,
                 "-h" | "--help" => return Err(String::new()),
@@ -174,6 +176,10 @@ fn main() -> ExitCode {
         eprintln!("sim: --ack needs one policy per element, and at least Q that are not local-sync");
         return ExitCode::from(2);
     }
+    if options.broken == Broken::SplitGroup && !options.groups {
+        eprintln!("sim: --broken split-group needs --groups");
+        return ExitCode::from(2);
+    }
     let count = seeds.unwrap_or(1);
     if options.trace {
         threads = 1;
@@ -188,12 +194,13 @@ fn main() -> ExitCode {
         println!("{}", summary.json());
     } else {
         println!(
-            "N={} Q={} seeds {}..{}{}{} in {:.1} s",
+            "N={} Q={} seeds {}..{}{}{}{} in {:.1} s",
             options.elements,
             options.quorum,
             options.seed,
             options.seed + count - 1,
             if options.swarm { " (swarm)" } else { "" },
+            if options.groups { " (groups)" } else { "" },
             if options.broken != Broken::None {
                 format!(" BROKEN VARIANT {}", options.broken.name())
             } else {

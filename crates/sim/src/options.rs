@@ -181,6 +181,11 @@ pub enum Broken {
     /// A FLUSH is answered once the writes before it are answered, not once Q elements hold
     /// them durably: with weaker ack policies it promises what nobody stored yet.
     FlushBeforeDurable,
+    /// With `--groups`: the host element carries each member of a consistency group as its own
+    /// storage volume (its own sequence space), as if groups did not exist; the checker still
+    /// holds it to the group's promise (every element's copy of the group is a prefix of one
+    /// order).
+    SplitGroup,
 }
 
 impl Broken {
@@ -194,6 +199,7 @@ impl Broken {
             "no-role-check" => Some(Broken::NoRoleCheck),
             "no-scrub-repair" => Some(Broken::NoScrubRepair),
             "flush-before-durable" => Some(Broken::FlushBeforeDurable),
+            "split-group" => Some(Broken::SplitGroup),
             _ => None,
         }
     }
@@ -207,6 +213,7 @@ impl Broken {
             Broken::NoRoleCheck => "no-role-check",
             Broken::NoScrubRepair => "no-scrub-repair",
             Broken::FlushBeforeDurable => "flush-before-durable",
+            Broken::SplitGroup => "split-group",
         }
     }
 }
@@ -228,6 +235,9 @@ pub struct SimOptions {
     pub only_faults: Vec<FaultKind>,
     /// Ack policy per element (`--ack durable,received,network-sync`); empty: all durable.
     pub ack: Vec<starfish_core::AckPolicy>,
+    /// Consistency groups: vol0 and vol1 (of 2 or 3 volumes) form group `g`, carried as one
+    /// storage volume and exported as windows of it, as the host element's shell does.
+    pub groups: bool,
     /// Print every event to stderr.
     pub trace: bool,
 }
@@ -244,6 +254,7 @@ impl SimOptions {
             broken: Broken::None,
             only_faults: Vec::new(),
             ack: Vec::new(),
+            groups: false,
             trace: false,
         }
     }
@@ -273,6 +284,9 @@ impl SimOptions {
         if !self.ack.is_empty() {
             let names: Vec<&str> = self.ack.iter().map(|p| p.as_str()).collect();
             cmd.push_str(&format!(" --ack {}", names.join(",")));
+        }
+        if self.groups {
+            cmd.push_str(" --groups");
         }
         cmd.push_str(" --trace");
         cmd
@@ -375,7 +389,12 @@ impl Scenario {
             fault_weights[FaultKind::ALL.iter().position(|k| *k == FaultKind::DivergeBlock).expect("listed")] > 0.0;
         Scenario {
             scrub_interval_ms: if diverging { 1_000 } else { 0 },
-            volumes: rng.range(1, 2) as usize,
+            // Groups need two volumes at least; their draw comes from a stream of its own so
+            // that every other draw of a seed stays as it was.
+            volumes: match rng.range(1, 2) as usize {
+                _ if options.groups => Rng::new(options.seed, 8).range(2, 3) as usize,
+                drawn => drawn,
+            },
             volume_bytes: *[512u64 << 10, 2 << 20].get(rng.below(2) as usize).expect("2"),
             links,
             fsync_us,

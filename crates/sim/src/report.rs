@@ -54,6 +54,9 @@ pub struct RunReport {
     /// Reads (before the final probe) that returned a silently diverged block: not judged,
     /// as nothing but a scrub can tell such a block from the right one.
     pub diverged_reads_unjudged: u64,
+    /// Times an element's copy of the consistency group changed and was judged against the
+    /// group's one order with something to check (`--groups`).
+    pub group_states_checked: u64,
     pub sim_ms: u64,
     pub events: u64,
     pub digest: u64,
@@ -91,6 +94,7 @@ pub struct Summary {
     pub scrubs_done: u64,
     pub scrub_repairs: u64,
     pub diverged_reads_unjudged: u64,
+    pub group_states_checked: u64,
     pub sim_ms: u64,
     pub events: u64,
     /// (seed, first violation, count, replay command)
@@ -126,6 +130,7 @@ impl Summary {
         self.scrubs_done += r.scrubs_done;
         self.scrub_repairs += r.scrub_repairs;
         self.diverged_reads_unjudged += r.diverged_reads_unjudged;
+        self.group_states_checked += r.group_states_checked;
         self.sim_ms += r.sim_ms;
         self.events += r.events;
         if !r.violations.is_empty() {
@@ -183,6 +188,13 @@ impl Summary {
                 self.scrubs_done, self.scrub_repairs, self.diverged_reads_unjudged
             );
         }
+        if self.group_states_checked > 0 {
+            let _ = writeln!(
+                s,
+                "elements' copies of the consistency group judged against its one order: {}",
+                self.group_states_checked
+            );
+        }
         let _ = writeln!(
             s,
             "acknowledged writes lost: {} ({} allowed by the contract)",
@@ -209,8 +221,8 @@ impl Summary {
         s.push_str("},");
         let _ = write!(
             s,
-            "\"requests\":{},\"writes_acked\":{},\"reads_checked\":{},\"host_element_starts\":{},\"elements_needing_recovery\":{},\"unsynced_records_lost\":{},\"torn_records\":{},\"records_applied_behind_another_volume\":{},\"simulated_seconds\":{:.3},\"events\":{},\"past_deadline_ms_max\":{},",
-            self.requests, self.writes_acked, self.reads_checked, self.host_starts, self.elements_needing_recovery, self.unsynced_records_lost, self.torn_records, self.records_applied_behind_another_volume, self.sim_ms as f64 / 1000.0, self.events, self.past_deadline_ms_max
+            "\"requests\":{},\"writes_acked\":{},\"reads_checked\":{},\"host_element_starts\":{},\"elements_needing_recovery\":{},\"unsynced_records_lost\":{},\"torn_records\":{},\"records_applied_behind_another_volume\":{},\"simulated_seconds\":{:.3},\"events\":{},\"past_deadline_ms_max\":{},\"group_states_checked\":{},",
+            self.requests, self.writes_acked, self.reads_checked, self.host_starts, self.elements_needing_recovery, self.unsynced_records_lost, self.torn_records, self.records_applied_behind_another_volume, self.sim_ms as f64 / 1000.0, self.events, self.past_deadline_ms_max, self.group_states_checked
         );
         s.push_str("\"failures\":[");
         let failures: Vec<String> = self

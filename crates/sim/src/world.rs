@@ -9,6 +9,7 @@ use std::collections::{BTreeMap, BinaryHeap, HashMap, VecDeque};
 
 use bytes::Bytes;
 use proto::{ElementMessage, Epoch, HostMessage, Op, Record, Sequence, VolumeId, VolumeSpec};
+use starfish_core::groups::{ExportedVolume, GroupSpec};
 use starfish_core::mem_storage::DIVERGED_BYTE;
 use starfish_core::standby::{Decision, Key, Observation, StandbyConfig, StandbyCore};
 use starfish_core::{Action, ElementId, Event, Failure, HostConfig, HostCore, HostError, PeerId, Reply, Time, Token};
@@ -354,6 +355,19 @@ pub struct World {
     /// Per element, the kind of the recovery under way (to say how a diverged one got in).
     recovery_kind: Vec<Option<&'static str>>,
     sectors_per_volume: u64,
+    /// The volumes the host element's core and the elements hold (a consistency group is one
+    /// of them), and where each volume the hosts see lies in them (by the hosts' volume index).
+    storage_volumes: Vec<VolumeSpec>,
+    exports: Vec<ExportedVolume>,
+    /// The storage volumes that carry the consistency group's members (one; two in the
+    /// `split-group` broken variant); empty without `--groups`.
+    group_storage: Vec<usize>,
+    /// (storage volume, epoch) → the group's acknowledged write-likes there in the order
+    /// they were answered: (reply step, the highest sequence answered so far).
+    group_acks: HashMap<(usize, u64), Vec<(u64, u64)>>,
+    /// Per element, what the group-order check last saw of it: per group storage volume,
+    /// its history's length and last epoch.
+    group_checked: Vec<Vec<(usize, Option<Epoch>)>>,
     report: RunReport,
     /// Sessions elements opened to peers (replay sources, copy sources), by session id.
     peer_links: BTreeMap<u64, PeerLink>,
@@ -396,14 +410,14 @@ impl World {
     pub fn new(o: SimOptions) -> World {
         let mut rng_scenario = Rng::new(o.seed, 1);
         let sc = Scenario::draw(&o, &mut rng_scenario);
+        let (storage_volumes, exports, group_storage) = layout(&o, &sc);
         let names: Vec<String> = (0..o.elements).map(|i| format!("e{i}")).collect();
         let elements = (0..o.elements)
             .map(|i| {
                 Element::new(
                     names[i].clone(),
                     i as u64 + 1,
-                    sc.volumes,
-                    sc.volume_bytes,
+                    &storage_volumes,
                     sc.fsync_us[i],
                     sc.replay_log_bytes[i],
                     o.broken,
@@ -465,6 +479,11 @@ impl World {
             last_failure: vec![None; n],
             recovery_kind: vec![None; n],
             sectors_per_volume,
+            storage_volumes,
+            exports,
+            group_storage,
+            group_acks: HashMap::new(),
+            group_checked: vec![Vec::new(); n],
             report,
             peer_links: BTreeMap::new(),
             timers: vec![None; n],
@@ -532,6 +551,9 @@ impl World {
             self.now = s.at;
             self.report.digest = splitmix64(self.report.digest ^ self.now.0.rotate_left(17) ^ s.ev.code());
             self.dispatch(s.ev);
+            if !self.group_storage.is_empty() {
+                self.check_group_order();
+            }
         }
         self.report.sim_ms = self.now.0 / 1000;
         self.report.violations = std::mem::take(&mut self.model.violations);
@@ -989,7 +1011,7 @@ impl World {
                 Out::Copy { session, epoch, host, volume, source } => {
                     // As `copy.rs`: a session to the source with a one-volume hello, then the
                     // volume (taken whole here, see `peer_reply`).
-                    let spec = VolumeSpec { name: format!("vol{}", volume.0), size_bytes: self.sc.volume_bytes };
+                    let spec = self.storage_volumes[volume.0 as usize].clone();
                     let hello = HostMessage::Hello {
                         epoch,
                         host,
@@ -1093,11 +1115,15 @@ impl World {
     fn rogue_element_session(&mut self, e: usize) {
         let (epoch, holder, _) = self.elements[e].observe(self.now);
         let volumes = self.elements[e].storage.vols.len();
-        let specs: Vec<VolumeSpec> =
-            (0..volumes).map(|v| VolumeSpec { name: format!("vol{v}"), size_bytes: self.sc.volume_bytes }).collect();
+        let specs: Vec<VolumeSpec> = self.elements[e]
+            .storage
+            .vols
+            .iter()
+            .map(|v| VolumeSpec { name: v.name.clone(), size_bytes: v.data.len() as u64 })
+            .collect();
         let v = self.rng_fault.below(volumes as u64) as usize;
         let applied = self.elements[e].storage.vols[v].applied();
-        let blocks = self.sc.volume_bytes / proto::BLOCK_BYTES;
+        let blocks = specs[v].size_bytes / proto::BLOCK_BYTES;
         let offset_bytes = self.rng_fault.below(blocks) * proto::BLOCK_BYTES;
         self.trace(|| {
             format!("FAULT rogue element session to e{e}: epoch {epoch}+1, then writes after {applied} on vol{v}")
@@ -1227,10 +1253,11 @@ impl World {
             epoch,
             self.o.quorum,
             self.elements.iter().map(|e| e.name.clone()).collect(),
-            (0..self.sc.volumes)
-                .map(|v| VolumeSpec { name: format!("vol{v}"), size_bytes: self.sc.volume_bytes })
-                .collect(),
+            self.storage_volumes.clone(),
         );
+        if self.exports.iter().any(|e| e.group.is_some()) {
+            config.exports = self.exports.clone();
+        }
         config.write_queue_bytes = self.sc.write_queue_bytes;
         config.read_cache_bytes = self.sc.read_cache_bytes;
         config.heartbeat_interval_ms = self.sc.heartbeat_interval_ms;
@@ -1262,8 +1289,8 @@ impl World {
             links: vec![HostLink { current: None, running: None, backoff_ms: BACKOFF_MS_MIN, opened: Time(0) }; n],
             welcomed: vec![false; n],
             ready: false,
-            next_sequence: vec![0; self.sc.volumes],
-            unsequenced: vec![VecDeque::new(); self.sc.volumes],
+            next_sequence: vec![0; self.storage_volumes.len()],
+            unsequenced: vec![VecDeque::new(); self.storage_volumes.len()],
             last_timeout: None,
             past_deadline_since: None,
             restarted_before_op: None,
@@ -1558,7 +1585,8 @@ impl World {
             };
             let held = (0..self.elements.len()).any(|e| {
                 welcomed[e]
-                    && self.elements[e].storage.vols[op.volume].history.get((sequence.0 - 1) as usize) == Some(&epoch)
+                    && self.elements[e].storage.vols[self.place(op.volume).0].history.get((sequence.0 - 1) as usize)
+                        == Some(&epoch)
             });
             if !held {
                 at_risk.push(id);
@@ -1585,7 +1613,7 @@ impl World {
             if other == element || s.state != "in-sync" {
                 continue;
             }
-            for v in 0..self.sc.volumes {
+            for v in 0..self.storage_volumes.len() {
                 let (a, b) =
                     (&self.elements[element].storage.vols[v].history, &self.elements[other].storage.vols[v].history);
                 if let Some(i) = a.iter().zip(b).position(|(x, y)| x != y) {
@@ -1642,13 +1670,15 @@ impl World {
             return;
         };
         let op = self.model.op(id);
+        let (storage, base) = self.place(op.volume);
         let kind = match record.op {
             Op::Write { .. } => OpKind::Write,
             Op::Trim { .. } => OpKind::Trim,
             Op::WriteZeroes { .. } => OpKind::Zero,
         };
         if op.kind != kind
-            || op.first_sector * SECTOR_BYTES != record.op.offset_bytes()
+            || storage != v
+            || (base + op.first_sector) * SECTOR_BYTES != record.op.offset_bytes()
             || op.sectors * SECTOR_BYTES != record.op.length_bytes()
         {
             let message = format!(
@@ -1659,6 +1689,13 @@ impl World {
         }
     }
 
+    /// The storage volume that carries the hosts' volume `v`, and the sector it starts at.
+    fn place(&self, v: usize) -> (usize, u64) {
+        let export = &self.exports[v];
+        (export.volume, export.offset_bytes / SECTOR_BYTES)
+    }
+
+    /// How many elements hold sequence `sequence` of epoch `epoch` of storage volume `volume`.
     fn holders(&self, volume: usize, epoch: Epoch, sequence: Sequence) -> usize {
         self.elements
             .iter()
@@ -1684,6 +1721,7 @@ impl World {
             Reply::BlockStatus(r) => outcome(r.as_ref().map(|_| ())),
         };
         self.trace(|| format!("reply #{id} {:?} {:?}", op.kind, result));
+        let mut group_ack = None;
         match (op.kind, &reply) {
             (OpKind::Read, Reply::Read(Ok(data))) if self.holds_diverged_sector(data) => {
                 self.judge_diverged_read(id, &op, data)
@@ -1694,13 +1732,15 @@ impl World {
                 self.model.check_flush(id);
                 // Every write answered before the flush was sent must now be durable on Q
                 // elements, whatever their ack policies: its loss is a violation from here.
+                // A flush covers its storage volume: a consistency group's, all its members.
+                let storage = self.place(op.volume).0;
                 let covered: Vec<u64> = self
                     .weak_acked
                     .iter()
                     .filter(|(w, (volume, _, _))| {
                         let write = self.model.op(**w);
                         // The same host element: a flush answers for what it acknowledged.
-                        *volume == op.volume && write.instance == op.instance && write.reply_step < op.submit_step
+                        *volume == storage && write.instance == op.instance && write.reply_step < op.submit_step
                     })
                     .map(|(w, _)| *w)
                     .collect();
@@ -1722,11 +1762,15 @@ impl World {
                         // lost (fencing protects it when Q > N/2).
                         self.model.op_mut(id).at_risk = true;
                     }
-                    let holders = self.holders(op.volume, epoch, sequence);
+                    let storage = self.place(op.volume).0;
+                    if self.group_storage.contains(&storage) {
+                        group_ack = Some((storage, epoch, sequence));
+                    }
+                    let holders = self.holders(storage, epoch, sequence);
                     if holders < self.o.quorum && self.weak_policies() {
                         // Counted on receipts or sends: kept only while those elements keep it
                         // until they store it (the weaker promise; see `check_replicas`).
-                        self.weak_acked.insert(id, (op.volume, epoch, sequence));
+                        self.weak_acked.insert(id, (storage, epoch, sequence));
                     } else if holders < self.o.quorum {
                         self.violation(format!(
                             "write #{id} (volume {} sequence {sequence}) acknowledged while {holders} element(s) hold it durably, fewer than Q={}",
@@ -1741,6 +1785,12 @@ impl World {
             }
         }
         self.model.resolve(id, result);
+        if let Some((storage, epoch, sequence)) = group_ack {
+            let step = self.model.op(id).reply_step;
+            let acks = self.group_acks.entry((storage, epoch.0)).or_default();
+            let highest = acks.last().map_or(0, |&(_, s)| s).max(sequence.0);
+            acks.push((step, highest));
+        }
         if let Some(client) = self.clients.iter().position(|c| *c == Some(id)) {
             self.clients[client] = None;
             let think_us = if self.rng_work.chance(0.02) {
@@ -1821,10 +1871,12 @@ impl World {
             self.clients[c] = Some(id);
         }
         self.trace(|| format!("request #{id} {kind:?} volume {volume} sectors {first}+{sectors}"));
+        // As the shell's `HostBackend`: the hosts' volume is a window of a storage volume.
+        let (storage, base) = self.place(volume);
         let host = self.host.as_mut().expect("checked");
         let token = Token(id);
-        let vid = VolumeId(volume as u32);
-        let offset_bytes = first * SECTOR_BYTES;
+        let vid = VolumeId(storage as u32);
+        let offset_bytes = (base + first) * SECTOR_BYTES;
         let length_bytes = sectors * SECTOR_BYTES;
         match kind {
             OpKind::Write => {
@@ -1832,15 +1884,15 @@ impl World {
                 for (i, chunk) in data.chunks_exact_mut(SECTOR_BYTES as usize).enumerate() {
                     fill_sector(chunk, id, volume as u32, first + i as u64);
                 }
-                host.unsequenced[volume].push_back(id);
+                host.unsequenced[storage].push_back(id);
                 host.core.handle_host_write(now, token, vid, Op::write(offset_bytes, Bytes::from(data)));
             }
             OpKind::Trim => {
-                host.unsequenced[volume].push_back(id);
+                host.unsequenced[storage].push_back(id);
                 host.core.handle_host_write(now, token, vid, Op::Trim { offset_bytes, length_bytes });
             }
             OpKind::Zero => {
-                host.unsequenced[volume].push_back(id);
+                host.unsequenced[storage].push_back(id);
                 host.core.handle_host_write(now, token, vid, Op::WriteZeroes { offset_bytes, length_bytes });
             }
             OpKind::Read => host.core.handle_host_read(now, token, vid, offset_bytes, length_bytes as u32),
@@ -2267,9 +2319,11 @@ impl World {
                 continue;
             }
             let sector = op.first_sector as usize + i;
-            let holders = self.diverged_holders(op.volume, sector, &in_sync);
+            let (storage, base) = self.place(op.volume);
+            let at = base as usize + sector;
+            let holders = self.diverged_holders(storage, at, &in_sync);
             let (volume, n) = (op.volume, in_sync.len());
-            if self.diverged_without_majority(op.volume, sector, &in_sync) {
+            if self.diverged_without_majority(storage, at, &in_sync) {
                 self.report.notes.push(format!(
                     "final read #{id}: vol{volume} sector {sector} diverged on {holders} of {n} in-sync elements: no majority holds the right content (spread by a full recovery, or its peers out of sync)"
                 ));
@@ -2282,7 +2336,7 @@ impl World {
         }
     }
 
-    /// How many of the `in_sync` elements hold sector `sector` of volume `vi` silently
+    /// How many of the `in_sync` elements hold sector `sector` of storage volume `vi` silently
     /// diverged.
     fn diverged_holders(&self, vi: usize, sector: usize, in_sync: &[usize]) -> usize {
         let at = sector * proto::SECTOR_BYTES as usize..(sector + 1) * proto::SECTOR_BYTES as usize;
@@ -2478,6 +2532,53 @@ impl World {
         }
     }
 
+    /// Consistency groups (SMFS's group mirroring): every element's copy of the group, at every
+    /// moment, is what a prefix of one order of the group's writes made of it. Judged on what
+    /// the element holds: holding a group write-like whose request was sent after another of
+    /// the group was acknowledged, it must hold that one too. (Within one host element's
+    /// epoch: an acknowledged write of an earlier epoch that a disaster lost is the
+    /// durability checkers' business.) Run whenever an element's group histories change.
+    fn check_group_order(&mut self) {
+        for e in 0..self.elements.len() {
+            let seen: Vec<(usize, Option<Epoch>)> = self
+                .group_storage
+                .iter()
+                .map(|&sv| {
+                    let history = &self.elements[e].storage.vols[sv].history;
+                    (history.len(), history.last().copied())
+                })
+                .collect();
+            if seen == self.group_checked[e] {
+                continue;
+            }
+            let carriers = self.group_storage.clone();
+            for (&sv, &(len, last)) in carriers.iter().zip(&seen) {
+                let Some(epoch) = last else { continue };
+                // The newest it holds there: sent last, so the one with the most to require.
+                let Some(&newest) = self.sequences.get(&(sv, epoch.0, len as u64)) else { continue };
+                let sent = self.model.op(newest).submit_step;
+                let mut judged = false;
+                for &other in &carriers {
+                    let Some(acks) = self.group_acks.get(&(other, epoch.0)) else { continue };
+                    let answered = acks.partition_point(|&(step, _)| step < sent);
+                    let Some(&(_, needed)) = answered.checked_sub(1).and_then(|i| acks.get(i)) else { continue };
+                    judged = true;
+                    let history = &self.elements[e].storage.vols[other].history;
+                    if history.get((needed - 1) as usize) != Some(&epoch) {
+                        let (held, volume) = (history.len(), self.model.op(newest).volume);
+                        self.violation(format!(
+                            "e{e}'s copy of consistency group g is no prefix of one order: it holds request #{newest} (vol{volume}, storage volume {sv} sequence {len} of epoch {epoch}) but storage volume {other} only through {held}, not sequence {needed} of epoch {epoch}, acknowledged before #{newest} was sent"
+                        ));
+                    }
+                }
+                if judged {
+                    self.report.group_states_checked += 1;
+                }
+            }
+            self.group_checked[e] = seen;
+        }
+    }
+
     /// Replicas in sync are byte-identical and hold the same history; every acknowledged write
     /// is in that history (or its loss is counted, and allowed only as the contract says).
     fn check_replicas(&mut self) {
@@ -2500,7 +2601,7 @@ impl World {
             }
         };
         for &e in in_sync.iter().skip(1) {
-            for v in 0..self.sc.volumes {
+            for v in 0..self.storage_volumes.len() {
                 let (a, b) = (&self.elements[canonical].storage.vols[v], &self.elements[e].storage.vols[v]);
                 if a.history != b.history {
                     let at = a.history.iter().zip(&b.history).position(|(x, y)| x != y);
@@ -2532,7 +2633,7 @@ impl World {
             }
         }
         for &e in &in_sync {
-            for v in 0..self.sc.volumes {
+            for v in 0..self.storage_volumes.len() {
                 let applied = self.elements[e].storage.vols[v].applied();
                 if applied != status.volumes[v].last_sequence {
                     let message = format!(
@@ -2554,7 +2655,7 @@ impl World {
             let Some((epoch, sequence)) = op.seq else {
                 continue;
             };
-            if history[op.volume].get((sequence.0 - 1) as usize) != Some(&epoch) {
+            if history[self.place(op.volume).0].get((sequence.0 - 1) as usize) != Some(&epoch) {
                 lost.push((id, op.volume, epoch, sequence, op.at_risk));
             }
         }
@@ -2581,6 +2682,24 @@ impl World {
             }
         }
     }
+}
+
+/// The storage volumes, the hosts' volumes in them, and which storage volumes carry the
+/// consistency group, as the host element's shell lays them out (`starfish_core::groups`):
+/// with `--groups`, vol0 and vol1 form group `g`; `split-group` lays every volume out alone.
+fn layout(o: &SimOptions, sc: &Scenario) -> (Vec<VolumeSpec>, Vec<ExportedVolume>, Vec<usize>) {
+    let volumes: Vec<VolumeSpec> =
+        (0..sc.volumes).map(|v| VolumeSpec { name: format!("vol{v}"), size_bytes: sc.volume_bytes }).collect();
+    if !o.groups || sc.volumes < 2 {
+        return (volumes.clone(), starfish_core::groups::ungrouped(&volumes), Vec::new());
+    }
+    let group = GroupSpec { name: "g".into(), volumes: vec!["vol0".into(), "vol1".into()] };
+    if o.broken == Broken::SplitGroup {
+        return (volumes.clone(), starfish_core::groups::ungrouped(&volumes), vec![0, 1]);
+    }
+    let (storage, exports) = starfish_core::groups::layout(&volumes, &[group]).expect("a valid group");
+    let carriers = vec![exports[0].volume];
+    (storage, exports, carriers)
 }
 
 /// An element the core cannot bring back with the recovery it implements (the write queue or

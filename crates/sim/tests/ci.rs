@@ -284,3 +284,29 @@ fn weaker_ack_policies_keep_their_promise_and_an_early_flush_is_caught() {
     eprintln!("--broken flush-before-durable: caught seeds {caught:?} of 7000..7016");
     assert!(caught.len() >= 2, "a flush before Q durable copies must be caught, got {caught:?}");
 }
+
+/// Consistency groups (issue 14): vol0 and vol1 carried as one storage volume by the real
+/// `starfish_core::groups::layout`, exported as windows of it; every element's copy of the
+/// group stays a prefix of one order under every fault, with weaker ack policies too. A host
+/// element that carries each member on its own (`--broken split-group`: two sequence spaces,
+/// recovered one after the other) is caught.
+#[test]
+fn consistency_groups_keep_one_order_and_split_groups_are_caught() {
+    use starfish_core::AckPolicy::{Durable, LocalSync, NetworkSync, Received};
+    let mut o = options(3, 2);
+    o.groups = true;
+    let summary = sweep("N=3 Q=2 groups", &o, 24);
+    assert!(summary.group_states_checked > 0, "the group order was judged");
+    o.ack = vec![Received, Durable, LocalSync];
+    sweep("N=3 Q=2 groups, received, durable, local-sync", &o, 16);
+    o.ack = vec![NetworkSync, Durable, Durable];
+    o.broken = Broken::SplitGroup;
+    let reports = run_many(&o, 8_000, 16, 2);
+    let caught: Vec<u64> = reports
+        .iter()
+        .filter(|r| r.violations.iter().any(|v| v.contains("no prefix of one order")))
+        .map(|r| r.seed)
+        .collect();
+    eprintln!("--broken split-group: caught seeds {caught:?} of 8000..8016");
+    assert!(caught.len() >= 4, "members carried apart must be caught breaking the group's order, got {caught:?}");
+}

@@ -38,7 +38,7 @@ struct TestElement {
 impl TestElement {
     fn new(id: u64) -> TestElement {
         let mut storage = MemStorage::new(SIZE, 0, u64::MAX, true);
-        storage.add_volume("vol0".into());
+        storage.add_volume("vol0".into(), SIZE);
         TestElement {
             core: Self::boot(&storage, id),
             id,
