@@ -29,7 +29,7 @@ use proto::{ElementMessage, Epoch, HostId, HostMessage, Record, Sequence, Volume
 use crate::limits::{
     COMMIT_BATCH_BYTES_MAX, COMMIT_BATCH_RECORDS_MAX, EPOCH_JUMP_MAX, LEASE_MS_DEFAULT, OWNER_RELEASED_ABSENT_MS,
     OWNER_SILENCE_MS_DEFAULT, REPLAY_EMPTY_RETRY_MS, REPLAY_FETCH_BYTES, REPLAY_IDLE_TIMEOUT_MS,
-    REPLAY_STASH_BYTES_MAX, SESSION_DEFERRED_MAX, SOURCE_CATCH_UP_TIMEOUT_MS,
+    REPLAY_STASH_BYTES_MAX, SESSION_DEFERRED_MAX, SOURCE_CATCH_UP_TIMEOUT_MS, VOLUMES_PER_SESSION_MAX,
 };
 use crate::Time;
 
@@ -67,6 +67,8 @@ pub fn role_refusal(role: SessionRole, message: &HostMessage, current: Epoch) ->
         HostMessage::Scrub { .. } => "scrub",
         HostMessage::Observe { .. } => "observe",
         HostMessage::Release => "release",
+        HostMessage::AddVolumes { .. } => "volume creation",
+        HostMessage::CheckVolumes { .. } => "volume check",
     };
     match (role, message) {
         (SessionRole::Unauthenticated, _) => None,
@@ -150,6 +152,13 @@ pub enum ElementAction {
     /// [`ElementCore::handle_volumes_ensured`].
     EnsureVolumes {
         session: SessionId,
+        specs: Vec<VolumeSpec>,
+    },
+    /// Whether volumes new here would fit, creating nothing; answer with
+    /// [`ElementCore::handle_volumes_checked`].
+    CheckVolumes {
+        session: SessionId,
+        request_id: u64,
         specs: Vec<VolumeSpec>,
     },
     Storage(StorageJob),
@@ -378,6 +387,9 @@ struct Session {
     hello_pending: bool,
     /// The `Hello` whose volumes storage is creating.
     hello: Option<(Epoch, Vec<VolumeSpec>)>,
+    /// The `AddVolumes` whose volumes storage is creating: what the session sends meanwhile
+    /// waits in `deferred`, as during a hello.
+    adding: Option<Vec<VolumeSpec>>,
     /// The admin address its hello gave.
     admin: String,
     /// Its hello asked for `Received` as each record arrives.
@@ -717,7 +729,7 @@ impl ElementCore {
             };
             return self.send(session, observed);
         }
-        if state.hello_pending {
+        if state.hello_pending || state.adding.is_some() {
             if state.deferred.len() >= SESSION_DEFERRED_MAX {
                 return self.refuse(session, "protocol: too many requests before the welcome".into());
             }
@@ -791,13 +803,13 @@ impl ElementCore {
                     });
                 }
             }
-            HostMessage::Recover { .. } | HostMessage::Copy { .. }
+            HostMessage::Recover { .. } | HostMessage::Copy { .. } | HostMessage::AddVolumes { .. }
                 if self.config.fencing && session_epoch < self.epoch =>
             {
                 // A recovery order of a superseded host element (one that woke from a pause,
                 // say) would rebuild a volume under the newer one's stream.
                 let reason = format!(
-                    "fenced: a host element of epoch {} superseded epoch {session_epoch}; its recovery orders are refused",
+                    "fenced: a host element of epoch {} superseded epoch {session_epoch}; its recovery and volume orders are refused",
                     self.epoch
                 );
                 self.refuse(session, reason)
@@ -819,6 +831,17 @@ impl ElementCore {
                 let Some(volume) = self.local(session, session_volume) else { return };
                 let order = CopyOrder { session, session_volume, source, rate_bytes_per_s };
                 self.order_copy(volume, order);
+            }
+            HostMessage::AddVolumes { volumes } => {
+                let state = self.sessions.get_mut(&session).expect("present");
+                if state.volumes.len() + volumes.len() > VOLUMES_PER_SESSION_MAX {
+                    return self.refuse(session, format!("protocol: more than {VOLUMES_PER_SESSION_MAX} volumes"));
+                }
+                state.adding = Some(volumes.clone());
+                self.emit(ElementAction::EnsureVolumes { session, specs: volumes });
+            }
+            HostMessage::CheckVolumes { request_id, volumes } => {
+                self.emit(ElementAction::CheckVolumes { session, request_id, specs: volumes });
             }
         }
     }
@@ -842,14 +865,40 @@ impl ElementCore {
     ) {
         self.tick(now);
         let Some(state) = self.sessions.get_mut(&session) else { return };
+        if let Some(specs) = state.adding.take() {
+            return self.volumes_added(session, specs, result);
+        }
         assert!(state.hello_pending && state.epoch.is_none());
         let (epoch, specs) = state.hello.take().expect("volumes are ensured for a pending hello");
         let ensured = match result {
             Ok(ensured) => ensured,
             Err(reason) => return self.refuse(session, reason),
         };
+        self.register_volumes(&ensured, &specs);
+        self.sessions.get_mut(&session).expect("present").volumes = ensured.iter().map(|(l, _)| *l).collect();
+        let host = self.sessions[&session].host;
+        self.jobs.push_back(Job::Hello { session, epoch, host });
+        self.pump_storage();
+    }
+
+    /// Storage said whether the volumes of a session's `CheckVolumes` would fit.
+    pub fn handle_volumes_checked(
+        &mut self,
+        now: Time,
+        session: SessionId,
+        request_id: u64,
+        result: Result<(), String>,
+    ) {
+        self.tick(now);
+        if self.sessions.contains_key(&session) {
+            self.send(session, ElementMessage::VolumesChecked { request_id, result });
+        }
+    }
+
+    /// Volumes storage created or found for a session: new local volumes join the list.
+    fn register_volumes(&mut self, ensured: &[(LocalVolume, VolumeInfo)], specs: &[VolumeSpec]) {
         assert_eq!(ensured.len(), specs.len(), "one local volume per spec");
-        for ((local, info), spec) in ensured.iter().zip(&specs) {
+        for ((local, info), spec) in ensured.iter().zip(specs) {
             let vi = local.0 as usize;
             assert!(vi <= self.volumes.len(), "local volumes are numbered densely");
             if vi == self.volumes.len() {
@@ -864,10 +913,47 @@ impl ElementCore {
                 });
             }
         }
-        self.sessions.get_mut(&session).expect("present").volumes = ensured.iter().map(|(l, _)| *l).collect();
-        let host = self.sessions[&session].host;
-        self.jobs.push_back(Job::Hello { session, epoch, host });
-        self.pump_storage();
+    }
+
+    /// What a session is told it holds of a local volume (a copy under way holds nothing yet).
+    fn volume_state(&self, local: LocalVolume) -> VolumeState {
+        let v = &self.volumes[local.0 as usize];
+        if v.copy_interrupted || matches!(v.recovery, Recovery::Copying { .. }) {
+            VolumeState { applied_sequence: Sequence::ZERO, applied_epoch: Epoch(0), copying: true, repair: false }
+        } else {
+            VolumeState {
+                applied_sequence: v.applied,
+                applied_epoch: v.applied_epoch,
+                copying: false,
+                repair: v.repair,
+            }
+        }
+    }
+
+    /// Storage created (or found) the volumes of a session's `AddVolumes`: they are numbered
+    /// after its earlier ones, the session hears what this element holds of them, and what it
+    /// sent meanwhile runs.
+    fn volumes_added(
+        &mut self,
+        session: SessionId,
+        specs: Vec<VolumeSpec>,
+        result: Result<Vec<(LocalVolume, VolumeInfo)>, String>,
+    ) {
+        let ensured = match result {
+            Ok(ensured) => ensured,
+            Err(reason) => return self.refuse(session, format!("cannot create volumes: {reason}")),
+        };
+        self.register_volumes(&ensured, &specs);
+        let states = ensured.iter().map(|(local, _)| self.volume_state(*local)).collect();
+        let state = self.sessions.get_mut(&session).expect("present");
+        state.volumes.extend(ensured.iter().map(|(local, _)| *local));
+        let names: Vec<&str> = specs.iter().map(|s| s.name.as_str()).collect();
+        self.log(LogLevel::Info, format!("session {}: volumes added: {}", session.0, names.join(", ")));
+        let deferred = std::mem::take(&mut self.sessions.get_mut(&session).expect("present").deferred);
+        self.send(session, ElementMessage::VolumesAdded { volumes: states });
+        for message in deferred {
+            self.handle_host_message(self.now, session, message);
+        }
     }
 
     fn welcome(&mut self, session: SessionId, epoch: Epoch, previous: Epoch) {
@@ -879,28 +965,9 @@ impl ElementCore {
             self.owner_released = false;
             self.owner_heard_at = Some(self.now);
         }
-        let states = state
-            .volumes
-            .iter()
-            .map(|l| {
-                let v = &self.volumes[l.0 as usize];
-                if v.copy_interrupted || matches!(v.recovery, Recovery::Copying { .. }) {
-                    VolumeState {
-                        applied_sequence: Sequence::ZERO,
-                        applied_epoch: Epoch(0),
-                        copying: true,
-                        repair: false,
-                    }
-                } else {
-                    VolumeState {
-                        applied_sequence: v.applied,
-                        applied_epoch: v.applied_epoch,
-                        copying: false,
-                        repair: v.repair,
-                    }
-                }
-            })
-            .collect();
+        let locals = state.volumes.clone();
+        let states = locals.iter().map(|l| self.volume_state(*l)).collect();
+        let state = self.sessions.get_mut(&session).expect("present");
         let deferred = std::mem::take(&mut state.deferred);
         let element_id = self.config.element_id;
         self.send(session, ElementMessage::Welcome { epoch: previous, element_id, volumes: states });
@@ -1752,6 +1819,8 @@ fn stash_bytes_total(volumes: &[Volume]) -> u64 {
 fn message_name(message: &ElementMessage) -> &'static str {
     match message {
         ElementMessage::Welcome { .. } => "Welcome",
+        ElementMessage::VolumesAdded { .. } => "VolumesAdded",
+        ElementMessage::VolumesChecked { .. } => "VolumesChecked",
         ElementMessage::Refused { .. } => "Refused",
         ElementMessage::Applied { .. } => "Applied",
         ElementMessage::Received { .. } => "Received",

@@ -5,7 +5,7 @@
 //! quorum of in-sync elements has applied them durably; reads go to the read cache or to the
 //! closest in-sync element, with the write queue overlaid on what that element has not applied.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 
 use bytes::Bytes;
 use proto::{
@@ -211,6 +211,8 @@ pub enum Reply {
     Read(Result<Bytes, HostError>),
     Done(Result<(), HostError>),
     BlockStatus(Result<Vec<BlockExtent>, HostError>),
+    /// Answer to [`HostCore::check_volumes`]: every live element has room, or why not.
+    Checked(Result<(), String>),
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -318,6 +320,11 @@ pub enum Event {
     ScrubDone {
         volume: VolumeId,
         status: ScrubStatus,
+    },
+    /// A volume added while running (`add_volumes`) exists on Q elements that count toward
+    /// the quorum (told once per volume).
+    VolumeCreated {
+        volume: VolumeId,
     },
 }
 
@@ -438,6 +445,10 @@ struct ElementRuntime {
     /// Per volume: the highest sequence a weaker acknowledgement (see `Entry::weak_by`) came
     /// for in this session.
     weak_through: Vec<Sequence>,
+    /// How many volumes its session numbers: those of its hello, then each `AddVolumes`
+    /// answered. `adding` holds the counts of those sent and not answered yet, oldest first.
+    session_volumes: usize,
+    adding: VecDeque<usize>,
 }
 
 impl ElementRuntime {
@@ -474,6 +485,9 @@ struct VolumeRuntime {
     /// every live element applied first): what a FLUSH waits for.
     durable_through: Sequence,
     scrubs: scrub::VolumeScrubs,
+    /// Added while running: the elements whose session created it, until Q that count have
+    /// (then `None`, and `Event::VolumeCreated` told).
+    creating: Option<ElementSet>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -562,6 +576,9 @@ pub struct HostCore {
     cache: ReadCache,
     reads: HashMap<u64, PendingRead>,
     fetches: HashMap<u64, Fetch>,
+    /// Volume checks under way (`check_volumes`), by request id: the token, the elements not
+    /// answered yet, and the refusals so far.
+    checks: BTreeMap<u64, (Token, ElementSet, Vec<String>)>,
     deferred: Vec<Deferred>,
     /// Read replies waiting for the read lease, with their deadline.
     lease_waiting: VecDeque<(Token, Reply, Time)>,
@@ -677,6 +694,8 @@ impl HostCore {
                 lease_until: Time(0),
                 scrub_repair: vec![false; volume_count],
                 weak_through: vec![Sequence::ZERO; volume_count],
+                session_volumes: 0,
+                adding: VecDeque::new(),
             })
             .collect();
         let mut counting = ElementSet::default();
@@ -701,6 +720,7 @@ impl HostCore {
                 flushes: VecDeque::new(),
                 durable_through: Sequence::ZERO,
                 scrubs: scrub::VolumeScrubs::default(),
+                creating: None,
             })
             .collect();
         HostCore {
@@ -721,6 +741,7 @@ impl HostCore {
             volumes,
             reads: HashMap::new(),
             fetches: HashMap::new(),
+            checks: BTreeMap::new(),
             deferred: Vec::new(),
             lease_waiting: VecDeque::new(),
             next_request_id: 1,
@@ -817,6 +838,8 @@ impl HostCore {
         e.welcomed = false;
         e.failed_in_session = false;
         e.last_heard = now;
+        e.session_volumes = self.config.volumes.len();
+        e.adding.clear();
         // The state stays what it was (failed, with its reason) until the welcome decides.
         let message = HostMessage::Hello {
             epoch: self.epoch,
@@ -883,6 +906,10 @@ impl HostCore {
         match message {
             ElementMessage::Welcome { epoch, element_id, volumes } => {
                 self.on_welcome(now, element, epoch, element_id, volumes)
+            }
+            ElementMessage::VolumesAdded { volumes } => self.on_volumes_added(now, element, volumes),
+            ElementMessage::VolumesChecked { request_id, result } => {
+                self.on_volumes_checked(element, request_id, result)
             }
             ElementMessage::Refused { reason: _, epoch: Some(seen), .. }
                 if !self.ready
@@ -1038,19 +1065,25 @@ impl HostCore {
     /// way fails (a write may or may not have reached the elements: the start-up roll forward
     /// decides), every session is redone, and the history is read from the elements again.
     fn restart(&mut self, now: Time, epoch: Epoch, refused_by: ElementId, seen: Epoch) {
+        let old = self.epoch;
+        self.start_over(now, epoch);
+        self.emit(Action::Event(Event::Restarted { from: old, to: epoch, refused_by, seen }));
+    }
+
+    /// A new core with the same configuration at `epoch`: every request under way fails and
+    /// every session is redone.
+    fn start_over(&mut self, now: Time, epoch: Epoch) {
         let replies = self.take_everything_under_way();
         let sessions: Vec<ElementId> =
             (0..self.elements.len()).filter(|&i| self.elements[i].session).map(|i| ElementId(i as u8)).collect();
         let old_actions = std::mem::take(&mut self.actions);
         let restarts = self.restarts + 1;
-        let old = self.epoch;
         let mut config = self.config.clone();
         config.epoch = epoch;
         *self = HostCore::new(config, now);
         self.restarts = restarts;
         self.last_restart = Some(now);
         self.actions = old_actions;
-        self.emit(Action::Event(Event::Restarted { from: old, to: epoch, refused_by, seen }));
         for (token, reply) in replies {
             self.reply(token, reply);
         }
@@ -1083,6 +1116,9 @@ impl HostCore {
                 replies.push((token, Reply::Done(Err(HostError::Unavailable))));
             }
         }
+        for (token, _, _) in std::mem::take(&mut self.checks).into_values() {
+            replies.push((token, Reply::Checked(Err("the host element started over".into()))));
+        }
         let mut reads: Vec<(u64, PendingRead)> = self.reads.drain().collect();
         reads.sort_unstable_by_key(|(id, _)| *id);
         for (_, read) in reads {
@@ -1113,9 +1149,22 @@ impl HostCore {
         if e.welcomed {
             return self.fail_element(now, element, Failure::Protocol("second welcome".into()), true);
         }
-        if volumes.len() != self.volumes.len() {
+        // Volumes added after the hello come in `VolumesAdded`, after the welcome: until then
+        // they count as empty here (they are new).
+        let hello_volumes = e.session_volumes - e.adding.iter().sum::<usize>();
+        if volumes.len() != hello_volumes {
             return self.fail_element(now, element, Failure::Protocol("welcome volume count".into()), true);
         }
+        let mut volumes = volumes;
+        let empty =
+            VolumeState { applied_sequence: Sequence::ZERO, applied_epoch: Epoch(0), copying: false, repair: false };
+        volumes.resize(self.volumes.len(), empty);
+        for v in self.volumes[..hello_volumes].iter_mut() {
+            if let Some(created) = &mut v.creating {
+                created.insert(element);
+            }
+        }
+        self.tell_created();
         if epoch > self.epoch {
             return self.fail_element(now, element, Failure::Fenced { seen: epoch, ours: self.epoch }, true);
         }
@@ -1148,6 +1197,222 @@ impl HostCore {
         } else {
             self.maybe_become_ready(now);
         }
+    }
+
+    /// Add new, empty volumes while running (`starfish volume create`): each exported whole
+    /// under its name (`(export name, storage volume)`). Every element with a session is told
+    /// (`AddVolumes`); the others find them in their next hello. Writes may come at once: an
+    /// element takes a session's messages in order, so it creates the volume before any record
+    /// of it. `Event::VolumeCreated` says when Q elements that count hold a volume. Refused
+    /// while starting or read-only (below quorum), and for a name or size that cannot be.
+    pub fn add_volumes(&mut self, now: Time, added: Vec<(String, VolumeSpec)>) -> Result<Vec<VolumeId>, String> {
+        if !self.ready || self.superseded.is_some() {
+            return Err("the host element is not serving (starting, or superseded)".into());
+        }
+        if self.in_sync_count() < self.config.quorum {
+            return Err(format!(
+                "read-only: {} element(s) in sync, fewer than the write quorum {}",
+                self.in_sync_count(),
+                self.config.quorum
+            ));
+        }
+        if added.is_empty() || self.volumes.len() + added.len() > limits::VOLUMES_MAX {
+            return Err(format!("a host element serves 1 to {} volumes", limits::VOLUMES_MAX));
+        }
+        let exported = self.config.exported();
+        for (i, (name, spec)) in added.iter().enumerate() {
+            if name.is_empty() || name.len() > 255 || spec.name.is_empty() || spec.name.len() > 255 {
+                return Err(format!("volume name {name:?} must be 1 to 255 bytes"));
+            }
+            if spec.size_bytes == 0 || spec.size_bytes % proto::BLOCK_BYTES != 0 {
+                return Err(format!(
+                    "volume {name}: size {} is not a positive multiple of {} bytes",
+                    spec.size_bytes,
+                    proto::BLOCK_BYTES
+                ));
+            }
+            let taken = exported.iter().any(|e| &e.name == name || e.group.as_deref() == Some(name.as_str()))
+                || self.config.volumes.iter().any(|v| v.name == spec.name || &v.name == name)
+                || added[..i].iter().any(|(n, v)| n == name || v.name == spec.name);
+            if taken {
+                return Err(format!("a volume named {name} exists"));
+            }
+        }
+        if self.config.exports.is_empty() {
+            self.config.exports = crate::groups::ungrouped(&self.config.volumes);
+        }
+        let n = added.len();
+        let mut ids = Vec::with_capacity(n);
+        let mut specs = Vec::with_capacity(n);
+        for (name, spec) in added {
+            let index = self.volumes.len();
+            let id = VolumeId(index as u32);
+            self.volumes.push(VolumeRuntime {
+                spec: spec.clone(),
+                mode: VolumeMode::ReadWrite,
+                queue: WriteQueue::new(self.config.write_queue_bytes, Sequence::ZERO, Epoch(0)),
+                host_resolved: Sequence::ZERO,
+                host_acked: Sequence::ZERO,
+                admission: VecDeque::new(),
+                blocked_since: None,
+                flushes: VecDeque::new(),
+                durable_through: Sequence::ZERO,
+                scrubs: scrub::VolumeScrubs::default(),
+                creating: Some(ElementSet::default()),
+            });
+            for e in &mut self.elements {
+                e.applied.push(Sequence::ZERO);
+                e.sent_through.push(Sequence::ZERO);
+                e.volume_recovery.push(VolumeRecovery::Streaming);
+                e.copy_progress.push((0, 0, 0));
+                e.scrub_repair.push(false);
+                e.weak_through.push(Sequence::ZERO);
+                if let Some(welcome) = &mut e.welcome {
+                    welcome.push(VolumeState {
+                        applied_sequence: Sequence::ZERO,
+                        applied_epoch: Epoch(0),
+                        copying: false,
+                        repair: false,
+                    });
+                }
+            }
+            self.config.exports.push(crate::groups::ExportedVolume {
+                name,
+                group: None,
+                volume: index,
+                offset_bytes: 0,
+                size_bytes: spec.size_bytes,
+            });
+            self.config.volumes.push(spec.clone());
+            ids.push(id);
+            specs.push(spec);
+        }
+        let mut to = ElementSet::default();
+        for (i, e) in self.elements.iter_mut().enumerate() {
+            if e.session {
+                e.session_volumes += n;
+                e.adding.push_back(n);
+                to.insert(ElementId(i as u8));
+            }
+        }
+        if !to.is_empty() {
+            self.emit(Action::Send { to, message: HostMessage::AddVolumes { volumes: specs } });
+        }
+        self.after_membership_change(now);
+        Ok(ids)
+    }
+
+    /// Ask every live element whether `specs`, new volumes, would fit there (memory for their
+    /// maps, disk space); `Reply::Checked` on `token` once each answered or left. Read-only
+    /// (below quorum), nothing is asked.
+    pub fn check_volumes(&mut self, _now: Time, token: Token, specs: Vec<VolumeSpec>) {
+        if !self.ready || self.superseded.is_some() || self.in_sync_count() < self.config.quorum {
+            let reason = format!(
+                "not serving writes: {} element(s) in sync, the write quorum is {}",
+                self.in_sync_count(),
+                self.config.quorum
+            );
+            return self.reply(token, Reply::Checked(Err(reason)));
+        }
+        let mut to = ElementSet::default();
+        for (i, e) in self.elements.iter().enumerate() {
+            if e.live() && e.welcomed {
+                to.insert(ElementId(i as u8));
+            }
+        }
+        let request_id = self.next_request_id;
+        self.next_request_id += 1;
+        self.checks.insert(request_id, (token, to, Vec::new()));
+        self.emit(Action::Send { to, message: HostMessage::CheckVolumes { request_id, volumes: specs } });
+    }
+
+    fn on_volumes_checked(&mut self, element: ElementId, request_id: u64, result: Result<(), String>) {
+        let name = self.elements[element.0 as usize].name.clone();
+        let Some((_, waiting, refusals)) = self.checks.get_mut(&request_id) else { return };
+        if !waiting.contains(element) {
+            return;
+        }
+        waiting.remove(element);
+        if let Err(reason) = result {
+            refusals.push(format!("element {name}: {reason}"));
+        }
+        if waiting.is_empty() {
+            let (token, _, refusals) = self.checks.remove(&request_id).expect("present");
+            let outcome = if refusals.is_empty() { Ok(()) } else { Err(refusals.join("; ")) };
+            self.reply(token, Reply::Checked(outcome));
+        }
+    }
+
+    /// An element created the volumes of our oldest unanswered `AddVolumes`: they must be new
+    /// there (nothing applied), and count toward `Event::VolumeCreated`.
+    fn on_volumes_added(&mut self, now: Time, element: ElementId, states: Vec<VolumeState>) {
+        let e = &mut self.elements[element.0 as usize];
+        let pending: usize = e.adding.iter().sum();
+        let first = e.session_volumes - pending;
+        let Some(expected) = e.adding.pop_front() else {
+            return self.fail_element(now, element, Failure::Protocol("unsolicited volumes added".into()), true);
+        };
+        if states.len() != expected {
+            return self.fail_element(now, element, Failure::Protocol("added volume count".into()), true);
+        }
+        if let Some(i) = states.iter().position(|s| s.applied_sequence != Sequence::ZERO || s.copying || s.repair) {
+            let name = self.volumes[first + i].spec.name.clone();
+            return self.fail_element(
+                now,
+                element,
+                Failure::Protocol(format!("volume {name}, created while running, is not new on the element")),
+                true,
+            );
+        }
+        for v in &mut self.volumes[first..first + expected] {
+            if let Some(created) = &mut v.creating {
+                created.insert(element);
+            }
+        }
+        self.tell_created();
+    }
+
+    /// `Event::VolumeCreated` for each volume added while running that Q elements that count
+    /// now hold.
+    fn tell_created(&mut self) {
+        let (counting, quorum) = (self.counting, self.config.quorum);
+        let mut created = Vec::new();
+        for (i, v) in self.volumes.iter_mut().enumerate() {
+            if v.creating.is_some_and(|set| ElementSet(set.0 & counting.0).len() >= quorum) {
+                v.creating = None;
+                created.push(VolumeId(i as u32));
+            }
+        }
+        for volume in created {
+            self.emit(Action::Event(Event::VolumeCreated { volume }));
+        }
+    }
+
+    /// Start over with more volumes, which may hold data on the elements (`starfish` volumes
+    /// created while an earlier host element ran, found in the catalog at start-up): as after
+    /// an epoch refusal, every request under way fails, every session is redone, and the
+    /// start-up decision covers the new volumes too. Used once, at start-up, before any host
+    /// request was taken.
+    pub fn restart_with_volumes(&mut self, now: Time, added: Vec<(String, VolumeSpec)>) -> Result<(), String> {
+        let mut config = self.config.clone();
+        if config.exports.is_empty() {
+            config.exports = crate::groups::ungrouped(&config.volumes);
+        }
+        for (name, spec) in added {
+            config.exports.push(crate::groups::ExportedVolume {
+                name,
+                group: None,
+                volume: config.volumes.len(),
+                offset_bytes: 0,
+                size_bytes: spec.size_bytes,
+            });
+            config.volumes.push(spec);
+        }
+        config.validate()?;
+        let next = Epoch(self.epoch.0 + 1);
+        self.config = config;
+        self.start_over(now, next);
+        Ok(())
     }
 
     /// Decide how a welcomed element joins: in sync, quick recovery, or failed.
@@ -1588,6 +1853,13 @@ impl HostCore {
 
     /// Reads waiting on an element go elsewhere; a start-up fetch from it ends empty-handed.
     fn abandon_requests_to(&mut self, now: Time, element: ElementId) {
+        let asked: Vec<u64> =
+            self.checks.iter().filter(|(_, (_, waiting, _))| waiting.contains(element)).map(|(id, _)| *id).collect();
+        for id in asked {
+            // Gone: it learns of the volumes from its next hello (and refuses that session if
+            // they do not fit, which its status then says).
+            self.on_volumes_checked(element, id, Ok(()));
+        }
         let mut stranded: Vec<u64> =
             self.reads.iter().filter(|(_, r)| r.element == element).map(|(id, _)| *id).collect();
         stranded.sort_unstable(); // HashMap order is random per process; replays must not be.
@@ -2617,6 +2889,7 @@ fn unavailable_like(reply: &Reply) -> Reply {
         Reply::Read(_) => Reply::Read(Err(HostError::Unavailable)),
         Reply::Done(_) => Reply::Done(Err(HostError::Unavailable)),
         Reply::BlockStatus(_) => Reply::BlockStatus(Err(HostError::Unavailable)),
+        Reply::Checked(_) => Reply::Checked(Err("the host element is not serving".into())),
     }
 }
 

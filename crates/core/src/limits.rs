@@ -63,6 +63,9 @@ pub const REPLAY_EMPTY_RETRY_MS: u64 = 10;
 pub const SOURCE_CATCH_UP_TIMEOUT_MS: u64 = 10_000;
 /// Messages a session may send while its `Hello` is being answered.
 pub const SESSION_DEFERRED_MAX: usize = 65_536;
+/// Volumes one session may number (its hello's and those added while it runs); the wire
+/// format's bound on a volume list.
+pub const VOLUMES_PER_SESSION_MAX: usize = 4096;
 
 const _: () = assert!(REPLAY_FETCH_BYTES <= LOG_REPLY_BYTES_MAX);
 const _: () = assert!(REPLAY_STASH_BYTES_MAX >= 2 * PAYLOAD_BYTES_MAX as u64);

@@ -273,6 +273,18 @@ pub enum HostMessage {
         count: u32,
         min_applied: Sequence,
     },
+    /// Volumes created while the session runs (`starfish volume create`): the element creates
+    /// those it lacks (durably, empty), numbers them after the session's volumes in this order,
+    /// and answers `VolumesAdded`; what the session sends meanwhile waits for that answer.
+    AddVolumes {
+        volumes: Vec<VolumeSpec>,
+    },
+    /// Whether these volumes, new to the element, would fit (memory for their maps, disk
+    /// space): nothing is created. Answered by `VolumesChecked`.
+    CheckVolumes {
+        request_id: u64,
+        volumes: Vec<VolumeSpec>,
+    },
 }
 
 /// Element → host element.
@@ -299,6 +311,16 @@ pub enum ElementMessage {
     Applied {
         volume: VolumeId,
         sequence: Sequence,
+    },
+    /// Answer to `AddVolumes`: what the element holds of each added volume, in that order
+    /// (numbered after the session's earlier volumes).
+    VolumesAdded {
+        volumes: Vec<VolumeState>,
+    },
+    /// Answer to `CheckVolumes`: they would fit, or why not.
+    VolumesChecked {
+        request_id: u64,
+        result: Result<(), String>,
     },
     /// The record of `volume` at `sequence` arrived and waits in the element's memory to be
     /// committed (sessions whose hello asked for `receipt_acks` only).
@@ -401,6 +423,50 @@ pub fn encode_frame<M: Body>(message: &M, out: &mut BytesMut) {
 
 /// Take one complete frame off the front of `buf`, if there is one. `Ok(None)` means "need
 /// more bytes"; an error means the stream is unusable and the connection must be closed.
+fn put_volume_specs(out: &mut BytesMut, volumes: &[VolumeSpec]) {
+    out.put_u32_le(volumes.len() as u32);
+    for v in volumes {
+        put_bytes(out, v.name.as_bytes());
+        out.put_u64_le(v.size_bytes);
+    }
+}
+
+fn read_volume_specs(r: &mut Reader, what: &'static str) -> Result<Vec<VolumeSpec>, DecodeError> {
+    let n = r.count(what, VOLUMES_MAX)?;
+    let mut volumes = Vec::with_capacity(n);
+    for _ in 0..n {
+        let name = r.string("volume name", NAME_BYTES_MAX)?;
+        let size_bytes = r.u64("volume size")?;
+        volumes.push(VolumeSpec { name, size_bytes });
+    }
+    Ok(volumes)
+}
+
+fn put_volume_states(out: &mut BytesMut, volumes: &[VolumeState]) {
+    out.put_u32_le(volumes.len() as u32);
+    for v in volumes {
+        out.put_u64_le(v.applied_sequence.0);
+        out.put_u64_le(v.applied_epoch.0);
+        out.put_u8(v.copying as u8 | (v.repair as u8) << 1);
+    }
+}
+
+fn read_volume_states(r: &mut Reader, what: &'static str) -> Result<Vec<VolumeState>, DecodeError> {
+    let n = r.count(what, VOLUMES_MAX)?;
+    let mut volumes = Vec::with_capacity(n);
+    for _ in 0..n {
+        let applied_sequence = Sequence(r.u64("applied")?);
+        let applied_epoch = Epoch(r.u64("applied epoch")?);
+        let flags = r.u8("volume state flags")?;
+        if flags > 3 {
+            return Err(DecodeError::OutOfBounds { what: "volume state flags", value: flags as u64 });
+        }
+        let (copying, repair) = (flags & 1 != 0, flags & 2 != 0);
+        volumes.push(VolumeState { applied_sequence, applied_epoch, copying, repair });
+    }
+    Ok(volumes)
+}
+
 pub fn decode_frame<M: Body>(buf: &mut BytesMut) -> Result<Option<M>, DecodeError> {
     if buf.len() < FRAME_HEADER_BYTES {
         return Ok(None);
@@ -605,6 +671,8 @@ const HOST_FETCH_BLOCKS: u8 = 9;
 const HOST_OBSERVE: u8 = 10;
 const HOST_RELEASE: u8 = 11;
 const HOST_SCRUB: u8 = 12;
+const HOST_ADD_VOLUMES: u8 = 13;
+const HOST_CHECK_VOLUMES: u8 = 14;
 
 impl Body for HostMessage {
     fn encode_body(&self, out: &mut BytesMut) {
@@ -613,13 +681,18 @@ impl Body for HostMessage {
                 out.put_u8(HOST_HELLO);
                 out.put_u64_le(epoch.0);
                 out.put_u64_le(host.0);
-                out.put_u32_le(volumes.len() as u32);
-                for v in volumes {
-                    put_bytes(out, v.name.as_bytes());
-                    out.put_u64_le(v.size_bytes);
-                }
+                put_volume_specs(out, volumes);
                 put_bytes(out, truncate_to(admin, ADDRESS_BYTES_MAX).as_bytes());
                 out.put_u8(*receipt_acks as u8);
+            }
+            HostMessage::AddVolumes { volumes } => {
+                out.put_u8(HOST_ADD_VOLUMES);
+                put_volume_specs(out, volumes);
+            }
+            HostMessage::CheckVolumes { request_id, volumes } => {
+                out.put_u8(HOST_CHECK_VOLUMES);
+                out.put_u64_le(*request_id);
+                put_volume_specs(out, volumes);
             }
             HostMessage::Apply(record) => {
                 out.put_u8(HOST_APPLY);
@@ -695,13 +768,7 @@ impl Body for HostMessage {
             HOST_HELLO => {
                 let epoch = Epoch(r.u64("hello epoch")?);
                 let host = HostId(r.u64("hello host")?);
-                let n = r.count("hello volume count", VOLUMES_MAX)?;
-                let mut volumes = Vec::with_capacity(n);
-                for _ in 0..n {
-                    let name = r.string("volume name", NAME_BYTES_MAX)?;
-                    let size_bytes = r.u64("volume size")?;
-                    volumes.push(VolumeSpec { name, size_bytes });
-                }
+                let volumes = read_volume_specs(&mut r, "hello volume count")?;
                 let admin = r.string("hello admin address", ADDRESS_BYTES_MAX)?;
                 let receipt_acks = match r.u8("hello flags")? {
                     0 => false,
@@ -767,6 +834,18 @@ impl Body for HostMessage {
                 let min_applied = Sequence(r.u64("scrub min applied")?);
                 HostMessage::Scrub { request_id, volume, first_block, count, min_applied }
             }
+            HOST_ADD_VOLUMES => {
+                let volumes = read_volume_specs(&mut r, "added volume count")?;
+                if volumes.is_empty() {
+                    return Err(DecodeError::OutOfBounds { what: "added volume count", value: 0 });
+                }
+                HostMessage::AddVolumes { volumes }
+            }
+            HOST_CHECK_VOLUMES => {
+                let request_id = r.u64("check request id")?;
+                let volumes = read_volume_specs(&mut r, "checked volume count")?;
+                HostMessage::CheckVolumes { request_id, volumes }
+            }
             tag => return Err(DecodeError::UnknownTag(tag)),
         };
         r.finish()?;
@@ -789,6 +868,8 @@ const ELEMENT_COPY_DONE: u8 = 12;
 const ELEMENT_OBSERVED: u8 = 13;
 const ELEMENT_SCRUB_REPLY: u8 = 14;
 const ELEMENT_RECEIVED: u8 = 15;
+const ELEMENT_VOLUMES_ADDED: u8 = 16;
+const ELEMENT_VOLUMES_CHECKED: u8 = 17;
 const LOG_RECORDS_MAX: usize = 1 << 20;
 
 const RESULT_OK: u8 = 0;
@@ -801,11 +882,21 @@ impl Body for ElementMessage {
                 out.put_u8(ELEMENT_WELCOME);
                 out.put_u64_le(epoch.0);
                 out.put_u64_le(*element_id);
-                out.put_u32_le(volumes.len() as u32);
-                for v in volumes {
-                    out.put_u64_le(v.applied_sequence.0);
-                    out.put_u64_le(v.applied_epoch.0);
-                    out.put_u8(v.copying as u8 | (v.repair as u8) << 1);
+                put_volume_states(out, volumes);
+            }
+            ElementMessage::VolumesAdded { volumes } => {
+                out.put_u8(ELEMENT_VOLUMES_ADDED);
+                put_volume_states(out, volumes);
+            }
+            ElementMessage::VolumesChecked { request_id, result } => {
+                out.put_u8(ELEMENT_VOLUMES_CHECKED);
+                out.put_u64_le(*request_id);
+                match result {
+                    Ok(()) => out.put_u8(RESULT_OK),
+                    Err(reason) => {
+                        out.put_u8(RESULT_ERR);
+                        put_bytes(out, truncate(reason).as_bytes());
+                    }
                 }
             }
             ElementMessage::Refused { reason, epoch, owner_absent_ms } => {
@@ -975,19 +1066,21 @@ impl Body for ElementMessage {
             ELEMENT_WELCOME => {
                 let epoch = Epoch(r.u64("welcome epoch")?);
                 let element_id = r.u64("welcome element id")?;
-                let n = r.count("welcome volume count", VOLUMES_MAX)?;
-                let mut volumes = Vec::with_capacity(n);
-                for _ in 0..n {
-                    let applied_sequence = Sequence(r.u64("applied")?);
-                    let applied_epoch = Epoch(r.u64("applied epoch")?);
-                    let flags = r.u8("volume state flags")?;
-                    if flags > 3 {
-                        return Err(DecodeError::OutOfBounds { what: "volume state flags", value: flags as u64 });
-                    }
-                    let (copying, repair) = (flags & 1 != 0, flags & 2 != 0);
-                    volumes.push(VolumeState { applied_sequence, applied_epoch, copying, repair });
-                }
+                let volumes = read_volume_states(&mut r, "welcome volume count")?;
                 ElementMessage::Welcome { epoch, element_id, volumes }
+            }
+            ELEMENT_VOLUMES_ADDED => {
+                let volumes = read_volume_states(&mut r, "added volume state count")?;
+                ElementMessage::VolumesAdded { volumes }
+            }
+            ELEMENT_VOLUMES_CHECKED => {
+                let request_id = r.u64("check request id")?;
+                let result = match r.u8("check result")? {
+                    RESULT_OK => Ok(()),
+                    RESULT_ERR => Err(r.string("check refusal", REASON_BYTES_MAX)?),
+                    other => return Err(DecodeError::OutOfBounds { what: "check result", value: other as u64 }),
+                };
+                ElementMessage::VolumesChecked { request_id, result }
             }
             ELEMENT_REFUSED => {
                 let reason = r.string("refusal reason", REASON_BYTES_MAX)?;
@@ -1186,6 +1279,16 @@ mod tests {
 
     #[test]
     fn host_messages_round_trip() {
+        round_trip(HostMessage::CheckVolumes {
+            request_id: 3,
+            volumes: vec![VolumeSpec { name: "big#3".into(), size_bytes: 1 << 40 }],
+        });
+        round_trip(HostMessage::AddVolumes {
+            volumes: vec![
+                VolumeSpec { name: "vol1".into(), size_bytes: 1 << 20 },
+                VolumeSpec { name: "g[a,b]".into(), size_bytes: 3 << 20 },
+            ],
+        });
         round_trip(HostMessage::Hello {
             epoch: Epoch(3),
             host: HostId(0xfeed),
@@ -1246,6 +1349,16 @@ mod tests {
 
     #[test]
     fn element_messages_round_trip() {
+        round_trip(ElementMessage::VolumesChecked { request_id: 4, result: Ok(()) });
+        round_trip(ElementMessage::VolumesChecked { request_id: 5, result: Err("no room".into()) });
+        round_trip(ElementMessage::VolumesAdded {
+            volumes: vec![VolumeState {
+                applied_sequence: Sequence(0),
+                applied_epoch: Epoch(0),
+                copying: false,
+                repair: false,
+            }],
+        });
         round_trip(ElementMessage::Welcome {
             epoch: Epoch(1),
             element_id: 77,

@@ -80,6 +80,11 @@ enum Input {
         session: SessionId,
         result: Result<Vec<(LocalVolume, VolumeInfo)>, String>,
     },
+    VolumesChecked {
+        session: SessionId,
+        request_id: u64,
+        result: Result<(), String>,
+    },
     Storage(StorageDone),
     PeerMessage {
         peer: PeerId,
@@ -412,6 +417,9 @@ async fn run_actor(
                 core.handle_session_closed(t, session);
             }
             Input::VolumesEnsured { session, result } => core.handle_volumes_ensured(t, session, result),
+            Input::VolumesChecked { session, request_id, result } => {
+                core.handle_volumes_checked(t, session, request_id, result)
+            }
             Input::Storage(done) => core.handle_storage_done(t, done),
             Input::PeerMessage { peer, message } => core.handle_peer_message(t, peer, message),
             Input::PeerClosed { peer, reason } => {
@@ -465,6 +473,13 @@ fn carry_out(
                             .collect::<Result<Vec<_>, String>>()
                     });
                     let _ = inputs.blocking_send(Input::VolumesEnsured { session, result });
+                });
+            }
+            ElementAction::CheckVolumes { session, request_id, specs } => {
+                let (store, inputs) = (store.clone(), inputs.clone());
+                tokio::task::spawn_blocking(move || {
+                    let result = ElementStorage::check_new_volumes(&&*store, &specs);
+                    let _ = inputs.blocking_send(Input::VolumesChecked { session, request_id, result });
                 });
             }
             ElementAction::Storage(job) => {

@@ -445,6 +445,9 @@ fn log_event(core: &HostCore, names: &[String], event: Event) {
         Event::Ready { volume, last } => {
             tracing::info!(volume = volume_name(volume), sequence = %last, "volume ready")
         }
+        Event::VolumeCreated { volume } => {
+            tracing::info!(volume = volume_name(volume), "volume created on a write quorum of elements")
+        }
         Event::ElementFailed { element, reason } => {
             tracing::warn!(element = name(element), %reason, "element failed")
         }

@@ -286,6 +286,10 @@ impl Element {
                         .collect::<Result<Vec<_>, String>>();
                     self.core.handle_volumes_ensured(now, session, result);
                 }
+                ElementAction::CheckVolumes { session, request_id, specs } => {
+                    let result = self.storage.check_new_volumes(&specs);
+                    self.core.handle_volumes_checked(now, session, request_id, result);
+                }
                 ElementAction::Storage(job) => {
                     assert!(self.storage_done.is_none(), "one storage job at a time");
                     let result = match &job {

@@ -1719,6 +1719,7 @@ impl World {
             Reply::Done(r) => outcome(r.as_ref().map(|_| ())),
             Reply::Read(r) => outcome(r.as_ref().map(|_| ())),
             Reply::BlockStatus(r) => outcome(r.as_ref().map(|_| ())),
+            Reply::Checked(_) => return self.violation(format!("request #{id} answered as a volume check")),
         };
         self.trace(|| format!("reply #{id} {:?} {:?}", op.kind, result));
         let mut group_ack = None;
@@ -2758,6 +2759,8 @@ fn brief_host(m: &HostMessage) -> String {
             format!("Recover vol {volume} from {source} ({after}, {through}]")
         }
         HostMessage::Copy { volume, source, .. } => format!("Copy vol {volume} from {source}"),
+        HostMessage::AddVolumes { volumes } => format!("AddVolumes {}", volumes.len()),
+        HostMessage::CheckVolumes { request_id, volumes } => format!("CheckVolumes #{request_id} {}", volumes.len()),
         HostMessage::FetchBlocks { request_id, first_block, have, .. } => {
             format!("FetchBlocks #{request_id} {first_block}+{}", have.len())
         }

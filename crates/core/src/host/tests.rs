@@ -254,6 +254,11 @@ impl Cluster {
                         .collect::<Result<Vec<_>, String>>();
                     e.core.handle_volumes_ensured(now, session, result);
                 }
+                ElementAction::CheckVolumes { session, request_id, specs } => {
+                    let e = &mut self.elements[i];
+                    let result = e.storage.check_new_volumes(&specs);
+                    e.core.handle_volumes_checked(now, session, request_id, result);
+                }
                 ElementAction::Storage(job) => {
                     let e = &mut self.elements[i];
                     let done = match job {
@@ -1274,4 +1279,86 @@ fn a_schedule_that_comes_due_during_a_scrub_leaves_no_deadline_in_the_past() {
     assert!(next > c.now, "a deadline in the past would wake the core without pause: {next:?} <= {:?}", c.now);
     let running = c.core.status(c.now).volumes[0].scrubs.last().cloned().expect("a scrub");
     assert!(running.running && running.reason == ScrubReason::Ordered);
+}
+
+/// Issue 15: a volume added while running is created on every element with a session (and on
+/// one that comes back later, from its hello), takes writes at once, and a new host element
+/// that starts over with it (`restart_with_volumes`) serves what it holds. Bad requests change
+/// nothing.
+#[test]
+fn volumes_added_while_running_are_created_everywhere_and_survive_a_restart() {
+    let mut c = Cluster::new(3, 2);
+    c.crash(2);
+    let spec = VolumeSpec { name: "disk#7".into(), size_bytes: 1 << 20 };
+    // Asked first whether it fits: the elements with a session answer; one too large for
+    // their storage is refused with each one's reason, and nothing is created.
+    let check = |c: &mut Cluster, spec: &VolumeSpec| {
+        let token = c.token();
+        c.core.check_volumes(c.now, token, vec![spec.clone()]);
+        c.run();
+        c.replies.remove(&token).expect("answered at once here")
+    };
+    assert_eq!(check(&mut c, &spec), Reply::Checked(Ok(())));
+    let huge = VolumeSpec { name: "huge#6".into(), size_bytes: 2 * SIZE };
+    let Reply::Checked(Err(reason)) = check(&mut c, &huge) else { panic!("a volume larger than the storage fits") };
+    assert!(reason.contains("element e0:") && reason.contains("element e1:"), "{reason}");
+    assert!(c.elements.iter().all(|e| e.storage.vols.len() == 1));
+    let ids = c.core.add_volumes(c.now, vec![("disk".into(), spec.clone())]).expect("added");
+    c.run();
+    let disk = ids[0];
+    assert_eq!(disk, VolumeId(1));
+    assert!(c.events.contains(&Event::VolumeCreated { volume: disk }), "{:?}", c.events);
+    assert_eq!(c.core.volume_id("disk"), Some(disk));
+    let token = c.token();
+    c.core.handle_host_write(c.now, token, disk, Op::write(4096, Bytes::from(vec![0x5a; 4096])));
+    c.run();
+    assert_eq!(c.replies[&token], Reply::Done(Ok(())));
+    let held = |e: &TestElement| {
+        let v = e.storage.vols.iter().find(|v| v.name == "disk#7")?;
+        Some((v.applied(), v.data[4096..8192].to_vec()))
+    };
+    for i in 0..2 {
+        assert_eq!(held(&c.elements[i]), Some((Sequence(1), vec![0x5a; 4096])), "element {i}");
+    }
+    assert_eq!(held(&c.elements[2]), None, "down when the volume was added");
+    // It comes back: its hello names the volume, and the write reaches it from the queue.
+    c.connect(2);
+    assert_eq!(c.states(), "in-sync,in-sync,in-sync");
+    assert_eq!(held(&c.elements[2]), Some((Sequence(1), vec![0x5a; 4096])));
+    // Refused, changing nothing: a taken name, a bad size, read-only.
+    let n = c.core.status(c.now).volumes.len();
+    let again = VolumeSpec { name: "disk#8".into(), size_bytes: 1 << 20 };
+    assert!(c.core.add_volumes(c.now, vec![("disk".into(), again)]).is_err());
+    let odd = VolumeSpec { name: "odd#9".into(), size_bytes: 1000 };
+    assert!(c.core.add_volumes(c.now, vec![("odd".into(), odd)]).is_err());
+    c.crash(1);
+    c.crash(2);
+    let late = VolumeSpec { name: "late#10".into(), size_bytes: 1 << 20 };
+    let refused = c.core.add_volumes(c.now, vec![("late".into(), late)]).expect_err("read-only");
+    assert!(refused.contains("read-only"), "{refused}");
+    assert_eq!(c.core.status(c.now).volumes.len(), n);
+    c.connect(1);
+    c.connect(2);
+    // A new host element, configured with vol0 only, starts over with the volume it learns
+    // of (as from the catalog): the elements hold its data, and it is read back.
+    let epoch = c.core.epoch().0;
+    c.core.config.volumes.truncate(1);
+    c.core.config.exports.clear();
+    c.new_host(epoch + 1, 99, &[0, 1, 2]);
+    assert_eq!(c.core.status(c.now).volumes.len(), 1);
+    c.core.restart_with_volumes(c.now, vec![("disk".into(), spec)]).expect("restarted");
+    c.run();
+    c.reconnect(&[0, 1, 2]);
+    assert_eq!(c.core.status(c.now).volumes.len(), 2);
+    let disk = c.core.volume_id("disk").expect("known after the restart");
+    let token = c.token();
+    c.core.handle_host_read(c.now, token, disk, 4096, 4096);
+    c.run();
+    let status = c.core.status(c.now);
+    let why: Vec<String> = status.elements.iter().map(|e| format!("{} {:?}", e.state, e.failure)).collect();
+    assert!(
+        c.replies.get(&token) == Some(&Reply::Read(Ok(Bytes::from(vec![0x5a; 4096])))),
+        "the volume's data after the restart: {why:?} {:?}",
+        &c.events[c.events.len().saturating_sub(12)..]
+    );
 }
