@@ -18,6 +18,10 @@ pub enum AdminRequest {
     /// `POST /scrub?volume=NAME[&rate=BYTES]`: scrub a volume (rate 0: unlimited; none: the
     /// host element's configured scrub rate).
     Scrub { volume: String, rate_bytes_per_s: Option<u64> },
+    /// `POST /volumes/create?name=NAME&size=BYTES`: create a volume (`starfish volume create`).
+    VolumeCreate { name: String, size_bytes: u64 },
+    /// `GET /volumes`: every volume served (`starfish volume list`).
+    VolumeList,
     /// A well-formed request for something else.
     NotFound,
     /// Not an HTTP/1 request line (the reason says why).
@@ -27,7 +31,13 @@ pub enum AdminRequest {
 impl AdminRequest {
     /// Whether it changes the cluster (and so needs an operator's certificate under TLS).
     pub fn is_order(&self) -> bool {
-        matches!(self, AdminRequest::Failover | AdminRequest::Drain | AdminRequest::Scrub { .. })
+        matches!(
+            self,
+            AdminRequest::Failover
+                | AdminRequest::Drain
+                | AdminRequest::Scrub { .. }
+                | AdminRequest::VolumeCreate { .. }
+        )
     }
 }
 
@@ -60,6 +70,8 @@ pub fn parse(head: &[u8]) -> AdminRequest {
         ("POST", "/failover") => AdminRequest::Failover,
         ("POST", "/drain") => AdminRequest::Drain,
         ("POST", "/scrub") => scrub(query),
+        ("POST", "/volumes/create") => volume_create(query),
+        ("GET", "/volumes") => AdminRequest::VolumeList,
         _ => AdminRequest::NotFound,
     }
 }
@@ -84,6 +96,29 @@ fn scrub(query: &str) -> AdminRequest {
     match volume {
         Some(volume) => AdminRequest::Scrub { volume, rate_bytes_per_s },
         None => AdminRequest::Malformed("POST /scrub needs ?volume=NAME"),
+    }
+}
+
+fn volume_create(query: &str) -> AdminRequest {
+    let mut name = None;
+    let mut size_bytes = None;
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+        match key {
+            "name" => match percent_decode(value) {
+                Some(n) if !n.is_empty() && n.len() <= 255 => name = Some(n),
+                _ => return AdminRequest::Malformed("name= must be a name of 1 to 255 bytes, percent-encoded"),
+            },
+            "size" => match value.parse::<u64>() {
+                Ok(size) => size_bytes = Some(size),
+                Err(_) => return AdminRequest::Malformed("size= must be a number of bytes"),
+            },
+            _ => return AdminRequest::Malformed("POST /volumes/create takes name= and size= only"),
+        }
+    }
+    match (name, size_bytes) {
+        (Some(name), Some(size_bytes)) => AdminRequest::VolumeCreate { name, size_bytes },
+        _ => AdminRequest::Malformed("POST /volumes/create needs ?name=NAME&size=BYTES"),
     }
 }
 
@@ -138,6 +173,13 @@ mod tests {
         );
         assert!(AdminRequest::Scrub { volume: "v".into(), rate_bytes_per_s: None }.is_order());
         assert!(AdminRequest::Failover.is_order() && !AdminRequest::Status.is_order());
+        assert_eq!(
+            parse(b"POST /volumes/create?name=db%2D1&size=1073741824 HTTP/1.1\r\n\r\n"),
+            AdminRequest::VolumeCreate { name: "db-1".into(), size_bytes: 1 << 30 }
+        );
+        assert!(AdminRequest::VolumeCreate { name: "v".into(), size_bytes: 4096 }.is_order());
+        assert_eq!(parse(b"GET /volumes HTTP/1.1\r\n\r\n"), AdminRequest::VolumeList);
+        assert!(!AdminRequest::VolumeList.is_order());
         for bad in [
             &b"POST /scrub HTTP/1.1\r\n\r\n"[..],
             b"POST /scrub?volume= HTTP/1.1\r\n\r\n",
@@ -147,6 +189,10 @@ mod tests {
             b"POST /scrub?volume=v&colour=red HTTP/1.1\r\n\r\n",
             b"POST /scrub?volume=%4 HTTP/1.1\r\n\r\n",
             b"POST /scrub?volume=%+1 HTTP/1.1\r\n\r\n",
+            b"POST /volumes/create?name=v HTTP/1.1\r\n\r\n",
+            b"POST /volumes/create?size=4096 HTTP/1.1\r\n\r\n",
+            b"POST /volumes/create?name=v&size=-1 HTTP/1.1\r\n\r\n",
+            b"POST /volumes/create?name=v&size=1&group=g HTTP/1.1\r\n\r\n",
             b"",
             b"\xff\xfe /status HTTP/1.1\r\n",
             b"GET /status\r\n",

@@ -7,6 +7,7 @@
 
 mod ack_policy;
 pub mod admin_request;
+pub mod catalog;
 mod element;
 mod failure;
 pub mod groups;

@@ -138,7 +138,7 @@ async fn answer(mut stream: Stream, host: std::sync::Arc<Node>, caller: Caller) 
     };
     let refusal = if request.is_order() {
         caller.order_refusal(request == AdminRequest::Drain)
-    } else if matches!(request, AdminRequest::Status | AdminRequest::Metrics) {
+    } else if matches!(request, AdminRequest::Status | AdminRequest::Metrics | AdminRequest::VolumeList) {
         caller.read_refusal()
     } else {
         None
@@ -160,10 +160,12 @@ async fn answer(mut stream: Stream, host: std::sync::Arc<Node>, caller: Caller) 
         AdminRequest::Failover => order(host.take_over("told to (starfish failover)", true).await),
         AdminRequest::Drain => order(host.drain().await),
         AdminRequest::Scrub { volume, rate_bytes_per_s } => order(host.scrub(&volume, rate_bytes_per_s).await),
+        AdminRequest::VolumeCreate { name, size_bytes } => order(host.volume_create(&name, size_bytes).await),
+        AdminRequest::VolumeList => order(host.volume_list().await),
         AdminRequest::NotFound => (
             "404 Not Found",
             "text/plain",
-            "try GET /status, GET /metrics, POST /failover, POST /drain or POST /scrub?volume=NAME\n".into(),
+            "try GET /status, GET /metrics, GET /volumes, POST /failover, POST /drain, POST /scrub?volume=NAME or POST /volumes/create?name=NAME&size=BYTES\n".into(),
         ),
         AdminRequest::Malformed(why) => ("400 Bad Request", "text/plain", format!("{why}\n")),
     };
@@ -263,8 +265,14 @@ pub fn status_json(
         .iter()
         .enumerate()
         .map(|(i, e)| {
-            let applied: serde_json::Map<String, Value> =
-                status.volumes.iter().zip(&e.applied_sequence).map(|(v, s)| (v.name.clone(), json!(s.0))).collect();
+            // The catalog's storage volume is reported under `catalog`, not among the volumes.
+            let applied: serde_json::Map<String, Value> = status
+                .volumes
+                .iter()
+                .zip(&e.applied_sequence)
+                .filter(|(v, _)| v.name != starfish_core::catalog::CATALOG_VOLUME)
+                .map(|(v, s)| (v.name.clone(), json!(s.0)))
+                .collect();
             let mut o = json!({
                 "name": e.name,
                 "address": addresses.get(i),
@@ -319,12 +327,24 @@ pub fn status_json(
             o
         })
         .collect();
+    let catalog = status.volumes.iter().position(|v| v.name == starfish_core::catalog::CATALOG_VOLUME);
+    let catalog = catalog.map(|i| {
+        let mut o = storage[i].clone();
+        o["applied_sequence"] = status
+            .elements
+            .iter()
+            .map(|e| (e.name.clone(), json!(e.applied_sequence.get(i).map_or(0, |s| s.0))))
+            .collect::<serde_json::Map<String, Value>>()
+            .into();
+        o
+    });
     json!({
         "epoch": status.epoch.0,
         "quorum": status.quorum,
         "ready": status.ready,
         "volumes": volumes,
         "groups": groups,
+        "catalog": catalog,
         "elements": elements,
         "read_cache": {
             "used_bytes": status.read_cache_used_bytes,

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use proto::{decode_frame, encode_frame, ElementMessage, Op};
-use starfish_core::Reply;
+use starfish_core::{catalog, Reply};
 use starfish_core::{Action, ElementId, Event, HostConfig, HostCore, HostError, HostStatus, Time, Token};
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufWriter};
 use tokio::net::TcpListener;
@@ -35,6 +35,8 @@ pub struct HostOptions {
     pub nbd_tls_verify_peer: bool,
     /// Serve plain TCP beyond loopback (`--insecure`).
     pub insecure: bool,
+    /// When the catalog's intentions are written (`--intention-log`).
+    pub intention_log: starfish_core::catalog::LogPolicy,
 }
 
 /// How this host element shares the cluster with others (see `crate::node`).
@@ -51,7 +53,7 @@ pub struct FailoverOptions {
     pub takeover_after_ms: u64,
 }
 
-enum Request {
+pub(crate) enum Request {
     Read { offset_bytes: u64, length_bytes: u32 },
     Write(Op),
     Flush,
@@ -105,6 +107,21 @@ enum Input {
     Release {
         reply: oneshot::Sender<()>,
     },
+    /// New, empty volumes (see `HostCore::add_volumes`).
+    AddVolumes {
+        added: Vec<(String, proto::VolumeSpec)>,
+        reply: oneshot::Sender<Result<Vec<proto::VolumeId>, String>>,
+    },
+    /// Would these new volumes fit on every live element (`HostCore::check_volumes`)?
+    CheckVolumes {
+        specs: Vec<proto::VolumeSpec>,
+        reply: oneshot::Sender<Reply>,
+    },
+    /// Start over serving these volumes too (`HostCore::restart_with_volumes`).
+    RestartWithVolumes {
+        added: Vec<(String, proto::VolumeSpec)>,
+        reply: oneshot::Sender<Result<(), String>>,
+    },
 }
 
 /// A frame for an element's session, with the record it carries when the element's ack policy
@@ -117,13 +134,18 @@ struct Session {
     _close: oneshot::Sender<()>,
 }
 
+/// The volumes exported over NBD, shared by the NBD server, the status and the catalog (which
+/// adds volumes created while running).
+pub(crate) type Exports = Arc<std::sync::RwLock<Vec<starfish_core::groups::ExportedVolume>>>;
+
 /// A handle to a running host element.
 #[derive(Clone)]
 pub struct HostHandle {
     inputs: mpsc::UnboundedSender<Input>,
     addresses: Arc<Vec<String>>,
     links: Arc<Vec<String>>,
-    exports: Arc<Vec<starfish_core::groups::ExportedVolume>>,
+    pub(crate) exports: Exports,
+    volume_orders: mpsc::UnboundedSender<crate::volumes::VolumeOrder>,
 }
 
 impl HostHandle {
@@ -133,8 +155,49 @@ impl HostHandle {
     }
 
     /// The volumes exported over NBD (with their groups).
-    pub fn exports(&self) -> &[starfish_core::groups::ExportedVolume] {
-        &self.exports
+    pub fn exports(&self) -> Vec<starfish_core::groups::ExportedVolume> {
+        self.exports.read().expect("exports lock").clone()
+    }
+
+    /// Hand a volume operation to the catalog (`starfish volume …`).
+    pub(crate) async fn volume_order<T>(
+        &self,
+        order: impl FnOnce(oneshot::Sender<Result<T, String>>) -> crate::volumes::VolumeOrder,
+    ) -> Result<T, String> {
+        let (reply, rx) = oneshot::channel();
+        self.volume_orders.send(order(reply)).map_err(|_| "host element stopping".to_string())?;
+        rx.await.map_err(|_| "host element stopping".to_string())?
+    }
+
+    /// A request to the core with offsets in storage volume `volume`.
+    pub(crate) async fn storage_request(&self, volume: u32, request: Request) -> Option<Reply> {
+        let (reply, rx) = oneshot::channel();
+        self.inputs.send(Input::Host { volume, request, reply }).ok()?;
+        rx.await.ok()
+    }
+
+    pub(crate) async fn add_volumes(
+        &self,
+        added: Vec<(String, proto::VolumeSpec)>,
+    ) -> Result<Vec<proto::VolumeId>, String> {
+        let (reply, rx) = oneshot::channel();
+        self.inputs.send(Input::AddVolumes { added, reply }).map_err(|_| "host element stopping")?;
+        rx.await.map_err(|_| "host element stopping")?
+    }
+
+    pub(crate) async fn check_volumes(&self, specs: Vec<proto::VolumeSpec>) -> Result<(), String> {
+        let (reply, rx) = oneshot::channel();
+        self.inputs.send(Input::CheckVolumes { specs, reply }).map_err(|_| "host element stopping")?;
+        match rx.await {
+            Ok(Reply::Checked(result)) => result,
+            _ => Err("host element stopping".into()),
+        }
+    }
+
+    pub(crate) async fn restart_with_volumes(&self, added: Vec<(String, proto::VolumeSpec)>) -> Result<(), String> {
+        let (reply, rx) = oneshot::channel();
+        self.inputs.send(Input::RestartWithVolumes { added, reply }).map_err(|_| "host element stopping")?;
+        rx.await.map_err(|_| "host element stopping")?
     }
 
     /// How each element is reached ("tcp", or the far link's parameters), in configuration order.
@@ -199,11 +262,25 @@ pub(crate) fn start_active(
     let far_links: Vec<_> =
         (0..options.element_addresses.len()).map(|i| options.element_links.get(i).copied().flatten()).collect();
     let links = far_links.iter().map(|l| describe_link(l.as_ref())).collect();
+    // The catalog of volumes created while running is a storage volume of its own, never
+    // exported over NBD.
+    let mut config = config;
+    let exports: Exports = Arc::new(std::sync::RwLock::new(config.exported()));
+    if !config.volumes.iter().any(|v| v.name == catalog::CATALOG_VOLUME) {
+        config.exports = config.exported();
+        config.volumes.push(proto::VolumeSpec {
+            name: catalog::CATALOG_VOLUME.into(),
+            size_bytes: catalog::CATALOG_VOLUME_BYTES,
+        });
+    }
+    let (volume_orders, orders_rx) = mpsc::unbounded_channel();
+    let (volume_events, events_rx) = mpsc::unbounded_channel();
     let handle = HostHandle {
         inputs: inputs.clone(),
         addresses: Arc::new(addresses),
         links: Arc::new(links),
-        exports: Arc::new(config.exported()),
+        exports: exports.clone(),
+        volume_orders,
     };
     let origin = Instant::now();
     let epoch = config.epoch;
@@ -215,39 +292,39 @@ pub(crate) fn start_active(
         elements = config.elements.len(),
         "host element starting"
     );
-    let mut tasks = vec![tokio::spawn(run_actor(core, origin, rx, config.elements.clone(), superseded))];
+    let mut tasks = vec![tokio::spawn(run_actor(core, origin, rx, config.elements.clone(), superseded, volume_events))];
+    let (loaded_tx, mut loaded_rx) = tokio::sync::watch::channel(false);
+    tasks.push(tokio::spawn(crate::volumes::run(
+        handle.clone(),
+        options.intention_log,
+        orders_rx,
+        events_rx,
+        loaded_tx,
+    )));
     for (i, address) in options.element_addresses.iter().enumerate() {
         let tls = options.tls.clone();
         tasks.push(tokio::spawn(run_element_link(ElementId(i as u8), *address, far_links[i], inputs.clone(), tls)));
     }
-    let backend = Arc::new(HostBackend {
-        inputs: inputs.clone(),
-        exports: config
-            .exported()
-            .iter()
-            .map(|e| {
-                let description = match &e.group {
-                    Some(group) => format!("StarFish volume {} (consistency group {group})", e.name),
-                    None => format!("StarFish volume {}", e.name),
-                };
-                (
-                    ExportInfo { name: e.name.clone(), size_bytes: e.size_bytes, description },
-                    e.volume as u32,
-                    e.offset_bytes,
-                )
-            })
-            .collect(),
-    });
+    let backend = Arc::new(HostBackend { inputs: inputs.clone(), exports });
     let (drain, drain_rx) = tokio::sync::watch::channel(false);
     let tls =
         options.tls.clone().map(|context| nbd_server::NbdTls { context, verify_peer: options.nbd_tls_verify_peer });
     let server_options = ServerOptions { multi_conn: true, drain: Some(drain_rx), tls, ..ServerOptions::default() };
     let address = options.nbd;
+    let startup_timeout = Duration::from_millis(config.startup_timeout_ms);
     let nbd = tokio::spawn(async move {
         let listener = match nbd_listener {
             Some(listener) => listener,
             None => bind_when_free(address).await,
         };
+        // Volumes created while an earlier host element ran are served from the start: NBD
+        // clients wait in the listen queue until the catalog is read — at most the start-up
+        // timeout, after which requests would fail anyway; the configured volumes are served
+        // then, and the catalog's join once it is read.
+        let wait = tokio::time::timeout(startup_timeout, loaded_rx.wait_for(|loaded| *loaded));
+        if wait.await.is_err() {
+            tracing::warn!("the catalog is not read yet (too few elements): serving the configured volumes; volumes created while running join once it is");
+        }
         if let Err(e) = nbd_server::serve(listener, backend, server_options).await {
             tracing::error!(error = %e, "NBD server stopped");
         }
@@ -293,6 +370,7 @@ async fn run_actor(
     mut rx: mpsc::UnboundedReceiver<Input>,
     names: Vec<String>,
     superseded: mpsc::UnboundedSender<()>,
+    volume_events: mpsc::UnboundedSender<proto::VolumeId>,
 ) {
     let mut sessions: Vec<Option<Session>> = names.iter().map(|_| None).collect();
     let mut waiting: HashMap<Token, oneshot::Sender<Reply>> = HashMap::new();
@@ -348,8 +426,14 @@ async fn run_actor(
                     }
                 }
                 Action::Event(event) => {
-                    if matches!(event, Event::Superseded { .. }) {
-                        let _ = superseded.send(());
+                    match &event {
+                        Event::Superseded { .. } => {
+                            let _ = superseded.send(());
+                        }
+                        Event::VolumeCreated { volume } => {
+                            let _ = volume_events.send(*volume);
+                        }
+                        _ => {}
                     }
                     log_event(&core, &names, event)
                 }
@@ -415,6 +499,18 @@ fn handle_input(
             if current == Some(session) || current.is_none() {
                 core.handle_element_disconnected(t, element, &reason);
             }
+        }
+        Input::AddVolumes { added, reply } => {
+            let _ = reply.send(core.add_volumes(t, added));
+        }
+        Input::CheckVolumes { specs, reply } => {
+            *next_token += 1;
+            let token = Token(*next_token);
+            waiting.insert(token, reply);
+            core.check_volumes(t, token, specs);
+        }
+        Input::RestartWithVolumes { added, reply } => {
+            let _ = reply.send(core.restart_with_volumes(t, added));
         }
         Input::Status { reply } => {
             let _ = reply.send(core.status(t));
@@ -710,13 +806,14 @@ struct HostBackend {
     inputs: mpsc::UnboundedSender<Input>,
     /// Each exported volume, with its storage volume and where in it the volume starts (a
     /// consistency group's members are windows of the group's storage volume).
-    exports: Vec<(ExportInfo, u32, u64)>,
+    exports: Exports,
 }
 
 impl HostBackend {
     /// The storage volume of `export` and its offset there.
     fn locate(&self, export: &str) -> Option<(u32, u64)> {
-        self.exports.iter().find(|(e, _, _)| e.name == export).map(|(_, volume, base)| (*volume, *base))
+        let exports = self.exports.read().expect("exports lock");
+        exports.iter().find(|e| e.name == export).map(|e| (e.volume as u32, e.offset_bytes))
     }
 
     /// Hand `request` (offsets already in the storage volume) to the core. The NBD layer has
@@ -771,7 +868,17 @@ fn done(rx: Option<oneshot::Receiver<Reply>>) -> BoxFuture<Result<(), nbd::Errno
 
 impl Backend for HostBackend {
     fn exports(&self) -> Vec<ExportInfo> {
-        self.exports.iter().map(|(e, _, _)| e.clone()).collect()
+        let exports = self.exports.read().expect("exports lock");
+        exports
+            .iter()
+            .map(|e| {
+                let description = match &e.group {
+                    Some(group) => format!("StarFish volume {} (consistency group {group})", e.name),
+                    None => format!("StarFish volume {}", e.name),
+                };
+                ExportInfo { name: e.name.clone(), size_bytes: e.size_bytes, description }
+            })
+            .collect()
     }
 
     fn read(&self, export: &str, offset_bytes: u64, length_bytes: u32) -> BoxFuture<Result<Bytes, nbd::Errno>> {

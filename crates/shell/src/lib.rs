@@ -11,3 +11,4 @@ pub mod host;
 pub mod nbd_server;
 pub mod node;
 pub mod tls;
+mod volumes;

@@ -274,6 +274,32 @@ impl Node {
         Ok(json!({ "volume": volume, "id": id, "rate_bytes_per_s": rate_bytes_per_s }))
     }
 
+    /// Create a volume (`starfish volume create`), through the catalog's intention log.
+    pub async fn volume_create(&self, name: &str, size_bytes: u64) -> Result<Value, String> {
+        let handle = self.active.lock().await.as_ref().map(|a| a.handle.clone());
+        let Some(handle) = handle else {
+            return Err("this host element is a standby: create volumes through the active one".into());
+        };
+        let name = name.to_string();
+        let doc = handle
+            .volume_order(|reply| crate::volumes::VolumeOrder::Create { name: name.clone(), size_bytes, reply })
+            .await;
+        match &doc {
+            Ok(_) => tracing::info!(volume = %name, size_bytes, "volume created (starfish volume create)"),
+            Err(e) => tracing::warn!(volume = %name, size_bytes, "volume create refused: {e}"),
+        }
+        doc
+    }
+
+    /// Every volume served (`starfish volume list`).
+    pub async fn volume_list(&self) -> Result<Value, String> {
+        let handle = self.active.lock().await.as_ref().map(|a| a.handle.clone());
+        let Some(handle) = handle else {
+            return Err("this host element is a standby: list volumes at the active one".into());
+        };
+        handle.volume_order(|reply| crate::volumes::VolumeOrder::List { reply }).await
+    }
+
     /// A graceful handover: stop taking requests, answer those taken, tell the elements we
     /// are gone (their read lease ends now), and become a standby.
     pub async fn drain(self: &Arc<Self>) -> Result<Value, String> {
@@ -321,7 +347,7 @@ impl Node {
         let mut doc = match handle {
             Some(handle) => {
                 let status = handle.status().await?;
-                let mut doc = crate::admin::status_json(&status, handle.addresses(), handle.links(), handle.exports());
+                let mut doc = crate::admin::status_json(&status, handle.addresses(), handle.links(), &handle.exports());
                 doc["role"] = json!("active");
                 doc
             }

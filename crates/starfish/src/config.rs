@@ -25,6 +25,9 @@ pub struct HostFile {
     pub scrub_interval: Option<String>,
     /// Pace of scrubs, e.g. "32MiB" (per second, the default); "0": unlimited.
     pub scrub_rate: Option<String>,
+    /// When intentions of volume operations are written: "group" (the default), "single" or
+    /// "none".
+    pub intention_log: Option<String>,
     /// How long requests are held while starting before they fail with EIO (milliseconds).
     pub startup_timeout_ms: Option<u64>,
     /// Start as a standby (see `starfish failover`).
@@ -211,6 +214,10 @@ impl HostFile {
         let failover =
             FailoverOptions { standby: self.standby.unwrap_or(false), etcd: self.etcd, cluster, takeover_after_ms };
         let tls = load_tls(self.tls_dir.as_deref())?;
+        let intention_log = match &self.intention_log {
+            Some(s) => starfish_core::catalog::LogPolicy::parse(s).map_err(anyhow::Error::msg)?,
+            None => starfish_core::catalog::LogPolicy::Group,
+        };
         let nbd_tls_verify_peer = self.nbd_tls_verify_peer.unwrap_or(false);
         if nbd_tls_verify_peer && tls.is_none() {
             bail!("--nbd-tls-verify-peer needs --tls-dir");
@@ -225,6 +232,7 @@ impl HostFile {
             tls,
             nbd_tls_verify_peer,
             insecure: self.insecure.unwrap_or(false),
+            intention_log,
         })
     }
 }

@@ -37,6 +37,8 @@ enum Command {
     Failover(FailoverArgs),
     /// Compare a volume's replicas block by block and repair an element that differs.
     Scrub(ScrubArgs),
+    /// Create and list volumes while the cluster runs.
+    Volume(VolumeArgs),
     /// Make a cluster CA and the certificates of its processes and operators (mutual TLS).
     Certs(CertsArgs),
     /// Start three elements behind emulated local/near/far links and a host element.
@@ -145,6 +147,12 @@ struct HostArgs {
     /// Pace of scrubs in bytes per second, e.g. 32MiB (default; 0: unlimited).
     #[arg(long, value_parser = parse_size)]
     scrub_rate: Option<u64>,
+    /// When intentions of volume operations (`starfish volume create`) are written durably:
+    /// group (Slice's GROUP-COMMIT, the default: up to 10 ms or 5 intentions share one
+    /// write), single (one write each) or none (no intention log: a crash mid-way can leave a
+    /// volume no catalog names).
+    #[arg(long, value_parser = ["group", "single", "none"])]
+    intention_log: Option<String>,
     /// How long requests that arrive before enough elements answered are held; then they fail
     /// with EIO until the elements answer (default 10000).
     #[arg(long)]
@@ -252,6 +260,54 @@ struct ScrubArgs {
 }
 
 #[derive(Args, Debug)]
+struct VolumeArgs {
+    #[command(subcommand)]
+    action: VolumeAction,
+}
+
+#[derive(Subcommand, Debug)]
+enum VolumeAction {
+    /// Create a volume on every element and export it over NBD at once; it survives restarts
+    /// of every process. Failure-atomic: a crash mid-way leaves it created everywhere or
+    /// nowhere.
+    Create(VolumeCreateArgs),
+    /// List the volumes served: configured ones and those created while running.
+    List(VolumeListArgs),
+}
+
+#[derive(Args, Debug)]
+struct VolumeCreateArgs {
+    /// Name: letters, digits, '.', '_' and '-' (up to 200 bytes, not starting with '.').
+    name: String,
+    /// Size, e.g. 10GiB: a positive multiple of 4096 bytes.
+    #[arg(value_parser = parse_size)]
+    size: u64,
+    /// A consistency group to join (not supported yet: groups are configured at start-up).
+    #[arg(long)]
+    group: Option<String>,
+    /// Admin address of the active host element.
+    #[arg(long, default_value = "127.0.0.1:7100")]
+    admin: SocketAddr,
+    #[arg(long)]
+    json: bool,
+    /// A TLS directory with an admin certificate (needed when the cluster uses TLS).
+    #[arg(long)]
+    tls_dir: Option<PathBuf>,
+}
+
+#[derive(Args, Debug)]
+struct VolumeListArgs {
+    /// Admin address of the active host element.
+    #[arg(long, default_value = "127.0.0.1:7100")]
+    admin: SocketAddr,
+    #[arg(long)]
+    json: bool,
+    /// A TLS directory with an admin certificate (needed when the cluster uses TLS).
+    #[arg(long)]
+    tls_dir: Option<PathBuf>,
+}
+
+#[derive(Args, Debug)]
 struct StatusArgs {
     #[arg(long, default_value = "127.0.0.1:7100")]
     admin: SocketAddr,
@@ -349,6 +405,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Status(args) => status(args),
         Command::Failover(args) => failover(args),
         Command::Scrub(args) => scrub(args),
+        Command::Volume(args) => volume(args),
         Command::Certs(args) => certs(args),
         Command::Demo(args) => demo(args),
         Command::Availability(args) => availability::cli::run(&args, &mut std::io::stdout()),
@@ -432,6 +489,9 @@ fn host_options(args: HostArgs) -> Result<HostOptions> {
     }
     if let Some(b) = args.scrub_rate {
         file.scrub_rate = Some(b.to_string());
+    }
+    if args.intention_log.is_some() {
+        file.intention_log = args.intention_log;
     }
     if let Some(ms) = args.startup_timeout_ms {
         file.startup_timeout_ms = Some(ms);
@@ -589,6 +649,76 @@ fn failover(args: FailoverArgs) -> Result<()> {
 /// `starfish scrub`: start a scrub, follow it in the status document, report what it found.
 /// Exit status as fsck's: 0 the replicas agree, 1 differences were repaired, 4 some were left
 /// (no majority, or an element could not scrub; it repairs itself from a peer).
+/// The reason in an admin endpoint's refusal (`{"error": …}`), else the whole answer.
+fn admin_error(e: std::io::Error) -> anyhow::Error {
+    let text = e.to_string();
+    let reason = text
+        .find('{')
+        .and_then(|at| serde_json::from_str::<serde_json::Value>(&text[at..]).ok())
+        .and_then(|doc| doc["error"].as_str().map(str::to_string));
+    anyhow::anyhow!(reason.unwrap_or(text))
+}
+
+fn volume(args: VolumeArgs) -> Result<()> {
+    let rt = runtime()?;
+    match args.action {
+        VolumeAction::Create(args) => {
+            if let Some(group) = &args.group {
+                bail!("--group {group}: joining a consistency group while running is not supported yet; declare the group at start-up (--group NAME:VOL,VOL)");
+            }
+            let tls = config::load_tls(args.tls_dir.as_deref())?;
+            let path = format!("/volumes/create?name={}&size={}", config::percent_encode(&args.name), args.size);
+            let body = rt
+                .block_on(shell::admin::request(args.admin, "POST", &path, tls.as_ref()))
+                .map_err(admin_error)
+                .with_context(|| format!("volume {} was not created", args.name))?;
+            let doc: serde_json::Value = serde_json::from_str(&body).context("admin endpoint sent bad JSON")?;
+            if args.json {
+                println!("{doc}");
+            } else {
+                let quorum = if doc["on_write_quorum"] == true {
+                    "held by a write quorum of elements"
+                } else {
+                    "not yet held by a write quorum of elements (they create it as they answer or come back)"
+                };
+                println!(
+                    "created volume {} ({}), {quorum}; exported over NBD as {}",
+                    args.name,
+                    config::format_size_approx(args.size),
+                    args.name
+                );
+            }
+        }
+        VolumeAction::List(args) => {
+            let tls = config::load_tls(args.tls_dir.as_deref())?;
+            let body = rt
+                .block_on(shell::admin::get(args.admin, "/volumes", tls.as_ref()))
+                .map_err(admin_error)
+                .with_context(|| format!("cannot list the volumes of the host element at {}", args.admin))?;
+            let doc: serde_json::Value = serde_json::from_str(&body).context("admin endpoint sent bad JSON")?;
+            if args.json {
+                println!("{doc}");
+                return Ok(());
+            }
+            println!("{:<24} {:>12}  {:<10}  {:<8}  STATE", "NAME", "SIZE", "ORIGIN", "GROUP");
+            for v in doc["volumes"].as_array().into_iter().flatten() {
+                println!(
+                    "{:<24} {:>12}  {:<10}  {:<8}  {}",
+                    v["name"].as_str().unwrap_or("?"),
+                    config::format_size_approx(v["size_bytes"].as_u64().unwrap_or(0)),
+                    v["origin"].as_str().unwrap_or("?"),
+                    v["group"].as_str().unwrap_or("-"),
+                    v["state"].as_str().unwrap_or("?"),
+                );
+            }
+            if let Some(e) = doc["catalog_error"].as_str() {
+                println!("catalog unreadable: {e} (volume operations are off)");
+            }
+        }
+    }
+    Ok(())
+}
+
 fn scrub(args: ScrubArgs) -> Result<()> {
     let tls = config::load_tls(args.tls_dir.as_deref())?;
     let rt = runtime()?;

@@ -1,0 +1,518 @@
+//! The catalog of volumes created while running (`starfish volume create`) and the intention
+//! log that makes creating one failure-atomic, as the Slice paper's coordinator does (section
+//! 3): the intention is logged durably, then executed on the elements, then completed; a host
+//! element that starts (after a crash, or taking over) finishes every intention it finds.
+//!
+//! The catalog lives where every host element finds it: in the storage volume
+//! [`CATALOG_VOLUME`], replicated, fenced and recovered like any other, written whole at
+//! offset 0 by one write (one record: all or nothing on every element) followed by a FLUSH
+//! (durable on Q elements, whatever their ack policies). Its document:
+//!
+//! ```text
+//! "SFCATLG1" | u32 body length | u32 crc32c(body) | body
+//! body: u64 version | u64 next id | u32 n, n × volume | u32 m, m × intention
+//! volume:    name | u64 size_bytes | u64 id
+//! intention: u64 id | u8 kind (1: create) | name | u64 size_bytes
+//! name:      u16 length | UTF-8
+//! ```
+//!
+//! A volume created while running is stored on the elements as `NAME#ID` (its intention's
+//! id): a later volume of the same name is another storage volume, never old data. An
+//! all-zero first block is the empty catalog of a new cluster.
+//!
+//! [`IntentionLog`] decides when the document is written: `single` writes each intention by
+//! itself as soon as nothing else is being written; `group` (Slice's GROUP-COMMIT) waits up to
+//! [`GROUP_WAIT_MS`] or until [`GROUP_BATCH`] intentions wait, and logs them with one write;
+//! `none` logs nothing before executing (the paper's NONE: cheapest, and a crash between the
+//! execution and the completion leaves a volume on the elements that no catalog names).
+
+use std::collections::VecDeque;
+
+use proto::{VolumeSpec, BLOCK_BYTES};
+
+use crate::Time;
+
+/// The storage volume that holds the catalog (a name no volume can take: it starts with a
+/// dot).
+pub const CATALOG_VOLUME: &str = ".catalog";
+pub const CATALOG_VOLUME_BYTES: u64 = 16 << 20;
+/// The largest volume an element's store holds (`store::VOLUME_BYTES_MAX`).
+pub const VOLUME_BYTES_MAX: u64 = 16 << 40;
+/// Longest name of a volume created while running (its storage name adds `#ID`).
+pub const NAME_BYTES_MAX: usize = 200;
+/// Group commit: an intention waits at most this long for others to share its write ...
+pub const GROUP_WAIT_MS: u64 = 10;
+/// ... or until this many wait.
+pub const GROUP_BATCH: usize = 5;
+
+const MAGIC: &[u8; 8] = b"SFCATLG1";
+const HEADER_BYTES: usize = 16;
+const INTENT_CREATE: u8 = 1;
+
+/// Every volume a host element serves: at most this many created while running.
+pub const CATALOG_VOLUMES_MAX: usize = crate::limits::VOLUMES_MAX - 64;
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Catalog {
+    /// Changes written so far.
+    pub version: u64,
+    /// The next intention's id.
+    pub next_id: u64,
+    /// Volumes created (their intentions completed), in creation order.
+    pub volumes: Vec<CatalogVolume>,
+    /// Intentions logged and not completed: a starting host element finishes them.
+    pub intentions: Vec<Intention>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CatalogVolume {
+    pub name: String,
+    pub size_bytes: u64,
+    /// The id of the intention that created it.
+    pub id: u64,
+}
+
+impl CatalogVolume {
+    /// Its storage volume on the elements.
+    pub fn spec(&self) -> VolumeSpec {
+        VolumeSpec { name: storage_name(&self.name, self.id), size_bytes: self.size_bytes }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Intention {
+    pub id: u64,
+    pub op: Intent,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Intent {
+    Create { name: String, size_bytes: u64 },
+}
+
+impl Intention {
+    /// The volume it creates, as it will be listed.
+    pub fn volume(&self) -> CatalogVolume {
+        let Intent::Create { name, size_bytes } = &self.op;
+        CatalogVolume { name: name.clone(), size_bytes: *size_bytes, id: self.id }
+    }
+}
+
+/// The storage name of volume `name` created by intention `id`.
+pub fn storage_name(name: &str, id: u64) -> String {
+    format!("{name}#{id}")
+}
+
+/// Whether `name` may name a volume created while running: 1 to [`NAME_BYTES_MAX`] bytes of
+/// letters, digits, `.`, `_` and `-`, not starting with a dot (those are the system's).
+pub fn check_name(name: &str) -> Result<(), String> {
+    if name.is_empty() || name.len() > NAME_BYTES_MAX {
+        return Err(format!("a volume name has 1 to {NAME_BYTES_MAX} bytes"));
+    }
+    if name.starts_with('.') {
+        return Err(format!("volume name {name:?} starts with a dot: those are reserved"));
+    }
+    if let Some(c) = name.chars().find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))) {
+        return Err(format!("volume name {name:?} holds {c:?}: use letters, digits, '.', '_' and '-'"));
+    }
+    Ok(())
+}
+
+/// Whether `size_bytes` may be the size of a new volume.
+pub fn check_size(size_bytes: u64) -> Result<(), String> {
+    if size_bytes == 0 || !size_bytes.is_multiple_of(BLOCK_BYTES) {
+        return Err(format!("size {size_bytes} is not a positive multiple of {BLOCK_BYTES} bytes"));
+    }
+    if size_bytes > VOLUME_BYTES_MAX {
+        return Err(format!("size {size_bytes} is beyond the largest volume, {VOLUME_BYTES_MAX} bytes (16 TiB)"));
+    }
+    Ok(())
+}
+
+impl Catalog {
+    /// Whether a volume or an intention takes `name`.
+    pub fn has_name(&self, name: &str) -> bool {
+        self.volumes.iter().any(|v| v.name == name)
+            || self.intentions.iter().any(|i| matches!(&i.op, Intent::Create { name: n, .. } if n == name))
+    }
+
+    /// The volumes a starting host element serves: those created, and those of the
+    /// intentions it finds (rolled forward), in id order. Pairs of (export name, storage).
+    pub fn volumes_to_serve(&self) -> Vec<(String, VolumeSpec)> {
+        let mut all: Vec<CatalogVolume> = self.volumes.clone();
+        all.extend(self.intentions.iter().map(Intention::volume));
+        all.sort_by_key(|v| v.id);
+        all.into_iter().map(|v| (v.name.clone(), v.spec())).collect()
+    }
+
+    /// Finish every intention as a starting host element does (they are all creations, which
+    /// its sessions carry out by naming the volumes in their hellos).
+    pub fn roll_forward(&mut self) -> usize {
+        let done = std::mem::take(&mut self.intentions);
+        let n = done.len();
+        self.volumes.extend(done.iter().map(Intention::volume));
+        self.volumes.sort_by_key(|v| v.id);
+        n
+    }
+
+    /// The document, padded to whole blocks.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut body = Vec::new();
+        body.extend_from_slice(&self.version.to_le_bytes());
+        body.extend_from_slice(&self.next_id.to_le_bytes());
+        body.extend_from_slice(&(self.volumes.len() as u32).to_le_bytes());
+        for v in &self.volumes {
+            put_name(&mut body, &v.name);
+            body.extend_from_slice(&v.size_bytes.to_le_bytes());
+            body.extend_from_slice(&v.id.to_le_bytes());
+        }
+        body.extend_from_slice(&(self.intentions.len() as u32).to_le_bytes());
+        for i in &self.intentions {
+            body.extend_from_slice(&i.id.to_le_bytes());
+            let Intent::Create { name, size_bytes } = &i.op;
+            body.push(INTENT_CREATE);
+            put_name(&mut body, name);
+            body.extend_from_slice(&size_bytes.to_le_bytes());
+        }
+        let mut out = Vec::with_capacity(HEADER_BYTES + body.len());
+        out.extend_from_slice(MAGIC);
+        out.extend_from_slice(&(body.len() as u32).to_le_bytes());
+        out.extend_from_slice(&crc32c::crc32c(&body).to_le_bytes());
+        out.extend_from_slice(&body);
+        let padded = (out.len() as u64).div_ceil(BLOCK_BYTES) * BLOCK_BYTES;
+        out.resize(padded as usize, 0);
+        assert!(padded <= CATALOG_VOLUME_BYTES, "the catalog fits its volume (bounded by CATALOG_VOLUMES_MAX)");
+        out
+    }
+
+    /// How many bytes from offset 0 hold the document whose first block is `first` (`None`:
+    /// an empty catalog).
+    pub fn stored_bytes(first: &[u8]) -> Result<Option<u64>, String> {
+        if first.len() < HEADER_BYTES {
+            return Err("the catalog's first block is short".into());
+        }
+        if first.iter().all(|&b| b == 0) {
+            return Ok(None);
+        }
+        if &first[..8] != MAGIC {
+            return Err("the catalog volume does not start with a catalog (bad magic)".into());
+        }
+        let body = u32::from_le_bytes(first[8..12].try_into().expect("4 bytes")) as u64;
+        let total = (HEADER_BYTES as u64 + body).div_ceil(BLOCK_BYTES) * BLOCK_BYTES;
+        if total > CATALOG_VOLUME_BYTES {
+            return Err(format!("the catalog claims {total} bytes, more than its volume"));
+        }
+        Ok(Some(total))
+    }
+
+    /// The catalog a document holds (all zero: the empty catalog).
+    pub fn decode(bytes: &[u8]) -> Result<Catalog, String> {
+        let Some(total) = Catalog::stored_bytes(bytes)? else { return Ok(Catalog::default()) };
+        if (bytes.len() as u64) < total {
+            return Err("the catalog document is cut short".into());
+        }
+        let body_len = u32::from_le_bytes(bytes[8..12].try_into().expect("4 bytes")) as usize;
+        let crc = u32::from_le_bytes(bytes[12..16].try_into().expect("4 bytes"));
+        let body = &bytes[HEADER_BYTES..HEADER_BYTES + body_len];
+        if crc32c::crc32c(body) != crc {
+            return Err("the catalog document fails its checksum".into());
+        }
+        let mut r = Reader { rest: body };
+        let version = r.u64()?;
+        let next_id = r.u64()?;
+        let n = r.count()?;
+        let mut volumes = Vec::with_capacity(n);
+        for _ in 0..n {
+            let name = r.name()?;
+            let size_bytes = r.u64()?;
+            let id = r.u64()?;
+            volumes.push(CatalogVolume { name, size_bytes, id });
+        }
+        let m = r.count()?;
+        let mut intentions = Vec::with_capacity(m);
+        for _ in 0..m {
+            let id = r.u64()?;
+            let op = match r.u8()? {
+                INTENT_CREATE => {
+                    let name = r.name()?;
+                    let size_bytes = r.u64()?;
+                    Intent::Create { name, size_bytes }
+                }
+                kind => return Err(format!("the catalog holds an intention of unknown kind {kind}")),
+            };
+            intentions.push(Intention { id, op });
+        }
+        if !r.rest.is_empty() {
+            return Err("the catalog document has bytes after its end".into());
+        }
+        let catalog = Catalog { version, next_id, volumes, intentions };
+        catalog.check()?;
+        Ok(catalog)
+    }
+
+    /// Names valid and distinct, sizes valid, ids below `next_id` and distinct.
+    fn check(&self) -> Result<(), String> {
+        let mut names: Vec<(&str, u64)> = self.volumes.iter().map(|v| (v.name.as_str(), v.id)).collect();
+        for i in &self.intentions {
+            let Intent::Create { name, .. } = &i.op;
+            names.push((name.as_str(), i.id));
+        }
+        if names.len() > CATALOG_VOLUMES_MAX {
+            return Err(format!("the catalog names {} volumes, more than {CATALOG_VOLUMES_MAX}", names.len()));
+        }
+        for v in self.volumes.iter().map(|v| (v.name.as_str(), v.size_bytes)).chain(self.intentions.iter().map(|i| {
+            let Intent::Create { name, size_bytes } = &i.op;
+            (name.as_str(), *size_bytes)
+        })) {
+            check_name(v.0)?;
+            check_size(v.1)?;
+        }
+        for (k, (name, id)) in names.iter().enumerate() {
+            if *id >= self.next_id {
+                return Err(format!("the catalog's volume {name} has id {id}, not below its next id"));
+            }
+            if names[..k].iter().any(|(n, i)| n == name || i == id) {
+                return Err(format!("the catalog names {name} (or its id {id}) twice"));
+            }
+        }
+        Ok(())
+    }
+}
+
+fn put_name(out: &mut Vec<u8>, name: &str) {
+    out.extend_from_slice(&(name.len() as u16).to_le_bytes());
+    out.extend_from_slice(name.as_bytes());
+}
+
+struct Reader<'a> {
+    rest: &'a [u8],
+}
+
+impl Reader<'_> {
+    fn take(&mut self, n: usize) -> Result<&[u8], String> {
+        if self.rest.len() < n {
+            return Err("the catalog document is cut short".into());
+        }
+        let (head, tail) = self.rest.split_at(n);
+        self.rest = tail;
+        Ok(head)
+    }
+    fn u8(&mut self) -> Result<u8, String> {
+        Ok(self.take(1)?[0])
+    }
+    fn u64(&mut self) -> Result<u64, String> {
+        Ok(u64::from_le_bytes(self.take(8)?.try_into().expect("8 bytes")))
+    }
+    fn count(&mut self) -> Result<usize, String> {
+        let n = u32::from_le_bytes(self.take(4)?.try_into().expect("4 bytes")) as usize;
+        if n > CATALOG_VOLUMES_MAX {
+            return Err(format!("the catalog counts {n} entries, more than {CATALOG_VOLUMES_MAX}"));
+        }
+        Ok(n)
+    }
+    fn name(&mut self) -> Result<String, String> {
+        let n = u16::from_le_bytes(self.take(2)?.try_into().expect("2 bytes")) as usize;
+        let bytes = self.take(n)?;
+        String::from_utf8(bytes.to_vec()).map_err(|_| "the catalog holds a name that is not UTF-8".to_string())
+    }
+}
+
+/// When intentions are written (see the module's documentation).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogPolicy {
+    None,
+    Single,
+    Group,
+}
+
+impl LogPolicy {
+    pub fn parse(s: &str) -> Result<LogPolicy, String> {
+        match s {
+            "none" => Ok(LogPolicy::None),
+            "single" => Ok(LogPolicy::Single),
+            "group" => Ok(LogPolicy::Group),
+            _ => Err(format!("unknown intention-log policy {s:?} (none, single or group)")),
+        }
+    }
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LogPolicy::None => "none",
+            LogPolicy::Single => "single",
+            LogPolicy::Group => "group",
+        }
+    }
+}
+
+/// One write of the catalog to make: the whole document, and the intentions it logs (to
+/// execute once it is durable).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CatalogWrite {
+    pub document: Vec<u8>,
+    pub logs: Vec<Intention>,
+}
+
+/// The coordinator's intention log over the catalog: which operations wait to be logged,
+/// which write is under way, which executed operations wait for their completion to be
+/// written. One catalog write at a time, so they land in order.
+#[derive(Debug)]
+pub struct IntentionLog {
+    catalog: Catalog,
+    policy: LogPolicy,
+    /// Asked for and not logged yet, with when they were asked.
+    waiting: VecDeque<(Intention, Time)>,
+    /// Executed (or undone), their outcome not written yet: (id, created?).
+    finished: Vec<(u64, bool)>,
+    finished_since: Option<Time>,
+    /// The write under way: the intentions it logs.
+    writing: Option<Vec<Intention>>,
+}
+
+impl IntentionLog {
+    pub fn new(catalog: Catalog, policy: LogPolicy) -> IntentionLog {
+        IntentionLog {
+            catalog,
+            policy,
+            waiting: VecDeque::new(),
+            finished: Vec::new(),
+            finished_since: None,
+            writing: None,
+        }
+    }
+
+    /// The catalog as the log sees it (what is written, and the write under way).
+    pub fn catalog(&self) -> &Catalog {
+        &self.catalog
+    }
+
+    pub fn policy(&self) -> LogPolicy {
+        self.policy
+    }
+
+    /// Whether `name` is taken here (created, intended, or waiting to be logged).
+    pub fn has_name(&self, name: &str) -> bool {
+        self.catalog.has_name(name)
+            || self.waiting.iter().any(|(i, _)| matches!(&i.op, Intent::Create { name: n, .. } if n == name))
+    }
+
+    /// Ask to create volume `name`: its intention, once logged (see [`IntentionLog::poll_write`]
+    /// and [`IntentionLog::written`]), or at once with policy `none`
+    /// ([`IntentionLog::take_unlogged`]).
+    pub fn intend_create(&mut self, now: Time, name: &str, size_bytes: u64) -> Result<Intention, String> {
+        check_name(name)?;
+        check_size(size_bytes)?;
+        if self.has_name(name) {
+            return Err(format!("a volume named {name} exists"));
+        }
+        let count = self.catalog.volumes.len() + self.catalog.intentions.len() + self.waiting.len();
+        if count >= CATALOG_VOLUMES_MAX {
+            return Err(format!("{CATALOG_VOLUMES_MAX} volumes were created already"));
+        }
+        let intention =
+            Intention { id: self.catalog.next_id, op: Intent::Create { name: name.to_string(), size_bytes } };
+        self.catalog.next_id += 1;
+        self.waiting.push_back((intention.clone(), now));
+        Ok(intention)
+    }
+
+    /// Policy `none`: the intentions to execute at once, unlogged.
+    pub fn take_unlogged(&mut self) -> Vec<Intention> {
+        if self.policy != LogPolicy::None {
+            return Vec::new();
+        }
+        self.waiting.drain(..).map(|(i, _)| i).collect()
+    }
+
+    /// The write to make now, if one is due and none is under way.
+    pub fn poll_write(&mut self, now: Time) -> Option<CatalogWrite> {
+        if self.writing.is_some() {
+            return None;
+        }
+        let take = match self.policy {
+            LogPolicy::None => 0,
+            LogPolicy::Single => self.waiting.len().min(1),
+            LogPolicy::Group => {
+                let oldest = self.waiting.front().map(|(_, at)| *at);
+                let due =
+                    self.waiting.len() >= GROUP_BATCH || oldest.is_some_and(|at| now.0 >= at.0 + GROUP_WAIT_MS * 1000);
+                if due {
+                    self.waiting.len()
+                } else {
+                    0
+                }
+            }
+        };
+        let finish_due = !self.finished.is_empty()
+            && (self.policy != LogPolicy::Group
+                || self.finished_since.is_some_and(|at| now.0 >= at.0 + GROUP_WAIT_MS * 1000));
+        if take == 0 && !finish_due {
+            return None;
+        }
+        let logs: Vec<Intention> = self.waiting.drain(..take).map(|(i, _)| i).collect();
+        for (id, created) in std::mem::take(&mut self.finished) {
+            self.finish_in_catalog(id, created);
+        }
+        self.finished_since = None;
+        self.catalog.intentions.extend(logs.iter().cloned());
+        self.catalog.version += 1;
+        self.writing = Some(logs.clone());
+        Some(CatalogWrite { document: self.catalog.encode(), logs })
+    }
+
+    /// Intention `id` leaves the catalog: its volume listed if it was created.
+    fn finish_in_catalog(&mut self, id: u64, created: bool) {
+        if let Some(k) = self.catalog.intentions.iter().position(|i| i.id == id) {
+            let intention = self.catalog.intentions.remove(k);
+            if created {
+                self.catalog.volumes.push(intention.volume());
+            }
+        }
+    }
+
+    /// The write under way is durable on Q elements: the intentions it logged, to execute.
+    pub fn written(&mut self) -> Vec<Intention> {
+        self.writing.take().unwrap_or_default()
+    }
+
+    /// The write under way failed (the catalog volume lost its quorum): its intentions are
+    /// undone (the next write says so) and answered with an error by the caller.
+    pub fn write_failed(&mut self) -> Vec<Intention> {
+        let logs = self.writing.take().unwrap_or_default();
+        for i in &logs {
+            self.finish(Time(0), i.id, false);
+        }
+        logs
+    }
+
+    /// Intention `id` was carried out (`created`) or undone: written with the next write.
+    pub fn finish(&mut self, now: Time, id: u64, created: bool) {
+        if self.finished_since.is_none() {
+            self.finished_since = Some(now);
+        }
+        self.finished.push((id, created));
+    }
+
+    /// Policy `none`: volume `volume` (never logged) was created; list it with the next write.
+    pub fn finish_unlogged(&mut self, now: Time, volume: CatalogVolume) {
+        self.catalog.volumes.push(volume.clone());
+        self.finish(now, volume.id, true);
+    }
+
+    /// When [`IntentionLog::poll_write`] should be called again (group commit's wait).
+    pub fn deadline(&self) -> Option<Time> {
+        if self.writing.is_some() || self.policy != LogPolicy::Group {
+            return None;
+        }
+        let wait = GROUP_WAIT_MS * 1000;
+        let intents = self.waiting.front().map(|(_, at)| Time(at.0 + wait));
+        let finished = self.finished_since.map(|at| Time(at.0 + wait));
+        intents.into_iter().chain(finished).min()
+    }
+
+    /// Nothing waits and nothing is being written.
+    pub fn idle(&self) -> bool {
+        self.writing.is_none() && self.waiting.is_empty() && self.finished.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,116 @@
+use super::*;
+
+fn ms(n: u64) -> Time {
+    Time(n * 1000)
+}
+
+#[test]
+fn documents_round_trip_and_damage_is_refused() {
+    assert_eq!(Catalog::decode(&vec![0u8; 4096]), Ok(Catalog::default()), "all zero: a new cluster");
+    let catalog = Catalog {
+        version: 7,
+        next_id: 12,
+        volumes: vec![CatalogVolume { name: "db".into(), size_bytes: 1 << 30, id: 3 }],
+        intentions: vec![Intention { id: 11, op: Intent::Create { name: "logs".into(), size_bytes: 8 << 20 } }],
+    };
+    let doc = catalog.encode();
+    assert_eq!(doc.len() % 4096, 0);
+    assert_eq!(Catalog::stored_bytes(&doc[..4096]), Ok(Some(4096)));
+    assert_eq!(Catalog::decode(&doc).as_ref(), Ok(&catalog));
+    for at in [0, 9, 13, 20, 40] {
+        let mut bad = doc.clone();
+        bad[at] ^= 0x10;
+        assert!(Catalog::decode(&bad).is_err(), "a flip at byte {at} is noticed");
+    }
+    assert!(Catalog::decode(&doc[..16]).is_err(), "cut short");
+    // Well-formed but wrong: an id not below next_id, a name twice, a bad size.
+    for broken in [
+        Catalog { next_id: 3, ..catalog.clone() },
+        Catalog {
+            intentions: vec![Intention { id: 11, op: Intent::Create { name: "db".into(), size_bytes: 4096 } }],
+            ..catalog.clone()
+        },
+        Catalog { volumes: vec![CatalogVolume { name: "db".into(), size_bytes: 1000, id: 3 }], ..catalog.clone() },
+    ] {
+        assert!(Catalog::decode(&broken.encode()).is_err(), "{broken:?}");
+    }
+    // A starting host element serves what was created and what was intended.
+    let served: Vec<String> = catalog.volumes_to_serve().into_iter().map(|(n, s)| format!("{n}={}", s.name)).collect();
+    assert_eq!(served, ["db=db#3", "logs=logs#11"]);
+    let mut rolled = catalog.clone();
+    assert_eq!(rolled.roll_forward(), 1);
+    assert!(rolled.intentions.is_empty() && rolled.volumes.len() == 2);
+}
+
+#[test]
+fn names_and_sizes_are_checked() {
+    for bad in ["", ".catalog", "a/b", "a b", "x#1", "v@snap", &"n".repeat(201)] {
+        assert!(check_name(bad).is_err(), "{bad:?}");
+    }
+    for good in ["vol1", "db-01.data_2", &"n".repeat(200)] {
+        assert_eq!(check_name(good), Ok(()));
+    }
+    for bad in [0, 512, 1000, 4097, VOLUME_BYTES_MAX + 4096] {
+        assert!(check_size(bad).is_err(), "{bad}");
+    }
+    assert_eq!(check_size(4096), Ok(()));
+}
+
+#[test]
+fn single_commit_writes_one_intention_at_a_time_in_order() {
+    let mut log = IntentionLog::new(Catalog::default(), LogPolicy::Single);
+    let a = log.intend_create(ms(0), "a", 1 << 20).expect("a");
+    let b = log.intend_create(ms(0), "b", 1 << 20).expect("b");
+    assert!(log.intend_create(ms(0), "a", 1 << 20).is_err(), "a name waiting to be logged is taken");
+    let first = log.poll_write(ms(0)).expect("due at once");
+    assert_eq!(first.logs, vec![a.clone()]);
+    assert_eq!(log.poll_write(ms(0)), None, "one write at a time");
+    assert_eq!(Catalog::decode(&first.document).expect("valid").intentions, vec![a.clone()]);
+    assert_eq!(log.written(), vec![a.clone()]);
+    let second = log.poll_write(ms(1)).expect("the next");
+    assert_eq!(second.logs, vec![b.clone()]);
+    log.written();
+    // Completions are written at once too; the volume is listed, the intention gone.
+    log.finish(ms(2), a.id, true);
+    log.finish(ms(2), b.id, false);
+    let done = log.poll_write(ms(2)).expect("completions");
+    assert!(done.logs.is_empty());
+    let catalog = Catalog::decode(&done.document).expect("valid");
+    assert!(catalog.intentions.is_empty());
+    assert_eq!(catalog.volumes, vec![CatalogVolume { name: "a".into(), size_bytes: 1 << 20, id: a.id }]);
+    assert!(!log.has_name("b"), "an undone creation frees its name");
+    log.written();
+    assert!(log.idle());
+}
+
+#[test]
+fn group_commit_waits_for_a_batch_or_its_deadline() {
+    let mut log = IntentionLog::new(Catalog::default(), LogPolicy::Group);
+    log.intend_create(ms(0), "a", 4096).expect("a");
+    assert_eq!(log.poll_write(ms(5)), None, "waits for others");
+    assert_eq!(log.deadline(), Some(ms(GROUP_WAIT_MS)));
+    let w = log.poll_write(ms(GROUP_WAIT_MS)).expect("due at the deadline");
+    assert_eq!(w.logs.len(), 1);
+    log.written();
+    for k in 0..GROUP_BATCH {
+        log.intend_create(ms(20), &format!("v{k}"), 4096).expect("v");
+    }
+    let w = log.poll_write(ms(20)).expect("a full batch goes at once");
+    assert_eq!(w.logs.len(), GROUP_BATCH);
+    assert_eq!(Catalog::decode(&w.document).expect("valid").intentions.len(), 1 + GROUP_BATCH);
+    // A failed write undoes its intentions (the next write says so).
+    assert_eq!(log.write_failed().len(), GROUP_BATCH);
+    let w = log.poll_write(ms(21)).expect("the undoing is written");
+    assert_eq!(Catalog::decode(&w.document).expect("valid").intentions.len(), 1);
+}
+
+#[test]
+fn no_logging_executes_at_once_and_lists_after() {
+    let mut log = IntentionLog::new(Catalog::default(), LogPolicy::None);
+    let a = log.intend_create(ms(0), "a", 4096).expect("a");
+    assert_eq!(log.poll_write(ms(0)), None, "nothing logged");
+    assert_eq!(log.take_unlogged(), vec![a.clone()]);
+    log.finish_unlogged(ms(1), a.volume());
+    let w = log.poll_write(ms(1)).expect("the completion lists it");
+    assert_eq!(Catalog::decode(&w.document).expect("valid").volumes, vec![a.volume()]);
+}

@@ -1,0 +1,434 @@
+//! The catalog task of an active host element (issue 15). At start-up it reads the catalog
+//! (`starfish_core::catalog`): the volumes created while earlier host elements ran are served
+//! from the start (the core starts over with them, once, before NBD serves anything), and the
+//! intentions they left are finished. Then it carries out `starfish volume create` through the
+//! intention log — check that every live element has room, log the intention (one catalog
+//! write and a FLUSH, shared by the creations of a group commit), add the volume to the core
+//! and the NBD exports, answer once Q elements hold it, write the completion — and answers
+//! `starfish volume list`. The decisions are the core's (`IntentionLog`,
+//! `HostCore::add_volumes`); this is their I/O.
+//!
+//! Failpoints for the crash tests: `STARFISH_FAILPOINT=volume-create:after-intention`,
+//! `…:after-add` or `…:before-completion` aborts the process at that step of a creation.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use proto::{Op, VolumeId};
+use serde_json::{json, Value};
+use starfish_core::catalog::{self, Catalog, Intention, IntentionLog, LogPolicy};
+use starfish_core::{HostError, Reply, Time};
+use tokio::sync::{mpsc, oneshot, watch};
+
+use crate::host::{HostHandle, Request};
+
+/// How long a creation waits for Q elements to hold the volume before it answers anyway.
+const CREATE_WAIT: Duration = Duration::from_secs(30);
+/// How often start-up looks whether the core serves yet.
+const POLL: Duration = Duration::from_millis(20);
+
+pub(crate) enum VolumeOrder {
+    Create { name: String, size_bytes: u64, reply: oneshot::Sender<Result<Value, String>> },
+    List { reply: oneshot::Sender<Result<Value, String>> },
+}
+
+/// A creation under way.
+struct Creating {
+    name: String,
+    size_bytes: u64,
+    reply: Option<oneshot::Sender<Result<Value, String>>>,
+    /// Its storage volume in the core, once added.
+    volume: Option<VolumeId>,
+    asked: Instant,
+}
+
+struct Catalogue {
+    handle: HostHandle,
+    origin: Instant,
+    /// The catalog's storage volume in the core.
+    volume: u32,
+    log: IntentionLog,
+    creating: BTreeMap<u64, Creating>,
+    /// Volumes created while running that this host element serves: name → storage volume.
+    created: BTreeMap<String, String>,
+    /// The catalog could not be read: what is wrong (creations are refused).
+    broken: Option<String>,
+    writes: mpsc::UnboundedSender<Result<(), String>>,
+    writing: bool,
+}
+
+pub(crate) async fn run(
+    handle: HostHandle,
+    policy: LogPolicy,
+    mut orders: mpsc::UnboundedReceiver<VolumeOrder>,
+    mut created: mpsc::UnboundedReceiver<VolumeId>,
+    loaded: watch::Sender<bool>,
+) {
+    let (writes, mut written) = mpsc::unbounded_channel();
+    let Some(volume) = wait_serving(&handle).await else { return };
+    let (catalog, broken) = match read_catalog(&handle, volume).await {
+        Ok(catalog) => (catalog, None),
+        Err(reason) => {
+            tracing::error!(
+                "the catalog of volumes created while running cannot be read: {reason}; serving the configured volumes only, and refusing volume operations"
+            );
+            (Catalog::default(), Some(reason))
+        }
+    };
+    let mut c = Catalogue {
+        handle,
+        origin: Instant::now(),
+        volume,
+        log: IntentionLog::new(catalog.clone(), policy),
+        creating: BTreeMap::new(),
+        created: BTreeMap::new(),
+        broken,
+        writes,
+        writing: false,
+    };
+    if c.broken.is_none() {
+        c.start(catalog).await;
+    }
+    let _ = loaded.send(true);
+    loop {
+        c.write_if_due();
+        let deadline = c.log.deadline().map(|t| c.origin + Duration::from_micros(t.0));
+        let next_wait = c.creating.values().filter(|k| k.reply.is_some()).map(|k| k.asked + CREATE_WAIT).min();
+        let wake = deadline.into_iter().chain(next_wait).min();
+        let sleep = async {
+            match wake {
+                Some(at) => tokio::time::sleep_until(at.into()).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            order = orders.recv() => match order {
+                Some(VolumeOrder::Create { name, size_bytes, reply }) => c.create(name, size_bytes, reply).await,
+                Some(VolumeOrder::List { reply }) => {
+                    let _ = reply.send(Ok(c.list()));
+                }
+                None => return,
+            },
+            Some(volume) = created.recv() => c.on_created(volume),
+            Some(result) = written.recv() => c.on_written(result).await,
+            _ = sleep => c.answer_slow(),
+        }
+    }
+}
+
+/// Wait until the core serves (its start-up decision made); the catalog's storage volume.
+async fn wait_serving(handle: &HostHandle) -> Option<u32> {
+    loop {
+        let status = handle.status().await?;
+        if status.ready {
+            let at = status.volumes.iter().position(|v| v.name == catalog::CATALOG_VOLUME);
+            return Some(at.expect("the catalog volume is configured by start_active") as u32);
+        }
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+/// The catalog document, read through the core (retried while the volume cannot serve).
+async fn read_catalog(handle: &HostHandle, volume: u32) -> Result<Catalog, String> {
+    let first = read(handle, volume, 0, proto::BLOCK_BYTES as u32).await?;
+    let Some(total) = Catalog::stored_bytes(&first)? else { return Ok(Catalog::default()) };
+    let mut document = first.to_vec();
+    let mut at = proto::BLOCK_BYTES;
+    while at < total {
+        let n = (total - at).min(proto::PAYLOAD_BYTES_MAX as u64) as u32;
+        document.extend_from_slice(&read(handle, volume, at, n).await?);
+        at += n as u64;
+    }
+    Catalog::decode(&document)
+}
+
+async fn read(handle: &HostHandle, volume: u32, offset_bytes: u64, length_bytes: u32) -> Result<Bytes, String> {
+    let mut said = false;
+    loop {
+        match handle.storage_request(volume, Request::Read { offset_bytes, length_bytes }).await {
+            Some(Reply::Read(Ok(data))) => return Ok(data),
+            Some(Reply::Read(Err(e))) => {
+                if !said {
+                    tracing::warn!(error = ?e, "the catalog cannot be read yet; retrying");
+                    said = true;
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            _ => return Err("host element stopping".into()),
+        }
+    }
+}
+
+impl Catalogue {
+    fn now(&self) -> Time {
+        Time(self.origin.elapsed().as_micros() as u64)
+    }
+
+    /// Serve the catalog's volumes (starting the core over with them, once) and finish the
+    /// intentions it holds.
+    async fn start(&mut self, catalog: Catalog) {
+        let serve = catalog.volumes_to_serve();
+        if !serve.is_empty() {
+            let names: Vec<&str> = serve.iter().map(|(n, _)| n.as_str()).collect();
+            tracing::info!(volumes = %names.join(", "), "serving the volumes created while running");
+            if let Err(reason) = self.handle.restart_with_volumes(serve.clone()).await {
+                tracing::error!("cannot serve the volumes of the catalog: {reason}");
+                self.broken = Some(reason);
+                return;
+            }
+            let Some(volume) = wait_serving(&self.handle).await else { return };
+            self.volume = volume;
+            self.refresh_exports(&serve).await;
+            self.created.extend(serve.iter().map(|(name, spec)| (name.clone(), spec.name.clone())));
+        }
+        let now = self.now();
+        for intention in &catalog.intentions {
+            tracing::info!(id = intention.id, "finishing the creation of {} (rolled forward)", intention.volume().name);
+            self.log.finish(now, intention.id, true);
+        }
+    }
+
+    /// Export the catalog's volumes over NBD, where the core now serves them.
+    async fn refresh_exports(&self, added: &[(String, proto::VolumeSpec)]) {
+        let Some(status) = self.handle.status().await else { return };
+        let mut exports = self.handle.exports.write().expect("exports lock");
+        for (name, spec) in added {
+            let Some(index) = status.volumes.iter().position(|v| v.name == spec.name) else { continue };
+            if !exports.iter().any(|e| &e.name == name) {
+                exports.push(starfish_core::groups::ExportedVolume {
+                    name: name.clone(),
+                    group: None,
+                    volume: index,
+                    offset_bytes: 0,
+                    size_bytes: spec.size_bytes,
+                });
+            }
+        }
+    }
+
+    async fn create(&mut self, name: String, size_bytes: u64, reply: oneshot::Sender<Result<Value, String>>) {
+        if let Some(reason) = &self.broken {
+            let _ = reply.send(Err(format!("volume operations are off: the catalog cannot be read ({reason})")));
+            return;
+        }
+        let taken = self.handle.exports().iter().any(|e| e.name == name || e.group.as_deref() == Some(name.as_str()));
+        if taken {
+            let _ = reply.send(Err(format!("a volume named {name} exists")));
+            return;
+        }
+        if let Err(reason) = catalog::check_name(&name).and_then(|()| catalog::check_size(size_bytes)) {
+            let _ = reply.send(Err(reason));
+            return;
+        }
+        // Prepare: every live element has room (nothing is logged for a creation that cannot
+        // be carried out).
+        let probe = catalog::storage_name(&name, 0);
+        let spec = proto::VolumeSpec { name: probe.clone(), size_bytes };
+        if let Err(reason) = self.handle.check_volumes(vec![spec]).await {
+            let _ = reply.send(Err(reason.replace(&probe, &name)));
+            return;
+        }
+        let now = self.now();
+        match self.log.intend_create(now, &name, size_bytes) {
+            Err(reason) => {
+                let _ = reply.send(Err(reason));
+            }
+            Ok(intention) => {
+                let creating = Creating { name, size_bytes, reply: Some(reply), volume: None, asked: Instant::now() };
+                self.creating.insert(intention.id, creating);
+                for unlogged in self.log.take_unlogged() {
+                    self.execute(unlogged).await;
+                }
+            }
+        }
+    }
+
+    /// Write the catalog if a write is due and none is under way.
+    fn write_if_due(&mut self) {
+        if self.writing {
+            return;
+        }
+        let now = self.now();
+        let Some(write) = self.log.poll_write(now) else { return };
+        self.writing = true;
+        let (handle, volume, done) = (self.handle.clone(), self.volume, self.writes.clone());
+        tokio::spawn(async move {
+            let data = Bytes::from(write.document);
+            let result = match handle.storage_request(volume, Request::Write(Op::write(0, data))).await {
+                Some(Reply::Done(Ok(()))) => match handle.storage_request(volume, Request::Flush).await {
+                    Some(Reply::Done(Ok(()))) => Ok(()),
+                    Some(Reply::Done(Err(e))) => Err(describe(e)),
+                    _ => Err("host element stopping".into()),
+                },
+                Some(Reply::Done(Err(e))) => Err(describe(e)),
+                _ => Err("host element stopping".into()),
+            };
+            let _ = done.send(result);
+        });
+    }
+
+    async fn on_written(&mut self, result: Result<(), String>) {
+        self.writing = false;
+        match result {
+            Ok(()) => {
+                for intention in self.log.written() {
+                    failpoint("volume-create:after-intention");
+                    self.execute(intention).await;
+                }
+            }
+            Err(reason) => {
+                tracing::error!("the catalog could not be written: {reason}");
+                for intention in self.log.write_failed() {
+                    if let Some(mut k) = self.creating.remove(&intention.id) {
+                        if let Some(reply) = k.reply.take() {
+                            let _ = reply.send(Err(format!("the catalog could not be written: {reason}")));
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Carry out a logged (or, with policy `none`, unlogged) creation: the core adds the
+    /// volume and tells the elements; NBD exports it.
+    async fn execute(&mut self, intention: Intention) {
+        let volume = intention.volume();
+        let spec = volume.spec();
+        match self.handle.add_volumes(vec![(volume.name.clone(), spec.clone())]).await {
+            Ok(ids) => {
+                failpoint("volume-create:after-add");
+                let id = ids[0];
+                {
+                    let mut exports = self.handle.exports.write().expect("exports lock");
+                    exports.push(starfish_core::groups::ExportedVolume {
+                        name: volume.name.clone(),
+                        group: None,
+                        volume: id.0 as usize,
+                        offset_bytes: 0,
+                        size_bytes: volume.size_bytes,
+                    });
+                }
+                if let Some(k) = self.creating.get_mut(&intention.id) {
+                    k.volume = Some(id);
+                }
+                self.created.insert(volume.name.clone(), spec.name.clone());
+                tracing::info!(volume = %volume.name, storage = %spec.name, "volume created; waiting for a write quorum of elements to hold it");
+            }
+            Err(reason) => {
+                // Undone: the intention is cleared with the next write.
+                tracing::warn!(volume = %volume.name, "volume creation undone: {reason}");
+                let now = self.now();
+                if self.log.policy() != LogPolicy::None {
+                    self.log.finish(now, intention.id, false);
+                }
+                if let Some(mut k) = self.creating.remove(&intention.id) {
+                    if let Some(reply) = k.reply.take() {
+                        let _ = reply.send(Err(reason));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Q elements hold a created volume: answer, and complete its intention.
+    fn on_created(&mut self, volume: VolumeId) {
+        let Some((&id, _)) = self.creating.iter().find(|(_, k)| k.volume == Some(volume)) else { return };
+        let k = self.creating.remove(&id).expect("found");
+        failpoint("volume-create:before-completion");
+        let now = self.now();
+        if self.log.policy() == LogPolicy::None {
+            let listed = catalog::CatalogVolume { name: k.name.clone(), size_bytes: k.size_bytes, id };
+            self.log.finish_unlogged(now, listed);
+        } else {
+            self.log.finish(now, id, true);
+        }
+        if let Some(reply) = k.reply {
+            let _ = reply.send(Ok(self.describe_created(id, &k.name, k.size_bytes, true)));
+        }
+    }
+
+    /// Creations that waited `CREATE_WAIT` for Q elements are answered (the volume stays:
+    /// elements create it as they answer, or when they come back).
+    fn answer_slow(&mut self) {
+        let late: Vec<u64> = self
+            .creating
+            .iter()
+            .filter(|(_, k)| k.volume.is_some() && k.reply.is_some() && k.asked.elapsed() >= CREATE_WAIT)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in late {
+            let (name, size_bytes) = {
+                let k = &self.creating[&id];
+                (k.name.clone(), k.size_bytes)
+            };
+            let doc = self.describe_created(id, &name, size_bytes, false);
+            if let Some(reply) = self.creating.get_mut(&id).and_then(|k| k.reply.take()) {
+                let _ = reply.send(Ok(doc));
+            }
+        }
+    }
+
+    fn describe_created(&self, id: u64, name: &str, size_bytes: u64, on_quorum: bool) -> Value {
+        json!({
+            "name": name,
+            "size_bytes": size_bytes,
+            "storage_volume": catalog::storage_name(name, id),
+            "intention": id,
+            "intention_log": self.log.policy().as_str(),
+            "on_write_quorum": on_quorum,
+        })
+    }
+
+    /// Every volume served: configured, and created while running (with creations under way).
+    fn list(&self) -> Value {
+        let mut volumes: Vec<Value> = self
+            .handle
+            .exports()
+            .iter()
+            .map(|e| {
+                let made = self.created.get(&e.name);
+                let creating = self.creating.values().any(|k| k.name == e.name);
+                json!({
+                    "name": e.name,
+                    "size_bytes": e.size_bytes,
+                    "group": e.group,
+                    "origin": if made.is_some() { "created" } else { "configured" },
+                    "storage_volume": made,
+                    "state": if creating { "creating" } else { "ready" },
+                })
+            })
+            .collect();
+        for k in self.creating.values().filter(|k| k.volume.is_none()) {
+            volumes.push(json!({
+                "name": k.name,
+                "size_bytes": k.size_bytes,
+                "group": null,
+                "origin": "created",
+                "storage_volume": null,
+                "state": "logging intention",
+            }));
+        }
+        json!({
+            "volumes": volumes,
+            "intention_log": self.log.policy().as_str(),
+            "catalog_error": self.broken,
+        })
+    }
+}
+
+fn describe(e: HostError) -> String {
+    match e {
+        HostError::ReadOnly => "read-only: fewer in-sync elements than the write quorum".into(),
+        HostError::QuorumLost => "the write quorum was lost while writing".into(),
+        HostError::Unavailable => "the host element is not serving".into(),
+    }
+}
+
+/// Abort the process here if `STARFISH_FAILPOINT` names this step (crash tests).
+fn failpoint(step: &str) {
+    if std::env::var("STARFISH_FAILPOINT").is_ok_and(|v| v == step) {
+        tracing::error!("failpoint {step}: aborting");
+        std::process::abort();
+    }
+}

@@ -1,0 +1,188 @@
+"""Volumes created while the cluster runs (issue 15): `starfish volume create` and `volume
+list` with real clients, restarts of every process, bad requests, and kill -9 of the host
+element at each step of a creation (the intention log rolls it forward) and of an element in
+the middle. Each check compares the elements' own copies (`starfish element verify`)."""
+
+import json
+import os
+import signal
+
+import pytest
+
+import harness
+from harness import MiB, Client, run, starfish_bin
+
+PATTERN_OFFSET = 3 * MiB
+
+
+def volume_cmd(cluster, *args, check=True):
+    return run([starfish_bin(), "volume", *args, "--admin", cluster.admin], timeout=60, check=check)
+
+
+def create(cluster, name, size, check=True):
+    result = volume_cmd(cluster, "create", name, size, "--json", check=check)
+    return json.loads(result.stdout) if check else result
+
+
+def listing(cluster):
+    doc = json.loads(volume_cmd(cluster, "list", "--json").stdout)
+    return {v["name"]: v for v in doc["volumes"]}
+
+
+def write_pattern(cluster, name, seed):
+    data = harness.random_bytes(256 * 1024, seed)
+    with Client(cluster.uri(name)) as client:
+        client.pwrite(data, PATTERN_OFFSET)
+        client.flush()
+    return data
+
+
+def read_pattern(cluster, name, length):
+    with Client(cluster.uri(name)) as client:
+        return client.pread(length, PATTERN_OFFSET)
+
+
+def restart_everything(cluster):
+    assert not cluster.stop(), "every process stops cleanly"
+    for element in cluster.elements.values():
+        element.start()
+    cluster.start_host()
+
+
+def element_copies(cluster, storage_volume):
+    """Per element (stopped), its copy of `storage_volume` as `element verify` reports it
+    (None: it holds no such volume)."""
+    copies = {}
+    for name, element in cluster.elements.items():
+        report = element.verify()
+        found = [v for v in report["volumes"] if v["name"] == storage_volume]
+        copies[name] = found[0] if found else None
+    return copies
+
+
+def assert_identical_everywhere(cluster, storage_volume):
+    cluster.wait_healthy()
+    assert not cluster.stop()
+    copies = element_copies(cluster, storage_volume)
+    assert all(copies.values()), f"{storage_volume} is missing on some element: {copies}"
+    digests = {name: (c["applied_sequence"], c["digest"]) for name, c in copies.items()}
+    assert len(set(digests.values())) == 1, f"the elements' copies of {storage_volume} differ: {digests}"
+
+
+def test_create_write_list_and_survive_restarts_of_every_process(cluster):
+    doc = create(cluster, "disk1", "64MiB")
+    assert doc["name"] == "disk1" and doc["size_bytes"] == 64 * MiB
+    assert doc["on_write_quorum"] is True
+    storage = doc["storage_volume"]
+    assert storage.startswith("disk1#"), doc
+    volumes = listing(cluster)
+    assert volumes["vol0"]["origin"] == "configured"
+    assert volumes["disk1"]["origin"] == "created" and volumes["disk1"]["state"] == "ready"
+    # Exported at once, to real clients: nbdinfo lists it, qemu-io writes and reads it.
+    exports = run(["nbdinfo", "--list", "--json", f"nbd://{harness.LOCALHOST}:{cluster.nbd_port}"]).stdout
+    assert "disk1" in [e["export-name"] for e in json.loads(exports)["exports"]]
+    run(["qemu-io", "-f", "raw", "-c", "write -P 0x5c 1M 2M", cluster.uri("disk1")])
+    data = write_pattern(cluster, "disk1", 1)
+    assert read_pattern(cluster, "disk1", len(data)) == data
+    # vol0 is untouched by it.
+    with Client(cluster.uri("vol0")) as client:
+        assert client.pread(4096, PATTERN_OFFSET) == bytes(4096)
+    restart_everything(cluster)
+    volumes = listing(cluster)
+    assert volumes["disk1"]["storage_volume"] == storage and volumes["disk1"]["size_bytes"] == 64 * MiB
+    assert read_pattern(cluster, "disk1", len(data)) == data
+    run(["qemu-io", "-f", "raw", "-c", "read -P 0x5c 1M 2M", cluster.uri("disk1")])
+    # A second volume after the restart, listed with the first.
+    create(cluster, "disk2", "8MiB")
+    assert set(listing(cluster)) == {"vol0", "disk1", "disk2"}
+    assert_identical_everywhere(cluster, storage)
+
+
+def test_bad_requests_get_a_clear_error_and_change_nothing(cluster):
+    create(cluster, "taken", "4MiB")
+    before = listing(cluster)
+    cases = [
+        (("vol0", "4MiB"), "exists"),
+        (("taken", "4MiB"), "exists"),
+        (("zero", "0"), "positive multiple"),
+        (("odd", "1000"), "positive multiple"),
+        (("half", "6144"), "positive multiple"),
+        ((".hidden", "4MiB"), "reserved"),
+        (("a#b", "4MiB"), "letters, digits"),
+        (("huge", "15TiB"), "element"),
+    ]
+    for (name, size), reason in cases:
+        result = create(cluster, name, size, check=False)
+        assert result.returncode != 0, f"{name} {size} was accepted"
+        assert reason in result.stderr, f"{name} {size}: {result.stderr}"
+        print(f"volume create {name} {size}: {result.stderr.strip()}")
+    result = volume_cmd(cluster, "create", "grouped", "4MiB", "--group", "g", check=False)
+    assert result.returncode != 0 and "not supported yet" in result.stderr
+    # Below the write quorum the cluster is read-only: no volume is created.
+    cluster.kill_element("near")
+    cluster.kill_element("far")
+    cluster.wait_status(lambda s: harness.volume_status(s)["mode"] == "read-only", 30, "read-only")
+    result = create(cluster, "late", "4MiB", check=False)
+    assert result.returncode != 0 and "write quorum" in result.stderr, result.stderr
+    cluster.restart_element("near")
+    cluster.restart_element("far")
+    cluster.wait_healthy()
+    assert listing(cluster) == before
+
+
+def test_an_element_down_during_a_creation_gets_the_volume_when_it_comes_back(cluster):
+    cluster.kill_element("far")
+    doc = create(cluster, "while-far-down", "16MiB")
+    data = write_pattern(cluster, "while-far-down", 2)
+    cluster.restart_element("far")
+    cluster.wait_healthy()
+    assert read_pattern(cluster, "while-far-down", len(data)) == data
+    assert_identical_everywhere(cluster, doc["storage_volume"])
+
+
+@pytest.mark.parametrize("step", ["after-intention", "after-add", "before-completion"])
+def test_a_host_element_killed_at_each_step_of_a_creation_rolls_it_forward(make_cluster, step):
+    cluster = make_cluster()
+    cluster.stop_host()
+    cluster.host.env = {**os.environ, "STARFISH_FAILPOINT": f"volume-create:{step}"}
+    cluster.start_host()
+    result = create(cluster, "crashy", "16MiB", check=False)
+    assert result.returncode != 0, "the host element aborted mid-way"
+    harness.wait_until(lambda: not cluster.host.alive(), 10, "the host element to abort")
+    cluster.host.env = None
+    cluster.start_host()
+    # The intention was logged before anything was done: the new host element finished it.
+    volumes = listing(cluster)
+    assert "crashy" in volumes, f"after a crash {step}, the creation was lost: {volumes}"
+    data = write_pattern(cluster, "crashy", 3)
+    assert read_pattern(cluster, "crashy", len(data)) == data
+    assert "crashy#" in volumes["crashy"]["storage_volume"]
+    assert_identical_everywhere(cluster, volumes["crashy"]["storage_volume"])
+
+
+def test_without_the_intention_log_a_crash_before_the_completion_leaves_an_orphan(make_cluster):
+    """What the intention log is for (the paper's NONE policy): executed, then the host
+    element dies before the completion is written — the volume exists on the elements, and
+    no catalog names it."""
+    cluster = make_cluster(host_extra=["--intention-log", "none"])
+    cluster.stop_host()
+    cluster.host.env = {**os.environ, "STARFISH_FAILPOINT": "volume-create:before-completion"}
+    cluster.start_host()
+    assert create(cluster, "orphan", "16MiB", check=False).returncode != 0
+    harness.wait_until(lambda: not cluster.host.alive(), 10, "the host element to abort")
+    cluster.host.env = None
+    cluster.start_host()
+    assert "orphan" not in listing(cluster)
+    assert not cluster.stop()
+    copies = element_copies(cluster, next(iter(orphans(cluster))))
+    assert any(copies.values()), "the orphan is on the elements"
+
+
+def orphans(cluster):
+    names = set()
+    for element in cluster.elements.values():
+        for v in element.verify()["volumes"]:
+            if v["name"].startswith("orphan#"):
+                names.add(v["name"])
+    assert names, "no element holds the orphaned volume"
+    return names
