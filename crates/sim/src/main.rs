@@ -13,14 +13,15 @@ use sim::{Broken, SimOptions, Summary};
 
 const USAGE: &str = "usage: sim [--seeds K] [--seed S] [--elements N] [--quorum Q] [--swarm] [--json]
            [--fault-phase-ms MS] [--fault-interval-ms MS] [--faults KIND,…]
-           [--broken none|ack-before-sync|no-fencing|clock-epochs|no-read-lease|no-role-check|no-scrub-repair|flush-before-durable|split-group]
-           [--groups] [--ack POLICY,… (one per element: durable, received, remote-sync, network-sync, local-sync)] [--threads T] [--trace]
+           [--broken none|ack-before-sync|no-fencing|clock-epochs|no-read-lease|no-role-check|no-scrub-repair|flush-before-durable|split-group|no-intention-log]
+           [--groups] [--volume-ops] [--ack POLICY,… (one per element: durable, received, remote-sync, network-sync, local-sync)] [--threads T] [--trace]
 
   --seeds K       run K seeds, starting at --seed (default 0); without --seeds, run --seed alone
   --swarm         draw the fault mix and rates from each seed (swarm testing)
   --faults K,…    inject only these kinds of fault (names as in the report, e.g. host_superseded)
   --broken X      run a deliberately broken variant, to show the checkers catch it
   --groups        vol0 and vol1 form a consistency group (one storage volume, one order)
+  --volume-ops    create volumes while running, through the catalog's intention log (Q > N/2)
   --trace         print every event (for replaying one seed)
 
        sim check-history FILE [--data PATH] [--json]
@@ -143,6 +144,7 @@ fn main() -> ExitCode {
                 "--threads" => threads = value("--threads")?.parse().map_err(|e| format!("--threads: {e}"))?,
                 "--swarm" => options.swarm = true,
                 "--groups" => options.groups = true,
+                "--volume-ops" => options.volume_ops = true,
                 "--json" => json = true,
                 "--trace" => options.trace = true,
                 "-h" | "--help" => return Err(String::new()),
@@ -178,6 +180,14 @@ fn main() -> ExitCode {
     }
     if options.broken == Broken::SplitGroup && !options.groups {
         eprintln!("sim: --broken split-group needs --groups");
+        return ExitCode::from(2);
+    }
+    if options.volume_ops && 2 * options.quorum <= options.elements {
+        eprintln!("sim: --volume-ops needs Q > N/2 (with less, acknowledged writes may be lost, the catalog's too)");
+        return ExitCode::from(2);
+    }
+    if options.broken == Broken::NoIntentionLog && !options.volume_ops {
+        eprintln!("sim: --broken no-intention-log needs --volume-ops");
         return ExitCode::from(2);
     }
     let count = seeds.unwrap_or(1);

@@ -94,6 +94,17 @@ impl Model {
         }
     }
 
+    /// A volume created while running; its index.
+    pub fn add_volume(&mut self, sectors: u64) -> usize {
+        self.sector_ops.push(vec![Vec::new(); sectors as usize]);
+        self.unanswered.push(BTreeSet::new());
+        self.sector_ops.len() - 1
+    }
+
+    pub fn volumes(&self) -> usize {
+        self.sector_ops.len()
+    }
+
     pub fn op(&self, id: u64) -> &OpRec {
         &self.ops[(id - 1) as usize]
     }

@@ -181,6 +181,10 @@ pub enum Broken {
     /// A FLUSH is answered once the writes before it are answered, not once Q elements hold
     /// them durably: with weaker ack policies it promises what nobody stored yet.
     FlushBeforeDurable,
+    /// With `--volume-ops`: volumes are created without the intention log (the Slice paper's
+    /// NONE): executed first, listed in the catalog after; a host element crash in between
+    /// loses an acknowledged creation and leaves an orphan on the elements.
+    NoIntentionLog,
     /// With `--groups`: the host element carries each member of a consistency group as its own
     /// storage volume (its own sequence space), as if groups did not exist; the checker still
     /// holds it to the group's promise (every element's copy of the group is a prefix of one
@@ -200,6 +204,7 @@ impl Broken {
             "no-scrub-repair" => Some(Broken::NoScrubRepair),
             "flush-before-durable" => Some(Broken::FlushBeforeDurable),
             "split-group" => Some(Broken::SplitGroup),
+            "no-intention-log" => Some(Broken::NoIntentionLog),
             _ => None,
         }
     }
@@ -214,6 +219,7 @@ impl Broken {
             Broken::NoScrubRepair => "no-scrub-repair",
             Broken::FlushBeforeDurable => "flush-before-durable",
             Broken::SplitGroup => "split-group",
+            Broken::NoIntentionLog => "no-intention-log",
         }
     }
 }
@@ -238,6 +244,9 @@ pub struct SimOptions {
     /// Consistency groups: vol0 and vol1 (of 2 or 3 volumes) form group `g`, carried as one
     /// storage volume and exported as windows of it, as the host element's shell does.
     pub groups: bool,
+    /// Volumes are created while running (`starfish volume create`: the real catalog and
+    /// intention log over the catalog's storage volume), among the faults.
+    pub volume_ops: bool,
     /// Print every event to stderr.
     pub trace: bool,
 }
@@ -255,6 +264,7 @@ impl SimOptions {
             only_faults: Vec::new(),
             ack: Vec::new(),
             groups: false,
+            volume_ops: false,
             trace: false,
         }
     }
@@ -287,6 +297,9 @@ impl SimOptions {
         }
         if self.groups {
             cmd.push_str(" --groups");
+        }
+        if self.volume_ops {
+            cmd.push_str(" --volume-ops");
         }
         cmd.push_str(" --trace");
         cmd

@@ -57,6 +57,8 @@ pub struct RunReport {
     /// Times an element's copy of the consistency group changed and was judged against the
     /// group's one order with something to check (`--groups`).
     pub group_states_checked: u64,
+    /// Volumes created while running and acknowledged to the operator (`--volume-ops`).
+    pub volumes_created: u64,
     pub sim_ms: u64,
     pub events: u64,
     pub digest: u64,
@@ -95,6 +97,7 @@ pub struct Summary {
     pub scrub_repairs: u64,
     pub diverged_reads_unjudged: u64,
     pub group_states_checked: u64,
+    pub volumes_created: u64,
     pub sim_ms: u64,
     pub events: u64,
     /// (seed, first violation, count, replay command)
@@ -131,6 +134,7 @@ impl Summary {
         self.scrub_repairs += r.scrub_repairs;
         self.diverged_reads_unjudged += r.diverged_reads_unjudged;
         self.group_states_checked += r.group_states_checked;
+        self.volumes_created += r.volumes_created;
         self.sim_ms += r.sim_ms;
         self.events += r.events;
         if !r.violations.is_empty() {
@@ -188,6 +192,9 @@ impl Summary {
                 self.scrubs_done, self.scrub_repairs, self.diverged_reads_unjudged
             );
         }
+        if self.volumes_created > 0 {
+            let _ = writeln!(s, "volumes created while running and acknowledged: {}", self.volumes_created);
+        }
         if self.group_states_checked > 0 {
             let _ = writeln!(
                 s,
@@ -221,8 +228,8 @@ impl Summary {
         s.push_str("},");
         let _ = write!(
             s,
-            "\"requests\":{},\"writes_acked\":{},\"reads_checked\":{},\"host_element_starts\":{},\"elements_needing_recovery\":{},\"unsynced_records_lost\":{},\"torn_records\":{},\"records_applied_behind_another_volume\":{},\"simulated_seconds\":{:.3},\"events\":{},\"past_deadline_ms_max\":{},\"group_states_checked\":{},",
-            self.requests, self.writes_acked, self.reads_checked, self.host_starts, self.elements_needing_recovery, self.unsynced_records_lost, self.torn_records, self.records_applied_behind_another_volume, self.sim_ms as f64 / 1000.0, self.events, self.past_deadline_ms_max, self.group_states_checked
+            "\"requests\":{},\"writes_acked\":{},\"reads_checked\":{},\"host_element_starts\":{},\"elements_needing_recovery\":{},\"unsynced_records_lost\":{},\"torn_records\":{},\"records_applied_behind_another_volume\":{},\"simulated_seconds\":{:.3},\"events\":{},\"past_deadline_ms_max\":{},\"group_states_checked\":{},\"volumes_created\":{},",
+            self.requests, self.writes_acked, self.reads_checked, self.host_starts, self.elements_needing_recovery, self.unsynced_records_lost, self.torn_records, self.records_applied_behind_another_volume, self.sim_ms as f64 / 1000.0, self.events, self.past_deadline_ms_max, self.group_states_checked, self.volumes_created
         );
         s.push_str("\"failures\":[");
         let failures: Vec<String> = self

@@ -9,6 +9,7 @@ use std::collections::{BTreeMap, BinaryHeap, HashMap, VecDeque};
 
 use bytes::Bytes;
 use proto::{ElementMessage, Epoch, HostMessage, Op, Record, Sequence, VolumeId, VolumeSpec};
+use starfish_core::catalog::{Catalog, IntentionLog, LogPolicy};
 use starfish_core::groups::{ExportedVolume, GroupSpec};
 use starfish_core::mem_storage::DIVERGED_BYTE;
 use starfish_core::standby::{Decision, Key, Observation, StandbyConfig, StandbyCore};
@@ -35,6 +36,13 @@ const BACKOFF_MS_MAX: u64 = 2_000;
 const SESSION_STABLE_MS: u64 = 10_000;
 /// A run that needs more events than this is stuck.
 const EVENTS_MAX: u64 = 20_000_000;
+/// `--volume-ops`: the catalog's storage volume here (the shell's is 16 MiB; the document of a
+/// few volumes fits in one block).
+const CATALOG_BYTES: u64 = 64 << 10;
+/// Tokens of the requests the simulated shell makes itself (the catalog's I/O and checks).
+const INTERNAL_TOKENS: u64 = 1 << 60;
+/// Volumes created per run, at most.
+const CREATED_MAX: usize = 3;
 
 const TO_ELEMENT: usize = 0;
 const TO_HOST: usize = 1;
@@ -158,6 +166,13 @@ enum Ev {
         element: usize,
     },
     NextFault,
+    /// `--volume-ops`: an operator asks for a new volume.
+    VolumeOp,
+    /// `--volume-ops`: the host element `instance` crashes in the middle of a creation (the
+    /// real tests' failpoints, at random steps).
+    CrashMidOp {
+        instance: u32,
+    },
     ClientWake {
         client: usize,
     },
@@ -190,6 +205,8 @@ impl Ev {
             Ev::ElementTimer { element, .. } => 23 ^ ((*element as u64) << 8),
             Ev::ElementRestart { element } => 8 ^ ((*element as u64) << 8),
             Ev::HostRestart => 9,
+            Ev::VolumeOp => 31,
+            Ev::CrashMidOp { instance } => 32 ^ ((*instance as u64) << 8),
             Ev::StandbyPoll => 24,
             Ev::HealStall { element, .. } => 10 ^ ((*element as u64) << 8),
             Ev::HealSlowLink { element } => 11 ^ ((*element as u64) << 8),
@@ -295,6 +312,34 @@ struct Host {
     /// (`FetchLog`): the elements its start-up decision was made from. Welcomes that arrive
     /// while that fetch is under way do not change the decision.
     decided_with: Option<Vec<bool>>,
+    /// `--volume-ops`, as the shell's catalog task: the intention log once the catalog is read,
+    /// whether it is being read or written, and whether a creation is under way.
+    catalog: Option<IntentionLog>,
+    catalog_reading: bool,
+    catalog_writing: bool,
+    creating: bool,
+}
+
+/// A request the simulated shell made itself.
+#[derive(Clone, Debug)]
+enum Internal {
+    CatalogRead,
+    CatalogWrite,
+    CatalogFlush,
+    Check { name: String },
+}
+
+/// A volume created while running (`--volume-ops`).
+#[derive(Clone, Debug)]
+struct Created {
+    name: String,
+    /// Its storage volume on the elements.
+    storage: String,
+    /// Its index among the hosts' volumes (the model's).
+    volume: usize,
+    /// The operator was told it exists.
+    acked: bool,
+    intention: u64,
 }
 
 #[derive(PartialEq, Eq, Clone, Copy, Debug)]
@@ -317,6 +362,8 @@ pub struct World {
     rng_disk: Rng,
     /// Host elements' clocks: the first epoch each offers (skewed, frozen, cloned).
     rng_clock: Rng,
+    /// `--volume-ops`: when operators ask for volumes.
+    rng_ops: Rng,
     /// The first epoch the last host element offered (what its clock said).
     last_offer: u64,
     elements: Vec<Element>,
@@ -368,6 +415,13 @@ pub struct World {
     /// Per element, what the group-order check last saw of it: per group storage volume,
     /// its history's length and last epoch.
     group_checked: Vec<Vec<(usize, Option<Epoch>)>>,
+    /// `--volume-ops`: the volumes created, the shell's own requests in flight (token →
+    /// host element instance, what), and which of the hosts' volumes the current host
+    /// element serves.
+    created: Vec<Created>,
+    internal: HashMap<u64, (u32, Internal)>,
+    next_internal: u64,
+    served: Vec<bool>,
     report: RunReport,
     /// Sessions elements opened to peers (replay sources, copy sources), by session id.
     peer_links: BTreeMap<u64, PeerLink>,
@@ -410,7 +464,12 @@ impl World {
     pub fn new(o: SimOptions) -> World {
         let mut rng_scenario = Rng::new(o.seed, 1);
         let sc = Scenario::draw(&o, &mut rng_scenario);
-        let (storage_volumes, exports, group_storage) = layout(&o, &sc);
+        let (mut storage_volumes, exports, group_storage) = layout(&o, &sc);
+        if o.volume_ops {
+            let name = starfish_core::catalog::CATALOG_VOLUME.to_string();
+            storage_volumes.push(VolumeSpec { name, size_bytes: CATALOG_BYTES });
+        }
+        let volume_count = exports.len();
         let names: Vec<String> = (0..o.elements).map(|i| format!("e{i}")).collect();
         let elements = (0..o.elements)
             .map(|i| {
@@ -450,6 +509,7 @@ impl World {
             rng_fault: Rng::new(o.seed, 4),
             rng_disk: Rng::new(o.seed, 5),
             rng_clock: Rng::new(o.seed, 7),
+            rng_ops: Rng::new(o.seed, 9),
             last_offer: 1,
             sc,
             o,
@@ -484,6 +544,10 @@ impl World {
             group_storage,
             group_acks: HashMap::new(),
             group_checked: vec![Vec::new(); n],
+            created: Vec::new(),
+            internal: HashMap::new(),
+            next_internal: INTERNAL_TOKENS,
+            served: vec![true; volume_count],
             report,
             peer_links: BTreeMap::new(),
             timers: vec![None; n],
@@ -522,6 +586,10 @@ impl World {
         }
         let first_fault = at_delay(self.now, (self.rng_fault.exp(self.sc.fault_interval_ms) * 1000.0) as u64);
         self.schedule(first_fault, Ev::NextFault);
+        if self.o.volume_ops {
+            let first = at_delay(self.now, (self.rng_ops.exp(1_500.0) * 1000.0) as u64 + 1);
+            self.schedule(first, Ev::VolumeOp);
+        }
         self.schedule(Time(us(self.o.fault_phase_ms)), Ev::EndFaultPhase);
         while self.phase != Phase::Done {
             self.report.events += 1;
@@ -759,6 +827,28 @@ impl World {
                 }
             }
             Ev::ClientWake { client } => self.client_wake(client),
+            Ev::VolumeOp => {
+                // The catalog task retries what failed (a read while the volume could not
+                // serve, a write that lost its quorum) on its next round.
+                self.catalog_step();
+                if self.phase == Phase::Faults {
+                    self.volume_op();
+                }
+                if matches!(self.phase, Phase::Faults | Phase::Quiet) {
+                    let at = at_delay(self.now, (self.rng_ops.exp(1_500.0) * 1000.0) as u64 + 1);
+                    self.schedule(at, Ev::VolumeOp);
+                }
+            }
+            Ev::CrashMidOp { instance } => {
+                let current = self.host.as_ref().is_some_and(|h| h.instance == instance);
+                if current && self.superseded.is_none() && self.phase == Phase::Faults {
+                    self.trace(|| "FAULT host element crashes in the middle of a volume creation".into());
+                    self.count_fault(FaultKind::HostCrash);
+                    self.crash_host();
+                    let at = at_delay(self.now, us(self.rng_ops.range(50, 2_000)));
+                    self.schedule(at, Ev::HostRestart);
+                }
+            }
             Ev::EndFaultPhase => self.end_fault_phase(),
             Ev::EndQuiet => self.end_quiet(),
             Ev::EndFinal => self.end_final(),
@@ -1011,7 +1101,8 @@ impl World {
                 Out::Copy { session, epoch, host, volume, source } => {
                     // As `copy.rs`: a session to the source with a one-volume hello, then the
                     // volume (taken whole here, see `peer_reply`).
-                    let spec = self.storage_volumes[volume.0 as usize].clone();
+                    let local = &self.elements[element].storage.vols[volume.0 as usize];
+                    let spec = VolumeSpec { name: local.name.clone(), size_bytes: local.data.len() as u64 };
                     let hello = HostMessage::Hello {
                         epoch,
                         host,
@@ -1255,8 +1346,13 @@ impl World {
             self.elements.iter().map(|e| e.name.clone()).collect(),
             self.storage_volumes.clone(),
         );
-        if self.exports.iter().any(|e| e.group.is_some()) {
-            config.exports = self.exports.clone();
+        if self.o.volume_ops || self.exports.iter().any(|e| e.group.is_some()) {
+            // The configured volumes only: the catalog's storage volume is never exported, and
+            // the volumes created while running come from the catalog once it is read.
+            config.exports = self.exports[..self.sc.volumes].to_vec();
+        }
+        for v in self.sc.volumes..self.served.len() {
+            self.served[v] = false;
         }
         config.write_queue_bytes = self.sc.write_queue_bytes;
         config.read_cache_bytes = self.sc.read_cache_bytes;
@@ -1296,6 +1392,10 @@ impl World {
             restarted_before_op: None,
             decided_with: None,
             paused_until: None,
+            catalog: None,
+            catalog_reading: false,
+            catalog_writing: false,
+            creating: false,
         });
         for element in 0..n {
             let at = at_delay(self.now, self.rng_net.range(0, 200));
@@ -1523,8 +1623,12 @@ impl World {
                 if !host.ready {
                     host.ready = true;
                     self.mark_at_risk();
+                    if self.o.volume_ops && !self.in_superseded {
+                        self.catalog_step();
+                    }
                 }
             }
+            Event::VolumeCreated { volume } if !self.in_superseded => self.on_volume_created(volume),
             Event::ElementFailed { element, reason } if !self.in_superseded => {
                 self.recovery_kind[element.0 as usize] = None;
                 if matches!(reason, Failure::HandshakeTimeout { .. }) {
@@ -1585,7 +1689,11 @@ impl World {
             };
             let held = (0..self.elements.len()).any(|e| {
                 welcomed[e]
-                    && self.elements[e].storage.vols[self.place(op.volume).0].history.get((sequence.0 - 1) as usize)
+                    && self.elements[e]
+                        .storage
+                        .vols
+                        .get(self.place(op.volume).0)
+                        .and_then(|v| v.history.get((sequence.0 - 1) as usize))
                         == Some(&epoch)
             });
             if !held {
@@ -1613,9 +1721,13 @@ impl World {
             if other == element || s.state != "in-sync" {
                 continue;
             }
-            for v in 0..self.storage_volumes.len() {
-                let (a, b) =
-                    (&self.elements[element].storage.vols[v].history, &self.elements[other].storage.vols[v].history);
+            for v in 0..self.host_volumes() {
+                let (Some(a), Some(b)) =
+                    (self.elements[element].storage.vols.get(v), self.elements[other].storage.vols.get(v))
+                else {
+                    continue;
+                };
+                let (a, b) = (&a.history, &b.history);
                 if let Some(i) = a.iter().zip(b).position(|(x, y)| x != y) {
                     found = Some((other, v, i, a[i], b[i]));
                     break 'others;
@@ -1635,6 +1747,10 @@ impl World {
     /// write-like request not yet sequenced and not refused.
     fn map_sequence(&mut self, record: &Record) {
         let v = record.volume.0 as usize;
+        let catalog = starfish_core::catalog::CATALOG_VOLUME;
+        if self.host.as_ref().is_some_and(|h| h.core.config().volumes.get(v).is_some_and(|s| s.name == catalog)) {
+            return; // The simulated shell's own writes: no host's request.
+        }
         let key = (v, record.epoch.0, record.sequence.0);
         if self.sequences.contains_key(&key) {
             return;
@@ -1689,6 +1805,11 @@ impl World {
         }
     }
 
+    /// How many storage volumes the current host element serves.
+    fn host_volumes(&self) -> usize {
+        self.host.as_ref().map_or(self.storage_volumes.len(), |h| h.core.config().volumes.len())
+    }
+
     /// The storage volume that carries the hosts' volume `v`, and the sector it starts at.
     fn place(&self, v: usize) -> (usize, u64) {
         let export = &self.exports[v];
@@ -1699,12 +1820,17 @@ impl World {
     fn holders(&self, volume: usize, epoch: Epoch, sequence: Sequence) -> usize {
         self.elements
             .iter()
-            .filter(|e| e.storage.vols[volume].history.get((sequence.0 - 1) as usize) == Some(&epoch))
+            .filter(|e| {
+                e.storage.vols.get(volume).and_then(|v| v.history.get((sequence.0 - 1) as usize)) == Some(&epoch)
+            })
             .count()
     }
 
     fn on_reply(&mut self, token: Token, reply: Reply) {
         let id = token.0;
+        if id >= INTERNAL_TOKENS {
+            return self.on_internal_reply(id, reply);
+        }
         if self.model.op(id).outcome != Outcome::Pending {
             return self.violation(format!("request #{id} answered twice"));
         }
@@ -1813,7 +1939,21 @@ impl World {
         let Some(instance) = self.serving_instance(client) else {
             return;
         };
-        let volume = self.rng_work.below(self.sc.volumes as u64) as usize;
+        let current = self.host.as_ref().is_some_and(|h| h.instance == instance);
+        if self.o.volume_ops && current && self.host.as_ref().is_some_and(|h| h.catalog.is_none()) {
+            // The shell serves NBD once the catalog is read (the volumes it names with the
+            // configured ones): the client waits in the listen queue.
+            let at = at_delay(self.now, 5_000);
+            return self.schedule(at, Ev::ClientWake { client });
+        }
+        let volume = if self.o.volume_ops {
+            // A superseded host element serves the configured volumes only here.
+            let served: Vec<usize> =
+                (0..self.served.len()).filter(|&v| self.served[v] && (current || v < self.sc.volumes)).collect();
+            served[self.rng_work.below(served.len() as u64) as usize]
+        } else {
+            self.rng_work.below(self.sc.volumes as u64) as usize
+        };
         let kind = match self.rng_work.below(100) {
             0..=41 => OpKind::Write,
             42..=46 => OpKind::Trim,
@@ -2289,7 +2429,7 @@ impl World {
     fn block_agreed(&self, vi: usize, block: u64) -> bool {
         let range = (block * proto::BLOCK_BYTES) as usize..((block + 1) * proto::BLOCK_BYTES) as usize;
         let first = &self.elements[0].storage.vols[vi].data[range.clone()];
-        self.elements.iter().all(|e| e.storage.vols[vi].data[range.clone()] == *first)
+        self.elements.iter().all(|e| e.storage.vols.get(vi).is_some_and(|v| v.data[range.clone()] == *first))
     }
 
     /// Whether a read's data holds a sector a silent divergence wrote (runs that inject it
@@ -2343,7 +2483,13 @@ impl World {
         let at = sector * proto::SECTOR_BYTES as usize..(sector + 1) * proto::SECTOR_BYTES as usize;
         in_sync
             .iter()
-            .filter(|&&e| self.elements[e].storage.vols[vi].data[at.clone()].iter().all(|&b| b == DIVERGED_BYTE))
+            .filter(|&&e| {
+                self.elements[e]
+                    .storage
+                    .vols
+                    .get(vi)
+                    .is_some_and(|v| v.data[at.clone()].iter().all(|&b| b == DIVERGED_BYTE))
+            })
             .count()
     }
 
@@ -2364,7 +2510,9 @@ impl World {
                 let at = (sequence.0 - 1) as usize;
                 let Some(epoch) = mine.vols[vi].history.get(at) else { return true };
                 let holders = (0..self.elements.len())
-                    .filter(|&j| j != e && self.elements[j].storage.vols[vi].history.get(at) == Some(epoch))
+                    .filter(|&j| {
+                        j != e && self.elements[j].storage.vols.get(vi).and_then(|v| v.history.get(at)) == Some(epoch)
+                    })
                     .count();
                 // Every other element, and at least Q: a rot never removes a record's last
                 // copies, however many follow (each is a partial disk loss of one element).
@@ -2462,8 +2610,42 @@ impl World {
         self.in_sync_at_quiet = in_sync;
         self.counting_in_sync_at_quiet = counting_in_sync;
         self.report.elements_in_sync_at_end = in_sync as u64;
+        // No element holds a created volume that the catalog does not name (an orphan).
+        if self.o.volume_ops && self.host.as_ref().is_some_and(|h| h.catalog.is_some()) {
+            let served: Vec<String> =
+                self.host.as_ref().expect("checked").core.config().volumes.iter().map(|v| v.name.clone()).collect();
+            let mut orphans = Vec::new();
+            for (e, element) in self.elements.iter().enumerate() {
+                for v in &element.storage.vols {
+                    if v.name.contains('#') && !served.contains(&v.name) {
+                        orphans.push(format!("e{e} holds {}", v.name));
+                    }
+                }
+            }
+            if !orphans.is_empty() {
+                self.violation(format!(
+                    "orphaned volumes: {} (created on the elements, named by no catalog)",
+                    orphans.join(", ")
+                ));
+            }
+        }
         // Probe: a write per volume, then the whole volume read back.
-        for v in 0..self.sc.volumes {
+        for v in 0..self.served.len() {
+            if !self.served[v] {
+                if let Some(c) = self.created.iter().find(|c| c.volume == v && c.acked) {
+                    let name = c.name.clone();
+                    if counting_in_sync >= self.o.quorum {
+                        self.violation(format!(
+                            "the host element does not serve volume {name}, whose creation was acknowledged"
+                        ));
+                    } else {
+                        // Fewer than Q elements in sync (those left need a recovery the core
+                        // documents): the catalog cannot be read, as no volume can.
+                        self.report.notes.push(format!("volume {name} not served: the catalog could not be read"));
+                    }
+                }
+                continue;
+            }
             let first = self.rng_work.below(self.sectors_per_volume - 8);
             let id = self.submit(OpKind::Write, v, first, 8, None);
             self.final_requests.push(id);
@@ -2580,6 +2762,288 @@ impl World {
         }
     }
 
+    // ----- volumes created while running (`--volume-ops`), as the shell's catalog task ----------
+
+    /// A request of the simulated shell itself to the current host element's core.
+    fn internal(&mut self, what: Internal, request: impl FnOnce(&mut HostCore, Time, Token)) {
+        let token = self.next_internal;
+        self.next_internal += 1;
+        let now = self.now;
+        let host = self.host.as_mut().expect("asked of a host element");
+        self.internal.insert(token, (host.instance, what));
+        request(&mut host.core, now, Token(token));
+    }
+
+    fn catalog_volume(&self) -> VolumeId {
+        let host = self.host.as_ref().expect("a host element");
+        let at = host.core.config().volumes.iter().position(|v| v.name == starfish_core::catalog::CATALOG_VOLUME);
+        VolumeId(at.expect("the catalog is configured") as u32)
+    }
+
+    /// The sequence bookkeeping follows the core's volume list when it grows.
+    fn grow_host_vectors(&mut self) {
+        let host = self.host.as_mut().expect("a host element");
+        let n = host.core.config().volumes.len();
+        // A volume added while running starts at sequence 1 (a restart's `Ready` says anew).
+        host.next_sequence.resize(n, 1);
+        host.unsequenced.resize(n, VecDeque::new());
+    }
+
+    /// Read the catalog once the host element serves; then write what is due, one write at a
+    /// time (a FLUSH after each), and carry out what was logged.
+    fn catalog_step(&mut self) {
+        let Some(host) = self.host.as_ref() else { return };
+        if !host.ready || host.catalog_reading || host.catalog_writing || host.paused_until.is_some() {
+            return;
+        }
+        if host.catalog.is_none() {
+            let volume = self.catalog_volume();
+            self.host.as_mut().expect("checked").catalog_reading = true;
+            self.trace(|| "catalog: reading".into());
+            return self.internal(Internal::CatalogRead, |core, now, token| {
+                core.handle_host_read(now, token, volume, 0, CATALOG_BYTES as u32)
+            });
+        }
+        let now = self.now;
+        let host = self.host.as_mut().expect("checked");
+        let log = host.catalog.as_mut().expect("read");
+        let unlogged = log.take_unlogged();
+        let write = log.poll_write(now);
+        for intention in unlogged {
+            self.execute_creation(intention);
+        }
+        if let Some(write) = write {
+            let volume = self.catalog_volume();
+            self.host.as_mut().expect("checked").catalog_writing = true;
+            let data = Bytes::from(write.document);
+            self.internal(Internal::CatalogWrite, |core, now, token| {
+                core.handle_host_write(now, token, volume, Op::write(0, data))
+            });
+        }
+    }
+
+    fn on_internal_reply(&mut self, token: u64, reply: Reply) {
+        let Some((instance, what)) = self.internal.remove(&token) else {
+            return self.violation(format!("internal request {token} answered twice"));
+        };
+        if self.host.as_ref().is_none_or(|h| h.instance != instance) {
+            return; // A host element that is gone or superseded.
+        }
+        match (what, reply) {
+            (Internal::CatalogRead, Reply::Read(Ok(data))) => self.catalog_read(&data),
+            (Internal::CatalogRead, reply) => {
+                self.trace(|| format!("catalog: read failed: {reply:?}"));
+                // Not serving after all (restarted, or read-only and then gone): read again at
+                // the next ready.
+                self.host.as_mut().expect("checked").catalog_reading = false;
+            }
+            (Internal::CatalogWrite, Reply::Done(Ok(()))) => {
+                let volume = self.catalog_volume();
+                self.internal(Internal::CatalogFlush, |core, now, token| core.handle_host_flush(now, token, volume));
+            }
+            (Internal::CatalogFlush, Reply::Done(Ok(()))) => {
+                let host = self.host.as_mut().expect("checked");
+                host.catalog_writing = false;
+                let logged = host.catalog.as_mut().expect("read").written();
+                for intention in logged {
+                    self.execute_creation(intention);
+                }
+                self.catalog_step();
+            }
+            (Internal::CatalogWrite | Internal::CatalogFlush, _) => {
+                let host = self.host.as_mut().expect("checked");
+                host.catalog_writing = false;
+                let undone = host.catalog.as_mut().expect("read").write_failed();
+                if !undone.is_empty() {
+                    host.creating = false;
+                }
+                self.catalog_step();
+            }
+            (Internal::Check { name }, Reply::Checked(Ok(()))) => {
+                let now = self.now;
+                let size = self.sc.volume_bytes;
+                let host = self.host.as_mut().expect("checked");
+                match host.catalog.as_mut().expect("read").intend_create(now, &name, size) {
+                    Ok(_) => self.catalog_step(),
+                    Err(reason) => {
+                        host.creating = false;
+                        self.violation(format!("creating {name} was refused by the intention log: {reason}"));
+                    }
+                }
+            }
+            (Internal::Check { .. }, _) => self.host.as_mut().expect("checked").creating = false,
+        }
+    }
+
+    /// The catalog as the starting host element reads it: every creation acknowledged so far
+    /// must be in it; the core starts over serving its volumes, and its intentions are
+    /// finished (rolled forward).
+    fn catalog_read(&mut self, data: &[u8]) {
+        let catalog = match Catalog::decode(data) {
+            Ok(c) => c,
+            Err(reason) => return self.violation(format!("the catalog cannot be read: {reason}")),
+        };
+        let serve = catalog.volumes_to_serve();
+        let lost: Vec<(String, u64)> = self
+            .created
+            .iter()
+            .filter(|c| c.acked && !serve.iter().any(|(_, spec)| spec.name == c.storage))
+            .map(|c| (c.name.clone(), c.intention))
+            .collect();
+        for (name, intention) in lost {
+            self.violation(format!(
+                "the acknowledged creation of volume {name} (intention {intention}) is lost: the catalog a new host element read does not name it"
+            ));
+        }
+        let policy = if self.o.broken == Broken::NoIntentionLog { LogPolicy::None } else { LogPolicy::Single };
+        let now = self.now;
+        let host = self.host.as_mut().expect("checked");
+        host.catalog_reading = false;
+        let mut log = IntentionLog::new(catalog.clone(), policy);
+        for intention in &catalog.intentions {
+            log.finish(now, intention.id, true);
+        }
+        host.catalog = Some(log);
+        if !serve.is_empty() {
+            let first_op = self.model.len() as u64;
+            let host = self.host.as_mut().expect("checked");
+            if let Err(reason) = host.core.restart_with_volumes(now, serve.clone()) {
+                return self.violation(format!("the host element cannot serve the catalog's volumes: {reason}"));
+            }
+            // As after `Event::Restarted`: a new start-up, what it acknowledged before held to
+            // an earlier host element's promise.
+            host.ready = false;
+            host.welcomed.iter_mut().for_each(|w| *w = false);
+            host.decided_with = None;
+            host.restarted_before_op = Some(first_op);
+            self.grow_host_vectors();
+            let volumes = self.host.as_ref().expect("checked").core.config().volumes.clone();
+            for (name, spec) in &serve {
+                let storage = volumes.iter().position(|v| v.name == spec.name).expect("served");
+                let v = match self.created.iter().find(|c| c.storage == spec.name) {
+                    Some(c) => c.volume,
+                    None => {
+                        // Logged by a host element that crashed before executing it.
+                        let v = self.add_hosts_volume(storage);
+                        self.created.push(Created {
+                            name: name.clone(),
+                            storage: spec.name.clone(),
+                            volume: v,
+                            acked: false,
+                            intention: 0,
+                        });
+                        v
+                    }
+                };
+                self.exports[v].volume = storage;
+                self.served[v] = true;
+            }
+        }
+        self.trace(|| {
+            format!("catalog read: {} volumes, {} intentions", catalog.volumes.len(), catalog.intentions.len())
+        });
+        self.catalog_step();
+    }
+
+    /// A new hosts' volume at storage volume `storage`: the model's index.
+    fn add_hosts_volume(&mut self, storage: usize) -> usize {
+        let v = self.model.add_volume(self.sectors_per_volume);
+        assert_eq!(v, self.exports.len());
+        self.exports.push(ExportedVolume {
+            name: format!("created{v}"),
+            group: None,
+            volume: storage,
+            offset_bytes: 0,
+            size_bytes: self.sc.volume_bytes,
+        });
+        self.served.push(false);
+        v
+    }
+
+    /// An operator asks for a volume: checked on the elements, then logged and carried out.
+    fn volume_op(&mut self) {
+        let Some(host) = self.host.as_ref() else { return };
+        if !host.ready || host.catalog.is_none() || host.creating || host.paused_until.is_some() {
+            return;
+        }
+        let total = host.catalog.as_ref().map_or(0, |l| l.catalog().next_id) as usize;
+        if total >= CREATED_MAX {
+            return;
+        }
+        let name = format!("c{total}");
+        let spec = VolumeSpec { name: format!("{name}#check"), size_bytes: self.sc.volume_bytes };
+        self.maybe_crash_mid_op();
+        self.host.as_mut().expect("checked").creating = true;
+        self.trace(|| format!("volume create {name}"));
+        self.internal(Internal::Check { name }, |core, now, token| core.check_volumes(now, token, vec![spec]));
+    }
+
+    /// Sometimes, crash the host element a little later (0–40 ms: before, during or after
+    /// the next step of the creation under way).
+    fn maybe_crash_mid_op(&mut self) {
+        if self.rng_ops.chance(0.25) {
+            let instance = self.host.as_ref().expect("a host element").instance;
+            let at = at_delay(self.now, self.rng_ops.range(0, 40_000));
+            self.schedule(at, Ev::CrashMidOp { instance });
+        }
+    }
+
+    /// Carry out a logged (or, without the log, unlogged) creation.
+    fn execute_creation(&mut self, intention: starfish_core::catalog::Intention) {
+        self.maybe_crash_mid_op();
+        let volume = intention.volume();
+        let spec = volume.spec();
+        let now = self.now;
+        let host = self.host.as_mut().expect("a host element");
+        match host.core.add_volumes(now, vec![(volume.name.clone(), spec.clone())]) {
+            Ok(ids) => {
+                self.grow_host_vectors();
+                let v = self.add_hosts_volume(ids[0].0 as usize);
+                self.served[v] = true;
+                self.created.push(Created {
+                    name: volume.name.clone(),
+                    storage: spec.name.clone(),
+                    volume: v,
+                    acked: false,
+                    intention: intention.id,
+                });
+                self.trace(|| format!("volume {} added as {}", volume.name, spec.name));
+            }
+            Err(reason) => {
+                self.trace(|| format!("volume {} undone: {reason}", volume.name));
+                let host = self.host.as_mut().expect("checked");
+                host.creating = false;
+                let log = host.catalog.as_mut().expect("read");
+                if log.policy() != LogPolicy::None {
+                    log.finish(now, intention.id, false);
+                }
+            }
+        }
+    }
+
+    /// Q elements hold a created volume: the operator is answered; the completion is written.
+    fn on_volume_created(&mut self, volume: VolumeId) {
+        let Some(host) = self.host.as_ref() else { return };
+        let storage = host.core.config().volumes[volume.0 as usize].name.clone();
+        let Some(c) = self.created.iter_mut().find(|c| c.storage == storage) else { return };
+        c.acked = true;
+        self.report.volumes_created += 1;
+        let (id, name) = (c.intention, c.name.clone());
+        self.trace(|| format!("volume {name} created (acknowledged)"));
+        self.maybe_crash_mid_op();
+        let now = self.now;
+        let size = self.sc.volume_bytes;
+        let host = self.host.as_mut().expect("checked");
+        host.creating = false;
+        let Some(log) = host.catalog.as_mut() else { return };
+        if log.policy() == LogPolicy::None {
+            log.finish_unlogged(now, starfish_core::catalog::CatalogVolume { name, size_bytes: size, id });
+        } else {
+            log.finish(now, id, true);
+        }
+        self.catalog_step();
+    }
+
     /// Replicas in sync are byte-identical and hold the same history; every acknowledged write
     /// is in that history (or its loss is counted, and allowed only as the contract says).
     fn check_replicas(&mut self) {
@@ -2602,8 +3066,15 @@ impl World {
             }
         };
         for &e in in_sync.iter().skip(1) {
-            for v in 0..self.storage_volumes.len() {
-                let (a, b) = (&self.elements[canonical].storage.vols[v], &self.elements[e].storage.vols[v]);
+            for v in 0..self.host_volumes() {
+                let (Some(a), Some(b)) =
+                    (self.elements[canonical].storage.vols.get(v), self.elements[e].storage.vols.get(v))
+                else {
+                    self.violation(format!(
+                        "in-sync elements e{canonical} and e{e} do not both hold storage volume {v}"
+                    ));
+                    continue;
+                };
                 if a.history != b.history {
                     let at = a.history.iter().zip(&b.history).position(|(x, y)| x != y);
                     let message = format!(
@@ -2634,8 +3105,9 @@ impl World {
             }
         }
         for &e in &in_sync {
-            for v in 0..self.storage_volumes.len() {
-                let applied = self.elements[e].storage.vols[v].applied();
+            for v in 0..self.host_volumes() {
+                let Some(local) = self.elements[e].storage.vols.get(v) else { continue };
+                let applied = local.applied();
                 if applied != status.volumes[v].last_sequence {
                     let message = format!(
                         "in-sync element e{e} has applied volume {v} through {applied}, the host element is at {}",
