@@ -1,4 +1,4 @@
-"""`starfish bench t5|t6|t7|smfs --quick --json`: the benchmark driver runs end to end
+"""`starfish bench t5|t6|t7|smfs|volume-ops --quick --json`: the benchmark driver runs end to end
 against real processes and prints one JSON object per row with the documented
 keys. A benchmark reports figures; this test only checks that they are there
 and positive, never their values or ratios."""
@@ -103,6 +103,17 @@ def test_bench_smfs_quick(starfish_bin, workdir):
             positive(row, "writes", "p50_ms", "p99_ms")
         elif row["kind"] == "throughput":
             positive(row, "acked_mbit_s", "far_mbit_s")
+
+
+@pytest.mark.time_limit(200)
+def test_bench_volume_ops_quick(starfish_bin, workdir):
+    rows = bench_rows(starfish_bin, workdir, "volume-ops", 180)
+    assert {(r["policy"], r["offered_ops_s"]) for r in rows} == {
+        (p, load) for p in ("none", "single", "group") for load in (20, 100)
+    }, rows
+    for row in rows:
+        positive(row, "achieved_ops_s", "latency_mean_ms", "latency_p50_ms", "latency_p99_ms")
+        assert row["failed"] == 0, row
 
 
 @pytest.mark.time_limit(60)

@@ -490,6 +490,25 @@ struct VolumeRuntime {
     creating: Option<ElementSet>,
 }
 
+impl VolumeRuntime {
+    /// A volume with nothing written yet in this host element (its write queue empty).
+    fn new(spec: VolumeSpec, mode: VolumeMode, write_queue_bytes: u64) -> VolumeRuntime {
+        VolumeRuntime {
+            spec,
+            mode,
+            queue: WriteQueue::new(write_queue_bytes, Sequence::ZERO, Epoch(0)),
+            host_resolved: Sequence::ZERO,
+            host_acked: Sequence::ZERO,
+            admission: VecDeque::new(),
+            blocked_since: None,
+            flushes: VecDeque::new(),
+            durable_through: Sequence::ZERO,
+            scrubs: scrub::VolumeScrubs::default(),
+            creating: None,
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum ReadKind {
     Data { length_bytes: u32 },
@@ -709,19 +728,7 @@ impl HostCore {
         let volumes = config
             .volumes
             .iter()
-            .map(|spec| VolumeRuntime {
-                spec: spec.clone(),
-                mode: VolumeMode::ReadOnly,
-                queue: WriteQueue::new(config.write_queue_bytes, Sequence::ZERO, Epoch(0)),
-                host_resolved: Sequence::ZERO,
-                host_acked: Sequence::ZERO,
-                admission: VecDeque::new(),
-                blocked_since: None,
-                flushes: VecDeque::new(),
-                durable_through: Sequence::ZERO,
-                scrubs: scrub::VolumeScrubs::default(),
-                creating: None,
-            })
+            .map(|spec| VolumeRuntime::new(spec.clone(), VolumeMode::ReadOnly, config.write_queue_bytes))
             .collect();
         HostCore {
             cache: ReadCache::new(config.read_cache_bytes),
@@ -1247,19 +1254,9 @@ impl HostCore {
         for (name, spec) in added {
             let index = self.volumes.len();
             let id = VolumeId(index as u32);
-            self.volumes.push(VolumeRuntime {
-                spec: spec.clone(),
-                mode: VolumeMode::ReadWrite,
-                queue: WriteQueue::new(self.config.write_queue_bytes, Sequence::ZERO, Epoch(0)),
-                host_resolved: Sequence::ZERO,
-                host_acked: Sequence::ZERO,
-                admission: VecDeque::new(),
-                blocked_since: None,
-                flushes: VecDeque::new(),
-                durable_through: Sequence::ZERO,
-                scrubs: scrub::VolumeScrubs::default(),
-                creating: Some(ElementSet::default()),
-            });
+            let mut volume = VolumeRuntime::new(spec.clone(), VolumeMode::ReadWrite, self.config.write_queue_bytes);
+            volume.creating = Some(ElementSet::default());
+            self.volumes.push(volume);
             for e in &mut self.elements {
                 e.applied.push(Sequence::ZERO);
                 e.sent_through.push(Sequence::ZERO);

@@ -285,18 +285,19 @@ struct VolumeCreateArgs {
     /// A consistency group to join (not supported yet: groups are configured at start-up).
     #[arg(long)]
     group: Option<String>,
-    /// Admin address of the active host element.
-    #[arg(long, default_value = "127.0.0.1:7100")]
-    admin: SocketAddr,
-    #[arg(long)]
-    json: bool,
-    /// A TLS directory with an admin certificate (needed when the cluster uses TLS).
-    #[arg(long)]
-    tls_dir: Option<PathBuf>,
+    #[command(flatten)]
+    target: AdminTarget,
 }
 
 #[derive(Args, Debug)]
 struct VolumeListArgs {
+    #[command(flatten)]
+    target: AdminTarget,
+}
+
+/// Which host element an operator command goes to, and how it answers.
+#[derive(Args, Debug)]
+struct AdminTarget {
     /// Admin address of the active host element.
     #[arg(long, default_value = "127.0.0.1:7100")]
     admin: SocketAddr,
@@ -666,14 +667,15 @@ fn volume(args: VolumeArgs) -> Result<()> {
             if let Some(group) = &args.group {
                 bail!("--group {group}: joining a consistency group while running is not supported yet; declare the group at start-up (--group NAME:VOL,VOL)");
             }
-            let tls = config::load_tls(args.tls_dir.as_deref())?;
+            let target = &args.target;
+            let tls = config::load_tls(target.tls_dir.as_deref())?;
             let path = format!("/volumes/create?name={}&size={}", config::percent_encode(&args.name), args.size);
             let body = rt
-                .block_on(shell::admin::request(args.admin, "POST", &path, tls.as_ref()))
+                .block_on(shell::admin::request(target.admin, "POST", &path, tls.as_ref()))
                 .map_err(admin_error)
                 .with_context(|| format!("volume {} was not created", args.name))?;
             let doc: serde_json::Value = serde_json::from_str(&body).context("admin endpoint sent bad JSON")?;
-            if args.json {
+            if target.json {
                 println!("{doc}");
             } else {
                 let quorum = if doc["on_write_quorum"] == true {
@@ -689,14 +691,14 @@ fn volume(args: VolumeArgs) -> Result<()> {
                 );
             }
         }
-        VolumeAction::List(args) => {
-            let tls = config::load_tls(args.tls_dir.as_deref())?;
+        VolumeAction::List(VolumeListArgs { target }) => {
+            let tls = config::load_tls(target.tls_dir.as_deref())?;
             let body = rt
-                .block_on(shell::admin::get(args.admin, "/volumes", tls.as_ref()))
+                .block_on(shell::admin::get(target.admin, "/volumes", tls.as_ref()))
                 .map_err(admin_error)
-                .with_context(|| format!("cannot list the volumes of the host element at {}", args.admin))?;
+                .with_context(|| format!("cannot list the volumes of the host element at {}", target.admin))?;
             let doc: serde_json::Value = serde_json::from_str(&body).context("admin endpoint sent bad JSON")?;
-            if args.json {
+            if target.json {
                 println!("{doc}");
                 return Ok(());
             }

@@ -42,6 +42,8 @@ pub struct ClusterSpec {
     /// Mutual TLS between the processes and NBD over TLS (`starfish certs init` in the
     /// cluster's directory).
     pub tls: bool,
+    /// More flags for the host element.
+    pub host_extra: Vec<String>,
 }
 
 /// Fields drop in declaration order: host element first, then links, elements, data.
@@ -111,6 +113,7 @@ impl Cluster {
             cmd.arg("--read-cache").arg(bytes.to_string());
         }
         cmd.args(tls_dir("host"));
+        cmd.args(&spec.host_extra);
         let mut host = Child::spawn("host element", &mut cmd, &dir.path().join("host.log"))?;
         wait_port(nbd, START_TIMEOUT, &mut host)?;
         wait_in_sync(admin, &mut host)?;
@@ -150,6 +153,11 @@ impl Cluster {
         let doc: Value = serde_json::from_str(&admin_get(self.admin, "/status")?).context("bad JSON from /status")?;
         let elements = doc["elements"].as_array().context("/status has no elements")?;
         Ok(elements.iter().find(|e| e["name"] == name).and_then(|e| e["rtt_ms"].as_f64()))
+    }
+
+    /// The host element's admin address.
+    pub fn admin(&self) -> SocketAddr {
+        self.admin
     }
 
     /// Fails with the host element's log if it died (a benchmark figure would be meaningless).

@@ -16,6 +16,7 @@ mod t5;
 mod t6;
 mod t7;
 mod tls;
+mod volume_ops;
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -63,6 +64,9 @@ enum Table {
     /// The SMFS evaluation: rolling disaster, latency and throughput of the far-site
     /// mirroring modes over an emulated lossy WAN link (needs root).
     Smfs,
+    /// The Slice paper's Fig. 4 shape: volume-creation latency against offered load with no
+    /// intention log, single commit and group commit.
+    VolumeOps,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -178,6 +182,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
             Table::Failover => failover::text(&rows),
             Table::Tls => tls::text(&rows),
             Table::Smfs => smfs::text(&rows),
+            Table::VolumeOps => volume_ops::text(&rows),
         };
         print!("{text}");
     }
@@ -196,6 +201,7 @@ fn run_table(bench: &Bench, table: Table) -> Result<Vec<Row>> {
         Table::Failover => failover::run(bench)?,
         Table::Tls => tls::run(bench)?,
         Table::Smfs => smfs::run(bench)?,
+        Table::VolumeOps => volume_ops::run(bench)?,
     };
     bench.progress(&format!("load average at the end: {}", load_average()));
     Ok(rows)
@@ -231,7 +237,7 @@ fn write_plot(table: Table, rows: &[Row], dir: &Path) -> Result<()> {
         Table::T5 => dir.join("t5.png"),
         Table::T7 => dir.join("t7.png"),
         Table::Smfs => dir.join("smfs.png"),
-        Table::T6 | Table::Failover | Table::Tls => {
+        Table::T6 | Table::Failover | Table::Tls | Table::VolumeOps => {
             eprintln!("bench: no plot for this table (plots are drawn for Tables 5 and 7 and smfs)");
             return Ok(());
         }

@@ -112,7 +112,14 @@ fn job(mode: Mode) -> Job {
 /// The mean write latency, and the round trip the host element measured to the near element
 /// (heartbeats through the emulated link, idle again after the run).
 fn measure(bench: &Bench, sites: Vec<Site>, quorum: usize, label: &str) -> Result<(f64, Option<f64>)> {
-    let spec = ClusterSpec { sites, quorum, volume_bytes: VOLUME_BYTES, read_cache_bytes: None, tls: false };
+    let spec = ClusterSpec {
+        sites,
+        quorum,
+        volume_bytes: VOLUME_BYTES,
+        read_cache_bytes: None,
+        tls: false,
+        host_extra: Vec::new(),
+    };
     let mut cluster = Cluster::start(&bench.bin, &bench.work, &spec)?;
     let figures = fio::run(&cluster.uri(), &job(bench.mode), cluster.scratch())?;
     cluster.check_alive()?;

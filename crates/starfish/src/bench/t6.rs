@@ -135,7 +135,14 @@ fn measure(bench: &Bench, sites: Vec<Site>, quorum: usize, label: &str) -> Resul
     let s = scale(bench.mode);
     let volume_bytes = s.range_bytes.max(s.hit_range_bytes);
     // Misses and writes: the cache off, the range filled first.
-    let spec = ClusterSpec { sites: sites.clone(), quorum, volume_bytes, read_cache_bytes: Some(0), tls: false };
+    let spec = ClusterSpec {
+        sites: sites.clone(),
+        quorum,
+        volume_bytes,
+        read_cache_bytes: Some(0),
+        tls: false,
+        host_extra: Vec::new(),
+    };
     let mut cluster = Cluster::start(&bench.bin, &bench.work, &spec)?;
     let uri = cluster.uri();
     fill(&cluster, s.range_bytes)?;
@@ -148,7 +155,7 @@ fn measure(bench: &Bench, sites: Vec<Site>, quorum: usize, label: &str) -> Resul
     cluster.check_alive()?;
     drop(cluster);
     // Hits: the default cache (256 MiB), warmed by writing the range (write-through) and reading it.
-    let spec = ClusterSpec { sites, quorum, volume_bytes, read_cache_bytes: None, tls: false };
+    let spec = ClusterSpec { sites, quorum, volume_bytes, read_cache_bytes: None, tls: false, host_extra: Vec::new() };
     let mut cluster = Cluster::start(&bench.bin, &bench.work, &spec)?;
     fill(&cluster, s.hit_range_bytes)?;
     let warm = Job { rw: "read", block_bytes: 1 << 20, ..job("read", s.hit_range_bytes, s.hit_range_bytes >> 20, 1) };

@@ -290,7 +290,14 @@ fn postmark(
 
 fn measure(bench: &Bench, sites: Vec<Site>, quorum: usize, label: &str) -> Result<PostMark> {
     let s = scale(bench.mode);
-    let spec = ClusterSpec { sites, quorum, volume_bytes: s.volume_bytes, read_cache_bytes: None, tls: false };
+    let spec = ClusterSpec {
+        sites,
+        quorum,
+        volume_bytes: s.volume_bytes,
+        read_cache_bytes: None,
+        tls: false,
+        host_extra: Vec::new(),
+    };
     let mut cluster = Cluster::start(&bench.bin, &bench.work, &spec)?;
     let scratch = cluster.scratch().to_path_buf();
     let result = {

@@ -29,6 +29,7 @@ pub fn run(bench: &Bench) -> Result<Vec<Row>> {
         volume_bytes,
         read_cache_bytes: Some(0),
         tls,
+        host_extra: Vec::new(),
     };
     bench.progress("starting a plain cluster and a TLS cluster");
     let mut plain = Cluster::start(&bench.bin, &bench.work, &spec(false))?;
