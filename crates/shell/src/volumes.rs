@@ -56,6 +56,15 @@ struct Catalogue {
     broken: Option<String>,
     writes: mpsc::UnboundedSender<Result<(), String>>,
     writing: bool,
+    checked: mpsc::UnboundedSender<Checked>,
+}
+
+/// A creation's prepare, answered.
+struct Checked {
+    name: String,
+    size_bytes: u64,
+    reply: oneshot::Sender<Result<Value, String>>,
+    result: Result<(), String>,
 }
 
 pub(crate) async fn run(
@@ -66,6 +75,7 @@ pub(crate) async fn run(
     loaded: watch::Sender<bool>,
 ) {
     let (writes, mut written) = mpsc::unbounded_channel();
+    let (checked, mut checked_rx) = mpsc::unbounded_channel();
     let Some(volume) = wait_serving(&handle).await else { return };
     let (catalog, broken) = match read_catalog(&handle, volume).await {
         Ok(catalog) => (catalog, None),
@@ -86,6 +96,7 @@ pub(crate) async fn run(
         broken,
         writes,
         writing: false,
+        checked,
     };
     if c.broken.is_none() {
         c.start(catalog).await;
@@ -104,7 +115,7 @@ pub(crate) async fn run(
         };
         tokio::select! {
             order = orders.recv() => match order {
-                Some(VolumeOrder::Create { name, size_bytes, reply }) => c.create(name, size_bytes, reply).await,
+                Some(VolumeOrder::Create { name, size_bytes, reply }) => c.create(name, size_bytes, reply),
                 Some(VolumeOrder::List { reply }) => {
                     let _ = reply.send(Ok(c.list()));
                 }
@@ -112,6 +123,7 @@ pub(crate) async fn run(
             },
             Some(volume) = created.recv() => c.on_created(volume),
             Some(result) = written.recv() => c.on_written(result).await,
+            Some(checked) = checked_rx.recv() => c.on_checked(checked).await,
             _ = sleep => c.answer_slow(),
         }
     }
@@ -207,7 +219,7 @@ impl Catalogue {
         }
     }
 
-    async fn create(&mut self, name: String, size_bytes: u64, reply: oneshot::Sender<Result<Value, String>>) {
+    fn create(&mut self, name: String, size_bytes: u64, reply: oneshot::Sender<Result<Value, String>>) {
         if let Some(reason) = &self.broken {
             let _ = reply.send(Err(format!("volume operations are off: the catalog cannot be read ({reason})")));
             return;
@@ -222,11 +234,22 @@ impl Catalogue {
             return;
         }
         // Prepare: every live element has room (nothing is logged for a creation that cannot
-        // be carried out).
+        // be carried out). The checks of several creations run side by side; each comes back
+        // to the loop through `checked`.
         let probe = catalog::storage_name(&name, 0);
         let spec = proto::VolumeSpec { name: probe.clone(), size_bytes };
-        if let Err(reason) = self.handle.check_volumes(vec![spec]).await {
-            let _ = reply.send(Err(reason.replace(&probe, &name)));
+        let (handle, checked) = (self.handle.clone(), self.checked.clone());
+        tokio::spawn(async move {
+            let result = handle.check_volumes(vec![spec]).await.map_err(|reason| reason.replace(&probe, &name));
+            let _ = checked.send(Checked { name, size_bytes, reply, result });
+        });
+    }
+
+    /// A creation's prepare answered: log its intention (or, with policy `none`, carry it out).
+    async fn on_checked(&mut self, checked: Checked) {
+        let Checked { name, size_bytes, reply, result } = checked;
+        if let Err(reason) = result {
+            let _ = reply.send(Err(reason));
             return;
         }
         let now = self.now();
