@@ -116,6 +116,17 @@ impl HostConfig {
     }
 
     /// Boundary check of a configuration; the message is meant for the operator.
+    /// Serve storage volume `spec` too, exported whole as `name`.
+    fn add_whole_volume(&mut self, name: String, spec: VolumeSpec) {
+        if self.exports.is_empty() {
+            self.exports = crate::groups::ungrouped(&self.volumes);
+        }
+        let volume = self.volumes.len();
+        let size_bytes = spec.size_bytes;
+        self.exports.push(crate::groups::ExportedVolume { name, group: None, volume, offset_bytes: 0, size_bytes });
+        self.volumes.push(spec);
+    }
+
     pub fn validate(&self) -> Result<(), String> {
         let n = self.elements.len();
         if n == 0 || n > limits::ELEMENTS_MAX {
@@ -1245,9 +1256,6 @@ impl HostCore {
                 return Err(format!("a volume named {name} exists"));
             }
         }
-        if self.config.exports.is_empty() {
-            self.config.exports = crate::groups::ungrouped(&self.config.volumes);
-        }
         let n = added.len();
         let mut ids = Vec::with_capacity(n);
         let mut specs = Vec::with_capacity(n);
@@ -1273,14 +1281,7 @@ impl HostCore {
                     });
                 }
             }
-            self.config.exports.push(crate::groups::ExportedVolume {
-                name,
-                group: None,
-                volume: index,
-                offset_bytes: 0,
-                size_bytes: spec.size_bytes,
-            });
-            self.config.volumes.push(spec.clone());
+            self.config.add_whole_volume(name, spec.clone());
             ids.push(id);
             specs.push(spec);
         }
@@ -1392,18 +1393,8 @@ impl HostCore {
     /// request was taken.
     pub fn restart_with_volumes(&mut self, now: Time, added: Vec<(String, VolumeSpec)>) -> Result<(), String> {
         let mut config = self.config.clone();
-        if config.exports.is_empty() {
-            config.exports = crate::groups::ungrouped(&config.volumes);
-        }
         for (name, spec) in added {
-            config.exports.push(crate::groups::ExportedVolume {
-                name,
-                group: None,
-                volume: config.volumes.len(),
-                offset_bytes: 0,
-                size_bytes: spec.size_bytes,
-            });
-            config.volumes.push(spec);
+            config.add_whole_volume(name, spec);
         }
         config.validate()?;
         let next = Epoch(self.epoch.0 + 1);

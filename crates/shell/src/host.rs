@@ -144,7 +144,7 @@ pub struct HostHandle {
     inputs: mpsc::UnboundedSender<Input>,
     addresses: Arc<Vec<String>>,
     links: Arc<Vec<String>>,
-    pub(crate) exports: Exports,
+    exports: Exports,
     volume_orders: mpsc::UnboundedSender<crate::volumes::VolumeOrder>,
 }
 
@@ -292,7 +292,9 @@ pub(crate) fn start_active(
         elements = config.elements.len(),
         "host element starting"
     );
-    let mut tasks = vec![tokio::spawn(run_actor(core, origin, rx, config.elements.clone(), superseded, volume_events))];
+    let names = config.elements.clone();
+    let actor = run_actor(core, origin, rx, names, superseded, volume_events, exports.clone());
+    let mut tasks = vec![tokio::spawn(actor)];
     let (loaded_tx, mut loaded_rx) = tokio::sync::watch::channel(false);
     tasks.push(tokio::spawn(crate::volumes::run(
         handle.clone(),
@@ -371,6 +373,7 @@ async fn run_actor(
     names: Vec<String>,
     superseded: mpsc::UnboundedSender<()>,
     volume_events: mpsc::UnboundedSender<proto::VolumeId>,
+    exports: Exports,
 ) {
     let mut sessions: Vec<Option<Session>> = names.iter().map(|_| None).collect();
     let mut waiting: HashMap<Token, oneshot::Sender<Reply>> = HashMap::new();
@@ -393,7 +396,7 @@ async fn run_actor(
                 // Take what else is already waiting, so bursts are handled together.
                 for _ in 0..256 {
                     let Some(one) = input.take().or_else(|| rx.try_recv().ok()) else { break };
-                    handle_input(&mut core, origin, one, &mut sessions, &mut waiting, &mut next_token);
+                    handle_input(&mut core, origin, one, &mut sessions, &mut waiting, &mut next_token, &exports);
                 }
             }
             _ = sleep => core.handle_timeout(now(origin)),
@@ -449,6 +452,7 @@ fn handle_input(
     sessions: &mut [Option<Session>],
     waiting: &mut HashMap<Token, oneshot::Sender<Reply>>,
     next_token: &mut u64,
+    exports: &Exports,
 ) {
     let t = now(origin);
     match input {
@@ -501,7 +505,10 @@ fn handle_input(
             }
         }
         Input::AddVolumes { added, reply } => {
-            let _ = reply.send(core.add_volumes(t, added));
+            let result = core.add_volumes(t, added);
+            // NBD serves what the core exports (the catalog's own volume is not among them).
+            *exports.write().expect("exports lock") = core.config().exported();
+            let _ = reply.send(result);
         }
         Input::CheckVolumes { specs, reply } => {
             *next_token += 1;
@@ -510,7 +517,9 @@ fn handle_input(
             core.check_volumes(t, token, specs);
         }
         Input::RestartWithVolumes { added, reply } => {
-            let _ = reply.send(core.restart_with_volumes(t, added));
+            let result = core.restart_with_volumes(t, added);
+            *exports.write().expect("exports lock") = core.config().exported();
+            let _ = reply.send(result);
         }
         Input::Status { reply } => {
             let _ = reply.send(core.status(t));

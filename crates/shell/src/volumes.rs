@@ -191,31 +191,12 @@ impl Catalogue {
             }
             let Some(volume) = wait_serving(&self.handle).await else { return };
             self.volume = volume;
-            self.refresh_exports(&serve).await;
             self.created.extend(serve.iter().map(|(name, spec)| (name.clone(), spec.name.clone())));
         }
         let now = self.now();
         for intention in &catalog.intentions {
             tracing::info!(id = intention.id, "finishing the creation of {} (rolled forward)", intention.volume().name);
             self.log.finish(now, intention.id, true);
-        }
-    }
-
-    /// Export the catalog's volumes over NBD, where the core now serves them.
-    async fn refresh_exports(&self, added: &[(String, proto::VolumeSpec)]) {
-        let Some(status) = self.handle.status().await else { return };
-        let mut exports = self.handle.exports.write().expect("exports lock");
-        for (name, spec) in added {
-            let Some(index) = status.volumes.iter().position(|v| v.name == spec.name) else { continue };
-            if !exports.iter().any(|e| &e.name == name) {
-                exports.push(starfish_core::groups::ExportedVolume {
-                    name: name.clone(),
-                    group: None,
-                    volume: index,
-                    offset_bytes: 0,
-                    size_bytes: spec.size_bytes,
-                });
-            }
         }
     }
 
@@ -321,19 +302,8 @@ impl Catalogue {
         match self.handle.add_volumes(vec![(volume.name.clone(), spec.clone())]).await {
             Ok(ids) => {
                 failpoint("volume-create:after-add");
-                let id = ids[0];
-                {
-                    let mut exports = self.handle.exports.write().expect("exports lock");
-                    exports.push(starfish_core::groups::ExportedVolume {
-                        name: volume.name.clone(),
-                        group: None,
-                        volume: id.0 as usize,
-                        offset_bytes: 0,
-                        size_bytes: volume.size_bytes,
-                    });
-                }
                 if let Some(k) = self.creating.get_mut(&intention.id) {
-                    k.volume = Some(id);
+                    k.volume = Some(ids[0]);
                 }
                 self.created.insert(volume.name.clone(), spec.name.clone());
                 tracing::info!(volume = %volume.name, storage = %spec.name, "volume created; waiting for a write quorum of elements to hold it");

@@ -32,7 +32,7 @@ enum Command {
     /// Run the host element: export volumes over NBD, replicate writes to the elements.
     Host(HostArgs),
     /// Show a host element's state.
-    Status(StatusArgs),
+    Status(AdminTarget),
     /// Make a standby host element take over (a graceful handover if the active one answers).
     Failover(FailoverArgs),
     /// Compare a volume's replicas block by block and repair an element that differs.
@@ -304,17 +304,6 @@ struct AdminTarget {
     #[arg(long)]
     json: bool,
     /// A TLS directory with an admin certificate (needed when the cluster uses TLS).
-    #[arg(long)]
-    tls_dir: Option<PathBuf>,
-}
-
-#[derive(Args, Debug)]
-struct StatusArgs {
-    #[arg(long, default_value = "127.0.0.1:7100")]
-    admin: SocketAddr,
-    #[arg(long)]
-    json: bool,
-    /// Ask over HTTPS with this TLS directory (needed beyond loopback when the cluster uses TLS).
     #[arg(long)]
     tls_dir: Option<PathBuf>,
 }
@@ -604,7 +593,7 @@ fn certs(args: CertsArgs) -> Result<()> {
     Ok(())
 }
 
-fn status(args: StatusArgs) -> Result<()> {
+fn status(args: AdminTarget) -> Result<()> {
     let tls = config::load_tls(args.tls_dir.as_deref())?;
     let body = runtime()?
         .block_on(shell::admin::get(args.admin, "/status", tls.as_ref()))
