@@ -186,3 +186,137 @@ def orphans(cluster):
                 names.add(v["name"])
     assert names, "no element holds the orphaned volume"
     return names
+
+
+# ----- deletion -----------------------------------------------------------------------------
+
+
+def delete(cluster, name, check=True):
+    result = volume_cmd(cluster, "delete", name, "--json", check=check)
+    return json.loads(result.stdout) if check else result
+
+
+def volume_files_bytes(element):
+    """Bytes allocated on disk by the element's volume files (data and block maps)."""
+    total = 0
+    volumes = os.path.join(element.data, "volumes")
+    for entry in os.listdir(volumes):
+        total += os.stat(os.path.join(volumes, entry)).st_blocks * 512
+    return total
+
+
+def holders(cluster, storage_volume):
+    """The elements (stopped) that hold `storage_volume`."""
+    return {name for name, copy in element_copies(cluster, storage_volume).items() if copy}
+
+
+def exported(cluster):
+    listing_json = run(["nbdinfo", "--list", "--json", f"nbd://{harness.LOCALHOST}:{cluster.nbd_port}"]).stdout
+    return [e["export-name"] for e in json.loads(listing_json)["exports"]]
+
+
+def test_delete_stops_exporting_frees_the_space_and_survives_restarts(cluster):
+    doc = create(cluster, "scratch", "64MiB")
+    storage = doc["storage_volume"]
+    # 32 MiB written, so the space it frees is plain to see.
+    run(["qemu-io", "-f", "raw", "-c", "write -P 0x6d 0 32M", cluster.uri("scratch")])
+    with Client(cluster.uri("vol0")) as client:
+        client.pwrite(b"\x42" * 4096, PATTERN_OFFSET)
+        client.flush()
+    before = {name: volume_files_bytes(e) for name, e in cluster.elements.items()}
+    gone = delete(cluster, "scratch")
+    assert gone["storage_volume"] == storage, gone
+    assert gone["removed_from_live_elements"] is True and gone["removed_everywhere"] is True, gone
+    assert "scratch" not in listing(cluster)
+    assert "scratch" not in exported(cluster)
+    # A client asking for it now is turned away by the handshake.
+    refused = run(["nbdinfo", cluster.uri("scratch")], check=False)
+    assert refused.returncode != 0
+    after = {name: volume_files_bytes(e) for name, e in cluster.elements.items()}
+    for name in cluster.elements:
+        freed = before[name] - after[name]
+        print(f"element {name}: volume files {before[name] // MiB} MiB -> {after[name] // MiB} MiB")
+        assert freed >= 30 * MiB, f"element {name} freed only {freed} bytes"
+    # The other volume is untouched, and everything survives restarts of every process.
+    restart_everything(cluster)
+    assert "scratch" not in listing(cluster) and "scratch" not in exported(cluster)
+    with Client(cluster.uri("vol0")) as client:
+        assert client.pread(4096, PATTERN_OFFSET) == b"\x42" * 4096
+    # The name can be taken again: a new, empty volume (another storage volume).
+    again = create(cluster, "scratch", "64MiB")
+    assert again["storage_volume"] != storage
+    with Client(cluster.uri("scratch")) as client:
+        assert client.pread(1 * MiB, 0) == bytes(1 * MiB)
+    cluster.wait_healthy()
+    assert not cluster.stop()
+    assert holders(cluster, storage) == set(), "no element holds the deleted volume"
+
+
+def test_delete_refuses_what_it_must_and_changes_nothing(cluster):
+    create(cluster, "kept", "8MiB")
+    before = listing(cluster)
+    cases = [
+        ("vol0", "declared in the configuration"),
+        ("nothing", "no volume nothing"),
+    ]
+    for name, reason in cases:
+        result = delete(cluster, name, check=False)
+        assert result.returncode != 0 and reason in result.stderr, f"{name}: {result.stderr}"
+        print(f"volume delete {name}: {result.stderr.strip()}")
+    # In use: an NBD client is connected to it.
+    with Client(cluster.uri("kept")) as client:
+        result = delete(cluster, "kept", check=False)
+        assert result.returncode != 0 and "in use" in result.stderr, result.stderr
+        print(f"volume delete kept (in use): {result.stderr.strip()}")
+        client.pwrite(b"\x11" * 4096, 0)
+    # Below the write quorum: nothing is deleted.
+    cluster.kill_element("near")
+    cluster.kill_element("far")
+    cluster.wait_status(lambda s: harness.volume_status(s)["mode"] == "read-only", 30, "read-only")
+    result = delete(cluster, "kept", check=False)
+    assert result.returncode != 0, "deleted below the write quorum"
+    print(f"volume delete kept (read-only): {result.stderr.strip()}")
+    cluster.restart_element("near")
+    cluster.restart_element("far")
+    cluster.wait_healthy()
+    assert listing(cluster) == before
+    with Client(cluster.uri("kept")) as client:
+        assert client.pread(4096, 0) == b"\x11" * 4096
+
+
+def test_an_element_down_during_a_deletion_frees_it_when_it_comes_back(cluster):
+    doc = create(cluster, "ephemeral", "16MiB")
+    run(["qemu-io", "-f", "raw", "-c", "write -P 0x21 0 8M", cluster.uri("ephemeral")])
+    cluster.kill_element("far")
+    gone = delete(cluster, "ephemeral")
+    assert gone["removed_from_live_elements"] is True and gone["removed_everywhere"] is False, gone
+    state = listing(cluster)["ephemeral"]["state"]
+    assert state.startswith("deleting"), state
+    cluster.restart_element("far")
+    cluster.wait_healthy()
+    harness.wait_until(lambda: "ephemeral" not in listing(cluster), 30, "the deletion's completion")
+    assert not cluster.stop()
+    assert holders(cluster, doc["storage_volume"]) == set()
+
+
+@pytest.mark.parametrize("step", ["after-intention", "after-remove", "before-completion"])
+def test_a_host_element_killed_at_each_step_of_a_deletion_rolls_it_forward(make_cluster, step):
+    cluster = make_cluster()
+    doc = create(cluster, "doomed", "16MiB")
+    write_pattern(cluster, "doomed", 4)
+    cluster.stop_host()
+    cluster.host.env = {**os.environ, "STARFISH_FAILPOINT": f"volume-delete:{step}"}
+    cluster.start_host()
+    assert "doomed" in listing(cluster)
+    result = delete(cluster, "doomed", check=False)
+    assert result.returncode != 0, "the host element aborted mid-way"
+    harness.wait_until(lambda: not cluster.host.alive(), 10, "the host element to abort")
+    cluster.host.env = None
+    cluster.start_host()
+    # The intention was logged before anything was done: the new host element finished it,
+    # on every element.
+    harness.wait_until(lambda: "doomed" not in listing(cluster), 30, "the deletion to be finished")
+    assert "doomed" not in exported(cluster)
+    cluster.wait_healthy()
+    assert not cluster.stop()
+    assert holders(cluster, doc["storage_volume"]) == set(), f"after a crash {step}"

@@ -20,6 +20,9 @@ pub enum AdminRequest {
     Scrub { volume: String, rate_bytes_per_s: Option<u64> },
     /// `POST /volumes/create?name=NAME&size=BYTES`: create a volume (`starfish volume create`).
     VolumeCreate { name: String, size_bytes: u64 },
+    /// `POST /volumes/delete?name=NAME`: delete a volume created while running
+    /// (`starfish volume delete`).
+    VolumeDelete { name: String },
     /// `GET /volumes`: every volume served (`starfish volume list`).
     VolumeList,
     /// A well-formed request for something else.
@@ -37,6 +40,7 @@ impl AdminRequest {
                 | AdminRequest::Drain
                 | AdminRequest::Scrub { .. }
                 | AdminRequest::VolumeCreate { .. }
+                | AdminRequest::VolumeDelete { .. }
         )
     }
 }
@@ -71,6 +75,7 @@ pub fn parse(head: &[u8]) -> AdminRequest {
         ("POST", "/drain") => AdminRequest::Drain,
         ("POST", "/scrub") => scrub(query),
         ("POST", "/volumes/create") => volume_create(query),
+        ("POST", "/volumes/delete") => volume_delete(query),
         ("GET", "/volumes") => AdminRequest::VolumeList,
         _ => AdminRequest::NotFound,
     }
@@ -96,6 +101,24 @@ fn scrub(query: &str) -> AdminRequest {
     match volume {
         Some(volume) => AdminRequest::Scrub { volume, rate_bytes_per_s },
         None => AdminRequest::Malformed("POST /scrub needs ?volume=NAME"),
+    }
+}
+
+fn volume_delete(query: &str) -> AdminRequest {
+    let mut name = None;
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+        match key {
+            "name" => match percent_decode(value) {
+                Some(n) if !n.is_empty() && n.len() <= 255 => name = Some(n),
+                _ => return AdminRequest::Malformed("name= must be a name of 1 to 255 bytes, percent-encoded"),
+            },
+            _ => return AdminRequest::Malformed("POST /volumes/delete takes name= only"),
+        }
+    }
+    match name {
+        Some(name) => AdminRequest::VolumeDelete { name },
+        None => AdminRequest::Malformed("POST /volumes/delete needs ?name=NAME"),
     }
 }
 
@@ -179,6 +202,12 @@ mod tests {
         );
         assert!(AdminRequest::VolumeCreate { name: "v".into(), size_bytes: 4096 }.is_order());
         assert_eq!(parse(b"GET /volumes HTTP/1.1\r\n\r\n"), AdminRequest::VolumeList);
+        assert_eq!(
+            parse(b"POST /volumes/delete?name=db%2D1 HTTP/1.1\r\n\r\n"),
+            AdminRequest::VolumeDelete { name: "db-1".into() }
+        );
+        assert!(AdminRequest::VolumeDelete { name: "v".into() }.is_order());
+        assert!(matches!(parse(b"POST /volumes/delete HTTP/1.1\r\n\r\n"), AdminRequest::Malformed(_)));
         assert!(!AdminRequest::VolumeList.is_order());
         for bad in [
             &b"POST /scrub HTTP/1.1\r\n\r\n"[..],

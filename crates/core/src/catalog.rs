@@ -12,9 +12,16 @@
 //! "SFCATLG1" | u32 body length | u32 crc32c(body) | body
 //! body: u64 version | u64 next id | u32 n, n × volume | u32 m, m × intention
 //! volume:    name | u64 size_bytes | u64 id
-//! intention: u64 id | u8 kind (1: create) | name | u64 size_bytes
+//! intention: u64 id | u8 kind | kind 1, create: name | u64 size_bytes
+//!                             | kind 2, delete: name | u64 volume id | u64 size_bytes
 //! name:      u16 length | UTF-8
 //! ```
+//!
+//! A deletion's intention leaves the volume's entry in the write that logs it; the intention
+//! stays until every configured element has removed the storage volume (an element that was
+//! down removes it when a host element's hello names it by a placeholder), then its
+//! completion drops it. A starting host element serves every pending deletion's volume as
+//! such a placeholder.
 //!
 //! A volume created while running is stored on the elements as `NAME#ID` (its intention's
 //! id): a later volume of the same name is another storage volume, never old data. An
@@ -48,6 +55,7 @@ pub const GROUP_BATCH: usize = 5;
 const MAGIC: &[u8; 8] = b"SFCATLG1";
 const HEADER_BYTES: usize = 16;
 const INTENT_CREATE: u8 = 1;
+const INTENT_DELETE: u8 = 2;
 
 /// Every volume a host element serves: at most this many created while running.
 pub const CATALOG_VOLUMES_MAX: usize = crate::limits::VOLUMES_MAX - 64;
@@ -87,20 +95,54 @@ pub struct Intention {
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Intent {
-    Create { name: String, size_bytes: u64 },
+    Create {
+        name: String,
+        size_bytes: u64,
+    },
+    /// Delete the volume `name` that intention `volume_id` created (of `size_bytes`, kept to
+    /// list it again if the deletion is undone before it was carried out).
+    Delete {
+        name: String,
+        volume_id: u64,
+        size_bytes: u64,
+    },
 }
 
 impl Intention {
-    /// The volume it creates, as it will be listed.
+    /// The volume it creates or deletes, as it is (or was) listed.
     pub fn volume(&self) -> CatalogVolume {
-        let Intent::Create { name, size_bytes } = &self.op;
-        CatalogVolume { name: name.clone(), size_bytes: *size_bytes, id: self.id }
+        match &self.op {
+            Intent::Create { name, size_bytes } => {
+                CatalogVolume { name: name.clone(), size_bytes: *size_bytes, id: self.id }
+            }
+            Intent::Delete { name, volume_id, size_bytes } => {
+                CatalogVolume { name: name.clone(), size_bytes: *size_bytes, id: *volume_id }
+            }
+        }
+    }
+
+    pub fn is_create(&self) -> bool {
+        matches!(self.op, Intent::Create { .. })
+    }
+
+    /// "create" or "delete".
+    pub fn kind(&self) -> &'static str {
+        match self.op {
+            Intent::Create { .. } => "create",
+            Intent::Delete { .. } => "delete",
+        }
     }
 }
 
 /// The storage name of volume `name` created by intention `id`.
 pub fn storage_name(name: &str, id: u64) -> String {
     format!("{name}#{id}")
+}
+
+/// The id of the intention that created a storage volume named by [`storage_name`] (0 for
+/// any other name).
+pub fn storage_id(storage: &str) -> u64 {
+    storage.rsplit_once('#').and_then(|(_, id)| id.parse().ok()).unwrap_or(0)
 }
 
 /// Whether `name` may name a volume created while running: 1 to [`NAME_BYTES_MAX`] bytes of
@@ -136,19 +178,42 @@ impl Catalog {
             || self.intentions.iter().any(|i| matches!(&i.op, Intent::Create { name: n, .. } if n == name))
     }
 
+    /// The storage volumes of pending deletions: a starting host element serves them as
+    /// placeholders, so that every element removes them.
+    pub fn removed_to_serve(&self) -> Vec<String> {
+        self.intentions.iter().filter(|i| !i.is_create()).map(|i| i.volume().spec().name).collect()
+    }
+
     /// The volumes a starting host element serves: those created, and those of the
     /// intentions it finds (rolled forward), in id order. Pairs of (export name, storage).
     pub fn volumes_to_serve(&self) -> Vec<(String, VolumeSpec)> {
         let mut all: Vec<CatalogVolume> = self.volumes.clone();
-        all.extend(self.intentions.iter().map(Intention::volume));
+        all.extend(self.intentions.iter().filter(|i| i.is_create()).map(Intention::volume));
         all.sort_by_key(|v| v.id);
         all.into_iter().map(|v| (v.name.clone(), v.spec())).collect()
     }
 
-    /// Finish every intention as a starting host element does (they are all creations, which
-    /// its sessions carry out by naming the volumes in their hellos).
+    /// What a starting host element starts over with (`HostCore::restart_with_volumes`), in
+    /// creation order: the volumes it serves, and the volumes of pending deletions as
+    /// placeholders (size 0).
+    pub fn volumes_to_restart(&self) -> Vec<(String, VolumeSpec)> {
+        let mut all: Vec<(u64, String, VolumeSpec)> =
+            self.volumes_to_serve().into_iter().map(|(name, spec)| (storage_id(&spec.name), name, spec)).collect();
+        for i in self.intentions.iter().filter(|i| !i.is_create()) {
+            let volume = i.volume();
+            let spec = VolumeSpec { name: volume.spec().name, size_bytes: 0 };
+            all.push((volume.id, volume.name, spec));
+        }
+        all.sort_by_key(|(id, _, _)| *id);
+        all.into_iter().map(|(_, name, spec)| (name, spec)).collect()
+    }
+
+    /// Finish every creation as a starting host element does (its sessions carry them out by
+    /// naming the volumes in their hellos); deletions stay until every element confirmed.
     pub fn roll_forward(&mut self) -> usize {
-        let done = std::mem::take(&mut self.intentions);
+        let (done, pending): (Vec<Intention>, Vec<Intention>) =
+            std::mem::take(&mut self.intentions).into_iter().partition(Intention::is_create);
+        self.intentions = pending;
         let n = done.len();
         self.volumes.extend(done.iter().map(Intention::volume));
         self.volumes.sort_by_key(|v| v.id);
@@ -169,10 +234,19 @@ impl Catalog {
         body.extend_from_slice(&(self.intentions.len() as u32).to_le_bytes());
         for i in &self.intentions {
             body.extend_from_slice(&i.id.to_le_bytes());
-            let Intent::Create { name, size_bytes } = &i.op;
-            body.push(INTENT_CREATE);
-            put_name(&mut body, name);
-            body.extend_from_slice(&size_bytes.to_le_bytes());
+            match &i.op {
+                Intent::Create { name, size_bytes } => {
+                    body.push(INTENT_CREATE);
+                    put_name(&mut body, name);
+                    body.extend_from_slice(&size_bytes.to_le_bytes());
+                }
+                Intent::Delete { name, volume_id, size_bytes } => {
+                    body.push(INTENT_DELETE);
+                    put_name(&mut body, name);
+                    body.extend_from_slice(&volume_id.to_le_bytes());
+                    body.extend_from_slice(&size_bytes.to_le_bytes());
+                }
+            }
         }
         let mut out = Vec::with_capacity(HEADER_BYTES + body.len());
         out.extend_from_slice(MAGIC);
@@ -238,6 +312,12 @@ impl Catalog {
                     let size_bytes = r.u64()?;
                     Intent::Create { name, size_bytes }
                 }
+                INTENT_DELETE => {
+                    let name = r.name()?;
+                    let volume_id = r.u64()?;
+                    let size_bytes = r.u64()?;
+                    Intent::Delete { name, volume_id, size_bytes }
+                }
                 kind => return Err(format!("the catalog holds an intention of unknown kind {kind}")),
             };
             intentions.push(Intention { id, op });
@@ -250,29 +330,39 @@ impl Catalog {
         Ok(catalog)
     }
 
-    /// Names valid and distinct, sizes valid, ids below `next_id` and distinct.
+    /// Names valid, sizes valid, ids below `next_id`; the volumes and creations distinct in
+    /// name and id; every id used once (a deletion's own and its volume's).
     fn check(&self) -> Result<(), String> {
         let mut names: Vec<(&str, u64)> = self.volumes.iter().map(|v| (v.name.as_str(), v.id)).collect();
+        let mut ids: Vec<u64> = names.iter().map(|(_, id)| *id).collect();
         for i in &self.intentions {
-            let Intent::Create { name, .. } = &i.op;
-            names.push((name.as_str(), i.id));
+            ids.push(i.id);
+            match &i.op {
+                Intent::Create { name, .. } => names.push((name.as_str(), i.id)),
+                Intent::Delete { volume_id, .. } => ids.push(*volume_id),
+            }
         }
-        if names.len() > CATALOG_VOLUMES_MAX {
-            return Err(format!("the catalog names {} volumes, more than {CATALOG_VOLUMES_MAX}", names.len()));
+        if self.volumes.len() + self.intentions.len() > CATALOG_VOLUMES_MAX {
+            return Err(format!(
+                "the catalog names {} volumes and intentions, more than {CATALOG_VOLUMES_MAX}",
+                self.volumes.len() + self.intentions.len()
+            ));
         }
-        for v in self.volumes.iter().map(|v| (v.name.as_str(), v.size_bytes)).chain(self.intentions.iter().map(|i| {
-            let Intent::Create { name, size_bytes } = &i.op;
-            (name.as_str(), *size_bytes)
-        })) {
-            check_name(v.0)?;
-            check_size(v.1)?;
+        for v in self.volumes.iter().cloned().chain(self.intentions.iter().map(Intention::volume)) {
+            check_name(&v.name)?;
+            check_size(v.size_bytes)?;
         }
         for (k, (name, id)) in names.iter().enumerate() {
-            if *id >= self.next_id {
-                return Err(format!("the catalog's volume {name} has id {id}, not below its next id"));
-            }
             if names[..k].iter().any(|(n, i)| n == name || i == id) {
                 return Err(format!("the catalog names {name} (or its id {id}) twice"));
+            }
+        }
+        for (k, id) in ids.iter().enumerate() {
+            if *id >= self.next_id {
+                return Err(format!("the catalog uses id {id}, not below its next id"));
+            }
+            if ids[..k].contains(id) {
+                return Err(format!("the catalog uses id {id} twice"));
             }
         }
         Ok(())
@@ -360,11 +450,18 @@ pub struct IntentionLog {
     policy: LogPolicy,
     /// Asked for and not logged yet, with when they were asked.
     waiting: VecDeque<(Intention, Time)>,
-    /// Executed (or undone), their outcome not written yet: (id, created?).
+    /// Executed (or undone), their outcome not written yet: (id, carried out?).
     finished: Vec<(u64, bool)>,
     finished_since: Option<Time>,
     /// The write under way: the intentions it logs.
     writing: Option<Vec<Intention>>,
+    /// Outcomes (id, carried out?) in the catalog as written or being written, not known
+    /// durable yet: a failed write leaves them to the next one.
+    outcomes_unsure: Vec<(u64, bool)>,
+    /// Outcomes a write made durable, for `take_durable`.
+    outcomes_durable: Vec<(u64, bool)>,
+    /// A write failed: write again even with nothing new, so that what it carried is known.
+    rewrite: bool,
 }
 
 impl IntentionLog {
@@ -376,6 +473,9 @@ impl IntentionLog {
             finished: Vec::new(),
             finished_since: None,
             writing: None,
+            outcomes_unsure: Vec::new(),
+            outcomes_durable: Vec::new(),
+            rewrite: false,
         }
     }
 
@@ -392,6 +492,40 @@ impl IntentionLog {
     pub fn has_name(&self, name: &str) -> bool {
         self.catalog.has_name(name)
             || self.waiting.iter().any(|(i, _)| matches!(&i.op, Intent::Create { name: n, .. } if n == name))
+    }
+
+    /// Ask to delete volume `name` (one created while running): its intention, once logged, or
+    /// at once with policy `none`. The write that logs it drops the volume's entry.
+    pub fn intend_delete(&mut self, now: Time, name: &str) -> Result<Intention, String> {
+        let Some(volume) = self.catalog.volumes.iter().find(|v| v.name == name).cloned() else {
+            let creating = self
+                .waiting
+                .iter()
+                .map(|(i, _)| i)
+                .chain(&self.catalog.intentions)
+                .any(|i| matches!(&i.op, Intent::Create { name: n, .. } if n == name));
+            return Err(if creating {
+                format!("volume {name} is being created; delete it once its creation is answered")
+            } else {
+                format!("no volume {name} was created while running")
+            });
+        };
+        let deleting = self
+            .waiting
+            .iter()
+            .any(|(i, _)| matches!(&i.op, Intent::Delete { volume_id, .. } if *volume_id == volume.id));
+        if deleting {
+            return Err(format!("volume {name} is being deleted"));
+        }
+        let count = self.catalog.volumes.len() + self.catalog.intentions.len() + self.waiting.len();
+        if count >= CATALOG_VOLUMES_MAX {
+            return Err(format!("{CATALOG_VOLUMES_MAX} volume operations are pending"));
+        }
+        let op = Intent::Delete { name: name.to_string(), volume_id: volume.id, size_bytes: volume.size_bytes };
+        let intention = Intention { id: self.catalog.next_id, op };
+        self.catalog.next_id += 1;
+        self.waiting.push_back((intention.clone(), now));
+        Ok(intention)
     }
 
     /// Ask to create volume `name`: its intention, once logged (see [`IntentionLog::poll_write`]
@@ -419,7 +553,14 @@ impl IntentionLog {
         if self.policy != LogPolicy::None {
             return Vec::new();
         }
-        self.waiting.drain(..).map(|(i, _)| i).collect()
+        let taken: Vec<Intention> = self.waiting.drain(..).map(|(i, _)| i).collect();
+        for i in &taken {
+            if let Intent::Delete { volume_id, .. } = i.op {
+                // Listed as gone by the next write (the completion's).
+                self.catalog.volumes.retain(|v| v.id != volume_id);
+            }
+        }
+        taken
     }
 
     /// The write to make now, if one is due and none is under way.
@@ -444,51 +585,72 @@ impl IntentionLog {
         let finish_due = !self.finished.is_empty()
             && (self.policy != LogPolicy::Group
                 || self.finished_since.is_some_and(|at| now.0 >= at.0 + GROUP_WAIT_MS * 1000));
-        if take == 0 && !finish_due {
+        if take == 0 && !finish_due && !self.rewrite {
             return None;
         }
+        self.rewrite = false;
         let logs: Vec<Intention> = self.waiting.drain(..take).map(|(i, _)| i).collect();
-        for (id, created) in std::mem::take(&mut self.finished) {
-            self.finish_in_catalog(id, created);
+        for (id, done) in std::mem::take(&mut self.finished) {
+            self.finish_in_catalog(id, done);
+            self.outcomes_unsure.push((id, done));
         }
         self.finished_since = None;
+        for i in &logs {
+            if let Intent::Delete { volume_id, .. } = i.op {
+                self.catalog.volumes.retain(|v| v.id != volume_id);
+            }
+        }
         self.catalog.intentions.extend(logs.iter().cloned());
         self.catalog.version += 1;
         self.writing = Some(logs.clone());
         Some(CatalogWrite { document: self.catalog.encode(), logs })
     }
 
-    /// Intention `id` leaves the catalog: its volume listed if it was created.
-    fn finish_in_catalog(&mut self, id: u64, created: bool) {
+    /// Intention `id` leaves the catalog: a creation carried out lists its volume; a deletion
+    /// undone lists its volume again.
+    fn finish_in_catalog(&mut self, id: u64, done: bool) {
         if let Some(k) = self.catalog.intentions.iter().position(|i| i.id == id) {
             let intention = self.catalog.intentions.remove(k);
-            if created {
+            if done == intention.is_create() {
                 self.catalog.volumes.push(intention.volume());
+                self.catalog.volumes.sort_by_key(|v| v.id);
             }
         }
     }
 
     /// The write under way is durable on Q elements: the intentions it logged, to execute.
+    /// The outcomes it (or a failed write before it) carried are durable too: see
+    /// [`IntentionLog::take_durable`].
     pub fn written(&mut self) -> Vec<Intention> {
+        self.outcomes_durable.append(&mut self.outcomes_unsure);
         self.writing.take().unwrap_or_default()
     }
 
-    /// The write under way failed (the catalog volume lost its quorum): its intentions are
-    /// undone (the next write says so) and answered with an error by the caller.
+    /// The write under way failed (the catalog volume lost its quorum): it may or may not be
+    /// on the elements, so its intentions are undone by the next write, which is made even
+    /// if nothing else is due. Only once that write is durable ([`IntentionLog::take_durable`]
+    /// says `(id, false)`) is an undone operation known not to happen: a host element that
+    /// starts before may find the intention and carry it out.
     pub fn write_failed(&mut self) -> Vec<Intention> {
         let logs = self.writing.take().unwrap_or_default();
         for i in &logs {
             self.finish(Time(0), i.id, false);
         }
+        self.rewrite = true;
         logs
     }
 
-    /// Intention `id` was carried out (`created`) or undone: written with the next write.
-    pub fn finish(&mut self, now: Time, id: u64, created: bool) {
+    /// Outcomes made durable since the last call: (intention id, carried out?).
+    pub fn take_durable(&mut self) -> Vec<(u64, bool)> {
+        std::mem::take(&mut self.outcomes_durable)
+    }
+
+    /// Intention `id` was carried out (`done`) or undone: written with the next write.
+    pub fn finish(&mut self, now: Time, id: u64, done: bool) {
         if self.finished_since.is_none() {
             self.finished_since = Some(now);
         }
-        self.finished.push((id, created));
+        self.finished.push((id, done));
     }
 
     /// Policy `none`: volume `volume` (never logged) was created; list it with the next write.
@@ -510,7 +672,7 @@ impl IntentionLog {
 
     /// Nothing waits and nothing is being written.
     pub fn idle(&self) -> bool {
-        self.writing.is_none() && self.waiting.is_empty() && self.finished.is_empty()
+        self.writing.is_none() && self.waiting.is_empty() && self.finished.is_empty() && !self.rewrite
     }
 }
 

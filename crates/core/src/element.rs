@@ -69,6 +69,7 @@ pub fn role_refusal(role: SessionRole, message: &HostMessage, current: Epoch) ->
         HostMessage::Release => "release",
         HostMessage::AddVolumes { .. } => "volume creation",
         HostMessage::CheckVolumes { .. } => "volume check",
+        HostMessage::RemoveVolumes { .. } => "volume removal",
     };
     match (role, message) {
         (SessionRole::Unauthenticated, _) => None,
@@ -94,6 +95,12 @@ pub struct PeerId(pub u64);
 /// A volume of this element's storage (its number there, not a session's).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct LocalVolume(pub u32);
+
+impl LocalVolume {
+    /// A session's number whose volume was removed (`RemoveVolumes`, or a hello's placeholder
+    /// of size 0): it names nothing any more.
+    pub const REMOVED: LocalVolume = LocalVolume(u32::MAX);
+}
 
 /// What storage holds of a volume.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -123,12 +130,16 @@ pub enum StorageJob {
     Commit(Vec<(LocalVolume, Record)>),
     /// Make this the element's epoch, held by this host element, durably.
     AdoptEpoch(Epoch, HostId),
+    /// Remove these volumes durably, freeing their space (every record of them queued before
+    /// is committed).
+    RemoveVolumes(Vec<LocalVolume>),
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum StorageDone {
     Commit(Result<CommitDone, String>),
     AdoptEpoch(Result<(), String>),
+    RemoveVolumes(Result<(), String>),
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -355,6 +366,8 @@ struct Volume {
     /// most `RECENT_RECORDS_MAX`. A record sent again at one of these sequences must be the
     /// same record; another one means two histories, and is a fault, never a duplicate.
     recent: VecDeque<(Sequence, Epoch, u32)>,
+    /// Removed (its storage is gone); its local number stays taken until the element restarts.
+    removed: bool,
 }
 
 /// Records remembered per volume to check duplicates against (a host element resends only
@@ -414,7 +427,18 @@ struct Commit {
 #[derive(Debug)]
 enum Job {
     Commit(Commit),
-    Hello { session: SessionId, epoch: Epoch, host: HostId },
+    Hello {
+        session: SessionId,
+        epoch: Epoch,
+        host: HostId,
+    },
+    /// Remove these volumes once the commits queued before are done; answer the session's
+    /// `RemoveVolumes` (if one asked) with its numbers. For a hello's placeholders, the
+    /// session is `reply`'s with no numbers: if removing fails, its hello is refused.
+    Remove {
+        volumes: Vec<LocalVolume>,
+        reply: Option<(SessionId, Vec<VolumeId>)>,
+    },
 }
 
 #[derive(Debug)]
@@ -429,6 +453,10 @@ enum InFlight {
         epoch: Epoch,
         host: HostId,
         previous: Epoch,
+    },
+    Remove {
+        volumes: Vec<LocalVolume>,
+        reply: Option<(SessionId, Vec<VolumeId>)>,
     },
 }
 
@@ -497,6 +525,8 @@ impl ElementCore {
         let volumes = volumes
             .into_iter()
             .map(|(spec, info)| Volume {
+                // Storage lists a volume removed since it was opened with size 0.
+                removed: spec.size_bytes == 0,
                 spec,
                 applied: info.applied,
                 applied_epoch: info.applied_epoch,
@@ -705,7 +735,9 @@ impl ElementCore {
         if role == SessionRole::Element {
             if let HostMessage::Hello { volumes, .. } = &message {
                 // A peer reads what exists; it never creates a volume here.
-                if let Some(unknown) = volumes.iter().find(|spec| !self.volumes.iter().any(|v| v.spec == **spec)) {
+                if let Some(unknown) =
+                    volumes.iter().find(|spec| !self.volumes.iter().any(|v| !v.removed && v.spec == **spec))
+                {
                     let reason = format!("an element may not create volumes: {:?} does not exist here", unknown.name);
                     self.log(LogLevel::Warn, format!("session {}: refused: {reason}", session.0));
                     return self.refuse(session, format!("not allowed: {reason}"));
@@ -752,7 +784,9 @@ impl ElementCore {
             let state = self.sessions.get_mut(&session).expect("present");
             state.hello_pending = true;
             state.hello = Some((epoch, volumes.clone()));
-            self.emit(ElementAction::EnsureVolumes { session, specs: volumes });
+            // Placeholders (size 0) stand for removed volumes: nothing is created for them.
+            let specs = volumes.into_iter().filter(|spec| spec.size_bytes > 0).collect();
+            self.emit(ElementAction::EnsureVolumes { session, specs });
             return;
         };
         match message {
@@ -803,7 +837,10 @@ impl ElementCore {
                     });
                 }
             }
-            HostMessage::Recover { .. } | HostMessage::Copy { .. } | HostMessage::AddVolumes { .. }
+            HostMessage::Recover { .. }
+            | HostMessage::Copy { .. }
+            | HostMessage::AddVolumes { .. }
+            | HostMessage::RemoveVolumes { .. }
                 if self.config.fencing && session_epoch < self.epoch =>
             {
                 // A recovery order of a superseded host element (one that woke from a pause,
@@ -843,16 +880,34 @@ impl ElementCore {
             HostMessage::CheckVolumes { request_id, volumes } => {
                 self.emit(ElementAction::CheckVolumes { session, request_id, specs: volumes });
             }
+            HostMessage::RemoveVolumes { volumes: ids } => {
+                let state = self.sessions.get_mut(&session).expect("present");
+                if let Some(unknown) = ids.iter().find(|id| id.0 as usize >= state.volumes.len()) {
+                    let reason = format!("protocol: unknown volume {unknown}");
+                    return self.refuse(session, reason);
+                }
+                let mut locals = Vec::new();
+                for id in &ids {
+                    let local = std::mem::replace(&mut state.volumes[id.0 as usize], LocalVolume::REMOVED);
+                    if local != LocalVolume::REMOVED && !locals.contains(&local) {
+                        locals.push(local);
+                    }
+                }
+                self.jobs.push_back(Job::Remove { volumes: locals, reply: Some((session, ids)) });
+                self.pump_storage();
+            }
         }
     }
 
     /// The local volume of a session's volume number; refuses the session if there is none.
     fn local(&mut self, session: SessionId, volume: VolumeId) -> Option<LocalVolume> {
         let found = self.sessions.get(&session).and_then(|s| s.volumes.get(volume.0 as usize).copied());
-        if found.is_none() {
-            self.refuse(session, format!("protocol: unknown volume {volume}"));
+        match found {
+            None => self.refuse(session, format!("protocol: unknown volume {volume}")),
+            Some(LocalVolume::REMOVED) => self.refuse(session, format!("protocol: volume {volume} was removed")),
+            Some(local) => return Some(local),
         }
-        found
+        None
     }
 
     /// Storage created (or found) the volumes of a session's `Hello`: `Ok` holds, per spec in
@@ -874,8 +929,28 @@ impl ElementCore {
             Ok(ensured) => ensured,
             Err(reason) => return self.refuse(session, reason),
         };
-        self.register_volumes(&ensured, &specs);
-        self.sessions.get_mut(&session).expect("present").volumes = ensured.iter().map(|(l, _)| *l).collect();
+        let real: Vec<VolumeSpec> = specs.iter().filter(|spec| spec.size_bytes > 0).cloned().collect();
+        self.register_volumes(&ensured, &real);
+        // A placeholder's volume, if this element still holds it (it was down when the volume
+        // was deleted), is removed before the welcome.
+        let mut ensured = ensured.iter();
+        let mut session_volumes = Vec::with_capacity(specs.len());
+        let mut stale = Vec::new();
+        for spec in &specs {
+            if spec.size_bytes > 0 {
+                session_volumes.push(ensured.next().expect("one per real spec").0);
+                continue;
+            }
+            session_volumes.push(LocalVolume::REMOVED);
+            let held = self.volumes.iter().position(|v| !v.removed && v.spec.name == spec.name);
+            if let Some(vi) = held {
+                stale.push(LocalVolume(vi as u32));
+            }
+        }
+        self.sessions.get_mut(&session).expect("present").volumes = session_volumes;
+        if !stale.is_empty() {
+            self.jobs.push_back(Job::Remove { volumes: stale, reply: Some((session, Vec::new())) });
+        }
         let host = self.sessions[&session].host;
         self.jobs.push_back(Job::Hello { session, epoch, host });
         self.pump_storage();
@@ -910,6 +985,7 @@ impl ElementCore {
                     repair: info.repair,
                     recovery: Recovery::Streaming,
                     recent: VecDeque::new(),
+                    removed: false,
                 });
             }
         }
@@ -917,6 +993,11 @@ impl ElementCore {
 
     /// What a session is told it holds of a local volume (a copy under way holds nothing yet).
     fn volume_state(&self, local: LocalVolume) -> VolumeState {
+        let removed =
+            VolumeState { applied_sequence: Sequence::ZERO, applied_epoch: Epoch(0), copying: false, repair: false };
+        if local == LocalVolume::REMOVED || self.volumes[local.0 as usize].removed {
+            return removed;
+        }
         let v = &self.volumes[local.0 as usize];
         if v.copy_interrupted || matches!(v.recovery, Recovery::Copying { .. }) {
             VolumeState { applied_sequence: Sequence::ZERO, applied_epoch: Epoch(0), copying: true, repair: false }
@@ -1058,6 +1139,53 @@ impl ElementCore {
                     }
                 }
                 Some(Job::Commit(_)) => self.start_commit(),
+                Some(Job::Remove { .. }) => {
+                    let Some(Job::Remove { volumes, reply }) = self.jobs.pop_front() else { unreachable!() };
+                    if volumes.is_empty() {
+                        self.volumes_removed(&volumes, reply);
+                        continue;
+                    }
+                    self.in_flight = Some(InFlight::Remove { volumes: volumes.clone(), reply });
+                    self.emit(ElementAction::Storage(StorageJob::RemoveVolumes(volumes)));
+                }
+            }
+        }
+    }
+
+    /// Storage removed these volumes: nothing names them any more. A replay into one stops,
+    /// records of them still queued are dropped, and fetches waiting on them are answered (with
+    /// storage's error).
+    fn volumes_removed(&mut self, volumes: &[LocalVolume], reply: Option<(SessionId, Vec<VolumeId>)>) {
+        for &local in volumes {
+            let vi = local.0 as usize;
+            if matches!(&self.volumes[vi].recovery, Recovery::Replaying(r) if r.phase != ReplayPhase::Stopped) {
+                self.fail_replay(vi, "the volume was removed".into());
+            }
+            // A copy under way fails by itself (storage refuses it) and reports as usual.
+            if !matches!(self.volumes[vi].recovery, Recovery::Copying { .. }) {
+                self.volumes[vi].recovery = Recovery::Streaming;
+            }
+            let v = &mut self.volumes[vi];
+            v.removed = true;
+            v.recent.clear();
+            for s in self.sessions.values_mut() {
+                for l in s.volumes.iter_mut().filter(|l| **l == local) {
+                    *l = LocalVolume::REMOVED;
+                }
+            }
+            let name = self.volumes[vi].spec.name.clone();
+            self.log(LogLevel::Info, format!("volume {name:?} removed"));
+        }
+        self.jobs.retain(|job| !matches!(job, Job::Commit(c) if volumes.contains(&c.volume)));
+        let (waiting, kept): (Vec<WaitingFetch>, Vec<WaitingFetch>) =
+            std::mem::take(&mut self.waiting_fetches).into_iter().partition(|w| volumes.contains(&w.volume));
+        self.waiting_fetches = kept;
+        for w in waiting {
+            self.emit(ElementAction::Serve { session: w.session, volume: w.volume, request: w.request });
+        }
+        if let Some((session, ids)) = reply.filter(|(_, ids)| !ids.is_empty()) {
+            if self.sessions.contains_key(&session) {
+                self.send(session, ElementMessage::VolumesRemoved { volumes: ids });
             }
         }
     }
@@ -1237,6 +1365,26 @@ impl ElementCore {
                     self.storage_failed = Some(reason);
                 }
             },
+            (InFlight::Remove { volumes, reply }, StorageDone::RemoveVolumes(result)) => match result {
+                Ok(()) => self.volumes_removed(&volumes, reply),
+                Err(reason) => {
+                    self.log(LogLevel::Warn, format!("volume removal failed: {reason}"));
+                    match reply {
+                        // A hello's placeholders: it is not welcomed (its welcome would say the
+                        // volumes are gone).
+                        Some((session, ids)) if ids.is_empty() => {
+                            self.jobs.retain(|j| !matches!(j, Job::Hello { session: s, .. } if *s == session));
+                            self.refuse(session, format!("cannot remove deleted volumes: {reason}"));
+                        }
+                        Some((session, _)) => {
+                            let reason = format!("volume removal failed: {reason}");
+                            self.send(session, ElementMessage::Fault { reason });
+                        }
+                        None => {}
+                    }
+                    self.storage_failed = Some(reason);
+                }
+            },
             (in_flight, done) => unreachable!("storage answered {done:?} to {in_flight:?}"),
         }
         self.pump_storage();
@@ -1288,7 +1436,7 @@ impl ElementCore {
         };
         let queued = self.jobs.iter().filter_map(|j| match j {
             Job::Commit(c) => Some(c),
-            Job::Hello { .. } => None,
+            Job::Hello { .. } | Job::Remove { .. } => None,
         });
         for c in in_flight.into_iter().chain(queued) {
             if c.volume == volume && c.record.sequence == accepted.next() {
@@ -1739,7 +1887,7 @@ impl ElementCore {
         v.recent.clear();
         self.send(session, ElementMessage::CopyDone { volume: session_volume, result });
         if let Some(order) = next {
-            if self.sessions.contains_key(&order.session) {
+            if self.sessions.contains_key(&order.session) && !self.volumes[vi].removed {
                 self.start_copy(vi, *order);
             }
         }
@@ -1795,7 +1943,7 @@ impl ElementCore {
                     id.0
                 );
             }
-            assert!(s.volumes.iter().all(|l| (l.0 as usize) < self.volumes.len()));
+            assert!(s.volumes.iter().all(|l| *l == LocalVolume::REMOVED || (l.0 as usize) < self.volumes.len()));
         }
         if self.in_flight.is_none() {
             assert!(
@@ -1821,6 +1969,7 @@ fn message_name(message: &ElementMessage) -> &'static str {
         ElementMessage::Welcome { .. } => "Welcome",
         ElementMessage::VolumesAdded { .. } => "VolumesAdded",
         ElementMessage::VolumesChecked { .. } => "VolumesChecked",
+        ElementMessage::VolumesRemoved { .. } => "VolumesRemoved",
         ElementMessage::Refused { .. } => "Refused",
         ElementMessage::Applied { .. } => "Applied",
         ElementMessage::Received { .. } => "Received",

@@ -127,6 +127,16 @@ impl HostConfig {
         self.volumes.push(spec);
     }
 
+    /// Keep storage volume `name` as a placeholder (size 0, not exported): a volume removed
+    /// while an earlier host element ran, whose removal some element has not confirmed yet.
+    /// Its hello tells every element to remove it.
+    fn add_placeholder(&mut self, name: String) {
+        if self.exports.is_empty() {
+            self.exports = crate::groups::ungrouped(&self.volumes);
+        }
+        self.volumes.push(VolumeSpec { name, size_bytes: 0 });
+    }
+
     pub fn validate(&self) -> Result<(), String> {
         let n = self.elements.len();
         if n == 0 || n > limits::ELEMENTS_MAX {
@@ -152,7 +162,8 @@ impl HostConfig {
             if v.name.is_empty() || v.name.len() > 255 {
                 return Err(format!("volume name {:?} must be 1 to 255 bytes", v.name));
             }
-            if v.size_bytes == 0 || v.size_bytes % proto::BLOCK_BYTES != 0 {
+            let placeholder = v.size_bytes == 0 && self.exports.iter().all(|e| e.volume != i);
+            if (v.size_bytes == 0 && !placeholder) || v.size_bytes % proto::BLOCK_BYTES != 0 {
                 return Err(format!(
                     "volume {} size {} must be a positive multiple of {} bytes",
                     v.name,
@@ -337,6 +348,14 @@ pub enum Event {
     VolumeCreated {
         volume: VolumeId,
     },
+    /// A volume removed while running (`remove_volumes`) is gone from every element that was
+    /// live when this was told (`everywhere: false`), or from every configured element
+    /// (`everywhere: true`, perhaps much later: an element that was down removes it when it
+    /// comes back). Each told at most once; only the second if both hold at once.
+    VolumeRemoved {
+        volume: VolumeId,
+        everywhere: bool,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -460,6 +479,9 @@ struct ElementRuntime {
     /// answered. `adding` holds the counts of those sent and not answered yet, oldest first.
     session_volumes: usize,
     adding: VecDeque<usize>,
+    /// The volumes its hello named by placeholders (removed): its welcome says it holds them
+    /// no more.
+    hello_removed: Vec<usize>,
 }
 
 impl ElementRuntime {
@@ -499,6 +521,16 @@ struct VolumeRuntime {
     /// Added while running: the elements whose session created it, until Q that count have
     /// (then `None`, and `Event::VolumeCreated` told).
     creating: Option<ElementSet>,
+    /// Removed while running (`remove_volumes`): a placeholder of size 0 that keeps its
+    /// number. The elements known to hold it no more, and whether each event was told.
+    removed: Option<Removal>,
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+struct Removal {
+    confirmed: ElementSet,
+    told_live: bool,
+    told_everywhere: bool,
 }
 
 impl VolumeRuntime {
@@ -516,6 +548,7 @@ impl VolumeRuntime {
             durable_through: Sequence::ZERO,
             scrubs: scrub::VolumeScrubs::default(),
             creating: None,
+            removed: None,
         }
     }
 }
@@ -692,6 +725,11 @@ pub struct HostStatus {
 }
 
 impl HostCore {
+    /// Whether `volume` takes writes now (serving, Q elements in sync).
+    pub fn writable(&self, volume: VolumeId) -> bool {
+        self.ready && self.volumes.get(volume.0 as usize).is_some_and(|v| v.mode == VolumeMode::ReadWrite)
+    }
+
     pub fn new(config: HostConfig, now: Time) -> HostCore {
         config.validate().expect("configuration validated at the boundary");
         let volume_count = config.volumes.len();
@@ -726,6 +764,7 @@ impl HostCore {
                 weak_through: vec![Sequence::ZERO; volume_count],
                 session_volumes: 0,
                 adding: VecDeque::new(),
+                hello_removed: Vec::new(),
             })
             .collect();
         let mut counting = ElementSet::default();
@@ -739,7 +778,13 @@ impl HostCore {
         let volumes = config
             .volumes
             .iter()
-            .map(|spec| VolumeRuntime::new(spec.clone(), VolumeMode::ReadOnly, config.write_queue_bytes))
+            .map(|spec| {
+                let mut volume = VolumeRuntime::new(spec.clone(), VolumeMode::ReadOnly, config.write_queue_bytes);
+                if spec.size_bytes == 0 {
+                    volume.removed = Some(Removal::default());
+                }
+                volume
+            })
             .collect();
         HostCore {
             cache: ReadCache::new(config.read_cache_bytes),
@@ -858,6 +903,7 @@ impl HostCore {
         e.last_heard = now;
         e.session_volumes = self.config.volumes.len();
         e.adding.clear();
+        e.hello_removed = (0..self.volumes.len()).filter(|&i| self.volumes[i].removed.is_some()).collect();
         // The state stays what it was (failed, with its reason) until the welcome decides.
         let message = HostMessage::Hello {
             epoch: self.epoch,
@@ -929,6 +975,7 @@ impl HostCore {
             ElementMessage::VolumesChecked { request_id, result } => {
                 self.on_volumes_checked(element, request_id, result)
             }
+            ElementMessage::VolumesRemoved { volumes } => self.on_volumes_removed(element, volumes),
             ElementMessage::Refused { reason: _, epoch: Some(seen), .. }
                 if !self.ready
                     && !self.claimed
@@ -1183,6 +1230,11 @@ impl HostCore {
             }
         }
         self.tell_created();
+        for i in std::mem::take(&mut self.elements[element.0 as usize].hello_removed) {
+            if let Some(removal) = &mut self.volumes[i].removed {
+                removal.confirmed.insert(element);
+            }
+        }
         if epoch > self.epoch {
             return self.fail_element(now, element, Failure::Fenced { seen: epoch, ours: self.epoch }, true);
         }
@@ -1324,6 +1376,134 @@ impl HostCore {
         self.emit(Action::Send { to, message: HostMessage::CheckVolumes { request_id, volumes: specs } });
     }
 
+    /// Remove volumes while running (`starfish volume delete`), named by their storage volume:
+    /// they stop being exported at once, and every element with a session is told
+    /// (`RemoveVolumes`, after every record of them it was sent); the others learn it from
+    /// their next hello, which names each removed volume by a placeholder of size 0. A removed
+    /// volume keeps its number as that placeholder: nothing is written to it, nothing is
+    /// recovered. `Event::VolumeRemoved` tells when the live elements, and then all, removed
+    /// it. Refused while starting or read-only, for a volume of a consistency group, and for
+    /// one with requests under way (its writes must be answered first).
+    pub fn remove_volumes(&mut self, now: Time, names: Vec<String>) -> Result<Vec<VolumeId>, String> {
+        if !self.ready || self.superseded.is_some() {
+            return Err("the host element is not serving (starting, or superseded)".into());
+        }
+        if self.in_sync_count() < self.config.quorum {
+            return Err(format!(
+                "read-only: {} element(s) in sync, fewer than the write quorum {}",
+                self.in_sync_count(),
+                self.config.quorum
+            ));
+        }
+        let exported = self.config.exported();
+        let mut ids = Vec::with_capacity(names.len());
+        for name in &names {
+            let Some(i) = self.config.volumes.iter().position(|v| &v.name == name && v.size_bytes > 0) else {
+                return Err(format!("no volume {name}"));
+            };
+            if exported.iter().any(|e| e.volume == i && e.group.is_some()) {
+                return Err(format!("volume {name} belongs to a consistency group"));
+            }
+            let v = &self.volumes[i];
+            if v.host_resolved < v.queue.last_sequence() || !v.admission.is_empty() || !v.flushes.is_empty() {
+                return Err(format!("volume {name} has writes under way; stop its clients first"));
+            }
+            if ids.contains(&VolumeId(i as u32)) {
+                return Err(format!("volume {name} is named twice"));
+            }
+            ids.push(VolumeId(i as u32));
+        }
+        if ids.is_empty() {
+            return Err("no volume named".into());
+        }
+        if self.config.exports.is_empty() {
+            self.config.exports = crate::groups::ungrouped(&self.config.volumes);
+        }
+        for id in &ids {
+            let i = id.0 as usize;
+            self.config.exports.retain(|e| e.volume != i);
+            self.config.volumes[i].size_bytes = 0;
+            // What was written is gone with it: the placeholder holds nothing, everywhere.
+            let spec = self.config.volumes[i].clone();
+            let mode = self.volumes[i].mode;
+            let mut placeholder = VolumeRuntime::new(spec, mode, self.config.write_queue_bytes);
+            placeholder.removed = Some(Removal::default());
+            self.volumes[i] = placeholder;
+            for e in &mut self.elements {
+                e.applied[i] = Sequence::ZERO;
+                e.sent_through[i] = Sequence::ZERO;
+                e.volume_recovery[i] = VolumeRecovery::Streaming;
+                e.copy_progress[i] = (0, 0, 0);
+                e.scrub_repair[i] = false;
+                e.weak_through[i] = Sequence::ZERO;
+                if let Some(welcome) = &mut e.welcome {
+                    if let Some(state) = welcome.get_mut(i) {
+                        *state = VolumeState {
+                            applied_sequence: Sequence::ZERO,
+                            applied_epoch: Epoch(0),
+                            copying: false,
+                            repair: false,
+                        };
+                    }
+                }
+            }
+        }
+        let mut to = ElementSet::default();
+        for (i, e) in self.elements.iter().enumerate() {
+            if e.session {
+                to.insert(ElementId(i as u8));
+            }
+        }
+        if !to.is_empty() {
+            self.emit(Action::Send { to, message: HostMessage::RemoveVolumes { volumes: ids.clone() } });
+        }
+        // A volume it was recovering may have been all it lacked.
+        for i in 0..self.elements.len() {
+            self.maybe_in_sync(now, ElementId(i as u8));
+        }
+        self.tell_removed();
+        Ok(ids)
+    }
+
+    /// An element removed the volumes of a `RemoveVolumes`.
+    fn on_volumes_removed(&mut self, element: ElementId, ids: Vec<VolumeId>) {
+        for id in ids {
+            if let Some(removal) = self.volumes.get_mut(id.0 as usize).and_then(|v| v.removed.as_mut()) {
+                removal.confirmed.insert(element);
+            }
+        }
+        self.tell_removed();
+    }
+
+    /// `Event::VolumeRemoved` for each removed volume that the live elements (then all of
+    /// them) confirmed.
+    fn tell_removed(&mut self) {
+        let mut live = ElementSet::default();
+        for (i, e) in self.elements.iter().enumerate() {
+            if e.live() && e.session {
+                live.insert(ElementId(i as u8));
+            }
+        }
+        let all = self.elements.len();
+        let mut events = Vec::new();
+        for (i, v) in self.volumes.iter_mut().enumerate() {
+            let Some(removal) = &mut v.removed else { continue };
+            let everywhere = removal.confirmed.len() == all;
+            if everywhere && !removal.told_everywhere {
+                // Told once, covering the live elements too.
+                removal.told_live = true;
+                removal.told_everywhere = true;
+                events.push(Event::VolumeRemoved { volume: VolumeId(i as u32), everywhere: true });
+            } else if !removal.told_live && (live.0 & !removal.confirmed.0) == 0 {
+                removal.told_live = true;
+                events.push(Event::VolumeRemoved { volume: VolumeId(i as u32), everywhere: false });
+            }
+        }
+        for event in events {
+            self.emit(Action::Event(event));
+        }
+    }
+
     fn on_volumes_checked(&mut self, element: ElementId, request_id: u64, result: Result<(), String>) {
         let name = self.elements[element.0 as usize].name.clone();
         let Some((_, waiting, refusals)) = self.checks.get_mut(&request_id) else { return };
@@ -1391,10 +1571,16 @@ impl HostCore {
     /// an epoch refusal, every request under way fails, every session is redone, and the
     /// start-up decision covers the new volumes too. Used once, at start-up, before any host
     /// request was taken.
+    /// A spec of size 0 names a storage volume removed while an earlier host element ran that
+    /// some element may still hold: it is served as a placeholder (see `remove_volumes`).
     pub fn restart_with_volumes(&mut self, now: Time, added: Vec<(String, VolumeSpec)>) -> Result<(), String> {
         let mut config = self.config.clone();
         for (name, spec) in added {
-            config.add_whole_volume(name, spec);
+            if spec.size_bytes == 0 {
+                config.add_placeholder(spec.name);
+            } else {
+                config.add_whole_volume(name, spec);
+            }
         }
         config.validate()?;
         let next = Epoch(self.epoch.0 + 1);
@@ -1459,7 +1645,9 @@ impl HostCore {
                 plan[i] = VolumeRecovery::Copying;
                 // The copy's state is on the element's disk from its start: it resumes there.
                 self.elements[element.0 as usize].scrub_repair[i] = false;
-                behind += last.0;
+                // Even a volume with nothing written yet: the copy clears the element's
+                // repair (until then it takes no record), so the element is not in sync.
+                behind += last.0.max(1);
                 continue;
             }
             // Where the queue cannot vouch for the epoch of the element's newest record, the
@@ -1631,6 +1819,9 @@ impl HostCore {
 
     fn on_copy_done(&mut self, now: Time, element: ElementId, volume: VolumeId, result: Result<Sequence, String>) {
         let vi = volume.0 as usize;
+        if self.volumes.get(vi).is_some_and(|v| v.removed.is_some()) {
+            return;
+        }
         let e = &self.elements[element.0 as usize];
         if vi >= self.volumes.len() || !e.live() || e.volume_recovery[vi] != VolumeRecovery::Copying {
             return;
@@ -1720,6 +1911,9 @@ impl HostCore {
 
     fn on_recovery_done(&mut self, now: Time, element: ElementId, volume: VolumeId, result: Result<Sequence, String>) {
         let vi = volume.0 as usize;
+        if self.volumes.get(vi).is_some_and(|v| v.removed.is_some()) {
+            return;
+        }
         let e = &self.elements[element.0 as usize];
         if vi >= self.volumes.len() || !e.live() || e.volume_recovery[vi] == VolumeRecovery::Copying {
             return; // Failed meanwhile, or superseded by a copy.
@@ -1867,6 +2061,9 @@ impl HostCore {
 
     fn on_applied(&mut self, now: Time, element: ElementId, volume: VolumeId, sequence: Sequence) {
         let vi = volume.0 as usize;
+        if self.volumes.get(vi).is_some_and(|v| v.removed.is_some()) {
+            return; // Sent before the element heard of the removal.
+        }
         let e = &self.elements[element.0 as usize];
         if vi >= self.volumes.len() || sequence > self.volumes[vi].queue.last_sequence() {
             return self.fail_element(
@@ -1930,6 +2127,9 @@ impl HostCore {
         if policy.needs_durable() || !policy.counts_toward_quorum() {
             return; // Not asked for (a network-sync element's receipt counts, though).
         }
+        if self.volumes.get(vi).is_some_and(|v| v.removed.is_some()) {
+            return; // Sent before the element heard of the removal.
+        }
         if vi >= self.volumes.len() || sequence > self.volumes[vi].queue.last_sequence() {
             return self.fail_element(
                 now,
@@ -1988,6 +2188,7 @@ impl HostCore {
         if !self.ready {
             return;
         }
+        self.tell_removed();
         let in_sync = self.in_sync_count();
         for i in 0..self.volumes.len() {
             let volume = VolumeId(i as u32);

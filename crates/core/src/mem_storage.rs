@@ -48,6 +48,9 @@ pub struct Volume {
     pub changed: Vec<Sequence>,
     log: VecDeque<Record>,
     log_bytes: u64,
+    /// Removed (`remove_volume`): it holds nothing (its bytes stay, zeroed, so that indexing
+    /// by volume number keeps working) and storage lists it with size 0 at the next start.
+    pub removed: bool,
 }
 
 impl Volume {
@@ -152,6 +155,7 @@ impl MemStorage {
             changed: vec![Sequence::ZERO; blocks],
             log: VecDeque::new(),
             log_bytes: 0,
+            removed: false,
         });
         LocalVolume(self.vols.len() as u32 - 1)
     }
@@ -415,7 +419,7 @@ impl ElementStorage for MemStorage {
 
     fn check_new_volumes(&self, specs: &[VolumeSpec]) -> Result<(), String> {
         for spec in specs {
-            let here = self.vols.iter().find(|v| v.name == spec.name).map(|v| v.data.len() as u64);
+            let here = self.vols.iter().find(|v| v.name == spec.name && !v.removed).map(|v| v.data.len() as u64);
             match here {
                 Some(size) if size != spec.size_bytes => {
                     return Err(format!("volume {}: {} bytes here, not {}", spec.name, size, spec.size_bytes))
@@ -433,10 +437,27 @@ impl ElementStorage for MemStorage {
     }
 
     fn ensure_volume(&mut self, spec: &VolumeSpec) -> Result<LocalVolume, String> {
-        match self.vols.iter().position(|v| v.name == spec.name) {
+        match self.vols.iter().position(|v| v.name == spec.name && !v.removed) {
             Some(i) => Ok(LocalVolume(i as u32)),
             None => Ok(self.add_volume(spec.name.clone(), spec.size_bytes)),
         }
+    }
+
+    /// Durable at once (the store's commit point is one metadata write).
+    fn remove_volume(&mut self, volume: LocalVolume) -> Result<(), String> {
+        if let Some(reason) = self.refuse_changes() {
+            return Err(reason);
+        }
+        let v = &mut self.vols[volume.0 as usize];
+        v.removed = true;
+        v.data.fill(0);
+        v.allocated.fill(false);
+        v.changed.fill(Sequence::ZERO);
+        v.history.clear();
+        v.log.clear();
+        v.log_bytes = 0;
+        self.repairs.borrow_mut().remove(&(volume.0 as usize));
+        Ok(())
     }
 
     fn info(&self, volume: LocalVolume) -> VolumeInfo {

@@ -28,6 +28,9 @@ pub trait ElementStorage {
     /// The volume named in `spec`, created if new (local volumes are numbered densely).
     fn ensure_volume(&mut self, spec: &VolumeSpec) -> Result<LocalVolume, String>;
     fn info(&self, volume: LocalVolume) -> VolumeInfo;
+    /// Remove the volume durably and free its space; its local number stays taken (by
+    /// nothing) until storage is reopened. Every later request for it fails.
+    fn remove_volume(&mut self, volume: LocalVolume) -> Result<(), String>;
     /// Log the records with one sync, then apply them in order; refused records are listed in
     /// the outcome and change nothing. `Err`: storage failed and takes no more changes.
     fn commit(&mut self, batch: &[(LocalVolume, Record)]) -> Result<CommitDone, String>;

@@ -285,6 +285,13 @@ pub enum HostMessage {
         request_id: u64,
         volumes: Vec<VolumeSpec>,
     },
+    /// Volumes deleted while the session runs (`starfish volume delete`): once every record of
+    /// them sent before is committed, the element removes their storage (durably, freeing its
+    /// space) and answers `VolumesRemoved`. Their numbers stay taken in the session, by
+    /// placeholders (as a hello's volume of size 0).
+    RemoveVolumes {
+        volumes: Vec<VolumeId>,
+    },
 }
 
 /// Element → host element.
@@ -321,6 +328,10 @@ pub enum ElementMessage {
     VolumesChecked {
         request_id: u64,
         result: Result<(), String>,
+    },
+    /// Answer to `RemoveVolumes`: the element holds none of these volumes any more.
+    VolumesRemoved {
+        volumes: Vec<VolumeId>,
     },
     /// The record of `volume` at `sequence` arrived and waits in the element's memory to be
     /// committed (sessions whose hello asked for `receipt_acks` only).
@@ -440,6 +451,22 @@ fn read_volume_specs(r: &mut Reader, what: &'static str) -> Result<Vec<VolumeSpe
         volumes.push(VolumeSpec { name, size_bytes });
     }
     Ok(volumes)
+}
+
+fn put_volume_ids(out: &mut BytesMut, volumes: &[VolumeId]) {
+    out.put_u32_le(volumes.len() as u32);
+    for v in volumes {
+        out.put_u32_le(v.0);
+    }
+}
+
+/// At least one, at most [`VOLUMES_MAX`].
+fn read_volume_ids(r: &mut Reader, what: &'static str) -> Result<Vec<VolumeId>, DecodeError> {
+    let n = r.count(what, VOLUMES_MAX)?;
+    if n == 0 {
+        return Err(DecodeError::OutOfBounds { what, value: 0 });
+    }
+    (0..n).map(|_| Ok(VolumeId(r.u32("volume")?))).collect()
 }
 
 fn put_volume_states(out: &mut BytesMut, volumes: &[VolumeState]) {
@@ -673,6 +700,7 @@ const HOST_RELEASE: u8 = 11;
 const HOST_SCRUB: u8 = 12;
 const HOST_ADD_VOLUMES: u8 = 13;
 const HOST_CHECK_VOLUMES: u8 = 14;
+const HOST_REMOVE_VOLUMES: u8 = 15;
 
 impl Body for HostMessage {
     fn encode_body(&self, out: &mut BytesMut) {
@@ -693,6 +721,10 @@ impl Body for HostMessage {
                 out.put_u8(HOST_CHECK_VOLUMES);
                 out.put_u64_le(*request_id);
                 put_volume_specs(out, volumes);
+            }
+            HostMessage::RemoveVolumes { volumes } => {
+                out.put_u8(HOST_REMOVE_VOLUMES);
+                put_volume_ids(out, volumes);
             }
             HostMessage::Apply(record) => {
                 out.put_u8(HOST_APPLY);
@@ -846,6 +878,9 @@ impl Body for HostMessage {
                 let volumes = read_volume_specs(&mut r, "checked volume count")?;
                 HostMessage::CheckVolumes { request_id, volumes }
             }
+            HOST_REMOVE_VOLUMES => {
+                HostMessage::RemoveVolumes { volumes: read_volume_ids(&mut r, "removed volume count")? }
+            }
             tag => return Err(DecodeError::UnknownTag(tag)),
         };
         r.finish()?;
@@ -870,6 +905,7 @@ const ELEMENT_SCRUB_REPLY: u8 = 14;
 const ELEMENT_RECEIVED: u8 = 15;
 const ELEMENT_VOLUMES_ADDED: u8 = 16;
 const ELEMENT_VOLUMES_CHECKED: u8 = 17;
+const ELEMENT_VOLUMES_REMOVED: u8 = 18;
 const LOG_RECORDS_MAX: usize = 1 << 20;
 
 const RESULT_OK: u8 = 0;
@@ -887,6 +923,10 @@ impl Body for ElementMessage {
             ElementMessage::VolumesAdded { volumes } => {
                 out.put_u8(ELEMENT_VOLUMES_ADDED);
                 put_volume_states(out, volumes);
+            }
+            ElementMessage::VolumesRemoved { volumes } => {
+                out.put_u8(ELEMENT_VOLUMES_REMOVED);
+                put_volume_ids(out, volumes);
             }
             ElementMessage::VolumesChecked { request_id, result } => {
                 out.put_u8(ELEMENT_VOLUMES_CHECKED);
@@ -1072,6 +1112,9 @@ impl Body for ElementMessage {
             ELEMENT_VOLUMES_ADDED => {
                 let volumes = read_volume_states(&mut r, "added volume state count")?;
                 ElementMessage::VolumesAdded { volumes }
+            }
+            ELEMENT_VOLUMES_REMOVED => {
+                ElementMessage::VolumesRemoved { volumes: read_volume_ids(&mut r, "removed volume count")? }
             }
             ELEMENT_VOLUMES_CHECKED => {
                 let request_id = r.u64("check request id")?;
@@ -1279,6 +1322,7 @@ mod tests {
 
     #[test]
     fn host_messages_round_trip() {
+        round_trip(HostMessage::RemoveVolumes { volumes: vec![VolumeId(2)] });
         round_trip(HostMessage::CheckVolumes {
             request_id: 3,
             volumes: vec![VolumeSpec { name: "big#3".into(), size_bytes: 1 << 40 }],
@@ -1350,6 +1394,7 @@ mod tests {
     #[test]
     fn element_messages_round_trip() {
         round_trip(ElementMessage::VolumesChecked { request_id: 4, result: Ok(()) });
+        round_trip(ElementMessage::VolumesRemoved { volumes: vec![VolumeId(3), VolumeId(0)] });
         round_trip(ElementMessage::VolumesChecked { request_id: 5, result: Err("no room".into()) });
         round_trip(ElementMessage::VolumesAdded {
             volumes: vec![VolumeState {

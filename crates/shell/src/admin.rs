@@ -161,11 +161,12 @@ async fn answer(mut stream: Stream, host: std::sync::Arc<Node>, caller: Caller) 
         AdminRequest::Drain => order(host.drain().await),
         AdminRequest::Scrub { volume, rate_bytes_per_s } => order(host.scrub(&volume, rate_bytes_per_s).await),
         AdminRequest::VolumeCreate { name, size_bytes } => order(host.volume_create(&name, size_bytes).await),
+        AdminRequest::VolumeDelete { name } => order(host.volume_delete(&name).await),
         AdminRequest::VolumeList => order(host.volume_list().await),
         AdminRequest::NotFound => (
             "404 Not Found",
             "text/plain",
-            "try GET /status, GET /metrics, GET /volumes, POST /failover, POST /drain, POST /scrub?volume=NAME or POST /volumes/create?name=NAME&size=BYTES\n".into(),
+            "try GET /status, GET /metrics, GET /volumes, POST /failover, POST /drain, POST /scrub?volume=NAME, POST /volumes/create?name=NAME&size=BYTES or POST /volumes/delete?name=NAME\n".into(),
         ),
         AdminRequest::Malformed(why) => ("400 Bad Request", "text/plain", format!("{why}\n")),
     };
@@ -270,7 +271,8 @@ pub fn status_json(
                 .volumes
                 .iter()
                 .zip(&e.applied_sequence)
-                .filter(|(v, _)| v.name != starfish_core::catalog::CATALOG_VOLUME)
+                // Removed volumes are placeholders of size 0: not reported.
+                .filter(|(v, _)| v.name != starfish_core::catalog::CATALOG_VOLUME && v.size_bytes > 0)
                 .map(|(v, s)| (v.name.clone(), json!(s.0)))
                 .collect();
             let mut o = json!({
@@ -356,21 +358,23 @@ pub fn status_json(
 
 pub(crate) fn metrics(status: &HostStatus) -> String {
     let mut out = String::new();
+    // Removed volumes are placeholders of size 0: not reported.
+    let live: Vec<&starfish_core::VolumeStatus> = status.volumes.iter().filter(|v| v.size_bytes > 0).collect();
     let _ = writeln!(out, "# TYPE starfish_volume_read_only gauge");
-    for v in &status.volumes {
+    for v in &live {
         let ro = (v.mode == starfish_core::VolumeMode::ReadOnly) as u8;
         let _ = writeln!(out, "starfish_volume_read_only{{volume=\"{}\"}} {ro}", v.name);
     }
     let _ = writeln!(out, "# TYPE starfish_volume_acked_sequence counter");
-    for v in &status.volumes {
+    for v in &live {
         let _ = writeln!(out, "starfish_volume_acked_sequence{{volume=\"{}\"}} {}", v.name, v.acked_sequence.0);
     }
     let _ = writeln!(out, "# TYPE starfish_write_queue_used_bytes gauge");
-    for v in &status.volumes {
+    for v in &live {
         let _ = writeln!(out, "starfish_write_queue_used_bytes{{volume=\"{}\"}} {}", v.name, v.write_queue_used_bytes);
     }
     let scrubs: Vec<(&str, &starfish_core::ScrubStatus)> =
-        status.volumes.iter().filter_map(|v| v.scrubs.last().map(|s| (v.name.as_str(), s))).collect();
+        live.iter().filter_map(|v| v.scrubs.last().map(|s| (v.name.as_str(), s))).collect();
     type Gauge = fn(&starfish_core::ScrubStatus) -> u64;
     let scrub_gauges: [(&str, Gauge); 6] = [
         ("starfish_scrub_running", |s| s.running as u64),

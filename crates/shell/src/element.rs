@@ -353,6 +353,13 @@ fn run_committer(
                 }
                 StorageDone::Commit(result)
             }
+            StorageJob::RemoveVolumes(volumes) => {
+                let result = volumes.iter().try_for_each(|v| ElementStorage::remove_volume(&mut storage, *v));
+                if let Err(e) = &result {
+                    tracing::error!(error = %e, "volume removal failed");
+                }
+                StorageDone::RemoveVolumes(result)
+            }
         };
         if inputs.blocking_send(Input::Storage(done)).is_err() {
             return;

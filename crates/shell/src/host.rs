@@ -122,6 +122,18 @@ enum Input {
         added: Vec<(String, proto::VolumeSpec)>,
         reply: oneshot::Sender<Result<(), String>>,
     },
+    /// Remove volumes while running (`HostCore::remove_volumes`).
+    RemoveVolumes {
+        names: Vec<String>,
+        reply: oneshot::Sender<Result<Vec<proto::VolumeId>, String>>,
+    },
+}
+
+/// What the catalog hears of volume operations from the core.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum VolumeEvent {
+    Created(proto::VolumeId),
+    Removed { volume: proto::VolumeId, everywhere: bool },
 }
 
 /// A frame for an element's session, with the record it carries when the element's ack policy
@@ -138,6 +150,9 @@ struct Session {
 /// adds volumes created while running).
 pub(crate) type Exports = Arc<std::sync::RwLock<Vec<starfish_core::groups::ExportedVolume>>>;
 
+/// NBD connections in the transmission phase, per export name.
+pub(crate) type Clients = Arc<std::sync::Mutex<HashMap<String, usize>>>;
+
 /// A handle to a running host element.
 #[derive(Clone)]
 pub struct HostHandle {
@@ -145,6 +160,7 @@ pub struct HostHandle {
     addresses: Arc<Vec<String>>,
     links: Arc<Vec<String>>,
     exports: Exports,
+    clients: Clients,
     volume_orders: mpsc::UnboundedSender<crate::volumes::VolumeOrder>,
 }
 
@@ -157,6 +173,11 @@ impl HostHandle {
     /// The volumes exported over NBD (with their groups).
     pub fn exports(&self) -> Vec<starfish_core::groups::ExportedVolume> {
         self.exports.read().expect("exports lock").clone()
+    }
+
+    /// NBD clients connected to `export` now.
+    pub(crate) fn clients_of(&self, export: &str) -> usize {
+        self.clients.lock().expect("clients lock").get(export).copied().unwrap_or(0)
     }
 
     /// Hand a volume operation to the catalog (`starfish volume …`).
@@ -197,6 +218,13 @@ impl HostHandle {
     pub(crate) async fn restart_with_volumes(&self, added: Vec<(String, proto::VolumeSpec)>) -> Result<(), String> {
         let (reply, rx) = oneshot::channel();
         self.inputs.send(Input::RestartWithVolumes { added, reply }).map_err(|_| "host element stopping")?;
+        rx.await.map_err(|_| "host element stopping")?
+    }
+
+    /// Remove volumes (storage names) while running (see `HostCore::remove_volumes`).
+    pub(crate) async fn remove_volumes(&self, names: Vec<String>) -> Result<Vec<proto::VolumeId>, String> {
+        let (reply, rx) = oneshot::channel();
+        self.inputs.send(Input::RemoveVolumes { names, reply }).map_err(|_| "host element stopping")?;
         rx.await.map_err(|_| "host element stopping")?
     }
 
@@ -275,11 +303,13 @@ pub(crate) fn start_active(
     }
     let (volume_orders, orders_rx) = mpsc::unbounded_channel();
     let (volume_events, events_rx) = mpsc::unbounded_channel();
+    let clients: Clients = Arc::default();
     let handle = HostHandle {
         inputs: inputs.clone(),
         addresses: Arc::new(addresses),
         links: Arc::new(links),
         exports: exports.clone(),
+        clients: clients.clone(),
         volume_orders,
     };
     let origin = Instant::now();
@@ -307,7 +337,7 @@ pub(crate) fn start_active(
         let tls = options.tls.clone();
         tasks.push(tokio::spawn(run_element_link(ElementId(i as u8), *address, far_links[i], inputs.clone(), tls)));
     }
-    let backend = Arc::new(HostBackend { inputs: inputs.clone(), exports });
+    let backend = Arc::new(HostBackend { inputs: inputs.clone(), exports, clients });
     let (drain, drain_rx) = tokio::sync::watch::channel(false);
     let tls =
         options.tls.clone().map(|context| nbd_server::NbdTls { context, verify_peer: options.nbd_tls_verify_peer });
@@ -372,7 +402,7 @@ async fn run_actor(
     mut rx: mpsc::UnboundedReceiver<Input>,
     names: Vec<String>,
     superseded: mpsc::UnboundedSender<()>,
-    volume_events: mpsc::UnboundedSender<proto::VolumeId>,
+    volume_events: mpsc::UnboundedSender<VolumeEvent>,
     exports: Exports,
 ) {
     let mut sessions: Vec<Option<Session>> = names.iter().map(|_| None).collect();
@@ -434,7 +464,11 @@ async fn run_actor(
                             let _ = superseded.send(());
                         }
                         Event::VolumeCreated { volume } => {
-                            let _ = volume_events.send(*volume);
+                            let _ = volume_events.send(VolumeEvent::Created(*volume));
+                        }
+                        Event::VolumeRemoved { volume, everywhere } => {
+                            let _ =
+                                volume_events.send(VolumeEvent::Removed { volume: *volume, everywhere: *everywhere });
                         }
                         _ => {}
                     }
@@ -521,6 +555,11 @@ fn handle_input(
             *exports.write().expect("exports lock") = core.config().exported();
             let _ = reply.send(result);
         }
+        Input::RemoveVolumes { names, reply } => {
+            let result = core.remove_volumes(t, names);
+            *exports.write().expect("exports lock") = core.config().exported();
+            let _ = reply.send(result);
+        }
         Input::Status { reply } => {
             let _ = reply.send(core.status(t));
         }
@@ -552,6 +591,12 @@ fn log_event(core: &HostCore, names: &[String], event: Event) {
         }
         Event::VolumeCreated { volume } => {
             tracing::info!(volume = volume_name(volume), "volume created on a write quorum of elements")
+        }
+        Event::VolumeRemoved { volume, everywhere: false } => {
+            tracing::info!(volume = volume_name(volume), "volume removed from every live element")
+        }
+        Event::VolumeRemoved { volume, everywhere: true } => {
+            tracing::info!(volume = volume_name(volume), "volume removed from every element")
         }
         Event::ElementFailed { element, reason } => {
             tracing::warn!(element = name(element), %reason, "element failed")
@@ -816,6 +861,7 @@ struct HostBackend {
     /// Each exported volume, with its storage volume and where in it the volume starts (a
     /// consistency group's members are windows of the group's storage volume).
     exports: Exports,
+    clients: Clients,
 }
 
 impl HostBackend {
@@ -876,6 +922,20 @@ fn done(rx: Option<oneshot::Receiver<Reply>>) -> BoxFuture<Result<(), nbd::Errno
 }
 
 impl Backend for HostBackend {
+    fn opened(&self, export: &str) {
+        *self.clients.lock().expect("clients lock").entry(export.to_string()).or_default() += 1;
+    }
+
+    fn closed(&self, export: &str) {
+        let mut clients = self.clients.lock().expect("clients lock");
+        if let Some(n) = clients.get_mut(export) {
+            *n -= 1;
+            if *n == 0 {
+                clients.remove(export);
+            }
+        }
+    }
+
     fn exports(&self) -> Vec<ExportInfo> {
         let exports = self.exports.read().expect("exports lock");
         exports

@@ -64,6 +64,23 @@ pub trait Backend: Send + Sync + 'static {
     /// unaligned or many: the server trims, aligns and bounds what it sends.
     fn block_status(&self, export: &str, offset_bytes: u64, length_bytes: u64)
         -> BoxFuture<Result<Vec<Extent>, Errno>>;
+
+    /// A connection entered the transmission phase on `export` (`closed` follows once it
+    /// ends): what `starfish volume delete` asks to know whether a volume is in use.
+    fn opened(&self, _export: &str) {}
+    fn closed(&self, _export: &str) {}
+}
+
+/// Calls `Backend::closed` when dropped (the connection ended, however).
+struct OpenExport {
+    backend: Arc<dyn Backend>,
+    export: Arc<str>,
+}
+
+impl Drop for OpenExport {
+    fn drop(&mut self) {
+        self.backend.closed(&self.export);
+    }
 }
 
 /// Per-connection limits and policy.
@@ -296,8 +313,11 @@ async fn serve_connection(
         block_status = transmission.block_status_enabled(),
         "nbd transmission phase"
     );
+    let export: Arc<str> = transmission.export().name.as_str().into();
+    backend.opened(&export);
+    let _open = OpenExport { backend: backend.clone(), export: export.clone() };
     let mut connection = Connection {
-        export: transmission.export().name.as_str().into(),
+        export,
         transmission: Arc::new(transmission),
         backend,
         reader,

@@ -292,6 +292,20 @@ impl Node {
     }
 
     /// Every volume served (`starfish volume list`).
+    pub async fn volume_delete(&self, name: &str) -> Result<Value, String> {
+        let handle = self.active.lock().await.as_ref().map(|a| a.handle.clone());
+        let Some(handle) = handle else {
+            return Err("this host element is a standby: delete volumes through the active one".into());
+        };
+        let name = name.to_string();
+        let doc = handle.volume_order(|reply| crate::volumes::VolumeOrder::Delete { name: name.clone(), reply }).await;
+        match &doc {
+            Ok(_) => tracing::info!(volume = %name, "volume deleted (starfish volume delete)"),
+            Err(reason) => tracing::warn!(volume = %name, "volume not deleted: {reason}"),
+        }
+        doc
+    }
+
     pub async fn volume_list(&self) -> Result<Value, String> {
         let handle = self.active.lock().await.as_ref().map(|a| a.handle.clone());
         let Some(handle) = handle else {

@@ -4,12 +4,17 @@
 //! intentions they left are finished. Then it carries out `starfish volume create` through the
 //! intention log — check that every live element has room, log the intention (one catalog
 //! write and a FLUSH, shared by the creations of a group commit), add the volume to the core
-//! and the NBD exports, answer once Q elements hold it, write the completion — and answers
-//! `starfish volume list`. The decisions are the core's (`IntentionLog`,
-//! `HostCore::add_volumes`); this is their I/O.
+//! and the NBD exports, answer once Q elements hold it, write the completion — and
+//! `starfish volume delete`: refuse a volume in use, log the intention (the same write drops
+//! the volume's entry), remove it from the core and the exports (the elements are told, those
+//! that are down by their next hello), answer once every live element removed it, and write
+//! the completion once every configured element did. It answers `starfish volume list`. The
+//! decisions are the core's (`IntentionLog`, `HostCore::add_volumes`,
+//! `HostCore::remove_volumes`); this is their I/O.
 //!
 //! Failpoints for the crash tests: `STARFISH_FAILPOINT=volume-create:after-intention`,
-//! `…:after-add` or `…:before-completion` aborts the process at that step of a creation.
+//! `…:after-add` or `…:before-completion` aborts the process at that step of a creation;
+//! `volume-delete:after-intention`, `…:after-remove` or `…:before-completion` of a deletion.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -21,16 +26,32 @@ use starfish_core::catalog::{self, Catalog, Intention, IntentionLog, LogPolicy};
 use starfish_core::{HostError, Reply, Time};
 use tokio::sync::{mpsc, oneshot, watch};
 
-use crate::host::{HostHandle, Request};
+use crate::host::{HostHandle, Request, VolumeEvent};
 
 /// How long a creation waits for Q elements to hold the volume before it answers anyway.
 const CREATE_WAIT: Duration = Duration::from_secs(30);
+/// How long after a failed catalog write the next is tried.
+const RETRY_WAIT: Duration = Duration::from_millis(200);
 /// How often start-up looks whether the core serves yet.
 const POLL: Duration = Duration::from_millis(20);
 
 pub(crate) enum VolumeOrder {
     Create { name: String, size_bytes: u64, reply: oneshot::Sender<Result<Value, String>> },
+    Delete { name: String, reply: oneshot::Sender<Result<Value, String>> },
     List { reply: oneshot::Sender<Result<Value, String>> },
+}
+
+/// A deletion under way (logged, or found pending at start-up).
+struct Deleting {
+    name: String,
+    /// Its storage volume on the elements.
+    storage: String,
+    reply: Option<oneshot::Sender<Result<Value, String>>>,
+    /// Its placeholder in the core, once removed there.
+    volume: Option<VolumeId>,
+    asked: Instant,
+    /// Every live element removed it (the answer is due).
+    removed_live: bool,
 }
 
 /// A creation under way.
@@ -50,12 +71,18 @@ struct Catalogue {
     volume: u32,
     log: IntentionLog,
     creating: BTreeMap<u64, Creating>,
+    deleting: BTreeMap<u64, Deleting>,
     /// Volumes created while running that this host element serves: name → storage volume.
     created: BTreeMap<String, String>,
     /// The catalog could not be read: what is wrong (creations are refused).
     broken: Option<String>,
     writes: mpsc::UnboundedSender<Result<(), String>>,
     writing: bool,
+    /// A catalog write failed: the next is not tried before this.
+    retry_at: Option<Instant>,
+    /// Operations whose intention's write failed, answered once the write that undoes them
+    /// is durable (until then a starting host element might still carry them out).
+    undoing: BTreeMap<u64, (oneshot::Sender<Result<Value, String>>, String)>,
     checked: mpsc::UnboundedSender<Checked>,
 }
 
@@ -71,7 +98,7 @@ pub(crate) async fn run(
     handle: HostHandle,
     policy: LogPolicy,
     mut orders: mpsc::UnboundedReceiver<VolumeOrder>,
-    mut created: mpsc::UnboundedReceiver<VolumeId>,
+    mut events: mpsc::UnboundedReceiver<VolumeEvent>,
     loaded: watch::Sender<bool>,
 ) {
     let (writes, mut written) = mpsc::unbounded_channel();
@@ -92,10 +119,13 @@ pub(crate) async fn run(
         volume,
         log: IntentionLog::new(catalog.clone(), policy),
         creating: BTreeMap::new(),
+        deleting: BTreeMap::new(),
         created: BTreeMap::new(),
         broken,
         writes,
         writing: false,
+        retry_at: None,
+        undoing: BTreeMap::new(),
         checked,
     };
     if c.broken.is_none() {
@@ -105,8 +135,15 @@ pub(crate) async fn run(
     loop {
         c.write_if_due();
         let deadline = c.log.deadline().map(|t| c.origin + Duration::from_micros(t.0));
-        let next_wait = c.creating.values().filter(|k| k.reply.is_some()).map(|k| k.asked + CREATE_WAIT).min();
-        let wake = deadline.into_iter().chain(next_wait).min();
+        let next_wait = c
+            .creating
+            .values()
+            .filter(|k| k.reply.is_some())
+            .map(|k| k.asked)
+            .chain(c.deleting.values().filter(|d| d.reply.is_some()).map(|d| d.asked))
+            .map(|asked| asked + CREATE_WAIT)
+            .min();
+        let wake = deadline.into_iter().chain(next_wait).chain(c.retry_at).min();
         let sleep = async {
             match wake {
                 Some(at) => tokio::time::sleep_until(at.into()).await,
@@ -116,12 +153,16 @@ pub(crate) async fn run(
         tokio::select! {
             order = orders.recv() => match order {
                 Some(VolumeOrder::Create { name, size_bytes, reply }) => c.create(name, size_bytes, reply),
+                Some(VolumeOrder::Delete { name, reply }) => c.delete(name, reply).await,
                 Some(VolumeOrder::List { reply }) => {
                     let _ = reply.send(Ok(c.list()));
                 }
                 None => return,
             },
-            Some(volume) = created.recv() => c.on_created(volume),
+            Some(event) = events.recv() => match event {
+                VolumeEvent::Created(volume) => c.on_created(volume),
+                VolumeEvent::Removed { volume, everywhere } => c.on_removed(volume, everywhere),
+            },
             Some(result) = written.recv() => c.on_written(result).await,
             Some(checked) = checked_rx.recv() => c.on_checked(checked).await,
             _ = sleep => c.answer_slow(),
@@ -129,13 +170,19 @@ pub(crate) async fn run(
     }
 }
 
-/// Wait until the core serves (its start-up decision made); the catalog's storage volume.
+/// Wait until the core serves the catalog's storage volume read-write (its start-up decision
+/// made, Q elements in sync): only then is what it reads durable on Q elements, so that no
+/// later host element can find an older catalog. Below quorum the catalog is not read (the
+/// configured volumes are served meanwhile).
 async fn wait_serving(handle: &HostHandle) -> Option<u32> {
     loop {
         let status = handle.status().await?;
         if status.ready {
             let at = status.volumes.iter().position(|v| v.name == catalog::CATALOG_VOLUME);
-            return Some(at.expect("the catalog volume is configured by start_active") as u32);
+            let at = at.expect("the catalog volume is configured by start_active");
+            if status.volumes[at].mode == starfish_core::VolumeMode::ReadWrite {
+                return Some(at as u32);
+            }
         }
         tokio::time::sleep(POLL).await;
     }
@@ -181,10 +228,15 @@ impl Catalogue {
     /// intentions it holds.
     async fn start(&mut self, catalog: Catalog) {
         let serve = catalog.volumes_to_serve();
-        if !serve.is_empty() {
+        let removed = catalog.removed_to_serve();
+        let restart = catalog.volumes_to_restart();
+        if !restart.is_empty() {
             let names: Vec<&str> = serve.iter().map(|(n, _)| n.as_str()).collect();
             tracing::info!(volumes = %names.join(", "), "serving the volumes created while running");
-            if let Err(reason) = self.handle.restart_with_volumes(serve.clone()).await {
+            if !removed.is_empty() {
+                tracing::info!(volumes = %removed.join(", "), "finishing deletions: every element is told to remove these");
+            }
+            if let Err(reason) = self.handle.restart_with_volumes(restart).await {
                 tracing::error!("cannot serve the volumes of the catalog: {reason}");
                 self.broken = Some(reason);
                 return;
@@ -194,9 +246,80 @@ impl Catalogue {
             self.created.extend(serve.iter().map(|(name, spec)| (name.clone(), spec.name.clone())));
         }
         let now = self.now();
+        let status = self.handle.status().await;
         for intention in &catalog.intentions {
-            tracing::info!(id = intention.id, "finishing the creation of {} (rolled forward)", intention.volume().name);
-            self.log.finish(now, intention.id, true);
+            let volume = intention.volume();
+            if intention.is_create() {
+                tracing::info!(id = intention.id, "finishing the creation of {} (rolled forward)", volume.name);
+                self.log.finish(now, intention.id, true);
+                continue;
+            }
+            // Rolled forward: its placeholder tells every element; the completion is written
+            // once all removed it.
+            let storage = volume.spec().name;
+            let placeholder = status
+                .as_ref()
+                .and_then(|s| s.volumes.iter().position(|v| v.name == storage))
+                .map(|i| VolumeId(i as u32));
+            tracing::info!(id = intention.id, storage = %storage, "finishing the deletion of {} (rolled forward)", volume.name);
+            let deleting = Deleting {
+                name: volume.name,
+                storage,
+                reply: None,
+                volume: placeholder,
+                asked: Instant::now(),
+                removed_live: false,
+            };
+            self.deleting.insert(intention.id, deleting);
+        }
+    }
+
+    /// `starfish volume delete`: checks, then the intention (or, with policy `none`, the
+    /// deletion at once).
+    async fn delete(&mut self, name: String, reply: oneshot::Sender<Result<Value, String>>) {
+        if let Some(reason) = &self.broken {
+            let _ = reply.send(Err(format!("volume operations are off: the catalog cannot be read ({reason})")));
+            return;
+        }
+        if !self.created.contains_key(&name) {
+            let configured =
+                self.handle.exports().iter().any(|e| e.name == name || e.group.as_deref() == Some(name.as_str()));
+            let reason = if configured {
+                format!("volume {name} is declared in the configuration (--volume or the TOML): remove it there, not while running")
+            } else if self.creating.values().any(|k| k.name == name) {
+                format!("volume {name} is being created; delete it once its creation is answered")
+            } else {
+                format!("no volume {name} (see starfish volume list)")
+            };
+            let _ = reply.send(Err(reason));
+            return;
+        }
+        let clients = self.handle.clients_of(&name);
+        if clients > 0 {
+            let _ = reply
+                .send(Err(format!("volume {name} is in use by {clients} NBD connection(s); disconnect them first")));
+            return;
+        }
+        let now = self.now();
+        match self.log.intend_delete(now, &name) {
+            Err(reason) => {
+                let _ = reply.send(Err(reason));
+            }
+            Ok(intention) => {
+                let storage = intention.volume().spec().name;
+                let deleting = Deleting {
+                    name,
+                    storage,
+                    reply: Some(reply),
+                    volume: None,
+                    asked: Instant::now(),
+                    removed_live: false,
+                };
+                self.deleting.insert(intention.id, deleting);
+                for unlogged in self.log.take_unlogged() {
+                    self.execute(unlogged).await;
+                }
+            }
         }
     }
 
@@ -250,9 +373,10 @@ impl Catalogue {
 
     /// Write the catalog if a write is due and none is under way.
     fn write_if_due(&mut self) {
-        if self.writing {
+        if self.writing || self.retry_at.is_some_and(|at| Instant::now() < at) {
             return;
         }
+        self.retry_at = None;
         let now = self.now();
         let Some(write) = self.log.poll_write(now) else { return };
         self.writing = true;
@@ -276,18 +400,28 @@ impl Catalogue {
         self.writing = false;
         match result {
             Ok(()) => {
-                for intention in self.log.written() {
-                    failpoint("volume-create:after-intention");
+                let logged = self.log.written();
+                for (id, done) in self.log.take_durable() {
+                    if let (false, Some((reply, reason))) = (done, self.undoing.remove(&id)) {
+                        let _ =
+                            reply.send(Err(format!("the catalog could not be written: {reason}; nothing was done")));
+                    }
+                }
+                for intention in logged {
+                    failpoint(&format!("volume-{}:after-intention", intention.kind()));
                     self.execute(intention).await;
                 }
             }
             Err(reason) => {
-                tracing::error!("the catalog could not be written: {reason}");
+                tracing::error!("the catalog could not be written: {reason}; retrying");
+                self.retry_at = Some(Instant::now() + RETRY_WAIT);
                 for intention in self.log.write_failed() {
-                    if let Some(mut k) = self.creating.remove(&intention.id) {
-                        if let Some(reply) = k.reply.take() {
-                            let _ = reply.send(Err(format!("the catalog could not be written: {reason}")));
-                        }
+                    let reply = match self.creating.remove(&intention.id) {
+                        Some(mut k) => k.reply.take(),
+                        None => self.deleting.remove(&intention.id).and_then(|mut d| d.reply.take()),
+                    };
+                    if let Some(reply) = reply {
+                        self.undoing.insert(intention.id, (reply, reason.clone()));
                     }
                 }
             }
@@ -297,6 +431,9 @@ impl Catalogue {
     /// Carry out a logged (or, with policy `none`, unlogged) creation: the core adds the
     /// volume and tells the elements; NBD exports it.
     async fn execute(&mut self, intention: Intention) {
+        if !intention.is_create() {
+            return self.execute_delete(intention).await;
+        }
         let volume = intention.volume();
         let spec = volume.spec();
         match self.handle.add_volumes(vec![(volume.name.clone(), spec.clone())]).await {
@@ -321,6 +458,54 @@ impl Catalogue {
                     }
                 }
             }
+        }
+    }
+
+    /// Carry out a logged (or unlogged) deletion: the core removes the volume and tells the
+    /// elements; NBD stops exporting it.
+    async fn execute_delete(&mut self, intention: Intention) {
+        let volume = intention.volume();
+        let storage = volume.spec().name;
+        match self.handle.remove_volumes(vec![storage.clone()]).await {
+            Ok(ids) => {
+                failpoint("volume-delete:after-remove");
+                self.created.remove(&volume.name);
+                if let Some(d) = self.deleting.get_mut(&intention.id) {
+                    d.volume = Some(ids[0]);
+                }
+                tracing::info!(volume = %volume.name, storage = %storage, "volume deleted; waiting for the elements to remove it");
+            }
+            Err(reason) => {
+                // Undone: the volume is listed again with the next write.
+                tracing::warn!(volume = %volume.name, "volume deletion undone: {reason}");
+                let now = self.now();
+                if self.log.policy() == LogPolicy::None {
+                    self.log.finish_unlogged(now, volume.clone());
+                } else {
+                    self.log.finish(now, intention.id, false);
+                }
+                if let Some(reply) = self.deleting.remove(&intention.id).and_then(|mut d| d.reply.take()) {
+                    let _ = reply.send(Err(reason));
+                }
+            }
+        }
+    }
+
+    /// Every live element (`everywhere`: every element) removed a deleted volume: answer;
+    /// once everywhere, complete its intention.
+    fn on_removed(&mut self, volume: VolumeId, everywhere: bool) {
+        let Some((&id, _)) = self.deleting.iter().find(|(_, d)| d.volume == Some(volume)) else { return };
+        let d = self.deleting.get_mut(&id).expect("found");
+        d.removed_live = true;
+        if let Some(reply) = d.reply.take() {
+            let doc = describe_deleted(id, &d.name, &d.storage, self.log.policy(), true, everywhere);
+            let _ = reply.send(Ok(doc));
+        }
+        if everywhere {
+            failpoint("volume-delete:before-completion");
+            self.deleting.remove(&id);
+            let now = self.now();
+            self.log.finish(now, id, true);
         }
     }
 
@@ -360,6 +545,14 @@ impl Catalogue {
                 let _ = reply.send(Ok(doc));
             }
         }
+        let policy = self.log.policy();
+        for (&id, d) in self.deleting.iter_mut() {
+            if d.volume.is_some() && d.asked.elapsed() >= CREATE_WAIT {
+                if let Some(reply) = d.reply.take() {
+                    let _ = reply.send(Ok(describe_deleted(id, &d.name, &d.storage, policy, false, false)));
+                }
+            }
+        }
     }
 
     fn describe_created(&self, id: u64, name: &str, size_bytes: u64, on_quorum: bool) -> Value {
@@ -392,6 +585,16 @@ impl Catalogue {
                 })
             })
             .collect();
+        for d in self.deleting.values() {
+            volumes.push(json!({
+                "name": d.name,
+                "size_bytes": null,
+                "group": null,
+                "origin": "created",
+                "storage_volume": d.storage,
+                "state": if d.volume.is_none() { "logging deletion" } else if d.removed_live { "deleting (waiting for elements that are down)" } else { "deleting" },
+            }));
+        }
         for k in self.creating.values().filter(|k| k.volume.is_none()) {
             volumes.push(json!({
                 "name": k.name,
@@ -408,6 +611,17 @@ impl Catalogue {
             "catalog_error": self.broken,
         })
     }
+}
+
+fn describe_deleted(id: u64, name: &str, storage: &str, policy: LogPolicy, live: bool, everywhere: bool) -> Value {
+    json!({
+        "name": name,
+        "storage_volume": storage,
+        "intention": id,
+        "intention_log": policy.as_str(),
+        "removed_from_live_elements": live,
+        "removed_everywhere": everywhere,
+    })
 }
 
 fn describe(e: HostError) -> String {

@@ -140,7 +140,8 @@ impl Element {
         let volumes = (0..storage.vols.len())
             .map(|i| {
                 let v = &storage.vols[i];
-                let spec = proto::VolumeSpec { name: v.name.clone(), size_bytes: v.data.len() as u64 };
+                let size_bytes = if v.removed { 0 } else { v.data.len() as u64 };
+                let spec = proto::VolumeSpec { name: v.name.clone(), size_bytes };
                 (spec, storage.info(LocalVolume(i as u32)))
             })
             .collect();
@@ -295,6 +296,9 @@ impl Element {
                     let result = match &job {
                         StorageJob::AdoptEpoch(epoch, host) => self.storage.adopt_epoch(*epoch, *host).map(|()| None),
                         StorageJob::Commit(batch) => self.storage.commit(batch).map(Some),
+                        StorageJob::RemoveVolumes(volumes) => {
+                            volumes.iter().try_for_each(|v| self.storage.remove_volume(*v)).map(|()| None)
+                        }
                     };
                     match (job, result) {
                         // Refused at once (a full disk): no sync to wait for.
@@ -303,6 +307,13 @@ impl Element {
                         }
                         (StorageJob::Commit(_), Err(reason)) => {
                             self.core.handle_storage_done(now, StorageDone::Commit(Err(reason)))
+                        }
+                        (StorageJob::RemoveVolumes(_), Err(reason)) => {
+                            self.core.handle_storage_done(now, StorageDone::RemoveVolumes(Err(reason)))
+                        }
+                        (StorageJob::RemoveVolumes(_), Ok(_)) => {
+                            self.storage_done = Some(StorageDone::RemoveVolumes(Ok(())));
+                            out.push(Out::SyncAfter { delay_us: self.storage.sync_delay_us() });
                         }
                         (StorageJob::AdoptEpoch(..), Ok(_)) => {
                             self.storage_done = Some(StorageDone::AdoptEpoch(Ok(())));

@@ -13,7 +13,7 @@ use sim::{Broken, SimOptions, Summary};
 
 const USAGE: &str = "usage: sim [--seeds K] [--seed S] [--elements N] [--quorum Q] [--swarm] [--json]
            [--fault-phase-ms MS] [--fault-interval-ms MS] [--faults KIND,…]
-           [--broken none|ack-before-sync|no-fencing|clock-epochs|no-read-lease|no-role-check|no-scrub-repair|flush-before-durable|split-group|no-intention-log]
+           [--broken none|ack-before-sync|no-fencing|clock-epochs|no-read-lease|no-role-check|no-scrub-repair|flush-before-durable|split-group|no-intention-log|forget-deletions]
            [--groups] [--volume-ops] [--ack POLICY,… (one per element: durable, received, remote-sync, network-sync, local-sync)] [--threads T] [--trace]
 
   --seeds K       run K seeds, starting at --seed (default 0); without --seeds, run --seed alone
@@ -185,6 +185,10 @@ fn main() -> ExitCode {
     if options.volume_ops && 2 * options.quorum <= options.elements {
         eprintln!("sim: --volume-ops needs Q > N/2 (with less, acknowledged writes may be lost, the catalog's too)");
         return ExitCode::from(2);
+    }
+    if options.broken == Broken::ForgetDeletions && !options.volume_ops {
+        eprintln!("sim: --broken forget-deletions needs --volume-ops");
+        std::process::exit(2);
     }
     if options.broken == Broken::NoIntentionLog && !options.volume_ops {
         eprintln!("sim: --broken no-intention-log needs --volume-ops");

@@ -185,6 +185,10 @@ pub enum Broken {
     /// NONE): executed first, listed in the catalog after; a host element crash in between
     /// loses an acknowledged creation and leaves an orphan on the elements.
     NoIntentionLog,
+    /// With `--volume-ops`: a starting host element forgets the deletions it finds pending
+    /// (completes them at once, serving no placeholder): an element that was down when a
+    /// volume was deleted keeps it for ever.
+    ForgetDeletions,
     /// With `--groups`: the host element carries each member of a consistency group as its own
     /// storage volume (its own sequence space), as if groups did not exist; the checker still
     /// holds it to the group's promise (every element's copy of the group is a prefix of one
@@ -205,6 +209,7 @@ impl Broken {
             "flush-before-durable" => Some(Broken::FlushBeforeDurable),
             "split-group" => Some(Broken::SplitGroup),
             "no-intention-log" => Some(Broken::NoIntentionLog),
+            "forget-deletions" => Some(Broken::ForgetDeletions),
             _ => None,
         }
     }
@@ -220,6 +225,7 @@ impl Broken {
             Broken::FlushBeforeDurable => "flush-before-durable",
             Broken::SplitGroup => "split-group",
             Broken::NoIntentionLog => "no-intention-log",
+            Broken::ForgetDeletions => "forget-deletions",
         }
     }
 }

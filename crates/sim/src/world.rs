@@ -43,6 +43,8 @@ const CATALOG_BYTES: u64 = 64 << 10;
 const INTERNAL_TOKENS: u64 = 1 << 60;
 /// Volumes created per run, at most.
 const CREATED_MAX: usize = 3;
+/// Volume operations (creations and deletions: the catalog's ids) per run, at most.
+const OPS_MAX: u64 = 5;
 
 const TO_ELEMENT: usize = 0;
 const TO_HOST: usize = 1;
@@ -317,7 +319,10 @@ struct Host {
     catalog: Option<IntentionLog>,
     catalog_reading: bool,
     catalog_writing: bool,
+    /// A volume operation is under way (one at a time, as an operator's script).
     creating: bool,
+    /// A deletion waits for its volume's requests to end (index in `World::created`).
+    draining: Option<usize>,
 }
 
 /// A request the simulated shell made itself.
@@ -340,6 +345,12 @@ struct Created {
     /// The operator was told it exists.
     acked: bool,
     intention: u64,
+    /// Asked to be deleted (its requests end, then the deletion is logged).
+    deleting: bool,
+    /// The deletion's intention (logged, or found pending by a starting host element).
+    delete_intention: Option<u64>,
+    /// The operator was told it is deleted: it must never be served again.
+    delete_acked: bool,
 }
 
 #[derive(PartialEq, Eq, Clone, Copy, Debug)]
@@ -406,6 +417,9 @@ pub struct World {
     /// of them), and where each volume the hosts see lies in them (by the hosts' volume index).
     storage_volumes: Vec<VolumeSpec>,
     exports: Vec<ExportedVolume>,
+    /// The name of the storage volume that carries each hosts' volume (by the hosts' volume
+    /// index): stable across host elements, which may number storage volumes differently.
+    export_storage: Vec<String>,
     /// The storage volumes that carry the consistency group's members (one; two in the
     /// `split-group` broken variant); empty without `--groups`.
     group_storage: Vec<usize>,
@@ -470,6 +484,7 @@ impl World {
             storage_volumes.push(VolumeSpec { name, size_bytes: CATALOG_BYTES });
         }
         let volume_count = exports.len();
+        let export_storage = exports.iter().map(|e| storage_volumes[e.volume].name.clone()).collect();
         let names: Vec<String> = (0..o.elements).map(|i| format!("e{i}")).collect();
         let elements = (0..o.elements)
             .map(|i| {
@@ -541,6 +556,7 @@ impl World {
             sectors_per_volume,
             storage_volumes,
             exports,
+            export_storage,
             group_storage,
             group_acks: HashMap::new(),
             group_checked: vec![Vec::new(); n],
@@ -833,6 +849,8 @@ impl World {
                 self.catalog_step();
                 if self.phase == Phase::Faults {
                     self.volume_op();
+                } else {
+                    self.abort_drain();
                 }
                 if matches!(self.phase, Phase::Faults | Phase::Quiet) {
                     let at = at_delay(self.now, (self.rng_ops.exp(1_500.0) * 1000.0) as u64 + 1);
@@ -1395,6 +1413,7 @@ impl World {
             catalog: None,
             catalog_reading: false,
             catalog_writing: false,
+            draining: None,
             creating: false,
         });
         for element in 0..n {
@@ -1629,6 +1648,9 @@ impl World {
                 }
             }
             Event::VolumeCreated { volume } if !self.in_superseded => self.on_volume_created(volume),
+            Event::VolumeRemoved { volume, everywhere } if !self.in_superseded => {
+                self.on_volume_removed(volume, everywhere)
+            }
             Event::ElementFailed { element, reason } if !self.in_superseded => {
                 self.recovery_kind[element.0 as usize] = None;
                 if matches!(reason, Failure::HandshakeTimeout { .. }) {
@@ -1689,10 +1711,8 @@ impl World {
             };
             let held = (0..self.elements.len()).any(|e| {
                 welcomed[e]
-                    && self.elements[e]
-                        .storage
-                        .vols
-                        .get(self.place(op.volume).0)
+                    && self
+                        .element_vol_named(e, &self.export_storage[op.volume])
                         .and_then(|v| v.history.get((sequence.0 - 1) as usize))
                         == Some(&epoch)
             });
@@ -1722,9 +1742,7 @@ impl World {
                 continue;
             }
             for v in 0..self.host_volumes() {
-                let (Some(a), Some(b)) =
-                    (self.elements[element].storage.vols.get(v), self.elements[other].storage.vols.get(v))
-                else {
+                let (Some(a), Some(b)) = (self.element_vol(element, v), self.element_vol(other, v)) else {
                     continue;
                 };
                 let (a, b) = (&a.history, &b.history);
@@ -1751,7 +1769,8 @@ impl World {
         if self.host.as_ref().is_some_and(|h| h.core.config().volumes.get(v).is_some_and(|s| s.name == catalog)) {
             return; // The simulated shell's own writes: no host's request.
         }
-        let key = (v, record.epoch.0, record.sequence.0);
+        let sv = self.storage_key(v);
+        let key = (sv, record.epoch.0, record.sequence.0);
         if self.sequences.contains_key(&key) {
             return;
         }
@@ -1779,7 +1798,7 @@ impl World {
                 let message = format!("volume {v} sequence {sequence} has no host write");
                 return self.violation(message);
             };
-            self.sequences.insert((v, record.epoch.0, sequence), id);
+            self.sequences.insert((sv, record.epoch.0, sequence), id);
             self.model.op_mut(id).seq = Some((record.epoch, Sequence(sequence)));
         }
         let Some(&id) = self.sequences.get(&key) else {
@@ -1805,6 +1824,22 @@ impl World {
         }
     }
 
+    /// A key for storage volume `v` of the current host element that stays the same across
+    /// host elements (which may number storage volumes differently once one was deleted): its
+    /// name's hash.
+    fn storage_key(&self, v: usize) -> usize {
+        match self.host.as_ref().and_then(|h| h.core.config().volumes.get(v)) {
+            Some(spec) => {
+                let hash = spec
+                    .name
+                    .bytes()
+                    .fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3));
+                hash as usize
+            }
+            None => v,
+        }
+    }
+
     /// How many storage volumes the current host element serves.
     fn host_volumes(&self) -> usize {
         self.host.as_ref().map_or(self.storage_volumes.len(), |h| h.core.config().volumes.len())
@@ -1816,12 +1851,26 @@ impl World {
         (export.volume, export.offset_bytes / SECTOR_BYTES)
     }
 
+    /// Element `e`'s copy of the host element's storage volume `v`, found by name (an element
+    /// that was down while a volume was created and deleted numbers the later ones
+    /// differently); by number while no host element runs. `None` for a removed volume.
+    fn element_vol(&self, e: usize, v: usize) -> Option<&starfish_core::mem_storage::Volume> {
+        match self.host.as_ref().and_then(|h| h.core.config().volumes.get(v)) {
+            Some(spec) => self.element_vol_named(e, &spec.name),
+            None => self.elements[e].storage.vols.get(v).filter(|x| !x.removed),
+        }
+    }
+
+    /// Element `e`'s copy of storage volume `name` (`None` if removed or never created).
+    fn element_vol_named(&self, e: usize, name: &str) -> Option<&starfish_core::mem_storage::Volume> {
+        self.elements[e].storage.vols.iter().find(|x| x.name == name && !x.removed)
+    }
+
     /// How many elements hold sequence `sequence` of epoch `epoch` of storage volume `volume`.
     fn holders(&self, volume: usize, epoch: Epoch, sequence: Sequence) -> usize {
-        self.elements
-            .iter()
-            .filter(|e| {
-                e.storage.vols.get(volume).and_then(|v| v.history.get((sequence.0 - 1) as usize)) == Some(&epoch)
+        (0..self.elements.len())
+            .filter(|&e| {
+                self.element_vol(e, volume).and_then(|v| v.history.get((sequence.0 - 1) as usize)) == Some(&epoch)
             })
             .count()
     }
@@ -2428,8 +2477,8 @@ impl World {
     /// Whether every element holds block `block` of volume `vi` alike.
     fn block_agreed(&self, vi: usize, block: u64) -> bool {
         let range = (block * proto::BLOCK_BYTES) as usize..((block + 1) * proto::BLOCK_BYTES) as usize;
-        let first = &self.elements[0].storage.vols[vi].data[range.clone()];
-        self.elements.iter().all(|e| e.storage.vols.get(vi).is_some_and(|v| v.data[range.clone()] == *first))
+        let Some(first) = self.element_vol(0, vi).map(|v| &v.data[range.clone()]) else { return false };
+        (0..self.elements.len()).all(|e| self.element_vol(e, vi).is_some_and(|v| v.data[range.clone()] == *first))
     }
 
     /// Whether a read's data holds a sector a silent divergence wrote (runs that inject it
@@ -2484,11 +2533,7 @@ impl World {
         in_sync
             .iter()
             .filter(|&&e| {
-                self.elements[e]
-                    .storage
-                    .vols
-                    .get(vi)
-                    .is_some_and(|v| v.data[at.clone()].iter().all(|&b| b == DIVERGED_BYTE))
+                self.element_vol(e, vi).is_some_and(|v| v.data[at.clone()].iter().all(|&b| b == DIVERGED_BYTE))
             })
             .count()
     }
@@ -2509,9 +2554,11 @@ impl World {
             && mine.last_batch.iter().all(|&(vi, sequence)| {
                 let at = (sequence.0 - 1) as usize;
                 let Some(epoch) = mine.vols[vi].history.get(at) else { return true };
+                let name = &mine.vols[vi].name;
                 let holders = (0..self.elements.len())
                     .filter(|&j| {
-                        j != e && self.elements[j].storage.vols.get(vi).and_then(|v| v.history.get(at)) == Some(epoch)
+                        let theirs = self.elements[j].storage.vols.iter().find(|v| &v.name == name && !v.removed);
+                        j != e && theirs.and_then(|v| v.history.get(at)) == Some(epoch)
                     })
                     .count();
                 // Every other element, and at least Q: a rot never removes a record's last
@@ -2611,13 +2658,21 @@ impl World {
         self.counting_in_sync_at_quiet = counting_in_sync;
         self.report.elements_in_sync_at_end = in_sync as u64;
         // No element holds a created volume that the catalog does not name (an orphan).
+        // An element in sync holds no deleted volume; one that is not removes it once back
+        // (a placeholder names it).
         if self.o.volume_ops && self.host.as_ref().is_some_and(|h| h.catalog.is_some()) {
-            let served: Vec<String> =
-                self.host.as_ref().expect("checked").core.config().volumes.iter().map(|v| v.name.clone()).collect();
+            let host = self.host.as_ref().expect("checked");
+            let volumes = &host.core.config().volumes;
+            let served: Vec<&str> = volumes.iter().filter(|v| v.size_bytes > 0).map(|v| v.name.as_str()).collect();
+            let placeholders: Vec<&str> =
+                volumes.iter().filter(|v| v.size_bytes == 0).map(|v| v.name.as_str()).collect();
+            let status = host.core.status(self.now);
             let mut orphans = Vec::new();
             for (e, element) in self.elements.iter().enumerate() {
-                for v in &element.storage.vols {
-                    if v.name.contains('#') && !served.contains(&v.name) {
+                let in_sync = status.elements[e].state == "in-sync";
+                for v in element.storage.vols.iter().filter(|v| !v.removed) {
+                    let pending = placeholders.contains(&v.name.as_str()) && !in_sync;
+                    if v.name.contains('#') && !served.contains(&v.name.as_str()) && !pending {
                         orphans.push(format!("e{e} holds {}", v.name));
                     }
                 }
@@ -2632,7 +2687,8 @@ impl World {
         // Probe: a write per volume, then the whole volume read back.
         for v in 0..self.served.len() {
             if !self.served[v] {
-                if let Some(c) = self.created.iter().find(|c| c.volume == v && c.acked) {
+                if let Some(c) = self.created.iter().find(|c| c.volume == v && c.acked && c.delete_intention.is_none())
+                {
                     let name = c.name.clone();
                     if counting_in_sync >= self.o.quorum {
                         self.violation(format!(
@@ -2738,7 +2794,7 @@ impl World {
             for (&sv, &(len, last)) in carriers.iter().zip(&seen) {
                 let Some(epoch) = last else { continue };
                 // The newest it holds there: sent last, so the one with the most to require.
-                let Some(&newest) = self.sequences.get(&(sv, epoch.0, len as u64)) else { continue };
+                let Some(&newest) = self.sequences.get(&(self.storage_key(sv), epoch.0, len as u64)) else { continue };
                 let sent = self.model.op(newest).submit_step;
                 let mut judged = false;
                 for &other in &carriers {
@@ -2798,6 +2854,11 @@ impl World {
         }
         if host.catalog.is_none() {
             let volume = self.catalog_volume();
+            // As the shell: read only once the catalog takes writes (what is read then is
+            // durable on Q elements: no later host element finds an older catalog).
+            if !host.core.writable(volume) {
+                return;
+            }
             self.host.as_mut().expect("checked").catalog_reading = true;
             self.trace(|| "catalog: reading".into());
             return self.internal(Internal::CatalogRead, |core, now, token| {
@@ -2810,7 +2871,7 @@ impl World {
         let unlogged = log.take_unlogged();
         let write = log.poll_write(now);
         for intention in unlogged {
-            self.execute_creation(intention);
+            self.execute_intention(intention);
         }
         if let Some(write) = write {
             let volume = self.catalog_volume();
@@ -2844,9 +2905,21 @@ impl World {
             (Internal::CatalogFlush, Reply::Done(Ok(()))) => {
                 let host = self.host.as_mut().expect("checked");
                 host.catalog_writing = false;
-                let logged = host.catalog.as_mut().expect("read").written();
+                let log = host.catalog.as_mut().expect("read");
+                let logged = log.written();
+                let durable = log.take_durable();
+                // An operation whose intention's write failed is undone only now (until this
+                // write, a new host element might have found it logged and carried it out).
+                for (id, done) in durable {
+                    let undone =
+                        self.created.iter().find(|c| c.delete_intention == Some(id)).map(|c| c.storage.clone());
+                    if let (false, Some(storage)) = (done, undone) {
+                        self.host.as_mut().expect("checked").creating = false;
+                        self.deletion_undone(&storage);
+                    }
+                }
                 for intention in logged {
-                    self.execute_creation(intention);
+                    self.execute_intention(intention);
                 }
                 self.catalog_step();
             }
@@ -2854,10 +2927,11 @@ impl World {
                 let host = self.host.as_mut().expect("checked");
                 host.catalog_writing = false;
                 let undone = host.catalog.as_mut().expect("read").write_failed();
-                if !undone.is_empty() {
+                // A creation undone is simply not acknowledged; a deletion undone waits for
+                // the write that says so (above). The next write is tried at the next round.
+                if undone.iter().any(|i| i.is_create()) {
                     host.creating = false;
                 }
-                self.catalog_step();
             }
             (Internal::Check { name }, Reply::Checked(Ok(()))) => {
                 let now = self.now;
@@ -2884,15 +2958,33 @@ impl World {
             Err(reason) => return self.violation(format!("the catalog cannot be read: {reason}")),
         };
         let serve = catalog.volumes_to_serve();
+        let forget = self.o.broken == Broken::ForgetDeletions;
+        let mut restart = catalog.volumes_to_restart();
+        if forget {
+            restart.retain(|(_, spec)| spec.size_bytes > 0);
+        }
         let lost: Vec<(String, u64)> = self
             .created
             .iter()
-            .filter(|c| c.acked && !serve.iter().any(|(_, spec)| spec.name == c.storage))
+            .filter(|c| {
+                c.acked && c.delete_intention.is_none() && !serve.iter().any(|(_, spec)| spec.name == c.storage)
+            })
             .map(|c| (c.name.clone(), c.intention))
             .collect();
         for (name, intention) in lost {
             self.violation(format!(
                 "the acknowledged creation of volume {name} (intention {intention}) is lost: the catalog a new host element read does not name it"
+            ));
+        }
+        let back: Vec<String> = self
+            .created
+            .iter()
+            .filter(|c| c.delete_acked && serve.iter().any(|(_, spec)| spec.name == c.storage))
+            .map(|c| c.name.clone())
+            .collect();
+        for name in back {
+            self.violation(format!(
+                "volume {name}, whose deletion was acknowledged, is served again by a new host element (read from its catalog)"
             ));
         }
         let policy = if self.o.broken == Broken::NoIntentionLog { LogPolicy::None } else { LogPolicy::Single };
@@ -2901,13 +2993,25 @@ impl World {
         host.catalog_reading = false;
         let mut log = IntentionLog::new(catalog.clone(), policy);
         for intention in &catalog.intentions {
-            log.finish(now, intention.id, true);
+            if intention.is_create() || forget {
+                log.finish(now, intention.id, true);
+            }
         }
         host.catalog = Some(log);
-        if !serve.is_empty() {
+        // Deletions found pending are rolled forward: their volumes are not served.
+        for intention in catalog.intentions.iter().filter(|i| !i.is_create()) {
+            let storage = intention.volume().spec().name;
+            if let Some(c) = self.created.iter_mut().find(|c| c.storage == storage) {
+                c.deleting = true;
+                c.delete_intention = Some(intention.id);
+                let v = c.volume;
+                self.served[v] = false;
+            }
+        }
+        if !restart.is_empty() {
             let first_op = self.model.len() as u64;
             let host = self.host.as_mut().expect("checked");
-            if let Err(reason) = host.core.restart_with_volumes(now, serve.clone()) {
+            if let Err(reason) = host.core.restart_with_volumes(now, restart) {
                 return self.violation(format!("the host element cannot serve the catalog's volumes: {reason}"));
             }
             // As after `Event::Restarted`: a new start-up, what it acknowledged before held to
@@ -2920,8 +3024,13 @@ impl World {
             let volumes = self.host.as_ref().expect("checked").core.config().volumes.clone();
             for (name, spec) in &serve {
                 let storage = volumes.iter().position(|v| v.name == spec.name).expect("served");
-                let v = match self.created.iter().find(|c| c.storage == spec.name) {
-                    Some(c) => c.volume,
+                let v = match self.created.iter_mut().find(|c| c.storage == spec.name) {
+                    Some(c) => {
+                        // A deletion asked for and never logged: the volume stays.
+                        c.deleting = false;
+                        c.delete_intention = None;
+                        c.volume
+                    }
                     None => {
                         // Logged by a host element that crashed before executing it.
                         let v = self.add_hosts_volume(storage);
@@ -2931,11 +3040,15 @@ impl World {
                             volume: v,
                             acked: false,
                             intention: 0,
+                            deleting: false,
+                            delete_intention: None,
+                            delete_acked: false,
                         });
                         v
                     }
                 };
                 self.exports[v].volume = storage;
+                self.export_storage[v] = spec.name.clone();
                 self.served[v] = true;
             }
         }
@@ -2949,6 +3062,8 @@ impl World {
     fn add_hosts_volume(&mut self, storage: usize) -> usize {
         let v = self.model.add_volume(self.sectors_per_volume);
         assert_eq!(v, self.exports.len());
+        let name = self.host.as_ref().expect("a host element").core.config().volumes[storage].name.clone();
+        self.export_storage.push(name);
         self.exports.push(ExportedVolume {
             name: format!("created{v}"),
             group: None,
@@ -2963,11 +3078,59 @@ impl World {
     /// An operator asks for a volume: checked on the elements, then logged and carried out.
     fn volume_op(&mut self) {
         let Some(host) = self.host.as_ref() else { return };
+        if let Some(ci) = host.draining {
+            if !host.ready || host.catalog.is_none() || host.paused_until.is_some() {
+                return;
+            }
+            // The deletion waits for the requests of its volume to end (as an operator
+            // disconnects the clients first).
+            let v = self.created[ci].volume;
+            let instance = host.instance;
+            let busy =
+                |op: &crate::model::OpRec| op.volume == v && op.instance == instance && op.outcome == Outcome::Pending;
+            if self.model.ops().any(|(_, op)| busy(op)) {
+                return;
+            }
+            let name = self.created[ci].name.clone();
+            let now = self.now;
+            let host = self.host.as_mut().expect("checked");
+            host.draining = None;
+            match host.catalog.as_mut().expect("read").intend_delete(now, &name) {
+                Ok(intention) => {
+                    self.trace(|| format!("volume delete {name}: intention {}", intention.id));
+                    self.created[ci].delete_intention = Some(intention.id);
+                    self.catalog_step();
+                }
+                Err(reason) => {
+                    host.creating = false;
+                    self.violation(format!("deleting {name} was refused by the intention log: {reason}"));
+                }
+            }
+            return;
+        }
         if !host.ready || host.catalog.is_none() || host.creating || host.paused_until.is_some() {
             return;
         }
-        let total = host.catalog.as_ref().map_or(0, |l| l.catalog().next_id) as usize;
-        if total >= CREATED_MAX {
+        let total = host.catalog.as_ref().map_or(0, |l| l.catalog().next_id);
+        if total >= OPS_MAX {
+            return;
+        }
+        let deletable = self.created.iter().position(|c| c.acked && !c.deleting && self.served[c.volume]);
+        if let Some(ci) = deletable {
+            if self.created.len() >= CREATED_MAX || self.rng_ops.chance(0.4) {
+                let name = self.created[ci].name.clone();
+                self.trace(|| format!("volume delete {name}: its clients stop"));
+                self.created[ci].deleting = true;
+                let v = self.created[ci].volume;
+                self.served[v] = false;
+                let host = self.host.as_mut().expect("checked");
+                host.creating = true;
+                host.draining = Some(ci);
+                self.maybe_crash_mid_op();
+                return;
+            }
+        }
+        if self.created.len() >= CREATED_MAX {
             return;
         }
         let name = format!("c{total}");
@@ -2985,6 +3148,86 @@ impl World {
             let instance = self.host.as_ref().expect("a host element").instance;
             let at = at_delay(self.now, self.rng_ops.range(0, 40_000));
             self.schedule(at, Ev::CrashMidOp { instance });
+        }
+    }
+
+    fn execute_intention(&mut self, intention: starfish_core::catalog::Intention) {
+        if intention.is_create() {
+            self.execute_creation(intention)
+        } else {
+            self.execute_deletion(intention)
+        }
+    }
+
+    /// The faults are over: a deletion still waiting for its volume's requests is given up
+    /// (the volume is served again; nothing was logged).
+    fn abort_drain(&mut self) {
+        let Some(host) = self.host.as_mut() else { return };
+        let Some(ci) = host.draining.take() else { return };
+        host.creating = false;
+        let c = &mut self.created[ci];
+        c.deleting = false;
+        let v = c.volume;
+        self.served[v] = true;
+    }
+
+    /// Carry out a logged (or, without the log, unlogged) deletion.
+    fn execute_deletion(&mut self, intention: starfish_core::catalog::Intention) {
+        self.maybe_crash_mid_op();
+        let volume = intention.volume();
+        let storage = volume.spec().name;
+        let now = self.now;
+        let host = self.host.as_mut().expect("a host element");
+        match host.core.remove_volumes(now, vec![storage.clone()]) {
+            Ok(_) => self.trace(|| format!("volume {} removed ({storage})", volume.name)),
+            Err(reason) => {
+                self.trace(|| format!("volume deletion of {} undone: {reason}", volume.name));
+                let host = self.host.as_mut().expect("checked");
+                host.creating = false;
+                let log = host.catalog.as_mut().expect("read");
+                if log.policy() == LogPolicy::None {
+                    log.finish_unlogged(now, volume);
+                } else {
+                    log.finish(now, intention.id, false);
+                }
+                self.deletion_undone(&storage);
+            }
+        }
+    }
+
+    /// A deletion was undone: its volume is served again.
+    fn deletion_undone(&mut self, storage: &str) {
+        if let Some(c) = self.created.iter_mut().find(|c| c.storage == storage) {
+            c.deleting = false;
+            c.delete_intention = None;
+            let v = c.volume;
+            self.served[v] = true;
+        }
+    }
+
+    /// Every live element (then every element) removed a deleted volume: the operator is
+    /// answered; then the completion is written.
+    fn on_volume_removed(&mut self, volume: VolumeId, everywhere: bool) {
+        let Some(host) = self.host.as_ref() else { return };
+        let storage = host.core.config().volumes[volume.0 as usize].name.clone();
+        let Some(c) = self.created.iter_mut().find(|c| c.storage == storage) else { return };
+        let Some(id) = c.delete_intention else { return };
+        let name = c.name.clone();
+        if !c.delete_acked {
+            c.delete_acked = true;
+            self.report.volumes_deleted += 1;
+            self.trace(|| format!("volume {name} deleted (acknowledged)"));
+        }
+        let host = self.host.as_mut().expect("checked");
+        host.creating = false;
+        if everywhere {
+            self.maybe_crash_mid_op();
+            let now = self.now;
+            let host = self.host.as_mut().expect("checked");
+            if let Some(log) = host.catalog.as_mut() {
+                log.finish(now, id, true);
+            }
+            self.catalog_step();
         }
     }
 
@@ -3006,6 +3249,9 @@ impl World {
                     volume: v,
                     acked: false,
                     intention: intention.id,
+                    deleting: false,
+                    delete_intention: None,
+                    delete_acked: false,
                 });
                 self.trace(|| format!("volume {} added as {}", volume.name, spec.name));
             }
@@ -3067,9 +3313,11 @@ impl World {
         };
         for &e in in_sync.iter().skip(1) {
             for v in 0..self.host_volumes() {
-                let (Some(a), Some(b)) =
-                    (self.elements[canonical].storage.vols.get(v), self.elements[e].storage.vols.get(v))
-                else {
+                let (a, b) = (self.element_vol(canonical, v), self.element_vol(e, v));
+                let (Some(a), Some(b)) = (a, b) else {
+                    if a.is_none() && b.is_none() {
+                        continue; // A removed volume: neither holds it.
+                    }
                     self.violation(format!(
                         "in-sync elements e{canonical} and e{e} do not both hold storage volume {v}"
                     ));
@@ -3106,7 +3354,7 @@ impl World {
         }
         for &e in &in_sync {
             for v in 0..self.host_volumes() {
-                let Some(local) = self.elements[e].storage.vols.get(v) else { continue };
+                let Some(local) = self.element_vol(e, v) else { continue };
                 let applied = local.applied();
                 if applied != status.volumes[v].last_sequence {
                     let message = format!(
@@ -3118,8 +3366,6 @@ impl World {
             }
         }
         let loss_allowed = 2 * self.o.quorum <= self.o.elements;
-        let history: Vec<Vec<Epoch>> =
-            self.elements[canonical].storage.vols.iter().map(|v| v.history.clone()).collect();
         let mut lost = Vec::new();
         for (id, op) in self.model.ops() {
             if !op.kind.write_like() || op.outcome != Outcome::Ok {
@@ -3128,7 +3374,14 @@ impl World {
             let Some((epoch, sequence)) = op.seq else {
                 continue;
             };
-            if history[self.place(op.volume).0].get((sequence.0 - 1) as usize) != Some(&epoch) {
+            if self.created.iter().any(|c| c.volume == op.volume && c.delete_intention.is_some()) {
+                continue; // Its volume was deleted: what it held is gone, as asked.
+            }
+            let held = self
+                .element_vol_named(canonical, &self.export_storage[op.volume])
+                .and_then(|v| v.history.get((sequence.0 - 1) as usize))
+                .copied();
+            if held != Some(epoch) {
                 lost.push((id, op.volume, epoch, sequence, op.at_risk));
             }
         }
@@ -3233,6 +3486,7 @@ fn brief_host(m: &HostMessage) -> String {
         HostMessage::Copy { volume, source, .. } => format!("Copy vol {volume} from {source}"),
         HostMessage::AddVolumes { volumes } => format!("AddVolumes {}", volumes.len()),
         HostMessage::CheckVolumes { request_id, volumes } => format!("CheckVolumes #{request_id} {}", volumes.len()),
+        HostMessage::RemoveVolumes { volumes } => format!("RemoveVolumes {volumes:?}"),
         HostMessage::FetchBlocks { request_id, first_block, have, .. } => {
             format!("FetchBlocks #{request_id} {first_block}+{}", have.len())
         }

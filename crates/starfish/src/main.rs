@@ -271,8 +271,20 @@ enum VolumeAction {
     /// of every process. Failure-atomic: a crash mid-way leaves it created everywhere or
     /// nowhere.
     Create(VolumeCreateArgs),
+    /// Delete a volume created while running: it stops being exported at once and its space is
+    /// freed on every element (one that is down frees it when it comes back). Refused while an
+    /// NBD client is connected to it. Failure-atomic, as creation.
+    Delete(VolumeDeleteArgs),
     /// List the volumes served: configured ones and those created while running.
     List(VolumeListArgs),
+}
+
+#[derive(Args, Debug)]
+struct VolumeDeleteArgs {
+    /// The volume's name.
+    name: String,
+    #[command(flatten)]
+    target: AdminTarget,
 }
 
 #[derive(Args, Debug)]
@@ -680,6 +692,28 @@ fn volume(args: VolumeArgs) -> Result<()> {
                 );
             }
         }
+        VolumeAction::Delete(args) => {
+            let target = &args.target;
+            let tls = config::load_tls(target.tls_dir.as_deref())?;
+            let path = format!("/volumes/delete?name={}", config::percent_encode(&args.name));
+            let body = rt
+                .block_on(shell::admin::request(target.admin, "POST", &path, tls.as_ref()))
+                .map_err(admin_error)
+                .with_context(|| format!("volume {} was not deleted", args.name))?;
+            let doc: serde_json::Value = serde_json::from_str(&body).context("admin endpoint sent bad JSON")?;
+            if target.json {
+                println!("{doc}");
+            } else {
+                let done = if doc["removed_everywhere"] == true {
+                    "its space is freed on every element"
+                } else if doc["removed_from_live_elements"] == true {
+                    "its space is freed on every live element; the others free it when they come back"
+                } else {
+                    "the elements are freeing its space (not all answered yet)"
+                };
+                println!("deleted volume {}: no longer exported; {done}", args.name);
+            }
+        }
         VolumeAction::List(VolumeListArgs { target }) => {
             let tls = config::load_tls(target.tls_dir.as_deref())?;
             let body = rt
@@ -696,7 +730,7 @@ fn volume(args: VolumeArgs) -> Result<()> {
                 println!(
                     "{:<24} {:>12}  {:<10}  {:<8}  {}",
                     v["name"].as_str().unwrap_or("?"),
-                    config::format_size_approx(v["size_bytes"].as_u64().unwrap_or(0)),
+                    v["size_bytes"].as_u64().map_or("-".to_string(), config::format_size_approx),
                     v["origin"].as_str().unwrap_or("?"),
                     v["group"].as_str().unwrap_or("-"),
                     v["state"].as_str().unwrap_or("?"),

@@ -474,6 +474,11 @@ impl MapFile {
     pub fn sync(&self) -> Result<(), StoreError> {
         self.file.sync_data().map_err(io_error("sync block map", &self.path))
     }
+
+    /// Free the file's space (its volume is being removed).
+    pub fn truncate(&self) -> Result<(), StoreError> {
+        self.file.set_len(0).map_err(io_error("empty block map", &self.path))
+    }
 }
 
 #[cfg(test)]

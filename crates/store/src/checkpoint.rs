@@ -330,13 +330,21 @@ fn run_job(shared: &Shared, images: &mut Vec<ChunkImages>, job: CheckpointJob) -
             continue;
         }
         let volume = &seal.volume;
+        if volume.is_removed() {
+            continue;
+        }
         volume.data.sync_data().map_err(io_error("sync volume data", &volume.data_path))?;
         let chunk_images = &images[seal.index];
         let mut pending = PendingSlots::default();
+        let mut removed = false;
         for chunks in seal.chunks.chunks(MAP_SLOTS_PER_LOCK) {
             {
-                // Applies wait meanwhile (readers do not): keep it short.
-                let state = volume.state.read().expect("volume lock");
+                // Applies wait meanwhile (readers do not): keep it short. A volume removed
+                // meanwhile has an empty map: nothing of it is written any more.
+                let Ok(state) = volume.live_state() else {
+                    removed = true;
+                    break;
+                };
                 for (chunk, image) in chunks.iter().zip(images_buffer.chunks_exact_mut(SLOT_BYTES as usize)) {
                     state.map.encode_slot(*chunk, generation, image);
                 }
@@ -347,19 +355,27 @@ fn run_job(shared: &Shared, images: &mut Vec<ChunkImages>, job: CheckpointJob) -
                 pending.writes.push((*chunk, slot));
             }
         }
+        if removed {
+            continue;
+        }
         volume.map_file.sync()?;
         written.push((seal.index, pending));
     }
     {
+        // Volumes removed since the seal have left the metadata: they are skipped.
         let mut meta = lock(&shared.meta);
         let mut next = meta.clone();
         for seal in &job.volumes {
-            let entry = &mut next.volumes[seal.index];
-            entry.applied = seal.applied;
-            entry.applied_epoch = seal.applied_epoch;
+            if let Some(entry) = next.volumes.iter_mut().find(|v| v.number == seal.volume.number) {
+                entry.applied = seal.applied;
+                entry.applied_epoch = seal.applied_epoch;
+            }
         }
         for (i, pending) in &written {
-            next.volumes[*i].map_digest = images[*i].digest_after(pending, generation);
+            let number = job.volumes.iter().find(|seal| seal.index == *i).expect("sealed").volume.number;
+            if let Some(entry) = next.volumes.iter_mut().find(|v| v.number == number) {
+                entry.map_digest = images[*i].digest_after(pending, generation);
+            }
         }
         next.generation = generation;
         next.log_start = job.log_start;

@@ -62,6 +62,10 @@ impl ElementStorage for &Store {
         self.volume_info(self.handle_of(volume))
     }
 
+    fn remove_volume(&mut self, volume: LocalVolume) -> Result<(), String> {
+        Store::remove_volume(self, self.handle_of(volume)).map_err(|e| e.to_string())
+    }
+
     fn commit(&mut self, batch: &[(LocalVolume, Record)]) -> Result<CommitDone, String> {
         let records: Vec<(VolumeHandle, Record)> =
             batch.iter().map(|(volume, record)| (self.handle_of(*volume), record.clone())).collect();

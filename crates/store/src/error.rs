@@ -60,6 +60,8 @@ pub enum StoreError {
     NotCopying { volume: String },
     #[error("invalid volume {name:?}: {reason}")]
     InvalidVolume { name: String, reason: String },
+    #[error("volume {volume:?} was removed")]
+    Removed { volume: String },
     #[error(
         "volume {volume:?}: the replay log no longer holds sequence {sequence} (oldest held: {})",
         match oldest { Some(s) => s.to_string(), None => "none".to_string() }

@@ -7,7 +7,7 @@ use std::{
     os::unix::fs::FileExt,
     path::{Path, PathBuf},
     sync::{
-        atomic::{AtomicU64, Ordering},
+        atomic::{AtomicBool, AtomicU64, Ordering},
         Arc, Mutex, MutexGuard, RwLock, RwLockWriteGuard,
     },
 };
@@ -184,6 +184,7 @@ impl Store {
             volumes.push(volume);
             images.push(chunk_images);
         }
+        remove_orphan_files(dir, &meta)?;
 
         let log_files = log::list_log_files(dir)?;
         let mut found: BTreeMap<u64, FoundSegment> = BTreeMap::new();
@@ -272,7 +273,8 @@ impl Store {
         for &id in &chain {
             let sealed_end = (id < live).then(|| found[&(id + 1)].header.expect("segments of the chain are written").1);
             let segment = &found[&id];
-            let (end, epoch) = replay_segment(id, segment, sealed_end, &volumes, &mut dirty, &mut index)?;
+            let (end, epoch) =
+                replay_segment(id, segment, sealed_end, &volumes, &mut dirty, &mut index, meta.next_volume_number)?;
             log_epoch = log_epoch.max(epoch);
             live_end = end;
         }
@@ -491,7 +493,9 @@ impl Store {
 
     /// Room for new volumes of these sizes besides the existing ones; the reason if not.
     fn check_room(&self, new: &[u64]) -> Result<(), String> {
-        let mut sizes: Vec<u64> = self.volumes.read().expect("volume list lock").iter().map(|v| v.size_bytes).collect();
+        let volumes = self.volumes.read().expect("volume list lock");
+        let mut sizes: Vec<u64> = volumes.iter().filter(|v| !v.is_removed()).map(|v| v.size_bytes).collect();
+        drop(volumes);
         sizes.extend_from_slice(new);
         let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
         let memory = crate::map_memory_bytes(&sizes);
@@ -599,9 +603,42 @@ impl Store {
             map_file,
             state: RwLock::new(VolumeState { applied: Sequence::ZERO, applied_epoch: Epoch(0), map }),
             copy: Mutex::new(None),
+            removed: AtomicBool::new(false),
         }));
         tracing::info!(volume = name, size_bytes, number, "volume created");
         Ok(VolumeHandle(volumes.len() as u32 - 1))
+    }
+
+    /// Remove a volume durably and free its space: it leaves the metadata (the commit point:
+    /// after a crash before it, the volume is still whole; after it, its files are deleted
+    /// when the store opens, and the log's records of it are skipped), then its files are
+    /// emptied and deleted. From then on every request for it fails with
+    /// [`StoreError::Removed`]; its name may be created again (as a new, empty volume). Waits
+    /// for a commit under way. Removing a removed volume does nothing.
+    pub fn remove_volume(&self, handle: VolumeHandle) -> Result<(), StoreError> {
+        let mut committer = self.lock_committer()?;
+        let volume = self.volume_at(handle);
+        if volume.is_removed() {
+            return Ok(());
+        }
+        let number = volume.number;
+        self.write_meta(|meta| meta.volumes.retain(|v| v.number != number))?;
+        {
+            let mut state = volume.state.write().expect("volume lock");
+            volume.removed.store(true, Ordering::Release);
+            // The map's memory goes now; the handle stays (handles are positions).
+            state.map = BlockMap::new(0).expect("an empty map");
+        }
+        committer.dirty[handle.index()] = DirtyChunks::for_blocks(0);
+        committer.unflushed_bytes[handle.index()] = 0;
+        *lock(&volume.copy) = None;
+        drop(committer);
+        // Emptied first: checkpoints and writebacks under way may still hold the files open.
+        let dir = &self.shared.dir;
+        let result = remove_volume_files(dir, number, Some(&volume));
+        self.guard(result)?;
+        tracing::info!(volume = %volume.name, number, "volume removed");
+        Ok(())
     }
 
     /// The handle of the volume numbered `number` (see [`VolumeHandle::number`]).
@@ -613,13 +650,14 @@ impl Store {
     /// The volume named `name`, if the store holds it.
     pub fn volume(&self, name: &str) -> Option<VolumeHandle> {
         let volumes = self.volumes.read().expect("volume list lock");
-        volumes.iter().position(|v| v.name == name).map(|i| VolumeHandle(i as u32))
+        volumes.iter().position(|v| v.name == name && !v.is_removed()).map(|i| VolumeHandle(i as u32))
     }
 
-    /// Name and size of every volume, in handle order.
+    /// Name and size of every volume, in handle order; a volume removed since the store was
+    /// opened has size 0.
     pub fn volumes(&self) -> Vec<(String, u64)> {
         let volumes = self.volumes.read().expect("volume list lock");
-        volumes.iter().map(|v| (v.name.clone(), v.size_bytes)).collect()
+        volumes.iter().map(|v| (v.name.clone(), if v.is_removed() { 0 } else { v.size_bytes })).collect()
     }
 
     pub fn applied_sequence(&self, volume: VolumeHandle) -> Sequence {
@@ -658,6 +696,10 @@ impl Store {
                 (state.applied, state.applied_epoch)
             });
             let reject = |error| Rejected { index, volume: *handle, sequence: record.sequence, error };
+            if volume.is_removed() {
+                outcome.rejected.push(reject(StoreError::Removed { volume: volume.name.clone() }));
+                continue;
+            }
             if record.sequence <= *applied {
                 outcome.duplicates += 1;
                 continue;
@@ -759,7 +801,7 @@ impl Store {
             return Err(StoreError::PayloadTooLarge { volume: volume.name.clone(), length_bytes: length_bytes as u64 });
         }
         let Some(geometry) = Geometry::of(offset_bytes, length_bytes as u64) else {
-            let applied = volume.state.read().expect("volume lock").applied;
+            let applied = volume.live_state()?.applied;
             return Ok((applied, ReadData { data: Bytes::new(), crcs: Vec::new() }));
         };
         let count = geometry.last - geometry.first + 1;
@@ -820,7 +862,7 @@ impl Store {
     ) -> Result<(Sequence, Vec<BlockExtent>), StoreError> {
         let volume = self.volume_at(volume);
         volume.check_range(offset_bytes, length_bytes)?;
-        let state = volume.state.read().expect("volume lock");
+        let state = volume.live_state()?;
         Ok((state.applied, volume.block_status(&state.map, offset_bytes, length_bytes)))
     }
 
@@ -838,7 +880,7 @@ impl Store {
         if lock(&volume.copy).is_some() {
             return Err(StoreError::Copying { volume: volume.name.clone() });
         }
-        let applied = volume.state.read().expect("volume lock").applied;
+        let applied = volume.live_state()?.applied;
         if after >= applied {
             return Ok(Vec::new());
         }
@@ -861,7 +903,7 @@ impl Store {
     /// for an idle or offline store).
     pub fn verify(&self, volume: VolumeHandle) -> Result<VolumeDigest, StoreError> {
         let volume = self.volume_at(volume);
-        let state = volume.state.read().expect("volume lock");
+        let state = volume.live_state()?;
         volume.verify(&state)
     }
 
@@ -1060,7 +1102,12 @@ fn reclaim_slice(
         return false;
     }
     let volume = volumes.read().expect("volume list lock")[i].clone();
-    let state = volume.state.read().expect("volume lock");
+    let Ok(state) = volume.live_state() else {
+        // Removed meanwhile: its files are gone.
+        drop(committer);
+        reclaim.finish();
+        return true;
+    };
     let scan_end = blocks.end.min(blocks.start + RECLAIM_SCAN_BLOCKS_MAX);
     match reclaim::punch_holes(&volume, &state.map, blocks.start..scan_end, RECLAIM_PUNCH_BYTES_MAX) {
         Ok(done) => reclaim.push_front(i, done..blocks.end),
@@ -1173,6 +1220,7 @@ fn replay_segment(
     volumes: &[Arc<Volume>],
     dirty: &mut [DirtyChunks],
     index: &mut LogIndex,
+    next_volume_number: u32,
 ) -> Result<(u64, Epoch), StoreError> {
     let numbers: HashMap<u32, usize> = volumes.iter().enumerate().map(|(i, v)| (v.number, i)).collect();
     let (path, file) = (&segment.path, &segment.file);
@@ -1181,6 +1229,11 @@ fn replay_segment(
     let (valid_end, torn) = log::scan_segment(file, path, id, sealed_end, |offset, frame, record| {
         let corrupt = |reason: String| StoreError::CorruptLog { path: path.clone(), offset, reason };
         let Some(&i) = numbers.get(&record.volume_number) else {
+            if record.volume_number < next_volume_number {
+                // Its volume was removed after the record was logged.
+                epoch = epoch.max(record.epoch);
+                return Ok(());
+            }
             return Err(corrupt(format!("record for unknown volume number {}", record.volume_number)));
         };
         let volume = &volumes[i];
@@ -1300,6 +1353,51 @@ fn fresh_element_id() -> u64 {
     }
 }
 
+/// Delete the files of volumes the metadata does not name (a removal that a crash
+/// interrupted after its commit point; or a creation cut short before its own).
+fn remove_orphan_files(dir: &Path, meta: &Meta) -> Result<(), StoreError> {
+    let volumes_dir = dir.join(VOLUMES_DIR);
+    let entries = match fs::read_dir(&volumes_dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(io_error("list", &volumes_dir)(e)),
+    };
+    let mut orphans = std::collections::BTreeSet::new();
+    for entry in entries {
+        let entry = entry.map_err(io_error("list", &volumes_dir))?;
+        let name = entry.file_name();
+        let Some(number) = name.to_str().and_then(|n| n.split('.').next()).and_then(|n| n.parse::<u32>().ok()) else {
+            continue;
+        };
+        if number < meta.next_volume_number && !meta.volumes.iter().any(|v| v.number == number) {
+            orphans.insert(number);
+        }
+    }
+    for number in orphans {
+        tracing::info!(number, "deleting the files of a removed volume");
+        remove_volume_files(dir, number, None)?;
+    }
+    Ok(())
+}
+
+/// Empty and delete the files of volume `number` (data, map, copy state), then sync the
+/// directory. Missing files are fine (a removal a crash interrupted).
+fn remove_volume_files(dir: &Path, number: u32, open: Option<&Volume>) -> Result<(), StoreError> {
+    if let Some(volume) = open {
+        volume.data.set_len(0).map_err(io_error("empty volume data", &volume.data_path))?;
+        volume.map_file.truncate()?;
+    }
+    for path in [data_path(dir, number), map_path(dir, number), copy::copy_path(dir, number)] {
+        match fs::remove_file(&path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(io_error("remove", &path)(e)),
+        }
+    }
+    let volumes_dir = dir.join(VOLUMES_DIR);
+    sys::sync_dir(&volumes_dir).map_err(io_error("sync directory", &volumes_dir))
+}
+
 fn open_volume(dir: &Path, meta: &Meta, volume_meta: &VolumeMeta) -> Result<(Arc<Volume>, ChunkImages), StoreError> {
     let data_path = data_path(dir, volume_meta.number);
     let data =
@@ -1328,6 +1426,7 @@ fn open_volume(dir: &Path, meta: &Meta, volume_meta: &VolumeMeta) -> Result<(Arc
         map_file,
         state: RwLock::new(VolumeState { applied: volume_meta.applied, applied_epoch: volume_meta.applied_epoch, map }),
         copy: Mutex::new(copy::load(dir, volume_meta.number)?),
+        removed: AtomicBool::new(false),
     };
     Ok((Arc::new(volume), images))
 }
@@ -1421,7 +1520,7 @@ fn read_verified(
     let mut attempt = 0;
     loop {
         attempt += 1;
-        let state = volume.state.read().expect("volume lock");
+        let state = volume.live_state()?;
         let (map, applied) = (MapSlice::of(&state.map, first, count), state.applied);
         if attempt > READ_UNLOCKED_ATTEMPTS_MAX {
             volume.read_blocks_unlocked(&map, buffer)?;
@@ -1431,7 +1530,7 @@ fn read_verified(
         match volume.read_blocks_unlocked(&map, buffer) {
             Ok(()) => return Ok((applied, map)),
             Err(e @ StoreError::BlockChecksum { .. }) => {
-                if volume.state.read().expect("volume lock").applied == applied {
+                if volume.live_state()?.applied == applied {
                     return Err(e);
                 }
                 buffer.fill(0);

@@ -260,6 +260,63 @@ fn writes_trims_and_zeroes_read_back() {
     f.check();
 }
 
+/// A removed volume frees its files at once, refuses every request, stays removed across a
+/// reopen (its records still in the log are skipped), and its name can be created again as a
+/// new, empty volume; the other volumes are untouched. A removal cut short after its commit
+/// point (the metadata) has its files deleted when the store opens.
+#[test]
+fn removed_volumes_free_their_space_and_stay_removed() {
+    let dir = TempDir::new("remove");
+    let size = 4u64 << 20;
+    let store = Store::open(&dir.0, small_options()).expect("open");
+    let keep = store.ensure_volume("keep", size).expect("keep");
+    let gone = store.ensure_volume("gone", size).expect("gone");
+    let commit = |volume: VolumeHandle, sequence: u64, seed: u64| {
+        let outcome = store.commit(&[(volume, record(sequence, write_op(0, 1 << 20, seed)))]).expect("commit");
+        assert!(outcome.rejected.is_empty(), "{:?}", outcome.rejected);
+    };
+    commit(keep, 1, 1);
+    commit(gone, 1, 2);
+    let data = |number: u32| dir.0.join("volumes").join(format!("{number}.data"));
+    let number_of_gone = 1;
+    assert!(fs::metadata(data(number_of_gone)).expect("data file").blocks() > 0);
+    store.remove_volume(gone).expect("remove");
+    store.remove_volume(gone).expect("removing twice is a no-op");
+    assert!(!data(number_of_gone).exists(), "the data file is deleted");
+    assert!(store.volume("gone").is_none());
+    assert!(matches!(store.read(gone, 0, 4096), Err(StoreError::Removed { .. })));
+    assert!(matches!(store.block_status(gone, 0, 4096), Err(StoreError::Removed { .. })));
+    let outcome = store.commit(&[(gone, record(2, write_op(0, 4096, 3)))]).expect("commit");
+    assert!(matches!(outcome.rejected[0].error, StoreError::Removed { .. }), "a record of a removed volume is refused");
+    commit(keep, 2, 4);
+    let again = store.ensure_volume("gone", size).expect("a removed name can be created again");
+    assert_ne!(again, gone);
+    assert_eq!(store.applied_sequence(again), Sequence::ZERO);
+    assert!(store.read(again, 0, 4096).expect("read").1.iter().all(|&b| b == 0), "new, empty");
+    let kept = store.read(keep, 0, 4096).expect("read").1;
+    drop(store);
+
+    // Reopened: the records of the removed volume in the log are skipped.
+    let store = Store::open(&dir.0, small_options()).expect("reopen");
+    let names: Vec<String> = store.volumes().into_iter().map(|(name, _)| name).collect();
+    assert_eq!(names, vec!["keep".to_string(), "gone".to_string()]);
+    let keep = store.volume("keep").expect("keep");
+    assert_eq!(store.applied_sequence(keep), Sequence(2));
+    assert!(store.read(keep, 0, 4096).expect("read").1 == kept);
+    let again = store.volume("gone").expect("the new one");
+    assert_eq!(store.applied_sequence(again), Sequence::ZERO);
+
+    // A removal cut short after its metadata was written left files behind.
+    store.remove_volume(again).expect("remove");
+    drop(store);
+    let orphan = dir.0.join("volumes").join("2.data");
+    fs::write(&orphan, b"left over").expect("write");
+    let store = Store::open(&dir.0, small_options()).expect("reopen");
+    assert!(!orphan.exists(), "files of a removed volume are deleted at open");
+    assert!(store.volume("gone").is_none());
+    assert_eq!(store.volumes().len(), 1);
+}
+
 #[test]
 fn reads_racing_commits_see_one_whole_version_and_never_a_false_checksum_error() {
     // Each commit rewrites the same 16 blocks with one repeated byte, the sequence's low byte;

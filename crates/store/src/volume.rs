@@ -26,6 +26,9 @@ pub struct Volume {
     /// A full recovery in progress (mirrors `volumes/<n>.copy`): while set, records of the
     /// volume are skipped and its log is not served.
     pub copy: std::sync::Mutex<Option<crate::CopyState>>,
+    /// Removed (`Store::remove_volume`): its files are gone (or going), its map is empty, and
+    /// every request for it fails. Its handle stays taken until the store is reopened.
+    pub removed: std::sync::atomic::AtomicBool,
 }
 
 /// The block map's (allocated, crc) of a run of blocks, copied under the volume lock.
@@ -57,7 +60,33 @@ impl Volume {
     }
 
     /// `Ok` if `offset + length` stays inside the volume.
+    /// The state for reading, unless the volume was removed (checked under the lock: a removal
+    /// empties the map while it holds the lock for writing).
+    pub fn live_state(&self) -> Result<std::sync::RwLockReadGuard<'_, VolumeState>, StoreError> {
+        let state = self.state.read().expect("volume lock");
+        if self.is_removed() {
+            return Err(StoreError::Removed { volume: self.name.clone() });
+        }
+        Ok(state)
+    }
+
+    /// As [`Volume::live_state`], for writing.
+    pub fn live_state_mut(&self) -> Result<std::sync::RwLockWriteGuard<'_, VolumeState>, StoreError> {
+        let state = self.state.write().expect("volume lock");
+        if self.is_removed() {
+            return Err(StoreError::Removed { volume: self.name.clone() });
+        }
+        Ok(state)
+    }
+
+    pub fn is_removed(&self) -> bool {
+        self.removed.load(std::sync::atomic::Ordering::Acquire)
+    }
+
     pub fn check_range(&self, offset_bytes: u64, length_bytes: u64) -> Result<(), StoreError> {
+        if self.is_removed() {
+            return Err(StoreError::Removed { volume: self.name.clone() });
+        }
         match offset_bytes.checked_add(length_bytes) {
             Some(end) if end <= self.size_bytes => Ok(()),
             _ => Err(StoreError::OutOfRange {

@@ -114,3 +114,55 @@ fn no_logging_executes_at_once_and_lists_after() {
     let w = log.poll_write(ms(1)).expect("the completion lists it");
     assert_eq!(Catalog::decode(&w.document).expect("valid").volumes, vec![a.volume()]);
 }
+
+/// A deletion: its intention's write drops the volume's entry and is rolled forward by a
+/// starting host element (a placeholder in creation order); its completion drops the
+/// intention; one undone lists the volume again, and only once a write says so is the undoing
+/// durable (`take_durable`).
+#[test]
+fn deletions_are_logged_completed_and_undone() {
+    let mut log = IntentionLog::new(Catalog::default(), LogPolicy::Single);
+    for (name, at) in [("a", 0), ("b", 1)] {
+        let i = log.intend_create(ms(at), name, 4096).expect("create");
+        log.poll_write(ms(at)).expect("logged");
+        log.written();
+        log.finish(ms(at), i.id, true);
+    }
+    log.poll_write(ms(2)).expect("completions");
+    log.written();
+    assert!(log.intend_delete(ms(3), "zz").expect_err("unknown").contains("no volume zz"));
+    let d = log.intend_delete(ms(3), "a").expect("delete a");
+    assert!(log.intend_delete(ms(3), "a").is_err(), "deleted once");
+    let w = log.poll_write(ms(3)).expect("the deletion is logged");
+    let on_disk = Catalog::decode(&w.document).expect("valid");
+    assert_eq!(on_disk.volumes.iter().map(|v| v.name.as_str()).collect::<Vec<_>>(), ["b"], "its entry leaves");
+    assert_eq!(on_disk.intentions, vec![d.clone()]);
+    assert_eq!(on_disk.removed_to_serve(), ["a#0"]);
+    let restart: Vec<(String, u64)> =
+        on_disk.volumes_to_restart().into_iter().map(|(_, s)| (s.name, s.size_bytes)).collect();
+    assert_eq!(restart, [("a#0".to_string(), 0), ("b#1".to_string(), 4096)], "creation order, a placeholder");
+    let mut rolled = on_disk.clone();
+    rolled.roll_forward();
+    assert_eq!(rolled.intentions.len(), 1, "a deletion stays until every element removed it");
+    assert_eq!(log.written(), vec![d.clone()]);
+    // Its name is free at once (a new volume is another storage volume).
+    log.intend_create(ms(4), "a", 8192).expect("the name is free");
+    log.poll_write(ms(4)).expect("logged");
+    log.written();
+    log.finish(ms(5), d.id, true);
+    let w = log.poll_write(ms(5)).expect("the completion");
+    let on_disk = Catalog::decode(&w.document).expect("valid");
+    assert!(on_disk.intentions.iter().all(|i| i.id != d.id), "completed");
+    log.written();
+    // Undone: the entry comes back, known durable only after a write that says so.
+    let e = log.intend_delete(ms(6), "b").expect("delete b");
+    log.poll_write(ms(6)).expect("logged");
+    assert_eq!(log.write_failed(), vec![e.clone()]);
+    log.take_durable();
+    let w = log.poll_write(ms(7)).expect("rewritten at once");
+    let on_disk = Catalog::decode(&w.document).expect("valid");
+    assert!(on_disk.volumes.iter().any(|v| v.name == "b") && on_disk.intentions.iter().all(|i| i.id != e.id));
+    assert!(log.take_durable().is_empty(), "not durable before the write is");
+    log.written();
+    assert!(log.take_durable().contains(&(e.id, false)));
+}

@@ -163,6 +163,7 @@ impl Harness {
                 }
                 StorageDone::Commit(Ok(CommitDone { applied, rejected: Vec::new() }))
             }
+            StorageJob::RemoveVolumes(_) => StorageDone::RemoveVolumes(Ok(())),
         };
         self.core.handle_storage_done(self.now, done);
     }

@@ -160,7 +160,9 @@ impl HostCore {
     /// (with the reason) while the host element does not serve or a scrub of the volume runs.
     pub fn start_scrub(&mut self, now: Time, volume: VolumeId, rate_bytes_per_s: u64) -> Result<u64, String> {
         let vi = volume.0 as usize;
-        let Some(v) = self.volumes.get(vi) else { return Err(format!("no volume {volume}")) };
+        let Some(v) = self.volumes.get(vi).filter(|v| v.removed.is_none()) else {
+            return Err(format!("no volume {volume}"));
+        };
         if let Some(running) = &v.scrubs.running {
             let s = running.status(now);
             return Err(format!(
@@ -213,7 +215,7 @@ impl HostCore {
     pub(super) fn pump_scrubs(&mut self, now: Time) {
         for vi in 0..self.volumes.len() {
             let interval_ms = self.config.scrub_interval_ms;
-            if interval_ms > 0 && self.scrub_refusal().is_none() {
+            if interval_ms > 0 && self.scrub_refusal().is_none() && self.volumes[vi].removed.is_none() {
                 let scrubs = &mut self.volumes[vi].scrubs;
                 let due = *scrubs.next_scheduled.get_or_insert(now.plus_ms(interval_ms));
                 if now >= due && scrubs.running.is_none() {

@@ -53,10 +53,17 @@ impl TestElement {
         }
     }
 
+    /// A core for every volume storage holds (as the element starts; a removed one with size 0).
     fn boot(storage: &MemStorage, id: u64) -> ElementCore {
-        let spec = VolumeSpec { name: "vol0".into(), size_bytes: SIZE };
         let config = ElementConfig { element_id: id, ..ElementConfig::default() };
-        ElementCore::new(config, storage.epoch, storage.holder, vec![(spec, storage.info(LocalVolume(0)))])
+        let volumes = (0..storage.vols.len())
+            .map(|i| {
+                let v = &storage.vols[i];
+                let size_bytes = if v.removed { 0 } else { v.data.len() as u64 };
+                (VolumeSpec { name: v.name.clone(), size_bytes }, storage.info(LocalVolume(i as u32)))
+            })
+            .collect();
+        ElementCore::new(config, storage.epoch, storage.holder, volumes)
     }
 
     /// Durable content of the volume.
@@ -266,6 +273,9 @@ impl Cluster {
                             StorageDone::AdoptEpoch(e.storage.adopt_epoch(epoch, host))
                         }
                         StorageJob::Commit(batch) => StorageDone::Commit(e.storage.commit(&batch)),
+                        StorageJob::RemoveVolumes(volumes) => {
+                            StorageDone::RemoveVolumes(volumes.iter().try_for_each(|v| e.storage.remove_volume(*v)))
+                        }
                     };
                     if e.responsive {
                         e.storage.sync();
@@ -1361,4 +1371,73 @@ fn volumes_added_while_running_are_created_everywhere_and_survive_a_restart() {
         "the volume's data after the restart: {why:?} {:?}",
         &c.events[c.events.len().saturating_sub(12)..]
     );
+}
+
+/// Issue 15: a volume removed while running stops taking requests, is removed from every
+/// element with a session at once (after its writes), and from one that was down when its
+/// next hello names it by a placeholder; a new host element that starts over with the
+/// placeholder (a pending deletion in the catalog) has the elements remove it too. Bad
+/// requests change nothing.
+#[test]
+fn volumes_removed_while_running_leave_every_element() {
+    let mut c = Cluster::new(3, 2);
+    let spec = VolumeSpec { name: "disk#7".into(), size_bytes: 1 << 20 };
+    let disk = c.core.add_volumes(c.now, vec![("disk".into(), spec.clone())]).expect("added")[0];
+    c.run();
+    let token = c.token();
+    c.core.handle_host_write(c.now, token, disk, Op::write(4096, Bytes::from(vec![0x5a; 4096])));
+    c.run();
+    assert_eq!(c.replies[&token], Reply::Done(Ok(())));
+    let holds = |c: &Cluster, i: usize| c.elements[i].storage.vols.iter().any(|v| v.name == "disk#7" && !v.removed);
+    assert!((0..3).all(|i| holds(&c, i)));
+    // Refused, changing nothing: an unknown volume, and writes under way.
+    assert!(c.core.remove_volumes(c.now, vec!["nope#1".into()]).is_err());
+    let busy = c.token();
+    c.core.handle_host_write(c.now, busy, disk, Op::write(0, Bytes::from(vec![1; 4096])));
+    let refused = c.core.remove_volumes(c.now, vec!["disk#7".into()]).expect_err("writes under way");
+    assert!(refused.contains("writes under way"), "{refused}");
+    c.run();
+    assert_eq!(c.replies[&busy], Reply::Done(Ok(())));
+    // Element 2 is down: the others remove it now, and the live ones are told so.
+    c.crash(2);
+    let ids = c.core.remove_volumes(c.now, vec!["disk#7".into()]).expect("removed");
+    assert_eq!(ids, vec![disk]);
+    c.run();
+    assert!(!holds(&c, 0) && !holds(&c, 1) && holds(&c, 2));
+    assert!(c.events.contains(&Event::VolumeRemoved { volume: disk, everywhere: false }), "{:?}", c.events);
+    assert!(!c.events.contains(&Event::VolumeRemoved { volume: disk, everywhere: true }));
+    assert_eq!(c.core.volume_id("disk"), None, "no longer exported");
+    assert!(c.core.config().exported().iter().all(|e| e.name != "disk"));
+    assert!(c.core.remove_volumes(c.now, vec!["disk#7".into()]).is_err(), "removed once");
+    // It comes back: its hello names the volume by a placeholder; it removes it first.
+    c.connect(2);
+    assert_eq!(c.states(), "in-sync,in-sync,in-sync");
+    assert!(!holds(&c, 2));
+    assert!(c.events.contains(&Event::VolumeRemoved { volume: disk, everywhere: true }), "{:?}", c.events);
+    // The other volume still takes writes.
+    let token = c.token();
+    c.core.handle_host_write(c.now, token, VolumeId(0), Op::write(0, Bytes::from(vec![7; 4096])));
+    c.run();
+    assert_eq!(c.replies[&token], Reply::Done(Ok(())));
+    // A deletion found pending by a new host element: a second volume, removed while
+    // element 1 is down, then a new host element with the placeholder.
+    let other = VolumeSpec { name: "other#9".into(), size_bytes: 1 << 20 };
+    c.core.add_volumes(c.now, vec![("other".into(), other)]).expect("added");
+    c.run();
+    c.crash(1);
+    c.core.remove_volumes(c.now, vec!["other#9".into()]).expect("removed");
+    c.run();
+    let held_other =
+        |c: &Cluster, i: usize| c.elements[i].storage.vols.iter().any(|v| v.name == "other#9" && !v.removed);
+    assert!(held_other(&c, 1) && !held_other(&c, 0));
+    let epoch = c.core.epoch().0;
+    c.core.config.volumes.truncate(1);
+    c.core.config.exports.clear();
+    c.new_host(epoch + 1, 99, &[0, 2]);
+    let placeholder = VolumeSpec { name: "other#9".into(), size_bytes: 0 };
+    c.core.restart_with_volumes(c.now, vec![("other".into(), placeholder)]).expect("restarted");
+    c.run();
+    c.reconnect(&[0, 1, 2]);
+    assert!(!held_other(&c, 1), "the element that was down removed it from the new host element's hello");
+    assert_eq!(c.core.volume_id("other"), None);
 }

@@ -165,7 +165,7 @@ impl Store {
         let v = self.volume_at(volume);
         v.check_range(first * BLOCK_BYTES, count * BLOCK_BYTES)?;
         let verify = self.copy_state(volume).is_some_and(|s| s.verify);
-        let state = v.state.read().expect("volume lock");
+        let state = v.live_state()?;
         let mut summaries: Vec<BlockSummary> = (first..first + count)
             .map(|b| BlockSummary {
                 sequence: state.map.sequence(b),
@@ -244,7 +244,7 @@ impl Store {
             });
         }
         v.check_range(first * BLOCK_BYTES, have.len() as u64 * BLOCK_BYTES)?;
-        let state = v.state.read().expect("volume lock");
+        let state = v.live_state()?;
         let map = &state.map;
         let differs = |i: usize| {
             let b = first + i as u64;
@@ -295,6 +295,7 @@ impl Store {
     /// block 0. Checkpoints first, so that no log record of the volume is replayed over
     /// installed blocks after a crash. Returns the state to go on from.
     pub fn begin_copy(&self, volume: VolumeHandle, epoch: Epoch) -> Result<CopyState, StoreError> {
+        self.volume_at(volume).check_range(0, 0)?;
         let previous = self.copy_state(volume);
         if let Some(state) = previous {
             if state.epoch == epoch {
@@ -359,7 +360,7 @@ impl Store {
                 }
             }
         }
-        let mut state = v.state.write().expect("volume lock");
+        let mut state = v.live_state_mut()?;
         let mut holes = Vec::new();
         for copy in blocks {
             let b = copy.block;
@@ -411,7 +412,7 @@ impl Store {
             let mut committer = self.lock_committer()?;
             let volumes = self.volumes.read().expect("volume list lock");
             {
-                let mut s = v.state.write().expect("volume lock");
+                let mut s = v.live_state_mut()?;
                 s.applied = state.base;
                 s.applied_epoch = state.base_epoch;
                 // Blocks newer than the base say so with the base's sequence until the replay
