@@ -1408,6 +1408,11 @@ impl HostCore {
             if v.host_resolved < v.queue.last_sequence() || !v.admission.is_empty() || !v.flushes.is_empty() {
                 return Err(format!("volume {name} has writes under way; stop its clients first"));
             }
+            // A read an element answers after removing the volume would fail that element.
+            let volume = VolumeId(i as u32);
+            if self.reads.values().any(|r| r.volume == volume) {
+                return Err(format!("volume {name} has reads under way; stop its clients first"));
+            }
             if ids.contains(&VolumeId(i as u32)) {
                 return Err(format!("volume {name} is named twice"));
             }

@@ -1,13 +1,13 @@
 //! `starfish bench volume-ops`: what the intention log costs, in the shape of the Slice paper's
 //! Fig. 4 — operation latency against offered load for the three coordinator logging policies
 //! (`--intention-log none`, `single`, `group`), with real processes: three elements on this
-//! machine's disk (every store fsyncs), quorum 2, no emulated links. The operation is `volume
-//! create` of a 1 MiB volume, sent to the admin endpoint open-loop at a fixed rate (one thread
-//! per request, so a slow answer never delays the next request), each policy on a fresh
-//! cluster, the loads in increasing order.
+//! machine's disk (every store fsyncs), quorum 2, no emulated links. The operations are `volume
+//! create` of a 1 MiB volume, then `volume delete` of the volumes just created, each sent to
+//! the admin endpoint open-loop at a fixed rate (one thread per request, so a slow answer never
+//! delays the next request), each policy on a fresh cluster, the loads in increasing order.
 //!
-//! Rows: `policy`, `offered_ops_s`, `ops`, `achieved_ops_s`, `latency_mean_ms`,
-//! `latency_p50_ms`, `latency_p99_ms`, `failed`.
+//! Rows: `op` (create, delete), `policy`, `offered_ops_s`, `ops`, `achieved_ops_s`,
+//! `latency_mean_ms`, `latency_p50_ms`, `latency_p99_ms`, `failed`.
 
 use std::time::{Duration, Instant};
 
@@ -41,36 +41,40 @@ pub fn run(bench: &Bench) -> Result<Vec<Row>> {
         bench.progress(&format!("intention log {policy}: starting a cluster"));
         let mut cluster = Cluster::start(&bench.bin, &bench.work, &spec)?;
         for &load in loads {
-            bench.progress(&format!("intention log {policy}: {ops} creations at {load}/s"));
-            let latencies = offer(&cluster, policy, load, ops)?;
-            cluster.check_alive()?;
-            let mut row = new_row("volume-ops", policy);
-            row.insert("quorum".into(), 2.into());
-            row.insert("elements".into(), 3.into());
-            row.insert("policy".into(), policy.into());
-            row.insert("offered_ops_s".into(), load.into());
-            row.insert("ops".into(), ops.into());
-            let (ok, elapsed): (Vec<f64>, f64) = latencies;
-            row.insert("failed".into(), (ops - ok.len()).into());
-            if ok.is_empty() {
-                bail!("intention log {policy}: every creation at {load}/s failed (see the host element's log)");
+            for op in ["create", "delete"] {
+                bench.progress(&format!("intention log {policy}: {ops} × volume {op} at {load}/s"));
+                let latencies = offer(&cluster, op, policy, load, ops)?;
+                cluster.check_alive()?;
+                let mut row = new_row("volume-ops", policy);
+                row.insert("quorum".into(), 2.into());
+                row.insert("elements".into(), 3.into());
+                row.insert("op".into(), op.into());
+                row.insert("policy".into(), policy.into());
+                row.insert("offered_ops_s".into(), load.into());
+                row.insert("ops".into(), ops.into());
+                let (ok, elapsed): (Vec<f64>, f64) = latencies;
+                row.insert("failed".into(), (ops - ok.len()).into());
+                if ok.is_empty() {
+                    bail!("intention log {policy}: every volume {op} at {load}/s failed (see the host element's log)");
+                }
+                let mut sorted = ok.clone();
+                sorted.sort_by(f64::total_cmp);
+                let pick = |q: f64| sorted[((sorted.len() as f64 - 1.0) * q).round() as usize];
+                set_number(&mut row, "achieved_ops_s", ok.len() as f64 / elapsed);
+                set_number(&mut row, "latency_mean_ms", ok.iter().sum::<f64>() / ok.len() as f64);
+                set_number(&mut row, "latency_p50_ms", pick(0.5));
+                set_number(&mut row, "latency_p99_ms", pick(0.99));
+                rows.push(row);
             }
-            let mut sorted = ok.clone();
-            sorted.sort_by(f64::total_cmp);
-            let pick = |q: f64| sorted[((sorted.len() as f64 - 1.0) * q).round() as usize];
-            set_number(&mut row, "achieved_ops_s", ok.len() as f64 / elapsed);
-            set_number(&mut row, "latency_mean_ms", ok.iter().sum::<f64>() / ok.len() as f64);
-            set_number(&mut row, "latency_p50_ms", pick(0.5));
-            set_number(&mut row, "latency_p99_ms", pick(0.99));
-            rows.push(row);
         }
     }
     Ok(rows)
 }
 
-/// `ops` creations at `load` per second, open-loop: (latencies of those that succeeded, in
-/// milliseconds; seconds from the first request to the last answer).
-fn offer(cluster: &Cluster, policy: &str, load: u32, ops: usize) -> Result<(Vec<f64>, f64)> {
+/// `ops` operations (`create`, or `delete` of the volumes `create` made at this load) at
+/// `load` per second, open-loop: (latencies of those that succeeded, in milliseconds; seconds
+/// from the first request to the last answer).
+fn offer(cluster: &Cluster, op: &str, policy: &str, load: u32, ops: usize) -> Result<(Vec<f64>, f64)> {
     let admin = cluster.admin();
     let start = Instant::now();
     let gap = Duration::from_secs_f64(1.0 / load as f64);
@@ -80,7 +84,10 @@ fn offer(cluster: &Cluster, policy: &str, load: u32, ops: usize) -> Result<(Vec<
             if let Some(wait) = due.checked_duration_since(Instant::now()) {
                 std::thread::sleep(wait);
             }
-            let path = format!("/volumes/create?name={policy}-{load}-{i}&size={}", 1 << 20);
+            let path = match op {
+                "create" => format!("/volumes/create?name={policy}-{load}-{i}&size={}", 1 << 20),
+                _ => format!("/volumes/delete?name={policy}-{load}-{i}"),
+            };
             std::thread::spawn(move || {
                 let sent = Instant::now();
                 let result = admin_request(admin, "POST", &path, ADMIN_TIMEOUT);
@@ -100,7 +107,7 @@ fn offer(cluster: &Cluster, policy: &str, load: u32, ops: usize) -> Result<(Vec<
         }
     }
     if let Some(e) = first_error {
-        eprintln!("bench: some creations failed; the first: {e}");
+        eprintln!("bench: some of volume {op} failed; the first: {e}");
     }
     Ok((latencies, start.elapsed().as_secs_f64()))
 }
@@ -110,6 +117,7 @@ pub fn text(rows: &[Row]) -> String {
         .iter()
         .map(|r| {
             vec![
+                r.get("op").and_then(|v| v.as_str()).unwrap_or("create").to_string(),
                 r.get("policy").and_then(|v| v.as_str()).unwrap_or("?").to_string(),
                 cell(r, "offered_ops_s", 0),
                 cell(r, "achieved_ops_s", 1),
@@ -121,24 +129,32 @@ pub fn text(rows: &[Row]) -> String {
         })
         .collect();
     let mut notes = vec![
-        "volume create (1 MiB) open-loop against the admin endpoint; three elements on this disk, Q=2.".to_string(),
+        "volume create (1 MiB), then volume delete of those volumes, open-loop against the admin endpoint; three elements on this disk, Q=2.".to_string(),
         "none: no intention logged before executing (a crash mid-way leaves an orphan); single: one catalog write + FLUSH per intention; group: up to 10 ms or 5 intentions per write.".to_string(),
     ];
-    let at = |policy: &str, load: f64| {
+    // Rows from before deletions were measured have no `op`: they are creations.
+    let at = |op: &str, policy: &str, load: f64| {
         rows.iter()
             .find(|r| {
-                r.get("policy").and_then(|v| v.as_str()) == Some(policy) && number(r, "offered_ops_s") == Some(load)
+                r.get("op").and_then(|v| v.as_str()).unwrap_or("create") == op
+                    && r.get("policy").and_then(|v| v.as_str()) == Some(policy)
+                    && number(r, "offered_ops_s") == Some(load)
             })
             .and_then(|r| number(r, "latency_mean_ms"))
     };
     if let Some(top) = rows.iter().filter_map(|r| number(r, "offered_ops_s")).reduce(f64::max) {
-        if let (Some(single), Some(group)) = (at("single", top), at("group", top)) {
-            notes.push(format!("at {top:.0}/s: group commit {:.2}x the latency of single commit", group / single));
+        for op in ["create", "delete"] {
+            if let (Some(single), Some(group)) = (at(op, "single", top), at(op, "group", top)) {
+                notes.push(format!(
+                    "volume {op} at {top:.0}/s: group commit {:.2}x the latency of single commit",
+                    group / single
+                ));
+            }
         }
     }
     text_table(
-        "Volume operations: creation latency against offered load (Slice Fig. 4 shape)",
-        &["policy", "offered/s", "achieved/s", "mean ms", "p50 ms", "p99 ms", "failed"],
+        "Volume operations: latency against offered load (Slice Fig. 4 shape)",
+        &["op", "policy", "offered/s", "achieved/s", "mean ms", "p50 ms", "p99 ms", "failed"],
         &table,
         &notes,
     )
