@@ -104,14 +104,22 @@ fn scrub(query: &str) -> AdminRequest {
     }
 }
 
+/// A volume name parameter: percent-encoded, 1 to 255 bytes.
+fn volume_name(value: &str) -> Result<String, AdminRequest> {
+    match percent_decode(value) {
+        Some(n) if !n.is_empty() && n.len() <= 255 => Ok(n),
+        _ => Err(AdminRequest::Malformed("name= must be a name of 1 to 255 bytes, percent-encoded")),
+    }
+}
+
 fn volume_delete(query: &str) -> AdminRequest {
     let mut name = None;
     for pair in query.split('&').filter(|p| !p.is_empty()) {
         let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
         match key {
-            "name" => match percent_decode(value) {
-                Some(n) if !n.is_empty() && n.len() <= 255 => name = Some(n),
-                _ => return AdminRequest::Malformed("name= must be a name of 1 to 255 bytes, percent-encoded"),
+            "name" => match volume_name(value) {
+                Ok(n) => name = Some(n),
+                Err(malformed) => return malformed,
             },
             _ => return AdminRequest::Malformed("POST /volumes/delete takes name= only"),
         }
@@ -128,9 +136,9 @@ fn volume_create(query: &str) -> AdminRequest {
     for pair in query.split('&').filter(|p| !p.is_empty()) {
         let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
         match key {
-            "name" => match percent_decode(value) {
-                Some(n) if !n.is_empty() && n.len() <= 255 => name = Some(n),
-                _ => return AdminRequest::Malformed("name= must be a name of 1 to 255 bytes, percent-encoded"),
+            "name" => match volume_name(value) {
+                Ok(n) => name = Some(n),
+                Err(malformed) => return malformed,
             },
             "size" => match value.parse::<u64>() {
                 Ok(size) => size_bytes = Some(size),

@@ -1269,6 +1269,18 @@ impl HostCore {
         }
     }
 
+    /// Why volumes cannot be added or removed now, if they cannot: the host element must serve
+    /// writes (ready, not superseded, Q elements in sync).
+    fn volume_change_refusal(&self) -> Option<String> {
+        if !self.ready || self.superseded.is_some() {
+            return Some("the host element is not serving (starting, or superseded)".into());
+        }
+        let in_sync = self.in_sync_count();
+        (in_sync < self.config.quorum).then(|| {
+            format!("read-only: {in_sync} element(s) in sync, fewer than the write quorum {}", self.config.quorum)
+        })
+    }
+
     /// Add new, empty volumes while running (`starfish volume create`): each exported whole
     /// under its name (`(export name, storage volume)`). Every element with a session is told
     /// (`AddVolumes`); the others find them in their next hello. Writes may come at once: an
@@ -1276,15 +1288,8 @@ impl HostCore {
     /// of it. `Event::VolumeCreated` says when Q elements that count hold a volume. Refused
     /// while starting or read-only (below quorum), and for a name or size that cannot be.
     pub fn add_volumes(&mut self, now: Time, added: Vec<(String, VolumeSpec)>) -> Result<Vec<VolumeId>, String> {
-        if !self.ready || self.superseded.is_some() {
-            return Err("the host element is not serving (starting, or superseded)".into());
-        }
-        if self.in_sync_count() < self.config.quorum {
-            return Err(format!(
-                "read-only: {} element(s) in sync, fewer than the write quorum {}",
-                self.in_sync_count(),
-                self.config.quorum
-            ));
+        if let Some(reason) = self.volume_change_refusal() {
+            return Err(reason);
         }
         if added.is_empty() || self.volumes.len() + added.len() > limits::VOLUMES_MAX {
             return Err(format!("a host element serves 1 to {} volumes", limits::VOLUMES_MAX));
@@ -1385,15 +1390,8 @@ impl HostCore {
     /// it. Refused while starting or read-only, for a volume of a consistency group, and for
     /// one with requests under way (its writes must be answered first).
     pub fn remove_volumes(&mut self, now: Time, names: Vec<String>) -> Result<Vec<VolumeId>, String> {
-        if !self.ready || self.superseded.is_some() {
-            return Err("the host element is not serving (starting, or superseded)".into());
-        }
-        if self.in_sync_count() < self.config.quorum {
-            return Err(format!(
-                "read-only: {} element(s) in sync, fewer than the write quorum {}",
-                self.in_sync_count(),
-                self.config.quorum
-            ));
+        if let Some(reason) = self.volume_change_refusal() {
+            return Err(reason);
         }
         let exported = self.config.exported();
         let mut ids = Vec::with_capacity(names.len());
