@@ -107,3 +107,34 @@ def test_element_and_host_take_every_setting_from_their_files_tls_included(make_
         f.write('listen = "127.0.0.1:1"\ndata = "/tmp/x"\nreplay = "1GiB"\n')
     result = run([harness.starfish_bin(), "element", "--config", bad], timeout=20, check=False)
     assert result.returncode != 0 and "replay" in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("log_format", ["text", "json"])
+def test_logs_in_a_file_carry_no_colour_codes_and_json_on_request(workdir, log_format):
+    """Written to a file (not a terminal), log lines have no ANSI escape codes; with
+    `--log-format json` each is one JSON object naming its level, target and fields."""
+    port = harness.free_port()
+    log_path = os.path.join(workdir, f"element-{log_format}.log")
+    args = [harness.starfish_bin(), "element", "--listen", f"127.0.0.1:{port}", "--data",
+            os.path.join(workdir, f"data-{log_format}"), "--log-format", log_format]
+    # Without NO_COLOR: a file is not a terminal, that alone must turn colour off.
+    env = {k: v for k, v in os.environ.items() if k != "NO_COLOR"}
+    element = harness.Process(f"element-{log_format}", args, log_path, env=env)
+    element.start()
+    try:
+        harness.wait_listening(element, port)
+    finally:
+        code, killed = element.stop()
+    assert not killed and code == 0, f"the element stopped with {code}"
+    with open(log_path, encoding="utf-8") as f:
+        lines = [line for line in f.read().splitlines() if line and not line.startswith("====")]
+    assert lines, "the element logged nothing"
+    assert not any("\x1b[" in line for line in lines), lines[:3]
+    if log_format == "json":
+        records = [json.loads(line) for line in lines]
+        assert all({"timestamp", "level", "target", "fields"} <= set(r) for r in records), records[:3]
+        serving = [r for r in records if r["fields"].get("message") == "element serving"]
+        assert serving and serving[0]["fields"]["listen"] == f"127.0.0.1:{port}", records
+        assert serving[0]["level"] == "INFO"
+    else:
+        assert any("element serving" in line and f"listen=127.0.0.1:{port}" in line for line in lines), lines

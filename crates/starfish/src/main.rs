@@ -21,6 +21,16 @@ use crate::config::{parse_size, HostFile};
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// How log lines are written to stderr: `text` (coloured only on a terminal, and never
+    /// with NO_COLOR set) or `json` (one object per line, for log collectors).
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
 }
 
 // Parsed once at start-up: the size of the largest variant costs nothing.
@@ -37,7 +47,7 @@ enum Command {
     Failover(FailoverArgs),
     /// Compare a volume's replicas block by block and repair an element that differs.
     Scrub(ScrubArgs),
-    /// Create and list volumes while the cluster runs.
+    /// Create, delete and list volumes while the cluster runs.
     Volume(VolumeArgs),
     /// Make a cluster CA and the certificates of its processes and operators (mutual TLS).
     Certs(CertsArgs),
@@ -365,7 +375,15 @@ fn main() {
     let cli = Cli::parse();
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    let logs = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    match cli.log_format {
+        LogFormat::Json => logs.json().with_current_span(false).init(),
+        LogFormat::Text => {
+            use std::io::IsTerminal;
+            let colour = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
+            logs.with_ansi(colour).init()
+        }
+    }
     if let Err(e) = run(cli) {
         eprintln!("starfish: error: {e:#}");
         std::process::exit(1);
