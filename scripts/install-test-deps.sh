@@ -15,6 +15,7 @@ packages=(
     e2fsprogs
     python3-pytest
     python3-libnbd
+    python3-prometheus-client
     util-linux
     iproute2
     etcd-server

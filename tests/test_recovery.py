@@ -20,6 +20,7 @@ import errno
 import json
 import signal
 import time
+import urllib.request
 
 import pytest
 
@@ -322,11 +323,28 @@ def test_replay_recovery_past_the_write_queue(make_cluster, workdir):
     verify_all(cluster, workdir, uri, load, burst)
 
 
+def scrape(cluster):
+    """`GET /metrics`, parsed by the Prometheus client library's OpenMetrics parser (strict:
+    names, types, escaping and the closing `# EOF`): {(name, labels): value} of every sample."""
+    from prometheus_client.openmetrics.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"http://{cluster.admin}/metrics", timeout=30) as answer:
+        assert answer.headers["Content-Type"].startswith("application/openmetrics-text"), answer.headers
+        text = answer.read().decode()
+    samples = {}
+    for family in text_string_to_metric_families(text):
+        samples[("family", family.name)] = family.type
+        for sample in family.samples:
+            samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return samples
+
+
 @pytest.mark.time_limit(150)
 def test_paced_replay_shows_progress(make_cluster, workdir):
     """`--recovery-rate` paces a replay so that it takes seconds: status shows
     it (kind replay, a peer as source, done_records going up) while foreground
-    writes keep being acknowledged."""
+    writes keep being acknowledged. The metrics say so too, scraped and parsed by a
+    real Prometheus parser while the replay runs."""
     cluster = make_cluster_with_replay_log(
         make_cluster, BIG_REPLAY_LOG, host_extra=["--write-queue", SMALL_QUEUE, "--recovery-rate", PACED_RATE]
     )
@@ -337,9 +355,32 @@ def test_paced_replay_shows_progress(make_cluster, workdir):
         burst = write_burst(workdir, uri, 160, seed=52)
         assert gap_left_the_queue(cluster.status(), "far"), "setup: far's gap is still in the write queue"
         cluster.restart_element("far")
-        status, samples = watch(
-            cluster, back_in_sync("far"), 90, "far back in sync", interval=0.2, on_sample=lambda s: load.acks()
-        )
+        during = []
+
+        def sample(status):
+            if element_of(status, "far").get("recovery") and not during:
+                during.append(scrape(cluster))
+            return load.acks()
+
+        status, samples = watch(cluster, back_in_sync("far"), 90, "far back in sync", interval=0.2, on_sample=sample)
+        assert during, "no scrape while far was recovering"
+        metrics = during[0]
+        far, vol0 = (("element", "far"),), (("volume", "vol0"),)
+        assert metrics[("starfish_element_state", (("element", "far"), ("state", "recovering")))] == 1, metrics
+        assert metrics[("starfish_element_in_sync", far)] == 0
+        assert metrics[("starfish_element_in_sync", (("element", "local"),))] == 1
+        assert metrics[("starfish_element_recovery_total_records", far)] > 0
+        assert metrics[("starfish_host_active", ())] == 1
+        assert metrics[("starfish_volume_read_only", vol0)] == 0
+        writes = (("op", "write"), ("volume", "vol0"))
+        assert metrics[("starfish_host_request_duration_seconds_count", writes)] > 0
+        assert metrics[("starfish_host_request_bytes_total", writes)] > 0
+        assert metrics[("starfish_write_queue_capacity_bytes", vol0)] > 0
+        after = scrape(cluster)
+        assert after[("starfish_element_in_sync", far)] == 1
+        assert after[("starfish_element_state", (("element", "far"), ("state", "recovering")))] == 0
+        assert after[("starfish_host_request_duration_seconds_count", writes)] > metrics[
+            ("starfish_host_request_duration_seconds_count", writes)]
         recovering = recovering_samples(samples, "far")
         print(f"paced replay: {len(recovering)} samples; "
               + ", ".join(f"{t:.1f}s {r['source']} {r['done_records']}/{r['total_records']} "

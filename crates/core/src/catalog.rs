@@ -497,6 +497,21 @@ impl IntentionLog {
     /// Ask to delete volume `name` (one created while running): its intention, once logged, or
     /// at once with policy `none`. The write that logs it drops the volume's entry.
     pub fn intend_delete(&mut self, now: Time, name: &str) -> Result<Intention, String> {
+        // A creation carried out whose completion is not written yet (a group commit's wait,
+        // or one rolled forward at start-up) lists its volume now: the next write says so.
+        let done: Vec<u64> = self
+            .finished
+            .iter()
+            .filter(|(id, done)| {
+                *done && self.catalog.intentions.iter().any(|i| i.id == *id && i.is_create() && i.volume().name == name)
+            })
+            .map(|(id, _)| *id)
+            .collect();
+        for id in done {
+            self.finished.retain(|(f, _)| *f != id);
+            self.finish_in_catalog(id, true);
+            self.outcomes_unsure.push((id, true));
+        }
         let Some(volume) = self.catalog.volumes.iter().find(|v| v.name == name).cloned() else {
             let creating = self
                 .waiting

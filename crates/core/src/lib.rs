@@ -26,8 +26,8 @@ pub use element::{
 };
 pub use failure::Failure;
 pub use host::{
-    start_minimum_of, Action, ElementStatus, Event, HostConfig, HostCore, HostError, HostStatus, RecoveryKind, Reply,
-    ScrubFindings, ScrubReason, ScrubStatus, VolumeMode, VolumeStatus,
+    start_minimum_of, Action, ElementStatus, Event, HostConfig, HostCore, HostError, HostStatus, RecoveryKind,
+    RecoveryStatus, Reply, ScrubFindings, ScrubReason, ScrubStatus, VolumeMode, VolumeStatus,
 };
 pub use read_cache::ReadCache;
 pub use storage::{serve, ElementStorage};

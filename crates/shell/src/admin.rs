@@ -10,8 +10,6 @@
 //! standby that takes over sends it); reads (`GET`) are answered to anyone on loopback, and
 //! beyond it only over HTTPS to a certificate of the cluster.
 
-use std::fmt::Write as _;
-
 use serde_json::{json, Value};
 use starfish_core::HostStatus;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -154,7 +152,7 @@ async fn answer(mut stream: Stream, host: std::sync::Arc<Node>, caller: Caller) 
             None => ("503 Service Unavailable", "text/plain", "host element stopping\n".into()),
         },
         AdminRequest::Metrics => match host.metrics().await {
-            Some(text) => ("200 OK", "text/plain; version=0.0.4", text),
+            Some(text) => ("200 OK", "application/openmetrics-text; version=1.0.0; charset=utf-8", text),
             None => ("503 Service Unavailable", "text/plain", "host element stopping\n".into()),
         },
         AdminRequest::Failover => order(host.take_over("told to (starfish failover)", true).await),
@@ -354,61 +352,6 @@ pub fn status_json(
             "misses": status.read_cache_misses,
         },
     })
-}
-
-pub(crate) fn metrics(status: &HostStatus) -> String {
-    let mut out = String::new();
-    // Removed volumes are placeholders of size 0: not reported.
-    let live: Vec<&starfish_core::VolumeStatus> = status.volumes.iter().filter(|v| v.size_bytes > 0).collect();
-    let _ = writeln!(out, "# TYPE starfish_volume_read_only gauge");
-    for v in &live {
-        let ro = (v.mode == starfish_core::VolumeMode::ReadOnly) as u8;
-        let _ = writeln!(out, "starfish_volume_read_only{{volume=\"{}\"}} {ro}", v.name);
-    }
-    let _ = writeln!(out, "# TYPE starfish_volume_acked_sequence counter");
-    for v in &live {
-        let _ = writeln!(out, "starfish_volume_acked_sequence{{volume=\"{}\"}} {}", v.name, v.acked_sequence.0);
-    }
-    let _ = writeln!(out, "# TYPE starfish_write_queue_used_bytes gauge");
-    for v in &live {
-        let _ = writeln!(out, "starfish_write_queue_used_bytes{{volume=\"{}\"}} {}", v.name, v.write_queue_used_bytes);
-    }
-    let scrubs: Vec<(&str, &starfish_core::ScrubStatus)> =
-        live.iter().filter_map(|v| v.scrubs.last().map(|s| (v.name.as_str(), s))).collect();
-    type Gauge = fn(&starfish_core::ScrubStatus) -> u64;
-    let scrub_gauges: [(&str, Gauge); 6] = [
-        ("starfish_scrub_running", |s| s.running as u64),
-        ("starfish_scrub_done_bytes", |s| s.done_bytes),
-        ("starfish_scrub_total_bytes", |s| s.total_bytes),
-        ("starfish_scrub_mismatched_blocks", |s| s.findings.blocks_mismatched),
-        ("starfish_scrub_undecided_blocks", |s| s.findings.blocks_undecided),
-        ("starfish_scrub_element_errors", |s| s.findings.element_errors),
-    ];
-    for (name, value) in scrub_gauges {
-        let _ = writeln!(out, "# TYPE {name} gauge");
-        for (volume, s) in &scrubs {
-            let _ = writeln!(out, "{name}{{volume=\"{volume}\"}} {}", value(s));
-        }
-    }
-    let _ = writeln!(out, "# TYPE starfish_element_in_sync gauge");
-    for e in &status.elements {
-        let _ = writeln!(out, "starfish_element_in_sync{{element=\"{}\"}} {}", e.name, (e.state == "in-sync") as u8);
-    }
-    let _ = writeln!(out, "# TYPE starfish_element_lag_writes gauge");
-    for e in &status.elements {
-        let _ = writeln!(out, "starfish_element_lag_writes{{element=\"{}\"}} {}", e.name, e.lag);
-    }
-    let _ = writeln!(out, "# TYPE starfish_element_rtt_seconds gauge");
-    for e in &status.elements {
-        if let Some(us) = e.rtt_us {
-            let _ = writeln!(out, "starfish_element_rtt_seconds{{element=\"{}\"}} {}", e.name, us as f64 / 1e6);
-        }
-    }
-    let _ = writeln!(out, "# TYPE starfish_read_cache_hits_total counter");
-    let _ = writeln!(out, "starfish_read_cache_hits_total {}", status.read_cache_hits);
-    let _ = writeln!(out, "# TYPE starfish_read_cache_misses_total counter");
-    let _ = writeln!(out, "starfish_read_cache_misses_total {}", status.read_cache_misses);
-    out
 }
 
 /// Fetch `path` from an admin endpoint (used by `starfish status`).

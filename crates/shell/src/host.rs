@@ -161,6 +161,7 @@ pub struct HostHandle {
     links: Arc<Vec<String>>,
     exports: Exports,
     clients: Clients,
+    metrics: crate::metrics::HostMetrics,
     volume_orders: mpsc::UnboundedSender<crate::volumes::VolumeOrder>,
 }
 
@@ -173,6 +174,13 @@ impl HostHandle {
     /// The volumes exported over NBD (with their groups).
     pub fn exports(&self) -> Vec<starfish_core::groups::ExportedVolume> {
         self.exports.read().expect("exports lock").clone()
+    }
+
+    /// The metrics page (OpenMetrics text): what was measured, and the core's status now.
+    pub(crate) async fn metrics_text(&self, active: bool) -> Option<String> {
+        let status = self.status().await?;
+        let clients = self.clients.lock().expect("clients lock").clone();
+        Some(self.metrics.encode(active, Some((&status, &self.exports(), &clients))))
     }
 
     /// NBD clients connected to `export` now.
@@ -304,12 +312,14 @@ pub(crate) fn start_active(
     let (volume_orders, orders_rx) = mpsc::unbounded_channel();
     let (volume_events, events_rx) = mpsc::unbounded_channel();
     let clients: Clients = Arc::default();
+    let metrics = crate::metrics::HostMetrics::default();
     let handle = HostHandle {
         inputs: inputs.clone(),
         addresses: Arc::new(addresses),
         links: Arc::new(links),
         exports: exports.clone(),
         clients: clients.clone(),
+        metrics: metrics.clone(),
         volume_orders,
     };
     let origin = Instant::now();
@@ -337,7 +347,7 @@ pub(crate) fn start_active(
         let tls = options.tls.clone();
         tasks.push(tokio::spawn(run_element_link(ElementId(i as u8), *address, far_links[i], inputs.clone(), tls)));
     }
-    let backend = Arc::new(HostBackend { inputs: inputs.clone(), exports, clients });
+    let backend = Arc::new(HostBackend { inputs: inputs.clone(), exports, clients, metrics });
     let (drain, drain_rx) = tokio::sync::watch::channel(false);
     let tls =
         options.tls.clone().map(|context| nbd_server::NbdTls { context, verify_peer: options.nbd_tls_verify_peer });
@@ -862,9 +872,28 @@ struct HostBackend {
     /// consistency group's members are windows of the group's storage volume).
     exports: Exports,
     clients: Clients,
+    metrics: crate::metrics::HostMetrics,
 }
 
 impl HostBackend {
+    /// `future`, whose answer is measured: latency, bytes moved, error.
+    fn timed<T: Send + 'static>(
+        &self,
+        export: &str,
+        op: &'static str,
+        bytes: u64,
+        future: BoxFuture<Result<T, nbd::Errno>>,
+    ) -> BoxFuture<Result<T, nbd::Errno>> {
+        let (metrics, export, started) = (self.metrics.clone(), export.to_string(), Instant::now());
+        Box::pin(async move {
+            let result = future.await;
+            // "EIO: input/output error" → "EIO".
+            let error = result.as_ref().err().map(|e| e.to_string().split(':').next().unwrap_or("?").to_string());
+            metrics.request(&export, op, bytes, started.elapsed(), error);
+            result
+        })
+    }
+
     /// The storage volume of `export` and its offset there.
     fn locate(&self, export: &str) -> Option<(u32, u64)> {
         let exports = self.exports.read().expect("exports lock");
@@ -952,20 +981,23 @@ impl Backend for HostBackend {
 
     fn read(&self, export: &str, offset_bytes: u64, length_bytes: u32) -> BoxFuture<Result<Bytes, nbd::Errno>> {
         let rx = self.call(export, Request::Read { offset_bytes, length_bytes });
-        Box::pin(async move {
+        let future: BoxFuture<Result<Bytes, nbd::Errno>> = Box::pin(async move {
             match rx.ok_or(nbd::Errno::Io)?.await {
                 Ok(Reply::Read(result)) => result.map_err(errno),
                 _ => Err(nbd::Errno::Io),
             }
-        })
+        });
+        self.timed(export, "read", length_bytes as u64, future)
     }
 
     fn write(&self, export: &str, offset_bytes: u64, data: Bytes, _fua: bool) -> BoxFuture<Result<(), nbd::Errno>> {
         // The piece checksums are computed here, once, as the write arrives: they travel with
         // it to every element's disk, and reads are checked against them. Pieces are cut at
         // block boundaries of the storage volume (a group member starts on one).
-        let Some((volume, base)) = self.locate(export) else { return done(None) };
-        done(self.call_in(volume, Request::Write(Op::write(base + offset_bytes, data))))
+        let bytes = data.len() as u64;
+        let Some((volume, base)) = self.locate(export) else { return self.timed(export, "write", bytes, done(None)) };
+        let future = done(self.call_in(volume, Request::Write(Op::write(base + offset_bytes, data))));
+        self.timed(export, "write", bytes, future)
     }
 
     fn write_zeroes(
@@ -975,7 +1007,8 @@ impl Backend for HostBackend {
         length_bytes: u64,
         _fua: bool,
     ) -> BoxFuture<Result<(), nbd::Errno>> {
-        done(self.call(export, Request::Write(Op::WriteZeroes { offset_bytes, length_bytes })))
+        let future = done(self.call(export, Request::Write(Op::WriteZeroes { offset_bytes, length_bytes })));
+        self.timed(export, "write_zeroes", 0, future)
     }
 
     fn trim(
@@ -985,11 +1018,12 @@ impl Backend for HostBackend {
         length_bytes: u64,
         _fua: bool,
     ) -> BoxFuture<Result<(), nbd::Errno>> {
-        done(self.call(export, Request::Write(Op::Trim { offset_bytes, length_bytes })))
+        let future = done(self.call(export, Request::Write(Op::Trim { offset_bytes, length_bytes })));
+        self.timed(export, "trim", 0, future)
     }
 
     fn flush(&self, export: &str) -> BoxFuture<Result<(), nbd::Errno>> {
-        done(self.call(export, Request::Flush))
+        self.timed(export, "flush", 0, done(self.call(export, Request::Flush)))
     }
 
     fn block_status(
@@ -999,7 +1033,7 @@ impl Backend for HostBackend {
         length_bytes: u64,
     ) -> BoxFuture<Result<Vec<Extent>, nbd::Errno>> {
         let rx = self.call(export, Request::BlockStatus { offset_bytes, length_bytes });
-        Box::pin(async move {
+        let future: BoxFuture<Result<Vec<Extent>, nbd::Errno>> = Box::pin(async move {
             match rx.ok_or(nbd::Errno::Io)?.await {
                 Ok(Reply::BlockStatus(result)) => Ok(result
                     .map_err(errno)?
@@ -1008,6 +1042,7 @@ impl Backend for HostBackend {
                     .collect()),
                 _ => Err(nbd::Errno::Io),
             }
-        })
+        });
+        self.timed(export, "block_status", 0, future)
     }
 }

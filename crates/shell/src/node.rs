@@ -381,12 +381,11 @@ impl Node {
 
     pub async fn metrics(&self) -> Option<String> {
         let handle = self.active.lock().await.as_ref().map(|a| a.handle.clone());
-        let text = match handle {
-            Some(handle) => crate::admin::metrics(&handle.status().await?),
-            None => String::new(),
-        };
-        let active = self.role.lock().expect("role lock").active as u8;
-        Some(format!("{text}# TYPE starfish_host_active gauge\nstarfish_host_active {active}\n"))
+        let active = self.role.lock().expect("role lock").active;
+        match handle {
+            Some(handle) => handle.metrics_text(active).await,
+            None => Some(crate::metrics::HostMetrics::default().encode(active, None)),
+        }
     }
 
     fn standby_json(&self) -> Value {

@@ -166,3 +166,21 @@ fn deletions_are_logged_completed_and_undone() {
     log.written();
     assert!(log.take_durable().contains(&(e.id, false)));
 }
+
+/// A volume whose creation was carried out but not yet completed on disk (a starting host
+/// element rolled it forward; group commit waits) can be deleted at once.
+#[test]
+fn a_creation_rolled_forward_can_be_deleted_before_its_completion_is_written() {
+    let mut catalog = Catalog::default();
+    catalog.next_id = 1;
+    catalog.intentions.push(Intention { id: 0, op: Intent::Create { name: "v".into(), size_bytes: 4096 } });
+    let mut log = IntentionLog::new(catalog, LogPolicy::Group);
+    log.finish(ms(0), 0, true);
+    let d = log.intend_delete(ms(1), "v").expect("deletable");
+    let w = log.poll_write(ms(20)).expect("written");
+    let on_disk = Catalog::decode(&w.document).expect("valid");
+    assert!(on_disk.volumes.is_empty(), "{on_disk:?}");
+    assert_eq!(on_disk.intentions, vec![d]);
+    log.written();
+    assert!(log.take_durable().contains(&(0, true)), "the creation's completion is durable with it");
+}
