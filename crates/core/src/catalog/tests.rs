@@ -171,9 +171,8 @@ fn deletions_are_logged_completed_and_undone() {
 /// element rolled it forward; group commit waits) can be deleted at once.
 #[test]
 fn a_creation_rolled_forward_can_be_deleted_before_its_completion_is_written() {
-    let mut catalog = Catalog::default();
-    catalog.next_id = 1;
-    catalog.intentions.push(Intention { id: 0, op: Intent::Create { name: "v".into(), size_bytes: 4096 } });
+    let create = Intention { id: 0, op: Intent::Create { name: "v".into(), size_bytes: 4096 } };
+    let catalog = Catalog { next_id: 1, intentions: vec![create], ..Catalog::default() };
     let mut log = IntentionLog::new(catalog, LogPolicy::Group);
     log.finish(ms(0), 0, true);
     let d = log.intend_delete(ms(1), "v").expect("deletable");
