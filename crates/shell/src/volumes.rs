@@ -41,6 +41,9 @@ pub(crate) enum VolumeOrder {
     List { reply: oneshot::Sender<Result<Value, String>> },
 }
 
+/// An operation whose intention's write failed: its reply, the reason, and when.
+type Undoing = (oneshot::Sender<Result<Value, String>>, String, Instant);
+
 /// A deletion under way (logged, or found pending at start-up).
 struct Deleting {
     name: String,
@@ -82,7 +85,7 @@ struct Catalogue {
     retry_at: Option<Instant>,
     /// Operations whose intention's write failed, answered once the write that undoes them
     /// is durable (until then a starting host element might still carry them out).
-    undoing: BTreeMap<u64, (oneshot::Sender<Result<Value, String>>, String)>,
+    undoing: BTreeMap<u64, Undoing>,
     checked: mpsc::UnboundedSender<Checked>,
 }
 
@@ -141,6 +144,7 @@ pub(crate) async fn run(
             .filter(|k| k.reply.is_some())
             .map(|k| k.asked)
             .chain(c.deleting.values().filter(|d| d.reply.is_some()).map(|d| d.asked))
+            .chain(c.undoing.values().map(|(_, _, at)| *at))
             .map(|asked| asked + CREATE_WAIT)
             .min();
         let wake = deadline.into_iter().chain(next_wait).chain(c.retry_at).min();
@@ -294,6 +298,13 @@ impl Catalogue {
             let _ = reply.send(Err(reason));
             return;
         }
+        // Below the write quorum the intention cannot be logged: say so now.
+        let writable = self.handle.status().await.and_then(|s| s.volumes.get(self.volume as usize).map(|v| v.mode));
+        if writable != Some(starfish_core::VolumeMode::ReadWrite) {
+            let reason = "read-only: fewer elements in sync than the write quorum; nothing was deleted";
+            let _ = reply.send(Err(reason.to_string()));
+            return;
+        }
         let clients = self.handle.clients_of(&name);
         if clients > 0 {
             let _ = reply
@@ -402,7 +413,7 @@ impl Catalogue {
             Ok(()) => {
                 let logged = self.log.written();
                 for (id, done) in self.log.take_durable() {
-                    if let (false, Some((reply, reason))) = (done, self.undoing.remove(&id)) {
+                    if let (false, Some((reply, reason, _))) = (done, self.undoing.remove(&id)) {
                         let _ =
                             reply.send(Err(format!("the catalog could not be written: {reason}; nothing was done")));
                     }
@@ -421,7 +432,7 @@ impl Catalogue {
                         None => self.deleting.remove(&intention.id).and_then(|mut d| d.reply.take()),
                     };
                     if let Some(reply) = reply {
-                        self.undoing.insert(intention.id, (reply, reason.clone()));
+                        self.undoing.insert(intention.id, (reply, reason.clone(), Instant::now()));
                     }
                 }
             }
@@ -544,6 +555,16 @@ impl Catalogue {
             if let Some(reply) = self.creating.get_mut(&id).and_then(|k| k.reply.take()) {
                 let _ = reply.send(Ok(doc));
             }
+        }
+        // An operation whose intention's write failed, and whose undoing cannot be written
+        // either (the quorum is still lost): the operator is told the outcome is not known yet.
+        let stuck: Vec<u64> =
+            self.undoing.iter().filter(|(_, (_, _, at))| at.elapsed() >= CREATE_WAIT).map(|(id, _)| *id).collect();
+        for id in stuck {
+            let (reply, reason, _) = self.undoing.remove(&id).expect("listed");
+            let _ = reply.send(Err(format!(
+                "the catalog could not be written ({reason}): the operation is undone once it can be written again; a host element that starts before then may still carry it out"
+            )));
         }
         let policy = self.log.policy();
         for (&id, d) in self.deleting.iter_mut() {
