@@ -16,6 +16,8 @@ packages=(
     python3-pytest
     python3-libnbd
     python3-prometheus-client
+    python3-websocket
+    chromium
     util-linux
     iproute2
     etcd-server

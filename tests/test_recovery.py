@@ -18,6 +18,7 @@ element is left failed by design).
 
 import errno
 import json
+import os
 import signal
 import time
 import urllib.request
@@ -25,6 +26,7 @@ import urllib.request
 import pytest
 
 import harness
+from browser import Browser
 from harness import MiB, Client, LoadWriter, volume_status, wait_until
 
 REGION_BLOCKS = 16384  # 64 MiB of 4 KiB blocks per writer region
@@ -323,6 +325,23 @@ def test_replay_recovery_past_the_write_queue(make_cluster, workdir):
     verify_all(cluster, workdir, uri, load, burst)
 
 
+# The status page's element rows ("name:state ..."), and far's row: its state and its recovery
+# progress bar ([value, max]) if it shows one.
+ELEMENTS_SHOWN = "[...document.querySelectorAll('#elements tr')].map((r) => r.dataset.element + ':' + r.dataset.state).join(' ')"
+
+
+def far_row():
+    return "document.querySelector('#elements tr[data-element=far]')"
+
+
+FAR_SHOWN = f"""(() => {{
+    const row = {far_row()};
+    if (!row) return null;
+    const bar = row.querySelector('progress.recovery');
+    return {{ state: row.dataset.state, progress: bar ? [bar.value, bar.max] : null }};
+}})()"""
+
+
 def scrape(cluster):
     """`GET /metrics`, parsed by the Prometheus client library's OpenMetrics parser (strict:
     names, types, escaping and the closing `# EOF`): {(name, labels): value} of every sample."""
@@ -344,26 +363,54 @@ def test_paced_replay_shows_progress(make_cluster, workdir):
     """`--recovery-rate` paces a replay so that it takes seconds: status shows
     it (kind replay, a peer as source, done_records going up) while foreground
     writes keep being acknowledged. The metrics say so too, scraped and parsed by a
-    real Prometheus parser while the replay runs."""
+    real Prometheus parser while the replay runs; and so does the live status page in
+    headless Chromium, without a reload: far failed, then recovering with a moving
+    progress bar, then in sync (screenshots in the test's directory)."""
     cluster = make_cluster_with_replay_log(
         make_cluster, BIG_REPLAY_LOG, host_extra=["--write-queue", SMALL_QUEUE, "--recovery-rate", PACED_RATE]
     )
     uri = cluster.uri()
-    with start_load(workdir, uri, seed=51) as load:
+    with start_load(workdir, uri, seed=51) as load, Browser(workdir) as page:
+        page.open(f"http://{cluster.admin}/")
+        page.wait(ELEMENTS_SHOWN + " === 'local:in-sync near:in-sync far:in-sync'", 15, "three elements in sync")
+        page.wait("document.querySelector('#volumes tr[data-volume=vol0]')?.dataset.mode === 'read-write'", 5, "vol0")
+        page.eval("window.sameDocument = true")
         load.wait_acks(300)
         kill_and_wait_out(cluster, "far")
+        page.wait(f"{far_row()}?.dataset.state === 'failed'", 10, "far failed after its kill -9")
+        page.screenshot(os.path.join(workdir, "status-page-far-failed.png"))
         burst = write_burst(workdir, uri, 160, seed=52)
         assert gap_left_the_queue(cluster.status(), "far"), "setup: far's gap is still in the write queue"
         cluster.restart_element("far")
-        during = []
+        during, shown = [], []
 
         def sample(status):
             if element_of(status, "far").get("recovery") and not during:
                 during.append(scrape(cluster))
+            shown.append(page.eval(FAR_SHOWN))
+            if shown[-1] and shown[-1]["progress"] and not [s for s in shown[:-1] if s and s["progress"]]:
+                page.screenshot(os.path.join(workdir, "status-page-far-recovering.png"))
             return load.acks()
 
         status, samples = watch(cluster, back_in_sync("far"), 90, "far back in sync", interval=0.2, on_sample=sample)
         assert during, "no scrape while far was recovering"
+        # The status page showed it without a reload: failed, then recovering with a progress
+        # bar that moved, then in sync; its charts drew the writes and the replay.
+        recovering = [s for s in shown if s and s["state"] == "recovering" and s["progress"]]
+        assert recovering, f"the page never showed far recovering with a progress bar: {shown}"
+        done = [s["progress"][0] for s in recovering]
+        assert all(0 <= s["progress"][0] <= s["progress"][1] for s in recovering), recovering
+        assert done == sorted(done) and len(set(done)) >= 2, f"the progress bar did not move: {recovering}"
+        page.wait(f"{far_row()}?.dataset.state === 'in-sync'", 10, "far in sync again")
+        assert page.eval("window.sameDocument === true"), "the page was reloaded"
+        assert page.eval("samples.some((s) => s.write_iops > 0)"), "no write IOPS charted"
+        assert page.eval("samples.some((s) => s.recovery_records_per_s > 0)"), "the replay was not charted"
+        points = page.eval("document.querySelector('#chart-iops polyline[data-series=write]').getAttribute('points')")
+        assert len(points.split()) >= 5, points
+        # Readable on a phone: nothing wider than the screen but the tables' own scrolling.
+        page.viewport(390, 844, mobile=True, scale=2)
+        page.wait("document.documentElement.scrollWidth <= window.innerWidth", 5, "no sideways scrolling at 390 px")
+        page.screenshot(os.path.join(workdir, "status-page-phone.png"))
         metrics = during[0]
         far, vol0 = (("element", "far"),), (("volume", "vol0"),)
         assert metrics[("starfish_element_state", (("element", "far"), ("state", "recovering")))] == 1, metrics

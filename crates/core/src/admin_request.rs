@@ -1,5 +1,6 @@
-//! The admin endpoint's requests: what the shell's small HTTP server reads from a connection
-//! before it answers. Sans-IO, bounded, and fuzzed (`fuzz/fuzz_targets/admin_request.rs`).
+//! The admin endpoint's requests: what a request's method and target ask for, once the
+//! shell's HTTP server (hyper, through axum) has read it. Sans-IO, bounded, and fuzzed
+//! (`fuzz/fuzz_targets/admin_request.rs`, through [`parse`] of a whole request head).
 
 /// A request head longer than this is refused: the admin API takes short requests only.
 pub const REQUEST_BYTES_MAX: usize = 8192;
@@ -7,6 +8,10 @@ pub const REQUEST_BYTES_MAX: usize = 8192;
 /// What a request asks for.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum AdminRequest {
+    /// `GET /`: the live status page (HTML).
+    StatusPage,
+    /// `GET /events`: the status page's feed (server-sent events).
+    Events,
     /// `GET /status`: the status document.
     Status,
     /// `GET /metrics`: Prometheus text.
@@ -43,11 +48,19 @@ impl AdminRequest {
                 | AdminRequest::VolumeDelete { .. }
         )
     }
-}
 
-/// Whether `received` holds a whole request head (through the blank line).
-pub fn head_complete(received: &[u8]) -> bool {
-    received.windows(4).any(|w| w == b"\r\n\r\n") || received.windows(2).any(|w| w == b"\n\n")
+    /// Whether it reads the cluster's state (and so needs, beyond loopback, a certificate of
+    /// the cluster under TLS).
+    pub fn is_read(&self) -> bool {
+        matches!(
+            self,
+            AdminRequest::StatusPage
+                | AdminRequest::Events
+                | AdminRequest::Status
+                | AdminRequest::Metrics
+                | AdminRequest::VolumeList
+        )
+    }
 }
 
 /// The request a head asks for, from its request line (`METHOD TARGET HTTP/1.x`); headers and
@@ -67,8 +80,18 @@ pub fn parse(head: &[u8]) -> AdminRequest {
     if !version.starts_with("HTTP/1.") || method.is_empty() || !target.starts_with('/') {
         return AdminRequest::Malformed("expected METHOD TARGET HTTP/1.x");
     }
+    classify(method, target)
+}
+
+/// The request a method and target (`/path?query`) ask for.
+pub fn classify(method: &str, target: &str) -> AdminRequest {
+    if target.len() > REQUEST_BYTES_MAX {
+        return AdminRequest::Malformed("the request target is too long");
+    }
     let (path, query) = target.split_once('?').unwrap_or((target, ""));
     match (method, path) {
+        ("GET", "/") => AdminRequest::StatusPage,
+        ("GET", "/events") => AdminRequest::Events,
         ("GET", "/status") => AdminRequest::Status,
         ("GET", "/metrics") => AdminRequest::Metrics,
         ("POST", "/failover") => AdminRequest::Failover,
@@ -217,6 +240,11 @@ mod tests {
         assert!(AdminRequest::VolumeDelete { name: "v".into() }.is_order());
         assert!(matches!(parse(b"POST /volumes/delete HTTP/1.1\r\n\r\n"), AdminRequest::Malformed(_)));
         assert!(!AdminRequest::VolumeList.is_order());
+        assert_eq!(classify("GET", "/"), AdminRequest::StatusPage);
+        assert_eq!(classify("GET", "/events"), AdminRequest::Events);
+        assert_eq!(classify("POST", "/"), AdminRequest::NotFound);
+        assert!(AdminRequest::StatusPage.is_read() && AdminRequest::Events.is_read() && !AdminRequest::Drain.is_read());
+        assert!(matches!(classify("GET", &format!("/{}", "x".repeat(REQUEST_BYTES_MAX))), AdminRequest::Malformed(_)));
         for bad in [
             &b"POST /scrub HTTP/1.1\r\n\r\n"[..],
             b"POST /scrub?volume= HTTP/1.1\r\n\r\n",
@@ -239,6 +267,5 @@ mod tests {
         ] {
             assert!(matches!(parse(bad), AdminRequest::Malformed(_)), "{bad:?}");
         }
-        assert!(head_complete(b"GET / HTTP/1.0\r\n\r\n") && !head_complete(b"GET / HTTP/1.0\r\n"));
     }
 }

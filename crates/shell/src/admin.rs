@@ -1,21 +1,39 @@
-//! The admin endpoint: a minimal HTTP/1.0 server on the admin address with `GET /status`
-//! (JSON, the shape `starfish status --json` prints), `GET /metrics` (Prometheus text), and
-//! the failover orders `POST /failover` (a standby takes over; `starfish failover`) and
-//! `POST /drain` (the active host element drains and becomes a standby), and
-//! `POST /scrub?volume=NAME[&rate=BYTES]` (`starfish scrub`).
+//! The admin endpoint, an HTTP server (hyper, routed by axum) on the admin address:
 //!
+//! - `GET /`: the live status page (`status_page.rs`), fed by `GET /events` (server-sent
+//!   events: the status document and the charts' samples, once a second);
+//! - `GET /status` (JSON, the shape `starfish status --json` prints), `GET /metrics`
+//!   (OpenMetrics text), `GET /volumes` (`starfish volume list`);
+//! - the orders: `POST /failover` (a standby takes over; `starfish failover`), `POST /drain`
+//!   (the active host element drains and becomes a standby), `POST /scrub?volume=NAME[&rate=BYTES]`
+//!   (`starfish scrub`), `POST /volumes/create?name=NAME&size=BYTES` and
+//!   `POST /volumes/delete?name=NAME` (`starfish volume …`).
+//!
+//! What a request asks for is read by the core (`starfish_core::admin_request`, fuzzed).
 //! With TLS configured (`--tls-dir`) the same port also speaks HTTPS (told apart by the first
 //! byte: a TLS handshake record). Orders that change the cluster (every POST) need HTTPS with
 //! a client certificate of the `admin` role (`POST /drain` also takes a host element's: the
 //! standby that takes over sends it); reads (`GET`) are answered to anyone on loopback, and
 //! beyond it only over HTTPS to a certificate of the cluster.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::{Extension, State};
+use axum::http::{header, HeaderValue, Method, Request, StatusCode, Uri};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use futures_util::StreamExt;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use serde_json::{json, Value};
 use starfish_core::HostStatus;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
+use tower::ServiceExt;
 
 use crate::node::Node;
+use crate::status_page::{EVENT_STREAM_LIFETIME, PAGE_CSP, PAGE_HTML};
 use crate::tls::{Identity, PeerCertificate, Role, Stream, TlsContext};
 
 /// First byte of a TLS handshake record.
@@ -23,11 +41,25 @@ const TLS_HANDSHAKE_RECORD: u8 = 0x16;
 
 use starfish_core::admin_request::{self, AdminRequest, REQUEST_BYTES_MAX};
 
-/// Admin requests answered at once; more connections are closed until one is answered.
+/// Admin connections served at once; more are closed until one ends.
 const CONNECTIONS_MAX: usize = 32;
+/// A connection is answered within this (a takeover may wait 10 s for the old host element's
+/// drain), else cut; but for the status page's feed, which ends by itself.
+const ANSWER_TIMEOUT: Duration = Duration::from_secs(30);
+/// A request's head must arrive within this.
+const HEAD_TIMEOUT: Duration = Duration::from_secs(10);
 
-pub async fn serve(listener: TcpListener, host: std::sync::Arc<Node>, tls: Option<TlsContext>) {
-    let permits = std::sync::Arc::new(tokio::sync::Semaphore::new(CONNECTIONS_MAX));
+/// What the server knows of the connection a request came on.
+#[derive(Clone, Debug)]
+struct Connection {
+    caller: Caller,
+    /// Set once the connection carries the status page's feed (a long answer).
+    streaming: Arc<AtomicBool>,
+}
+
+pub async fn serve(listener: TcpListener, host: Arc<Node>, tls: Option<TlsContext>) {
+    let permits = Arc::new(tokio::sync::Semaphore::new(CONNECTIONS_MAX));
+    let router = axum::Router::new().fallback(answer).with_state(host);
     loop {
         let (stream, peer) = match crate::accept::accept(&listener, "admin").await {
             Ok(accepted) => accepted,
@@ -40,21 +72,39 @@ pub async fn serve(listener: TcpListener, host: std::sync::Arc<Node>, tls: Optio
             tracing::warn!(%peer, limit = CONNECTIONS_MAX, "admin: connection limit reached; connection closed");
             continue;
         };
-        let host = host.clone();
+        let router = router.clone();
         let tls = tls.clone();
         tokio::spawn(async move {
-            // A takeover may wait for the old host element's drain (10 s at most).
-            let answered = async {
-                let (stream, caller) = match authenticate(stream, peer, tls.as_ref()).await {
-                    Ok(authenticated) => authenticated,
-                    Err(reason) => {
-                        tracing::warn!(%peer, "admin: connection refused: {reason}");
-                        return Ok(());
-                    }
-                };
-                answer(stream, host, caller).await
+            let authenticated = tokio::time::timeout(ANSWER_TIMEOUT, authenticate(stream, peer, tls.as_ref())).await;
+            let (stream, caller) = match authenticated {
+                Ok(Ok(authenticated)) => authenticated,
+                Ok(Err(reason)) => {
+                    tracing::warn!(%peer, "admin: connection refused: {reason}");
+                    return;
+                }
+                Err(_) => return,
             };
-            let _ = tokio::time::timeout(std::time::Duration::from_secs(30), answered).await;
+            let streaming = Arc::new(AtomicBool::new(false));
+            let connection = Connection { caller, streaming: streaming.clone() };
+            let service = hyper::service::service_fn(move |mut request: Request<hyper::body::Incoming>| {
+                request.extensions_mut().insert(connection.clone());
+                router.clone().oneshot(request)
+            });
+            let mut http = hyper::server::conn::http1::Builder::new();
+            http.keep_alive(false).timer(TokioTimer::new()).header_read_timeout(HEAD_TIMEOUT);
+            http.max_buf_size(REQUEST_BYTES_MAX);
+            let served = http.serve_connection(TokioIo::new(stream), service);
+            tokio::pin!(served);
+            let result = match tokio::time::timeout(ANSWER_TIMEOUT, served.as_mut()).await {
+                Ok(result) => result,
+                Err(_) if streaming.load(Ordering::Relaxed) => {
+                    tokio::time::timeout(EVENT_STREAM_LIFETIME, served).await.unwrap_or(Ok(()))
+                }
+                Err(_) => Ok(()),
+            };
+            if let Err(error) = result {
+                tracing::debug!(%peer, %error, "admin: connection ended with an error");
+            }
             drop(permit);
         });
     }
@@ -119,41 +169,55 @@ async fn authenticate(
     Ok((Stream::Plain(stream), Caller::PlainLoopback))
 }
 
-async fn answer(mut stream: Stream, host: std::sync::Arc<Node>, caller: Caller) -> std::io::Result<()> {
-    let mut head = Vec::with_capacity(1024);
-    let mut buf = [0u8; 1024];
-    while !admin_request::head_complete(&head) {
-        let n = stream.read(&mut buf).await?;
-        if n == 0 || head.len() + n > REQUEST_BYTES_MAX {
-            break;
-        }
-        head.extend_from_slice(&buf[..n]);
-    }
-    let request = admin_request::parse(&head);
+fn reply(code: StatusCode, content_type: &'static str, body: String) -> Response {
+    (code, [(header::CONTENT_TYPE, content_type)], body).into_response()
+}
+
+fn json_reply(code: StatusCode, doc: Value) -> Response {
+    reply(code, "application/json", doc.to_string())
+}
+
+async fn answer(
+    State(host): State<Arc<Node>>,
+    Extension(connection): Extension<Connection>,
+    method: Method,
+    uri: Uri,
+) -> Response {
+    let request = admin_request::classify(method.as_str(), uri.path_and_query().map_or("/", |p| p.as_str()));
+    let caller = &connection.caller;
     let order = |result: Result<Value, String>| match result {
-        Ok(doc) => ("200 OK", "application/json", doc.to_string()),
-        Err(e) => ("409 Conflict", "application/json", json!({ "error": e }).to_string()),
+        Ok(doc) => json_reply(StatusCode::OK, doc),
+        Err(e) => json_reply(StatusCode::CONFLICT, json!({ "error": e })),
     };
     let refusal = if request.is_order() {
         caller.order_refusal(request == AdminRequest::Drain)
-    } else if matches!(request, AdminRequest::Status | AdminRequest::Metrics | AdminRequest::VolumeList) {
+    } else if request.is_read() {
         caller.read_refusal()
     } else {
         None
     };
-    let (code, content_type, body) = match request {
-        _ if refusal.is_some() => {
-            let reason = refusal.unwrap_or_default();
-            tracing::warn!(?caller, ?request, "admin: order refused: {reason}");
-            ("403 Forbidden", "application/json", json!({ "error": reason }).to_string())
+    if let Some(reason) = refusal {
+        tracing::warn!(?caller, ?request, "admin: refused: {reason}");
+        return json_reply(StatusCode::FORBIDDEN, json!({ "error": reason }));
+    }
+    let stopping = || reply(StatusCode::SERVICE_UNAVAILABLE, "text/plain", "host element stopping\n".into());
+    match request {
+        AdminRequest::StatusPage => {
+            let mut page = reply(StatusCode::OK, "text/html; charset=utf-8", PAGE_HTML.into());
+            let headers = page.headers_mut();
+            headers.insert(header::CONTENT_SECURITY_POLICY, HeaderValue::from_static(PAGE_CSP));
+            headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+            headers.insert(header::X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff"));
+            page
         }
+        AdminRequest::Events => events(&host, &connection.streaming),
         AdminRequest::Status => match host.status_json().await {
-            Some(doc) => ("200 OK", "application/json", doc.to_string()),
-            None => ("503 Service Unavailable", "text/plain", "host element stopping\n".into()),
+            Some(doc) => json_reply(StatusCode::OK, doc),
+            None => stopping(),
         },
         AdminRequest::Metrics => match host.metrics().await {
-            Some(text) => ("200 OK", "application/openmetrics-text; version=1.0.0; charset=utf-8", text),
-            None => ("503 Service Unavailable", "text/plain", "host element stopping\n".into()),
+            Some(text) => reply(StatusCode::OK, "application/openmetrics-text; version=1.0.0; charset=utf-8", text),
+            None => stopping(),
         },
         AdminRequest::Failover => order(host.take_over("told to (starfish failover)", true).await),
         AdminRequest::Drain => order(host.drain().await),
@@ -161,20 +225,41 @@ async fn answer(mut stream: Stream, host: std::sync::Arc<Node>, caller: Caller) 
         AdminRequest::VolumeCreate { name, size_bytes } => order(host.volume_create(&name, size_bytes).await),
         AdminRequest::VolumeDelete { name } => order(host.volume_delete(&name).await),
         AdminRequest::VolumeList => order(host.volume_list().await),
-        AdminRequest::NotFound => (
-            "404 Not Found",
+        AdminRequest::NotFound => reply(
+            StatusCode::NOT_FOUND,
             "text/plain",
-            "try GET /status, GET /metrics, GET /volumes, POST /failover, POST /drain, POST /scrub?volume=NAME, POST /volumes/create?name=NAME&size=BYTES or POST /volumes/delete?name=NAME\n".into(),
+            "try GET / (the status page), GET /status, GET /metrics, GET /volumes, POST /failover, POST /drain, POST /scrub?volume=NAME, POST /volumes/create?name=NAME&size=BYTES or POST /volumes/delete?name=NAME\n".into(),
         ),
-        AdminRequest::Malformed(why) => ("400 Bad Request", "text/plain", format!("{why}\n")),
+        AdminRequest::Malformed(why) => reply(StatusCode::BAD_REQUEST, "text/plain", format!("{why}\n")),
+    }
+}
+
+/// The status page's feed: the samples kept (`history`), then each new status and sample
+/// (`update`) until [`EVENT_STREAM_LIFETIME`]; the browser then reconnects by itself.
+fn events(host: &Node, streaming: &AtomicBool) -> Response {
+    let feed = host.feed();
+    let Ok(permit) = feed.streams.clone().try_acquire_owned() else {
+        let why = "too many status pages are following this host element; close one";
+        return reply(StatusCode::SERVICE_UNAVAILABLE, "text/plain", format!("{why}\n"));
     };
-    let head = format!(
-        "HTTP/1.0 {code}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-        body.len()
-    );
-    stream.write_all(head.as_bytes()).await?;
-    stream.write_all(body.as_bytes()).await?;
-    stream.shutdown().await
+    streaming.store(true, Ordering::Relaxed);
+    let history = Event::default().event("history").retry(Duration::from_secs(1)).data(feed.history_json());
+    let mut updates = feed.subscribe();
+    // The newest update at once, then each one as it comes.
+    updates.mark_changed();
+    let deadline = tokio::time::Instant::now() + EVENT_STREAM_LIFETIME;
+    let following = futures_util::stream::unfold((updates, permit), move |(mut updates, permit)| async move {
+        loop {
+            tokio::time::timeout_at(deadline, updates.changed()).await.ok()?.ok()?;
+            let update = updates.borrow_and_update().clone();
+            if let Some(update) = update {
+                let event = Event::default().event("update").data(&*update);
+                return Some((event, (updates, permit)));
+            }
+        }
+    });
+    let stream = futures_util::stream::once(async { history }).chain(following).map(Ok::<_, std::convert::Infallible>);
+    Sse::new(stream).keep_alive(KeepAlive::default()).into_response()
 }
 
 /// A volume's running (else last) scrub, in the status document.
@@ -208,6 +293,7 @@ pub fn status_json(
     addresses: &[String],
     links: &[String],
     exports: &[starfish_core::groups::ExportedVolume],
+    clients: &std::collections::HashMap<String, usize>,
 ) -> Value {
     let storage: Vec<Value> = status
         .volumes
@@ -234,6 +320,7 @@ pub fn status_json(
             let mut o = storage.get(e.volume)?.clone();
             o["name"] = json!(e.name);
             o["size_bytes"] = json!(e.size_bytes);
+            o["nbd_connections"] = json!(clients.get(&e.name).copied().unwrap_or(0));
             if let Some(group) = &e.group {
                 o["group"] = json!(group);
                 o["group_offset_bytes"] = json!(e.offset_bytes);
@@ -386,7 +473,7 @@ async fn exchange(
     stream.read_to_end(&mut response).await?;
     let text = String::from_utf8_lossy(&response);
     let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-    if !head.starts_with("HTTP/1.0 200") {
+    if head.split(' ').nth(1) != Some("200") {
         let status = head.lines().next().unwrap_or("");
         return Err(std::io::Error::other(format!("admin endpoint answered: {status}: {}", body.trim())));
     }

@@ -183,6 +183,16 @@ impl HostHandle {
         Some(self.metrics.encode(active, Some((&status, &self.exports(), &clients))))
     }
 
+    /// NBD connections per export now.
+    pub(crate) fn clients(&self) -> HashMap<String, usize> {
+        self.clients.lock().expect("clients lock").clone()
+    }
+
+    /// Reads and writes answered so far, with their latency buckets (the status page's charts).
+    pub(crate) fn chart_totals(&self) -> (crate::metrics::KindTotals, crate::metrics::KindTotals) {
+        self.metrics.chart_totals()
+    }
+
     /// NBD clients connected to `export` now.
     pub(crate) fn clients_of(&self, export: &str) -> usize {
         self.clients.lock().expect("clients lock").get(export).copied().unwrap_or(0)

@@ -11,5 +11,6 @@ pub mod host;
 mod metrics;
 pub mod nbd_server;
 pub mod node;
+mod status_page;
 pub mod tls;
 mod volumes;

@@ -10,6 +10,8 @@
 //! encodes it once. An example Grafana dashboard is `docs/grafana-dashboard.json`.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -62,12 +64,62 @@ fn latency_histogram() -> Histogram {
     Histogram::new(exponential_buckets(LATENCY_BUCKET_START_S, 2.0, LATENCY_BUCKETS))
 }
 
+/// The latency buckets' upper bounds in seconds (the last bucket, beyond them, is unbounded).
+pub(crate) fn latency_bounds() -> Vec<f64> {
+    exponential_buckets(LATENCY_BUCKET_START_S, 2.0, LATENCY_BUCKETS).collect()
+}
+
+/// Requests of one kind answered so far and how many fell in each latency bucket (the
+/// histogram's buckets, not cumulative; one more than [`latency_bounds`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct KindTotals {
+    pub requests: u64,
+    pub buckets: Vec<u64>,
+}
+
+/// What the status page charts, summed over volumes: reads, and writes of every kind (write,
+/// write zeroes, trim). The prometheus-client histograms do not give their buckets back, so
+/// these few counters are kept beside them.
+#[derive(Debug, Default)]
+struct ChartCounters {
+    read: KindCounters,
+    write: KindCounters,
+}
+
+#[derive(Debug, Default)]
+struct KindCounters {
+    requests: AtomicU64,
+    buckets: [AtomicU64; LATENCY_BUCKETS as usize + 1],
+}
+
+impl KindCounters {
+    fn observe(&self, took: Duration) {
+        let seconds = took.as_secs_f64();
+        let mut bound = LATENCY_BUCKET_START_S;
+        let mut bucket = 0;
+        while bucket < LATENCY_BUCKETS as usize && seconds > bound {
+            bound *= 2.0;
+            bucket += 1;
+        }
+        self.buckets[bucket].fetch_add(1, Ordering::Relaxed);
+        self.requests.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn totals(&self) -> KindTotals {
+        KindTotals {
+            requests: self.requests.load(Ordering::Relaxed),
+            buckets: self.buckets.iter().map(|b| b.load(Ordering::Relaxed)).collect(),
+        }
+    }
+}
+
 /// What is measured as requests are answered; cheap to clone (shared handles).
 #[derive(Clone, Debug)]
 pub(crate) struct HostMetrics {
     request_seconds: LatencyFamily,
     request_bytes: Family<RequestLabels, Counter>,
     request_errors: Family<ErrorLabels, Counter>,
+    charts: Arc<ChartCounters>,
 }
 
 impl Default for HostMetrics {
@@ -76,6 +128,7 @@ impl Default for HostMetrics {
             request_seconds: Family::new_with_constructor(latency_histogram as fn() -> Histogram),
             request_bytes: Family::default(),
             request_errors: Family::default(),
+            charts: Arc::default(),
         }
     }
 }
@@ -86,6 +139,11 @@ impl HostMetrics {
     pub fn request(&self, volume: &str, op: &'static str, bytes: u64, took: Duration, error: Option<String>) {
         let labels = RequestLabels { volume: volume.to_string(), op };
         self.request_seconds.get_or_create(&labels).observe(took.as_secs_f64());
+        match op {
+            "read" => self.charts.read.observe(took),
+            "write" | "write_zeroes" | "trim" => self.charts.write.observe(took),
+            _ => {}
+        }
         match error {
             None => {
                 if bytes > 0 {
@@ -97,6 +155,11 @@ impl HostMetrics {
                 self.request_errors.get_or_create(&labels).inc();
             }
         }
+    }
+
+    /// Reads and writes answered so far, with their latency buckets (the status page's charts).
+    pub fn chart_totals(&self) -> (KindTotals, KindTotals) {
+        (self.charts.read.totals(), self.charts.write.totals())
     }
 
     /// The metrics page: whether this host element is the active one, what was measured, and
@@ -340,6 +403,22 @@ mod tests {
         metrics.request("vol0", "read", 0, Duration::from_micros(90), Some("EIO".into()));
         let clients = HashMap::from([("vol0".to_string(), 2)]);
         metrics.encode(true, Some((&status, &exports, &clients)))
+    }
+
+    #[test]
+    fn chart_totals_count_requests_in_the_histograms_buckets() {
+        let metrics = HostMetrics::default();
+        metrics.request("v", "write", 4096, Duration::from_micros(50), None);
+        metrics.request("v", "trim", 0, Duration::from_micros(51), None);
+        metrics.request("v", "read", 4096, Duration::from_secs(10), None);
+        metrics.request("v", "flush", 0, Duration::from_millis(1), None);
+        let (read, write) = metrics.chart_totals();
+        let bounds = latency_bounds();
+        assert_eq!(bounds.len() + 1, write.buckets.len());
+        assert_eq!((read.requests, write.requests), (1, 2));
+        // 50 µs is the first bound (inclusive, as Prometheus' `le`); 51 µs is the next bucket.
+        assert_eq!(&write.buckets[..3], &[1, 1, 0]);
+        assert_eq!(read.buckets.last(), Some(&1), "beyond the last bound: the unbounded bucket");
     }
 
     #[test]

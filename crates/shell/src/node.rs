@@ -63,6 +63,8 @@ pub struct Node {
     watch: Mutex<Watch>,
     coordinator: tokio::sync::Mutex<Option<Coordinator>>,
     superseded_tx: mpsc::UnboundedSender<()>,
+    /// The live status page's feed (`GET /events`).
+    feed: crate::status_page::Feed,
 }
 
 #[derive(Clone, Debug)]
@@ -106,6 +108,7 @@ pub async fn start(options: HostOptions) -> std::io::Result<Arc<Node>> {
         }),
         coordinator: tokio::sync::Mutex::new(None),
         superseded_tx,
+        feed: Default::default(),
         options,
     });
     for (i, address) in node.options.element_addresses.iter().enumerate() {
@@ -137,6 +140,7 @@ pub async fn start(options: HostOptions) -> std::io::Result<Arc<Node>> {
     if automatic {
         tokio::spawn(campaign(node.clone()));
     }
+    tokio::spawn(sample_for_the_page(Arc::downgrade(&node)));
     tokio::spawn(crate::admin::serve(admin_listener, node.clone(), node.options.tls.clone()));
     tracing::info!(nbd = %node.options.nbd, admin = %node.options.admin, "host element listening");
     Ok(node)
@@ -356,16 +360,33 @@ impl Node {
     /// The status document: the active core's (`admin::status_json`) or a standby's, with
     /// `role` either way.
     pub async fn status_json(&self) -> Option<Value> {
+        self.status_and_totals().await.map(|(doc, _)| doc)
+    }
+
+    /// The live status page's feed.
+    pub(crate) fn feed(&self) -> &crate::status_page::Feed {
+        &self.feed
+    }
+
+    /// The status document, and (when active) the totals the page's charts are drawn from.
+    async fn status_and_totals(&self) -> Option<(Value, Option<crate::status_page::Totals>)> {
         let handle = self.active.lock().await.as_ref().map(|a| a.handle.clone());
         let role = self.role.lock().expect("role lock").clone();
-        let mut doc = match handle {
+        let (mut doc, totals) = match handle {
             Some(handle) => {
                 let status = handle.status().await?;
-                let mut doc = crate::admin::status_json(&status, handle.addresses(), handle.links(), &handle.exports());
+                let totals = crate::status_page::Totals::new(Instant::now(), handle.chart_totals(), &status);
+                let mut doc = crate::admin::status_json(
+                    &status,
+                    handle.addresses(),
+                    handle.links(),
+                    &handle.exports(),
+                    &handle.clients(),
+                );
                 doc["role"] = json!("active");
-                doc
+                (doc, Some(totals))
             }
-            None => self.standby_json(),
+            None => (self.standby_json(), None),
         };
         doc["host_id"] = json!(self.host_id.to_string());
         doc["admin"] = json!(self.admin_text);
@@ -376,7 +397,7 @@ impl Node {
             "etcd": self.options.failover.etcd,
             "takeover_after_ms": self.options.failover.takeover_after_ms,
         });
-        Some(doc)
+        Some((doc, totals))
     }
 
     pub async fn metrics(&self) -> Option<String> {
@@ -552,4 +573,27 @@ async fn campaign(node: Arc<Node>) {
 /// is configured); the body of a 200 answer.
 async fn post(admin: SocketAddr, path: &str, tls: Option<&crate::tls::TlsContext>) -> std::io::Result<String> {
     crate::admin::request(admin, "POST", path, tls).await
+}
+
+/// Once a second, the status page's sample of this host element (see `status_page.rs`).
+async fn sample_for_the_page(node: std::sync::Weak<Node>) {
+    let mut tick = tokio::time::interval(crate::status_page::SAMPLE_INTERVAL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    let mut before: Option<crate::status_page::Totals> = None;
+    loop {
+        tick.tick().await;
+        let Some(node) = node.upgrade() else { return };
+        let (doc, totals) = match node.status_and_totals().await {
+            Some((doc, totals)) => (Some(doc), totals),
+            None => (None, None),
+        };
+        let unix_ms =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+        let sample = match (&before, &totals) {
+            (Some(before), Some(after)) => Some(crate::status_page::sample(before, after, unix_ms)),
+            _ => None,
+        };
+        before = totals;
+        node.feed.publish(doc, sample);
+    }
 }

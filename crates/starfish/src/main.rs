@@ -1056,6 +1056,7 @@ fn demo(args: DemoArgs) -> Result<()> {
             println!("  nbdfuse /tmp/sf/disk '{uri}' &  then  mkfs.ext4 /tmp/sf/disk  (or losetup + mount)");
         }
         println!("  starfish status --admin {}", args.admin);
+        println!("Live status page (a browser on this machine): http://{}/", args.admin);
         println!();
         let deadline = args.duration.map(|s| tokio::time::Instant::now() + Duration::from_secs(s));
         let period = Duration::from_secs(5);

@@ -240,7 +240,7 @@ pub fn admin_request(admin: SocketAddr, method: &str, path: &str, timeout: Durat
     let mut response = String::new();
     stream.read_to_string(&mut response)?;
     let (head, body) = response.split_once("\r\n\r\n").context("admin endpoint sent no header end")?;
-    if !head.starts_with("HTTP/1.0 200") {
+    if head.split(' ').nth(1) != Some("200") {
         bail!("admin endpoint answered: {}: {}", head.lines().next().unwrap_or(""), body.trim());
     }
     Ok(body.to_string())
