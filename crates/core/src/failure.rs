@@ -73,6 +73,31 @@ pub enum Failure {
 }
 
 impl Failure {
+    /// A short name of the kind of failure (the metrics' `reason` label).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Failure::NotConnectedYet => "not_connected_yet",
+            Failure::CannotConnect(_) => "cannot_connect",
+            Failure::ConnectionLost(_) => "connection_lost",
+            Failure::HandshakeLost(_) => "handshake_lost",
+            Failure::HandshakeTimeout { .. } => "handshake_timeout",
+            Failure::HeartbeatTimeout { .. } => "heartbeat_timeout",
+            Failure::SessionRefused(_) => "refused",
+            Failure::Fault(_) => "fault",
+            Failure::Fenced { .. } => "fenced",
+            Failure::Protocol(_) => "protocol",
+            Failure::EpochRaised(_) => "epoch_raised",
+            Failure::SameElementAs(_) => "same_element",
+            Failure::LogFetchFailed(_) => "log_fetch_failed",
+            Failure::ReadFailed(_) => "read_failed",
+            Failure::ReadChecksum(_) => "read_checksum",
+            Failure::ScrubMismatch { .. } => "scrub_mismatch",
+            Failure::TooSlow { .. } => "too_slow",
+            Failure::Unrecoverable { .. } => "unrecoverable",
+            Failure::CopyFailed { .. } => "copy_failed",
+        }
+    }
+
     /// Failures of the reconnect loop itself, which say nothing about why an element keeps
     /// failing.
     pub fn is_transient(&self) -> bool {

@@ -15,6 +15,7 @@ use proto::{
 
 use crate::ack_policy::AckPolicy;
 use crate::failure::Failure;
+use crate::latency::LatencyHistogram;
 use crate::limits;
 use crate::read_cache::ReadCache;
 use crate::write_queue::{Entry, HostReply, WriteQueue};
@@ -457,6 +458,12 @@ struct ElementRuntime {
     needs_full: Option<(Vec<Sequence>, Failure)>,
     /// The current session ended in a failure with a reason of its own.
     failed_in_session: bool,
+    /// Latency of its acknowledgements that count under its ack policy (durable: applied;
+    /// received, network-sync: the weaker one), from each write's sequence assignment, while
+    /// in sync.
+    ack_latency: LatencyHistogram,
+    /// Its failures so far, per kind (`Failure::kind`).
+    failures: BTreeMap<&'static str, u64>,
     /// The identity it reported (kept across sessions): a second configured element with the
     /// same identity is the same disk and is refused.
     identity: Option<u64>,
@@ -710,6 +717,10 @@ pub struct ElementStatus {
     pub rtt_us: Option<u64>,
     pub recovery: Option<RecoveryStatus>,
     pub last_recovery: Option<LastRecoveryStatus>,
+    /// Its acknowledgements' latency while in sync (see `ElementRuntime::ack_latency`).
+    pub ack_latency: LatencyHistogram,
+    /// Its failures since this host element started, per kind (`Failure::kind`).
+    pub failures: Vec<(&'static str, u64)>,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -755,6 +766,8 @@ impl HostCore {
                 copy_passes: 0,
                 needs_full: None,
                 failed_in_session: false,
+                ack_latency: LatencyHistogram::default(),
+                failures: BTreeMap::new(),
                 identity: None,
                 follows: None,
                 owner_absent_ms: 0,
@@ -2012,6 +2025,7 @@ impl HostCore {
     fn fail_element(&mut self, now: Time, element: ElementId, reason: Failure, disconnect: bool) {
         let e = &mut self.elements[element.0 as usize];
         let was_live = e.live();
+        *e.failures.entry(reason.kind()).or_insert(0) += 1;
         e.state = ElementState::Failed(reason.clone());
         e.failed_in_session = e.session;
         e.recovery = None;
@@ -2089,8 +2103,12 @@ impl HostCore {
         e.applied[vi] = sequence;
         // A replay from a peer can acknowledge records this session never sent.
         e.sent_through[vi] = e.sent_through[vi].max(sequence);
+        let timed = e.state == ElementState::InSync && self.config.ack_policies[element.0 as usize].needs_durable();
         for entry in self.volumes[vi].queue.range_mut(old, sequence) {
             entry.acked_by.insert(element);
+            if let (true, Some(at)) = (timed, entry.assigned_at) {
+                e.ack_latency.observe(now.0.saturating_sub(at.0));
+            }
         }
         if self.elements[element.0 as usize].volume_recovery[vi] == VolumeRecovery::Replaying
             && self.volumes[vi].queue.covers_after(sequence)
@@ -2152,6 +2170,9 @@ impl HostCore {
         e.weak_through[vi] = sequence;
         for entry in self.volumes[vi].queue.range_mut(after, sequence) {
             entry.weak_by.insert(element);
+            if let Some(at) = entry.assigned_at {
+                e.ack_latency.observe(now.0.saturating_sub(at.0));
+            }
         }
         self.settle_volume(now, volume);
     }
@@ -2318,11 +2339,11 @@ impl HostCore {
             let pending = self.volumes[vi].admission.pop_front().expect("front exists");
             // Progress: the throttle clock measures only time blocked without any.
             self.volumes[vi].blocked_since = None;
-            self.accept_write(volume, pending);
+            self.accept_write(now, volume, pending);
         }
     }
 
-    fn accept_write(&mut self, volume: VolumeId, pending: PendingWrite) {
+    fn accept_write(&mut self, now: Time, volume: VolumeId, pending: PendingWrite) {
         let vi = volume.0 as usize;
         let v = &mut self.volumes[vi];
         let sequence = v.queue.last_sequence().next();
@@ -2340,6 +2361,7 @@ impl HostCore {
             acked_by: ElementSet::default(),
             weak_by: ElementSet::default(),
             host_reply: HostReply::Waiting(pending.token),
+            assigned_at: Some(now),
         });
         if !to.is_empty() {
             self.emit(Action::Send { to, message: HostMessage::Apply(record) });
@@ -2690,7 +2712,13 @@ impl HostCore {
                     }
                 }
                 self.cache.apply(fetch.volume, &record.op);
-                v.queue.push(Entry { record, acked_by, weak_by: ElementSet::default(), host_reply: HostReply::Done });
+                v.queue.push(Entry {
+                    record,
+                    acked_by,
+                    weak_by: ElementSet::default(),
+                    host_reply: HostReply::Done,
+                    assigned_at: None,
+                });
             }
         } else {
             v.queue = WriteQueue::new(self.config.write_queue_bytes, fetch.through, fetch.through_epoch);
@@ -2992,6 +3020,8 @@ impl HostCore {
                     rtt_us: e.rtt_us,
                     recovery,
                     last_recovery,
+                    ack_latency: e.ack_latency.clone(),
+                    failures: e.failures.iter().map(|(k, n)| (*k, *n)).collect(),
                 }
             })
             .collect();

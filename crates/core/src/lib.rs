@@ -12,6 +12,7 @@ mod element;
 mod failure;
 pub mod groups;
 mod host;
+pub mod latency;
 pub mod limits;
 pub mod mem_storage;
 mod read_cache;

@@ -7,7 +7,7 @@ use std::collections::VecDeque;
 use proto::{Epoch, Op, Record, Sequence};
 
 use crate::limits::WRITE_QUEUE_ENTRY_OVERHEAD_BYTES;
-use crate::{ElementSet, Token};
+use crate::{ElementSet, Time, Token};
 
 /// What the host is owed for an entry.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -28,6 +28,9 @@ pub struct Entry {
     /// policy before they are in `acked_by`. Cleared for an element that fails.
     pub weak_by: ElementSet,
     pub host_reply: HostReply,
+    /// When the host element assigned its sequence (none for a record recovered from an
+    /// element's log at start-up): elements' acknowledgement latencies count from here.
+    pub assigned_at: Option<Time>,
 }
 
 impl Entry {
@@ -220,6 +223,7 @@ mod tests {
             acked_by: ElementSet::default(),
             weak_by: ElementSet::default(),
             host_reply: HostReply::Done,
+            assigned_at: None,
         }
     }
 
@@ -263,6 +267,7 @@ mod tests {
             acked_by: ElementSet::default(),
             weak_by: ElementSet::default(),
             host_reply: HostReply::Done,
+            assigned_at: None,
         });
         let mut data = vec![9u8; 1024];
         assert!(q.overlay(Sequence(1), 0, &mut data));

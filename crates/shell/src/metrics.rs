@@ -15,17 +15,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::encoding::{EncodeMetric, MetricEncoder, NoLabelSet};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::{Registry, Unit};
 use starfish_core::groups::ExportedVolume;
+use starfish_core::latency::{self, LatencyHistogram};
 use starfish_core::{HostStatus, VolumeMode};
-
-/// Latency buckets: 50 µs doubling to about 1.6 s.
-const LATENCY_BUCKET_START_S: f64 = 50e-6;
-const LATENCY_BUCKETS: u16 = 16;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(crate) struct RequestLabels {
@@ -53,6 +52,34 @@ struct ElementLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ElementFailureLabels {
+    element: String,
+    /// `Failure::kind`: fenced, refused, connection_lost, heartbeat_timeout, ...
+    reason: String,
+}
+
+/// Histograms the core measured (one per element): encoded as they are, since
+/// prometheus-client's own `Histogram` is only filled by observing.
+#[derive(Debug)]
+struct MeasuredHistograms(Vec<(ElementLabels, LatencyHistogram)>);
+
+impl EncodeMetric for MeasuredHistograms {
+    fn encode(&self, mut encoder: MetricEncoder) -> Result<(), std::fmt::Error> {
+        let bounds: Vec<f64> = latency::bounds_seconds().chain([f64::INFINITY]).collect();
+        for (labels, h) in &self.0 {
+            let buckets: Vec<(f64, u64)> = bounds.iter().copied().zip(h.buckets.iter().copied()).collect();
+            let sum = h.sum_us as f64 / 1e6;
+            encoder.encode_family(labels)?.encode_histogram::<NoLabelSet>(sum, h.count, &buckets, None)?;
+        }
+        Ok(())
+    }
+
+    fn metric_type(&self) -> MetricType {
+        MetricType::Histogram
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ElementStateLabels {
     element: String,
     state: String,
@@ -60,13 +87,14 @@ struct ElementStateLabels {
 
 type LatencyFamily = Family<RequestLabels, Histogram, fn() -> Histogram>;
 
+/// Every latency on the page has the core's buckets: 50 µs doubling to about 1.6 s.
 fn latency_histogram() -> Histogram {
-    Histogram::new(exponential_buckets(LATENCY_BUCKET_START_S, 2.0, LATENCY_BUCKETS))
+    Histogram::new(latency::bounds_seconds())
 }
 
 /// The latency buckets' upper bounds in seconds (the last bucket, beyond them, is unbounded).
 pub(crate) fn latency_bounds() -> Vec<f64> {
-    exponential_buckets(LATENCY_BUCKET_START_S, 2.0, LATENCY_BUCKETS).collect()
+    latency::bounds_seconds().collect()
 }
 
 /// Requests of one kind answered so far and how many fell in each latency bucket (the
@@ -89,19 +117,12 @@ struct ChartCounters {
 #[derive(Debug, Default)]
 struct KindCounters {
     requests: AtomicU64,
-    buckets: [AtomicU64; LATENCY_BUCKETS as usize + 1],
+    buckets: [AtomicU64; latency::BOUNDED_BUCKETS + 1],
 }
 
 impl KindCounters {
     fn observe(&self, took: Duration) {
-        let seconds = took.as_secs_f64();
-        let mut bound = LATENCY_BUCKET_START_S;
-        let mut bucket = 0;
-        while bucket < LATENCY_BUCKETS as usize && seconds > bound {
-            bound *= 2.0;
-            bucket += 1;
-        }
-        self.buckets[bucket].fetch_add(1, Ordering::Relaxed);
+        self.buckets[latency::bucket_of(took.as_micros() as u64)].fetch_add(1, Ordering::Relaxed);
         self.requests.fetch_add(1, Ordering::Relaxed);
     }
 
@@ -319,6 +340,25 @@ fn register_status(
         None,
         status.elements.iter().map(|e| (element(&e.name), e.lag as i64)),
     );
+    let acks = status.elements.iter().map(|e| (element(&e.name), e.ack_latency.clone())).collect();
+    registry.register_with_unit(
+        "element_ack_latency",
+        "Latency of the element's acknowledgements that count under its ack policy, from the write's sequence assignment, while in sync",
+        Unit::Seconds,
+        MeasuredHistograms(acks),
+    );
+    let failures = Family::<ElementFailureLabels, Counter>::default();
+    for e in &status.elements {
+        for (reason, n) in &e.failures {
+            let labels = ElementFailureLabels { element: e.name.clone(), reason: reason.to_string() };
+            failures.get_or_create(&labels).inc_by(*n);
+        }
+    }
+    registry.register(
+        "element_failures",
+        "Times the element failed, by reason (fenced: it follows a newer host element; refused: it refused our session)",
+        failures,
+    );
     let rtt = Family::<ElementLabels, Gauge<f64, std::sync::atomic::AtomicU64>>::default();
     for e in &status.elements {
         if let Some(us) = e.rtt_us {
@@ -398,6 +438,8 @@ mod tests {
             elapsed_us: 1000,
         });
         status.elements[0].rtt_us = Some(250);
+        status.elements[1].ack_latency.observe(70);
+        status.elements[1].failures = vec![("fenced", 2)];
         let metrics = HostMetrics::default();
         metrics.request("vol0", "write", 4096, Duration::from_micros(300), None);
         metrics.request("vol0", "read", 0, Duration::from_micros(90), Some("EIO".into()));
@@ -428,6 +470,9 @@ mod tests {
         assert!(page.contains("starfish_nbd_connections{volume=\"vol0\"} 2"), "{page}");
         assert!(page.contains("starfish_host_request_errors_total{volume=\"vol0\",op=\"read\",error=\"EIO\"} 1"));
         assert!(page.contains("starfish_host_request_duration_seconds_count{volume=\"vol0\",op=\"write\"} 1"));
+        assert!(page.contains("starfish_element_ack_latency_seconds_bucket{le=\"0.0001\",element=\"b\"} 1"), "{page}");
+        assert!(page.contains("starfish_element_ack_latency_seconds_count{element=\"a\"} 0"), "{page}");
+        assert!(page.contains("starfish_element_failures_total{element=\"b\",reason=\"fenced\"} 2"), "{page}");
         let declared: Vec<&str> =
             page.lines().filter_map(|l| l.strip_prefix("# TYPE ")).filter_map(|l| l.split(' ').next()).collect();
         let dashboard: serde_json::Value =
@@ -443,7 +488,7 @@ mod tests {
                 }
             }
         }
-        assert!(asked.len() >= 14, "{asked:?}");
+        assert!(asked.len() >= 16, "{asked:?}");
         for name in asked {
             let base = ["_bucket", "_count", "_sum", "_total"]
                 .iter()

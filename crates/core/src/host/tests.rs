@@ -486,6 +486,26 @@ fn a_slow_element_that_catches_up_in_time_is_kept() {
 }
 
 #[test]
+fn acknowledgement_latency_is_measured_per_element_from_the_sequence_assignment() {
+    let mut c = Cluster::new(3, 2);
+    c.elements[2].responsive = false;
+    c.write(0, 1, 4096);
+    c.advance_ms(100);
+    c.elements[2].responsive = true;
+    c.release(2);
+    let status = c.core.status(c.now);
+    let (fast, slow) = (&status.elements[0].ack_latency, &status.elements[2].ack_latency);
+    assert_eq!((fast.count, fast.sum_us, fast.buckets[0]), (1, 0, 1), "acknowledged at once");
+    assert_eq!((slow.count, slow.sum_us), (1, 100_000), "acknowledged 100 ms after the assignment");
+    assert_eq!(slow.buckets[crate::latency::bucket_of(100_000)], 1);
+    // A failure is counted by kind.
+    c.crash(1);
+    c.advance_ms(10_000);
+    let failures = &c.core.status(c.now).elements[1].failures;
+    assert!(failures.iter().any(|(kind, n)| *n >= 1 && *kind != "not_connected_yet"), "{failures:?}");
+}
+
+#[test]
 fn a_slow_element_that_keeps_progressing_is_never_failed() {
     // The queue is full most of the time, but the slow element acknowledges something every
     // 500 ms: the throttle must not count time in which the queue moved.
@@ -796,6 +816,7 @@ fn block_status_marks_queued_writes_as_data() {
         acked_by: ElementSet::default(),
         weak_by: ElementSet::default(),
         host_reply: HostReply::Done,
+        assigned_at: None,
     });
     let got = overlay_extents(&q, Sequence::ZERO, 0, 16384, extents.clone());
     assert_eq!(
