@@ -282,6 +282,14 @@ def test_kill9_element_quick_recovery(cluster, workdir):
         for _, recovery, _ in recovering_samples(samples, "near"):
             assert recovery["kind"] == "quick", recovery
         assert volume_status(status)["mode"] == "read-write", status
+        # The host element's lines about near name it, the epoch and where it stood.
+        with open(cluster.host.log_path, errors="replace") as f:
+            about_near = [line for line in f if 'element="near"' in line]
+        epoch = status["epoch"]
+        for what in ("element failed", "recovery started", "element in sync"):
+            lines = [line for line in about_near if what in line]
+            assert lines and all(f"host{{epoch={epoch}}}" in line and 'applied="vol0@' in line for line in lines), \
+                (what, about_near)
         load.wait_acks(300, what="acknowledged writes after near came back")
         code = load.finish()
         assert code == 0, f"writer exit {code}\n{load.output()}"

@@ -622,6 +622,14 @@ impl ElementCore {
         self.actions.push_back(action);
     }
 
+    /// A volume's name for log lines (`#N` for a number it does not hold).
+    fn volume_label(&self, volume: LocalVolume) -> String {
+        match self.volumes.get(volume.0 as usize) {
+            Some(v) => format!("{:?}", v.spec.name),
+            None => format!("#{}", volume.0),
+        }
+    }
+
     fn log(&mut self, level: LogLevel, message: String) {
         self.emit(ElementAction::Log { level, message });
     }
@@ -1274,7 +1282,11 @@ impl ElementCore {
             records.push(commit);
         }
         for (session, volume, sequence, replayed, refusal, reason) in refused {
-            self.log(LogLevel::Warn, format!("session {}: record refused: {reason}", session.0));
+            let name = self.volume_label(volume);
+            self.log(
+                LogLevel::Warn,
+                format!("session {}: record {sequence} of volume {name} refused: {reason}", session.0),
+            );
             self.emit(ElementAction::Refused { session, volume, sequence, refusal, replayed });
             self.send(session, ElementMessage::Fault { reason });
         }
@@ -1342,7 +1354,11 @@ impl ElementCore {
                         let c = &records[*index];
                         let (session, volume, sequence, replayed) =
                             (c.session, c.volume, c.record.sequence, c.replayed);
-                        self.log(LogLevel::Warn, format!("session {}: record refused: {reason}", session.0));
+                        let name = self.volume_label(volume);
+                        self.log(
+                            LogLevel::Warn,
+                            format!("session {}: record {sequence} of volume {name} refused: {reason}", session.0),
+                        );
                         self.emit(ElementAction::Refused {
                             session,
                             volume,

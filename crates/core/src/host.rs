@@ -896,6 +896,32 @@ impl HostCore {
         self.epoch
     }
 
+    /// Where an element stands, for log lines: `name@applied` per volume it serves (removed
+    /// ones left out), at most `LOG_VOLUMES_MAX` of them.
+    pub fn element_applied_text(&self, element: ElementId) -> String {
+        const LOG_VOLUMES_MAX: usize = 8;
+        let e = &self.elements[element.0 as usize];
+        let mut parts: Vec<String> = self
+            .volumes
+            .iter()
+            .zip(&e.applied)
+            .filter(|(v, _)| v.removed.is_none())
+            .map(|(v, s)| format!("{}@{}", v.spec.name, s.0))
+            .collect();
+        if parts.len() > LOG_VOLUMES_MAX {
+            let more = parts.len() - LOG_VOLUMES_MAX;
+            parts.truncate(LOG_VOLUMES_MAX);
+            parts.push(format!("… {more} more"));
+        }
+        parts.join(",")
+    }
+
+    /// The highest sequence of `volume` acknowledged to clients, and the newest assigned.
+    pub fn volume_sequences(&self, volume: VolumeId) -> (Sequence, Sequence) {
+        let v = &self.volumes[volume.0 as usize];
+        (v.host_acked, v.queue.last_sequence())
+    }
+
     /// In-sync elements that count toward the write quorum (local-sync ones never do): what
     /// decides whether a volume is read-write.
     fn in_sync_count(&self) -> usize {

@@ -563,8 +563,9 @@ fn carry_out(
             }
             // The reason went out as a `Fault` and into the log; nothing else to do here.
             ElementAction::Refused { .. } => {}
-            ElementAction::Log { level: LogLevel::Info, message } => tracing::info!("{message}"),
-            ElementAction::Log { level: LogLevel::Warn, message } => tracing::warn!("{message}"),
+            // The epoch the element follows names every line of its core.
+            ElementAction::Log { level: LogLevel::Info, message } => tracing::info!(epoch = %core.epoch(), "{message}"),
+            ElementAction::Log { level: LogLevel::Warn, message } => tracing::warn!(epoch = %core.epoch(), "{message}"),
         }
     }
 }

@@ -602,9 +602,13 @@ fn handle_input(
     }
 }
 
+/// One line per core event, inside a `host` span that names the epoch; lines about an element
+/// say where it stands (`applied`: `volume@sequence`), lines about a volume its sequences.
 fn log_event(core: &HostCore, names: &[String], event: Event) {
+    let _host = tracing::info_span!("host", epoch = %core.epoch()).entered();
     let name = |e: ElementId| names[e.0 as usize].as_str();
     let volume_name = |v: proto::VolumeId| core.config().volumes[v.0 as usize].name.as_str();
+    let applied = |e: ElementId| core.element_applied_text(e);
     match event {
         Event::Ready { volume, last } => {
             tracing::info!(volume = volume_name(volume), sequence = %last, "volume ready")
@@ -619,31 +623,37 @@ fn log_event(core: &HostCore, names: &[String], event: Event) {
             tracing::info!(volume = volume_name(volume), "volume removed from every element")
         }
         Event::ElementFailed { element, reason } => {
-            tracing::warn!(element = name(element), %reason, "element failed")
+            tracing::warn!(element = name(element), applied = applied(element), %reason, "element failed")
         }
         Event::RecoveryStarted { element, kind, records, source } => tracing::info!(
             element = name(element),
+            applied = applied(element),
             kind = kind.as_str(),
             records,
             source = source.map_or("host element write queue", name),
             "recovery started"
         ),
         Event::RecoveryProgress { element, message } => tracing::info!(element = name(element), "{message}"),
-        Event::ElementInSync { element } => tracing::info!(element = name(element), "element in sync"),
-        Event::VolumeMode { volume, mode, in_sync } => {
-            let volume = volume_name(volume);
+        Event::ElementInSync { element } => {
+            tracing::info!(element = name(element), applied = applied(element), "element in sync")
+        }
+        Event::VolumeMode { volume: id, mode, in_sync } => {
+            let volume = volume_name(id);
+            let (acked, _) = core.volume_sequences(id);
+            let acked = acked.0;
             match mode {
                 starfish_core::VolumeMode::ReadOnly => tracing::error!(
                     volume,
+                    acked,
                     in_sync,
                     quorum = core.config().quorum,
                     "volume is READ-ONLY: fewer in-sync elements than the write quorum; writes fail with EPERM until enough elements are back"
                 ),
                 starfish_core::VolumeMode::ReadWrite => {
-                    tracing::info!(volume, in_sync, "volume is read-write")
+                    tracing::info!(volume, acked, in_sync, "volume is read-write")
                 }
                 starfish_core::VolumeMode::Starting | starfish_core::VolumeMode::Unavailable => {
-                    tracing::warn!(volume, in_sync, mode = mode.as_str(), "volume is not serving")
+                    tracing::warn!(volume, acked, in_sync, mode = mode.as_str(), "volume is not serving")
                 }
             }
         }
@@ -696,6 +706,8 @@ fn log_event(core: &HostCore, names: &[String], event: Event) {
         }
         Event::Throttled { volume } => tracing::warn!(
             volume = volume_name(volume),
+            acked = core.volume_sequences(volume).0 .0,
+            last = core.volume_sequences(volume).1 .0,
             "write queue full: throttling new writes until the slowest element catches up"
         ),
     }
