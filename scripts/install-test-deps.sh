@@ -18,6 +18,8 @@ packages=(
     python3-prometheus-client
     python3-websocket
     chromium
+    systemd
+    adduser
     util-linux
     iproute2
     etcd-server
@@ -41,7 +43,24 @@ else
     cargo fmt --version >/dev/null 2>&1 || missing+=(rustfmt)
 fi
 
+# The Debian package's tool (scripts/package.sh), built by cargo once (about a minute).
+install_cargo_deb() {
+    if cargo deb --version >/dev/null 2>&1; then
+        return 0
+    fi
+    local log
+    log="$(mktemp -t install-cargo-deb.XXXXXX.log)"
+    if ! cargo install cargo-deb --locked --version 3.8.0 >"$log" 2>&1; then
+        cat "$log" >&2
+        rm -f "$log"
+        echo "install-test-deps: cargo install cargo-deb failed" >&2
+        exit 1
+    fi
+    rm -f "$log"
+}
+
 if [[ ${#missing[@]} -eq 0 ]]; then
+    install_cargo_deb
     exit 0
 fi
 
@@ -70,3 +89,4 @@ if ! "${sudo[@]}" apt-get install -y --no-install-recommends "${missing[@]}" >"$
     echo "install-test-deps: apt-get install ${missing[*]} failed" >&2
     exit 1
 fi
+install_cargo_deb
