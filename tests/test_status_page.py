@@ -118,3 +118,34 @@ def test_followers_of_the_feed_are_bounded_and_junk_is_answered(cluster):
         assert answer.startswith(expected), (junk[:40], answer[:200])
     with urllib.request.urlopen(f"http://{cluster.admin}/status", timeout=10) as answer:
         assert json.load(answer)["role"] == "active"
+
+
+CONNECTIONS_MAX = 32  # admin.rs
+
+
+def test_connections_beyond_the_limit_are_told_to_come_back(cluster):
+    """While CONNECTIONS_MAX connections are open (here idle, as a stalled client would be),
+    one more is answered 503 with Retry-After rather than closed unanswered; once they go,
+    the admin address answers again."""
+    idle = [connect(cluster) for _ in range(CONNECTIONS_MAX)]
+    try:
+        time.sleep(0.3)
+        with connect(cluster) as s:
+            s.sendall(f"GET /status HTTP/1.0\r\nHost: {cluster.admin}\r\n\r\n".encode())
+            answer = b""
+            while chunk := s.recv(65536):
+                answer += chunk
+        head, _, body = answer.partition(b"\r\n\r\n")
+        assert answered(head, 503) and b"Retry-After: 1" in head and b"try again" in body, answer
+    finally:
+        for s in idle:
+            s.close()
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            with urllib.request.urlopen(f"http://{cluster.admin}/status", timeout=10) as answer:
+                assert json.load(answer)["role"] == "active"
+                break
+        except urllib.error.HTTPError as e:
+            assert e.code == 503 and time.monotonic() < deadline, e
+            time.sleep(0.2)

@@ -48,6 +48,10 @@ const CONNECTIONS_MAX: usize = 32;
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(30);
 /// A request's head must arrive within this.
 const HEAD_TIMEOUT: Duration = Duration::from_secs(10);
+/// Connections beyond [`CONNECTIONS_MAX`] told "503, try again" at once (more are closed).
+const OVERFLOW_MAX: usize = 64;
+/// How long a connection beyond the limit may take to send its request head.
+const OVERFLOW_HEAD_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// What the server knows of the connection a request came on.
 #[derive(Clone, Debug)]
@@ -59,6 +63,7 @@ struct Connection {
 
 pub async fn serve(listener: TcpListener, host: Arc<Node>, tls: Option<TlsContext>) {
     let permits = Arc::new(tokio::sync::Semaphore::new(CONNECTIONS_MAX));
+    let overflow = Arc::new(tokio::sync::Semaphore::new(OVERFLOW_MAX));
     let router = axum::Router::new().fallback(answer).with_state(host);
     loop {
         let (stream, peer) = match crate::accept::accept(&listener, "admin").await {
@@ -69,7 +74,18 @@ pub async fn serve(listener: TcpListener, host: Arc<Node>, tls: Option<TlsContex
             }
         };
         let Ok(permit) = permits.clone().try_acquire_owned() else {
-            tracing::warn!(%peer, limit = CONNECTIONS_MAX, "admin: connection limit reached; connection closed");
+            match overflow.clone().try_acquire_owned() {
+                Ok(permit) => {
+                    tracing::warn!(%peer, limit = CONNECTIONS_MAX, "admin: connection limit reached; answered 503");
+                    tokio::spawn(async move {
+                        answer_busy(stream).await;
+                        drop(permit);
+                    });
+                }
+                Err(_) => {
+                    tracing::warn!(%peer, limit = CONNECTIONS_MAX, "admin: connection limit reached; connection closed")
+                }
+            }
             continue;
         };
         let router = router.clone();
@@ -108,6 +124,39 @@ pub async fn serve(listener: TcpListener, host: Arc<Node>, tls: Option<TlsContex
             drop(permit);
         });
     }
+}
+
+/// A connection beyond the limit: its request head is read (so that closing does not reset
+/// the answer away), then a 503 with `Retry-After` is written in the clear. A TLS client
+/// cannot read that: it is closed.
+async fn answer_busy(mut stream: TcpStream) {
+    let mut head = Vec::with_capacity(1024);
+    let mut buf = [0u8; 1024];
+    let read_head = async {
+        loop {
+            let n = stream.read(&mut buf).await?;
+            if n == 0 || buf[0] == TLS_HANDSHAKE_RECORD && head.is_empty() {
+                return Ok::<bool, std::io::Error>(false);
+            }
+            head.extend_from_slice(&buf[..n]);
+            if head.windows(4).any(|w| w == b"\r\n\r\n") {
+                return Ok(true);
+            }
+            if head.len() >= REQUEST_BYTES_MAX {
+                return Ok(false);
+            }
+        }
+    };
+    if !matches!(tokio::time::timeout(OVERFLOW_HEAD_TIMEOUT, read_head).await, Ok(Ok(true))) {
+        return;
+    }
+    let body = format!("the admin address is answering {CONNECTIONS_MAX} connections; try again\n");
+    let answer = format!(
+        "HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nRetry-After: 1\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let _ = tokio::time::timeout(OVERFLOW_HEAD_TIMEOUT, stream.write_all(answer.as_bytes())).await;
+    let _ = stream.shutdown().await;
 }
 
 /// Who is asking: with TLS configured, what its certificate says.
