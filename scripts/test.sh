@@ -45,7 +45,7 @@ echo "== pytest tests/ (STARFISH_BIN=$STARFISH_BIN)"
 # tears down (stops processes, unmounts, detaches loop devices).
 status=0
 timeout -s INT -k 60 "${STARFISH_TEST_TIMEOUT:-1200}" \
-    /usr/bin/python3 -m pytest -q -p no:cacheprovider -rfEs tests/ "$@" || status=$?
+    /usr/bin/python3 -m pytest -q -p no:cacheprovider -rfEs --durations=15 tests/ "$@" || status=$?
 if [[ $status -eq 5 ]]; then
     echo "pytest collected no tests" >&2
 fi
