@@ -15,6 +15,7 @@ etcd is Debian's `etcd-server`, started by each test on 127.0.0.1 and
 stopped by PID.
 """
 
+import contextlib
 import errno
 import json
 import os
@@ -27,6 +28,7 @@ import time
 import pytest
 
 import harness
+from browser import Browser
 import history_recorder
 from conftest import attach_logs, cluster_only, require_tools
 
@@ -185,7 +187,7 @@ def pattern(seed, length):
 
 @pytest.mark.time_limit(120)
 @pytest.mark.parametrize("tls", [False, True], ids=["plain", "tls"])
-def test_graceful_handover_keeps_every_write_and_the_nbd_address(make_failover, tls):
+def test_graceful_handover_keeps_every_write_and_the_nbd_address(make_failover, tls, workdir):
     # With TLS the standby asks the active one to drain with its host element certificate.
     c = make_failover(tls=tls)
     old_epoch = c.status_of("a")["epoch"]
@@ -196,14 +198,31 @@ def test_graceful_handover_keeps_every_write_and_the_nbd_address(make_failover, 
     assert standby["role"] == "standby" and standby["volumes"] == []
     assert standby["active"]["admin"] == c.admin_of("a"), standby
 
-    report = c.failover("b")
-    assert report["drained"]["ok"] is True, report
-    assert report["epoch"] > old_epoch
-    assert report["ready_ms"] is not None, report
-    print(f"graceful handover: every volume read-write after {report['ready_ms']} ms")
+    with contextlib.ExitStack() as stack:
+        # b's status page (plain run: one browser is enough) follows it from standby to active.
+        page = None if tls else stack.enter_context(Browser(workdir))
+        if page:
+            page.open(f"http://{c.admin_of('b')}/")
+            page.wait("document.getElementById('role').textContent === 'standby'", 15, "b a standby")
+            page.wait("document.querySelectorAll('#elements tr[data-state=reachable]').length === 3", 10,
+                      "the three elements reachable from the standby")
+            assert c.admin_of("a") in page.eval("document.getElementById('note').textContent")
+            page.eval("window.sameDocument = true")
 
-    s = c.wait_role("b", "active")
-    assert s["epoch"] == report["epoch"]
+        report = c.failover("b")
+        assert report["drained"]["ok"] is True, report
+        assert report["epoch"] > old_epoch
+        assert report["ready_ms"] is not None, report
+        print(f"graceful handover: every volume read-write after {report['ready_ms']} ms")
+
+        s = c.wait_role("b", "active")
+        assert s["epoch"] == report["epoch"]
+        if page:
+            page.wait(f"document.getElementById('role').textContent === 'active' && "
+                      f"document.getElementById('epoch').textContent === '{report['epoch']}'", 10, "b active")
+            page.wait("document.querySelector('#volumes tr[data-volume=vol0]')?.dataset.mode === 'read-write'", 10,
+                      "vol0 read-write on b")
+            assert page.eval("window.sameDocument === true"), "the page was reloaded"
     # a is a standby now, and sees b as the active one.
     c.wait_role("a", "standby", active_admin=c.admin_of("b"))
     # The same address, now served by b: the data is there, and writes go on.
