@@ -384,6 +384,9 @@ def test_paced_replay_shows_progress(make_cluster, workdir):
         page.wait("document.querySelector('#volumes tr[data-volume=vol0]')?.dataset.mode === 'read-write'", 5, "vol0")
         page.eval("window.sameDocument = true")
         load.wait_acks(300)
+        # Under load, each element's acknowledgement latency of the last second is shown.
+        page.wait("[...document.querySelectorAll('#elements td.ack-p99')].every((td) => td.textContent.endsWith(' ms'))",
+                  10, "an acknowledgement p99 for every element")
         kill_and_wait_out(cluster, "far")
         page.wait(f"{far_row()}?.dataset.state === 'failed'", 10, "far failed after its kill -9")
         page.screenshot(os.path.join(workdir, "status-page-far-failed.png"))

@@ -11,7 +11,7 @@
 //! The page (`status_page.html`) is one file built into the binary: no build step, nothing
 //! fetched from elsewhere (its Content-Security-Policy forbids it).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -51,6 +51,9 @@ pub(crate) struct Sample {
     /// and quick recoveries, summed over the elements recovering.
     pub recovery_bytes_per_s: f64,
     pub recovery_records_per_s: f64,
+    /// Per element: the 99th percentile of its acknowledgements' latency in the interval, in
+    /// milliseconds (none without acknowledgements; see `starfish_element_ack_latency_seconds`).
+    pub ack_p99_ms: BTreeMap<String, Option<f64>>,
 }
 
 /// The running totals a [`Sample`] is the difference of.
@@ -61,6 +64,8 @@ pub(crate) struct Totals {
     pub writes: KindTotals,
     /// Per recovering element: bytes compared so far (block copy) and records brought.
     pub recovery: HashMap<String, (u64, u64)>,
+    /// Per element: its acknowledgements counted per latency bucket so far.
+    pub acks: Vec<(String, KindTotals)>,
 }
 
 impl Totals {
@@ -73,7 +78,15 @@ impl Totals {
                 Some((e.name.clone(), (r.copy_done_bytes.unwrap_or(0), r.done_records)))
             })
             .collect();
-        Totals { at, reads: charts.0, writes: charts.1, recovery }
+        let acks = status
+            .elements
+            .iter()
+            .map(|e| {
+                let h = &e.ack_latency;
+                (e.name.clone(), KindTotals { requests: h.count, buckets: h.buckets.to_vec() })
+            })
+            .collect();
+        Totals { at, reads: charts.0, writes: charts.1, recovery, acks }
     }
 }
 
@@ -113,6 +126,15 @@ pub(crate) fn sample(before: &Totals, after: &Totals, t_ms: u64) -> Sample {
         ((a.requests - b.requests) as f64, buckets)
     };
     let ms = |s: Option<f64>| s.map(|s| (s * 1e6).round() / 1e3);
+    let ack_p99_ms = after
+        .acks
+        .iter()
+        .map(|(element, now)| {
+            let then = before.acks.iter().find(|(e, _)| e == element).map(|(_, t)| t.clone()).unwrap_or_default();
+            let (_, buckets) = delta(&then, now);
+            (element.clone(), ms(quantile(&bounds, &buckets, 0.99)))
+        })
+        .collect();
     let (reads, read_buckets) = delta(&before.reads, &after.reads);
     let (writes, write_buckets) = delta(&before.writes, &after.writes);
     let (mut bytes, mut records) = (0u64, 0u64);
@@ -131,6 +153,7 @@ pub(crate) fn sample(before: &Totals, after: &Totals, t_ms: u64) -> Sample {
         write_p99_ms: ms(quantile(&bounds, &write_buckets, 0.99)),
         recovery_bytes_per_s: bytes as f64 / seconds,
         recovery_records_per_s: records as f64 / seconds,
+        ack_p99_ms,
     }
 }
 
@@ -214,6 +237,7 @@ mod tests {
             reads: kind(10, &[(0, 10)]),
             writes: kind(5, &[(3, 5)]),
             recovery: HashMap::from([("far".into(), (0, 100)), ("near".into(), (1 << 20, 0))]),
+            acks: vec![("far".into(), kind(10, &[(0, 10)]))],
         };
         let after = Totals {
             at: t0 + Duration::from_secs(2),
@@ -221,6 +245,8 @@ mod tests {
             writes: kind(5, &[(3, 5)]),
             // far brought 300 more records; near's copy started again (its total went down).
             recovery: HashMap::from([("far".into(), (0, 400)), ("near".into(), (4096, 0))]),
+            // far: 100 acknowledgements in (100 µs, 200 µs]; near: none counted yet.
+            acks: vec![("far".into(), kind(110, &[(0, 10), (2, 100)])), ("near".into(), kind(0, &[]))],
         };
         let s = sample(&before, &after, 7);
         assert_eq!((s.t_ms, s.read_iops, s.write_iops), (7, 10.0, 0.0));
@@ -228,6 +254,8 @@ mod tests {
         // Every read in the first bucket (up to 50 µs): the median half-way into it.
         assert_eq!(s.read_p50_ms, Some(0.025));
         assert_eq!((s.recovery_records_per_s, s.recovery_bytes_per_s), (150.0, 2048.0));
+        assert_eq!(s.ack_p99_ms["far"], Some(0.199), "99 % of the way through (100 µs, 200 µs]");
+        assert_eq!(s.ack_p99_ms["near"], None);
         // A new host element's counters start again from zero: counted as they are.
         let restarted = Totals { at: t0 + Duration::from_secs(3), reads: kind(4, &[(1, 4)]), ..after.clone() };
         assert_eq!(sample(&after, &restarted, 8).read_iops, 4.0);
@@ -248,6 +276,7 @@ mod tests {
             write_p99_ms: Some(0.9),
             recovery_bytes_per_s: 0.0,
             recovery_records_per_s: 0.0,
+            ack_p99_ms: BTreeMap::new(),
         };
         for t in 0..(HISTORY_SAMPLES as u64 + 5) {
             feed.publish(Some(json!({ "epoch": 3 })), Some(s(t)));
