@@ -30,7 +30,10 @@ class BrowserError(Exception):
 class Browser:
     def __init__(self, workdir, width=1280, height=900):
         self.profile = os.path.join(str(workdir), "chromium-profile")
-        os.makedirs(self.profile, exist_ok=True)
+        # Chromium's own temporary directories go inside the profile, removed with it (it is
+        # killed, so it never cleans them up itself).
+        self.tmp = os.path.join(self.profile, "tmp")
+        os.makedirs(self.tmp, exist_ok=True)
         self.log_path = os.path.join(str(workdir), "chromium.log")
         self.log = open(self.log_path, "wb")
         self.process = subprocess.Popen(
@@ -52,6 +55,7 @@ class Browser:
             stdout=self.log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            env=dict(os.environ, TMPDIR=self.tmp),
         )
         self.ids = itertools.count(1)
         self.socket = None
