@@ -63,6 +63,12 @@ impl AdminRequest {
     }
 }
 
+/// Whether `received` holds a whole request head (through the blank line): what the admin
+/// address reads of a connection it answers 503 without serving.
+pub fn head_complete(received: &[u8]) -> bool {
+    received.windows(4).any(|w| w == b"\r\n\r\n") || received.windows(2).any(|w| w == b"\n\n")
+}
+
 /// The request a head asks for, from its request line (`METHOD TARGET HTTP/1.x`); headers and
 /// a query string are ignored.
 pub fn parse(head: &[u8]) -> AdminRequest {
@@ -240,6 +246,7 @@ mod tests {
         assert!(AdminRequest::VolumeDelete { name: "v".into() }.is_order());
         assert!(matches!(parse(b"POST /volumes/delete HTTP/1.1\r\n\r\n"), AdminRequest::Malformed(_)));
         assert!(!AdminRequest::VolumeList.is_order());
+        assert!(head_complete(b"GET / HTTP/1.0\r\n\r\n") && !head_complete(b"GET / HTTP/1.0\r\n"));
         assert_eq!(classify("GET", "/"), AdminRequest::StatusPage);
         assert_eq!(classify("GET", "/events"), AdminRequest::Events);
         assert_eq!(classify("POST", "/"), AdminRequest::NotFound);

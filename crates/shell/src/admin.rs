@@ -139,7 +139,7 @@ async fn answer_busy(mut stream: TcpStream) {
                 return Ok::<bool, std::io::Error>(false);
             }
             head.extend_from_slice(&buf[..n]);
-            if head.windows(4).any(|w| w == b"\r\n\r\n") {
+            if admin_request::head_complete(&head) {
                 return Ok(true);
             }
             if head.len() >= REQUEST_BYTES_MAX {

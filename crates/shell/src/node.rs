@@ -360,7 +360,7 @@ impl Node {
     /// The status document: the active core's (`admin::status_json`) or a standby's, with
     /// `role` either way.
     pub async fn status_json(&self) -> Option<Value> {
-        self.status_and_totals().await.map(|(doc, _)| doc)
+        self.status_and_totals(false).await.map(|(doc, _)| doc)
     }
 
     /// The live status page's feed.
@@ -368,14 +368,16 @@ impl Node {
         &self.feed
     }
 
-    /// The status document, and (when active) the totals the page's charts are drawn from.
-    async fn status_and_totals(&self) -> Option<(Value, Option<crate::status_page::Totals>)> {
+    /// The status document, and (when active and asked for: the page's sampler) the totals
+    /// the page's charts are drawn from.
+    async fn status_and_totals(&self, with_totals: bool) -> Option<(Value, Option<crate::status_page::Totals>)> {
         let handle = self.active.lock().await.as_ref().map(|a| a.handle.clone());
         let role = self.role.lock().expect("role lock").clone();
         let (mut doc, totals) = match handle {
             Some(handle) => {
                 let status = handle.status().await?;
-                let totals = crate::status_page::Totals::new(Instant::now(), handle.chart_totals(), &status);
+                let totals = with_totals
+                    .then(|| crate::status_page::Totals::new(Instant::now(), handle.chart_totals(), &status));
                 let mut doc = crate::admin::status_json(
                     &status,
                     handle.addresses(),
@@ -384,7 +386,7 @@ impl Node {
                     &handle.clients(),
                 );
                 doc["role"] = json!("active");
-                (doc, Some(totals))
+                (doc, totals)
             }
             None => (self.standby_json(), None),
         };
@@ -583,7 +585,7 @@ async fn sample_for_the_page(node: std::sync::Weak<Node>) {
     loop {
         tick.tick().await;
         let Some(node) = node.upgrade() else { return };
-        let (doc, totals) = match node.status_and_totals().await {
+        let (doc, totals) = match node.status_and_totals(true).await {
             Some((doc, totals)) => (Some(doc), totals),
             None => (None, None),
         };
