@@ -3091,6 +3091,10 @@ impl World {
             if self.model.ops().any(|(_, op)| busy(op)) {
                 return;
             }
+            // Its acknowledged writes are checked against its replicas before they go: the
+            // deletion waits until an in-sync element applied everything the host element sent.
+            let Some(canonical) = self.caught_up_element(&self.created[ci].storage) else { return };
+            self.account_losses(canonical, Some(v));
             let name = self.created[ci].name.clone();
             let now = self.now;
             let host = self.host.as_mut().expect("checked");
@@ -3290,6 +3294,19 @@ impl World {
         self.catalog_step();
     }
 
+    /// An in-sync element that applied every record of storage volume `storage` the host
+    /// element sent, if one did.
+    fn caught_up_element(&self, storage: &str) -> Option<usize> {
+        let host = self.host.as_ref()?;
+        let status = host.core.status(self.now);
+        let index = host.core.config().volumes.iter().position(|spec| spec.name == storage)?;
+        let last = status.volumes.get(index)?.last_sequence;
+        (0..self.elements.len()).find(|&e| {
+            status.elements[e].state == "in-sync"
+                && self.element_vol_named(e, storage).is_some_and(|v| v.applied() == last)
+        })
+    }
+
     /// Replicas in sync are byte-identical and hold the same history; every acknowledged write
     /// is in that history (or its loss is counted, and allowed only as the contract says).
     fn check_replicas(&mut self) {
@@ -3365,17 +3382,30 @@ impl World {
                 }
             }
         }
+        self.account_losses(canonical, None);
+    }
+
+    /// Every acknowledged write of the hosts' volumes (or only of `only`) is in the history
+    /// element `canonical` holds, or its loss is counted, and allowed only as the contract says.
+    /// A volume being deleted is accounted for before its deletion is logged (its history is
+    /// gone after), and left out at the end.
+    fn account_losses(&mut self, canonical: usize, only: Option<usize>) {
         let loss_allowed = 2 * self.o.quorum <= self.o.elements;
         let mut lost = Vec::new();
         for (id, op) in self.model.ops() {
-            if !op.kind.write_like() || op.outcome != Outcome::Ok {
+            if !op.kind.write_like() || op.outcome != Outcome::Ok || op.lost {
                 continue;
             }
             let Some((epoch, sequence)) = op.seq else {
                 continue;
             };
-            if self.created.iter().any(|c| c.volume == op.volume && c.delete_intention.is_some()) {
-                continue; // Its volume was deleted: what it held is gone, as asked.
+            match only {
+                Some(v) if op.volume != v => continue,
+                Some(_) => {}
+                None if self.created.iter().any(|c| c.volume == op.volume && c.delete_intention.is_some()) => {
+                    continue; // Its volume was deleted: accounted for before, what it held is gone.
+                }
+                None => {}
             }
             let held = self
                 .element_vol_named(canonical, &self.export_storage[op.volume])

@@ -338,6 +338,27 @@ fn volume_creations_are_failure_atomic_and_without_the_intention_log_are_caught(
     assert!(caught.len() >= 3, "creations without the intention log must be caught, got {caught:?}");
 }
 
+/// Weak ack policies with volume operations: writes acknowledged on receipts, lost by a power
+/// loss of the elements that counted (as the contract allows), on a volume deleted later. Seed
+/// 55 once read them back stale before the deletion and never counted them lost (the volume's
+/// history was checked only at the end, when it was gone): the checker now accounts a
+/// volume's acknowledged writes before its deletion is logged.
+#[test]
+fn weakly_acknowledged_losses_on_a_deleted_volume_are_accounted_for() {
+    use starfish_core::AckPolicy::{Durable, NetworkSync, Received};
+    let mut o = SimOptions::new(55, 3, 2);
+    o.volume_ops = true;
+    o.ack = vec![Received, NetworkSync, Durable];
+    let r = run(&o);
+    assert!(r.violations.is_empty(), "seed 55: {:?} — replay: {}", r.violations, r.replay);
+    assert!(
+        r.volumes_deleted > 0 && r.acked_writes_lost_weak > 0,
+        "seed 55 still loses weak writes of a deleted volume"
+    );
+    o.fault_phase_ms = 10_000;
+    sweep("N=3 Q=2 volume ops, received, network-sync, durable", &o, 32);
+}
+
 /// Volumes are deleted among the faults (the sweep above deletes some); a starting host
 /// element that forgets the deletions it finds pending leaves the volume on an element that
 /// was down, which the checker finds.
