@@ -1,56 +1,123 @@
 #!/usr/bin/env bash
-# A quick look at the data path's speed and CPU cost on this machine (issue 16): three
-# elements with their data on tmpfs and a host element on loopback (Q=2, one 1 GiB volume),
-# then fio's nbd engine: 4 KiB random writes at QD1 and QD16, 4 KiB random reads at QD16,
-# 1 MiB sequential writes at QD16 (RUNTIME s each, default 8), and the CPU time (user+system,
-# from /proc) the host element and the elements spent per 4 KiB write at QD16.
-#   bash scripts/perf-quick.sh                       # target/release/starfish
-#   SF=/path/a SFE=/path/b bash scripts/perf-quick.sh  # host element from a, elements from b
-# The machine is shared and noisy: compare builds by alternating runs, never across days.
+# A quick look at the data path's speed and CPU cost on this machine (issue 16): fio's nbd
+# engine runs 4 KiB random writes at QD1 and QD16, 4 KiB random reads at QD16 and 1 MiB
+# sequential writes at QD16 (RUNTIME s each, default 8) against each system of SYSTEMS, one
+# after the other in one run, and prints the CPU time (user+system, from /proc) the head and
+# the replicas spent per 4 KiB and per 1 MiB write at QD16:
+#   starfish     three elements with their data on tmpfs and a host element on loopback (Q=2,
+#                one 1 GiB volume); head = host element, replicas = the three elements
+#   qemu-quorum  QEMU's quorum driver (qemu-nbd, vote-threshold 2, read-pattern fifo, TCP_NODELAY
+#                forced as upstream QEMU >= 8.0 does) over three `nbdkit --no-sr memory 1G`
+#                children: the peer suite's best-fifo variant (../shared/bench-peers);
+#                head = qemu-nbd, replicas = the three nbdkit processes
+#   bash scripts/perf-quick.sh                         # SYSTEMS="starfish qemu-quorum"
+#   SYSTEMS=starfish SF=/path/a SFE=/path/b bash scripts/perf-quick.sh
+#                                                      # host element from a, elements from b
+# The machine is shared and noisy: compare builds and systems within one run, never across days.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SF=${SF:-$PWD/target/release/starfish}
 SFE=${SFE:-$SF}
+SYSTEMS=${SYSTEMS:-starfish qemu-quorum}
 RUNTIME=${RUNTIME:-8}
 BASE=${BASE_PORT:-10960}
 DIR=$(mktemp -d /dev/shm/starfish-perf-quick.XXXXXX)
 PIDS=()
+stop() {
+    local p
+    for p in "$@"; do kill "$p" 2>/dev/null || true; done
+    for p in "$@"; do while kill -0 "$p" 2>/dev/null; do sleep 0.1; done; done
+}
 cleanup() {
-    for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
-    for p in "${PIDS[@]}"; do while kill -0 "$p" 2>/dev/null; do sleep 0.1; done; done
+    stop "${PIDS[@]}"
     rm -rf "$DIR"
 }
 trap cleanup EXIT
-for i in 1 2 3; do
-    "$SFE" element --listen "127.0.0.1:$((BASE + i))" --data "$DIR/e$i" >"$DIR/e$i.log" 2>&1 &
-    PIDS+=($!)
-done
-sleep 1
-"$SF" host --nbd "127.0.0.1:$BASE" --admin "127.0.0.1:$((BASE + 4))" --element "local=127.0.0.1:$((BASE + 1))" \
-    --element "near=127.0.0.1:$((BASE + 2))" --element "far=127.0.0.1:$((BASE + 3))" --quorum 2 --volume vol0:1GiB \
-    >"$DIR/host.log" 2>&1 &
-HOST=$!
-PIDS+=("$HOST")
-for _ in $(seq 100); do "$SF" status --admin "127.0.0.1:$((BASE + 4))" >/dev/null 2>&1 && break; sleep 0.1; done
+wait_port() {
+    local _
+    for _ in $(seq 100); do (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0; sleep 0.1; done
+    echo "port $1 did not open" >&2
+    return 1
+}
+rss() { awk '/^VmRSS/ {r = $2} /^VmHWM/ {h = $2} END {printf "%d (%d)", r / 1024, h / 1024}' "/proc/$1/status"; }
 cpu() { local t=0 p; for p in "$@"; do t=$((t + $(awk '{print $14 + $15}' "/proc/$p/stat"))); done; echo "$t"; }
-job() { # rw bs qd: one fio run; prints "rw bs qdN: IOPS (mean µs) MB/s", the I/Os done to $DIR/ios
-    fio --name=quick --ioengine=nbd --uri="nbd://127.0.0.1:$BASE/vol0" --rw="$1" --bs="$2" --iodepth="$3" \
+job() { # uri rw bs qd: one fio run; prints "rw bs qdN: IOPS (mean µs) MB/s", the I/Os done to $DIR/ios
+    fio --name=quick --ioengine=nbd --uri="$1" --rw="$2" --bs="$3" --iodepth="$4" \
         --size=1g --time_based --runtime="$RUNTIME" --output-format=json 2>/dev/null |
         /usr/bin/python3 -c "
 import json, sys
 text = sys.stdin.read(); job = json.loads(text[text.index('{'):])['jobs'][0]
-j = job['write'] if 'write' in '$1' else job['read']
-print(f\"$1 $2 qd$3: {j['iops']:.0f} IOPS ({j['lat_ns']['mean'] / 1000:.0f} µs), {j['bw'] * 1024 / 1e6:.0f} MB/s\")
+j = job['write'] if 'write' in '$2' else job['read']
+print(f\"  $2 $3 qd$4: {j['iops']:.0f} IOPS ({j['lat_ns']['mean'] / 1000:.0f} µs), {j['bw'] * 1024 / 1e6:.0f} MB/s\")
 open('$DIR/ios', 'w').write(str(j['total_ios']))"
 }
-job randwrite 4k 1
-h0=$(cpu "$HOST"); e0=$(cpu "${PIDS[@]:0:3}")
-job randwrite 4k 16
-h1=$(cpu "$HOST"); e1=$(cpu "${PIDS[@]:0:3}")
-ios=$(cat "$DIR/ios")
-tick_us=$((1000000 / $(getconf CLK_TCK)))
-if [[ "$ios" =~ ^[0-9]+$ ]] && ((ios > 0)); then
-    echo "CPU per 4 KiB write at QD16: host element $(((h1 - h0) * tick_us / ios)) µs, elements $(((e1 - e0) * tick_us / ios)) µs"
-fi
-job randread 4k 16
-job write 1m 16
+per_op() { # what head-before head-after replicas-before replicas-after: CPU per I/O of the last job
+    local ios tick_us=$((1000000 / $(getconf CLK_TCK)))
+    ios=$(cat "$DIR/ios")
+    if [[ "$ios" =~ ^[0-9]+$ ]] && ((ios > 0)); then
+        echo "  CPU per $1: head $((($3 - $2) * tick_us / ios)) µs, replicas $((($5 - $4) * tick_us / ios)) µs"
+    fi
+}
+suite() { # label uri head-pid replica-pids...
+    local label=$1 uri=$2 head=$3
+    shift 3
+    echo "$label"
+    job "$uri" randwrite 4k 1
+    local h0 e0
+    h0=$(cpu "$head")
+    e0=$(cpu "$@")
+    job "$uri" randwrite 4k 16
+    per_op "4 KiB write at QD16" "$h0" "$(cpu "$head")" "$e0" "$(cpu "$@")"
+    job "$uri" randread 4k 16
+    h0=$(cpu "$head")
+    e0=$(cpu "$@")
+    job "$uri" write 1m 16
+    per_op "1 MiB write at QD16" "$h0" "$(cpu "$head")" "$e0" "$(cpu "$@")"
+    local p replicas=()
+    for p in "$@"; do replicas+=("$(rss "$p")"); done
+    echo "  resident memory after the suite (peak): head $(rss "$head") MiB, replicas ${replicas[*]} MiB"
+}
+run_starfish() {
+    local i replicas=() host
+    for i in 1 2 3; do
+        "$SFE" element --listen "127.0.0.1:$((BASE + i))" --data "$DIR/e$i" >"$DIR/e$i.log" 2>&1 &
+        PIDS+=($!)
+        replicas+=($!)
+    done
+    sleep 1
+    "$SF" host --nbd "127.0.0.1:$BASE" --admin "127.0.0.1:$((BASE + 4))" --element "local=127.0.0.1:$((BASE + 1))" \
+        --element "near=127.0.0.1:$((BASE + 2))" --element "far=127.0.0.1:$((BASE + 3))" --quorum 2 --volume vol0:1GiB \
+        >"$DIR/host.log" 2>&1 &
+    host=$!
+    PIDS+=("$host")
+    for _ in $(seq 100); do "$SF" status --admin "127.0.0.1:$((BASE + 4))" >/dev/null 2>&1 && break; sleep 0.1; done
+    suite "starfish (elements on tmpfs)" "nbd://127.0.0.1:$BASE/vol0" "$host" "${replicas[@]}"
+    stop "$host" "${replicas[@]}"
+    rm -rf "$DIR"/e?
+}
+run_qemu_quorum() {
+    local shim=$DIR/nodelay_shim.so opts="driver=raw,file.driver=quorum,file.vote-threshold=2,file.read-pattern=fifo"
+    local i port replicas=() head
+    gcc -shared -fPIC -O2 -o "$shim" ../shared/bench-peers/lib/nodelay_shim.c -ldl
+    for i in 0 1 2; do
+        port=$((BASE + 11 + i))
+        nbdkit -f --no-sr -p "$port" -i 127.0.0.1 memory 1G >"$DIR/nbdkit$i.log" 2>&1 &
+        PIDS+=($!)
+        replicas+=($!)
+        opts="$opts,file.children.$i.driver=nbd,file.children.$i.server.type=inet,file.children.$i.server.host=127.0.0.1,file.children.$i.server.port=$port"
+    done
+    for i in 0 1 2; do wait_port $((BASE + 11 + i)); done
+    env LD_PRELOAD="$shim" qemu-nbd -b 127.0.0.1 -p $((BASE + 10)) -t -e 8 --image-opts "$opts" >"$DIR/qemu-nbd.log" 2>&1 &
+    head=$!
+    PIDS+=("$head")
+    wait_port $((BASE + 10))
+    suite "qemu-quorum (3 nbdkit memory children, best-fifo)" "nbd://127.0.0.1:$((BASE + 10))" "$head" "${replicas[@]}"
+    stop "$head" "${replicas[@]}"
+}
+for system in $SYSTEMS; do
+    case $system in
+        starfish) run_starfish ;;
+        qemu-quorum) run_qemu_quorum ;;
+        *) echo "unknown system $system (starfish, qemu-quorum)" >&2; exit 2 ;;
+    esac
+done
