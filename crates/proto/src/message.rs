@@ -432,6 +432,77 @@ pub fn encode_frame<M: Body>(message: &M, out: &mut BytesMut) {
     out[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
 }
 
+/// A record's data from this size up is not copied into its frame ([`encode_host_frame`]).
+pub const FRAME_DATA_SHARED_BYTES_MIN: usize = 16 * 1024;
+
+/// One frame in up to three pieces, written in this order: what precedes a record's data, the
+/// data itself (the write's payload, shared, not copied), and what follows it. Together they
+/// are exactly the bytes [`encode_frame`] produces for the same message.
+#[derive(Clone, Debug, Default)]
+pub struct FrameParts {
+    pub head: Bytes,
+    pub data: Bytes,
+    pub tail: Bytes,
+}
+
+impl FrameParts {
+    /// A frame in one piece.
+    pub fn whole(frame: Bytes) -> FrameParts {
+        FrameParts { head: frame, data: Bytes::new(), tail: Bytes::new() }
+    }
+
+    pub fn len(&self) -> usize {
+        self.head.len() + self.data.len() + self.tail.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The pieces that hold bytes, in order.
+    pub fn pieces(&self) -> impl Iterator<Item = &Bytes> {
+        [&self.head, &self.data, &self.tail].into_iter().filter(|piece| !piece.is_empty())
+    }
+}
+
+/// Encode a host element's message as one frame. A record whose data has at least
+/// [`FRAME_DATA_SHARED_BYTES_MIN`] bytes keeps its data where the write put it: only the bytes
+/// around it are new, and the frame's checksum runs over the three pieces in turn. Anything
+/// else is encoded by [`encode_frame`] into one buffer allocated at its final size.
+pub fn encode_host_frame(message: &HostMessage) -> FrameParts {
+    let HostMessage::Apply(Record { volume, epoch, sequence, op: Op::Write { offset_bytes, data, crcs } }) = message
+    else {
+        let mut buf = BytesMut::with_capacity(message.frame_bytes_hint());
+        encode_frame(message, &mut buf);
+        return FrameParts::whole(buf.freeze());
+    };
+    if data.len() < FRAME_DATA_SHARED_BYTES_MIN {
+        let mut buf = BytesMut::with_capacity(message.frame_bytes_hint());
+        encode_frame(message, &mut buf);
+        return FrameParts::whole(buf.freeze());
+    }
+    // The layout of `HostMessage::encode_body` for `Apply` and `Record::encode` for a write,
+    // cut around the data (the unit test compares the two byte for byte).
+    let mut head = BytesMut::with_capacity(FRAME_HEADER_BYTES + 64);
+    head.put_u32_le(0);
+    head.put_u32_le(0);
+    head.put_u8(HOST_APPLY);
+    head.put_u32_le(volume.0);
+    head.put_u64_le(epoch.0);
+    head.put_u64_le(sequence.0);
+    head.put_u8(OP_WRITE);
+    head.put_u64_le(*offset_bytes);
+    head.put_u32_le(u32::try_from(data.len()).expect("field length bounded by the frame limit"));
+    let mut tail = BytesMut::with_capacity(4 + 4 * crcs.len());
+    put_crcs(&mut tail, crcs);
+    let body_len = head.len() - FRAME_HEADER_BYTES + data.len() + tail.len();
+    assert!(body_len <= FRAME_BODY_BYTES_MAX as usize, "encoded an oversized frame");
+    let crc = crc32c::crc32c_append(crc32c::crc32c_append(crc32c::crc32c(&head[FRAME_HEADER_BYTES..]), data), &tail);
+    head[0..4].copy_from_slice(&(body_len as u32).to_le_bytes());
+    head[4..8].copy_from_slice(&crc.to_le_bytes());
+    FrameParts { head: head.freeze(), data: data.clone(), tail: tail.freeze() }
+}
+
 /// Take one complete frame off the front of `buf`, if there is one. `Ok(None)` means "need
 /// more bytes"; an error means the stream is unusable and the connection must be closed.
 fn put_volume_specs(out: &mut BytesMut, volumes: &[VolumeSpec]) {
@@ -701,6 +772,21 @@ const HOST_SCRUB: u8 = 12;
 const HOST_ADD_VOLUMES: u8 = 13;
 const HOST_CHECK_VOLUMES: u8 = 14;
 const HOST_REMOVE_VOLUMES: u8 = 15;
+
+impl HostMessage {
+    /// Bytes its frame takes, at least, for a record that carries data (0 for the rest): the
+    /// encoder's buffer is allocated once at that size, not grown (and copied) as the data
+    /// and then its piece checksums are appended.
+    pub fn frame_bytes_hint(&self) -> usize {
+        const RECORD_FIELDS_BYTES_MAX: usize = 64;
+        match self {
+            HostMessage::Apply(Record { op: Op::Write { data, crcs, .. }, .. }) => {
+                FRAME_HEADER_BYTES + RECORD_FIELDS_BYTES_MAX + data.len() + 4 * crcs.len()
+            }
+            _ => 0,
+        }
+    }
+}
 
 impl Body for HostMessage {
     fn encode_body(&self, out: &mut BytesMut) {
@@ -1318,6 +1404,52 @@ mod tests {
         assert_eq!(decode_frame::<M>(&mut buf).expect("valid"), Some(m.clone()));
         assert_eq!(decode_frame::<M>(&mut buf).expect("valid"), Some(m));
         assert!(buf.is_empty());
+    }
+
+    #[test]
+    fn a_frame_in_pieces_is_the_frame_in_one() {
+        let sizes = [0usize, 512, 4096, FRAME_DATA_SHARED_BYTES_MIN - 512, FRAME_DATA_SHARED_BYTES_MIN, 1 << 20];
+        for (i, length) in sizes.into_iter().enumerate() {
+            let data = Bytes::from((0..length).map(|b| (b * 7 + i) as u8).collect::<Vec<u8>>());
+            let record = Record {
+                volume: VolumeId(i as u32),
+                epoch: Epoch(5),
+                sequence: Sequence(77),
+                op: Op::write(1536, data),
+            };
+            let message = HostMessage::Apply(record);
+            let parts = encode_host_frame(&message);
+            let mut whole = BytesMut::new();
+            encode_frame(&message, &mut whole);
+            let joined: Vec<u8> = parts.pieces().flat_map(|p| p.iter().copied()).collect();
+            assert_eq!(joined, &whole[..], "{length} bytes");
+            assert_eq!(parts.len(), whole.len());
+            assert_eq!(!parts.data.is_empty(), length >= FRAME_DATA_SHARED_BYTES_MIN, "{length} bytes");
+            let mut buf = BytesMut::from(&joined[..]);
+            assert_eq!(decode_frame::<HostMessage>(&mut buf).expect("valid"), Some(message));
+        }
+        for message in [HostMessage::Ping { nonce: 3 }, HostMessage::Release] {
+            let parts = encode_host_frame(&message);
+            let mut whole = BytesMut::new();
+            encode_frame(&message, &mut whole);
+            assert_eq!(&parts.head[..], &whole[..]);
+            assert!(parts.data.is_empty() && parts.tail.is_empty());
+        }
+    }
+
+    #[test]
+    fn a_record_frame_fits_its_hint() {
+        for (offset, length) in [(0u64, 0usize), (512, 4096), (4096, 1 << 20), (1000, PAYLOAD_BYTES_MAX as usize)] {
+            let data = Bytes::from(vec![7u8; length]);
+            let record =
+                Record { volume: VolumeId(3), epoch: Epoch(2), sequence: Sequence(9), op: Op::write(offset, data) };
+            let message = HostMessage::Apply(record);
+            let hint = message.frame_bytes_hint();
+            let mut buf = BytesMut::with_capacity(hint);
+            encode_frame(&message, &mut buf);
+            assert!(buf.len() <= hint && buf.capacity() == hint, "{length} bytes at {offset}: {} > {hint}", buf.len());
+        }
+        assert_eq!(HostMessage::Ping { nonce: 1 }.frame_bytes_hint(), 0);
     }
 
     #[test]

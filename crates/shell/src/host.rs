@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
-use proto::{decode_frame, encode_frame, ElementMessage, Op};
+use proto::{decode_frame, ElementMessage, Op};
 use starfish_core::{catalog, Reply};
 use starfish_core::{Action, ElementId, Event, HostConfig, HostCore, HostError, HostStatus, Time, Token};
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufWriter};
@@ -138,7 +138,7 @@ pub(crate) enum VolumeEvent {
 
 /// A frame for an element's session, with the record it carries when the element's ack policy
 /// counts it once it is on the wire (`network-sync`).
-type Frame = (Bytes, Option<(proto::VolumeId, proto::Sequence)>);
+type Frame = (proto::FrameParts, Option<(proto::VolumeId, proto::Sequence)>);
 
 struct Session {
     id: u64,
@@ -454,9 +454,8 @@ async fn run_actor(
         while let Some(action) = core.poll_action() {
             match action {
                 Action::Send { to, message } => {
-                    let mut buf = BytesMut::new();
-                    encode_frame(&message, &mut buf);
-                    let frame = buf.freeze();
+                    // A large write's data is not copied: the frame shares the payload.
+                    let frame = proto::encode_host_frame(&message);
                     let record = match &message {
                         proto::HostMessage::Apply(r) => Some((r.volume, r.sequence)),
                         _ => None,
@@ -591,9 +590,7 @@ fn handle_input(
             let _ = reply.send(result);
         }
         Input::Release { reply } => {
-            let mut buf = BytesMut::new();
-            encode_frame(&proto::HostMessage::Release, &mut buf);
-            let frame = buf.freeze();
+            let frame = proto::encode_host_frame(&proto::HostMessage::Release);
             for session in sessions.iter().flatten() {
                 let _ = session.frames.send((frame.clone(), None));
             }
@@ -816,11 +813,16 @@ async fn run_session(
                 }
             }
         }
+        // A piece at least as large as the buffer goes straight to the socket, uncopied.
         while let Some((frame, mark)) = frames.recv().await {
-            out.write_all(&frame).await?;
+            for piece in frame.pieces() {
+                out.write_all(piece).await?;
+            }
             note(&mut sent, mark);
             while let Ok((frame, mark)) = frames.try_recv() {
-                out.write_all(&frame).await?;
+                for piece in frame.pieces() {
+                    out.write_all(piece).await?;
+                }
                 note(&mut sent, mark);
             }
             out.flush().await?;
