@@ -3,7 +3,7 @@
 # engine runs 4 KiB random writes at QD1 and QD16, 4 KiB random reads at QD16 and 1 MiB
 # sequential writes at QD16 (RUNTIME s each, default 8) against each system of SYSTEMS, one
 # after the other in one run, and prints the CPU time (user+system, from /proc) the head and
-# the replicas spent per 4 KiB and per 1 MiB write at QD16:
+# the replicas spent per 4 KiB write, 4 KiB read and 1 MiB write at QD16:
 #   starfish     three elements with their data on tmpfs and a host element on loopback (Q=2,
 #                one 1 GiB volume); head = host element, replicas = the three elements
 #   qemu-quorum  QEMU's quorum driver (qemu-nbd, vote-threshold 2, read-pattern fifo, TCP_NODELAY
@@ -68,7 +68,10 @@ suite() { # label uri head-pid replica-pids...
     e0=$(cpu "$@")
     job "$uri" randwrite 4k 16
     per_op "4 KiB write at QD16" "$h0" "$(cpu "$head")" "$e0" "$(cpu "$@")"
+    h0=$(cpu "$head")
+    e0=$(cpu "$@")
     job "$uri" randread 4k 16
+    per_op "4 KiB read at QD16" "$h0" "$(cpu "$head")" "$e0" "$(cpu "$@")"
     h0=$(cpu "$head")
     e0=$(cpu "$@")
     job "$uri" write 1m 16

@@ -31,7 +31,7 @@ pub use host::{
     RecoveryStatus, Reply, ScrubFindings, ScrubReason, ScrubStatus, VolumeMode, VolumeStatus,
 };
 pub use read_cache::ReadCache;
-pub use storage::{serve, ElementStorage};
+pub use storage::{serve, try_serve, ElementStorage};
 pub use write_queue::{Entry, WriteQueue};
 
 use std::fmt;

@@ -38,6 +38,16 @@ pub trait ElementStorage {
     /// stored ones for whole blocks, [`proto::pieces`]); a block that fails its checksum is an
     /// error, never data.
     fn read(&self, volume: LocalVolume, offset_bytes: u64, length_bytes: u32) -> Result<(Sequence, ReadData), String>;
+    /// As `read`, but only if it can be done without waiting for a disk (`None`: do not know,
+    /// or it would wait). Storage that cannot tell leaves it at `None`.
+    fn try_read(
+        &self,
+        _volume: LocalVolume,
+        _offset_bytes: u64,
+        _length_bytes: u32,
+    ) -> Option<Result<(Sequence, ReadData), String>> {
+        None
+    }
     fn block_status(
         &self,
         volume: LocalVolume,
@@ -60,6 +70,23 @@ pub trait ElementStorage {
         first_block: u64,
         count: u32,
     ) -> Result<(Sequence, Vec<BlockSummary>), String>;
+}
+
+/// Reads up to this size may be answered by [`try_serve`] where the request arrived.
+pub const SERVE_AT_ONCE_BYTES_MAX: u32 = 128 * 1024;
+
+/// Answer a small `Read` at once if storage can without waiting for a disk (the data is in
+/// memory): the same answer [`serve`] gives, or `None` (then `serve` it where waiting is fine).
+pub fn try_serve(storage: &impl ElementStorage, volume: LocalVolume, request: &HostMessage) -> Option<ElementMessage> {
+    let HostMessage::Read { request_id, offset_bytes, length_bytes, .. } = *request else { return None };
+    if length_bytes > SERVE_AT_ONCE_BYTES_MAX {
+        return None;
+    }
+    let (applied_sequence, result) = match storage.try_read(volume, offset_bytes, length_bytes)? {
+        Ok((sequence, data)) => (sequence, Ok(data)),
+        Err(e) => (storage.info(volume).applied, Err(e)),
+    };
+    Some(ElementMessage::ReadReply { request_id, applied_sequence, result })
 }
 
 /// Answer a read-only request (`Read`, `BlockStatus`, `FetchLog`, `FetchBlocks`, `Scrub`).

@@ -494,6 +494,15 @@ fn carry_out(
             }
             ElementAction::Serve { session, volume, request } => {
                 let Some(writer) = writers.get(&session).cloned() else { continue };
+                // A small read of data in memory is answered here: handing it to a blocking
+                // thread and back costs more than the read (docs/benchmarks.md).
+                if let Some(reply) = starfish_core::try_serve(&&**store, volume, &request) {
+                    let _ = writer.send(reply);
+                    for damaged in ElementStorage::take_damaged(&&**store) {
+                        core.handle_volume_damaged(now, damaged);
+                    }
+                    continue;
+                }
                 let (store, inputs) = (store.clone(), inputs.clone());
                 tokio::task::spawn_blocking(move || {
                     let _ = writer.send(starfish_core::serve(&&*store, volume, request));

@@ -91,6 +91,22 @@ impl ElementStorage for &Store {
         })
     }
 
+    fn try_read(
+        &self,
+        volume: LocalVolume,
+        offset_bytes: u64,
+        length_bytes: u32,
+    ) -> Option<Result<(Sequence, ReadData), String>> {
+        let handle = self.handle_of(volume);
+        match Store::try_read_checked(self, handle, offset_bytes, length_bytes) {
+            Ok(read) => read.map(Ok),
+            Err(e) => {
+                self.on_damage(handle, &e);
+                Some(Err(e.to_string()))
+            }
+        }
+    }
+
     fn block_status(
         &self,
         volume: LocalVolume,

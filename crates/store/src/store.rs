@@ -7,7 +7,7 @@ use std::{
     os::unix::fs::FileExt,
     path::{Path, PathBuf},
     sync::{
-        atomic::{AtomicBool, AtomicU64, Ordering},
+        atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering},
         Arc, Mutex, MutexGuard, RwLock, RwLockWriteGuard,
     },
 };
@@ -23,7 +23,7 @@ use crate::{
     meta::{Meta, VolumeMeta},
     reclaim::{self, Reclaim},
     sys,
-    volume::{MapSlice, Volume, VolumeState},
+    volume::{Attempt, MapSlice, Volume, VolumeState},
     CommitOutcome, Rejected, StoreError, StoreOptions, VolumeDigest, VolumeHandle, CHECKPOINT_LAG_SEGMENTS_MAX,
     CHECKPOINT_LOG_BYTES_MAX, CHECKPOINT_LOG_BYTES_MIN, LOCK_WAIT_MS, RECLAIM_PUNCH_BYTES_MAX, RECLAIM_SCAN_BLOCKS_MAX,
     VOLUMES_MAX, VOLUME_BYTES_MAX, VOLUME_NAME_BYTES_MAX, WRITEBACK_KICK_BYTES,
@@ -65,7 +65,14 @@ pub struct Store {
     reclaim: Arc<Reclaim>,
     reclaimer: Option<std::thread::JoinHandle<()>>,
     checkpointer: Option<std::thread::JoinHandle<()>>,
+    /// How [`Store::try_read_checked`] reads without waiting for the disk: one of the
+    /// `NON_BLOCKING_*` values (off once the file system said it cannot tell).
+    non_blocking_reads: AtomicU8,
 }
+
+const NON_BLOCKING_OFF: u8 = 0;
+const NON_BLOCKING_ALWAYS: u8 = 1;
+const NON_BLOCKING_PAGE_CACHE: u8 = 2;
 
 /// State used by both the committer and the checkpointer thread. Lock order: the committer
 /// lock before any of these; `checkpointer.queue` before `log_index`; `meta` alone.
@@ -398,6 +405,11 @@ impl Store {
             reclaim,
             reclaimer: Some(reclaimer),
             checkpointer: Some(checkpointer),
+            non_blocking_reads: AtomicU8::new(match sys::non_blocking_reads(dir) {
+                Ok(sys::NonBlockingReads::Always) => NON_BLOCKING_ALWAYS,
+                Ok(sys::NonBlockingReads::PageCacheOnly) => NON_BLOCKING_PAGE_CACHE,
+                Err(_) => NON_BLOCKING_OFF,
+            }),
         })
     }
 
@@ -786,6 +798,30 @@ impl Store {
         self.read_checked(volume, offset_bytes, length_bytes).map(|(applied, read)| (applied, read.data))
     }
 
+    /// As [`Store::read_checked`], but only if it needs no disk I/O (the file system holds
+    /// everything in memory, or the page cache holds the blocks): `Ok(None)` means "read it
+    /// the blocking way". For a caller that must not wait (the element's actor).
+    pub fn try_read_checked(
+        &self,
+        volume: VolumeHandle,
+        offset_bytes: u64,
+        length_bytes: u32,
+    ) -> Result<Option<(Sequence, ReadData)>, StoreError> {
+        let reads = match self.non_blocking_reads.load(Ordering::Relaxed) {
+            NON_BLOCKING_ALWAYS => sys::NonBlockingReads::Always,
+            NON_BLOCKING_PAGE_CACHE => sys::NonBlockingReads::PageCacheOnly,
+            _ => return Ok(None),
+        };
+        match self.read_with(volume, offset_bytes, length_bytes, Some(reads))? {
+            (Attempt::Done, read) => Ok(read),
+            (Attempt::Unsupported, _) => {
+                self.non_blocking_reads.store(NON_BLOCKING_OFF, Ordering::Relaxed);
+                Ok(None)
+            }
+            (Attempt::WouldBlock, _) => Ok(None),
+        }
+    }
+
     /// As [`Store::read`], with the data's piece checksums ([`proto::pieces`]): for a whole
     /// block the one stored with it (which the data was just checked against), for a piece of
     /// a block computed from the data read.
@@ -795,6 +831,20 @@ impl Store {
         offset_bytes: u64,
         length_bytes: u32,
     ) -> Result<(Sequence, ReadData), StoreError> {
+        match self.read_with(volume, offset_bytes, length_bytes, None)? {
+            (Attempt::Done, Some(read)) => Ok(read),
+            (attempt, _) => unreachable!("a read that may wait always reads, not {attempt:?}"),
+        }
+    }
+
+    /// A read, waiting for the disk or not (`non_blocking`); the data only if it was `Done`.
+    fn read_with(
+        &self,
+        volume: VolumeHandle,
+        offset_bytes: u64,
+        length_bytes: u32,
+        non_blocking: Option<sys::NonBlockingReads>,
+    ) -> Result<(Attempt, Option<(Sequence, ReadData)>), StoreError> {
         let volume = self.volume_at(volume);
         volume.check_range(offset_bytes, length_bytes as u64)?;
         if length_bytes > PAYLOAD_BYTES_MAX {
@@ -802,11 +852,14 @@ impl Store {
         }
         let Some(geometry) = Geometry::of(offset_bytes, length_bytes as u64) else {
             let applied = volume.live_state()?.applied;
-            return Ok((applied, ReadData { data: Bytes::new(), crcs: Vec::new() }));
+            return Ok((Attempt::Done, Some((applied, ReadData { data: Bytes::new(), crcs: Vec::new() }))));
         };
         let count = geometry.last - geometry.first + 1;
         let mut buffer = BytesMut::zeroed((count * BLOCK_BYTES) as usize);
-        let (applied, map) = read_verified(&volume, geometry.first, count, &mut buffer)?;
+        let (applied, map) = match read_verified(&volume, geometry.first, count, &mut buffer, non_blocking)? {
+            (Attempt::Done, read) => read,
+            (attempt, _) => return Ok((attempt, None)),
+        };
         let skip = (offset_bytes - geometry.first * BLOCK_BYTES) as usize;
         let data = buffer.freeze().slice(skip..skip + length_bytes as usize);
         let crcs = proto::pieces::piece_ranges(offset_bytes, data.len())
@@ -821,7 +874,7 @@ impl Store {
                 },
             )
             .collect();
-        Ok((applied, ReadData { data, crcs }))
+        Ok((Attempt::Done, Some((applied, ReadData { data, crcs }))))
     }
 
     /// A scrub's chunk: blocks `first..first + count` (fewer past the volume's end) read and
@@ -845,7 +898,7 @@ impl Store {
             });
         }
         let mut buffer = vec![0u8; ((end - first) * BLOCK_BYTES) as usize];
-        let (applied, map) = read_verified(&v, first, end - first, &mut buffer)?;
+        let (_, (applied, map)) = read_verified(&v, first, end - first, &mut buffer, None)?;
         let summaries =
             map.entries.iter().map(|&(allocated, crc, sequence)| BlockSummary { sequence, crc, allocated }).collect();
         Ok((applied, summaries))
@@ -1516,19 +1569,24 @@ fn read_verified(
     first: u64,
     count: u64,
     buffer: &mut [u8],
-) -> Result<(Sequence, MapSlice), StoreError> {
+    non_blocking: Option<sys::NonBlockingReads>,
+) -> Result<(Attempt, (Sequence, MapSlice)), StoreError> {
+    let read = |map: &MapSlice, buffer: &mut [u8]| match non_blocking {
+        None => volume.read_blocks_unlocked(map, buffer).map(|()| Attempt::Done),
+        Some(reads) => volume.try_read_blocks_unlocked(map, buffer, reads),
+    };
     let mut attempt = 0;
     loop {
         attempt += 1;
         let state = volume.live_state()?;
         let (map, applied) = (MapSlice::of(&state.map, first, count), state.applied);
         if attempt > READ_UNLOCKED_ATTEMPTS_MAX {
-            volume.read_blocks_unlocked(&map, buffer)?;
-            return Ok((applied, map));
+            let done = read(&map, buffer)?;
+            return Ok((done, (applied, map)));
         }
         drop(state);
-        match volume.read_blocks_unlocked(&map, buffer) {
-            Ok(()) => return Ok((applied, map)),
+        match read(&map, buffer) {
+            Ok(done) => return Ok((done, (applied, map))),
             Err(e @ StoreError::BlockChecksum { .. }) => {
                 if volume.live_state()?.applied == applied {
                     return Err(e);

@@ -1,5 +1,5 @@
-//! The few system calls std does not offer: vectored positional writes, hole punching, `flock`,
-//! and syncing a directory.
+//! The few system calls std does not offer: vectored positional writes, reads from the page
+//! cache only, hole punching, `flock`, and syncing a directory.
 
 use std::{
     fs::File,
@@ -52,6 +52,65 @@ pub fn write_all_vectored_at(file: &File, bufs: &[&[u8]], mut offset: u64) -> io
         skip += written;
     }
     Ok(())
+}
+
+/// How reads of a store's data files may be made without blocking the caller on a disk.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NonBlockingReads {
+    /// The file system holds everything in memory (tmpfs, ramfs): a read never waits for I/O.
+    Always,
+    /// A read asks the page cache only (`preadv2` with `RWF_NOWAIT`) and says when it would
+    /// have to wait for the disk.
+    PageCacheOnly,
+}
+
+/// What reads of files under `dir` can do without blocking on I/O.
+pub fn non_blocking_reads(dir: &Path) -> io::Result<NonBlockingReads> {
+    use std::os::unix::ffi::OsStrExt;
+    const TMPFS_MAGIC: i64 = 0x0102_1994;
+    const RAMFS_MAGIC: i64 = 0x8584_58f6;
+    let path = std::ffi::CString::new(dir.as_os_str().as_bytes())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path contains a NUL byte"))?;
+    // SAFETY: `path` is a valid C string and `stat` a plain out-parameter of the right type.
+    let mut stat: libc::statfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statfs(path.as_ptr(), &mut stat) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    #[allow(clippy::unnecessary_cast)] // f_type's width differs between C libraries
+    let kind = stat.f_type as i64;
+    Ok(if kind == TMPFS_MAGIC || kind == RAMFS_MAGIC {
+        NonBlockingReads::Always
+    } else {
+        NonBlockingReads::PageCacheOnly
+    })
+}
+
+/// Fill `buf` from `offset` only from what the page cache holds (`RWF_NOWAIT`): `Ok(false)` if
+/// part of it would have to come from the disk (what was read meanwhile is garbage then).
+/// A file system that cannot tell answers `Unsupported`.
+pub fn read_exact_at_cached(file: &File, mut buf: &mut [u8], mut offset: u64) -> io::Result<bool> {
+    while !buf.is_empty() {
+        let iovec = libc::iovec { iov_base: buf.as_mut_ptr() as *mut libc::c_void, iov_len: buf.len() };
+        let offset_os = libc::off_t::try_from(offset).expect("file offsets stay below 2^63");
+        // SAFETY: the iovec points into `buf`, borrowed mutably for the duration of the call.
+        let read = unsafe { libc::preadv2(file.as_raw_fd(), &iovec, 1, offset_os, libc::RWF_NOWAIT) };
+        if read < 0 {
+            let error = io::Error::last_os_error();
+            match error.raw_os_error() {
+                Some(libc::EINTR) => continue,
+                Some(libc::EAGAIN) => return Ok(false),
+                Some(libc::EOPNOTSUPP) => return Err(io::Error::new(io::ErrorKind::Unsupported, error)),
+                _ => return Err(error),
+            }
+        }
+        if read == 0 {
+            return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "read past the end of the file"));
+        }
+        let read = read as usize;
+        buf = &mut buf[read..];
+        offset += read as u64;
+    }
+    Ok(true)
 }
 
 /// Deallocate `length` bytes at `offset` (they read back as zeroes) without changing the file

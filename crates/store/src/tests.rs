@@ -1578,3 +1578,55 @@ fn the_host_elements_checksums_are_checked_stored_and_read_back() {
     assert_eq!(f.store().scrub_chunk(f.volume, 254, 4).expect("past the end is cut").1.len(), 2);
     assert!(f.store().scrub_chunk(f.volume, 257, 1).is_err(), "a chunk past the end is refused");
 }
+
+/// What a read that may not wait for the disk returns, on a file system that keeps files in
+/// memory (tmpfs: always at once) and on one that does not (the page cache decides).
+#[test]
+fn reads_that_may_not_wait_return_what_memory_holds_and_nothing_else() {
+    let mut places = vec![std::env::temp_dir()];
+    if Path::new("/dev/shm").is_dir() {
+        places.push(PathBuf::from("/dev/shm"));
+    }
+    for place in places {
+        let reads = crate::sys::non_blocking_reads(&place).expect("statfs");
+        let mut dir = TempDir::new("nowait-reads");
+        dir.0 = place.join(dir.0.file_name().expect("a name"));
+        let store = Store::open(&dir.0, StoreOptions::default()).expect("open");
+        let volume = store.ensure_volume("vol", 1 << 20).expect("create");
+        let op = write_op(4096 + 512, 16384, 3);
+        store.commit(&[(volume, record(1, op))]).expect("commit");
+        let blocking = store.read_checked(volume, 4096, 20480).expect("read");
+        // Just written, so in memory: the same answer as a read that may wait.
+        let at_once = store.try_read_checked(volume, 4096, 20480).expect("no error").expect("in memory");
+        assert_eq!(at_once, blocking, "{reads:?}");
+        // A range of holes needs no file at all.
+        let holes = store.try_read_checked(volume, 65536, 8192).expect("no error").expect("holes");
+        assert!(holes.1.data.iter().all(|&b| b == 0));
+        // Synced, then dropped from the page cache: only a file system that keeps files in
+        // memory answers at once; otherwise the read must wait, and says so.
+        store.checkpoint().expect("checkpoint");
+        let data = fs::File::open(dir.0.join("volumes/0.data")).expect("open data");
+        data.sync_all().expect("sync");
+        // SAFETY: a plain advice call on an open file descriptor.
+        let advised =
+            unsafe { libc::posix_fadvise(std::os::fd::AsRawFd::as_raw_fd(&data), 0, 0, libc::POSIX_FADV_DONTNEED) };
+        assert_eq!(advised, 0);
+        let evicted = store.try_read_checked(volume, 4096, 20480).expect("no error");
+        match reads {
+            crate::sys::NonBlockingReads::Always => assert_eq!(evicted, Some(blocking.clone())),
+            crate::sys::NonBlockingReads::PageCacheOnly => assert_eq!(evicted, None, "read from the disk at once"),
+        }
+        // A read that may wait brings it back; then it is at once again.
+        assert_eq!(store.read_checked(volume, 4096, 20480).expect("read"), blocking);
+        assert_eq!(store.try_read_checked(volume, 4096, 20480).expect("no error"), Some(blocking));
+        // Rot is an error either way, never data.
+        fs::OpenOptions::new()
+            .write(true)
+            .open(dir.0.join("volumes/0.data"))
+            .expect("open data")
+            .write_all_at(b"rot", 2 * BLOCK_BYTES + 9)
+            .expect("damage");
+        let error = store.try_read_checked(volume, 4096, 20480).expect_err("rot is found");
+        assert!(matches!(error, StoreError::BlockChecksum { block: 2, .. }), "{error}");
+    }
+}

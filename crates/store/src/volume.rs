@@ -31,6 +31,17 @@ pub struct Volume {
     pub removed: std::sync::atomic::AtomicBool,
 }
 
+/// What a read that may not wait for the disk did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Attempt {
+    /// Read (and checked) it all.
+    Done,
+    /// Part of it is not in memory: read it the blocking way.
+    WouldBlock,
+    /// The file system cannot tell what is in memory: never try again.
+    Unsupported,
+}
+
 /// The block map's (allocated, crc) of a run of blocks, copied under the volume lock.
 pub struct MapSlice {
     pub first: u64,
@@ -230,6 +241,28 @@ impl Volume {
     /// volume lock, without holding it: a record applied meanwhile can make a block fail its
     /// (old) checksum, which the caller tells from real damage by the applied sequence.
     pub fn read_blocks_unlocked(&self, map: &MapSlice, out: &mut [u8]) -> Result<(), StoreError> {
+        match self.read_map_blocks(map, out, None)? {
+            Attempt::Done => Ok(()),
+            Attempt::WouldBlock | Attempt::Unsupported => unreachable!("a blocking read always reads"),
+        }
+    }
+
+    /// As [`Volume::read_blocks_unlocked`], never waiting for the disk (`reads` says how).
+    pub fn try_read_blocks_unlocked(
+        &self,
+        map: &MapSlice,
+        out: &mut [u8],
+        reads: sys::NonBlockingReads,
+    ) -> Result<Attempt, StoreError> {
+        self.read_map_blocks(map, out, Some(reads))
+    }
+
+    fn read_map_blocks(
+        &self,
+        map: &MapSlice,
+        out: &mut [u8],
+        non_blocking: Option<sys::NonBlockingReads>,
+    ) -> Result<Attempt, StoreError> {
         debug_assert_eq!(out.len() as u64 % BLOCK_BYTES, 0);
         for (i, (allocated, crc, _)) in map.entries.iter().enumerate() {
             if !allocated {
@@ -237,13 +270,26 @@ impl Volume {
             }
             let b = map.first + i as u64;
             let content = &mut out[i * BLOCK_BYTES as usize..(i + 1) * BLOCK_BYTES as usize];
-            self.data.read_exact_at(content, b * BLOCK_BYTES).map_err(io_error("read volume data", &self.data_path))?;
+            let read_error = io_error("read volume data", &self.data_path);
+            match non_blocking {
+                None | Some(sys::NonBlockingReads::Always) => {
+                    self.data.read_exact_at(content, b * BLOCK_BYTES).map_err(read_error)?
+                }
+                Some(sys::NonBlockingReads::PageCacheOnly) => {
+                    match sys::read_exact_at_cached(&self.data, content, b * BLOCK_BYTES) {
+                        Ok(true) => {}
+                        Ok(false) => return Ok(Attempt::WouldBlock),
+                        Err(e) if e.kind() == std::io::ErrorKind::Unsupported => return Ok(Attempt::Unsupported),
+                        Err(e) => return Err(read_error(e)),
+                    }
+                }
+            }
             let actual = crc32c::crc32c(content);
             if actual != *crc {
                 return Err(self.checksum_error(b, *crc, actual));
             }
         }
-        Ok(())
+        Ok(Attempt::Done)
     }
 
     fn checksum_error(&self, block: u64, expected: u32, actual: u32) -> StoreError {
