@@ -3,6 +3,7 @@
 
 mod bench;
 mod config;
+mod memory;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -371,39 +372,8 @@ fn demo_certificates(dir: &std::path::Path, elements: &[&str]) -> Result<()> {
     Ok(())
 }
 
-/// Keep freed memory in the process instead of giving it back to the kernel at once.
-///
-/// The data path allocates a buffer for every frame it reads (a payload stays referenced until
-/// its record is committed, so a read buffer is rarely reused in place) and frees it a few
-/// hundred microseconds later. With glibc's defaults, buffers from 128 KiB up are mapped and
-/// unmapped each time, and a heap top over 128 KiB is trimmed: every new buffer is then fresh
-/// pages that the kernel zeroes on first touch — 10 to 20 % of the host element's and the
-/// elements' CPU under load (docs/benchmarks.md). Allocations up to 32 MiB come from the heap,
-/// and a heap gives memory back only once 32 MiB at its top are free (an element keeps some
-/// 50–100 MiB more resident than with the defaults). An operator's own `GLIBC_TUNABLES` malloc
-/// settings win.
-#[cfg(all(target_os = "linux", target_env = "gnu"))]
-fn tune_malloc() {
-    if std::env::var("GLIBC_TUNABLES").is_ok_and(|t| t.contains("glibc.malloc.")) {
-        return;
-    }
-    const MMAP_THRESHOLD_BYTES: libc::c_int = 32 << 20;
-    const TRIM_THRESHOLD_BYTES: libc::c_int = 32 << 20;
-    const TOP_PAD_BYTES: libc::c_int = 4 << 20;
-    // SAFETY: mallopt only changes the allocator's parameters; it is called before any thread
-    // is started. A value it refuses leaves that parameter as it was (it returns 0).
-    unsafe {
-        libc::mallopt(libc::M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES);
-        libc::mallopt(libc::M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES);
-        libc::mallopt(libc::M_TOP_PAD, TOP_PAD_BYTES);
-    }
-}
-
-#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
-fn tune_malloc() {}
-
 fn main() {
-    tune_malloc();
+    memory::tune_malloc();
     let cli = Cli::parse();
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
@@ -434,6 +404,7 @@ fn run(cli: Cli) -> Result<()> {
             None => {
                 let options = element_options(args)?;
                 runtime()?.block_on(async {
+                    tokio::spawn(memory::trim_when_idle());
                     shell::element::run(options, shutdown_signal()).await?;
                     Ok(())
                 })
@@ -442,6 +413,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Host(args) => {
             let options = host_options(args)?;
             runtime()?.block_on(async {
+                tokio::spawn(memory::trim_when_idle());
                 shell::host::start(options).await?;
                 shutdown_signal().await;
                 tracing::info!("host element stopping");
