@@ -82,22 +82,30 @@ pub fn try_serve(storage: &impl ElementStorage, volume: LocalVolume, request: &H
     if length_bytes > SERVE_AT_ONCE_BYTES_MAX {
         return None;
     }
-    let (applied_sequence, result) = match storage.try_read(volume, offset_bytes, length_bytes)? {
+    let read = storage.try_read(volume, offset_bytes, length_bytes)?;
+    Some(read_reply(storage, volume, request_id, read))
+}
+
+/// The answer to a `Read`: the data with the applied sequence it reflects, or the error with
+/// the volume's applied sequence.
+fn read_reply(
+    storage: &impl ElementStorage,
+    volume: LocalVolume,
+    request_id: u64,
+    read: Result<(Sequence, ReadData), String>,
+) -> ElementMessage {
+    let (applied_sequence, result) = match read {
         Ok((sequence, data)) => (sequence, Ok(data)),
         Err(e) => (storage.info(volume).applied, Err(e)),
     };
-    Some(ElementMessage::ReadReply { request_id, applied_sequence, result })
+    ElementMessage::ReadReply { request_id, applied_sequence, result }
 }
 
 /// Answer a read-only request (`Read`, `BlockStatus`, `FetchLog`, `FetchBlocks`, `Scrub`).
 pub fn serve(storage: &impl ElementStorage, volume: LocalVolume, request: HostMessage) -> ElementMessage {
     match request {
         HostMessage::Read { request_id, offset_bytes, length_bytes, .. } => {
-            let (applied_sequence, result) = match storage.read(volume, offset_bytes, length_bytes) {
-                Ok((sequence, data)) => (sequence, Ok(data)),
-                Err(e) => (storage.info(volume).applied, Err(e)),
-            };
-            ElementMessage::ReadReply { request_id, applied_sequence, result }
+            read_reply(storage, volume, request_id, storage.read(volume, offset_bytes, length_bytes))
         }
         HostMessage::BlockStatus { request_id, offset_bytes, length_bytes, .. } => {
             let (applied_sequence, result) = match storage.block_status(volume, offset_bytes, length_bytes) {

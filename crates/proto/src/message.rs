@@ -481,18 +481,14 @@ pub fn encode_host_frame(message: &HostMessage) -> FrameParts {
         encode_frame(message, &mut buf);
         return FrameParts::whole(buf.freeze());
     }
-    // The layout of `HostMessage::encode_body` for `Apply` and `Record::encode` for a write,
-    // cut around the data (the unit test compares the two byte for byte).
+    // `HostMessage::encode_body` for `Apply` and `Record::encode` for a write, cut around the
+    // data (the unit test compares the two byte for byte).
     let mut head = BytesMut::with_capacity(FRAME_HEADER_BYTES + 64);
     head.put_u32_le(0);
     head.put_u32_le(0);
     head.put_u8(HOST_APPLY);
-    head.put_u32_le(volume.0);
-    head.put_u64_le(epoch.0);
-    head.put_u64_le(sequence.0);
-    head.put_u8(OP_WRITE);
-    head.put_u64_le(*offset_bytes);
-    head.put_u32_le(u32::try_from(data.len()).expect("field length bounded by the frame limit"));
+    put_record_head(&mut head, *volume, *epoch, *sequence);
+    put_write_head(&mut head, *offset_bytes, data.len());
     let mut tail = BytesMut::with_capacity(4 + 4 * crcs.len());
     put_crcs(&mut tail, crcs);
     let body_len = head.len() - FRAME_HEADER_BYTES + data.len() + tail.len();
@@ -695,6 +691,20 @@ fn put_bytes(out: &mut BytesMut, b: &[u8]) {
     out.put_slice(b);
 }
 
+/// A record's fields before its operation.
+fn put_record_head(out: &mut BytesMut, volume: VolumeId, epoch: Epoch, sequence: Sequence) {
+    out.put_u32_le(volume.0);
+    out.put_u64_le(epoch.0);
+    out.put_u64_le(sequence.0);
+}
+
+/// A write's fields before its data: the data itself, then its piece checksums, follow.
+fn put_write_head(out: &mut BytesMut, offset_bytes: u64, data_bytes: usize) {
+    out.put_u8(OP_WRITE);
+    out.put_u64_le(offset_bytes);
+    out.put_u32_le(u32::try_from(data_bytes).expect("field length bounded by the frame limit"));
+}
+
 const OP_WRITE: u8 = 1;
 const OP_TRIM: u8 = 2;
 const OP_WRITE_ZEROES: u8 = 3;
@@ -702,14 +712,11 @@ const OP_WRITE_ZEROES: u8 = 3;
 impl Record {
     /// Encode without framing (the wire format only: the element's log has its own record).
     pub fn encode(&self, out: &mut BytesMut) {
-        out.put_u32_le(self.volume.0);
-        out.put_u64_le(self.epoch.0);
-        out.put_u64_le(self.sequence.0);
+        put_record_head(out, self.volume, self.epoch, self.sequence);
         match &self.op {
             Op::Write { offset_bytes, data, crcs } => {
-                out.put_u8(OP_WRITE);
-                out.put_u64_le(*offset_bytes);
-                put_bytes(out, data);
+                put_write_head(out, *offset_bytes, data.len());
+                out.put_slice(data);
                 put_crcs(out, crcs);
             }
             Op::Trim { offset_bytes, length_bytes } => {

@@ -493,17 +493,21 @@ fn carry_out(
                 jobs.send(job).expect("the committer thread outlives the actor");
             }
             ElementAction::Serve { session, volume, request } => {
-                let Some(writer) = writers.get(&session).cloned() else { continue };
+                let Some(writer) = writers.get(&session) else { continue };
                 // A small read of data in memory is answered here: handing it to a blocking
                 // thread and back costs more than the read (docs/benchmarks.md).
                 if let Some(reply) = starfish_core::try_serve(&&**store, volume, &request) {
+                    // Only a failed read (a block failing its checksum) can have found damage.
+                    let failed = matches!(&reply, ElementMessage::ReadReply { result: Err(_), .. });
                     let _ = writer.send(reply);
-                    for damaged in ElementStorage::take_damaged(&&**store) {
-                        core.handle_volume_damaged(now, damaged);
+                    if failed {
+                        for damaged in ElementStorage::take_damaged(&&**store) {
+                            core.handle_volume_damaged(now, damaged);
+                        }
                     }
                     continue;
                 }
-                let (store, inputs) = (store.clone(), inputs.clone());
+                let (writer, store, inputs) = (writer.clone(), store.clone(), inputs.clone());
                 tokio::task::spawn_blocking(move || {
                     let _ = writer.send(starfish_core::serve(&&*store, volume, request));
                     report_damage(&store, &inputs);
