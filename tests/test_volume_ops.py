@@ -1,7 +1,8 @@
-"""Volumes created while the cluster runs (issue 15): `starfish volume create` and `volume
-list` with real clients, restarts of every process, bad requests, and kill -9 of the host
-element at each step of a creation (the intention log rolls it forward) and of an element in
-the middle. Each check compares the elements' own copies (`starfish element verify`)."""
+"""Volumes created while the cluster runs (issue 15): `starfish volume create`, `delete`,
+`resize` and `list` with real clients, restarts of every process, bad requests, and kill -9
+of the host element at each step of each operation (the intention log rolls it forward) and
+of an element in the middle. Each check compares the elements' own copies (`starfish element
+verify`)."""
 
 import json
 import os
@@ -124,10 +125,13 @@ def test_bad_requests_get_a_clear_error_and_change_nothing(cluster):
     cluster.wait_status(lambda s: harness.volume_status(s)["mode"] == "read-only", 30, "read-only")
     result = create(cluster, "late", "4MiB", check=False)
     assert result.returncode != 0 and "write quorum" in result.stderr, result.stderr
-    # Nor deleted (checked here, where the cluster is read-only already).
+    # Nor deleted, nor resized (checked here, where the cluster is read-only already).
     result = volume_cmd(cluster, "delete", "taken", check=False)
     assert result.returncode != 0 and "write quorum" in result.stderr, result.stderr
     print(f"volume delete taken (read-only): {result.stderr.strip()}")
+    result = volume_cmd(cluster, "resize", "taken", "8MiB", check=False)
+    assert result.returncode != 0 and "write quorum" in result.stderr, result.stderr
+    print(f"volume resize taken (read-only): {result.stderr.strip()}")
     cluster.restart_element("near")
     cluster.restart_element("far")
     cluster.wait_healthy()
@@ -317,3 +321,127 @@ def test_a_host_element_killed_at_each_step_of_a_deletion_rolls_it_forward(make_
     cluster.wait_healthy()
     assert not cluster.stop()
     assert holders(cluster, doc["storage_volume"]) == set(), f"after a crash {step}"
+
+
+# ----- resize -------------------------------------------------------------------------------
+
+
+def resize(cluster, name, size, check=True):
+    result = volume_cmd(cluster, "resize", name, size, "--json", check=check)
+    return json.loads(result.stdout) if check else result
+
+
+def nbd_size(cluster, name):
+    return int(run(["nbdinfo", "--size", cluster.uri(name)]).stdout)
+
+
+def test_resize_grows_a_volume_in_use_keeps_its_data_and_survives_restarts(cluster):
+    doc = create(cluster, "growing", "16MiB")
+    storage = doc["storage_volume"]
+    data = write_pattern(cluster, "growing", 5)
+    # Grown while a client is connected and writing: allowed; that client keeps its size.
+    with Client(cluster.uri("growing")) as client:
+        grown = resize(cluster, "growing", "48MiB")
+        assert grown["size_bytes"] == 48 * MiB and grown["on_write_quorum"] is True, grown
+        assert grown["storage_volume"] == storage, grown
+        client.pwrite(b"\x77" * 4096, 8 * MiB)
+        client.flush()
+    # A client that connects now sees the new size; the new blocks read as zeroes and take
+    # writes, across the old end too.
+    assert nbd_size(cluster, "growing") == 48 * MiB
+    assert listing(cluster)["growing"]["size_bytes"] == 48 * MiB
+    assert listing(cluster)["growing"]["state"] == "ready"
+    run(["qemu-io", "-f", "raw", "-c", "read -P 0 16M 32M", cluster.uri("growing")])
+    run(["qemu-io", "-f", "raw", "-c", "write -P 0x3e 15M 2M", "-c", "write -P 0x3f 47M 1M", cluster.uri("growing")])
+    assert read_pattern(cluster, "growing", len(data)) == data
+    # It grows again, and everything survives restarts of every process.
+    resize(cluster, "growing", "64MiB")
+    restart_everything(cluster)
+    assert nbd_size(cluster, "growing") == 64 * MiB
+    assert listing(cluster)["growing"]["size_bytes"] == 64 * MiB
+    assert read_pattern(cluster, "growing", len(data)) == data
+    run(["qemu-io", "-f", "raw", "-c", "read -P 0x77 8M 4k", "-c", "read -P 0x3e 15M 2M", "-c", "read -P 0x3f 47M 1M",
+         "-c", "read -P 0 48M 16M", cluster.uri("growing")])
+    assert_identical_everywhere(cluster, storage)
+
+
+def test_resize_refuses_what_it_must_and_changes_nothing(cluster):
+    create(cluster, "fixed", "8MiB")
+    before = listing(cluster)
+    cases = [
+        (("vol0", "1GiB"), "declared in the configuration"),
+        (("nothing", "1GiB"), "no volume nothing"),
+        (("fixed", "4MiB"), "does not shrink"),
+        (("fixed", "8MiB"), "does not shrink"),
+        (("fixed", "10000"), "positive multiple"),
+        (("fixed", "15TiB"), "element"),
+    ]
+    for (name, size), reason in cases:
+        result = resize(cluster, name, size, check=False)
+        assert result.returncode != 0 and reason in result.stderr, f"{name} {size}: {result.stderr}"
+        print(f"volume resize {name} {size}: {result.stderr.strip()}")
+    result = volume_cmd(cluster, "resize", "fixed", "4MiB", "--shrink", check=False)
+    assert result.returncode != 0 and "not supported yet" in result.stderr, result.stderr
+    assert listing(cluster) == before
+    assert nbd_size(cluster, "fixed") == 8 * MiB
+
+
+def test_an_element_down_during_a_resize_grows_it_when_it_comes_back(cluster):
+    doc = create(cluster, "stretch", "16MiB")
+    cluster.kill_element("far")
+    resize(cluster, "stretch", "40MiB")
+    run(["qemu-io", "-f", "raw", "-c", "write -P 0x52 30M 4M", cluster.uri("stretch")])
+    cluster.restart_element("far")
+    cluster.wait_healthy()
+    run(["qemu-io", "-f", "raw", "-c", "read -P 0x52 30M 4M", cluster.uri("stretch")])
+    assert_identical_everywhere(cluster, doc["storage_volume"])
+
+
+@pytest.mark.parametrize("step", ["after-intention", "after-resize", "before-completion"])
+def test_a_host_element_killed_at_each_step_of_a_resize_rolls_it_forward(make_cluster, step):
+    cluster = make_cluster()
+    doc = create(cluster, "elastic", "16MiB")
+    data = write_pattern(cluster, "elastic", 6)
+    cluster.stop_host()
+    cluster.host.env = {**os.environ, "STARFISH_FAILPOINT": f"volume-resize:{step}"}
+    cluster.start_host()
+    result = resize(cluster, "elastic", "32MiB", check=False)
+    assert result.returncode != 0, "the host element aborted mid-way"
+    harness.wait_until(lambda: not cluster.host.alive(), 10, "the host element to abort")
+    cluster.host.env = None
+    cluster.start_host()
+    # The intention was logged before anything was done: the new host element finished it,
+    # and every element grew the volume.
+    volumes = listing(cluster)
+    assert volumes["elastic"]["size_bytes"] == 32 * MiB, f"after a crash {step}: {volumes['elastic']}"
+    assert nbd_size(cluster, "elastic") == 32 * MiB
+    assert read_pattern(cluster, "elastic", len(data)) == data
+    run(["qemu-io", "-f", "raw", "-c", "write -P 0x29 24M 8M", "-c", "read -P 0x29 24M 8M", cluster.uri("elastic")])
+    assert_identical_everywhere(cluster, doc["storage_volume"])
+
+
+def test_a_configured_volume_grows_when_the_host_element_restarts_with_a_larger_size(cluster):
+    """What `volume resize` tells an operator to do for a configured volume: the elements grow
+    it when the new host element's hello names the larger size."""
+    run(["qemu-io", "-f", "raw", "-c", "write -P 0x4c 1023M 1M", cluster.uri("vol0")])
+    cluster.stop_host()
+    cluster.volumes = [("vol0", "1536MiB")]
+    cluster.host.args = [str(a) for a in cluster.host_args()]
+    cluster.start_host()
+    assert nbd_size(cluster, "vol0") == 1536 * MiB
+    run(["qemu-io", "-f", "raw", "-c", "read -P 0x4c 1023M 1M", "-c", "read -P 0 1024M 8M",
+         "-c", "write -P 0x4d 1535M 1M", "-c", "read -P 0x4d 1535M 1M", cluster.uri("vol0")])
+    # A smaller size later is refused by every element: the volume stays as it is.
+    cluster.stop_host()
+    cluster.volumes = [("vol0", "1GiB")]
+    cluster.host.args = [str(a) for a in cluster.host_args()]
+    cluster.start_host(ready=False)
+    harness.wait_until(lambda: harness.volume_status(cluster.status())["mode"] != "starting", 30, "a start-up decision")
+    print("vol0 at a smaller size:", harness.volume_status(cluster.status()))
+    assert harness.volume_status(cluster.status())["mode"] != "read-write"
+    cluster.stop_host()
+    cluster.volumes = [("vol0", "1536MiB")]
+    cluster.host.args = [str(a) for a in cluster.host_args()]
+    cluster.start_host()
+    run(["qemu-io", "-f", "raw", "-c", "read -P 0x4d 1535M 1M", cluster.uri("vol0")])
+    assert_identical_everywhere(cluster, "vol0")

@@ -28,6 +28,9 @@ pub enum AdminRequest {
     /// `POST /volumes/delete?name=NAME`: delete a volume created while running
     /// (`starfish volume delete`).
     VolumeDelete { name: String },
+    /// `POST /volumes/resize?name=NAME&size=BYTES`: grow a volume created while running
+    /// (`starfish volume resize`).
+    VolumeResize { name: String, size_bytes: u64 },
     /// `GET /volumes`: every volume served (`starfish volume list`).
     VolumeList,
     /// A well-formed request for something else.
@@ -46,6 +49,7 @@ impl AdminRequest {
                 | AdminRequest::Scrub { .. }
                 | AdminRequest::VolumeCreate { .. }
                 | AdminRequest::VolumeDelete { .. }
+                | AdminRequest::VolumeResize { .. }
         )
     }
 
@@ -103,7 +107,12 @@ pub fn classify(method: &str, target: &str) -> AdminRequest {
         ("POST", "/failover") => AdminRequest::Failover,
         ("POST", "/drain") => AdminRequest::Drain,
         ("POST", "/scrub") => scrub(query),
-        ("POST", "/volumes/create") => volume_create(query),
+        ("POST", "/volumes/create") => {
+            volume_sized(query, "/volumes/create", |name, size_bytes| AdminRequest::VolumeCreate { name, size_bytes })
+        }
+        ("POST", "/volumes/resize") => {
+            volume_sized(query, "/volumes/resize", |name, size_bytes| AdminRequest::VolumeResize { name, size_bytes })
+        }
         ("POST", "/volumes/delete") => volume_delete(query),
         ("GET", "/volumes") => AdminRequest::VolumeList,
         _ => AdminRequest::NotFound,
@@ -159,7 +168,8 @@ fn volume_delete(query: &str) -> AdminRequest {
     }
 }
 
-fn volume_create(query: &str) -> AdminRequest {
+/// `?name=NAME&size=BYTES` of a `POST` to `path`.
+fn volume_sized(query: &str, path: &'static str, make: fn(String, u64) -> AdminRequest) -> AdminRequest {
     let mut name = None;
     let mut size_bytes = None;
     for pair in query.split('&').filter(|p| !p.is_empty()) {
@@ -173,12 +183,19 @@ fn volume_create(query: &str) -> AdminRequest {
                 Ok(size) => size_bytes = Some(size),
                 Err(_) => return AdminRequest::Malformed("size= must be a number of bytes"),
             },
-            _ => return AdminRequest::Malformed("POST /volumes/create takes name= and size= only"),
+            _ => {
+                return AdminRequest::Malformed(if path == "/volumes/create" {
+                    "POST /volumes/create takes name= and size= only"
+                } else {
+                    "POST /volumes/resize takes name= and size= only"
+                })
+            }
         }
     }
     match (name, size_bytes) {
-        (Some(name), Some(size_bytes)) => AdminRequest::VolumeCreate { name, size_bytes },
-        _ => AdminRequest::Malformed("POST /volumes/create needs ?name=NAME&size=BYTES"),
+        (Some(name), Some(size_bytes)) => make(name, size_bytes),
+        _ if path == "/volumes/create" => AdminRequest::Malformed("POST /volumes/create needs ?name=NAME&size=BYTES"),
+        _ => AdminRequest::Malformed("POST /volumes/resize needs ?name=NAME&size=BYTES"),
     }
 }
 
@@ -244,6 +261,15 @@ mod tests {
             AdminRequest::VolumeDelete { name: "db-1".into() }
         );
         assert!(AdminRequest::VolumeDelete { name: "v".into() }.is_order());
+        assert_eq!(
+            parse(b"POST /volumes/resize?name=db-1&size=2147483648 HTTP/1.1\r\n\r\n"),
+            AdminRequest::VolumeResize { name: "db-1".into(), size_bytes: 2 << 30 }
+        );
+        assert!(AdminRequest::VolumeResize { name: "v".into(), size_bytes: 4096 }.is_order());
+        assert!(matches!(
+            parse(b"POST /volumes/resize?name=db-1 HTTP/1.1\r\n\r\n"),
+            AdminRequest::Malformed("POST /volumes/resize needs ?name=NAME&size=BYTES")
+        ));
         assert!(matches!(parse(b"POST /volumes/delete HTTP/1.1\r\n\r\n"), AdminRequest::Malformed(_)));
         assert!(!AdminRequest::VolumeList.is_order());
         assert!(head_complete(b"GET / HTTP/1.0\r\n\r\n") && !head_complete(b"GET / HTTP/1.0\r\n"));

@@ -14,6 +14,7 @@
 //! volume:    name | u64 size_bytes | u64 id
 //! intention: u64 id | u8 kind | kind 1, create: name | u64 size_bytes
 //!                             | kind 2, delete: name | u64 volume id | u64 size_bytes
+//!                             | kind 3, resize: name | u64 volume id | u64 from_bytes | u64 size_bytes
 //! name:      u16 length | UTF-8
 //! ```
 //!
@@ -22,6 +23,11 @@
 //! down removes it when a host element's hello names it by a placeholder), then its
 //! completion drops it. A starting host element serves every pending deletion's volume as
 //! such a placeholder.
+//!
+//! A resize (grow) leaves the volume's entry at its old size until its completion; a starting
+//! host element serves the new size (rolled forward: the elements grow the volume when the
+//! hello names it so). Resizes are always logged: with policy `none` they are refused, since
+//! an unlogged grow lost by a crash would leave elements larger than any catalog says.
 //!
 //! A volume created while running is stored on the elements as `NAME#ID` (its intention's
 //! id): a later volume of the same name is another storage volume, never old data. An
@@ -56,6 +62,7 @@ const MAGIC: &[u8; 8] = b"SFCATLG1";
 const HEADER_BYTES: usize = 16;
 const INTENT_CREATE: u8 = 1;
 const INTENT_DELETE: u8 = 2;
+const INTENT_RESIZE: u8 = 3;
 
 /// Every volume a host element serves: at most this many created while running.
 pub const CATALOG_VOLUMES_MAX: usize = crate::limits::VOLUMES_MAX - 64;
@@ -106,16 +113,25 @@ pub enum Intent {
         volume_id: u64,
         size_bytes: u64,
     },
+    /// Grow the volume `name` that intention `volume_id` created from `from_bytes` to
+    /// `size_bytes`.
+    Resize {
+        name: String,
+        volume_id: u64,
+        from_bytes: u64,
+        size_bytes: u64,
+    },
 }
 
 impl Intention {
-    /// The volume it creates or deletes, as it is (or was) listed.
+    /// The volume it creates, deletes or resizes, as it is (or was) listed (a resize's at its
+    /// new size).
     pub fn volume(&self) -> CatalogVolume {
         match &self.op {
             Intent::Create { name, size_bytes } => {
                 CatalogVolume { name: name.clone(), size_bytes: *size_bytes, id: self.id }
             }
-            Intent::Delete { name, volume_id, size_bytes } => {
+            Intent::Delete { name, volume_id, size_bytes } | Intent::Resize { name, volume_id, size_bytes, .. } => {
                 CatalogVolume { name: name.clone(), size_bytes: *size_bytes, id: *volume_id }
             }
         }
@@ -125,11 +141,25 @@ impl Intention {
         matches!(self.op, Intent::Create { .. })
     }
 
-    /// "create" or "delete".
+    pub fn is_delete(&self) -> bool {
+        matches!(self.op, Intent::Delete { .. })
+    }
+
+    pub fn is_resize(&self) -> bool {
+        matches!(self.op, Intent::Resize { .. })
+    }
+
+    /// The id of the volume it is about (a creation's own).
+    pub fn volume_id(&self) -> u64 {
+        self.volume().id
+    }
+
+    /// "create", "delete" or "resize".
     pub fn kind(&self) -> &'static str {
         match self.op {
             Intent::Create { .. } => "create",
             Intent::Delete { .. } => "delete",
+            Intent::Resize { .. } => "resize",
         }
     }
 }
@@ -181,13 +211,20 @@ impl Catalog {
     /// The storage volumes of pending deletions: a starting host element serves them as
     /// placeholders, so that every element removes them.
     pub fn removed_to_serve(&self) -> Vec<String> {
-        self.intentions.iter().filter(|i| !i.is_create()).map(|i| i.volume().spec().name).collect()
+        self.intentions.iter().filter(|i| i.is_delete()).map(|i| i.volume().spec().name).collect()
     }
 
     /// The volumes a starting host element serves: those created, and those of the
-    /// intentions it finds (rolled forward), in id order. Pairs of (export name, storage).
+    /// intentions it finds (rolled forward: creations, and resizes at their new sizes), in id
+    /// order. Pairs of (export name, storage).
     pub fn volumes_to_serve(&self) -> Vec<(String, VolumeSpec)> {
         let mut all: Vec<CatalogVolume> = self.volumes.clone();
+        for resize in self.intentions.iter().filter(|i| i.is_resize()) {
+            let grown = resize.volume();
+            for v in all.iter_mut().filter(|v| v.id == grown.id) {
+                v.size_bytes = v.size_bytes.max(grown.size_bytes);
+            }
+        }
         all.extend(self.intentions.iter().filter(|i| i.is_create()).map(Intention::volume));
         all.sort_by_key(|v| v.id);
         all.into_iter().map(|v| (v.name.clone(), v.spec())).collect()
@@ -199,7 +236,7 @@ impl Catalog {
     pub fn volumes_to_restart(&self) -> Vec<(String, VolumeSpec)> {
         let mut all: Vec<(u64, String, VolumeSpec)> =
             self.volumes_to_serve().into_iter().map(|(name, spec)| (storage_id(&spec.name), name, spec)).collect();
-        for i in self.intentions.iter().filter(|i| !i.is_create()) {
+        for i in self.intentions.iter().filter(|i| i.is_delete()) {
             let volume = i.volume();
             let spec = VolumeSpec { name: volume.spec().name, size_bytes: 0 };
             all.push((volume.id, volume.name, spec));
@@ -208,16 +245,36 @@ impl Catalog {
         all.into_iter().map(|(_, name, spec)| (name, spec)).collect()
     }
 
-    /// Finish every creation as a starting host element does (its sessions carry them out by
-    /// naming the volumes in their hellos); deletions stay until every element confirmed.
+    /// Finish every creation and resize as a starting host element does (its sessions carry
+    /// them out by naming the volumes, at their sizes, in their hellos); deletions stay until
+    /// every element confirmed.
     pub fn roll_forward(&mut self) -> usize {
         let (done, pending): (Vec<Intention>, Vec<Intention>) =
-            std::mem::take(&mut self.intentions).into_iter().partition(Intention::is_create);
+            std::mem::take(&mut self.intentions).into_iter().partition(|i| !i.is_delete());
         self.intentions = pending;
         let n = done.len();
-        self.volumes.extend(done.iter().map(Intention::volume));
-        self.volumes.sort_by_key(|v| v.id);
+        for i in &done {
+            self.list_outcome(i, true);
+        }
         n
+    }
+
+    /// What intention `i`, carried out (`done`) or undone, leaves listed: a creation carried
+    /// out lists its volume, a deletion undone lists it again, a resize carried out lists it
+    /// at its new size.
+    fn list_outcome(&mut self, i: &Intention, done: bool) {
+        match &i.op {
+            Intent::Create { .. } | Intent::Delete { .. } if done == i.is_create() => {
+                self.volumes.push(i.volume());
+                self.volumes.sort_by_key(|v| v.id);
+            }
+            Intent::Resize { volume_id, size_bytes, .. } if done => {
+                for v in self.volumes.iter_mut().filter(|v| v.id == *volume_id) {
+                    v.size_bytes = v.size_bytes.max(*size_bytes);
+                }
+            }
+            _ => {}
+        }
     }
 
     /// The document, padded to whole blocks.
@@ -244,6 +301,13 @@ impl Catalog {
                     body.push(INTENT_DELETE);
                     put_name(&mut body, name);
                     body.extend_from_slice(&volume_id.to_le_bytes());
+                    body.extend_from_slice(&size_bytes.to_le_bytes());
+                }
+                Intent::Resize { name, volume_id, from_bytes, size_bytes } => {
+                    body.push(INTENT_RESIZE);
+                    put_name(&mut body, name);
+                    body.extend_from_slice(&volume_id.to_le_bytes());
+                    body.extend_from_slice(&from_bytes.to_le_bytes());
                     body.extend_from_slice(&size_bytes.to_le_bytes());
                 }
             }
@@ -318,6 +382,13 @@ impl Catalog {
                     let size_bytes = r.u64()?;
                     Intent::Delete { name, volume_id, size_bytes }
                 }
+                INTENT_RESIZE => {
+                    let name = r.name()?;
+                    let volume_id = r.u64()?;
+                    let from_bytes = r.u64()?;
+                    let size_bytes = r.u64()?;
+                    Intent::Resize { name, volume_id, from_bytes, size_bytes }
+                }
                 kind => return Err(format!("the catalog holds an intention of unknown kind {kind}")),
             };
             intentions.push(Intention { id, op });
@@ -340,13 +411,22 @@ impl Catalog {
             match &i.op {
                 Intent::Create { name, .. } => names.push((name.as_str(), i.id)),
                 Intent::Delete { volume_id, .. } => ids.push(*volume_id),
+                Intent::Resize { name, volume_id, from_bytes, size_bytes } => {
+                    let listed = self.volumes.iter().any(|v| v.id == *volume_id && &v.name == name);
+                    if !listed || from_bytes >= size_bytes {
+                        return Err(format!("the catalog holds a resize of {name} (id {volume_id}) that cannot be"));
+                    }
+                    let others = self.intentions.iter().filter(|j| j.id != i.id && j.volume_id() == *volume_id);
+                    if others.count() > 0 {
+                        return Err(format!("the catalog holds a resize of {name} besides another operation on it"));
+                    }
+                }
             }
         }
-        if self.volumes.len() + self.intentions.len() > CATALOG_VOLUMES_MAX {
-            return Err(format!(
-                "the catalog names {} volumes and intentions, more than {CATALOG_VOLUMES_MAX}",
-                self.volumes.len() + self.intentions.len()
-            ));
+        // A resize takes no volume of its own (at most one per volume: checked below).
+        let taking = self.volumes.len() + self.intentions.iter().filter(|i| !i.is_resize()).count();
+        if taking > CATALOG_VOLUMES_MAX {
+            return Err(format!("the catalog names {taking} volumes and intentions, more than {CATALOG_VOLUMES_MAX}"));
         }
         for v in self.volumes.iter().cloned().chain(self.intentions.iter().map(Intention::volume)) {
             check_name(&v.name)?;
@@ -497,13 +577,30 @@ impl IntentionLog {
     /// Ask to delete volume `name` (one created while running): its intention, once logged, or
     /// at once with policy `none`. The write that logs it drops the volume's entry.
     pub fn intend_delete(&mut self, now: Time, name: &str) -> Result<Intention, String> {
-        // A creation carried out whose completion is not written yet (a group commit's wait,
-        // or one rolled forward at start-up) lists its volume now: the next write says so.
+        let volume = self.listed_volume(name, "delete")?;
+        let count = self.catalog.volumes.len() + self.catalog.intentions.len() + self.waiting.len();
+        if count >= CATALOG_VOLUMES_MAX {
+            return Err(format!("{CATALOG_VOLUMES_MAX} volume operations are pending"));
+        }
+        let op = Intent::Delete { name: name.to_string(), volume_id: volume.id, size_bytes: volume.size_bytes };
+        let intention = Intention { id: self.catalog.next_id, op };
+        self.catalog.next_id += 1;
+        self.waiting.push_back((intention.clone(), now));
+        Ok(intention)
+    }
+
+    /// The listed volume `name` that an operation (`what`: "delete", "resize") may be asked
+    /// for: none other is pending on it.
+    fn listed_volume(&mut self, name: &str, what: &str) -> Result<CatalogVolume, String> {
+        // A creation or resize carried out whose completion is not written yet (a group
+        // commit's wait, or one rolled forward at start-up) is listed now: the next write says
+        // so.
         let done: Vec<u64> = self
             .finished
             .iter()
             .filter(|(id, done)| {
-                *done && self.catalog.intentions.iter().any(|i| i.id == *id && i.is_create() && i.volume().name == name)
+                *done
+                    && self.catalog.intentions.iter().any(|i| i.id == *id && !i.is_delete() && i.volume().name == name)
             })
             .map(|(id, _)| *id)
             .collect();
@@ -520,23 +617,41 @@ impl IntentionLog {
                 .chain(&self.catalog.intentions)
                 .any(|i| matches!(&i.op, Intent::Create { name: n, .. } if n == name));
             return Err(if creating {
-                format!("volume {name} is being created; delete it once its creation is answered")
+                format!("volume {name} is being created; {what} it once its creation is answered")
             } else {
                 format!("no volume {name} was created while running")
             });
         };
-        let deleting = self
+        let pending = self
             .waiting
             .iter()
-            .any(|(i, _)| matches!(&i.op, Intent::Delete { volume_id, .. } if *volume_id == volume.id));
-        if deleting {
-            return Err(format!("volume {name} is being deleted"));
+            .map(|(i, _)| i)
+            .chain(&self.catalog.intentions)
+            .find(|i| !i.is_create() && i.volume_id() == volume.id);
+        if let Some(other) = pending {
+            let doing = if other.is_delete() { "deleted" } else { "resized" };
+            return Err(format!("volume {name} is being {doing}; {what} it once that is answered"));
         }
-        let count = self.catalog.volumes.len() + self.catalog.intentions.len() + self.waiting.len();
-        if count >= CATALOG_VOLUMES_MAX {
-            return Err(format!("{CATALOG_VOLUMES_MAX} volume operations are pending"));
+        Ok(volume)
+    }
+
+    /// Ask to grow volume `name` (one created while running) to `size_bytes`: its intention,
+    /// once logged. Refused with policy `none` (see the module's documentation), for a size
+    /// that is not larger, and while another operation on the volume is pending.
+    pub fn intend_resize(&mut self, now: Time, name: &str, size_bytes: u64) -> Result<Intention, String> {
+        if self.policy == LogPolicy::None {
+            return Err("a resize must be logged: start the host element with --intention-log group or single".into());
         }
-        let op = Intent::Delete { name: name.to_string(), volume_id: volume.id, size_bytes: volume.size_bytes };
+        check_size(size_bytes)?;
+        let volume = self.listed_volume(name, "resize")?;
+        if size_bytes <= volume.size_bytes {
+            return Err(format!(
+                "volume {name} has {} bytes: a resize grows it (a volume does not shrink), not to {size_bytes}",
+                volume.size_bytes
+            ));
+        }
+        let op =
+            Intent::Resize { name: name.to_string(), volume_id: volume.id, from_bytes: volume.size_bytes, size_bytes };
         let intention = Intention { id: self.catalog.next_id, op };
         self.catalog.next_id += 1;
         self.waiting.push_back((intention.clone(), now));
@@ -621,15 +736,11 @@ impl IntentionLog {
         Some(CatalogWrite { document: self.catalog.encode(), logs })
     }
 
-    /// Intention `id` leaves the catalog: a creation carried out lists its volume; a deletion
-    /// undone lists its volume again.
+    /// Intention `id` leaves the catalog, listing what it leaves (`Catalog::list_outcome`).
     fn finish_in_catalog(&mut self, id: u64, done: bool) {
         if let Some(k) = self.catalog.intentions.iter().position(|i| i.id == id) {
             let intention = self.catalog.intentions.remove(k);
-            if done == intention.is_create() {
-                self.catalog.volumes.push(intention.volume());
-                self.catalog.volumes.sort_by_key(|v| v.id);
-            }
+            self.catalog.list_outcome(&intention, done);
         }
     }
 

@@ -70,6 +70,7 @@ pub fn role_refusal(role: SessionRole, message: &HostMessage, current: Epoch) ->
         HostMessage::AddVolumes { .. } => "volume creation",
         HostMessage::CheckVolumes { .. } => "volume check",
         HostMessage::RemoveVolumes { .. } => "volume removal",
+        HostMessage::ResizeVolumes { .. } => "volume resize",
     };
     match (role, message) {
         (SessionRole::Unauthenticated, _) => None,
@@ -133,6 +134,9 @@ pub enum StorageJob {
     /// Remove these volumes durably, freeing their space (every record of them queued before
     /// is committed).
     RemoveVolumes(Vec<LocalVolume>),
+    /// Grow these volumes durably to these sizes (every record queued before is committed;
+    /// none queued after runs before it).
+    ResizeVolumes(Vec<(LocalVolume, u64)>),
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -140,6 +144,7 @@ pub enum StorageDone {
     Commit(Result<CommitDone, String>),
     AdoptEpoch(Result<(), String>),
     RemoveVolumes(Result<(), String>),
+    ResizeVolumes(Result<(), String>),
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -439,6 +444,12 @@ enum Job {
         volumes: Vec<LocalVolume>,
         reply: Option<(SessionId, Vec<VolumeId>)>,
     },
+    /// Grow these volumes once the commits queued before are done; answer the session's
+    /// `ResizeVolumes` with its numbers.
+    Resize {
+        volumes: Vec<(LocalVolume, u64)>,
+        reply: (SessionId, Vec<VolumeId>),
+    },
 }
 
 #[derive(Debug)]
@@ -457,6 +468,10 @@ enum InFlight {
     Remove {
         volumes: Vec<LocalVolume>,
         reply: Option<(SessionId, Vec<VolumeId>)>,
+    },
+    Resize {
+        volumes: Vec<(LocalVolume, u64)>,
+        reply: (SessionId, Vec<VolumeId>),
     },
 }
 
@@ -849,6 +864,7 @@ impl ElementCore {
             | HostMessage::Copy { .. }
             | HostMessage::AddVolumes { .. }
             | HostMessage::RemoveVolumes { .. }
+            | HostMessage::ResizeVolumes { .. }
                 if self.config.fencing && session_epoch < self.epoch =>
             {
                 // A recovery order of a superseded host element (one that woke from a pause,
@@ -902,6 +918,19 @@ impl ElementCore {
                     }
                 }
                 self.jobs.push_back(Job::Remove { volumes: locals, reply: Some((session, ids)) });
+                self.pump_storage();
+            }
+            HostMessage::ResizeVolumes { volumes } => {
+                let mut locals: Vec<(LocalVolume, u64)> = Vec::with_capacity(volumes.len());
+                for &(id, size_bytes) in &volumes {
+                    let Some(local) = self.local(session, id) else { return };
+                    match locals.iter_mut().find(|(l, _)| *l == local) {
+                        Some(entry) => entry.1 = entry.1.max(size_bytes),
+                        None => locals.push((local, size_bytes)),
+                    }
+                }
+                let ids = volumes.iter().map(|(id, _)| *id).collect();
+                self.jobs.push_back(Job::Resize { volumes: locals, reply: (session, ids) });
                 self.pump_storage();
             }
         }
@@ -984,7 +1013,11 @@ impl ElementCore {
         for ((local, info), spec) in ensured.iter().zip(specs) {
             let vi = local.0 as usize;
             assert!(vi <= self.volumes.len(), "local volumes are numbered densely");
-            if vi == self.volumes.len() {
+            if vi < self.volumes.len() {
+                // A volume that grew while this element was away was grown by the hello.
+                let held = &mut self.volumes[vi].spec;
+                held.size_bytes = held.size_bytes.max(spec.size_bytes);
+            } else {
                 self.volumes.push(Volume {
                     spec: spec.clone(),
                     applied: info.applied,
@@ -1155,6 +1188,15 @@ impl ElementCore {
                     }
                     self.in_flight = Some(InFlight::Remove { volumes: volumes.clone(), reply });
                     self.emit(ElementAction::Storage(StorageJob::RemoveVolumes(volumes)));
+                }
+                Some(Job::Resize { .. }) => {
+                    let Some(Job::Resize { volumes, reply }) = self.jobs.pop_front() else { unreachable!() };
+                    if !self.sessions.contains_key(&reply.0) {
+                        // Its session is gone: its next hello names the sizes again.
+                        continue;
+                    }
+                    self.in_flight = Some(InFlight::Resize { volumes: volumes.clone(), reply });
+                    self.emit(ElementAction::Storage(StorageJob::ResizeVolumes(volumes)));
                 }
             }
         }
@@ -1401,6 +1443,26 @@ impl ElementCore {
                     self.storage_failed = Some(reason);
                 }
             },
+            (InFlight::Resize { volumes, reply: (session, ids) }, StorageDone::ResizeVolumes(result)) => match result {
+                Ok(()) => {
+                    for (local, size_bytes) in &volumes {
+                        let spec = &mut self.volumes[local.0 as usize].spec;
+                        spec.size_bytes = spec.size_bytes.max(*size_bytes);
+                    }
+                    let names: Vec<String> = volumes
+                        .iter()
+                        .map(|(l, size)| format!("{} to {size} bytes", self.volumes[l.0 as usize].spec.name))
+                        .collect();
+                    self.log(LogLevel::Info, format!("volumes grown: {}", names.join(", ")));
+                    self.send(session, ElementMessage::VolumesResized { volumes: ids });
+                }
+                Err(reason) => {
+                    // Nothing changed (a grow that does not fit), or storage failed (then it
+                    // takes no more changes): either way this session cannot go on.
+                    self.log(LogLevel::Warn, format!("volume resize failed: {reason}"));
+                    self.refuse(session, format!("cannot grow volumes: {reason}"));
+                }
+            },
             (in_flight, done) => unreachable!("storage answered {done:?} to {in_flight:?}"),
         }
         self.pump_storage();
@@ -1452,7 +1514,7 @@ impl ElementCore {
         };
         let queued = self.jobs.iter().filter_map(|j| match j {
             Job::Commit(c) => Some(c),
-            Job::Hello { .. } | Job::Remove { .. } => None,
+            Job::Hello { .. } | Job::Remove { .. } | Job::Resize { .. } => None,
         });
         for c in in_flight.into_iter().chain(queued) {
             if c.volume == volume && c.record.sequence == accepted.next() {
@@ -1986,6 +2048,7 @@ fn message_name(message: &ElementMessage) -> &'static str {
         ElementMessage::VolumesAdded { .. } => "VolumesAdded",
         ElementMessage::VolumesChecked { .. } => "VolumesChecked",
         ElementMessage::VolumesRemoved { .. } => "VolumesRemoved",
+        ElementMessage::VolumesResized { .. } => "VolumesResized",
         ElementMessage::Refused { .. } => "Refused",
         ElementMessage::Applied { .. } => "Applied",
         ElementMessage::Received { .. } => "Received",

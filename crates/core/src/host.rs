@@ -357,6 +357,12 @@ pub enum Event {
         volume: VolumeId,
         everywhere: bool,
     },
+    /// A volume grown while running (`resize_volume`) has its new size on Q elements that
+    /// count toward the quorum (told once per resize).
+    VolumeResized {
+        volume: VolumeId,
+        size_bytes: u64,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -486,6 +492,9 @@ struct ElementRuntime {
     /// answered. `adding` holds the counts of those sent and not answered yet, oldest first.
     session_volumes: usize,
     adding: VecDeque<usize>,
+    /// `ResizeVolumes` sent in this session and not answered yet: while there are some, its
+    /// welcome does not say it holds the new sizes (its hello named the old ones).
+    resizes_unanswered: usize,
     /// The volumes its hello named by placeholders (removed): its welcome says it holds them
     /// no more.
     hello_removed: Vec<usize>,
@@ -531,6 +540,9 @@ struct VolumeRuntime {
     /// Removed while running (`remove_volumes`): a placeholder of size 0 that keeps its
     /// number. The elements known to hold it no more, and whether each event was told.
     removed: Option<Removal>,
+    /// Grown while running (`resize_volume`): the elements known to hold the new size, until
+    /// Q that count do (then `None`, and `Event::VolumeResized` told).
+    resizing: Option<ElementSet>,
 }
 
 #[derive(Clone, Copy, Debug, Default)]
@@ -556,6 +568,7 @@ impl VolumeRuntime {
             scrubs: scrub::VolumeScrubs::default(),
             creating: None,
             removed: None,
+            resizing: None,
         }
     }
 }
@@ -777,6 +790,7 @@ impl HostCore {
                 weak_through: vec![Sequence::ZERO; volume_count],
                 session_volumes: 0,
                 adding: VecDeque::new(),
+                resizes_unanswered: 0,
                 hello_removed: Vec::new(),
             })
             .collect();
@@ -942,6 +956,7 @@ impl HostCore {
         e.last_heard = now;
         e.session_volumes = self.config.volumes.len();
         e.adding.clear();
+        e.resizes_unanswered = 0;
         e.hello_removed = (0..self.volumes.len()).filter(|&i| self.volumes[i].removed.is_some()).collect();
         // The state stays what it was (failed, with its reason) until the welcome decides.
         let message = HostMessage::Hello {
@@ -1015,6 +1030,7 @@ impl HostCore {
                 self.on_volumes_checked(element, request_id, result)
             }
             ElementMessage::VolumesRemoved { volumes } => self.on_volumes_removed(element, volumes),
+            ElementMessage::VolumesResized { volumes } => self.on_volumes_resized(now, element, volumes),
             ElementMessage::Refused { reason: _, epoch: Some(seen), .. }
                 if !self.ready
                     && !self.claimed
@@ -1263,12 +1279,17 @@ impl HostCore {
         let empty =
             VolumeState { applied_sequence: Sequence::ZERO, applied_epoch: Epoch(0), copying: false, repair: false };
         volumes.resize(self.volumes.len(), empty);
+        let resized_by_hello = self.elements[element.0 as usize].resizes_unanswered == 0;
         for v in self.volumes[..hello_volumes].iter_mut() {
             if let Some(created) = &mut v.creating {
                 created.insert(element);
             }
+            if let Some(resized) = v.resizing.as_mut().filter(|_| resized_by_hello) {
+                resized.insert(element);
+            }
         }
         self.tell_created();
+        self.tell_resized();
         for i in std::mem::take(&mut self.elements[element.0 as usize].hello_removed) {
             if let Some(removal) = &mut self.volumes[i].removed {
                 removal.confirmed.insert(element);
@@ -1505,6 +1526,95 @@ impl HostCore {
         }
         self.tell_removed();
         Ok(ids)
+    }
+
+    /// Grow a volume while running (`starfish volume resize`), named by its storage volume: it
+    /// is exported at `size_bytes` at once (to NBD clients that connect from now on; the new
+    /// blocks read as zeroes), and every element with a session is told (`ResizeVolumes`, in
+    /// its stream: before any write into the new blocks); the others grow it when their next
+    /// hello names the new size. `Event::VolumeResized` says when Q elements that count hold
+    /// it. Refused while starting or read-only, for a volume of a consistency group, for a
+    /// size that is not larger, and while another resize of the volume is under way.
+    pub fn resize_volume(&mut self, now: Time, name: &str, size_bytes: u64) -> Result<VolumeId, String> {
+        if let Some(reason) = self.volume_change_refusal() {
+            return Err(reason);
+        }
+        let Some(i) = self.config.volumes.iter().position(|v| v.name == name && v.size_bytes > 0) else {
+            return Err(format!("no volume {name}"));
+        };
+        if self.config.exported().iter().any(|e| e.volume == i && e.group.is_some()) {
+            return Err(format!("volume {name} belongs to a consistency group"));
+        }
+        let current = self.config.volumes[i].size_bytes;
+        if size_bytes <= current {
+            return Err(format!(
+                "volume {name} has {current} bytes: a resize grows it (a volume does not shrink), not to {size_bytes}"
+            ));
+        }
+        if !size_bytes.is_multiple_of(proto::BLOCK_BYTES) || size_bytes > crate::catalog::VOLUME_BYTES_MAX {
+            return Err(format!(
+                "size {size_bytes} is not a multiple of {} bytes up to {}",
+                proto::BLOCK_BYTES,
+                crate::catalog::VOLUME_BYTES_MAX
+            ));
+        }
+        if self.volumes[i].resizing.is_some() {
+            return Err(format!("volume {name} is being resized; wait for that to be answered"));
+        }
+        if self.config.exports.is_empty() {
+            self.config.exports = crate::groups::ungrouped(&self.config.volumes);
+        }
+        self.config.volumes[i].size_bytes = size_bytes;
+        for e in self.config.exports.iter_mut().filter(|e| e.volume == i) {
+            e.size_bytes = size_bytes;
+        }
+        self.volumes[i].spec.size_bytes = size_bytes;
+        self.volumes[i].resizing = Some(ElementSet::default());
+        let volume = VolumeId(i as u32);
+        let mut to = ElementSet::default();
+        for (k, e) in self.elements.iter_mut().enumerate() {
+            if e.session {
+                e.resizes_unanswered += 1;
+                to.insert(ElementId(k as u8));
+            }
+        }
+        if !to.is_empty() {
+            let message = HostMessage::ResizeVolumes { volumes: vec![(volume, size_bytes)] };
+            self.emit(Action::Send { to, message });
+        }
+        self.after_membership_change(now);
+        Ok(volume)
+    }
+
+    /// An element grew the volumes of a `ResizeVolumes`.
+    fn on_volumes_resized(&mut self, now: Time, element: ElementId, ids: Vec<VolumeId>) {
+        let e = &mut self.elements[element.0 as usize];
+        if e.resizes_unanswered == 0 {
+            return self.fail_element(now, element, Failure::Protocol("unsolicited volumes resized".into()), true);
+        }
+        e.resizes_unanswered -= 1;
+        for id in ids {
+            if let Some(resized) = self.volumes.get_mut(id.0 as usize).and_then(|v| v.resizing.as_mut()) {
+                resized.insert(element);
+            }
+        }
+        self.tell_resized();
+    }
+
+    /// `Event::VolumeResized` for each volume grown while running that Q elements that count
+    /// now hold at its new size.
+    fn tell_resized(&mut self) {
+        let (counting, quorum) = (self.counting, self.config.quorum);
+        let mut resized = Vec::new();
+        for (i, v) in self.volumes.iter_mut().enumerate() {
+            if v.resizing.is_some_and(|set| ElementSet(set.0 & counting.0).len() >= quorum) {
+                v.resizing = None;
+                resized.push(Event::VolumeResized { volume: VolumeId(i as u32), size_bytes: v.spec.size_bytes });
+            }
+        }
+        for event in resized {
+            self.emit(Action::Event(event));
+        }
     }
 
     /// An element removed the volumes of a `RemoveVolumes`.

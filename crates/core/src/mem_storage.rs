@@ -421,10 +421,12 @@ impl ElementStorage for MemStorage {
         for spec in specs {
             let here = self.vols.iter().find(|v| v.name == spec.name && !v.removed).map(|v| v.data.len() as u64);
             match here {
-                Some(size) if size != spec.size_bytes => {
+                Some(size) if size > spec.size_bytes => {
                     return Err(format!("volume {}: {} bytes here, not {}", spec.name, size, spec.size_bytes))
                 }
-                None if spec.size_bytes > self.volume_bytes_max || !spec.size_bytes.is_multiple_of(BLOCK_BYTES) => {
+                Some(_) | None
+                    if spec.size_bytes > self.volume_bytes_max || !spec.size_bytes.is_multiple_of(BLOCK_BYTES) =>
+                {
                     return Err(format!(
                         "volume {}: this storage holds volumes of whole blocks up to {} bytes only",
                         spec.name, self.volume_bytes_max
@@ -438,9 +440,43 @@ impl ElementStorage for MemStorage {
 
     fn ensure_volume(&mut self, spec: &VolumeSpec) -> Result<LocalVolume, String> {
         match self.vols.iter().position(|v| v.name == spec.name && !v.removed) {
-            Some(i) => Ok(LocalVolume(i as u32)),
+            Some(i) => {
+                // A volume that grew while the element was away: a hello names it larger.
+                self.resize_volume(LocalVolume(i as u32), spec.size_bytes)?;
+                Ok(LocalVolume(i as u32))
+            }
             None => Ok(self.add_volume(spec.name.clone(), spec.size_bytes)),
         }
+    }
+
+    /// Durable at once (the store's commit point is one metadata write).
+    fn resize_volume(&mut self, volume: LocalVolume, size_bytes: u64) -> Result<(), String> {
+        let v = &self.vols[volume.0 as usize];
+        let here = v.data.len() as u64;
+        if v.removed {
+            return Err(format!("volume {} was removed", v.name));
+        }
+        if size_bytes < here {
+            return Err(format!("volume {}: {here} bytes here, not {size_bytes}: volumes do not shrink", v.name));
+        }
+        if size_bytes == here {
+            return Ok(());
+        }
+        if size_bytes > self.volume_bytes_max || !size_bytes.is_multiple_of(BLOCK_BYTES) {
+            return Err(format!(
+                "volume {}: this storage holds volumes of whole blocks up to {} bytes only",
+                v.name, self.volume_bytes_max
+            ));
+        }
+        if let Some(reason) = self.refuse_changes() {
+            return Err(reason);
+        }
+        let blocks = (size_bytes / BLOCK_BYTES) as usize;
+        let v = &mut self.vols[volume.0 as usize];
+        v.data.resize(size_bytes as usize, 0);
+        v.allocated.resize(blocks, false);
+        v.changed.resize(blocks, Sequence::ZERO);
+        Ok(())
     }
 
     /// Durable at once (the store's commit point is one metadata write).

@@ -31,6 +31,10 @@ pub trait ElementStorage {
     /// Remove the volume durably and free its space; its local number stays taken (by
     /// nothing) until storage is reopened. Every later request for it fails.
     fn remove_volume(&mut self, volume: LocalVolume) -> Result<(), String>;
+    /// Grow the volume to `size_bytes` durably (its new blocks read as zeroes); the same size
+    /// does nothing, a smaller one is refused. A grow that does not fit (memory, disk) is
+    /// refused and changes nothing.
+    fn resize_volume(&mut self, volume: LocalVolume, size_bytes: u64) -> Result<(), String>;
     /// Log the records with one sync, then apply them in order; refused records are listed in
     /// the outcome and change nothing. `Err`: storage failed and takes no more changes.
     fn commit(&mut self, batch: &[(LocalVolume, Record)]) -> Result<CommitDone, String>;

@@ -292,6 +292,14 @@ pub enum HostMessage {
     RemoveVolumes {
         volumes: Vec<VolumeId>,
     },
+    /// Volumes grown while the session runs (`starfish volume resize`): pairs of (volume, new
+    /// size in bytes). The element grows its storage (durably; the new blocks read as zeroes)
+    /// after every record sent before, and before any sent after (which may reach into the
+    /// new blocks), then answers `VolumesResized`. An element that cannot grow a volume
+    /// refuses the session.
+    ResizeVolumes {
+        volumes: Vec<(VolumeId, u64)>,
+    },
 }
 
 /// Element → host element.
@@ -331,6 +339,10 @@ pub enum ElementMessage {
     },
     /// Answer to `RemoveVolumes`: the element holds none of these volumes any more.
     VolumesRemoved {
+        volumes: Vec<VolumeId>,
+    },
+    /// Answer to `ResizeVolumes`: the element holds these volumes at their new sizes.
+    VolumesResized {
         volumes: Vec<VolumeId>,
     },
     /// The record of `volume` at `sequence` arrived and waits in the element's memory to be
@@ -779,6 +791,7 @@ const HOST_SCRUB: u8 = 12;
 const HOST_ADD_VOLUMES: u8 = 13;
 const HOST_CHECK_VOLUMES: u8 = 14;
 const HOST_REMOVE_VOLUMES: u8 = 15;
+const HOST_RESIZE_VOLUMES: u8 = 16;
 
 impl HostMessage {
     /// Bytes its frame takes, at least, for a record that carries data (0 for the rest): the
@@ -818,6 +831,14 @@ impl Body for HostMessage {
             HostMessage::RemoveVolumes { volumes } => {
                 out.put_u8(HOST_REMOVE_VOLUMES);
                 put_volume_ids(out, volumes);
+            }
+            HostMessage::ResizeVolumes { volumes } => {
+                out.put_u8(HOST_RESIZE_VOLUMES);
+                out.put_u32_le(volumes.len() as u32);
+                for (volume, size_bytes) in volumes {
+                    out.put_u32_le(volume.0);
+                    out.put_u64_le(*size_bytes);
+                }
             }
             HostMessage::Apply(record) => {
                 out.put_u8(HOST_APPLY);
@@ -974,6 +995,22 @@ impl Body for HostMessage {
             HOST_REMOVE_VOLUMES => {
                 HostMessage::RemoveVolumes { volumes: read_volume_ids(&mut r, "removed volume count")? }
             }
+            HOST_RESIZE_VOLUMES => {
+                let n = r.count("resized volume count", VOLUMES_MAX)?;
+                if n == 0 {
+                    return Err(DecodeError::OutOfBounds { what: "resized volume count", value: 0 });
+                }
+                let mut volumes = Vec::with_capacity(n);
+                for _ in 0..n {
+                    let volume = VolumeId(r.u32("resized volume")?);
+                    let size_bytes = r.u64("resized volume size")?;
+                    if size_bytes == 0 || size_bytes % BLOCK_BYTES != 0 {
+                        return Err(DecodeError::OutOfBounds { what: "resized volume size", value: size_bytes });
+                    }
+                    volumes.push((volume, size_bytes));
+                }
+                HostMessage::ResizeVolumes { volumes }
+            }
             tag => return Err(DecodeError::UnknownTag(tag)),
         };
         r.finish()?;
@@ -999,6 +1036,7 @@ const ELEMENT_RECEIVED: u8 = 15;
 const ELEMENT_VOLUMES_ADDED: u8 = 16;
 const ELEMENT_VOLUMES_CHECKED: u8 = 17;
 const ELEMENT_VOLUMES_REMOVED: u8 = 18;
+const ELEMENT_VOLUMES_RESIZED: u8 = 19;
 const LOG_RECORDS_MAX: usize = 1 << 20;
 
 const RESULT_OK: u8 = 0;
@@ -1019,6 +1057,10 @@ impl Body for ElementMessage {
             }
             ElementMessage::VolumesRemoved { volumes } => {
                 out.put_u8(ELEMENT_VOLUMES_REMOVED);
+                put_volume_ids(out, volumes);
+            }
+            ElementMessage::VolumesResized { volumes } => {
+                out.put_u8(ELEMENT_VOLUMES_RESIZED);
                 put_volume_ids(out, volumes);
             }
             ElementMessage::VolumesChecked { request_id, result } => {
@@ -1208,6 +1250,9 @@ impl Body for ElementMessage {
             }
             ELEMENT_VOLUMES_REMOVED => {
                 ElementMessage::VolumesRemoved { volumes: read_volume_ids(&mut r, "removed volume count")? }
+            }
+            ELEMENT_VOLUMES_RESIZED => {
+                ElementMessage::VolumesResized { volumes: read_volume_ids(&mut r, "resized volume count")? }
             }
             ELEMENT_VOLUMES_CHECKED => {
                 let request_id = r.u64("check request id")?;
@@ -1462,6 +1507,7 @@ mod tests {
     #[test]
     fn host_messages_round_trip() {
         round_trip(HostMessage::RemoveVolumes { volumes: vec![VolumeId(2)] });
+        round_trip(HostMessage::ResizeVolumes { volumes: vec![(VolumeId(2), 1 << 30), (VolumeId(0), 4096)] });
         round_trip(HostMessage::CheckVolumes {
             request_id: 3,
             volumes: vec![VolumeSpec { name: "big#3".into(), size_bytes: 1 << 40 }],
@@ -1534,6 +1580,7 @@ mod tests {
     fn element_messages_round_trip() {
         round_trip(ElementMessage::VolumesChecked { request_id: 4, result: Ok(()) });
         round_trip(ElementMessage::VolumesRemoved { volumes: vec![VolumeId(3), VolumeId(0)] });
+        round_trip(ElementMessage::VolumesResized { volumes: vec![VolumeId(1)] });
         round_trip(ElementMessage::VolumesChecked { request_id: 5, result: Err("no room".into()) });
         round_trip(ElementMessage::VolumesAdded {
             volumes: vec![VolumeState {

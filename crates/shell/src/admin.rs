@@ -7,7 +7,8 @@
 //! - the orders: `POST /failover` (a standby takes over; `starfish failover`), `POST /drain`
 //!   (the active host element drains and becomes a standby), `POST /scrub?volume=NAME[&rate=BYTES]`
 //!   (`starfish scrub`), `POST /volumes/create?name=NAME&size=BYTES` and
-//!   `POST /volumes/delete?name=NAME` (`starfish volume …`).
+//!   `POST /volumes/delete?name=NAME` and `POST /volumes/resize?name=NAME&size=BYTES`
+//!   (`starfish volume …`).
 //!
 //! What a request asks for is read by the core (`starfish_core::admin_request`, fuzzed).
 //! With TLS configured (`--tls-dir`) the same port also speaks HTTPS (told apart by the first
@@ -273,11 +274,12 @@ async fn answer(
         AdminRequest::Scrub { volume, rate_bytes_per_s } => order(host.scrub(&volume, rate_bytes_per_s).await),
         AdminRequest::VolumeCreate { name, size_bytes } => order(host.volume_create(&name, size_bytes).await),
         AdminRequest::VolumeDelete { name } => order(host.volume_delete(&name).await),
+        AdminRequest::VolumeResize { name, size_bytes } => order(host.volume_resize(&name, size_bytes).await),
         AdminRequest::VolumeList => order(host.volume_list().await),
         AdminRequest::NotFound => reply(
             StatusCode::NOT_FOUND,
             "text/plain",
-            "try GET / (the status page), GET /status, GET /metrics, GET /volumes, POST /failover, POST /drain, POST /scrub?volume=NAME, POST /volumes/create?name=NAME&size=BYTES or POST /volumes/delete?name=NAME\n".into(),
+            "try GET / (the status page), GET /status, GET /metrics, GET /volumes, POST /failover, POST /drain, POST /scrub?volume=NAME, POST /volumes/create?name=NAME&size=BYTES, POST /volumes/resize?name=NAME&size=BYTES or POST /volumes/delete?name=NAME\n".into(),
         ),
         AdminRequest::Malformed(why) => reply(StatusCode::BAD_REQUEST, "text/plain", format!("{why}\n")),
     }

@@ -360,6 +360,15 @@ fn run_committer(
                 }
                 StorageDone::RemoveVolumes(result)
             }
+            StorageJob::ResizeVolumes(volumes) => {
+                let result = volumes
+                    .iter()
+                    .try_for_each(|(v, size_bytes)| ElementStorage::resize_volume(&mut storage, *v, *size_bytes));
+                if let Err(e) = &result {
+                    tracing::error!(error = %e, "volume resize failed");
+                }
+                StorageDone::ResizeVolumes(result)
+            }
         };
         if inputs.blocking_send(Input::Storage(done)).is_err() {
             return;

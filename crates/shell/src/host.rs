@@ -127,6 +127,12 @@ enum Input {
         names: Vec<String>,
         reply: oneshot::Sender<Result<Vec<proto::VolumeId>, String>>,
     },
+    /// Grow a volume while running (`HostCore::resize_volume`).
+    ResizeVolume {
+        name: String,
+        size_bytes: u64,
+        reply: oneshot::Sender<Result<proto::VolumeId, String>>,
+    },
 }
 
 /// What the catalog hears of volume operations from the core.
@@ -134,6 +140,7 @@ enum Input {
 pub(crate) enum VolumeEvent {
     Created(proto::VolumeId),
     Removed { volume: proto::VolumeId, everywhere: bool },
+    Resized(proto::VolumeId),
 }
 
 /// A frame for an element's session, with the record it carries when the element's ack policy
@@ -243,6 +250,13 @@ impl HostHandle {
     pub(crate) async fn remove_volumes(&self, names: Vec<String>) -> Result<Vec<proto::VolumeId>, String> {
         let (reply, rx) = oneshot::channel();
         self.inputs.send(Input::RemoveVolumes { names, reply }).map_err(|_| "host element stopping")?;
+        rx.await.map_err(|_| "host element stopping")?
+    }
+
+    /// Grow a volume (storage name) while running (see `HostCore::resize_volume`).
+    pub(crate) async fn resize_volume(&self, name: String, size_bytes: u64) -> Result<proto::VolumeId, String> {
+        let (reply, rx) = oneshot::channel();
+        self.inputs.send(Input::ResizeVolume { name, size_bytes, reply }).map_err(|_| "host element stopping")?;
         rx.await.map_err(|_| "host element stopping")?
     }
 
@@ -482,6 +496,9 @@ async fn run_actor(
                         Event::Superseded { .. } => {
                             let _ = superseded.send(());
                         }
+                        Event::VolumeResized { volume, .. } => {
+                            let _ = volume_events.send(VolumeEvent::Resized(*volume));
+                        }
                         Event::VolumeCreated { volume } => {
                             let _ = volume_events.send(VolumeEvent::Created(*volume));
                         }
@@ -579,6 +596,11 @@ fn handle_input(
             *exports.write().expect("exports lock") = core.config().exported();
             let _ = reply.send(result);
         }
+        Input::ResizeVolume { name, size_bytes, reply } => {
+            let result = core.resize_volume(t, &name, size_bytes);
+            *exports.write().expect("exports lock") = core.config().exported();
+            let _ = reply.send(result);
+        }
         Input::Status { reply } => {
             let _ = reply.send(core.status(t));
         }
@@ -618,6 +640,9 @@ fn log_event(core: &HostCore, names: &[String], event: Event) {
         }
         Event::VolumeRemoved { volume, everywhere: true } => {
             tracing::info!(volume = volume_name(volume), "volume removed from every element")
+        }
+        Event::VolumeResized { volume, size_bytes } => {
+            tracing::info!(volume = volume_name(volume), size_bytes, "volume grown on a write quorum of elements")
         }
         Event::ElementFailed { element, reason } => {
             tracing::warn!(element = name(element), applied = applied(element), %reason, "element failed")

@@ -295,7 +295,7 @@ impl Node {
         doc
     }
 
-    /// Every volume served (`starfish volume list`).
+    /// Delete a volume created while running (`starfish volume delete`).
     pub async fn volume_delete(&self, name: &str) -> Result<Value, String> {
         let handle = self.active.lock().await.as_ref().map(|a| a.handle.clone());
         let Some(handle) = handle else {
@@ -310,6 +310,25 @@ impl Node {
         doc
     }
 
+    /// Grow a volume created while running (`starfish volume resize`), through the catalog's
+    /// intention log.
+    pub async fn volume_resize(&self, name: &str, size_bytes: u64) -> Result<Value, String> {
+        let handle = self.active.lock().await.as_ref().map(|a| a.handle.clone());
+        let Some(handle) = handle else {
+            return Err("this host element is a standby: resize volumes through the active one".into());
+        };
+        let name = name.to_string();
+        let doc = handle
+            .volume_order(|reply| crate::volumes::VolumeOrder::Resize { name: name.clone(), size_bytes, reply })
+            .await;
+        match &doc {
+            Ok(_) => tracing::info!(volume = %name, size_bytes, "volume resized (starfish volume resize)"),
+            Err(reason) => tracing::warn!(volume = %name, size_bytes, "volume not resized: {reason}"),
+        }
+        doc
+    }
+
+    /// Every volume served (`starfish volume list`).
     pub async fn volume_list(&self) -> Result<Value, String> {
         let handle = self.active.lock().await.as_ref().map(|a| a.handle.clone());
         let Some(handle) = handle else {

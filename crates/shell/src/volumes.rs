@@ -8,13 +8,17 @@
 //! `starfish volume delete`: refuse a volume in use, log the intention (the same write drops
 //! the volume's entry), remove it from the core and the exports (the elements are told, those
 //! that are down by their next hello), answer once every live element removed it, and write
-//! the completion once every configured element did. It answers `starfish volume list`. The
+//! the completion once every configured element did; and `starfish volume resize` (grow): check
+//! that every live element has room for the growth, log the intention, grow the volume in the
+//! core and the NBD exports (elements grow their storage in their stream), answer once Q
+//! elements hold the new size, write the completion. It answers `starfish volume list`. The
 //! decisions are the core's (`IntentionLog`, `HostCore::add_volumes`,
-//! `HostCore::remove_volumes`); this is their I/O.
+//! `HostCore::remove_volumes`, `HostCore::resize_volume`); this is their I/O.
 //!
 //! Failpoints for the crash tests: `STARFISH_FAILPOINT=volume-create:after-intention`,
 //! `…:after-add` or `…:before-completion` aborts the process at that step of a creation;
-//! `volume-delete:after-intention`, `…:after-remove` or `…:before-completion` of a deletion.
+//! `volume-delete:after-intention`, `…:after-remove` or `…:before-completion` of a deletion;
+//! `volume-resize:after-intention`, `…:after-resize` or `…:before-completion` of a resize.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -38,6 +42,7 @@ const POLL: Duration = Duration::from_millis(20);
 pub(crate) enum VolumeOrder {
     Create { name: String, size_bytes: u64, reply: oneshot::Sender<Result<Value, String>> },
     Delete { name: String, reply: oneshot::Sender<Result<Value, String>> },
+    Resize { name: String, size_bytes: u64, reply: oneshot::Sender<Result<Value, String>> },
     List { reply: oneshot::Sender<Result<Value, String>> },
 }
 
@@ -55,6 +60,17 @@ struct Deleting {
     asked: Instant,
     /// Every live element removed it (the answer is due).
     removed_live: bool,
+}
+
+/// A resize under way (logged, or waiting for its prepare).
+struct Resizing {
+    name: String,
+    storage: String,
+    size_bytes: u64,
+    reply: Option<oneshot::Sender<Result<Value, String>>>,
+    /// Its storage volume in the core, once grown there.
+    volume: Option<VolumeId>,
+    asked: Instant,
 }
 
 /// A creation under way.
@@ -75,6 +91,7 @@ struct Catalogue {
     log: IntentionLog,
     creating: BTreeMap<u64, Creating>,
     deleting: BTreeMap<u64, Deleting>,
+    resizing: BTreeMap<u64, Resizing>,
     /// Volumes created while running that this host element serves: name → storage volume.
     created: BTreeMap<String, String>,
     /// The catalog could not be read: what is wrong (creations are refused).
@@ -89,8 +106,9 @@ struct Catalogue {
     checked: mpsc::UnboundedSender<Checked>,
 }
 
-/// A creation's prepare, answered.
+/// A creation's (or a resize's) prepare, answered.
 struct Checked {
+    resize: bool,
     name: String,
     size_bytes: u64,
     reply: oneshot::Sender<Result<Value, String>>,
@@ -123,6 +141,7 @@ pub(crate) async fn run(
         log: IntentionLog::new(catalog.clone(), policy),
         creating: BTreeMap::new(),
         deleting: BTreeMap::new(),
+        resizing: BTreeMap::new(),
         created: BTreeMap::new(),
         broken,
         writes,
@@ -144,6 +163,7 @@ pub(crate) async fn run(
             .filter(|k| k.reply.is_some())
             .map(|k| k.asked)
             .chain(c.deleting.values().filter(|d| d.reply.is_some()).map(|d| d.asked))
+            .chain(c.resizing.values().filter(|r| r.reply.is_some() && r.volume.is_some()).map(|r| r.asked))
             .chain(c.undoing.values().map(|(_, _, at)| *at))
             .map(|asked| asked + CREATE_WAIT)
             .min();
@@ -158,6 +178,7 @@ pub(crate) async fn run(
             order = orders.recv() => match order {
                 Some(VolumeOrder::Create { name, size_bytes, reply }) => c.create(name, size_bytes, reply),
                 Some(VolumeOrder::Delete { name, reply }) => c.delete(name, reply).await,
+                Some(VolumeOrder::Resize { name, size_bytes, reply }) => c.resize(name, size_bytes, reply).await,
                 Some(VolumeOrder::List { reply }) => {
                     let _ = reply.send(Ok(c.list()));
                 }
@@ -166,6 +187,7 @@ pub(crate) async fn run(
             Some(event) = events.recv() => match event {
                 VolumeEvent::Created(volume) => c.on_created(volume),
                 VolumeEvent::Removed { volume, everywhere } => c.on_removed(volume, everywhere),
+                VolumeEvent::Resized(volume) => c.on_resized(volume),
             },
             Some(result) = written.recv() => c.on_written(result).await,
             Some(checked) = checked_rx.recv() => c.on_checked(checked).await,
@@ -258,6 +280,18 @@ impl Catalogue {
                 self.log.finish(now, intention.id, true);
                 continue;
             }
+            if intention.is_resize() {
+                // Served at the new size from the start: every element grows it as its hello
+                // names it so.
+                tracing::info!(
+                    id = intention.id,
+                    size_bytes = volume.size_bytes,
+                    "finishing the resize of {} (rolled forward)",
+                    volume.name
+                );
+                self.log.finish(now, intention.id, true);
+                continue;
+            }
             // Rolled forward: its placeholder tells every element; the completion is written
             // once all removed it.
             let storage = volume.spec().name;
@@ -334,6 +368,61 @@ impl Catalogue {
         }
     }
 
+    /// `starfish volume resize` (grow): checks, then the prepare (every live element has room
+    /// for the growth), then the intention.
+    async fn resize(&mut self, name: String, size_bytes: u64, reply: oneshot::Sender<Result<Value, String>>) {
+        if let Some(reason) = &self.broken {
+            let _ = reply.send(Err(format!("volume operations are off: the catalog cannot be read ({reason})")));
+            return;
+        }
+        let Some(storage) = self.created.get(&name).cloned() else {
+            let configured =
+                self.handle.exports().iter().any(|e| e.name == name || e.group.as_deref() == Some(name.as_str()));
+            let reason = if configured {
+                format!("volume {name} is declared in the configuration (--volume or the TOML): give it its new size there and restart the host element (the elements grow it)")
+            } else if self.creating.values().any(|k| k.name == name) {
+                format!("volume {name} is being created; resize it once its creation is answered")
+            } else {
+                format!("no volume {name} (see starfish volume list)")
+            };
+            let _ = reply.send(Err(reason));
+            return;
+        };
+        if self.resizing.values().any(|r| r.name == name) {
+            let _ = reply.send(Err(format!("volume {name} is being resized; wait for that to be answered")));
+            return;
+        }
+        if self.log.policy() == LogPolicy::None {
+            let reason = "a resize must be logged: start the host element with --intention-log group or single";
+            let _ = reply.send(Err(reason.into()));
+            return;
+        }
+        let current = self.handle.exports().iter().find(|e| e.name == name).map_or(0, |e| e.size_bytes);
+        if let Err(reason) = catalog::check_size(size_bytes) {
+            let _ = reply.send(Err(reason));
+            return;
+        }
+        if size_bytes <= current {
+            let _ = reply.send(Err(format!(
+                "volume {name} has {current} bytes: a resize grows it (a volume does not shrink), not to {size_bytes}"
+            )));
+            return;
+        }
+        let writable = self.handle.status().await.and_then(|s| s.volumes.get(self.volume as usize).map(|v| v.mode));
+        if writable != Some(starfish_core::VolumeMode::ReadWrite) {
+            let reason = "read-only: fewer elements in sync than the write quorum; nothing was resized";
+            let _ = reply.send(Err(reason.to_string()));
+            return;
+        }
+        // Prepare: the elements count the growth of a volume they hold.
+        let spec = proto::VolumeSpec { name: storage, size_bytes };
+        let (handle, checked) = (self.handle.clone(), self.checked.clone());
+        tokio::spawn(async move {
+            let result = handle.check_volumes(vec![spec]).await;
+            let _ = checked.send(Checked { resize: true, name, size_bytes, reply, result });
+        });
+    }
+
     fn create(&mut self, name: String, size_bytes: u64, reply: oneshot::Sender<Result<Value, String>>) {
         if let Some(reason) = &self.broken {
             let _ = reply.send(Err(format!("volume operations are off: the catalog cannot be read ({reason})")));
@@ -356,18 +445,32 @@ impl Catalogue {
         let (handle, checked) = (self.handle.clone(), self.checked.clone());
         tokio::spawn(async move {
             let result = handle.check_volumes(vec![spec]).await.map_err(|reason| reason.replace(&probe, &name));
-            let _ = checked.send(Checked { name, size_bytes, reply, result });
+            let _ = checked.send(Checked { resize: false, name, size_bytes, reply, result });
         });
     }
 
     /// A creation's prepare answered: log its intention (or, with policy `none`, carry it out).
     async fn on_checked(&mut self, checked: Checked) {
-        let Checked { name, size_bytes, reply, result } = checked;
+        let Checked { resize, name, size_bytes, reply, result } = checked;
         if let Err(reason) = result {
             let _ = reply.send(Err(reason));
             return;
         }
         let now = self.now();
+        if resize {
+            match self.log.intend_resize(now, &name, size_bytes) {
+                Err(reason) => {
+                    let _ = reply.send(Err(reason));
+                }
+                Ok(intention) => {
+                    let storage = intention.volume().spec().name;
+                    let asked = Instant::now();
+                    let resizing = Resizing { name, storage, size_bytes, reply: Some(reply), volume: None, asked };
+                    self.resizing.insert(intention.id, resizing);
+                }
+            }
+            return;
+        }
         match self.log.intend_create(now, &name, size_bytes) {
             Err(reason) => {
                 let _ = reply.send(Err(reason));
@@ -429,7 +532,10 @@ impl Catalogue {
                 for intention in self.log.write_failed() {
                     let reply = match self.creating.remove(&intention.id) {
                         Some(mut k) => k.reply.take(),
-                        None => self.deleting.remove(&intention.id).and_then(|mut d| d.reply.take()),
+                        None => match self.deleting.remove(&intention.id) {
+                            Some(mut d) => d.reply.take(),
+                            None => self.resizing.remove(&intention.id).and_then(|mut r| r.reply.take()),
+                        },
                     };
                     if let Some(reply) = reply {
                         self.undoing.insert(intention.id, (reply, reason.clone(), Instant::now()));
@@ -442,8 +548,11 @@ impl Catalogue {
     /// Carry out a logged (or, with policy `none`, unlogged) creation: the core adds the
     /// volume and tells the elements; NBD exports it.
     async fn execute(&mut self, intention: Intention) {
-        if !intention.is_create() {
+        if intention.is_delete() {
             return self.execute_delete(intention).await;
+        }
+        if intention.is_resize() {
+            return self.execute_resize(intention).await;
         }
         let volume = intention.volume();
         let spec = volume.spec();
@@ -499,6 +608,43 @@ impl Catalogue {
                     let _ = reply.send(Err(reason));
                 }
             }
+        }
+    }
+
+    /// Carry out a logged resize: the core grows the volume and tells the elements; NBD
+    /// exports the new size to clients that connect from now on.
+    async fn execute_resize(&mut self, intention: Intention) {
+        let volume = intention.volume();
+        let storage = volume.spec().name;
+        match self.handle.resize_volume(storage.clone(), volume.size_bytes).await {
+            Ok(id) => {
+                failpoint("volume-resize:after-resize");
+                if let Some(r) = self.resizing.get_mut(&intention.id) {
+                    r.volume = Some(id);
+                    r.asked = Instant::now();
+                }
+                tracing::info!(volume = %volume.name, size_bytes = volume.size_bytes, "volume resized; waiting for a write quorum of elements to hold the new size");
+            }
+            Err(reason) => {
+                tracing::warn!(volume = %volume.name, "volume resize undone: {reason}");
+                let now = self.now();
+                self.log.finish(now, intention.id, false);
+                if let Some(reply) = self.resizing.remove(&intention.id).and_then(|mut r| r.reply.take()) {
+                    let _ = reply.send(Err(reason));
+                }
+            }
+        }
+    }
+
+    /// Q elements hold a resized volume at its new size: answer, and complete its intention.
+    fn on_resized(&mut self, volume: VolumeId) {
+        let Some((&id, _)) = self.resizing.iter().find(|(_, r)| r.volume == Some(volume)) else { return };
+        let r = self.resizing.remove(&id).expect("found");
+        failpoint("volume-resize:before-completion");
+        let now = self.now();
+        self.log.finish(now, id, true);
+        if let Some(reply) = r.reply {
+            let _ = reply.send(Ok(describe_resized(id, &r.name, &r.storage, r.size_bytes, self.log.policy(), true)));
         }
     }
 
@@ -567,6 +713,13 @@ impl Catalogue {
             )));
         }
         let policy = self.log.policy();
+        for (&id, r) in self.resizing.iter_mut() {
+            if r.volume.is_some() && r.asked.elapsed() >= CREATE_WAIT {
+                if let Some(reply) = r.reply.take() {
+                    let _ = reply.send(Ok(describe_resized(id, &r.name, &r.storage, r.size_bytes, policy, false)));
+                }
+            }
+        }
         for (&id, d) in self.deleting.iter_mut() {
             if d.volume.is_some() && d.asked.elapsed() >= CREATE_WAIT {
                 if let Some(reply) = d.reply.take() {
@@ -596,13 +749,21 @@ impl Catalogue {
             .map(|e| {
                 let made = self.created.get(&e.name);
                 let creating = self.creating.values().any(|k| k.name == e.name);
+                let resizing = self.resizing.values().find(|r| r.name == e.name);
+                let state = match resizing {
+                    _ if creating => "creating",
+                    Some(r) if r.volume.is_none() => "logging resize",
+                    Some(_) => "resizing",
+                    None => "ready",
+                };
                 json!({
                     "name": e.name,
                     "size_bytes": e.size_bytes,
                     "group": e.group,
                     "origin": if made.is_some() { "created" } else { "configured" },
                     "storage_volume": made,
-                    "state": if creating { "creating" } else { "ready" },
+                    "state": state,
+                    "resizing_to": resizing.map(|r| r.size_bytes),
                 })
             })
             .collect();
@@ -632,6 +793,17 @@ impl Catalogue {
             "catalog_error": self.broken,
         })
     }
+}
+
+fn describe_resized(id: u64, name: &str, storage: &str, size_bytes: u64, policy: LogPolicy, on_quorum: bool) -> Value {
+    json!({
+        "name": name,
+        "size_bytes": size_bytes,
+        "storage_volume": storage,
+        "intention": id,
+        "intention_log": policy.as_str(),
+        "on_write_quorum": on_quorum,
+    })
 }
 
 fn describe_deleted(id: u64, name: &str, storage: &str, policy: LogPolicy, live: bool, everywhere: bool) -> Value {

@@ -299,6 +299,10 @@ impl Element {
                         StorageJob::RemoveVolumes(volumes) => {
                             volumes.iter().try_for_each(|v| self.storage.remove_volume(*v)).map(|()| None)
                         }
+                        StorageJob::ResizeVolumes(volumes) => volumes
+                            .iter()
+                            .try_for_each(|(v, size_bytes)| self.storage.resize_volume(*v, *size_bytes))
+                            .map(|()| None),
                     };
                     match (job, result) {
                         // Refused at once (a full disk): no sync to wait for.
@@ -310,6 +314,13 @@ impl Element {
                         }
                         (StorageJob::RemoveVolumes(_), Err(reason)) => {
                             self.core.handle_storage_done(now, StorageDone::RemoveVolumes(Err(reason)))
+                        }
+                        (StorageJob::ResizeVolumes(_), Err(reason)) => {
+                            self.core.handle_storage_done(now, StorageDone::ResizeVolumes(Err(reason)))
+                        }
+                        (StorageJob::ResizeVolumes(_), Ok(_)) => {
+                            self.storage_done = Some(StorageDone::ResizeVolumes(Ok(())));
+                            out.push(Out::SyncAfter { delay_us: self.storage.sync_delay_us() });
                         }
                         (StorageJob::RemoveVolumes(_), Ok(_)) => {
                             self.storage_done = Some(StorageDone::RemoveVolumes(Ok(())));

@@ -3517,6 +3517,7 @@ fn brief_host(m: &HostMessage) -> String {
         HostMessage::AddVolumes { volumes } => format!("AddVolumes {}", volumes.len()),
         HostMessage::CheckVolumes { request_id, volumes } => format!("CheckVolumes #{request_id} {}", volumes.len()),
         HostMessage::RemoveVolumes { volumes } => format!("RemoveVolumes {volumes:?}"),
+        HostMessage::ResizeVolumes { volumes } => format!("ResizeVolumes {volumes:?}"),
         HostMessage::FetchBlocks { request_id, first_block, have, .. } => {
             format!("FetchBlocks #{request_id} {first_block}+{}", have.len())
         }

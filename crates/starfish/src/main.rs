@@ -286,6 +286,10 @@ enum VolumeAction {
     /// freed on every element (one that is down frees it when it comes back). Refused while an
     /// NBD client is connected to it. Failure-atomic, as creation.
     Delete(VolumeDeleteArgs),
+    /// Grow a volume created while running, on every element (one that is down grows it when
+    /// it comes back); NBD clients that connect from then on see the new size, the new blocks
+    /// read as zeroes. Allowed while the volume is in use. Failure-atomic, as creation.
+    Resize(VolumeResizeArgs),
     /// List the volumes served: configured ones and those created while running.
     List(VolumeListArgs),
 }
@@ -308,6 +312,20 @@ struct VolumeCreateArgs {
     /// A consistency group to join (not supported yet: groups are configured at start-up).
     #[arg(long)]
     group: Option<String>,
+    #[command(flatten)]
+    target: AdminTarget,
+}
+
+#[derive(Args, Debug)]
+struct VolumeResizeArgs {
+    /// The volume's name.
+    name: String,
+    /// New size, e.g. 20GiB: larger than the volume, a multiple of 4096 bytes.
+    #[arg(value_parser = parse_size)]
+    size: u64,
+    /// Shrink the volume (not supported yet: volumes only grow).
+    #[arg(long)]
+    shrink: bool,
     #[command(flatten)]
     target: AdminTarget,
 }
@@ -734,6 +752,33 @@ fn volume(args: VolumeArgs) -> Result<()> {
                     "the elements are freeing its space (not all answered yet)"
                 };
                 println!("deleted volume {}: no longer exported; {done}", args.name);
+            }
+        }
+        VolumeAction::Resize(args) => {
+            if args.shrink {
+                bail!("--shrink: shrinking a volume is not supported yet; a volume only grows (create a smaller one and copy the data, e.g. with nbdcopy)");
+            }
+            let target = &args.target;
+            let tls = config::load_tls(target.tls_dir.as_deref())?;
+            let path = format!("/volumes/resize?name={}&size={}", config::percent_encode(&args.name), args.size);
+            let body = rt
+                .block_on(shell::admin::request(target.admin, "POST", &path, tls.as_ref()))
+                .map_err(admin_error)
+                .with_context(|| format!("volume {} was not resized", args.name))?;
+            let doc: serde_json::Value = serde_json::from_str(&body).context("admin endpoint sent bad JSON")?;
+            if target.json {
+                println!("{doc}");
+            } else {
+                let quorum = if doc["on_write_quorum"] == true {
+                    "held at that size by a write quorum of elements"
+                } else {
+                    "not yet held at that size by a write quorum of elements (they grow it as they answer or come back)"
+                };
+                println!(
+                    "resized volume {} to {}, {quorum}; NBD clients that connect from now on see the new size",
+                    args.name,
+                    config::format_size_approx(args.size)
+                );
             }
         }
         VolumeAction::List(VolumeListArgs { target }) => {

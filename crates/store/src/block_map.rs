@@ -66,6 +66,29 @@ impl BlockMap {
         })
     }
 
+    /// Room for `blocks` blocks in all, so that [`BlockMap::grow`] to them cannot fail; `Err`
+    /// (nothing changed but capacity) if the memory cannot be had.
+    pub fn reserve(&mut self, blocks: u64) -> Result<(), String> {
+        let too_large = || format!("a block map of {blocks} blocks does not fit in memory");
+        let total = usize::try_from(blocks).map_err(|_| too_large())?;
+        let more = total.saturating_sub(self.sequences.len());
+        let more_words = total.div_ceil(64).saturating_sub(self.allocated.len());
+        self.sequences.try_reserve_exact(more).map_err(|_| too_large())?;
+        self.crcs.try_reserve_exact(more).map_err(|_| too_large())?;
+        self.allocated.try_reserve_exact(more_words).map_err(|_| too_large())?;
+        Ok(())
+    }
+
+    /// Grow to `blocks` blocks: the new ones are never-written holes (see
+    /// [`BlockMap::reserve`] for a grow that must not fail).
+    pub fn grow(&mut self, blocks: u64) {
+        let total = blocks as usize;
+        assert!(total >= self.sequences.len(), "block maps only grow");
+        self.sequences.resize(total, 0);
+        self.crcs.resize(total, 0);
+        self.allocated.resize(total.div_ceil(64), 0);
+    }
+
     pub fn blocks(&self) -> u64 {
         self.sequences.len() as u64
     }
@@ -143,6 +166,14 @@ pub struct DirtyChunks {
 impl DirtyChunks {
     pub fn for_blocks(blocks: u64) -> DirtyChunks {
         DirtyChunks { bits: vec![0; (chunk_count(blocks) as usize).div_ceil(64)] }
+    }
+
+    /// Cover a volume grown to `blocks` blocks.
+    pub fn grow(&mut self, blocks: u64) {
+        let words = (chunk_count(blocks) as usize).div_ceil(64);
+        if words > self.bits.len() {
+            self.bits.resize(words, 0);
+        }
     }
 
     pub fn mark_dirty(&mut self, blocks: Range<u64>) {
@@ -251,6 +282,15 @@ impl ChunkImages {
         ChunkImages { generations: vec![0; chunks], slots: vec![0; chunks] }
     }
 
+    /// Cover a volume grown to `blocks` blocks: its new chunks were never written.
+    pub fn grow(&mut self, blocks: u64) {
+        let chunks = chunk_count(blocks) as usize;
+        if chunks > self.generations.len() {
+            self.generations.resize(chunks, 0);
+            self.slots.resize(chunks, 0);
+        }
+    }
+
     /// Digest recorded in the metadata: crc32c of every chunk's generation (u64 LE, in order).
     pub fn digest(&self) -> u32 {
         digest_of(&self.generations)
@@ -284,6 +324,22 @@ impl ChunkImages {
             self.slots[*chunk as usize] = *slot;
         }
     }
+}
+
+/// The chunk digest of a volume that grew from `old_blocks` to `new_blocks`, given its digest
+/// before: the new chunks were never written (generation 0), so the digest goes on over their
+/// zeros.
+pub fn grown_digest(digest: u32, old_blocks: u64, new_blocks: u64) -> u32 {
+    let added = chunk_count(new_blocks) - chunk_count(old_blocks);
+    let zeros = [0u8; 8 * 1024];
+    let mut crc = digest;
+    let mut left = added * 8;
+    while left > 0 {
+        let n = left.min(zeros.len() as u64) as usize;
+        crc = crc32c::crc32c_append(crc, &zeros[..n]);
+        left -= n as u64;
+    }
+    crc
 }
 
 fn digest_of(generations: &[u64]) -> u32 {
@@ -349,6 +405,49 @@ impl MapFile {
         file.set_len(slot_offset(chunk_count(blocks), 0)).map_err(io_error("size block map", path))?;
         file.sync_all().map_err(io_error("sync block map", path))?;
         Ok(MapFile { file, path: path.to_path_buf(), volume: volume.to_string() })
+    }
+
+    /// Grow the file to describe a volume of `size_bytes`: the slot area first (new chunks are
+    /// sparse, never written), synced, then the header, synced. The metadata, written before,
+    /// is the grow's commit point; a crash before the header is finished by
+    /// [`MapFile::finish_grow`] when the store opens.
+    pub fn grow(&self, volume_number: u32, size_bytes: u64) -> Result<(), StoreError> {
+        let path = &self.path;
+        let end = slot_offset(chunk_count(size_bytes / BLOCK_BYTES), 0);
+        let length = self.file.metadata().map_err(io_error("stat block map", path))?.len();
+        if length < end {
+            self.file.set_len(end).map_err(io_error("size block map", path))?;
+        }
+        self.file.sync_all().map_err(io_error("sync block map", path))?;
+        self.file
+            .write_all_at(&header_bytes(volume_number, size_bytes), 0)
+            .map_err(io_error("write block map header", path))?;
+        self.file.sync_data().map_err(io_error("sync block map", path))
+    }
+
+    /// A store opening finds volume `volume_number` of `size_bytes` in its metadata: if the map
+    /// file's header describes it smaller (a grow a crash interrupted after its commit point),
+    /// the file is grown now and the smaller size returned (the data file may still have it).
+    /// Any other header is left for [`MapFile::load`] to judge.
+    pub fn finish_grow(
+        path: &Path,
+        volume: &str,
+        volume_number: u32,
+        size_bytes: u64,
+    ) -> Result<Option<u64>, StoreError> {
+        let file = OpenOptions::new().read(true).write(true).open(path).map_err(io_error("open block map", path))?;
+        let mut header = vec![0u8; MAP_HEADER_BYTES as usize];
+        if file.read_exact_at(&mut header, 0).is_err() {
+            return Ok(None);
+        }
+        let old_bytes = u64::from_le_bytes(header[16..24].try_into().expect("8 bytes"));
+        if old_bytes >= size_bytes || header != header_bytes(volume_number, old_bytes) {
+            return Ok(None);
+        }
+        tracing::info!(volume, old_bytes, size_bytes, "finishing a volume's grow that a crash interrupted");
+        let map_file = MapFile { file, path: path.to_path_buf(), volume: volume.to_string() };
+        map_file.grow(volume_number, size_bytes)?;
+        Ok(Some(old_bytes))
     }
 
     fn corrupt(&self, reason: String) -> StoreError {

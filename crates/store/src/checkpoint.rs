@@ -326,6 +326,8 @@ fn run_job(shared: &Shared, images: &mut Vec<ChunkImages>, job: CheckpointJob) -
         if images.len() == seal.index {
             images.push(ChunkImages::for_blocks(seal.volume.blocks()));
         }
+        // The volume may have grown since its images were made (`Store::resize_volume`).
+        images[seal.index].grow(seal.volume.blocks());
         if seal.chunks.is_empty() {
             continue;
         }

@@ -66,6 +66,10 @@ impl ElementStorage for &Store {
         Store::remove_volume(self, self.handle_of(volume)).map_err(|e| e.to_string())
     }
 
+    fn resize_volume(&mut self, volume: LocalVolume, size_bytes: u64) -> Result<(), String> {
+        Store::resize_volume(self, self.handle_of(volume), size_bytes).map_err(|e| e.to_string())
+    }
+
     fn commit(&mut self, batch: &[(LocalVolume, Record)]) -> Result<CommitDone, String> {
         let records: Vec<(VolumeHandle, Record)> =
             batch.iter().map(|(volume, record)| (self.handle_of(*volume), record.clone())).collect();

@@ -7,7 +7,7 @@ use std::{
     os::unix::fs::FileExt,
     path::{Path, PathBuf},
     sync::{
-        atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering},
+        atomic::{AtomicU64, AtomicU8, Ordering},
         Arc, Mutex, MutexGuard, RwLock, RwLockWriteGuard,
     },
 };
@@ -479,19 +479,26 @@ impl Store {
     }
 
     /// Whether volumes of these sizes (named in a hello, say) can be held besides the ones the
-    /// store has: the ones that exist are left out, the others must fit whole, in memory and
-    /// on disk (unless overcommitting). Checked before any is created.
+    /// store has: the ones that exist are left out (or count by what they would grow), the
+    /// others must fit whole, in memory and on disk (unless overcommitting). Checked before any
+    /// is created. A size below a volume's is refused: volumes do not shrink.
     pub fn check_new_volumes(&self, specs: &[(String, u64)]) -> Result<(), StoreError> {
         let mut new = Vec::new();
         for (name, size_bytes) in specs {
             match self.volume(name) {
-                Some(handle) if self.volume_at(handle).size_bytes == *size_bytes => {}
                 Some(handle) => {
-                    return Err(StoreError::VolumeSizeMismatch {
-                        name: name.clone(),
-                        existing_bytes: self.volume_at(handle).size_bytes,
-                        requested_bytes: *size_bytes,
-                    })
+                    let existing_bytes = self.volume_at(handle).size_bytes();
+                    if existing_bytes > *size_bytes {
+                        return Err(StoreError::VolumeSizeMismatch {
+                            name: name.clone(),
+                            existing_bytes,
+                            requested_bytes: *size_bytes,
+                        });
+                    }
+                    // A volume that grew while this element was away: the growth must fit.
+                    if existing_bytes < *size_bytes {
+                        new.push(*size_bytes - existing_bytes);
+                    }
                 }
                 None => new.push(*size_bytes),
             }
@@ -506,7 +513,7 @@ impl Store {
     /// Room for new volumes of these sizes besides the existing ones; the reason if not.
     fn check_room(&self, new: &[u64]) -> Result<(), String> {
         let volumes = self.volumes.read().expect("volume list lock");
-        let mut sizes: Vec<u64> = volumes.iter().filter(|v| !v.is_removed()).map(|v| v.size_bytes).collect();
+        let mut sizes: Vec<u64> = volumes.iter().filter(|v| !v.is_removed()).map(|v| v.size_bytes()).collect();
         drop(volumes);
         sizes.extend_from_slice(new);
         let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
@@ -557,13 +564,17 @@ impl Store {
                 .map_err(|reason| StoreError::InvalidVolume { name: name.to_string(), reason })?;
         }
         if let Some(handle) = self.volume(name) {
-            let existing_bytes = self.volume_at(handle).size_bytes;
-            if existing_bytes != size_bytes {
+            let existing_bytes = self.volume_at(handle).size_bytes();
+            if existing_bytes > size_bytes {
                 return Err(StoreError::VolumeSizeMismatch {
                     name: name.to_string(),
                     existing_bytes,
                     requested_bytes: size_bytes,
                 });
+            }
+            if existing_bytes < size_bytes {
+                // It grew while this element was away (a hello names it larger).
+                self.grow_locked(&mut committer, handle, size_bytes)?;
             }
             return Ok(handle);
         }
@@ -606,17 +617,16 @@ impl Store {
         committer.dirty.push(DirtyChunks::for_blocks(size_bytes / BLOCK_BYTES));
         committer.unflushed_bytes.push(0);
         let mut volumes = self.volumes.write().expect("volume list lock");
-        volumes.push(Arc::new(Volume {
-            name: name.to_string(),
+        volumes.push(Arc::new(Volume::new(
+            name.to_string(),
             number,
             size_bytes,
             data_path,
             data,
             map_file,
-            state: RwLock::new(VolumeState { applied: Sequence::ZERO, applied_epoch: Epoch(0), map }),
-            copy: Mutex::new(None),
-            removed: AtomicBool::new(false),
-        }));
+            VolumeState { applied: Sequence::ZERO, applied_epoch: Epoch(0), map },
+            None,
+        )));
         tracing::info!(volume = name, size_bytes, number, "volume created");
         Ok(VolumeHandle(volumes.len() as u32 - 1))
     }
@@ -653,6 +663,82 @@ impl Store {
         Ok(())
     }
 
+    /// Grow a volume to `size_bytes` durably: the new blocks read as zeroes. The metadata is the
+    /// commit point (a crash after it finishes the grow when the store opens; before it, the
+    /// volume keeps its size). Waits for a commit and a checkpoint under way. A volume never
+    /// shrinks: a smaller size is refused, the same size does nothing. The growth must fit
+    /// like a new volume of that size would (memory for the map, disk unless overcommitting).
+    pub fn resize_volume(&self, handle: VolumeHandle, size_bytes: u64) -> Result<(), StoreError> {
+        let mut committer = self.lock_committer()?;
+        let volume = self.volume_at(handle);
+        if volume.is_removed() {
+            return Err(StoreError::Removed { volume: volume.name.clone() });
+        }
+        let existing_bytes = volume.size_bytes();
+        if size_bytes < existing_bytes {
+            return Err(StoreError::VolumeSizeMismatch {
+                name: volume.name.clone(),
+                existing_bytes,
+                requested_bytes: size_bytes,
+            });
+        }
+        if size_bytes == existing_bytes {
+            return Ok(());
+        }
+        self.grow_locked(&mut committer, handle, size_bytes)
+    }
+
+    /// [`Store::resize_volume`]'s work, the commit lock held; `size_bytes` is larger.
+    fn grow_locked(
+        &self,
+        committer: &mut MutexGuard<'_, Committer>,
+        handle: VolumeHandle,
+        size_bytes: u64,
+    ) -> Result<(), StoreError> {
+        let volume = self.volume_at(handle);
+        let name = volume.name.clone();
+        let invalid = |reason: String| StoreError::InvalidVolume { name: name.clone(), reason };
+        let existing_bytes = volume.size_bytes();
+        assert!(size_bytes > existing_bytes, "a grow makes the volume larger");
+        if size_bytes % BLOCK_BYTES != 0 || size_bytes > VOLUME_BYTES_MAX {
+            return Err(invalid(format!(
+                "size {size_bytes} is not a multiple of {BLOCK_BYTES} up to {VOLUME_BYTES_MAX}"
+            )));
+        }
+        self.check_room(&[size_bytes - existing_bytes]).map_err(invalid)?;
+        let (old_blocks, new_blocks) = (existing_bytes / BLOCK_BYTES, size_bytes / BLOCK_BYTES);
+        // The map's memory first: a grow that cannot have it changes nothing.
+        volume.live_state_mut()?.map.reserve(new_blocks).map_err(invalid)?;
+        // The metadata's map digest must describe the committed chunk images: no checkpoint
+        // may be under way (none can start: seals need the commit lock).
+        self.shared.checkpointer.wait_idle(&self.shared);
+        self.shared.check_failure()?;
+        let number = volume.number;
+        self.write_meta(|meta| {
+            if let Some(entry) = meta.volumes.iter_mut().find(|v| v.number == number) {
+                entry.size_bytes = size_bytes;
+                entry.map_digest = crate::block_map::grown_digest(entry.map_digest, old_blocks, new_blocks);
+            }
+        })?;
+        // Committed. The files follow; if this fails, the store fails and opening it again
+        // finishes the grow.
+        let files = volume
+            .data
+            .set_len(size_bytes)
+            .and_then(|()| volume.data.sync_all())
+            .map_err(io_error("grow volume data", &volume.data_path))
+            .and_then(|()| volume.map_file.grow(number, size_bytes));
+        self.guard(files)?;
+        {
+            let mut state = volume.state.write().expect("volume lock");
+            state.map.grow(new_blocks);
+            volume.set_size_bytes(size_bytes);
+        }
+        committer.dirty[handle.index()].grow(new_blocks);
+        tracing::info!(volume = %volume.name, number, existing_bytes, size_bytes, "volume grown");
+        Ok(())
+    }
+
     /// The handle of the volume numbered `number` (see [`VolumeHandle::number`]).
     pub fn volume_numbered(&self, number: u32) -> Option<VolumeHandle> {
         let volumes = self.volumes.read().expect("volume list lock");
@@ -669,7 +755,7 @@ impl Store {
     /// opened has size 0.
     pub fn volumes(&self) -> Vec<(String, u64)> {
         let volumes = self.volumes.read().expect("volume list lock");
-        volumes.iter().map(|v| (v.name.clone(), if v.is_removed() { 0 } else { v.size_bytes })).collect()
+        volumes.iter().map(|v| (v.name.clone(), if v.is_removed() { 0 } else { v.size_bytes() })).collect()
     }
 
     pub fn applied_sequence(&self, volume: VolumeHandle) -> Sequence {
@@ -894,7 +980,7 @@ impl Store {
                 volume: v.name.clone(),
                 offset_bytes: first.saturating_mul(BLOCK_BYTES),
                 length_bytes: count as u64 * BLOCK_BYTES,
-                size_bytes: v.size_bytes,
+                size_bytes: v.size_bytes(),
             });
         }
         let mut buffer = vec![0u8; ((end - first) * BLOCK_BYTES) as usize];
@@ -1455,7 +1541,16 @@ fn open_volume(dir: &Path, meta: &Meta, volume_meta: &VolumeMeta) -> Result<(Arc
     let data_path = data_path(dir, volume_meta.number);
     let data =
         OpenOptions::new().read(true).write(true).open(&data_path).map_err(io_error("open volume data", &data_path))?;
-    let data_bytes = data.metadata().map_err(io_error("stat", &data_path))?.len();
+    let mut data_bytes = data.metadata().map_err(io_error("stat", &data_path))?.len();
+    let map_path = map_path(dir, volume_meta.number);
+    // A grow whose commit point (the metadata) was reached before a crash is finished: the
+    // map file's header, written last, still has the old size; the data file may too.
+    let grown_from = MapFile::finish_grow(&map_path, &volume_meta.name, volume_meta.number, volume_meta.size_bytes)?;
+    if grown_from == Some(data_bytes) {
+        data.set_len(volume_meta.size_bytes).map_err(io_error("size volume data", &data_path))?;
+        data.sync_all().map_err(io_error("sync volume data", &data_path))?;
+        data_bytes = volume_meta.size_bytes;
+    }
     if data_bytes != volume_meta.size_bytes {
         return Err(StoreError::InvalidVolume {
             name: volume_meta.name.clone(),
@@ -1463,24 +1558,23 @@ fn open_volume(dir: &Path, meta: &Meta, volume_meta: &VolumeMeta) -> Result<(Arc
         });
     }
     let (map_file, map, images) = MapFile::load(
-        &map_path(dir, volume_meta.number),
+        &map_path,
         &volume_meta.name,
         volume_meta.number,
         volume_meta.size_bytes,
         meta.generation,
         volume_meta.map_digest,
     )?;
-    let volume = Volume {
-        name: volume_meta.name.clone(),
-        number: volume_meta.number,
-        size_bytes: volume_meta.size_bytes,
+    let volume = Volume::new(
+        volume_meta.name.clone(),
+        volume_meta.number,
+        volume_meta.size_bytes,
         data_path,
         data,
         map_file,
-        state: RwLock::new(VolumeState { applied: volume_meta.applied, applied_epoch: volume_meta.applied_epoch, map }),
-        copy: Mutex::new(copy::load(dir, volume_meta.number)?),
-        removed: AtomicBool::new(false),
-    };
+        VolumeState { applied: volume_meta.applied, applied_epoch: volume_meta.applied_epoch, map },
+        copy::load(dir, volume_meta.number)?,
+    );
     Ok((Arc::new(volume), images))
 }
 

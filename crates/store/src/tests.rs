@@ -18,7 +18,7 @@ use proto::{BlockExtent, Epoch, Op, Record, Sequence, VolumeId, BLOCK_BYTES, PAY
 
 use crate::{
     log, CommitOutcome, Store, StoreError, StoreOptions, VolumeHandle, CHECKPOINT_LAG_SEGMENTS_MAX,
-    CHECKPOINT_LOG_BYTES_MIN,
+    CHECKPOINT_LOG_BYTES_MIN, MAP_CHUNK_BLOCKS,
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -94,6 +94,11 @@ struct Model {
 impl Model {
     fn new(size_bytes: u64) -> Model {
         Model { bytes: vec![0; size_bytes as usize], allocated: vec![false; (size_bytes / BLOCK_BYTES) as usize] }
+    }
+
+    fn grow(&mut self, size_bytes: u64) {
+        self.bytes.resize(size_bytes as usize, 0);
+        self.allocated.resize((size_bytes / BLOCK_BYTES) as usize, false);
     }
 
     fn apply(&mut self, op: &Op) {
@@ -617,6 +622,88 @@ fn running_out_of_space_is_told_apart() {
 }
 
 #[test]
+fn a_grown_volume_keeps_its_data_reads_zeroes_beyond_and_survives_reopening_and_an_interrupted_grow() {
+    // Sizes that end inside a block map chunk, so the last chunk's image is partial.
+    let old_bytes = (MAP_CHUNK_BLOCKS + 3) * BLOCK_BYTES;
+    let mut f = Fixture::new("grow", old_bytes, small_options());
+    f.commit(&[write_op(0, 8192, 1), write_op(old_bytes - 6000, 6000, 2)]);
+    f.store().checkpoint().expect("checkpoint");
+    f.commit(&[write_op(old_bytes - 4096, 4096, 3)]);
+    let grow = |f: &mut Fixture, size_bytes: u64| {
+        let volume = f.volume;
+        f.store().resize_volume(volume, size_bytes).expect("grow");
+        f.size_bytes = size_bytes;
+        f.model.grow(size_bytes);
+    };
+    let new_bytes = (3 * MAP_CHUNK_BLOCKS + 7) * BLOCK_BYTES;
+    grow(&mut f, new_bytes);
+    assert_eq!(f.store().volumes(), vec![("vol".to_string(), new_bytes)]);
+    f.check();
+    // Writes across the old end and at the new end; a range past it is refused.
+    f.commit(&[write_op(old_bytes - 2048, 8192, 4), write_op(new_bytes - 4096, 4096, 5)]);
+    f.check();
+    let past = f.store().commit(&[(f.volume, record(f.applied + 1, write_op(new_bytes, 4096, 6)))]).expect("commit");
+    assert!(matches!(past.rejected[0].error, StoreError::OutOfRange { .. }), "{:?}", past.rejected);
+    // Shrinking is refused, the same size does nothing.
+    let error = f.store().resize_volume(f.volume, old_bytes).expect_err("no shrink");
+    assert!(matches!(error, StoreError::VolumeSizeMismatch { .. }), "{error}");
+    f.store().resize_volume(f.volume, new_bytes).expect("same size");
+    // The log replays onto the grown map; then the map is loaded from a checkpoint.
+    f.reopen();
+    f.check();
+    f.store().checkpoint().expect("checkpoint");
+    f.reopen();
+    f.check();
+
+    // A crash after the metadata (the commit point) and before the files: the map file's
+    // header and the data file still have the old size. Opening finishes the grow.
+    let map_path = f.dir.0.join("volumes").join("0.map");
+    let data_path = f.dir.0.join("volumes").join("0.data");
+    let header = fs::read(&map_path).expect("map file")[..4096].to_vec();
+    let third_bytes = new_bytes + 5 * MAP_CHUNK_BLOCKS * BLOCK_BYTES;
+    grow(&mut f, third_bytes);
+    f.commit(&[write_op(third_bytes - 8192, 8192, 7)]);
+    f.close();
+    std::os::unix::fs::FileExt::write_all_at(
+        &fs::OpenOptions::new().write(true).open(&map_path).expect("map"),
+        &header,
+        0,
+    )
+    .expect("old header");
+    fs::OpenOptions::new().write(true).open(&data_path).expect("data").set_len(new_bytes).expect("old length");
+    f.reopen();
+    assert_eq!(f.store().volumes(), vec![("vol".to_string(), third_bytes)]);
+    assert_eq!(fs::metadata(&data_path).expect("data").len(), third_bytes);
+    f.check();
+    f.reopen();
+    f.check();
+}
+
+#[test]
+fn a_hello_naming_a_volume_larger_grows_it_if_the_growth_fits() {
+    let dir = TempDir::new("grow-hello");
+    let store = Store::open(&dir.0, StoreOptions::default()).expect("open");
+    let a = store.ensure_volume("a", 1 << 20).expect("create");
+    store.commit(&[(a, record(1, write_op(0, 4096, 1)))]).expect("commit");
+    store.check_new_volumes(&[("a".into(), 4 << 20)]).expect("the growth fits");
+    let error = store.check_new_volumes(&[("a".into(), 512 << 10)]).expect_err("smaller");
+    assert!(matches!(error, StoreError::VolumeSizeMismatch { .. }), "{error}");
+    assert_eq!(store.ensure_volume("a", 4 << 20).expect("grown"), a);
+    assert_eq!(store.volumes(), vec![("a".to_string(), 4 << 20)]);
+    assert_eq!(store.read(a, 0, 4096).expect("read").1, Bytes::from(pattern(1, 4096)));
+    assert!(store.read(a, (4 << 20) - 4096, 4096).expect("read").1.iter().all(|&b| b == 0));
+    drop(store);
+    // 4 MiB of volume has 12 KiB of map; 64 MiB would have 192 KiB.
+    let small = StoreOptions { map_memory_bytes_max: 64 << 10, ..StoreOptions::default() };
+    let store = Store::open(&dir.0, small).expect("reopen with a small map memory bound");
+    let a = store.volume("a").expect("a");
+    let error = store.resize_volume(a, 64 << 20).expect_err("the map would not fit");
+    assert!(matches!(error, StoreError::InvalidVolume { .. }), "{error}");
+    assert_eq!(store.volumes(), vec![("a".to_string(), 4 << 20)], "a refused grow changes nothing");
+    assert_eq!(store.read(a, 0, 4096).expect("read").1, Bytes::from(pattern(1, 4096)));
+}
+
+#[test]
 fn volumes_are_created_once_and_survive_reopening() {
     let dir = TempDir::new("volumes");
     let store = Store::open(&dir.0, StoreOptions::default()).expect("open");
@@ -624,8 +711,8 @@ fn volumes_are_created_once_and_survive_reopening() {
     let b = store.ensure_volume("b with spaces/and slashes", 2 << 20).expect("create b");
     assert_eq!(store.ensure_volume("a", 1 << 20).expect("existing"), a);
     assert_ne!(a, b);
-    let error = store.ensure_volume("a", 2 << 20).expect_err("size mismatch");
-    assert_eq!(error.to_string(), "volume \"a\" exists with 1048576 bytes, not 2097152");
+    let error = store.ensure_volume("b with spaces/and slashes", 1 << 20).expect_err("volumes do not shrink");
+    assert_eq!(error.to_string(), "volume \"b with spaces/and slashes\" exists with 2097152 bytes, not 1048576");
     for (name, size) in [("", 4096), ("c", 0), ("c", 1000), ("c", 4096 + 512), (&"x".repeat(256)[..], 4096)] {
         assert!(matches!(store.ensure_volume(name, size), Err(StoreError::InvalidVolume { .. })), "{name:?} {size}");
     }

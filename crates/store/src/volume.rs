@@ -15,7 +15,9 @@ use crate::{
 pub struct Volume {
     pub name: String,
     pub number: u32,
-    pub size_bytes: u64,
+    /// Grows only (`Store::resize_volume`), after the block map grew: a reader that saw the
+    /// new size finds the map's entries.
+    size_bytes: std::sync::atomic::AtomicU64,
     pub data_path: PathBuf,
     pub data: File,
     /// Written only by checkpoints (one at a time).
@@ -66,8 +68,43 @@ pub struct VolumeState {
 }
 
 impl Volume {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        name: String,
+        number: u32,
+        size_bytes: u64,
+        data_path: PathBuf,
+        data: File,
+        map_file: MapFile,
+        state: VolumeState,
+        copy: Option<crate::CopyState>,
+    ) -> Volume {
+        Volume {
+            name,
+            number,
+            size_bytes: std::sync::atomic::AtomicU64::new(size_bytes),
+            data_path,
+            data,
+            map_file,
+            state: RwLock::new(state),
+            copy: std::sync::Mutex::new(copy),
+            removed: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+
+    pub fn size_bytes(&self) -> u64 {
+        self.size_bytes.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// The volume is `size_bytes` long from now on (called with its state locked for writing,
+    /// once the block map holds every block).
+    pub fn set_size_bytes(&self, size_bytes: u64) {
+        assert!(size_bytes >= self.size_bytes(), "volumes only grow");
+        self.size_bytes.store(size_bytes, std::sync::atomic::Ordering::Release);
+    }
+
     pub fn blocks(&self) -> u64 {
-        self.size_bytes / BLOCK_BYTES
+        self.size_bytes() / BLOCK_BYTES
     }
 
     /// `Ok` if `offset + length` stays inside the volume.
@@ -99,12 +136,12 @@ impl Volume {
             return Err(StoreError::Removed { volume: self.name.clone() });
         }
         match offset_bytes.checked_add(length_bytes) {
-            Some(end) if end <= self.size_bytes => Ok(()),
+            Some(end) if end <= self.size_bytes() => Ok(()),
             _ => Err(StoreError::OutOfRange {
                 volume: self.name.clone(),
                 offset_bytes,
                 length_bytes,
-                size_bytes: self.size_bytes,
+                size_bytes: self.size_bytes(),
             }),
         }
     }

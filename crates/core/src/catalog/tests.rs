@@ -183,3 +183,59 @@ fn a_creation_rolled_forward_can_be_deleted_before_its_completion_is_written() {
     log.written();
     assert!(log.take_durable().contains(&(0, true)), "the creation's completion is durable with it");
 }
+
+/// A resize is logged with the volume's entry at its old size; a starting host element serves
+/// the new size (rolled forward); its completion lists the new size; undone, nothing changes.
+/// Bad requests (policy `none`, not larger, unknown, another operation pending) are refused.
+#[test]
+fn resizes_are_logged_rolled_forward_completed_and_undone() {
+    let mut none = IntentionLog::new(Catalog::default(), LogPolicy::None);
+    assert!(none.intend_resize(ms(0), "a", 8192).expect_err("never unlogged").contains("must be logged"));
+    let mut log = IntentionLog::new(Catalog::default(), LogPolicy::Single);
+    let a = log.intend_create(ms(0), "a", 4096).expect("create");
+    log.poll_write(ms(0)).expect("logged");
+    log.written();
+    assert!(log.intend_resize(ms(0), "a", 8192).expect_err("not created yet").contains("being created"));
+    log.finish(ms(0), a.id, true);
+    assert!(log.intend_resize(ms(1), "zz", 8192).expect_err("unknown").contains("no volume zz"));
+    assert!(log.intend_resize(ms(1), "a", 4096).expect_err("same size").contains("does not shrink"));
+    assert!(log.intend_resize(ms(1), "a", 6000).is_err(), "not whole blocks");
+    let r = log.intend_resize(ms(1), "a", 1 << 20).expect("resize a");
+    assert!(log.intend_resize(ms(1), "a", 2 << 20).expect_err("one at a time").contains("being resized"));
+    assert!(log.intend_delete(ms(1), "a").expect_err("not while resizing").contains("being resized"));
+    let w = log.poll_write(ms(1)).expect("logged, with the creation's completion");
+    let on_disk = Catalog::decode(&w.document).expect("valid");
+    assert_eq!(on_disk.volumes, vec![CatalogVolume { name: "a".into(), size_bytes: 4096, id: a.id }]);
+    assert_eq!(on_disk.intentions, vec![r.clone()]);
+    let served: Vec<(String, u64)> = on_disk.volumes_to_serve().into_iter().map(|(n, s)| (n, s.size_bytes)).collect();
+    assert_eq!(served, [("a".to_string(), 1 << 20)], "a starting host element serves the new size");
+    let mut rolled = on_disk.clone();
+    assert_eq!(rolled.roll_forward(), 1);
+    assert!(rolled.intentions.is_empty() && rolled.volumes[0].size_bytes == 1 << 20);
+    assert_eq!(log.written(), vec![r.clone()]);
+    log.finish(ms(2), r.id, true);
+    let w = log.poll_write(ms(2)).expect("the completion");
+    let on_disk = Catalog::decode(&w.document).expect("valid");
+    assert!(on_disk.intentions.is_empty() && on_disk.volumes[0].size_bytes == 1 << 20, "{on_disk:?}");
+    log.written();
+    // Undone: the size stays.
+    let u = log.intend_resize(ms(3), "a", 4 << 20).expect("resize again");
+    log.poll_write(ms(3)).expect("logged");
+    assert_eq!(log.write_failed(), vec![u.clone()]);
+    let w = log.poll_write(ms(4)).expect("rewritten");
+    let on_disk = Catalog::decode(&w.document).expect("valid");
+    assert!(on_disk.intentions.is_empty() && on_disk.volumes[0].size_bytes == 1 << 20, "{on_disk:?}");
+    log.written();
+    assert!(log.take_durable().contains(&(u.id, false)));
+    // A document whose resize names no listed volume, or shrinks, is refused.
+    let grow = |volume_id, from_bytes, size_bytes| Intention {
+        id: 9,
+        op: Intent::Resize { name: "a".into(), volume_id, from_bytes, size_bytes },
+    };
+    for bad in [grow(5, 4096, 8192), grow(a.id, 8192, 4096)] {
+        let broken = Catalog { next_id: 10, intentions: vec![bad], ..on_disk.clone() };
+        assert!(Catalog::decode(&broken.encode()).is_err(), "{broken:?}");
+    }
+    let fine = Catalog { next_id: 10, intentions: vec![grow(a.id, 1 << 20, 2 << 20)], ..on_disk.clone() };
+    assert_eq!(Catalog::decode(&fine.encode()), Ok(fine));
+}

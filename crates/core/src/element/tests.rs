@@ -164,6 +164,7 @@ impl Harness {
                 StorageDone::Commit(Ok(CommitDone { applied, rejected: Vec::new() }))
             }
             StorageJob::RemoveVolumes(_) => StorageDone::RemoveVolumes(Ok(())),
+            StorageJob::ResizeVolumes(_) => StorageDone::ResizeVolumes(Ok(())),
         };
         self.core.handle_storage_done(self.now, done);
     }

@@ -276,6 +276,9 @@ impl Cluster {
                         StorageJob::RemoveVolumes(volumes) => {
                             StorageDone::RemoveVolumes(volumes.iter().try_for_each(|v| e.storage.remove_volume(*v)))
                         }
+                        StorageJob::ResizeVolumes(volumes) => StorageDone::ResizeVolumes(
+                            volumes.iter().try_for_each(|(v, size)| e.storage.resize_volume(*v, *size)),
+                        ),
                     };
                     if e.responsive {
                         e.storage.sync();
@@ -1461,4 +1464,51 @@ fn volumes_removed_while_running_leave_every_element() {
     c.reconnect(&[0, 1, 2]);
     assert!(!held_other(&c, 1), "the element that was down removed it from the new host element's hello");
     assert_eq!(c.core.volume_id("other"), None);
+}
+
+/// Issue 15: a volume grown while running grows on every element with a session, in its
+/// stream (a write into the new blocks sent right after the resize is applied), and on one
+/// that was down when its next hello names the new size; `Event::VolumeResized` says when Q
+/// elements hold it. Bad requests change nothing.
+#[test]
+fn volumes_grown_while_running_grow_on_every_element_and_take_writes_beyond_the_old_end() {
+    let mut c = Cluster::new(3, 2);
+    let spec = VolumeSpec { name: "disk#7".into(), size_bytes: 1 << 20 };
+    let disk = c.core.add_volumes(c.now, vec![("disk".into(), spec)]).expect("added")[0];
+    c.run();
+    let size_on = |c: &Cluster, i: usize| {
+        c.elements[i].storage.vols.iter().find(|v| v.name == "disk#7").map(|v| v.data.len() as u64)
+    };
+    // Refused, changing nothing: an unknown volume, a size not larger, a size not of blocks.
+    assert!(c.core.resize_volume(c.now, "nope#1", 2 << 20).is_err());
+    let same = c.core.resize_volume(c.now, "disk#7", 1 << 20).expect_err("not larger");
+    assert!(same.contains("does not shrink"), "{same}");
+    assert!(c.core.resize_volume(c.now, "disk#7", (2 << 20) + 512).is_err());
+    assert_eq!(c.core.config().volumes[disk.0 as usize].size_bytes, 1 << 20);
+    // Element 2 is down. A write under way at the resize, and one into the new blocks right
+    // after it: the elements grow the volume first.
+    c.crash(2);
+    let before = c.token();
+    c.core.handle_host_write(c.now, before, disk, Op::write(0, Bytes::from(vec![0x11; 4096])));
+    assert_eq!(c.core.resize_volume(c.now, "disk#7", 4 << 20), Ok(disk));
+    assert!(c.core.resize_volume(c.now, "disk#7", 8 << 20).expect_err("one at a time").contains("being resized"));
+    assert!(c.core.config().exported().iter().any(|e| e.name == "disk" && e.size_bytes == 4 << 20));
+    let beyond = c.token();
+    c.core.handle_host_write(c.now, beyond, disk, Op::write(3 << 20, Bytes::from(vec![0x22; 8192])));
+    c.run();
+    assert_eq!(c.replies[&before], Reply::Done(Ok(())));
+    assert_eq!(c.replies[&beyond], Reply::Done(Ok(())));
+    assert!(c.events.contains(&Event::VolumeResized { volume: disk, size_bytes: 4 << 20 }), "{:?}", c.events);
+    assert_eq!((size_on(&c, 0), size_on(&c, 1), size_on(&c, 2)), (Some(4 << 20), Some(4 << 20), Some(1 << 20)));
+    // It comes back: its hello names the new size; it grows, catches up, holds the data.
+    c.connect(2);
+    assert_eq!(c.states(), "in-sync,in-sync,in-sync");
+    assert_eq!(size_on(&c, 2), Some(4 << 20));
+    let v = c.elements[2].storage.vols.iter().find(|v| v.name == "disk#7").expect("held");
+    assert_eq!(&v.data[3 << 20..(3 << 20) + 8192], &[0x22; 8192][..]);
+    // It grows again, now with every element in session.
+    c.core.resize_volume(c.now, "disk#7", 8 << 20).expect("grown again");
+    c.run();
+    assert!(c.events.contains(&Event::VolumeResized { volume: disk, size_bytes: 8 << 20 }));
+    assert!((0..3).all(|i| size_on(&c, i) == Some(8 << 20)));
 }
