@@ -408,6 +408,10 @@ struct Session {
     /// The `AddVolumes` whose volumes storage is creating: what the session sends meanwhile
     /// waits in `deferred`, as during a hello.
     adding: Option<Vec<VolumeSpec>>,
+    /// Its `ResizeVolumes` waits for storage (behind the commits queued before it): what the
+    /// session sends meanwhile waits in `deferred` (a read of the new blocks must not reach
+    /// storage before they exist).
+    resizing: bool,
     /// The admin address its hello gave.
     admin: String,
     /// Its hello asked for `Received` as each record arrives.
@@ -784,7 +788,7 @@ impl ElementCore {
             };
             return self.send(session, observed);
         }
-        if state.hello_pending || state.adding.is_some() {
+        if state.hello_pending || state.adding.is_some() || state.resizing {
             if state.deferred.len() >= SESSION_DEFERRED_MAX {
                 return self.refuse(session, "protocol: too many requests before the welcome".into());
             }
@@ -930,6 +934,7 @@ impl ElementCore {
                     }
                 }
                 let ids = volumes.iter().map(|(id, _)| *id).collect();
+                self.sessions.get_mut(&session).expect("present").resizing = true;
                 self.jobs.push_back(Job::Resize { volumes: locals, reply: (session, ids) });
                 self.pump_storage();
             }
@@ -1455,6 +1460,13 @@ impl ElementCore {
                         .collect();
                     self.log(LogLevel::Info, format!("volumes grown: {}", names.join(", ")));
                     self.send(session, ElementMessage::VolumesResized { volumes: ids });
+                    if let Some(state) = self.sessions.get_mut(&session) {
+                        state.resizing = false;
+                        let deferred = std::mem::take(&mut state.deferred);
+                        for message in deferred {
+                            self.handle_host_message(self.now, session, message);
+                        }
+                    }
                 }
                 Err(reason) => {
                     // Nothing changed (a grow that does not fit), or storage failed (then it
@@ -2016,8 +2028,8 @@ impl ElementCore {
             assert!(!(s.hello_pending && s.epoch.is_some()), "session {}: answered and pending", id.0);
             if s.epoch.is_some() {
                 assert!(
-                    s.deferred.is_empty() && s.hello.is_none(),
-                    "session {}: nothing waits after the welcome",
+                    (s.deferred.is_empty() || s.adding.is_some() || s.resizing) && s.hello.is_none(),
+                    "session {}: nothing waits after the welcome but behind a volume change",
                     id.0
                 );
             }

@@ -104,12 +104,13 @@ impl Element {
         name: String,
         element_id: u64,
         volumes: &[proto::VolumeSpec],
+        largest: u64,
         fsync_us: u64,
         replay_log_bytes: u64,
         broken: Broken,
     ) -> Element {
         let fencing = broken != Broken::NoFencing;
-        let largest = volumes.iter().map(|v| v.size_bytes).max().unwrap_or(0);
+        let largest = volumes.iter().map(|v| v.size_bytes).max().unwrap_or(0).max(largest);
         let mut storage = MemStorage::new(largest, fsync_us, replay_log_bytes, fencing);
         for v in volumes {
             storage.add_volume(v.name.clone(), v.size_bytes);

@@ -186,8 +186,8 @@ fn main() -> ExitCode {
         eprintln!("sim: --volume-ops needs Q > N/2 (with less, acknowledged writes may be lost, the catalog's too)");
         return ExitCode::from(2);
     }
-    if options.broken == Broken::ForgetDeletions && !options.volume_ops {
-        eprintln!("sim: --broken forget-deletions needs --volume-ops");
+    if matches!(options.broken, Broken::ForgetDeletions | Broken::ForgetResizes) && !options.volume_ops {
+        eprintln!("sim: --broken {} needs --volume-ops", options.broken.name());
         std::process::exit(2);
     }
     if options.broken == Broken::NoIntentionLog && !options.volume_ops {

@@ -101,6 +101,14 @@ impl Model {
         self.sector_ops.len() - 1
     }
 
+    /// A volume grown while running: its new sectors were never written.
+    pub fn grow_volume(&mut self, volume: usize, sectors: u64) {
+        let held = &mut self.sector_ops[volume];
+        if (held.len() as u64) < sectors {
+            held.resize(sectors as usize, Vec::new());
+        }
+    }
+
     pub fn volumes(&self) -> usize {
         self.sector_ops.len()
     }

@@ -189,6 +189,10 @@ pub enum Broken {
     /// (completes them at once, serving no placeholder): an element that was down when a
     /// volume was deleted keeps it for ever.
     ForgetDeletions,
+    /// With `--volume-ops`: a starting host element undoes the resizes it finds pending
+    /// instead of rolling them forward: a volume acknowledged (or already served) at its new
+    /// size is served smaller again, and writes acknowledged into its new blocks are lost.
+    ForgetResizes,
     /// With `--groups`: the host element carries each member of a consistency group as its own
     /// storage volume (its own sequence space), as if groups did not exist; the checker still
     /// holds it to the group's promise (every element's copy of the group is a prefix of one
@@ -210,6 +214,7 @@ impl Broken {
             "split-group" => Some(Broken::SplitGroup),
             "no-intention-log" => Some(Broken::NoIntentionLog),
             "forget-deletions" => Some(Broken::ForgetDeletions),
+            "forget-resizes" => Some(Broken::ForgetResizes),
             _ => None,
         }
     }
@@ -226,6 +231,7 @@ impl Broken {
             Broken::SplitGroup => "split-group",
             Broken::NoIntentionLog => "no-intention-log",
             Broken::ForgetDeletions => "forget-deletions",
+            Broken::ForgetResizes => "forget-resizes",
         }
     }
 }

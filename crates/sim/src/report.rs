@@ -61,6 +61,8 @@ pub struct RunReport {
     pub volumes_created: u64,
     /// Volumes deleted while running, acknowledged (removed from every live element).
     pub volumes_deleted: u64,
+    /// Volumes grown while running, acknowledged (Q elements hold the new size).
+    pub volumes_resized: u64,
     pub sim_ms: u64,
     pub events: u64,
     pub digest: u64,
@@ -101,6 +103,7 @@ pub struct Summary {
     pub group_states_checked: u64,
     pub volumes_created: u64,
     pub volumes_deleted: u64,
+    pub volumes_resized: u64,
     pub sim_ms: u64,
     pub events: u64,
     /// (seed, first violation, count, replay command)
@@ -139,6 +142,7 @@ impl Summary {
         self.group_states_checked += r.group_states_checked;
         self.volumes_created += r.volumes_created;
         self.volumes_deleted += r.volumes_deleted;
+        self.volumes_resized += r.volumes_resized;
         self.sim_ms += r.sim_ms;
         self.events += r.events;
         if !r.violations.is_empty() {
@@ -199,6 +203,7 @@ impl Summary {
         if self.volumes_created > 0 {
             let _ = writeln!(s, "volumes created while running and acknowledged: {}", self.volumes_created);
             let _ = writeln!(s, "volumes deleted while running and acknowledged: {}", self.volumes_deleted);
+            let _ = writeln!(s, "volumes grown while running and acknowledged: {}", self.volumes_resized);
         }
         if self.group_states_checked > 0 {
             let _ = writeln!(
@@ -233,8 +238,8 @@ impl Summary {
         s.push_str("},");
         let _ = write!(
             s,
-            "\"requests\":{},\"writes_acked\":{},\"reads_checked\":{},\"host_element_starts\":{},\"elements_needing_recovery\":{},\"unsynced_records_lost\":{},\"torn_records\":{},\"records_applied_behind_another_volume\":{},\"simulated_seconds\":{:.3},\"events\":{},\"past_deadline_ms_max\":{},\"group_states_checked\":{},\"volumes_created\":{},\"volumes_deleted\":{},",
-            self.requests, self.writes_acked, self.reads_checked, self.host_starts, self.elements_needing_recovery, self.unsynced_records_lost, self.torn_records, self.records_applied_behind_another_volume, self.sim_ms as f64 / 1000.0, self.events, self.past_deadline_ms_max, self.group_states_checked, self.volumes_created, self.volumes_deleted
+            "\"requests\":{},\"writes_acked\":{},\"reads_checked\":{},\"host_element_starts\":{},\"elements_needing_recovery\":{},\"unsynced_records_lost\":{},\"torn_records\":{},\"records_applied_behind_another_volume\":{},\"simulated_seconds\":{:.3},\"events\":{},\"past_deadline_ms_max\":{},\"group_states_checked\":{},\"volumes_created\":{},\"volumes_deleted\":{},\"volumes_resized\":{},",
+            self.requests, self.writes_acked, self.reads_checked, self.host_starts, self.elements_needing_recovery, self.unsynced_records_lost, self.torn_records, self.records_applied_behind_another_volume, self.sim_ms as f64 / 1000.0, self.events, self.past_deadline_ms_max, self.group_states_checked, self.volumes_created, self.volumes_deleted, self.volumes_resized
         );
         s.push_str("\"failures\":[");
         let failures: Vec<String> = self

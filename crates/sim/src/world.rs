@@ -45,6 +45,8 @@ const INTERNAL_TOKENS: u64 = 1 << 60;
 const CREATED_MAX: usize = 3;
 /// Volume operations (creations and deletions: the catalog's ids) per run, at most.
 const OPS_MAX: u64 = 5;
+/// A volume created while running grows to at most this many times its first size.
+const GROW_MAX_FACTOR: u64 = 2;
 
 const TO_ELEMENT: usize = 0;
 const TO_HOST: usize = 1;
@@ -332,6 +334,7 @@ enum Internal {
     CatalogWrite,
     CatalogFlush,
     Check { name: String },
+    CheckResize { name: String, size_bytes: u64 },
 }
 
 /// A volume created while running (`--volume-ops`).
@@ -351,6 +354,10 @@ struct Created {
     delete_intention: Option<u64>,
     /// The operator was told it is deleted: it must never be served again.
     delete_acked: bool,
+    /// A resize logged (and maybe carried out), not yet acknowledged: its intention.
+    resize_intention: Option<u64>,
+    /// The largest size the operator was told it has (0: never resized).
+    resize_acked_bytes: u64,
 }
 
 #[derive(PartialEq, Eq, Clone, Copy, Debug)]
@@ -375,6 +382,9 @@ pub struct World {
     rng_clock: Rng,
     /// `--volume-ops`: when operators ask for volumes.
     rng_ops: Rng,
+    /// Whether a volume operation is a resize: a stream of its own, so that runs that resize
+    /// nothing take the same path as before resizes existed.
+    rng_resize: Rng,
     /// The first epoch the last host element offered (what its clock said).
     last_offer: u64,
     elements: Vec<Element>,
@@ -413,6 +423,9 @@ pub struct World {
     /// Per element, the kind of the recovery under way (to say how a diverged one got in).
     recovery_kind: Vec<Option<&'static str>>,
     sectors_per_volume: u64,
+    /// Per hosts' volume, the sectors it is served with: only ever grows (a resize carried
+    /// out). The workload stays inside; a host element serving fewer breaks the promise.
+    volume_sectors: Vec<u64>,
     /// The volumes the host element's core and the elements hold (a consistency group is one
     /// of them), and where each volume the hosts see lies in them (by the hosts' volume index).
     storage_volumes: Vec<VolumeSpec>,
@@ -492,6 +505,7 @@ impl World {
                     names[i].clone(),
                     i as u64 + 1,
                     &storage_volumes,
+                    if o.volume_ops { sc.volume_bytes * GROW_MAX_FACTOR } else { 0 },
                     sc.fsync_us[i],
                     sc.replay_log_bytes[i],
                     o.broken,
@@ -525,6 +539,7 @@ impl World {
             rng_disk: Rng::new(o.seed, 5),
             rng_clock: Rng::new(o.seed, 7),
             rng_ops: Rng::new(o.seed, 9),
+            rng_resize: Rng::new(o.seed, 10),
             last_offer: 1,
             sc,
             o,
@@ -554,6 +569,7 @@ impl World {
             last_failure: vec![None; n],
             recovery_kind: vec![None; n],
             sectors_per_volume,
+            volume_sectors: vec![sectors_per_volume; volume_count],
             storage_volumes,
             exports,
             export_storage,
@@ -1300,9 +1316,13 @@ impl World {
             // The source took the copy's hello (adopting a newer epoch, or refusing as one
             // that follows a newer one): the volume is taken at once, then the link closes.
             let incarnation = link.from_incarnation;
-            let result = match message {
-                ElementMessage::Welcome { .. } => self.elements[to].storage.copy_volume(volume.0 as usize),
-                ElementMessage::Refused { reason, .. } => Err(format!("peer refused: {reason}")),
+            // The source numbers its volumes its own way: the volume is the one of that name.
+            let name = &self.elements[from].storage.vols[volume.0 as usize].name;
+            let source = self.elements[to].storage.vols.iter().position(|v| &v.name == name && !v.removed);
+            let result = match (message, source) {
+                (ElementMessage::Welcome { .. }, Some(vi)) => self.elements[to].storage.copy_volume(vi),
+                (ElementMessage::Welcome { .. }, None) => Err(format!("peer holds no volume {name}")),
+                (ElementMessage::Refused { reason, .. }, _) => Err(format!("peer refused: {reason}")),
                 _ => return,
             };
             self.peer_links.remove(&id);
@@ -1648,6 +1668,9 @@ impl World {
                 }
             }
             Event::VolumeCreated { volume } if !self.in_superseded => self.on_volume_created(volume),
+            Event::VolumeResized { volume, size_bytes } if !self.in_superseded => {
+                self.on_volume_resized(volume, size_bytes)
+            }
             Event::VolumeRemoved { volume, everywhere } if !self.in_superseded => {
                 self.on_volume_removed(volume, everywhere)
             }
@@ -2011,14 +2034,14 @@ impl World {
             84..=91 => OpKind::Flush,
             _ => OpKind::BlockStatus,
         };
-        let (first, sectors) = self.pick_range(kind);
+        let (first, sectors) = self.pick_range(kind, volume);
         self.with_host(instance, |w| {
             w.submit(kind, volume, first, sectors, Some(client));
         });
     }
 
-    fn pick_range(&mut self, kind: OpKind) -> (u64, u64) {
-        let total = self.sectors_per_volume;
+    fn pick_range(&mut self, kind: OpKind, volume: usize) -> (u64, u64) {
+        let total = self.volume_sectors[volume];
         let r = &mut self.rng_work;
         let span = if r.chance(0.5) { total.min(256) } else { total };
         let mut count = match kind {
@@ -2702,12 +2725,13 @@ impl World {
                 }
                 continue;
             }
-            let first = self.rng_work.below(self.sectors_per_volume - 8);
+            let sectors = self.volume_sectors[v];
+            let first = self.rng_work.below(sectors - 8);
             let id = self.submit(OpKind::Write, v, first, 8, None);
             self.final_requests.push(id);
             let mut at = 0;
-            while at < self.sectors_per_volume {
-                let count = 256.min(self.sectors_per_volume - at);
+            while at < sectors {
+                let count = 256.min(sectors - at);
                 let id = self.submit(OpKind::Read, v, at, count, None);
                 self.final_requests.push(id);
                 at += count;
@@ -2927,10 +2951,16 @@ impl World {
                 let host = self.host.as_mut().expect("checked");
                 host.catalog_writing = false;
                 let undone = host.catalog.as_mut().expect("read").write_failed();
-                // A creation undone is simply not acknowledged; a deletion undone waits for
-                // the write that says so (above). The next write is tried at the next round.
-                if undone.iter().any(|i| i.is_create()) {
+                // A creation or resize undone is simply not acknowledged; a deletion undone
+                // waits for the write that says so (above). The next write is tried at the
+                // next round.
+                if undone.iter().any(|i| !i.is_delete()) {
                     host.creating = false;
+                }
+                for i in undone.iter().filter(|i| i.is_resize()) {
+                    if let Some(c) = self.created.iter_mut().find(|c| c.resize_intention == Some(i.id)) {
+                        c.resize_intention = None;
+                    }
                 }
             }
             (Internal::Check { name }, Reply::Checked(Ok(()))) => {
@@ -2945,7 +2975,25 @@ impl World {
                     }
                 }
             }
-            (Internal::Check { .. }, _) => self.host.as_mut().expect("checked").creating = false,
+            (Internal::CheckResize { name, size_bytes }, Reply::Checked(Ok(()))) => {
+                let now = self.now;
+                let host = self.host.as_mut().expect("checked");
+                match host.catalog.as_mut().expect("read").intend_resize(now, &name, size_bytes) {
+                    Ok(intention) => {
+                        if let Some(c) = self.created.iter_mut().find(|c| c.name == name && !c.deleting) {
+                            c.resize_intention = Some(intention.id);
+                        }
+                        self.catalog_step();
+                    }
+                    Err(reason) => {
+                        host.creating = false;
+                        self.violation(format!("resizing {name} was refused by the intention log: {reason}"));
+                    }
+                }
+            }
+            (Internal::Check { .. } | Internal::CheckResize { .. }, _) => {
+                self.host.as_mut().expect("checked").creating = false
+            }
         }
     }
 
@@ -2957,7 +3005,29 @@ impl World {
             Ok(c) => c,
             Err(reason) => return self.violation(format!("the catalog cannot be read: {reason}")),
         };
+        let mut catalog = catalog;
+        if self.o.broken == Broken::ForgetResizes {
+            // The broken variant: pending resizes are undone, not rolled forward.
+            catalog.intentions.retain(|i| !i.is_resize());
+        }
         let serve = catalog.volumes_to_serve();
+        // A volume never shrinks: one served (and written) at a size, or whose resize was
+        // acknowledged, is served at least that large by every later host element.
+        let shrunk: Vec<(String, u64, u64)> = self
+            .created
+            .iter()
+            .filter(|c| c.acked && c.delete_intention.is_none() && !c.deleting)
+            .filter_map(|c| {
+                let served = serve.iter().find(|(_, spec)| spec.name == c.storage)?.1.size_bytes;
+                let promised = (self.volume_sectors[c.volume] * SECTOR_BYTES).max(c.resize_acked_bytes);
+                (served < promised).then(|| (c.name.clone(), promised, served))
+            })
+            .collect();
+        for (name, promised, served) in shrunk {
+            self.violation(format!(
+                "volume {name} was served (or its resize acknowledged) at {promised} bytes, and a new host element serves it at {served}: it shrank, and what was written past that end is lost"
+            ));
+        }
         let forget = self.o.broken == Broken::ForgetDeletions;
         let mut restart = catalog.volumes_to_restart();
         if forget {
@@ -2993,7 +3063,7 @@ impl World {
         host.catalog_reading = false;
         let mut log = IntentionLog::new(catalog.clone(), policy);
         for intention in &catalog.intentions {
-            if intention.is_create() || forget {
+            if intention.is_create() || intention.is_resize() || forget {
                 log.finish(now, intention.id, true);
             }
         }
@@ -3043,6 +3113,8 @@ impl World {
                             deleting: false,
                             delete_intention: None,
                             delete_acked: false,
+                            resize_intention: None,
+                            resize_acked_bytes: 0,
                         });
                         v
                     }
@@ -3050,7 +3122,20 @@ impl World {
                 self.exports[v].volume = storage;
                 self.export_storage[v] = spec.name.clone();
                 self.served[v] = true;
+                // Served at the catalog's size (a pending resize rolled forward); the workload
+                // stays inside what this host element serves (a shrink was reported above).
+                self.grow_served(v, spec.size_bytes);
+                let sectors = spec.size_bytes / SECTOR_BYTES;
+                if sectors < self.volume_sectors[v] {
+                    self.volume_sectors[v] = sectors;
+                    self.exports[v].size_bytes = spec.size_bytes;
+                }
             }
+        }
+        // Resizes the crashed host element had under way are finished by this one (or were
+        // undone): nothing waits for their answer any more.
+        for c in &mut self.created {
+            c.resize_intention = None;
         }
         self.trace(|| {
             format!("catalog read: {} volumes, {} intentions", catalog.volumes.len(), catalog.intentions.len())
@@ -3062,6 +3147,7 @@ impl World {
     fn add_hosts_volume(&mut self, storage: usize) -> usize {
         let v = self.model.add_volume(self.sectors_per_volume);
         assert_eq!(v, self.exports.len());
+        self.volume_sectors.push(self.sectors_per_volume);
         let name = self.host.as_ref().expect("a host element").core.config().volumes[storage].name.clone();
         self.export_storage.push(name);
         self.exports.push(ExportedVolume {
@@ -3134,6 +3220,29 @@ impl World {
                 return;
             }
         }
+        let resizable = self.created.iter().position(|c| {
+            c.acked
+                && !c.deleting
+                && c.resize_intention.is_none()
+                && self.served[c.volume]
+                && self.volume_sectors[c.volume] * SECTOR_BYTES < GROW_MAX_FACTOR * self.sc.volume_bytes
+        });
+        if let Some(ci) = resizable {
+            if self.rng_resize.chance(0.35) {
+                // Grown by half its first size (a block multiple), up to the largest.
+                let now_bytes = self.volume_sectors[self.created[ci].volume] * SECTOR_BYTES;
+                let size_bytes = (now_bytes + self.sc.volume_bytes / 2).min(GROW_MAX_FACTOR * self.sc.volume_bytes);
+                let (name, storage) = (self.created[ci].name.clone(), self.created[ci].storage.clone());
+                let spec = VolumeSpec { name: storage, size_bytes };
+                self.maybe_crash_mid_op();
+                self.host.as_mut().expect("checked").creating = true;
+                self.trace(|| format!("volume resize {name} to {size_bytes}"));
+                self.internal(Internal::CheckResize { name, size_bytes }, |core, now, token| {
+                    core.check_volumes(now, token, vec![spec])
+                });
+                return;
+            }
+        }
         if self.created.len() >= CREATED_MAX {
             return;
         }
@@ -3158,9 +3267,69 @@ impl World {
     fn execute_intention(&mut self, intention: starfish_core::catalog::Intention) {
         if intention.is_create() {
             self.execute_creation(intention)
+        } else if intention.is_resize() {
+            self.execute_resize(intention)
         } else {
             self.execute_deletion(intention)
         }
+    }
+
+    /// Carry out a logged resize: the core serves the new size at once (the workload writes
+    /// into the new blocks from now on).
+    fn execute_resize(&mut self, intention: starfish_core::catalog::Intention) {
+        self.maybe_crash_mid_op();
+        let volume = intention.volume();
+        let storage = volume.spec().name;
+        let now = self.now;
+        let host = self.host.as_mut().expect("a host element");
+        match host.core.resize_volume(now, &storage, volume.size_bytes) {
+            Ok(_) => {
+                self.trace(|| format!("volume {} resized to {} ({storage})", volume.name, volume.size_bytes));
+                if let Some(v) = self.created.iter().find(|c| c.storage == storage).map(|c| c.volume) {
+                    self.grow_served(v, volume.size_bytes);
+                }
+            }
+            Err(reason) => {
+                self.trace(|| format!("volume resize of {} undone: {reason}", volume.name));
+                let host = self.host.as_mut().expect("checked");
+                host.creating = false;
+                host.catalog.as_mut().expect("read").finish(now, intention.id, false);
+                if let Some(c) = self.created.iter_mut().find(|c| c.storage == storage) {
+                    c.resize_intention = None;
+                }
+            }
+        }
+    }
+
+    /// Hosts' volume `v` is served at `size_bytes` (larger than before, or the same).
+    fn grow_served(&mut self, v: usize, size_bytes: u64) {
+        let sectors = size_bytes / SECTOR_BYTES;
+        if sectors > self.volume_sectors[v] {
+            self.volume_sectors[v] = sectors;
+            self.model.grow_volume(v, sectors);
+            self.exports[v].size_bytes = size_bytes;
+        }
+    }
+
+    /// Q elements hold a resized volume at its new size: the operator is answered; the
+    /// completion is written.
+    fn on_volume_resized(&mut self, volume: VolumeId, size_bytes: u64) {
+        let Some(host) = self.host.as_ref() else { return };
+        let storage = host.core.config().volumes[volume.0 as usize].name.clone();
+        let Some(c) = self.created.iter_mut().find(|c| c.storage == storage) else { return };
+        let Some(id) = c.resize_intention.take() else { return };
+        c.resize_acked_bytes = c.resize_acked_bytes.max(size_bytes);
+        self.report.volumes_resized += 1;
+        let name = c.name.clone();
+        self.trace(|| format!("volume {name} resized to {size_bytes} (acknowledged)"));
+        self.maybe_crash_mid_op();
+        let now = self.now;
+        let host = self.host.as_mut().expect("checked");
+        host.creating = false;
+        if let Some(log) = host.catalog.as_mut() {
+            log.finish(now, id, true);
+        }
+        self.catalog_step();
     }
 
     /// The faults are over: a deletion still waiting for its volume's requests is given up
@@ -3256,6 +3425,8 @@ impl World {
                     deleting: false,
                     delete_intention: None,
                     delete_acked: false,
+                    resize_intention: None,
+                    resize_acked_bytes: 0,
                 });
                 self.trace(|| format!("volume {} added as {}", volume.name, spec.name));
             }

@@ -359,6 +359,26 @@ fn weakly_acknowledged_losses_on_a_deleted_volume_are_accounted_for() {
     sweep("N=3 Q=2 volume ops, received, network-sync, durable", &o, 32);
 }
 
+/// Volumes grown while running (issue 15): resizes among the faults and the host element
+/// crashes at random steps, writes into the new blocks from the moment the core serves them.
+/// A volume never shrinks: every later host element serves it at least at the size it was
+/// served (or acknowledged) at. A starting host element that undoes the resizes it finds
+/// pending instead of rolling them forward (`--broken forget-resizes`) is caught.
+#[test]
+fn volume_resizes_roll_forward_and_forgotten_resizes_are_caught() {
+    let mut o = options(3, 2);
+    o.volume_ops = true;
+    o.fault_phase_ms = 20_000;
+    let summary = sweep("N=3 Q=2 volume ops (resizes)", &o, 48);
+    assert!(summary.volumes_resized > 0, "volumes were grown");
+    o.broken = Broken::ForgetResizes;
+    let reports = run_many(&o, 13_000, 160, 2);
+    let caught: Vec<u64> =
+        reports.iter().filter(|r| r.violations.iter().any(|v| v.contains("it shrank"))).map(|r| r.seed).collect();
+    eprintln!("--broken forget-resizes: caught seeds {caught:?} of 13000..13160");
+    assert!(caught.len() >= 2, "forgotten resizes must be caught, got {caught:?}");
+}
+
 /// Volumes are deleted among the faults (the sweep above deletes some); a starting host
 /// element that forgets the deletions it finds pending leaves the volume on an element that
 /// was down, which the checker finds.
