@@ -597,6 +597,21 @@ impl ElementCore {
         }
     }
 
+    /// The newest epoch of a hello waiting for its turn: its volumes being ensured, queued
+    /// behind storage (or a read lease), or its epoch being adopted.
+    fn pending_hello_epoch(&self) -> Option<Epoch> {
+        let ensuring = self.sessions.values().filter_map(|st| st.hello.as_ref().map(|(e, _)| *e));
+        let queued = self.jobs.iter().filter_map(|j| match j {
+            Job::Hello { epoch, .. } => Some(*epoch),
+            _ => None,
+        });
+        let adopting = match &self.in_flight {
+            Some(InFlight::AdoptEpoch { epoch, .. }) => Some(*epoch),
+            _ => None,
+        };
+        ensuring.chain(queued).chain(adopting).max()
+    }
+
     /// What an `Observe` would be answered now: the epoch followed, its holder, and how long
     /// the holder has been gone (the simulator's standby asks this way).
     pub fn observe(&mut self, now: Time) -> (Epoch, HostId, u64) {
@@ -807,6 +822,13 @@ impl ElementCore {
             if let Some(reason) = self.epoch_refusal(epoch, host) {
                 let current = self.epoch;
                 return self.refuse_with(session, reason, Some(current));
+            }
+            // Nor one older than a hello waiting for its turn: once that one's epoch is
+            // adopted, this one is refused, and what it created would be left behind (a
+            // superseded host element naming a volume deleted since). It is told to try again
+            // (no epoch: this element does not follow the newer one yet).
+            if let Some(newer) = self.pending_hello_epoch().filter(|e| *e > epoch) {
+                return self.refuse(session, format!("a hello of newer epoch {newer} is being taken; try again"));
             }
             let state = self.sessions.get_mut(&session).expect("present");
             state.hello_pending = true;

@@ -316,7 +316,8 @@ pub enum Event {
     },
     /// An element followed an epoch (`seen`) whose owner is gone, and a majority were free
     /// (followed ours, or an epoch whose owner is gone): this host element started over with
-    /// epoch `to`.
+    /// epoch `to`, serving the configured volumes only. The driver reads the catalog again and
+    /// adds its volumes with `restart_with_volumes`, as at start-up.
     Restarted {
         from: Epoch,
         to: Epoch,
@@ -630,6 +631,11 @@ const RESTART_INTERVAL_MS_MIN: u64 = 10_000;
 
 pub struct HostCore {
     config: HostConfig,
+    /// The configuration it was started with: the volumes declared at start-up, before any
+    /// from the catalog or created, removed or grown while running. A takeover (`restart`)
+    /// starts over with these only: what changed while running is read from the catalog again,
+    /// as a newer host element may have changed it since this one read it.
+    configured: HostConfig,
     /// The epoch offered now: `config.epoch`, raised while starting above any an element
     /// reports. Fixed once ready.
     epoch: Epoch,
@@ -641,6 +647,9 @@ pub struct HostCore {
     claimed: bool,
     /// Times it started over above an epoch an element followed, and the last time.
     restarts: u32,
+    /// Times it took the elements back from a host element that is gone (`restart`): what a
+    /// driver acting on a catalog read before compares against (`takeovers`).
+    takeovers: u64,
     last_restart: Option<Time>,
     /// An element said it follows a newer epoch: the read cache is off for good.
     newer_epoch_seen: bool,
@@ -819,9 +828,11 @@ impl HostCore {
             epoch_raises: 0,
             claimed: false,
             restarts: 0,
+            takeovers: 0,
             last_restart: None,
             newer_epoch_seen: false,
             superseded: None,
+            configured: config.clone(),
             config,
             started: now,
             ready: false,
@@ -1184,9 +1195,15 @@ impl HostCore {
     /// Start over as if this host element had just started with `epoch`: every request under
     /// way fails (a write may or may not have reached the elements: the start-up roll forward
     /// decides), every session is redone, and the history is read from the elements again.
+    /// It serves the configured volumes only: the host element it takes over from may have
+    /// created, deleted or grown volumes since this one read the catalog, so the driver reads
+    /// the catalog again (`Event::Restarted`) and adds its volumes (`restart_with_volumes`),
+    /// as at start-up. Never a hello naming a volume that may have been deleted since.
     fn restart(&mut self, now: Time, epoch: Epoch, refused_by: ElementId, seen: Epoch) {
         let old = self.epoch;
+        self.config = self.configured.clone();
         self.start_over(now, epoch);
+        self.takeovers += 1;
         self.emit(Action::Event(Event::Restarted { from: old, to: epoch, refused_by, seen }));
     }
 
@@ -1198,10 +1215,14 @@ impl HostCore {
             (0..self.elements.len()).filter(|&i| self.elements[i].session).map(|i| ElementId(i as u8)).collect();
         let old_actions = std::mem::take(&mut self.actions);
         let restarts = self.restarts + 1;
+        let takeovers = self.takeovers;
         let mut config = self.config.clone();
         config.epoch = epoch;
+        let configured = self.configured.clone();
         *self = HostCore::new(config, now);
+        self.configured = configured;
         self.restarts = restarts;
+        self.takeovers = takeovers;
         self.last_restart = Some(now);
         self.actions = old_actions;
         for (token, reply) in replies {
@@ -1718,11 +1739,18 @@ impl HostCore {
         }
     }
 
+    /// Times this host element took the elements back from one that is gone
+    /// (`Event::Restarted`), each time serving the configured volumes only.
+    pub fn takeovers(&self) -> u64 {
+        self.takeovers
+    }
+
     /// Start over with more volumes, which may hold data on the elements (`starfish` volumes
     /// created while an earlier host element ran, found in the catalog at start-up): as after
     /// an epoch refusal, every request under way fails, every session is redone, and the
-    /// start-up decision covers the new volumes too. Used once, at start-up, before any host
-    /// request was taken.
+    /// start-up decision covers the new volumes too. Used at start-up, before any host request
+    /// was taken, and after a takeover (`Event::Restarted`), which serves the configured
+    /// volumes only until the catalog is read again.
     /// A spec of size 0 names a storage volume removed while an earlier host element ran that
     /// some element may still hold: it is served as a placeholder (see `remove_volumes`).
     pub fn restart_with_volumes(&mut self, now: Time, added: Vec<(String, VolumeSpec)>) -> Result<(), String> {
@@ -1738,6 +1766,11 @@ impl HostCore {
         let next = Epoch(self.epoch.0 + 1);
         self.config = config;
         self.start_over(now, next);
+        // It had claimed the elements under its epoch already: an element that refuses the
+        // next one follows a host element that started since (and may have changed the
+        // catalog this one read: deleted a volume it is about to name). That one wins; this
+        // one never raises its epoch above it.
+        self.claimed = true;
         Ok(())
     }
 
@@ -2487,7 +2520,10 @@ impl HostCore {
         self.cache.apply(volume, &record.op);
         let mut to = ElementSet::default();
         for (i, e) in self.elements.iter_mut().enumerate() {
-            if e.live() && e.welcomed && e.sent_through[vi].next() == sequence {
+            // Never to a volume being copied (its copy is followed by the queue from the copy's
+            // sequence): one with nothing written yet is at the queue's end all the same.
+            let copying = e.volume_recovery.get(vi) == Some(&VolumeRecovery::Copying);
+            if e.live() && e.welcomed && !copying && e.sent_through[vi].next() == sequence {
                 e.sent_through[vi] = sequence;
                 to.insert(ElementId(i as u8));
             }

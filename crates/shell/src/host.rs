@@ -133,14 +133,31 @@ enum Input {
         size_bytes: u64,
         reply: oneshot::Sender<Result<proto::VolumeId, String>>,
     },
+    /// `input`, from the catalog task as it was before the core's `generation`-th takeover
+    /// (`Event::Restarted`): dropped (its reply with it) once the core took over again, so
+    /// that nothing the catalog task decided from a catalog read before reaches the core after
+    /// (a newer host element may have changed the catalog since).
+    Guarded {
+        generation: u64,
+        input: Box<Input>,
+    },
 }
 
 /// What the catalog hears of volume operations from the core.
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum VolumeEvent {
     Created(proto::VolumeId),
-    Removed { volume: proto::VolumeId, everywhere: bool },
+    Removed {
+        volume: proto::VolumeId,
+        everywhere: bool,
+    },
     Resized(proto::VolumeId),
+    /// The core took the elements back from a host element that is gone and serves the
+    /// configured volumes only: the catalog is read again (that one may have changed it),
+    /// by a catalog task of this generation (`HostHandle::guarded`).
+    Restarted {
+        generation: u64,
+    },
 }
 
 /// A frame for an element's session, with the record it carries when the element's ack policy
@@ -170,9 +187,25 @@ pub struct HostHandle {
     clients: Clients,
     metrics: crate::metrics::HostMetrics,
     volume_orders: mpsc::UnboundedSender<crate::volumes::VolumeOrder>,
+    /// Set for the catalog task: its inputs go as `Input::Guarded` with this generation.
+    generation: Option<u64>,
 }
 
 impl HostHandle {
+    /// This handle for the catalog task as of the core's `generation`-th takeover: what it
+    /// sends is dropped once the core took over again.
+    pub(crate) fn guarded(&self, generation: u64) -> HostHandle {
+        HostHandle { generation: Some(generation), ..self.clone() }
+    }
+
+    fn send(&self, input: Input) -> Result<(), ()> {
+        let input = match self.generation {
+            Some(generation) => Input::Guarded { generation, input: Box::new(input) },
+            None => input,
+        };
+        self.inputs.send(input).map_err(|_| ())
+    }
+
     /// Element addresses, in configuration order.
     pub fn addresses(&self) -> &[String] {
         &self.addresses
@@ -218,7 +251,7 @@ impl HostHandle {
     /// A request to the core with offsets in storage volume `volume`.
     pub(crate) async fn storage_request(&self, volume: u32, request: Request) -> Option<Reply> {
         let (reply, rx) = oneshot::channel();
-        self.inputs.send(Input::Host { volume, request, reply }).ok()?;
+        self.send(Input::Host { volume, request, reply }).ok()?;
         rx.await.ok()
     }
 
@@ -227,13 +260,13 @@ impl HostHandle {
         added: Vec<(String, proto::VolumeSpec)>,
     ) -> Result<Vec<proto::VolumeId>, String> {
         let (reply, rx) = oneshot::channel();
-        self.inputs.send(Input::AddVolumes { added, reply }).map_err(|_| "host element stopping")?;
+        self.send(Input::AddVolumes { added, reply }).map_err(|_| "host element stopping")?;
         rx.await.map_err(|_| "host element stopping")?
     }
 
     pub(crate) async fn check_volumes(&self, specs: Vec<proto::VolumeSpec>) -> Result<(), String> {
         let (reply, rx) = oneshot::channel();
-        self.inputs.send(Input::CheckVolumes { specs, reply }).map_err(|_| "host element stopping")?;
+        self.send(Input::CheckVolumes { specs, reply }).map_err(|_| "host element stopping")?;
         match rx.await {
             Ok(Reply::Checked(result)) => result,
             _ => Err("host element stopping".into()),
@@ -242,21 +275,21 @@ impl HostHandle {
 
     pub(crate) async fn restart_with_volumes(&self, added: Vec<(String, proto::VolumeSpec)>) -> Result<(), String> {
         let (reply, rx) = oneshot::channel();
-        self.inputs.send(Input::RestartWithVolumes { added, reply }).map_err(|_| "host element stopping")?;
+        self.send(Input::RestartWithVolumes { added, reply }).map_err(|_| "host element stopping")?;
         rx.await.map_err(|_| "host element stopping")?
     }
 
     /// Remove volumes (storage names) while running (see `HostCore::remove_volumes`).
     pub(crate) async fn remove_volumes(&self, names: Vec<String>) -> Result<Vec<proto::VolumeId>, String> {
         let (reply, rx) = oneshot::channel();
-        self.inputs.send(Input::RemoveVolumes { names, reply }).map_err(|_| "host element stopping")?;
+        self.send(Input::RemoveVolumes { names, reply }).map_err(|_| "host element stopping")?;
         rx.await.map_err(|_| "host element stopping")?
     }
 
     /// Grow a volume (storage name) while running (see `HostCore::resize_volume`).
     pub(crate) async fn resize_volume(&self, name: String, size_bytes: u64) -> Result<proto::VolumeId, String> {
         let (reply, rx) = oneshot::channel();
-        self.inputs.send(Input::ResizeVolume { name, size_bytes, reply }).map_err(|_| "host element stopping")?;
+        self.send(Input::ResizeVolume { name, size_bytes, reply }).map_err(|_| "host element stopping")?;
         rx.await.map_err(|_| "host element stopping")?
     }
 
@@ -345,6 +378,7 @@ pub(crate) fn start_active(
         clients: clients.clone(),
         metrics: metrics.clone(),
         volume_orders,
+        generation: None,
     };
     let origin = Instant::now();
     let epoch = config.epoch;
@@ -460,6 +494,12 @@ async fn run_actor(
                 // Take what else is already waiting, so bursts are handled together.
                 for _ in 0..256 {
                     let Some(one) = input.take().or_else(|| rx.try_recv().ok()) else { break };
+                    let one = match one {
+                        Input::Guarded { generation, input } if generation == core.takeovers() => *input,
+                        // From before a takeover: dropped.
+                        Input::Guarded { .. } => continue,
+                        one => one,
+                    };
                     handle_input(&mut core, origin, one, &mut sessions, &mut waiting, &mut next_token, &exports);
                 }
             }
@@ -505,6 +545,10 @@ async fn run_actor(
                         Event::VolumeRemoved { volume, everywhere } => {
                             let _ =
                                 volume_events.send(VolumeEvent::Removed { volume: *volume, everywhere: *everywhere });
+                        }
+                        Event::Restarted { .. } => {
+                            *exports.write().expect("exports lock") = core.config().exported();
+                            let _ = volume_events.send(VolumeEvent::Restarted { generation: core.takeovers() });
                         }
                         _ => {}
                     }
@@ -601,6 +645,8 @@ fn handle_input(
             *exports.write().expect("exports lock") = core.config().exported();
             let _ = reply.send(result);
         }
+        // Unwrapped (or dropped) by the actor.
+        Input::Guarded { .. } => {}
         Input::Status { reply } => {
             let _ = reply.send(core.status(t));
         }

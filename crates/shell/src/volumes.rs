@@ -15,6 +15,13 @@
 //! decisions are the core's (`IntentionLog`, `HostCore::add_volumes`,
 //! `HostCore::remove_volumes`, `HostCore::resize_volume`); this is their I/O.
 //!
+//! A core that takes the elements back from a host element that is gone (`Event::Restarted`)
+//! serves the configured volumes only: that one may have created, deleted or grown volumes
+//! since this one read the catalog. The task then answers every operation under way (its
+//! outcome is the catalog's), and reads the catalog again as at start-up. What it sends the
+//! core goes through a handle guarded by the core's count of takeovers, so nothing decided
+//! from the older read reaches the core after.
+//!
 //! Failpoints for the crash tests: `STARFISH_FAILPOINT=volume-create:after-intention`,
 //! `…:after-add` or `…:before-completion` aborts the process at that step of a creation;
 //! `volume-delete:after-intention`, `…:after-remove` or `…:before-completion` of a deletion;
@@ -122,9 +129,30 @@ pub(crate) async fn run(
     mut events: mpsc::UnboundedReceiver<VolumeEvent>,
     loaded: watch::Sender<bool>,
 ) {
+    let mut generation = 0;
+    // One pass per start of the core: at start-up, and again after each takeover.
+    while let Some(next) = serve(handle.guarded(generation), policy, &mut orders, &mut events, &loaded).await {
+        tracing::warn!(
+            "this host element took the elements back from one that is gone: reading the catalog again (that one may have changed it)"
+        );
+        generation = next;
+    }
+}
+
+/// Read the catalog, serve its volumes, finish its intentions and carry out volume operations
+/// until the core takes the elements back from a host element that is gone (`Some` of the
+/// core's takeovers then: read the catalog again) or the host element stops (`None`).
+async fn serve(
+    handle: HostHandle,
+    policy: LogPolicy,
+    orders: &mut mpsc::UnboundedReceiver<VolumeOrder>,
+    events: &mut mpsc::UnboundedReceiver<VolumeEvent>,
+    loaded: &watch::Sender<bool>,
+) -> Option<u64> {
+    // Channels of this pass: what an earlier pass's tasks answer late goes nowhere.
     let (writes, mut written) = mpsc::unbounded_channel();
     let (checked, mut checked_rx) = mpsc::unbounded_channel();
-    let Some(volume) = wait_serving(&handle).await else { return };
+    let volume = wait_serving(&handle).await?;
     let (catalog, broken) = match read_catalog(&handle, volume).await {
         Ok(catalog) => (catalog, None),
         Err(reason) => {
@@ -182,12 +210,16 @@ pub(crate) async fn run(
                 Some(VolumeOrder::List { reply }) => {
                     let _ = reply.send(Ok(c.list()));
                 }
-                None => return,
+                None => return None,
             },
             Some(event) = events.recv() => match event {
                 VolumeEvent::Created(volume) => c.on_created(volume),
                 VolumeEvent::Removed { volume, everywhere } => c.on_removed(volume, everywhere),
                 VolumeEvent::Resized(volume) => c.on_resized(volume),
+                VolumeEvent::Restarted { generation } => {
+                    c.abandon();
+                    return Some(generation);
+                }
             },
             Some(result) = written.recv() => c.on_written(result).await,
             Some(checked) = checked_rx.recv() => c.on_checked(checked).await,
@@ -685,6 +717,22 @@ impl Catalogue {
 
     /// Creations that waited `CREATE_WAIT` for Q elements are answered (the volume stays:
     /// elements create it as they answer, or when they come back).
+    /// The core took the elements back from a host element that is gone: every operation
+    /// under way is answered (the next pass reads the catalog and finishes what it holds).
+    fn abandon(&mut self) {
+        let reason = "the host element took the elements back from one that is gone and started over: the operation may or may not be carried out (the catalog decides: see starfish volume list)";
+        let replies = self
+            .creating
+            .values_mut()
+            .filter_map(|k| k.reply.take())
+            .chain(self.deleting.values_mut().filter_map(|d| d.reply.take()))
+            .chain(self.resizing.values_mut().filter_map(|r| r.reply.take()))
+            .chain(std::mem::take(&mut self.undoing).into_values().map(|(reply, _, _)| reply));
+        for reply in replies {
+            let _ = reply.send(Err(reason.to_string()));
+        }
+    }
+
     fn answer_slow(&mut self) {
         let late: Vec<u64> = self
             .creating

@@ -367,7 +367,12 @@ impl Element {
                     let reason = format!("volume {}: sequence {sequence} refused: {refusal:?}", volume.0);
                     out.push(Out::Refused { session: session.0, reason, ordering, replayed });
                 }
-                ElementAction::Log { .. } => {}
+                ElementAction::Log { message, .. } => {
+                    // `SIM_ELEMENT_LOG=1`: the element cores' log lines go to the trace (stderr).
+                    if std::env::var_os("SIM_ELEMENT_LOG").is_some() {
+                        eprintln!("  {:.6} [{}] {message}", now.0 as f64 / 1e6, self.name);
+                    }
+                }
             }
         }
         self.core.assert_invariants();

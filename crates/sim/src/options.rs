@@ -193,6 +193,10 @@ pub enum Broken {
     /// instead of rolling them forward: a volume acknowledged (or already served) at its new
     /// size is served smaller again, and writes acknowledged into its new blocks are lost.
     ForgetResizes,
+    /// With `--volume-ops`: a host element that takes the elements back from one that is gone
+    /// (`Event::Restarted`) serves the volumes of the catalog it read before, instead of
+    /// reading it again: what the other one created is lost, what it deleted is served again.
+    StaleCatalog,
     /// With `--groups`: the host element carries each member of a consistency group as its own
     /// storage volume (its own sequence space), as if groups did not exist; the checker still
     /// holds it to the group's promise (every element's copy of the group is a prefix of one
@@ -215,6 +219,7 @@ impl Broken {
             "no-intention-log" => Some(Broken::NoIntentionLog),
             "forget-deletions" => Some(Broken::ForgetDeletions),
             "forget-resizes" => Some(Broken::ForgetResizes),
+            "stale-catalog" => Some(Broken::StaleCatalog),
             _ => None,
         }
     }
@@ -232,6 +237,7 @@ impl Broken {
             Broken::NoIntentionLog => "no-intention-log",
             Broken::ForgetDeletions => "forget-deletions",
             Broken::ForgetResizes => "forget-resizes",
+            Broken::StaleCatalog => "stale-catalog",
         }
     }
 }

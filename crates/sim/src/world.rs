@@ -150,6 +150,17 @@ enum Ev {
         element: usize,
     },
     HostRestart,
+    /// With volume operations: the host element `instance` that took over from a paused one
+    /// carries out one volume operation now (`HostPause`; it crashes before the paused one runs
+    /// again, which then takes the elements back with the catalog it read before the pause).
+    VolumeOpOnce {
+        instance: u32,
+    },
+    /// ... and then crashes; the next host element starts only once the paused one could have
+    /// taken the elements back.
+    CrashTakeover {
+        instance: u32,
+    },
     /// The standby asks the elements and the coordinator again (`host_crash_standby_takes_over`).
     StandbyPoll,
     /// The superseded host element `instance` is finally killed.
@@ -211,6 +222,8 @@ impl Ev {
             Ev::HostRestart => 9,
             Ev::VolumeOp => 31,
             Ev::CrashMidOp { instance } => 32 ^ ((*instance as u64) << 8),
+            Ev::VolumeOpOnce { instance } => 33 ^ ((*instance as u64) << 8),
+            Ev::CrashTakeover { instance } => 34 ^ ((*instance as u64) << 8),
             Ev::StandbyPoll => 24,
             Ev::HealStall { element, .. } => 10 ^ ((*element as u64) << 8),
             Ev::HealSlowLink { element } => 11 ^ ((*element as u64) << 8),
@@ -817,7 +830,12 @@ impl World {
                         return;
                     }
                     Ok(copy) => {
-                        self.trace(|| format!("element e{element} installs a copy of vol {volume}"));
+                        self.trace(|| {
+                            format!(
+                                "element e{element} installs a copy of vol {volume} at sequence {}",
+                                copy.history.len()
+                            )
+                        });
                         self.elements[element].install_copy(self.now, &mut self.rng_disk, volume, copy, &mut out);
                     }
                     Err(reason) => {
@@ -873,9 +891,24 @@ impl World {
                     self.schedule(at, Ev::VolumeOp);
                 }
             }
+            Ev::VolumeOpOnce { instance } => {
+                if self.host.as_ref().is_some_and(|h| h.instance == instance) && self.phase == Phase::Faults {
+                    self.volume_op();
+                }
+            }
+            Ev::CrashTakeover { instance } => {
+                if self.host.as_ref().is_some_and(|h| h.instance == instance) && self.phase == Phase::Faults {
+                    self.count_fault(FaultKind::HostCrash);
+                    self.crash_host();
+                    let later_ms = 2 * self.sc.heartbeat_timeout_ms + self.rng_ops.range(3_000, 5_000);
+                    self.schedule(at_delay(self.now, us(later_ms)), Ev::HostRestart);
+                }
+            }
             Ev::CrashMidOp { instance } => {
                 let current = self.host.as_ref().is_some_and(|h| h.instance == instance);
-                if current && self.superseded.is_none() && self.phase == Phase::Faults {
+                // Also while a superseded (paused) one runs: it may then take the elements
+                // back with a catalog older than what this one just wrote.
+                if current && self.phase == Phase::Faults {
                     self.trace(|| "FAULT host element crashes in the middle of a volume creation".into());
                     self.count_fault(FaultKind::HostCrash);
                     self.crash_host();
@@ -1710,6 +1743,26 @@ impl World {
                 host.welcomed.iter_mut().for_each(|w| *w = false);
                 host.decided_with = None;
                 host.restarted_before_op = Some(first_op);
+                // It serves the configured volumes only, and reads the catalog again (as the
+                // shell's catalog task does): a host element it took over from may have
+                // changed it. Operations under way are abandoned (the catalog decides them).
+                let stale = host.catalog.take().map(|log| log.catalog().encode());
+                host.catalog_reading = false;
+                host.catalog_writing = false;
+                host.creating = false;
+                host.draining = None;
+                for v in self.sc.volumes..self.served.len() {
+                    self.served[v] = false;
+                }
+                for c in &mut self.created {
+                    c.resize_intention = None;
+                }
+                self.grow_host_vectors();
+                if let (Broken::StaleCatalog, Some(stale)) = (self.o.broken, stale) {
+                    // The broken variant: the catalog it read before stands.
+                    self.trace(|| "catalog: the one read before stands (broken variant)".into());
+                    self.catalog_read(&stale);
+                }
             }
             _ => {}
         }
@@ -1898,6 +1951,15 @@ impl World {
             .count()
     }
 
+    /// `holders` of the storage volume named `name`.
+    fn holders_named(&self, name: &str, epoch: Epoch, sequence: Sequence) -> usize {
+        (0..self.elements.len())
+            .filter(|&e| {
+                self.element_vol_named(e, name).and_then(|v| v.history.get((sequence.0 - 1) as usize)) == Some(&epoch)
+            })
+            .count()
+    }
+
     fn on_reply(&mut self, token: Token, reply: Reply) {
         let id = token.0;
         if id >= INTERNAL_TOKENS {
@@ -1965,8 +2027,16 @@ impl World {
                     if self.group_storage.contains(&storage) {
                         group_ack = Some((storage, epoch, sequence));
                     }
-                    let holders = self.holders(storage, epoch, sequence);
-                    if holders < self.o.quorum && self.weak_policies() {
+                    // By its storage volume's name: a superseded host element (answering now)
+                    // may number its storage volumes unlike the host element that runs.
+                    let holders = self.holders_named(&self.export_storage[op.volume], epoch, sequence);
+                    // A superseded host element may answer late, for a volume deleted since
+                    // (its elements applied the write, then removed the volume): nothing is
+                    // left to hold it, and nothing may be read of it any more.
+                    let deleted = self.created.iter().any(|c| c.volume == op.volume && c.delete_intention.is_some());
+                    if holders < self.o.quorum && deleted {
+                        self.trace(|| format!("write #{id} acknowledged for volume {} deleted since", op.volume));
+                    } else if holders < self.o.quorum && self.weak_policies() {
                         // Counted on receipts or sends: kept only while those elements keep it
                         // until they store it (the weaker promise; see `check_replicas`).
                         self.weak_acked.insert(id, (storage, epoch, sequence));
@@ -2252,7 +2322,10 @@ impl World {
                 None => false,
             },
             FaultKind::HostCrash => {
-                if self.host.is_some() && self.superseded.is_none() {
+                // With volume operations, the running host element may also crash while a
+                // superseded one still runs: that one may then take the elements back
+                // (`Event::Restarted`) with a catalog older than what the crashed one wrote.
+                if self.host.is_some() && (self.superseded.is_none() || self.o.volume_ops) {
                     self.crash_host();
                     let at = at_delay(self.now, us(self.rng_fault.range(50, 4_000)));
                     self.schedule(at, Ev::HostRestart);
@@ -2327,8 +2400,21 @@ impl World {
                     old.paused_until = Some(until);
                     self.superseded = Some(old);
                     self.start_host();
-                    let at = at_delay(until, us(self.rng_fault.range(200, 3_000)));
-                    self.schedule(at, Ev::KillSuperseded { instance });
+                    let mut kill_at = at_delay(until, us(self.rng_fault.range(200, 3_000)));
+                    if self.o.volume_ops && self.rng_fault.chance(0.5) {
+                        // The one that took over changes the catalog and crashes; the paused
+                        // one runs again, and once the elements' owner is gone for two
+                        // heartbeat timeouts it takes them back (`Event::Restarted`): it must
+                        // read the catalog again, not serve the one it read before the pause.
+                        let new = self.host.as_ref().expect("started").instance;
+                        let op_at = at_delay(self.now, us(self.rng_fault.range(1_000, 1_800)));
+                        let crash_at = at_delay(op_at, us(self.rng_fault.range(100, 400)));
+                        self.schedule(op_at, Ev::VolumeOpOnce { instance: new });
+                        self.schedule(crash_at, Ev::CrashTakeover { instance: new });
+                        let gone_ms = 2 * self.sc.heartbeat_timeout_ms + self.rng_fault.range(1_000, 3_000);
+                        kill_at = at_delay(until.max(crash_at), us(gone_ms));
+                    }
+                    self.schedule(kill_at, Ev::KillSuperseded { instance });
                     true
                 } else {
                     false
@@ -2914,6 +3000,9 @@ impl World {
         if self.host.as_ref().is_none_or(|h| h.instance != instance) {
             return; // A host element that is gone or superseded.
         }
+        if !matches!(what, Internal::CatalogRead) && self.host.as_ref().is_some_and(|h| h.catalog.is_none()) {
+            return; // Asked before a takeover (`Event::Restarted`): the catalog is read again.
+        }
         match (what, reply) {
             (Internal::CatalogRead, Reply::Read(Ok(data))) => self.catalog_read(&data),
             (Internal::CatalogRead, reply) => {
@@ -3390,9 +3479,10 @@ impl World {
             c.delete_acked = true;
             self.report.volumes_deleted += 1;
             self.trace(|| format!("volume {name} deleted (acknowledged)"));
+            // The operator is answered: the next operation may start. (Its completion, once
+            // every element removed it, may come while a later operation is under way.)
+            self.host.as_mut().expect("checked").creating = false;
         }
-        let host = self.host.as_mut().expect("checked");
-        host.creating = false;
         if everywhere {
             self.maybe_crash_mid_op();
             let now = self.now;
@@ -3414,6 +3504,13 @@ impl World {
         match host.core.add_volumes(now, vec![(volume.name.clone(), spec.clone())]) {
             Ok(ids) => {
                 self.grow_host_vectors();
+                if self.in_superseded {
+                    // A superseded host element carries out what it logged: its core adds the
+                    // volume (no element takes its epoch any more). What is served is the
+                    // running host element's to say: it found the intention in the catalog.
+                    self.trace(|| format!("volume {} added as {} (superseded)", volume.name, spec.name));
+                    return;
+                }
                 let v = self.add_hosts_volume(ids[0].0 as usize);
                 self.served[v] = true;
                 self.created.push(Created {
@@ -3578,11 +3675,17 @@ impl World {
                 }
                 None => {}
             }
-            let held = self
-                .element_vol_named(canonical, &self.export_storage[op.volume])
-                .and_then(|v| v.history.get((sequence.0 - 1) as usize))
-                .copied();
-            if held != Some(epoch) {
+            let name = &self.export_storage[op.volume];
+            let holds = |e: usize| {
+                self.element_vol_named(e, name).and_then(|v| v.history.get((sequence.0 - 1) as usize)).copied()
+                    == Some(epoch)
+            };
+            // A created volume no host element serves at the end (its catalog could not be
+            // read: too few elements in sync) was never brought back on the canonical element;
+            // its writes count as kept while any element still holds them.
+            let unserved = only.is_none() && op.volume >= self.sc.volumes && !self.served[op.volume];
+            let kept = holds(canonical) || (unserved && (0..self.elements.len()).any(holds));
+            if !kept {
                 lost.push((id, op.volume, epoch, sequence, op.at_risk));
             }
         }
@@ -3597,6 +3700,8 @@ impl World {
                 // those that counted crashed: what `received` and `network-sync` allow.
                 self.report.acked_writes_lost_allowed += 1;
                 self.report.acked_writes_lost_weak += 1;
+                let when = if only.is_some() { " (before its volume's deletion)" } else { "" };
+                self.trace(|| format!("write #{id} of volume {volume}, weakly acknowledged, lost as allowed{when}"));
             } else if self.weak_acked.contains_key(&id) {
                 self.violation(format!(
                     "acknowledged write #{id} (volume {volume}, epoch {epoch}, sequence {sequence}) is lost although a FLUSH answered after it (a flush waits for Q durable copies)"

@@ -1017,3 +1017,92 @@ fn an_epoch_jump_beyond_the_bound_is_refused() {
     h.settle();
     assert_eq!(h.core.epoch(), Epoch(4));
 }
+
+/// A `ResizeVolumes` is a storage job behind the commits queued before it; what the session
+/// sends after it (a record into the new blocks, a read of them) waits until the grow is done,
+/// and a grow storage refuses ends the session.
+#[test]
+fn a_resize_runs_after_the_records_before_it_and_before_anything_after_it() {
+    let mut h = Harness::new(5, &[("a", 0, 0)]);
+    h.hello(1, 5, &["a"]);
+    h.settle();
+    h.host(1, HostMessage::Apply(record(0, 5, 1)));
+    h.host(1, HostMessage::ResizeVolumes { volumes: vec![(VolumeId(0), 128 * MB)] });
+    h.host(1, HostMessage::Read { request_id: 7, volume: VolumeId(0), offset_bytes: 100 * MB, length_bytes: 4096 });
+    h.host(1, HostMessage::Apply(record(0, 5, 2)));
+    // Record 1 is being committed; the resize, the read and record 2 wait.
+    let actions = h.actions();
+    assert!(
+        matches!(&actions[..], [ElementAction::Storage(StorageJob::Commit(batch))] if batch.len() == 1),
+        "{actions:?}"
+    );
+    h.storage_done();
+    let actions = h.actions();
+    assert!(
+        actions
+            .iter()
+            .any(|a| *a == ElementAction::Storage(StorageJob::ResizeVolumes(vec![(LocalVolume(0), 128 * MB)]))),
+        "the grow follows record 1: {actions:?}"
+    );
+    assert!(!actions.iter().any(|a| matches!(a, ElementAction::Serve { .. })), "the read waits: {actions:?}");
+    h.storage_done();
+    let actions = h.actions();
+    let resized = actions.iter().position(|a| {
+        matches!(a, ElementAction::Send { message: ElementMessage::VolumesResized { volumes }, .. } if volumes == &vec![VolumeId(0)])
+    });
+    let served = actions.iter().position(|a| matches!(a, ElementAction::Serve { .. }));
+    assert!(resized.is_some() && served.is_some() && resized < served, "answered, then the read: {actions:?}");
+    assert!(actions.iter().any(|a| matches!(a, ElementAction::Storage(StorageJob::Commit(_)))), "{actions:?}");
+    h.storage_done();
+    assert!(h.sent().contains(&(1, applied(0, 2))));
+    // A grow storage refuses: the session ends.
+    h.host(1, HostMessage::ResizeVolumes { volumes: vec![(VolumeId(0), 1 << 50)] });
+    h.actions();
+    let job = h.storage.take().expect("the grow is a storage job");
+    assert!(matches!(job, StorageJob::ResizeVolumes(_)));
+    h.core.handle_storage_done(h.now, StorageDone::ResizeVolumes(Err("no room".into())));
+    let sent = h.sent();
+    assert!(
+        sent.iter()
+            .any(|(s, m)| *s == 1
+                && matches!(m, ElementMessage::Refused { reason, .. } if reason.contains("cannot grow"))),
+        "{sent:?}"
+    );
+}
+
+/// A hello older than one waiting for its turn creates nothing: once the newer epoch is
+/// adopted it would be refused, and the volumes it named (a superseded host element's, perhaps
+/// deleted since) would be left behind.
+#[test]
+fn a_hello_older_than_one_being_taken_creates_nothing() {
+    let mut h = Harness::new(5, &[("a", 0, 0)]);
+    let hello = |epoch: u64, host: HostId, names: &[&str]| HostMessage::Hello {
+        epoch: Epoch(epoch),
+        host,
+        volumes: names.iter().map(|n| spec(n)).collect(),
+        admin: String::new(),
+        receipt_acks: false,
+    };
+    // Session 1's hello waits for its volumes to be ensured when an older hello arrives.
+    h.core.handle_session_opened(h.now, SessionId(1), SessionRole::Host);
+    h.host(1, hello(7, HOST, &["a"]));
+    let actions = h.actions();
+    assert!(actions.contains(&ElementAction::EnsureVolumes { session: SessionId(1), specs: vec![spec("a")] }));
+    h.core.handle_session_opened(h.now, SessionId(2), SessionRole::Host);
+    h.host(2, hello(6, HostId(9), &["a", "b"]));
+    let actions = h.actions();
+    assert!(
+        !actions.iter().any(|a| matches!(a, ElementAction::EnsureVolumes { session: SessionId(2), .. })),
+        "{actions:?}"
+    );
+    assert!(
+        actions.iter().any(|a| matches!(a, ElementAction::Send { session: SessionId(2), message: ElementMessage::Refused { reason, epoch: None, .. } } if reason.contains("newer epoch 7"))),
+        "{actions:?}"
+    );
+    // Session 1 goes on: welcomed at its epoch.
+    let info = VolumeInfo { applied: Sequence::ZERO, applied_epoch: Epoch(0), copying: false, repair: false };
+    h.core.handle_volumes_ensured(h.now, SessionId(1), Ok(vec![(LocalVolume(0), info)]));
+    let sent = h.settle();
+    assert!(sent.iter().any(|(s, m)| *s == 1 && matches!(m, ElementMessage::Welcome { .. })), "{sent:?}");
+    assert_eq!(h.core.epoch(), Epoch(7));
+}
