@@ -9,7 +9,10 @@ by hand (`starfish failover`) or by itself through a real etcd.
   write fails and its reads never return the overwritten data;
 - etcd down: the active keeps serving and nobody takes over;
 - qemu-io with `reconnect-delay` is never told: it goes on across a kill -9
-  and an automatic takeover on the same address.
+  and an automatic takeover on the same address;
+- a host element that takes the elements back from one that is gone (paused
+  meanwhile, then SIGCONT) reads the catalog again: the volume the other one
+  deleted stays deleted, the one it created is served with its data.
 
 etcd is Debian's `etcd-server`, started by each test on 127.0.0.1 and
 stopped by PID.
@@ -535,3 +538,112 @@ def test_floating_address_between_two_namespaces_qemu_io_never_told(request, wor
             process.kill9()
             process.reap_group()
         net.destroy()
+
+
+def volume_at(c, host, *args, check=True):
+    result = harness.run([harness.starfish_bin(), "volume", *args, "--admin", c.admin_of(host), "--json"],
+                         timeout=60, check=check)
+    return json.loads(result.stdout) if check else result
+
+
+def created_at(c, host):
+    """The volumes created while running that `host` lists and does not delete."""
+    volumes = volume_at(c, host, "list")["volumes"]
+    return {v["name"] for v in volumes if v["origin"] == "created" and "deletion" not in v["state"]
+            and not v["state"].startswith("deleting")}
+
+
+def wait_writable(c, host, timeout=60):
+    """`host` active with every volume read-write (some element may be down)."""
+    def check():
+        s = c.status_of(host)
+        return s["role"] == "active" and s["volumes"] and all(v["mode"] == "read-write" for v in s["volumes"])
+
+    harness.wait_until(check, timeout, f"host {host} active and read-write")
+
+
+def listed_at(c, host):
+    return {v["name"] for v in volume_at(c, host, "list")["volumes"]}
+
+
+def exports_at(c, host):
+    listing = harness.run(["nbdinfo", "--list", "--json", f"nbd://{harness.LOCALHOST}:{c.nbds[host]}"]).stdout
+    return {e["export-name"] for e in json.loads(listing)["exports"]}
+
+
+@pytest.mark.time_limit(180)
+def test_a_host_element_that_takes_the_elements_back_reads_the_catalog_again(make_failover):
+    """Host element a is paused; b takes over from the two other elements, deletes a volume a
+    created, creates another and writes to it, and is killed. a runs again and, once the
+    elements' owner is gone, takes them back (`Restarted`: local follows a's epoch, near b's):
+    it must serve what the catalog says now, not what it read before its pause."""
+    c = make_failover(same_nbd=False, volumes=(("vol0", "64MiB"),))
+    volume_at(c, "a", "create", "old", "16MiB")
+    assert "old" in exports_at(c, "a")
+    # local goes down while a still runs: it keeps a's epoch (and the volume old).
+    c.kill_element("local")
+    a = c.hosts["a"]
+    # b runs as a host element of its own, not a standby told to take over: a takeover would
+    # ask a (paused) to drain, and a would carry out that request when it runs again.
+    b = c.hosts["b"]
+    b.stop()
+    b.args = [arg for arg in b.args if arg != "--standby"]
+    a.send_signal(signal.SIGSTOP)
+    try:
+        b.start()
+        harness.wait_listening(b, c.admins["b"])
+        wait_writable(c, "b")
+        volume_at(c, "b", "delete", "old")
+        volume_at(c, "b", "create", "new", "16MiB")
+        data = pattern(11, 256 * 1024)
+        with harness.Client(c.uri_of("b", "new")) as client:
+            client.pwrite(data, 1 * MiB)
+            client.flush()
+        assert created_at(c, "b") == {"new"}
+        c.hosts["b"].kill9()
+        # The elements' owner must be gone for two heartbeat timeouts (3 s each) before a
+        # host element takes them back.
+        time.sleep(7)
+        # near and far say nothing yet; local comes back following a's epoch.
+        c.elements["near"].process.send_signal(signal.SIGSTOP)
+        c.elements["far"].process.send_signal(signal.SIGSTOP)
+        c.restart_element("local")
+    finally:
+        a.send_signal(signal.SIGCONT)
+    try:
+        # a welcomes local (it redials at least every 2 s), then hears from near that it
+        # follows b's epoch, whose owner is gone: local (ours) and near (owner gone) are a
+        # majority, and only near follows a newer epoch (not a majority: a is not superseded),
+        # so a takes them back.
+        time.sleep(4)
+    finally:
+        c.elements["near"].process.send_signal(signal.SIGCONT)
+    try:
+        harness.wait_until(lambda: "taking the elements back" in a.log(400) or None, 30,
+                           "a to take the elements back")
+    finally:
+        c.elements["far"].process.send_signal(signal.SIGCONT)
+    seen = []
+
+    def active_and_healthy():
+        seen[:] = [c.status_of("a")]
+        return seen[0]["role"] == "active" and harness.healthy(seen[0])
+
+    try:
+        harness.wait_until(active_and_healthy, 60, "a active and healthy")
+    except AssertionError as e:
+        raise AssertionError(f"{e}: {json.dumps(seen, indent=1)[:3000]}") from None
+    # What b did stands: old is gone, new is served with the data b acknowledged.
+    harness.wait_until(lambda: created_at(c, "a") == {"new"} or None, 60, "a to list what the catalog holds now")
+    # local, down while b deleted old, learns it from a's hello: the deletion completes.
+    harness.wait_until(lambda: "old" not in listed_at(c, "a") or None, 60, "the deletion of old to complete")
+    harness.wait_until(lambda: "new" in exports_at(c, "a") or None, 30, "a to export new")
+    assert "old" not in exports_at(c, "a")
+    with harness.Client(c.uri_of("a", "new")) as client:
+        assert client.pread(len(data), 1 * MiB) == data
+    assert "reading the catalog again" in a.log(400)
+    # Every element, local too, holds new and not old.
+    assert not c.stop(), "every process stops cleanly"
+    for name, element in c.elements.items():
+        held = [v["name"] for v in element.verify()["volumes"]]
+        assert any(h.startswith("new#") for h in held) and not any(h.startswith("old#") for h in held), (name, held)

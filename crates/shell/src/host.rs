@@ -736,7 +736,7 @@ fn log_event(core: &HostCore, names: &[String], event: Event) {
             from = %from,
             to = %to,
             seen = %seen,
-            "an element follows an epoch a host element that never became ready left there, while a majority follows ours: starting over with a newer epoch (requests under way fail)"
+            "an element follows an epoch whose host element is gone, and a majority follows ours or such epochs: taking the elements back with a newer epoch (requests under way fail; the catalog is read again)"
         ),
         Event::Superseded { ours, seen } => tracing::error!(
             ours = %ours,

@@ -715,8 +715,6 @@ impl Catalogue {
         }
     }
 
-    /// Creations that waited `CREATE_WAIT` for Q elements are answered (the volume stays:
-    /// elements create it as they answer, or when they come back).
     /// The core took the elements back from a host element that is gone: every operation
     /// under way is answered (the next pass reads the catalog and finishes what it holds).
     fn abandon(&mut self) {
@@ -733,6 +731,8 @@ impl Catalogue {
         }
     }
 
+    /// Creations that waited `CREATE_WAIT` for Q elements are answered (the volume stays:
+    /// elements create it as they answer, or when they come back).
     fn answer_slow(&mut self) {
         let late: Vec<u64> = self
             .creating
