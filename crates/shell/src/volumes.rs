@@ -218,6 +218,10 @@ async fn serve(
                 VolumeEvent::Resized(volume) => c.on_resized(volume),
                 VolumeEvent::Restarted { generation } => {
                     c.abandon();
+                    // Prepares answered but not yet taken: their operators are told too.
+                    while let Ok(checked) = checked_rx.try_recv() {
+                        let _ = checked.reply.send(Err(ABANDONED_UNLOGGED.to_string()));
+                    }
                     return Some(generation);
                 }
             },
@@ -225,6 +229,21 @@ async fn serve(
             Some(checked) = checked_rx.recv() => c.on_checked(checked).await,
             _ = sleep => c.answer_slow(),
         }
+    }
+}
+
+/// What the operator hears of an operation under way when the core took the elements back
+/// (`Event::Restarted`).
+const ABANDONED: &str = "the host element took the elements back from one that is gone and started over: the operation may or may not be carried out (the catalog decides: see starfish volume list)";
+
+/// ... before it was even logged: nothing was done.
+const ABANDONED_UNLOGGED: &str = "the host element took the elements back from one that is gone and started over before the operation was logged: nothing was done; ask again";
+
+/// Hand a prepare's answer to the catalog task's pass that asked; if that pass ended (the
+/// core took the elements back), the operator is told so.
+fn answer_checked(checked: &mpsc::UnboundedSender<Checked>, answer: Checked) {
+    if let Err(mpsc::error::SendError(answer)) = checked.send(answer) {
+        let _ = answer.reply.send(Err(ABANDONED_UNLOGGED.to_string()));
     }
 }
 
@@ -451,7 +470,7 @@ impl Catalogue {
         let (handle, checked) = (self.handle.clone(), self.checked.clone());
         tokio::spawn(async move {
             let result = handle.check_volumes(vec![spec]).await;
-            let _ = checked.send(Checked { resize: true, name, size_bytes, reply, result });
+            answer_checked(&checked, Checked { resize: true, name, size_bytes, reply, result });
         });
     }
 
@@ -477,7 +496,7 @@ impl Catalogue {
         let (handle, checked) = (self.handle.clone(), self.checked.clone());
         tokio::spawn(async move {
             let result = handle.check_volumes(vec![spec]).await.map_err(|reason| reason.replace(&probe, &name));
-            let _ = checked.send(Checked { resize: false, name, size_bytes, reply, result });
+            answer_checked(&checked, Checked { resize: false, name, size_bytes, reply, result });
         });
     }
 
@@ -718,7 +737,6 @@ impl Catalogue {
     /// The core took the elements back from a host element that is gone: every operation
     /// under way is answered (the next pass reads the catalog and finishes what it holds).
     fn abandon(&mut self) {
-        let reason = "the host element took the elements back from one that is gone and started over: the operation may or may not be carried out (the catalog decides: see starfish volume list)";
         let replies = self
             .creating
             .values_mut()
@@ -727,7 +745,7 @@ impl Catalogue {
             .chain(self.resizing.values_mut().filter_map(|r| r.reply.take()))
             .chain(std::mem::take(&mut self.undoing).into_values().map(|(reply, _, _)| reply));
         for reply in replies {
-            let _ = reply.send(Err(reason.to_string()));
+            let _ = reply.send(Err(ABANDONED.to_string()));
         }
     }
 
