@@ -1512,3 +1512,32 @@ fn volumes_grown_while_running_grow_on_every_element_and_take_writes_beyond_the_
     assert!(c.events.contains(&Event::VolumeResized { volume: disk, size_bytes: 8 << 20 }));
     assert!((0..3).all(|i| size_on(&c, i) == Some(8 << 20)));
 }
+
+/// A takeover (`restart`, above an epoch whose owner is gone) starts over with the volumes the
+/// host element was started with, not those it learnt while running: the one it takes over
+/// from may have deleted them since (the driver reads the catalog again and adds what it
+/// holds with `restart_with_volumes`). Each start over keeps that configuration.
+#[test]
+fn a_takeover_starts_over_with_the_configured_volumes_only() {
+    let mut c = Cluster::new(3, 2);
+    let spec = VolumeSpec { name: "disk#1".into(), size_bytes: 1 << 20 };
+    c.core.add_volumes(c.now, vec![("disk".into(), spec.clone())]).expect("added");
+    c.run();
+    let names = |c: &Cluster| c.core.config().volumes.iter().map(|v| v.name.clone()).collect::<Vec<_>>();
+    assert_eq!(names(&c), ["vol0", "disk#1"]);
+    c.core.restart(c.now, Epoch(9), ElementId(0), Epoch(8));
+    assert_eq!(names(&c), ["vol0"], "the configured volumes only");
+    assert_eq!(c.core.config().exported().iter().map(|e| e.name.as_str()).collect::<Vec<_>>(), ["vol0"]);
+    assert_eq!(c.core.takeovers(), 1);
+    c.run();
+    assert!(c.events.iter().any(|e| matches!(e, Event::Restarted { to: Epoch(9), .. })), "{:?}", c.events);
+    // The catalog read again names the volume: served again, under a newer epoch.
+    c.core.restart_with_volumes(c.now, vec![("disk".into(), spec)]).expect("restarted");
+    assert_eq!(names(&c), ["vol0", "disk#1"]);
+    assert_eq!(c.core.epoch(), Epoch(10));
+    assert_eq!(c.core.takeovers(), 1, "not a takeover");
+    // A later takeover drops it again: the configuration survived the start over.
+    c.core.restart(c.now, Epoch(12), ElementId(1), Epoch(11));
+    assert_eq!(names(&c), ["vol0"]);
+    assert_eq!(c.core.takeovers(), 2);
+}
