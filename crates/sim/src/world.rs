@@ -492,6 +492,11 @@ struct CopyFetch {
     volume: VolumeId,
 }
 
+/// Whether a copy of a volume holds record `sequence` of `epoch` (applied, durably).
+fn holds(copy: Option<&starfish_core::mem_storage::Volume>, epoch: Epoch, sequence: Sequence) -> bool {
+    copy.and_then(|v| v.history.get((sequence.0 - 1) as usize)) == Some(&epoch)
+}
+
 fn us(ms: u64) -> u64 {
     ms * 1000
 }
@@ -1785,13 +1790,9 @@ impl World {
             let Some((epoch, sequence)) = op.seq else {
                 continue;
             };
-            let held = (0..self.elements.len()).any(|e| {
-                welcomed[e]
-                    && self
-                        .element_vol_named(e, &self.export_storage[op.volume])
-                        .and_then(|v| v.history.get((sequence.0 - 1) as usize))
-                        == Some(&epoch)
-            });
+            let name = &self.export_storage[op.volume];
+            let held = (0..self.elements.len())
+                .any(|e| welcomed[e] && holds(self.element_vol_named(e, name), epoch, sequence));
             if !held {
                 at_risk.push(id);
             }
@@ -1944,20 +1945,12 @@ impl World {
 
     /// How many elements hold sequence `sequence` of epoch `epoch` of storage volume `volume`.
     fn holders(&self, volume: usize, epoch: Epoch, sequence: Sequence) -> usize {
-        (0..self.elements.len())
-            .filter(|&e| {
-                self.element_vol(e, volume).and_then(|v| v.history.get((sequence.0 - 1) as usize)) == Some(&epoch)
-            })
-            .count()
+        (0..self.elements.len()).filter(|&e| holds(self.element_vol(e, volume), epoch, sequence)).count()
     }
 
     /// `holders` of the storage volume named `name`.
     fn holders_named(&self, name: &str, epoch: Epoch, sequence: Sequence) -> usize {
-        (0..self.elements.len())
-            .filter(|&e| {
-                self.element_vol_named(e, name).and_then(|v| v.history.get((sequence.0 - 1) as usize)) == Some(&epoch)
-            })
-            .count()
+        (0..self.elements.len()).filter(|&e| holds(self.element_vol_named(e, name), epoch, sequence)).count()
     }
 
     fn on_reply(&mut self, token: Token, reply: Reply) {
@@ -3676,10 +3669,7 @@ impl World {
                 None => {}
             }
             let name = &self.export_storage[op.volume];
-            let holds = |e: usize| {
-                self.element_vol_named(e, name).and_then(|v| v.history.get((sequence.0 - 1) as usize)).copied()
-                    == Some(epoch)
-            };
+            let holds = |e: usize| holds(self.element_vol_named(e, name), epoch, sequence);
             // A created volume no host element serves at the end (its catalog could not be
             // read: too few elements in sync) was never brought back on the canonical element;
             // its writes count as kept while any element still holds them.
