@@ -231,6 +231,9 @@ def test_delete_stops_exporting_frees_the_space_and_survives_restarts(cluster):
     with Client(cluster.uri("vol0")) as client:
         client.pwrite(b"\x42" * 4096, PATTERN_OFFSET)
         client.flush()
+    # Answered once a write quorum held it: the third element may still be applying it.
+    harness.wait_until(lambda: all(volume_files_bytes(e) >= 32 * MiB for e in cluster.elements.values()), 30,
+                       "every element to hold what was written")
     before = {name: volume_files_bytes(e) for name, e in cluster.elements.items()}
     gone = delete(cluster, "scratch")
     assert gone["storage_volume"] == storage, gone
@@ -371,8 +374,8 @@ def test_resize_refuses_what_it_must_and_changes_nothing(cluster):
     cases = [
         (("vol0", "1GiB"), "declared in the configuration"),
         (("nothing", "1GiB"), "no volume nothing"),
-        (("fixed", "4MiB"), "does not shrink"),
-        (("fixed", "8MiB"), "does not shrink"),
+        (("fixed", "4MiB"), "pass --shrink"),
+        (("fixed", "8MiB"), "already"),
         (("fixed", "10000"), "positive multiple"),
         (("fixed", "15TiB"), "element"),
     ]
@@ -380,8 +383,12 @@ def test_resize_refuses_what_it_must_and_changes_nothing(cluster):
         result = resize(cluster, name, size, check=False)
         assert result.returncode != 0 and reason in result.stderr, f"{name} {size}: {result.stderr}"
         print(f"volume resize {name} {size}: {result.stderr.strip()}")
-    result = volume_cmd(cluster, "resize", "fixed", "4MiB", "--shrink", check=False)
-    assert result.returncode != 0 and "not supported yet" in result.stderr, result.stderr
+    result = volume_cmd(cluster, "resize", "fixed", "16MiB", "--shrink", check=False)
+    assert result.returncode != 0 and "--shrink asks for fewer bytes" in result.stderr, result.stderr
+    with Client(cluster.uri("fixed")):
+        result = volume_cmd(cluster, "resize", "fixed", "4MiB", "--shrink", check=False)
+        assert result.returncode != 0 and "in use by 1 NBD connection" in result.stderr, result.stderr
+        print(f"volume resize fixed 4MiB --shrink (in use): {result.stderr.strip()}")
     assert listing(cluster) == before
     assert nbd_size(cluster, "fixed") == 8 * MiB
 
@@ -445,3 +452,96 @@ def test_a_configured_volume_grows_when_the_host_element_restarts_with_a_larger_
     cluster.start_host()
     run(["qemu-io", "-f", "raw", "-c", "read -P 0x4d 1535M 1M", cluster.uri("vol0")])
     assert_identical_everywhere(cluster, "vol0")
+
+
+# ----- shrink -------------------------------------------------------------------------------
+
+
+def shrink(cluster, name, size, check=True):
+    result = volume_cmd(cluster, "resize", name, size, "--shrink", "--json", check=check)
+    return json.loads(result.stdout) if check else result
+
+
+def test_shrink_zeroes_what_lies_past_the_new_end_frees_it_and_a_grow_back_reads_zeroes(cluster):
+    doc = create(cluster, "shrinking", "64MiB")
+    storage = doc["storage_volume"]
+    data = write_pattern(cluster, "shrinking", 7)
+    run(["qemu-io", "-f", "raw", "-c", "write -P 0x5a 32M 32M", cluster.uri("shrinking")])
+    # The write was answered once a write quorum held it: the third element may still be
+    # applying it.
+    harness.wait_until(lambda: all(volume_files_bytes(e) >= 32 * MiB for e in cluster.elements.values()), 30,
+                       "every element to hold what was written")
+    before = {name: volume_files_bytes(e) for name, e in cluster.elements.items()}
+    shrunk = shrink(cluster, "shrinking", "32MiB")
+    assert shrunk["size_bytes"] == 32 * MiB and shrunk["on_write_quorum"] is True, shrunk
+    # Clients that connect now see the new size; the data before the new end is kept.
+    assert nbd_size(cluster, "shrinking") == 32 * MiB
+    listed = listing(cluster)["shrinking"]
+    assert (listed["size_bytes"], listed["storage_bytes"], listed["state"]) == (32 * MiB, 64 * MiB, "ready"), listed
+    assert read_pattern(cluster, "shrinking", len(data)) == data
+    # What lay past the new end was zeroed on every element: its space is freed.
+    def freed():
+        after = {name: volume_files_bytes(e) for name, e in cluster.elements.items()}
+        return {name: (before[name] - after[name]) // MiB for name in before}
+    harness.wait_until(lambda: all(f >= 24 for f in freed().values()), 30, "the tail's space to be freed")
+    print(f"MiB freed per element by the shrink: {freed()}")
+    # Grown back within its storage volume: the old tail reads as zeroes, not as what was
+    # there before the shrink. Then grown past it.
+    grown = resize(cluster, "shrinking", "48MiB")
+    assert grown["size_bytes"] == 48 * MiB and grown["on_write_quorum"] is True, grown
+    run(["qemu-io", "-f", "raw", "-c", "read -P 0 32M 16M", cluster.uri("shrinking")])
+    resize(cluster, "shrinking", "80MiB")
+    run(["qemu-io", "-f", "raw", "-c", "read -P 0 32M 48M", "-c", "write -P 0x61 70M 1M", cluster.uri("shrinking")])
+    listed = listing(cluster)["shrinking"]
+    assert (listed["size_bytes"], listed["storage_bytes"]) == (80 * MiB, 80 * MiB), listed
+    # Shrunk again, and everything survives restarts of every process at the shrunk size.
+    shrink(cluster, "shrinking", "16MiB")
+    restart_everything(cluster)
+    assert nbd_size(cluster, "shrinking") == 16 * MiB
+    listed = listing(cluster)["shrinking"]
+    assert (listed["size_bytes"], listed["storage_bytes"]) == (16 * MiB, 80 * MiB), listed
+    assert read_pattern(cluster, "shrinking", len(data)) == data
+    resize(cluster, "shrinking", "80MiB")
+    run(["qemu-io", "-f", "raw", "-c", "read -P 0 16M 64M", cluster.uri("shrinking")])
+    assert_identical_everywhere(cluster, storage)
+
+
+def test_an_element_down_during_a_shrink_gets_the_zeroing_when_it_comes_back(cluster):
+    doc = create(cluster, "narrow", "32MiB")
+    run(["qemu-io", "-f", "raw", "-c", "write -P 0x33 0 32M", cluster.uri("narrow")])
+    cluster.kill_element("far")
+    shrink(cluster, "narrow", "8MiB")
+    cluster.restart_element("far")
+    cluster.wait_healthy()
+    # Only far is in sync with near down: it must hold the zeroing too.
+    cluster.kill_element("near")
+    resize(cluster, "narrow", "32MiB")
+    run(["qemu-io", "-f", "raw", "-c", "read -P 0x33 0 8M", "-c", "read -P 0 8M 24M", cluster.uri("narrow")])
+    cluster.restart_element("near")
+    assert_identical_everywhere(cluster, doc["storage_volume"])
+
+
+@pytest.mark.parametrize("step", ["after-intention", "after-resize", "before-completion"])
+def test_a_host_element_killed_at_each_step_of_a_shrink_finishes_it_on_restart(make_cluster, step):
+    cluster = make_cluster()
+    doc = create(cluster, "tight", "32MiB")
+    data = write_pattern(cluster, "tight", 8)
+    run(["qemu-io", "-f", "raw", "-c", "write -P 0x44 16M 16M", cluster.uri("tight")])
+    cluster.stop_host()
+    cluster.host.env = {**os.environ, "STARFISH_FAILPOINT": f"volume-resize:{step}"}
+    cluster.start_host()
+    result = shrink(cluster, "tight", "16MiB", check=False)
+    assert result.returncode != 0, "the host element aborted mid-way"
+    harness.wait_until(lambda: not cluster.host.alive(), 10, "the host element to abort")
+    cluster.host.env = None
+    cluster.start_host()
+    # The intention was logged first: the new host element serves the new size, zeroes the
+    # tail again and completes the shrink.
+    harness.wait_until(lambda: listing(cluster)["tight"]["state"] == "ready", 30, "the shrink's completion")
+    listed = listing(cluster)["tight"]
+    assert (listed["size_bytes"], listed["storage_bytes"]) == (16 * MiB, 32 * MiB), f"after a crash {step}: {listed}"
+    assert nbd_size(cluster, "tight") == 16 * MiB
+    assert read_pattern(cluster, "tight", len(data)) == data
+    resize(cluster, "tight", "32MiB")
+    run(["qemu-io", "-f", "raw", "-c", "read -P 0 16M 16M", cluster.uri("tight")])
+    assert_identical_everywhere(cluster, doc["storage_volume"])

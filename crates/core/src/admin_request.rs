@@ -28,9 +28,9 @@ pub enum AdminRequest {
     /// `POST /volumes/delete?name=NAME`: delete a volume created while running
     /// (`starfish volume delete`).
     VolumeDelete { name: String },
-    /// `POST /volumes/resize?name=NAME&size=BYTES`: grow a volume created while running
-    /// (`starfish volume resize`).
-    VolumeResize { name: String, size_bytes: u64 },
+    /// `POST /volumes/resize?name=NAME&size=BYTES[&shrink=1]`: resize a volume created while
+    /// running (`starfish volume resize [--shrink]`).
+    VolumeResize { name: String, size_bytes: u64, shrink: bool },
     /// `GET /volumes`: every volume served (`starfish volume list`).
     VolumeList,
     /// A well-formed request for something else.
@@ -107,12 +107,12 @@ pub fn classify(method: &str, target: &str) -> AdminRequest {
         ("POST", "/failover") => AdminRequest::Failover,
         ("POST", "/drain") => AdminRequest::Drain,
         ("POST", "/scrub") => scrub(query),
-        ("POST", "/volumes/create") => {
-            volume_sized(query, "/volumes/create", |name, size_bytes| AdminRequest::VolumeCreate { name, size_bytes })
-        }
-        ("POST", "/volumes/resize") => {
-            volume_sized(query, "/volumes/resize", |name, size_bytes| AdminRequest::VolumeResize { name, size_bytes })
-        }
+        ("POST", "/volumes/create") => volume_sized(query, "/volumes/create", |name, size_bytes, _| {
+            AdminRequest::VolumeCreate { name, size_bytes }
+        }),
+        ("POST", "/volumes/resize") => volume_sized(query, "/volumes/resize", |name, size_bytes, shrink| {
+            AdminRequest::VolumeResize { name, size_bytes, shrink }
+        }),
         ("POST", "/volumes/delete") => volume_delete(query),
         ("GET", "/volumes") => AdminRequest::VolumeList,
         _ => AdminRequest::NotFound,
@@ -169,9 +169,10 @@ fn volume_delete(query: &str) -> AdminRequest {
 }
 
 /// `?name=NAME&size=BYTES` of a `POST` to `path`.
-fn volume_sized(query: &str, path: &'static str, make: fn(String, u64) -> AdminRequest) -> AdminRequest {
+fn volume_sized(query: &str, path: &'static str, make: fn(String, u64, bool) -> AdminRequest) -> AdminRequest {
     let mut name = None;
     let mut size_bytes = None;
+    let mut shrink = false;
     for pair in query.split('&').filter(|p| !p.is_empty()) {
         let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
         match key {
@@ -183,17 +184,22 @@ fn volume_sized(query: &str, path: &'static str, make: fn(String, u64) -> AdminR
                 Ok(size) => size_bytes = Some(size),
                 Err(_) => return AdminRequest::Malformed("size= must be a number of bytes"),
             },
+            "shrink" if path == "/volumes/resize" => match value {
+                "1" | "true" => shrink = true,
+                "0" | "false" => shrink = false,
+                _ => return AdminRequest::Malformed("shrink= must be 1 or 0"),
+            },
             _ => {
                 return AdminRequest::Malformed(if path == "/volumes/create" {
                     "POST /volumes/create takes name= and size= only"
                 } else {
-                    "POST /volumes/resize takes name= and size= only"
+                    "POST /volumes/resize takes name=, size= and shrink= only"
                 })
             }
         }
     }
     match (name, size_bytes) {
-        (Some(name), Some(size_bytes)) => make(name, size_bytes),
+        (Some(name), Some(size_bytes)) => make(name, size_bytes, shrink),
         _ if path == "/volumes/create" => AdminRequest::Malformed("POST /volumes/create needs ?name=NAME&size=BYTES"),
         _ => AdminRequest::Malformed("POST /volumes/resize needs ?name=NAME&size=BYTES"),
     }
@@ -263,9 +269,21 @@ mod tests {
         assert!(AdminRequest::VolumeDelete { name: "v".into() }.is_order());
         assert_eq!(
             parse(b"POST /volumes/resize?name=db-1&size=2147483648 HTTP/1.1\r\n\r\n"),
-            AdminRequest::VolumeResize { name: "db-1".into(), size_bytes: 2 << 30 }
+            AdminRequest::VolumeResize { name: "db-1".into(), size_bytes: 2 << 30, shrink: false }
         );
-        assert!(AdminRequest::VolumeResize { name: "v".into(), size_bytes: 4096 }.is_order());
+        assert_eq!(
+            parse(b"POST /volumes/resize?name=db-1&size=4096&shrink=1 HTTP/1.1\r\n\r\n"),
+            AdminRequest::VolumeResize { name: "db-1".into(), size_bytes: 4096, shrink: true }
+        );
+        assert!(matches!(
+            parse(b"POST /volumes/resize?name=db-1&size=4096&shrink=yes HTTP/1.1\r\n\r\n"),
+            AdminRequest::Malformed(_)
+        ));
+        assert!(matches!(
+            parse(b"POST /volumes/create?name=db-1&size=4096&shrink=1 HTTP/1.1\r\n\r\n"),
+            AdminRequest::Malformed(_)
+        ));
+        assert!(AdminRequest::VolumeResize { name: "v".into(), size_bytes: 4096, shrink: false }.is_order());
         assert!(matches!(
             parse(b"POST /volumes/resize?name=db-1 HTTP/1.1\r\n\r\n"),
             AdminRequest::Malformed("POST /volumes/resize needs ?name=NAME&size=BYTES")

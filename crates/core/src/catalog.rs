@@ -9,14 +9,20 @@
 //! (durable on Q elements, whatever their ack policies). Its document:
 //!
 //! ```text
-//! "SFCATLG1" | u32 body length | u32 crc32c(body) | body
+//! "SFCATLG2" | u32 body length | u32 crc32c(body) | body
 //! body: u64 version | u64 next id | u32 n, n × volume | u32 m, m × intention
-//! volume:    name | u64 size_bytes | u64 id
+//! volume:    name | u64 size_bytes | u64 id | u64 storage_bytes
 //! intention: u64 id | u8 kind | kind 1, create: name | u64 size_bytes
-//!                             | kind 2, delete: name | u64 volume id | u64 size_bytes
+//!                             | kind 2, delete: name | u64 volume id | u64 size_bytes | u64 storage_bytes
 //!                             | kind 3, resize: name | u64 volume id | u64 from_bytes | u64 size_bytes
+//!                                               | u64 storage_bytes
 //! name:      u16 length | UTF-8
 //! ```
+//!
+//! `size_bytes` is the size exported over NBD; `storage_bytes` (at least as large) the size of
+//! the storage volume on the elements, which never shrinks. A document of format 1
+//! (`"SFCATLG1"`, no `storage_bytes`: nothing had shrunk) is read with `storage_bytes` equal to
+//! the size (a resize's: the larger of its two sizes).
 //!
 //! A deletion's intention leaves the volume's entry in the write that logs it; the intention
 //! stays until every configured element has removed the storage volume (an element that was
@@ -24,10 +30,17 @@
 //! completion drops it. A starting host element serves every pending deletion's volume as
 //! such a placeholder.
 //!
-//! A resize (grow) leaves the volume's entry at its old size until its completion; a starting
-//! host element serves the new size (rolled forward: the elements grow the volume when the
-//! hello names it so). Resizes are always logged: with policy `none` they are refused, since
-//! an unlogged grow lost by a crash would leave elements larger than any catalog says.
+//! A resize leaves the volume's entry at its old size until its completion. A grow past the
+//! storage size is rolled forward by a starting host element: it serves the new size (the
+//! elements grow the storage volume when the hello names it so). A shrink (`--shrink`) only
+//! shrinks the export: the storage volume keeps its size, and the blocks past the new end are
+//! zeroed through the ordered stream (freed on every element, including one that was down,
+//! which gets the zeroing by recovery) before the completion is written. A starting host
+//! element serves a pending shrink at its new size and zeroes that tail again before it
+//! completes it. So the tail of a storage volume past its export always reads as zeroes, and a
+//! later grow within the storage size only has to export more. Resizes are always logged:
+//! with policy `none` they are refused, since an unlogged grow lost by a crash would leave
+//! elements larger than any catalog says.
 //!
 //! A volume created while running is stored on the elements as `NAME#ID` (its intention's
 //! id): a later volume of the same name is another storage volume, never old data. An
@@ -58,7 +71,9 @@ pub const GROUP_WAIT_MS: u64 = 10;
 /// ... or until this many wait.
 pub const GROUP_BATCH: usize = 5;
 
-const MAGIC: &[u8; 8] = b"SFCATLG1";
+const MAGIC: &[u8; 8] = b"SFCATLG2";
+/// Format 1: no storage sizes (read, never written).
+const MAGIC_V1: &[u8; 8] = b"SFCATLG1";
 const HEADER_BYTES: usize = 16;
 const INTENT_CREATE: u8 = 1;
 const INTENT_DELETE: u8 = 2;
@@ -82,15 +97,24 @@ pub struct Catalog {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CatalogVolume {
     pub name: String,
+    /// The size exported over NBD.
     pub size_bytes: u64,
     /// The id of the intention that created it.
     pub id: u64,
+    /// The size of its storage volume on the elements: at least `size_bytes` (larger after a
+    /// shrink; the blocks past `size_bytes` read as zeroes).
+    pub storage_bytes: u64,
 }
 
 impl CatalogVolume {
+    /// A volume exported whole (its storage as large as its export).
+    pub fn new(name: String, size_bytes: u64, id: u64) -> CatalogVolume {
+        CatalogVolume { name, size_bytes, id, storage_bytes: size_bytes }
+    }
+
     /// Its storage volume on the elements.
     pub fn spec(&self) -> VolumeSpec {
-        VolumeSpec { name: storage_name(&self.name, self.id), size_bytes: self.size_bytes }
+        VolumeSpec { name: storage_name(&self.name, self.id), size_bytes: self.storage_bytes }
     }
 }
 
@@ -106,20 +130,24 @@ pub enum Intent {
         name: String,
         size_bytes: u64,
     },
-    /// Delete the volume `name` that intention `volume_id` created (of `size_bytes`, kept to
-    /// list it again if the deletion is undone before it was carried out).
+    /// Delete the volume `name` that intention `volume_id` created (of `size_bytes` exported
+    /// and `storage_bytes` stored, kept to list it again if the deletion is undone before it
+    /// was carried out).
     Delete {
         name: String,
         volume_id: u64,
         size_bytes: u64,
+        storage_bytes: u64,
     },
-    /// Grow the volume `name` that intention `volume_id` created from `from_bytes` to
-    /// `size_bytes`.
+    /// Export the volume `name` that intention `volume_id` created at `size_bytes` instead of
+    /// `from_bytes`, its storage volume then being `storage_bytes` (grown if `size_bytes` is
+    /// beyond it, else as it was).
     Resize {
         name: String,
         volume_id: u64,
         from_bytes: u64,
         size_bytes: u64,
+        storage_bytes: u64,
     },
 }
 
@@ -128,12 +156,14 @@ impl Intention {
     /// new size).
     pub fn volume(&self) -> CatalogVolume {
         match &self.op {
-            Intent::Create { name, size_bytes } => {
-                CatalogVolume { name: name.clone(), size_bytes: *size_bytes, id: self.id }
-            }
-            Intent::Delete { name, volume_id, size_bytes } | Intent::Resize { name, volume_id, size_bytes, .. } => {
-                CatalogVolume { name: name.clone(), size_bytes: *size_bytes, id: *volume_id }
-            }
+            Intent::Create { name, size_bytes } => CatalogVolume::new(name.clone(), *size_bytes, self.id),
+            Intent::Delete { name, volume_id, size_bytes, storage_bytes }
+            | Intent::Resize { name, volume_id, size_bytes, storage_bytes, .. } => CatalogVolume {
+                name: name.clone(),
+                size_bytes: *size_bytes,
+                id: *volume_id,
+                storage_bytes: *storage_bytes,
+            },
         }
     }
 
@@ -147,6 +177,12 @@ impl Intention {
 
     pub fn is_resize(&self) -> bool {
         matches!(self.op, Intent::Resize { .. })
+    }
+
+    /// A resize to a smaller export: it is completed only once the blocks past the new end
+    /// are zeroed (see the module's documentation).
+    pub fn is_shrink(&self) -> bool {
+        matches!(self.op, Intent::Resize { from_bytes, size_bytes, .. } if size_bytes < from_bytes)
     }
 
     /// The id of the volume it is about (a creation's own).
@@ -190,6 +226,24 @@ pub fn check_name(name: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// Whether volume `name` of `current` bytes may be resized to `size_bytes`, shrinking only if
+/// asked to (`shrink`: `starfish volume resize --shrink`).
+pub fn check_resize(name: &str, current: u64, size_bytes: u64, shrink: bool) -> Result<(), String> {
+    if size_bytes == current {
+        return Err(format!("volume {name} has {current} bytes already"));
+    }
+    if size_bytes < current && !shrink {
+        return Err(format!(
+            "volume {name} has {current} bytes: {size_bytes} would shrink it, and what is stored past that end \
+             would be lost; pass --shrink to mean it"
+        ));
+    }
+    if size_bytes > current && shrink {
+        return Err(format!("--shrink asks for fewer bytes than volume {name} has ({current}), not {size_bytes}"));
+    }
+    Ok(())
+}
+
 /// Whether `size_bytes` may be the size of a new volume.
 pub fn check_size(size_bytes: u64) -> Result<(), String> {
     if size_bytes == 0 || !size_bytes.is_multiple_of(BLOCK_BYTES) {
@@ -216,18 +270,33 @@ impl Catalog {
 
     /// The volumes a starting host element serves: those created, and those of the
     /// intentions it finds (rolled forward: creations, and resizes at their new sizes), in id
-    /// order. Pairs of (export name, storage).
-    pub fn volumes_to_serve(&self) -> Vec<(String, VolumeSpec)> {
+    /// order.
+    pub fn volumes_served(&self) -> Vec<CatalogVolume> {
         let mut all: Vec<CatalogVolume> = self.volumes.clone();
         for resize in self.intentions.iter().filter(|i| i.is_resize()) {
-            let grown = resize.volume();
-            for v in all.iter_mut().filter(|v| v.id == grown.id) {
-                v.size_bytes = v.size_bytes.max(grown.size_bytes);
+            let resized = resize.volume();
+            for v in all.iter_mut().filter(|v| v.id == resized.id) {
+                *v = resized.clone();
             }
         }
         all.extend(self.intentions.iter().filter(|i| i.is_create()).map(Intention::volume));
         all.sort_by_key(|v| v.id);
-        all.into_iter().map(|v| (v.name.clone(), v.spec())).collect()
+        all
+    }
+
+    /// [`Catalog::volumes_served`] as pairs of (export name, storage).
+    pub fn volumes_to_serve(&self) -> Vec<(String, VolumeSpec)> {
+        self.volumes_served().into_iter().map(|v| (v.name.clone(), v.spec())).collect()
+    }
+
+    /// The served volumes exported smaller than their storage volumes (shrunk): pairs of
+    /// (storage name, exported size).
+    pub fn exports_shrunk(&self) -> Vec<(String, u64)> {
+        self.volumes_served()
+            .into_iter()
+            .filter(|v| v.size_bytes < v.storage_bytes)
+            .map(|v| (v.spec().name, v.size_bytes))
+            .collect()
     }
 
     /// What a starting host element starts over with (`HostCore::restart_with_volumes`), in
@@ -245,12 +314,12 @@ impl Catalog {
         all.into_iter().map(|(_, name, spec)| (name, spec)).collect()
     }
 
-    /// Finish every creation and resize as a starting host element does (its sessions carry
+    /// Finish every creation and grow as a starting host element does (its sessions carry
     /// them out by naming the volumes, at their sizes, in their hellos); deletions stay until
-    /// every element confirmed.
+    /// every element confirmed, shrinks until their tails are zeroed again.
     pub fn roll_forward(&mut self) -> usize {
         let (done, pending): (Vec<Intention>, Vec<Intention>) =
-            std::mem::take(&mut self.intentions).into_iter().partition(|i| !i.is_delete());
+            std::mem::take(&mut self.intentions).into_iter().partition(|i| !i.is_delete() && !i.is_shrink());
         self.intentions = pending;
         let n = done.len();
         for i in &done {
@@ -261,16 +330,17 @@ impl Catalog {
 
     /// What intention `i`, carried out (`done`) or undone, leaves listed: a creation carried
     /// out lists its volume, a deletion undone lists it again, a resize carried out lists it
-    /// at its new size.
+    /// at its new sizes.
     fn list_outcome(&mut self, i: &Intention, done: bool) {
         match &i.op {
             Intent::Create { .. } | Intent::Delete { .. } if done == i.is_create() => {
                 self.volumes.push(i.volume());
                 self.volumes.sort_by_key(|v| v.id);
             }
-            Intent::Resize { volume_id, size_bytes, .. } if done => {
+            Intent::Resize { volume_id, size_bytes, storage_bytes, .. } if done => {
                 for v in self.volumes.iter_mut().filter(|v| v.id == *volume_id) {
-                    v.size_bytes = v.size_bytes.max(*size_bytes);
+                    v.size_bytes = *size_bytes;
+                    v.storage_bytes = v.storage_bytes.max(*storage_bytes);
                 }
             }
             _ => {}
@@ -287,6 +357,7 @@ impl Catalog {
             put_name(&mut body, &v.name);
             body.extend_from_slice(&v.size_bytes.to_le_bytes());
             body.extend_from_slice(&v.id.to_le_bytes());
+            body.extend_from_slice(&v.storage_bytes.to_le_bytes());
         }
         body.extend_from_slice(&(self.intentions.len() as u32).to_le_bytes());
         for i in &self.intentions {
@@ -297,18 +368,20 @@ impl Catalog {
                     put_name(&mut body, name);
                     body.extend_from_slice(&size_bytes.to_le_bytes());
                 }
-                Intent::Delete { name, volume_id, size_bytes } => {
+                Intent::Delete { name, volume_id, size_bytes, storage_bytes } => {
                     body.push(INTENT_DELETE);
                     put_name(&mut body, name);
                     body.extend_from_slice(&volume_id.to_le_bytes());
                     body.extend_from_slice(&size_bytes.to_le_bytes());
+                    body.extend_from_slice(&storage_bytes.to_le_bytes());
                 }
-                Intent::Resize { name, volume_id, from_bytes, size_bytes } => {
+                Intent::Resize { name, volume_id, from_bytes, size_bytes, storage_bytes } => {
                     body.push(INTENT_RESIZE);
                     put_name(&mut body, name);
                     body.extend_from_slice(&volume_id.to_le_bytes());
                     body.extend_from_slice(&from_bytes.to_le_bytes());
                     body.extend_from_slice(&size_bytes.to_le_bytes());
+                    body.extend_from_slice(&storage_bytes.to_le_bytes());
                 }
             }
         }
@@ -332,7 +405,7 @@ impl Catalog {
         if first.iter().all(|&b| b == 0) {
             return Ok(None);
         }
-        if &first[..8] != MAGIC {
+        if &first[..8] != MAGIC && &first[..8] != MAGIC_V1 {
             return Err("the catalog volume does not start with a catalog (bad magic)".into());
         }
         let body = u32::from_le_bytes(first[8..12].try_into().expect("4 bytes")) as u64;
@@ -355,7 +428,10 @@ impl Catalog {
         if crc32c::crc32c(body) != crc {
             return Err("the catalog document fails its checksum".into());
         }
+        let v1 = &bytes[..8] == MAGIC_V1;
         let mut r = Reader { rest: body };
+        // Format 1 has no storage sizes: each is the size (nothing had shrunk).
+        let storage = |r: &mut Reader, size: u64| if v1 { Ok(size) } else { r.u64() };
         let version = r.u64()?;
         let next_id = r.u64()?;
         let n = r.count()?;
@@ -364,7 +440,8 @@ impl Catalog {
             let name = r.name()?;
             let size_bytes = r.u64()?;
             let id = r.u64()?;
-            volumes.push(CatalogVolume { name, size_bytes, id });
+            let storage_bytes = storage(&mut r, size_bytes)?;
+            volumes.push(CatalogVolume { name, size_bytes, id, storage_bytes });
         }
         let m = r.count()?;
         let mut intentions = Vec::with_capacity(m);
@@ -380,14 +457,16 @@ impl Catalog {
                     let name = r.name()?;
                     let volume_id = r.u64()?;
                     let size_bytes = r.u64()?;
-                    Intent::Delete { name, volume_id, size_bytes }
+                    let storage_bytes = storage(&mut r, size_bytes)?;
+                    Intent::Delete { name, volume_id, size_bytes, storage_bytes }
                 }
                 INTENT_RESIZE => {
                     let name = r.name()?;
                     let volume_id = r.u64()?;
                     let from_bytes = r.u64()?;
                     let size_bytes = r.u64()?;
-                    Intent::Resize { name, volume_id, from_bytes, size_bytes }
+                    let storage_bytes = storage(&mut r, from_bytes.max(size_bytes))?;
+                    Intent::Resize { name, volume_id, from_bytes, size_bytes, storage_bytes }
                 }
                 kind => return Err(format!("the catalog holds an intention of unknown kind {kind}")),
             };
@@ -411,9 +490,13 @@ impl Catalog {
             match &i.op {
                 Intent::Create { name, .. } => names.push((name.as_str(), i.id)),
                 Intent::Delete { volume_id, .. } => ids.push(*volume_id),
-                Intent::Resize { name, volume_id, from_bytes, size_bytes } => {
-                    let listed = self.volumes.iter().any(|v| v.id == *volume_id && &v.name == name);
-                    if !listed || from_bytes >= size_bytes {
+                Intent::Resize { name, volume_id, from_bytes, size_bytes, storage_bytes } => {
+                    let listed = self.volumes.iter().find(|v| v.id == *volume_id && &v.name == name);
+                    let possible = listed
+                        .is_some_and(|v| v.size_bytes == *from_bytes && v.storage_bytes <= *storage_bytes)
+                        && from_bytes != size_bytes
+                        && *storage_bytes == listed.map_or(0, |v| v.storage_bytes).max(*size_bytes);
+                    if !possible {
                         return Err(format!("the catalog holds a resize of {name} (id {volume_id}) that cannot be"));
                     }
                     let others = self.intentions.iter().filter(|j| j.id != i.id && j.volume_id() == *volume_id);
@@ -431,6 +514,10 @@ impl Catalog {
         for v in self.volumes.iter().cloned().chain(self.intentions.iter().map(Intention::volume)) {
             check_name(&v.name)?;
             check_size(v.size_bytes)?;
+            check_size(v.storage_bytes)?;
+            if v.storage_bytes < v.size_bytes {
+                return Err(format!("the catalog stores volume {} in fewer bytes than it exports", v.name));
+            }
         }
         for (k, (name, id)) in names.iter().enumerate() {
             if names[..k].iter().any(|(n, i)| n == name || i == id) {
@@ -582,7 +669,12 @@ impl IntentionLog {
         if count >= CATALOG_VOLUMES_MAX {
             return Err(format!("{CATALOG_VOLUMES_MAX} volume operations are pending"));
         }
-        let op = Intent::Delete { name: name.to_string(), volume_id: volume.id, size_bytes: volume.size_bytes };
+        let op = Intent::Delete {
+            name: name.to_string(),
+            volume_id: volume.id,
+            size_bytes: volume.size_bytes,
+            storage_bytes: volume.storage_bytes,
+        };
         let intention = Intention { id: self.catalog.next_id, op };
         self.catalog.next_id += 1;
         self.waiting.push_back((intention.clone(), now));
@@ -635,23 +727,24 @@ impl IntentionLog {
         Ok(volume)
     }
 
-    /// Ask to grow volume `name` (one created while running) to `size_bytes`: its intention,
-    /// once logged. Refused with policy `none` (see the module's documentation), for a size
-    /// that is not larger, and while another operation on the volume is pending.
-    pub fn intend_resize(&mut self, now: Time, name: &str, size_bytes: u64) -> Result<Intention, String> {
+    /// Ask to resize volume `name` (one created while running) to `size_bytes`: its
+    /// intention, once logged. A smaller size needs `shrink` (and a larger one must not have
+    /// it). Refused with policy `none` (see the module's documentation), for the size it has,
+    /// and while another operation on the volume is pending.
+    pub fn intend_resize(&mut self, now: Time, name: &str, size_bytes: u64, shrink: bool) -> Result<Intention, String> {
         if self.policy == LogPolicy::None {
             return Err("a resize must be logged: start the host element with --intention-log group or single".into());
         }
         check_size(size_bytes)?;
         let volume = self.listed_volume(name, "resize")?;
-        if size_bytes <= volume.size_bytes {
-            return Err(format!(
-                "volume {name} has {} bytes: a resize grows it (a volume does not shrink), not to {size_bytes}",
-                volume.size_bytes
-            ));
-        }
-        let op =
-            Intent::Resize { name: name.to_string(), volume_id: volume.id, from_bytes: volume.size_bytes, size_bytes };
+        check_resize(name, volume.size_bytes, size_bytes, shrink)?;
+        let op = Intent::Resize {
+            name: name.to_string(),
+            volume_id: volume.id,
+            from_bytes: volume.size_bytes,
+            size_bytes,
+            storage_bytes: volume.storage_bytes.max(size_bytes),
+        };
         let intention = Intention { id: self.catalog.next_id, op };
         self.catalog.next_id += 1;
         self.waiting.push_back((intention.clone(), now));

@@ -1549,14 +1549,25 @@ impl HostCore {
         Ok(ids)
     }
 
-    /// Grow a volume while running (`starfish volume resize`), named by its storage volume: it
-    /// is exported at `size_bytes` at once (to NBD clients that connect from now on; the new
-    /// blocks read as zeroes), and every element with a session is told (`ResizeVolumes`, in
-    /// its stream: before any write into the new blocks); the others grow it when their next
-    /// hello names the new size. `Event::VolumeResized` says when Q elements that count hold
-    /// it. Refused while starting or read-only, for a volume of a consistency group, for a
-    /// size that is not larger, and while another resize of the volume is under way.
-    pub fn resize_volume(&mut self, now: Time, name: &str, size_bytes: u64) -> Result<VolumeId, String> {
+    /// Resize a volume while running (`starfish volume resize`), named by its storage volume:
+    /// it is exported at `size_bytes` at once (to NBD clients that connect from now on), and
+    /// its storage volume becomes `storage_bytes`, never less than it was nor than the export.
+    /// A storage volume that grows: every element with a session is told (`ResizeVolumes`, in
+    /// its stream: before any write into the new blocks), the others grow it when their next
+    /// hello names the new size, and `Event::VolumeResized` says when Q elements that count
+    /// hold it (the new blocks read as zeroes). Otherwise nothing changes on the elements and
+    /// `Event::VolumeResized` comes at once: a shrink, whose blocks past the new end the
+    /// caller zeroes through the ordered stream, or a grow back within the storage volume,
+    /// whose blocks such a zeroing left as zeroes. Refused while starting or read-only, for a
+    /// volume of a consistency group, for sizes that do not fit, and while another resize of
+    /// the volume is under way.
+    pub fn resize_volume(
+        &mut self,
+        now: Time,
+        name: &str,
+        storage_bytes: u64,
+        size_bytes: u64,
+    ) -> Result<VolumeId, String> {
         if let Some(reason) = self.volume_change_refusal() {
             return Err(reason);
         }
@@ -1567,17 +1578,19 @@ impl HostCore {
             return Err(format!("volume {name} belongs to a consistency group"));
         }
         let current = self.config.volumes[i].size_bytes;
-        if size_bytes <= current {
+        if storage_bytes < current || size_bytes > storage_bytes {
             return Err(format!(
-                "volume {name} has {current} bytes: a resize grows it (a volume does not shrink), not to {size_bytes}"
+                "storage volume {name} has {current} bytes: it never shrinks, and cannot export {size_bytes} bytes in {storage_bytes}"
             ));
         }
-        if !size_bytes.is_multiple_of(proto::BLOCK_BYTES) || size_bytes > crate::catalog::VOLUME_BYTES_MAX {
-            return Err(format!(
-                "size {size_bytes} is not a multiple of {} bytes up to {}",
-                proto::BLOCK_BYTES,
-                crate::catalog::VOLUME_BYTES_MAX
-            ));
+        for bytes in [size_bytes, storage_bytes] {
+            if bytes == 0 || !bytes.is_multiple_of(proto::BLOCK_BYTES) || bytes > crate::catalog::VOLUME_BYTES_MAX {
+                return Err(format!(
+                    "size {bytes} is not a positive multiple of {} bytes up to {}",
+                    proto::BLOCK_BYTES,
+                    crate::catalog::VOLUME_BYTES_MAX
+                ));
+            }
         }
         if self.volumes[i].resizing.is_some() {
             return Err(format!("volume {name} is being resized; wait for that to be answered"));
@@ -1585,13 +1598,17 @@ impl HostCore {
         if self.config.exports.is_empty() {
             self.config.exports = crate::groups::ungrouped(&self.config.volumes);
         }
-        self.config.volumes[i].size_bytes = size_bytes;
         for e in self.config.exports.iter_mut().filter(|e| e.volume == i) {
             e.size_bytes = size_bytes;
         }
-        self.volumes[i].spec.size_bytes = size_bytes;
-        self.volumes[i].resizing = Some(ElementSet::default());
         let volume = VolumeId(i as u32);
+        if storage_bytes == current {
+            self.emit(Action::Event(Event::VolumeResized { volume, size_bytes }));
+            return Ok(volume);
+        }
+        self.config.volumes[i].size_bytes = storage_bytes;
+        self.volumes[i].spec.size_bytes = storage_bytes;
+        self.volumes[i].resizing = Some(ElementSet::default());
         let mut to = ElementSet::default();
         for (k, e) in self.elements.iter_mut().enumerate() {
             if e.session {
@@ -1600,7 +1617,7 @@ impl HostCore {
             }
         }
         if !to.is_empty() {
-            let message = HostMessage::ResizeVolumes { volumes: vec![(volume, size_bytes)] };
+            let message = HostMessage::ResizeVolumes { volumes: vec![(volume, storage_bytes)] };
             self.emit(Action::Send { to, message });
         }
         self.after_membership_change(now);
@@ -1753,13 +1770,29 @@ impl HostCore {
     /// volumes only until the catalog is read again.
     /// A spec of size 0 names a storage volume removed while an earlier host element ran that
     /// some element may still hold: it is served as a placeholder (see `remove_volumes`).
-    pub fn restart_with_volumes(&mut self, now: Time, added: Vec<(String, VolumeSpec)>) -> Result<(), String> {
+    /// `shrunk` names storage volumes (of `added`) exported smaller than they are (see
+    /// `resize_volume`), with their exported sizes.
+    pub fn restart_with_volumes(
+        &mut self,
+        now: Time,
+        added: Vec<(String, VolumeSpec)>,
+        shrunk: &[(String, u64)],
+    ) -> Result<(), String> {
         let mut config = self.config.clone();
+        let first = config.volumes.len();
         for (name, spec) in added {
             if spec.size_bytes == 0 {
                 config.add_placeholder(spec.name);
             } else {
                 config.add_whole_volume(name, spec);
+            }
+        }
+        for (storage, size_bytes) in shrunk {
+            let Some(i) = config.volumes.iter().skip(first).position(|v| &v.name == storage) else {
+                return Err(format!("storage volume {storage}, exported shrunk, is not among the added volumes"));
+            };
+            for e in config.exports.iter_mut().filter(|e| e.volume == first + i) {
+                e.size_bytes = *size_bytes;
             }
         }
         config.validate()?;

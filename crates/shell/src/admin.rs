@@ -274,12 +274,14 @@ async fn answer(
         AdminRequest::Scrub { volume, rate_bytes_per_s } => order(host.scrub(&volume, rate_bytes_per_s).await),
         AdminRequest::VolumeCreate { name, size_bytes } => order(host.volume_create(&name, size_bytes).await),
         AdminRequest::VolumeDelete { name } => order(host.volume_delete(&name).await),
-        AdminRequest::VolumeResize { name, size_bytes } => order(host.volume_resize(&name, size_bytes).await),
+        AdminRequest::VolumeResize { name, size_bytes, shrink } => {
+            order(host.volume_resize(&name, size_bytes, shrink).await)
+        }
         AdminRequest::VolumeList => order(host.volume_list().await),
         AdminRequest::NotFound => reply(
             StatusCode::NOT_FOUND,
             "text/plain",
-            "try GET / (the status page), GET /status, GET /metrics, GET /volumes, POST /failover, POST /drain, POST /scrub?volume=NAME, POST /volumes/create?name=NAME&size=BYTES, POST /volumes/resize?name=NAME&size=BYTES or POST /volumes/delete?name=NAME\n".into(),
+            "try GET / (the status page), GET /status, GET /metrics, GET /volumes, POST /failover, POST /drain, POST /scrub?volume=NAME, POST /volumes/create?name=NAME&size=BYTES, POST /volumes/resize?name=NAME&size=BYTES[&shrink=1] or POST /volumes/delete?name=NAME\n".into(),
         ),
         AdminRequest::Malformed(why) => reply(StatusCode::BAD_REQUEST, "text/plain", format!("{why}\n")),
     }

@@ -120,6 +120,8 @@ enum Input {
     /// Start over serving these volumes too (`HostCore::restart_with_volumes`).
     RestartWithVolumes {
         added: Vec<(String, proto::VolumeSpec)>,
+        /// Storage volumes exported smaller than they are, with their exported sizes.
+        shrunk: Vec<(String, u64)>,
         reply: oneshot::Sender<Result<(), String>>,
     },
     /// Remove volumes while running (`HostCore::remove_volumes`).
@@ -127,9 +129,10 @@ enum Input {
         names: Vec<String>,
         reply: oneshot::Sender<Result<Vec<proto::VolumeId>, String>>,
     },
-    /// Grow a volume while running (`HostCore::resize_volume`).
+    /// Resize a volume while running (`HostCore::resize_volume`).
     ResizeVolume {
         name: String,
+        storage_bytes: u64,
         size_bytes: u64,
         reply: oneshot::Sender<Result<proto::VolumeId, String>>,
     },
@@ -273,9 +276,13 @@ impl HostHandle {
         }
     }
 
-    pub(crate) async fn restart_with_volumes(&self, added: Vec<(String, proto::VolumeSpec)>) -> Result<(), String> {
+    pub(crate) async fn restart_with_volumes(
+        &self,
+        added: Vec<(String, proto::VolumeSpec)>,
+        shrunk: Vec<(String, u64)>,
+    ) -> Result<(), String> {
         let (reply, rx) = oneshot::channel();
-        self.send(Input::RestartWithVolumes { added, reply }).map_err(|_| "host element stopping")?;
+        self.send(Input::RestartWithVolumes { added, shrunk, reply }).map_err(|_| "host element stopping")?;
         rx.await.map_err(|_| "host element stopping")?
     }
 
@@ -286,10 +293,16 @@ impl HostHandle {
         rx.await.map_err(|_| "host element stopping")?
     }
 
-    /// Grow a volume (storage name) while running (see `HostCore::resize_volume`).
-    pub(crate) async fn resize_volume(&self, name: String, size_bytes: u64) -> Result<proto::VolumeId, String> {
+    /// Resize a volume (storage name) while running (see `HostCore::resize_volume`).
+    pub(crate) async fn resize_volume(
+        &self,
+        name: String,
+        storage_bytes: u64,
+        size_bytes: u64,
+    ) -> Result<proto::VolumeId, String> {
         let (reply, rx) = oneshot::channel();
-        self.send(Input::ResizeVolume { name, size_bytes, reply }).map_err(|_| "host element stopping")?;
+        let input = Input::ResizeVolume { name, storage_bytes, size_bytes, reply };
+        self.send(input).map_err(|_| "host element stopping")?;
         rx.await.map_err(|_| "host element stopping")?
     }
 
@@ -630,8 +643,8 @@ fn handle_input(
             waiting.insert(token, reply);
             core.check_volumes(t, token, specs);
         }
-        Input::RestartWithVolumes { added, reply } => {
-            let result = core.restart_with_volumes(t, added);
+        Input::RestartWithVolumes { added, shrunk, reply } => {
+            let result = core.restart_with_volumes(t, added, &shrunk);
             *exports.write().expect("exports lock") = core.config().exported();
             let _ = reply.send(result);
         }
@@ -640,8 +653,8 @@ fn handle_input(
             *exports.write().expect("exports lock") = core.config().exported();
             let _ = reply.send(result);
         }
-        Input::ResizeVolume { name, size_bytes, reply } => {
-            let result = core.resize_volume(t, &name, size_bytes);
+        Input::ResizeVolume { name, storage_bytes, size_bytes, reply } => {
+            let result = core.resize_volume(t, &name, storage_bytes, size_bytes);
             *exports.write().expect("exports lock") = core.config().exported();
             let _ = reply.send(result);
         }
@@ -989,23 +1002,24 @@ impl HostBackend {
         })
     }
 
-    /// The storage volume of `export` and its offset there.
-    fn locate(&self, export: &str) -> Option<(u32, u64)> {
-        let exports = self.exports.read().expect("exports lock");
-        exports.iter().find(|e| e.name == export).map(|e| (e.volume as u32, e.offset_bytes))
-    }
-
-    /// Hand `request` (offsets already in the storage volume) to the core. The NBD layer has
-    /// checked that it lies inside the export.
-    fn call_in(&self, volume: u32, request: Request) -> Option<oneshot::Receiver<Reply>> {
-        let (reply, rx) = oneshot::channel();
-        self.inputs.send(Input::Host { volume, request, reply }).ok()?;
-        Some(rx)
-    }
-
-    /// `request` with offsets in `export`, moved to its storage volume.
+    /// Hand `request`, with offsets in `export`, to the core: `None` if the export is gone or
+    /// the range lies past its end as it is now (the NBD layer checked it against the size
+    /// the client was told at its handshake; the export may have shrunk since). The exports
+    /// stay locked until the request is queued, so that it reaches the core before a resize
+    /// that shrinks the export does (and before the zeroing of what lies past the new end).
     fn call(&self, export: &str, request: Request) -> Option<oneshot::Receiver<Reply>> {
-        let (volume, base) = self.locate(export)?;
+        let exports = self.exports.read().expect("exports lock");
+        let e = exports.iter().find(|e| e.name == export)?;
+        let (offset_bytes, length_bytes) = match &request {
+            Request::Read { offset_bytes, length_bytes } => (*offset_bytes, *length_bytes as u64),
+            Request::BlockStatus { offset_bytes, length_bytes } => (*offset_bytes, *length_bytes),
+            Request::Write(op) => (op.offset_bytes(), op.length_bytes()),
+            Request::Flush => (0, 0),
+        };
+        if offset_bytes.checked_add(length_bytes).is_none_or(|end| end > e.size_bytes) {
+            return None;
+        }
+        let (volume, base) = (e.volume as u32, e.offset_bytes);
         let request = match request {
             Request::Read { offset_bytes, length_bytes } => {
                 Request::Read { offset_bytes: base + offset_bytes, length_bytes }
@@ -1025,7 +1039,10 @@ impl HostBackend {
             }
             Request::Flush => Request::Flush,
         };
-        self.call_in(volume, request)
+        let (reply, rx) = oneshot::channel();
+        self.inputs.send(Input::Host { volume, request, reply }).ok()?;
+        drop(exports);
+        Some(rx)
     }
 }
 
@@ -1090,8 +1107,7 @@ impl Backend for HostBackend {
         // it to every element's disk, and reads are checked against them. Pieces are cut at
         // block boundaries of the storage volume (a group member starts on one).
         let bytes = data.len() as u64;
-        let Some((volume, base)) = self.locate(export) else { return self.timed(export, "write", bytes, done(None)) };
-        let future = done(self.call_in(volume, Request::Write(Op::write(base + offset_bytes, data))));
+        let future = done(self.call(export, Request::Write(Op::write(offset_bytes, data))));
         self.timed(export, "write", bytes, future)
     }
 

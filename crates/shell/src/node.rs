@@ -310,16 +310,16 @@ impl Node {
         doc
     }
 
-    /// Grow a volume created while running (`starfish volume resize`), through the catalog's
-    /// intention log.
-    pub async fn volume_resize(&self, name: &str, size_bytes: u64) -> Result<Value, String> {
+    /// Resize a volume created while running (`starfish volume resize [--shrink]`), through the
+    /// catalog's intention log.
+    pub async fn volume_resize(&self, name: &str, size_bytes: u64, shrink: bool) -> Result<Value, String> {
         let handle = self.active.lock().await.as_ref().map(|a| a.handle.clone());
         let Some(handle) = handle else {
             return Err("this host element is a standby: resize volumes through the active one".into());
         };
         let name = name.to_string();
         let doc = handle
-            .volume_order(|reply| crate::volumes::VolumeOrder::Resize { name: name.clone(), size_bytes, reply })
+            .volume_order(|reply| crate::volumes::VolumeOrder::Resize { name: name.clone(), size_bytes, shrink, reply })
             .await;
         match &doc {
             Ok(_) => tracing::info!(volume = %name, size_bytes, "volume resized (starfish volume resize)"),

@@ -45,11 +45,19 @@ const CREATE_WAIT: Duration = Duration::from_secs(30);
 const RETRY_WAIT: Duration = Duration::from_millis(200);
 /// How often start-up looks whether the core serves yet.
 const POLL: Duration = Duration::from_millis(20);
+/// How long a deletion or a shrink waits for the NBD connections to its volume to end before
+/// it is refused as in use (a client that just disconnected is counted out a moment later).
+const CLOSING_WAIT: Duration = Duration::from_secs(1);
+/// A shrink zeroes the blocks past the new end in writes of at most this many bytes.
+const ZERO_CHUNK_BYTES: u64 = 1 << 30;
+/// How long a shrink's zeroing waits before it tries again a write that failed (the volume
+/// lost its write quorum).
+const ZERO_RETRY_WAIT: Duration = Duration::from_secs(1);
 
 pub(crate) enum VolumeOrder {
     Create { name: String, size_bytes: u64, reply: oneshot::Sender<Result<Value, String>> },
     Delete { name: String, reply: oneshot::Sender<Result<Value, String>> },
-    Resize { name: String, size_bytes: u64, reply: oneshot::Sender<Result<Value, String>> },
+    Resize { name: String, size_bytes: u64, shrink: bool, reply: oneshot::Sender<Result<Value, String>> },
     List { reply: oneshot::Sender<Result<Value, String>> },
 }
 
@@ -74,8 +82,10 @@ struct Resizing {
     name: String,
     storage: String,
     size_bytes: u64,
+    /// A shrink: the blocks past the new end are being zeroed once `volume` is set.
+    shrink: bool,
     reply: Option<oneshot::Sender<Result<Value, String>>>,
-    /// Its storage volume in the core, once grown there.
+    /// Its storage volume in the core, once resized there.
     volume: Option<VolumeId>,
     asked: Instant,
 }
@@ -111,11 +121,15 @@ struct Catalogue {
     /// is durable (until then a starting host element might still carry them out).
     undoing: BTreeMap<u64, Undoing>,
     checked: mpsc::UnboundedSender<Checked>,
+    /// A shrink's zeroing is done (its intention's id) or could not go on (the host element
+    /// is stopping, or this pass ended).
+    zeroed: mpsc::UnboundedSender<(u64, Result<(), String>)>,
 }
 
 /// A creation's (or a resize's) prepare, answered.
 struct Checked {
     resize: bool,
+    shrink: bool,
     name: String,
     size_bytes: u64,
     reply: oneshot::Sender<Result<Value, String>>,
@@ -152,6 +166,7 @@ async fn serve(
     // Channels of this pass: what an earlier pass's tasks answer late goes nowhere.
     let (writes, mut written) = mpsc::unbounded_channel();
     let (checked, mut checked_rx) = mpsc::unbounded_channel();
+    let (zeroed, mut zeroed_rx) = mpsc::unbounded_channel();
     let volume = wait_serving(&handle).await?;
     let (catalog, broken) = match read_catalog(&handle, volume).await {
         Ok(catalog) => (catalog, None),
@@ -177,6 +192,7 @@ async fn serve(
         retry_at: None,
         undoing: BTreeMap::new(),
         checked,
+        zeroed,
     };
     if c.broken.is_none() {
         c.start(catalog).await;
@@ -206,7 +222,9 @@ async fn serve(
             order = orders.recv() => match order {
                 Some(VolumeOrder::Create { name, size_bytes, reply }) => c.create(name, size_bytes, reply),
                 Some(VolumeOrder::Delete { name, reply }) => c.delete(name, reply).await,
-                Some(VolumeOrder::Resize { name, size_bytes, reply }) => c.resize(name, size_bytes, reply).await,
+                Some(VolumeOrder::Resize { name, size_bytes, shrink, reply }) => {
+                    c.resize(name, size_bytes, shrink, reply).await
+                }
                 Some(VolumeOrder::List { reply }) => {
                     let _ = reply.send(Ok(c.list()));
                 }
@@ -227,6 +245,7 @@ async fn serve(
             },
             Some(result) = written.recv() => c.on_written(result).await,
             Some(checked) = checked_rx.recv() => c.on_checked(checked).await,
+            Some((id, result)) = zeroed_rx.recv() => c.on_zeroed(id, result),
             _ = sleep => c.answer_slow(),
         }
     }
@@ -301,6 +320,19 @@ impl Catalogue {
         Time(self.origin.elapsed().as_micros() as u64)
     }
 
+    /// NBD connections to `export`, after waiting up to [`CLOSING_WAIT`] for them to end: a
+    /// client that just disconnected may not be counted out yet.
+    async fn clients_of(&self, export: &str) -> usize {
+        let until = Instant::now() + CLOSING_WAIT;
+        loop {
+            let clients = self.handle.clients_of(export);
+            if clients == 0 || Instant::now() >= until {
+                return clients;
+            }
+            tokio::time::sleep(POLL).await;
+        }
+    }
+
     /// Serve the catalog's volumes (starting the core over with them, once) and finish the
     /// intentions it holds.
     async fn start(&mut self, catalog: Catalog) {
@@ -313,7 +345,7 @@ impl Catalogue {
             if !removed.is_empty() {
                 tracing::info!(volumes = %removed.join(", "), "finishing deletions: every element is told to remove these");
             }
-            if let Err(reason) = self.handle.restart_with_volumes(restart).await {
+            if let Err(reason) = self.handle.restart_with_volumes(restart, catalog.exports_shrunk()).await {
                 tracing::error!("cannot serve the volumes of the catalog: {reason}");
                 self.broken = Some(reason);
                 return;
@@ -329,6 +361,34 @@ impl Catalogue {
             if intention.is_create() {
                 tracing::info!(id = intention.id, "finishing the creation of {} (rolled forward)", volume.name);
                 self.log.finish(now, intention.id, true);
+                continue;
+            }
+            if intention.is_shrink() {
+                // Served at the new size from the start; what lies past it is zeroed again
+                // (what the crashed host element wrote of it may be anywhere), then completed.
+                let storage = volume.spec().name;
+                let at = status.as_ref().and_then(|s| s.volumes.iter().position(|v| v.name == storage));
+                let Some(at) = at else {
+                    tracing::error!(storage = %storage, "a pending shrink names a volume that is not served; left pending");
+                    continue;
+                };
+                tracing::info!(
+                    id = intention.id,
+                    size_bytes = volume.size_bytes,
+                    "finishing the shrink of {} (rolled forward): zeroing what lies past its new end",
+                    volume.name
+                );
+                let resizing = Resizing {
+                    name: volume.name.clone(),
+                    storage,
+                    size_bytes: volume.size_bytes,
+                    shrink: true,
+                    reply: None,
+                    volume: Some(VolumeId(at as u32)),
+                    asked: Instant::now(),
+                };
+                self.resizing.insert(intention.id, resizing);
+                self.zero_tail(intention.id, at as u32, volume.size_bytes, volume.storage_bytes);
                 continue;
             }
             if intention.is_resize() {
@@ -390,7 +450,7 @@ impl Catalogue {
             let _ = reply.send(Err(reason.to_string()));
             return;
         }
-        let clients = self.handle.clients_of(&name);
+        let clients = self.clients_of(&name).await;
         if clients > 0 {
             let _ = reply
                 .send(Err(format!("volume {name} is in use by {clients} NBD connection(s); disconnect them first")));
@@ -419,9 +479,15 @@ impl Catalogue {
         }
     }
 
-    /// `starfish volume resize` (grow): checks, then the prepare (every live element has room
-    /// for the growth), then the intention.
-    async fn resize(&mut self, name: String, size_bytes: u64, reply: oneshot::Sender<Result<Value, String>>) {
+    /// `starfish volume resize`: checks, then the prepare (every live element has room for a
+    /// storage volume that grows), then the intention.
+    async fn resize(
+        &mut self,
+        name: String,
+        size_bytes: u64,
+        shrink: bool,
+        reply: oneshot::Sender<Result<Value, String>>,
+    ) {
         if let Some(reason) = &self.broken {
             let _ = reply.send(Err(format!("volume operations are off: the catalog cannot be read ({reason})")));
             return;
@@ -453,9 +519,14 @@ impl Catalogue {
             let _ = reply.send(Err(reason));
             return;
         }
-        if size_bytes <= current {
+        if let Err(reason) = catalog::check_resize(&name, current, size_bytes, shrink) {
+            let _ = reply.send(Err(reason));
+            return;
+        }
+        let clients = if shrink { self.clients_of(&name).await } else { 0 };
+        if clients > 0 {
             let _ = reply.send(Err(format!(
-                "volume {name} has {current} bytes: a resize grows it (a volume does not shrink), not to {size_bytes}"
+                "volume {name} is in use by {clients} NBD connection(s): a shrink is refused while the export is in use; disconnect them first"
             )));
             return;
         }
@@ -465,12 +536,18 @@ impl Catalogue {
             let _ = reply.send(Err(reason.to_string()));
             return;
         }
+        let stored = self.log.catalog().volumes.iter().find(|v| v.name == name).map_or(0, |v| v.storage_bytes);
+        if size_bytes <= stored {
+            // Within the storage volume: nothing to prepare on the elements.
+            let checked = Checked { resize: true, shrink, name, size_bytes, reply, result: Ok(()) };
+            return self.on_checked(checked).await;
+        }
         // Prepare: the elements count the growth of a volume they hold.
         let spec = proto::VolumeSpec { name: storage, size_bytes };
         let (handle, checked) = (self.handle.clone(), self.checked.clone());
         tokio::spawn(async move {
             let result = handle.check_volumes(vec![spec]).await;
-            answer_checked(&checked, Checked { resize: true, name, size_bytes, reply, result });
+            answer_checked(&checked, Checked { resize: true, shrink, name, size_bytes, reply, result });
         });
     }
 
@@ -496,27 +573,28 @@ impl Catalogue {
         let (handle, checked) = (self.handle.clone(), self.checked.clone());
         tokio::spawn(async move {
             let result = handle.check_volumes(vec![spec]).await.map_err(|reason| reason.replace(&probe, &name));
-            answer_checked(&checked, Checked { resize: false, name, size_bytes, reply, result });
+            answer_checked(&checked, Checked { resize: false, shrink: false, name, size_bytes, reply, result });
         });
     }
 
     /// A creation's prepare answered: log its intention (or, with policy `none`, carry it out).
     async fn on_checked(&mut self, checked: Checked) {
-        let Checked { resize, name, size_bytes, reply, result } = checked;
+        let Checked { resize, shrink, name, size_bytes, reply, result } = checked;
         if let Err(reason) = result {
             let _ = reply.send(Err(reason));
             return;
         }
         let now = self.now();
         if resize {
-            match self.log.intend_resize(now, &name, size_bytes) {
+            match self.log.intend_resize(now, &name, size_bytes, shrink) {
                 Err(reason) => {
                     let _ = reply.send(Err(reason));
                 }
                 Ok(intention) => {
                     let storage = intention.volume().spec().name;
                     let asked = Instant::now();
-                    let resizing = Resizing { name, storage, size_bytes, reply: Some(reply), volume: None, asked };
+                    let reply = Some(reply);
+                    let resizing = Resizing { name, storage, size_bytes, shrink, reply, volume: None, asked };
                     self.resizing.insert(intention.id, resizing);
                 }
             }
@@ -662,12 +740,12 @@ impl Catalogue {
         }
     }
 
-    /// Carry out a logged resize: the core grows the volume and tells the elements; NBD
-    /// exports the new size to clients that connect from now on.
+    /// Carry out a logged resize: the core resizes the volume (telling the elements if its
+    /// storage volume grows); NBD exports the new size to clients that connect from now on.
     async fn execute_resize(&mut self, intention: Intention) {
         let volume = intention.volume();
         let storage = volume.spec().name;
-        match self.handle.resize_volume(storage.clone(), volume.size_bytes).await {
+        match self.handle.resize_volume(storage.clone(), volume.storage_bytes, volume.size_bytes).await {
             Ok(id) => {
                 failpoint("volume-resize:after-resize");
                 if let Some(r) = self.resizing.get_mut(&intention.id) {
@@ -687,10 +765,44 @@ impl Catalogue {
         }
     }
 
-    /// Q elements hold a resized volume at its new size: answer, and complete its intention.
+    /// Q elements hold a resized volume at its new size (or, within its storage volume, it is
+    /// exported at its new size): answer, and complete its intention. A shrink first zeroes
+    /// what lies past its new end.
     fn on_resized(&mut self, volume: VolumeId) {
-        let Some((&id, _)) = self.resizing.iter().find(|(_, r)| r.volume == Some(volume)) else { return };
-        let r = self.resizing.remove(&id).expect("found");
+        let Some((&id, r)) = self.resizing.iter().find(|(_, r)| r.volume == Some(volume)) else { return };
+        if r.shrink {
+            let stored = self.log.catalog().intentions.iter().find(|i| i.id == id).map(|i| i.volume().storage_bytes);
+            let Some(stored) = stored else { return };
+            let size_bytes = r.size_bytes;
+            return self.zero_tail(id, volume.0, size_bytes, stored);
+        }
+        self.finish_resize(id);
+    }
+
+    /// Zero storage volume `volume` from `from_bytes` to `to_bytes` in the background, in the
+    /// ordered stream (every element applies it after every write before it; one that is down
+    /// gets it by recovery), then FLUSH it (durable on Q elements); then `on_zeroed`. A write
+    /// that fails (the volume lost its write quorum) is tried again until it succeeds.
+    fn zero_tail(&self, id: u64, volume: u32, from_bytes: u64, to_bytes: u64) {
+        let (handle, zeroed) = (self.handle.clone(), self.zeroed.clone());
+        tokio::spawn(async move {
+            let result = zero(&handle, volume, from_bytes, to_bytes).await;
+            let _ = zeroed.send((id, result));
+        });
+    }
+
+    /// A shrink's zeroing is done: answer, and complete its intention.
+    fn on_zeroed(&mut self, id: u64, result: Result<(), String>) {
+        if let Err(reason) = result {
+            tracing::warn!(id, "a shrink's zeroing stopped: {reason}; the next host element to start finishes it");
+            return;
+        }
+        self.finish_resize(id);
+    }
+
+    /// A resize carried out: answer, and complete its intention.
+    fn finish_resize(&mut self, id: u64) {
+        let Some(r) = self.resizing.remove(&id) else { return };
         failpoint("volume-resize:before-completion");
         let now = self.now();
         self.log.finish(now, id, true);
@@ -724,7 +836,7 @@ impl Catalogue {
         failpoint("volume-create:before-completion");
         let now = self.now();
         if self.log.policy() == LogPolicy::None {
-            let listed = catalog::CatalogVolume { name: k.name.clone(), size_bytes: k.size_bytes, id };
+            let listed = catalog::CatalogVolume::new(k.name.clone(), k.size_bytes, id);
             self.log.finish_unlogged(now, listed);
         } else {
             self.log.finish(now, id, true);
@@ -808,6 +920,7 @@ impl Catalogue {
 
     /// Every volume served: configured, and created while running (with creations under way).
     fn list(&self) -> Value {
+        let served = self.log.catalog().volumes_served();
         let mut volumes: Vec<Value> = self
             .handle
             .exports()
@@ -819,12 +932,16 @@ impl Catalogue {
                 let state = match resizing {
                     _ if creating => "creating",
                     Some(r) if r.volume.is_none() => "logging resize",
+                    Some(r) if r.shrink => "shrinking (zeroing what lies past the new end)",
                     Some(_) => "resizing",
                     None => "ready",
                 };
+                let storage_bytes =
+                    made.and_then(|storage| served.iter().find(|v| &v.spec().name == storage)).map(|v| v.storage_bytes);
                 json!({
                     "name": e.name,
                     "size_bytes": e.size_bytes,
+                    "storage_bytes": storage_bytes,
                     "group": e.group,
                     "origin": if made.is_some() { "created" } else { "configured" },
                     "storage_volume": made,
@@ -881,6 +998,35 @@ fn describe_deleted(id: u64, name: &str, storage: &str, policy: LogPolicy, live:
         "removed_from_live_elements": live,
         "removed_everywhere": everywhere,
     })
+}
+
+/// Zero storage volume `volume` from `from_bytes` to `to_bytes`, then FLUSH (see
+/// `Catalogue::zero_tail`). `Err` only if the host element stops or the catalog task's pass
+/// ended (its requests are dropped).
+async fn zero(handle: &HostHandle, volume: u32, from_bytes: u64, to_bytes: u64) -> Result<(), String> {
+    let mut at = from_bytes;
+    let mut said = false;
+    loop {
+        let request = if at < to_bytes {
+            let length_bytes = (to_bytes - at).min(ZERO_CHUNK_BYTES);
+            Request::Write(Op::WriteZeroes { offset_bytes: at, length_bytes })
+        } else {
+            Request::Flush
+        };
+        let flush = matches!(request, Request::Flush);
+        match handle.storage_request(volume, request).await {
+            Some(Reply::Done(Ok(()))) if flush => return Ok(()),
+            Some(Reply::Done(Ok(()))) => at = (at + ZERO_CHUNK_BYTES).min(to_bytes),
+            Some(Reply::Done(Err(e))) => {
+                if !said {
+                    tracing::warn!("a shrink cannot zero what lies past the new end yet ({}); retrying", describe(e));
+                    said = true;
+                }
+                tokio::time::sleep(ZERO_RETRY_WAIT).await;
+            }
+            _ => return Err("host element stopping".into()),
+        }
+    }
 }
 
 fn describe(e: HostError) -> String {

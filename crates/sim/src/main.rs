@@ -13,7 +13,7 @@ use sim::{Broken, SimOptions, Summary};
 
 const USAGE: &str = "usage: sim [--seeds K] [--seed S] [--elements N] [--quorum Q] [--swarm] [--json]
            [--fault-phase-ms MS] [--fault-interval-ms MS] [--faults KIND,…]
-           [--broken none|ack-before-sync|no-fencing|clock-epochs|no-read-lease|no-role-check|no-scrub-repair|flush-before-durable|split-group|no-intention-log|forget-deletions|forget-resizes|stale-catalog]
+           [--broken none|ack-before-sync|no-fencing|clock-epochs|no-read-lease|no-role-check|no-scrub-repair|flush-before-durable|split-group|no-intention-log|forget-deletions|forget-resizes|stale-catalog|shrink-keeps-tail]
            [--groups] [--volume-ops] [--ack POLICY,… (one per element: durable, received, remote-sync, network-sync, local-sync)] [--threads T] [--trace]
 
   --seeds K       run K seeds, starting at --seed (default 0); without --seeds, run --seed alone
@@ -186,8 +186,10 @@ fn main() -> ExitCode {
         eprintln!("sim: --volume-ops needs Q > N/2 (with less, acknowledged writes may be lost, the catalog's too)");
         return ExitCode::from(2);
     }
-    if matches!(options.broken, Broken::ForgetDeletions | Broken::ForgetResizes | Broken::StaleCatalog)
-        && !options.volume_ops
+    if matches!(
+        options.broken,
+        Broken::ForgetDeletions | Broken::ForgetResizes | Broken::StaleCatalog | Broken::ShrinkKeepsTail
+    ) && !options.volume_ops
     {
         eprintln!("sim: --broken {} needs --volume-ops", options.broken.name());
         std::process::exit(2);

@@ -109,6 +109,16 @@ impl Model {
         }
     }
 
+    /// The sectors of `volume` ever served (its storage volume's size).
+    pub fn sectors(&self, volume: usize) -> u64 {
+        self.sector_ops[volume].len() as u64
+    }
+
+    /// The newest write-like request acknowledged so far that touched `sector` of `volume`.
+    pub fn newest_acked(&self, volume: usize, sector: u64) -> Option<u64> {
+        self.floor(volume, sector, self.step + 1, None)
+    }
+
     pub fn volumes(&self) -> usize {
         self.sector_ops.len()
     }

@@ -197,6 +197,9 @@ pub enum Broken {
     /// (`Event::Restarted`) serves the volumes of the catalog it read before, instead of
     /// reading it again: what the other one created is lost, what it deleted is served again.
     StaleCatalog,
+    /// With `--volume-ops`: a shrink is acknowledged without zeroing what lies past the new
+    /// end: a later grow exposes the old data there instead of zeroes.
+    ShrinkKeepsTail,
     /// With `--groups`: the host element carries each member of a consistency group as its own
     /// storage volume (its own sequence space), as if groups did not exist; the checker still
     /// holds it to the group's promise (every element's copy of the group is a prefix of one
@@ -220,6 +223,7 @@ impl Broken {
             "forget-deletions" => Some(Broken::ForgetDeletions),
             "forget-resizes" => Some(Broken::ForgetResizes),
             "stale-catalog" => Some(Broken::StaleCatalog),
+            "shrink-keeps-tail" => Some(Broken::ShrinkKeepsTail),
             _ => None,
         }
     }
@@ -238,6 +242,7 @@ impl Broken {
             Broken::ForgetDeletions => "forget-deletions",
             Broken::ForgetResizes => "forget-resizes",
             Broken::StaleCatalog => "stale-catalog",
+            Broken::ShrinkKeepsTail => "shrink-keeps-tail",
         }
     }
 }

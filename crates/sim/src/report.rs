@@ -63,6 +63,8 @@ pub struct RunReport {
     pub volumes_deleted: u64,
     /// Volumes grown while running, acknowledged (Q elements hold the new size).
     pub volumes_resized: u64,
+    /// Volumes shrunk while running, acknowledged (their tails zeroed).
+    pub volumes_shrunk: u64,
     pub sim_ms: u64,
     pub events: u64,
     pub digest: u64,
@@ -104,6 +106,8 @@ pub struct Summary {
     pub volumes_created: u64,
     pub volumes_deleted: u64,
     pub volumes_resized: u64,
+    /// Volumes shrunk while running, acknowledged (their tails zeroed).
+    pub volumes_shrunk: u64,
     pub sim_ms: u64,
     pub events: u64,
     /// (seed, first violation, count, replay command)
@@ -143,6 +147,7 @@ impl Summary {
         self.volumes_created += r.volumes_created;
         self.volumes_deleted += r.volumes_deleted;
         self.volumes_resized += r.volumes_resized;
+        self.volumes_shrunk += r.volumes_shrunk;
         self.sim_ms += r.sim_ms;
         self.events += r.events;
         if !r.violations.is_empty() {
@@ -204,6 +209,7 @@ impl Summary {
             let _ = writeln!(s, "volumes created while running and acknowledged: {}", self.volumes_created);
             let _ = writeln!(s, "volumes deleted while running and acknowledged: {}", self.volumes_deleted);
             let _ = writeln!(s, "volumes grown while running and acknowledged: {}", self.volumes_resized);
+            let _ = writeln!(s, "volumes shrunk while running and acknowledged: {}", self.volumes_shrunk);
         }
         if self.group_states_checked > 0 {
             let _ = writeln!(
@@ -238,8 +244,8 @@ impl Summary {
         s.push_str("},");
         let _ = write!(
             s,
-            "\"requests\":{},\"writes_acked\":{},\"reads_checked\":{},\"host_element_starts\":{},\"elements_needing_recovery\":{},\"unsynced_records_lost\":{},\"torn_records\":{},\"records_applied_behind_another_volume\":{},\"simulated_seconds\":{:.3},\"events\":{},\"past_deadline_ms_max\":{},\"group_states_checked\":{},\"volumes_created\":{},\"volumes_deleted\":{},\"volumes_resized\":{},",
-            self.requests, self.writes_acked, self.reads_checked, self.host_starts, self.elements_needing_recovery, self.unsynced_records_lost, self.torn_records, self.records_applied_behind_another_volume, self.sim_ms as f64 / 1000.0, self.events, self.past_deadline_ms_max, self.group_states_checked, self.volumes_created, self.volumes_deleted, self.volumes_resized
+            "\"requests\":{},\"writes_acked\":{},\"reads_checked\":{},\"host_element_starts\":{},\"elements_needing_recovery\":{},\"unsynced_records_lost\":{},\"torn_records\":{},\"records_applied_behind_another_volume\":{},\"simulated_seconds\":{:.3},\"events\":{},\"past_deadline_ms_max\":{},\"group_states_checked\":{},\"volumes_created\":{},\"volumes_deleted\":{},\"volumes_resized\":{},\"volumes_shrunk\":{},",
+            self.requests, self.writes_acked, self.reads_checked, self.host_starts, self.elements_needing_recovery, self.unsynced_records_lost, self.torn_records, self.records_applied_behind_another_volume, self.sim_ms as f64 / 1000.0, self.events, self.past_deadline_ms_max, self.group_states_checked, self.volumes_created, self.volumes_deleted, self.volumes_resized, self.volumes_shrunk
         );
         s.push_str("\"failures\":[");
         let failures: Vec<String> = self

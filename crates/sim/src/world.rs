@@ -156,6 +156,10 @@ enum Ev {
     VolumeOpOnce {
         instance: u32,
     },
+    /// A shrink's zeroing (or its FLUSH) was answered: its next step.
+    ShrinkStep {
+        instance: u32,
+    },
     /// ... and then crashes; the next host element starts only once the paused one could have
     /// taken the elements back.
     CrashTakeover {
@@ -223,6 +227,7 @@ impl Ev {
             Ev::VolumeOp => 31,
             Ev::CrashMidOp { instance } => 32 ^ ((*instance as u64) << 8),
             Ev::VolumeOpOnce { instance } => 33 ^ ((*instance as u64) << 8),
+            Ev::ShrinkStep { instance } => 35 ^ ((*instance as u64) << 8),
             Ev::CrashTakeover { instance } => 34 ^ ((*instance as u64) << 8),
             Ev::StandbyPoll => 24,
             Ev::HealStall { element, .. } => 10 ^ ((*element as u64) << 8),
@@ -338,6 +343,10 @@ struct Host {
     creating: bool,
     /// A deletion waits for its volume's requests to end (index in `World::created`).
     draining: Option<usize>,
+    /// A shrink waits for its volume's requests to end (as the shell refuses one while NBD
+    /// clients are connected): index in `World::created`, and the new size.
+    draining_shrink: Option<(usize, u64)>,
+    zeroing: Option<Zeroing>,
 }
 
 /// A request the simulated shell made itself.
@@ -369,8 +378,27 @@ struct Created {
     delete_acked: bool,
     /// A resize logged (and maybe carried out), not yet acknowledged: its intention.
     resize_intention: Option<u64>,
-    /// The largest size the operator was told it has (0: never resized).
+    /// The size the operator was last told it has by a resize (0: never resized).
     resize_acked_bytes: u64,
+    /// A shrink to this size was asked and not acknowledged: a new host element may serve
+    /// the volume that small (the shrink rolled forward) or as it was (never logged).
+    shrink_to: Option<u64>,
+}
+
+/// A shrink carried out whose blocks past the new end are being zeroed, as the shell's
+/// catalog task does: a WRITE_ZEROES of them through the ordered stream, then a FLUSH, each
+/// retried until it succeeds; then the shrink is acknowledged and completed.
+#[derive(Clone, Debug)]
+struct Zeroing {
+    intention: u64,
+    /// Index in `World::created`.
+    created: usize,
+    /// The hosts' volume's sectors from the new end to its storage volume's end.
+    from_sector: u64,
+    to_sector: u64,
+    /// The model's requests of the zeroing and the FLUSH under way.
+    zero: Option<u64>,
+    flush: Option<u64>,
 }
 
 #[derive(PartialEq, Eq, Clone, Copy, Debug)]
@@ -886,6 +914,8 @@ impl World {
                 // The catalog task retries what failed (a read while the volume could not
                 // serve, a write that lost its quorum) on its next round.
                 self.catalog_step();
+                // A shrink's zeroing goes on in every phase (as the shell retries it).
+                self.shrink_step();
                 if self.phase == Phase::Faults {
                     self.volume_op();
                 } else {
@@ -899,6 +929,11 @@ impl World {
             Ev::VolumeOpOnce { instance } => {
                 if self.host.as_ref().is_some_and(|h| h.instance == instance) && self.phase == Phase::Faults {
                     self.volume_op();
+                }
+            }
+            Ev::ShrinkStep { instance } => {
+                if self.host.as_ref().is_some_and(|h| h.instance == instance) {
+                    self.shrink_step();
                 }
             }
             Ev::CrashTakeover { instance } => {
@@ -1472,6 +1507,8 @@ impl World {
             catalog_reading: false,
             catalog_writing: false,
             draining: None,
+            draining_shrink: None,
+            zeroing: None,
             creating: false,
         });
         for element in 0..n {
@@ -1756,6 +1793,8 @@ impl World {
                 host.catalog_writing = false;
                 host.creating = false;
                 host.draining = None;
+                host.draining_shrink = None;
+                host.zeroing = None;
                 for v in self.sc.volumes..self.served.len() {
                     self.served[v] = false;
                 }
@@ -1960,6 +1999,11 @@ impl World {
         }
         if self.model.op(id).outcome != Outcome::Pending {
             return self.violation(format!("request #{id} answered twice"));
+        }
+        let zeroing = self.host.as_ref().and_then(|h| h.zeroing.as_ref().map(|z| (h.instance, z)));
+        if let Some((instance, _)) = zeroing.filter(|(_, z)| z.zero == Some(id) || z.flush == Some(id)) {
+            // The shrink under way goes on once this answer is in the model.
+            self.schedule(at_delay(self.now, 1), Ev::ShrinkStep { instance });
         }
         let op = self.model.op(id).clone();
         let outcome = |result: Result<(), &HostError>| match result {
@@ -3060,7 +3104,7 @@ impl World {
             (Internal::CheckResize { name, size_bytes }, Reply::Checked(Ok(()))) => {
                 let now = self.now;
                 let host = self.host.as_mut().expect("checked");
-                match host.catalog.as_mut().expect("read").intend_resize(now, &name, size_bytes) {
+                match host.catalog.as_mut().expect("read").intend_resize(now, &name, size_bytes, false) {
                     Ok(intention) => {
                         if let Some(c) = self.created.iter_mut().find(|c| c.name == name && !c.deleting) {
                             c.resize_intention = Some(intention.id);
@@ -3093,21 +3137,41 @@ impl World {
             catalog.intentions.retain(|i| !i.is_resize());
         }
         let serve = catalog.volumes_to_serve();
-        // A volume never shrinks: one served (and written) at a size, or whose resize was
-        // acknowledged, is served at least that large by every later host element.
+        // A volume shrinks only when asked to: one served (and written) at a size, or whose
+        // resize was acknowledged, is served at least that large by every later host element,
+        // unless a shrink was asked (then at least at the size asked for). Its storage volume
+        // never shrinks.
+        let served_volumes = catalog.volumes_served();
         let shrunk: Vec<(String, u64, u64)> = self
             .created
             .iter()
             .filter(|c| c.acked && c.delete_intention.is_none() && !c.deleting)
             .filter_map(|c| {
-                let served = serve.iter().find(|(_, spec)| spec.name == c.storage)?.1.size_bytes;
-                let promised = (self.volume_sectors[c.volume] * SECTOR_BYTES).max(c.resize_acked_bytes);
+                let served = served_volumes.iter().find(|v| v.spec().name == c.storage)?.size_bytes;
+                let promised = match c.shrink_to {
+                    Some(size) => size,
+                    None => (self.volume_sectors[c.volume] * SECTOR_BYTES).max(c.resize_acked_bytes),
+                };
                 (served < promised).then(|| (c.name.clone(), promised, served))
             })
             .collect();
         for (name, promised, served) in shrunk {
             self.violation(format!(
-                "volume {name} was served (or its resize acknowledged) at {promised} bytes, and a new host element serves it at {served}: it shrank, and what was written past that end is lost"
+                "volume {name} was served (or its resize acknowledged) at {promised} bytes, and a new host element serves it at {served}: it shrank unasked, and what was written past that end is lost"
+            ));
+        }
+        let stored: Vec<(String, u64, u64)> = served_volumes
+            .iter()
+            .filter_map(|v| {
+                let storage = v.spec().name;
+                let c = self.created.iter().find(|c| c.storage == storage)?;
+                let held = self.model.sectors(c.volume) * SECTOR_BYTES;
+                (v.storage_bytes < held).then(|| (v.name.clone(), held, v.storage_bytes))
+            })
+            .collect();
+        for (name, held, storage_bytes) in stored {
+            self.violation(format!(
+                "the storage volume of {name} was {held} bytes, and a new host element's catalog says {storage_bytes}: a storage volume never shrinks"
             ));
         }
         let forget = self.o.broken == Broken::ForgetDeletions;
@@ -3145,7 +3209,8 @@ impl World {
         host.catalog_reading = false;
         let mut log = IntentionLog::new(catalog.clone(), policy);
         for intention in &catalog.intentions {
-            if intention.is_create() || intention.is_resize() || forget {
+            // A pending shrink is completed once its tail is zeroed again (below).
+            if intention.is_create() || (intention.is_resize() && !intention.is_shrink()) || forget {
                 log.finish(now, intention.id, true);
             }
         }
@@ -3163,7 +3228,7 @@ impl World {
         if !restart.is_empty() {
             let first_op = self.model.len() as u64;
             let host = self.host.as_mut().expect("checked");
-            if let Err(reason) = host.core.restart_with_volumes(now, restart) {
+            if let Err(reason) = host.core.restart_with_volumes(now, restart, &catalog.exports_shrunk()) {
                 return self.violation(format!("the host element cannot serve the catalog's volumes: {reason}"));
             }
             // As after `Event::Restarted`: a new start-up, what it acknowledged before held to
@@ -3197,6 +3262,7 @@ impl World {
                             delete_acked: false,
                             resize_intention: None,
                             resize_acked_bytes: 0,
+                            shrink_to: None,
                         });
                         v
                     }
@@ -3204,20 +3270,38 @@ impl World {
                 self.exports[v].volume = storage;
                 self.export_storage[v] = spec.name.clone();
                 self.served[v] = true;
-                // Served at the catalog's size (a pending resize rolled forward); the workload
-                // stays inside what this host element serves (a shrink was reported above).
-                self.grow_served(v, spec.size_bytes);
-                let sectors = spec.size_bytes / SECTOR_BYTES;
-                if sectors < self.volume_sectors[v] {
-                    self.volume_sectors[v] = sectors;
-                    self.exports[v].size_bytes = spec.size_bytes;
-                }
+                // Served at the catalog's size (a pending resize rolled forward; a storage
+                // volume as large as it stores); the workload stays inside what this host
+                // element exports (a shrink not asked for was reported above).
+                let exported = served_volumes.iter().find(|v| v.spec().name == spec.name).map_or(0, |v| v.size_bytes);
+                self.model.grow_volume(v, spec.size_bytes / SECTOR_BYTES);
+                self.volume_sectors[v] = exported / SECTOR_BYTES;
+                self.exports[v].size_bytes = exported;
             }
         }
         // Resizes the crashed host element had under way are finished by this one (or were
-        // undone): nothing waits for their answer any more.
+        // undone): nothing waits for their answer any more. A shrink found pending is served
+        // at its new size; its tail is zeroed again, then it is completed (and acknowledged).
         for c in &mut self.created {
             c.resize_intention = None;
+            c.shrink_to = None;
+        }
+        let forgotten = matches!(self.o.broken, Broken::ForgetDeletions);
+        for intention in catalog.intentions.iter().filter(|i| i.is_shrink() && !forgotten) {
+            let volume = intention.volume();
+            let Some(ci) = self.created.iter().position(|c| c.storage == volume.spec().name) else { continue };
+            self.created[ci].resize_intention = Some(intention.id);
+            self.created[ci].shrink_to = Some(volume.size_bytes);
+            let host = self.host.as_mut().expect("checked");
+            host.creating = true;
+            host.zeroing = Some(Zeroing {
+                intention: intention.id,
+                created: ci,
+                from_sector: volume.size_bytes / SECTOR_BYTES,
+                to_sector: volume.storage_bytes / SECTOR_BYTES,
+                zero: None,
+                flush: None,
+            });
         }
         self.trace(|| {
             format!("catalog read: {} volumes, {} intentions", catalog.volumes.len(), catalog.intentions.len())
@@ -3246,6 +3330,38 @@ impl World {
     /// An operator asks for a volume: checked on the elements, then logged and carried out.
     fn volume_op(&mut self) {
         let Some(host) = self.host.as_ref() else { return };
+        if let Some((ci, size_bytes)) = host.draining_shrink {
+            if !host.ready || host.catalog.is_none() || host.paused_until.is_some() {
+                return;
+            }
+            let v = self.created[ci].volume;
+            let instance = host.instance;
+            let busy =
+                |op: &crate::model::OpRec| op.volume == v && op.instance == instance && op.outcome == Outcome::Pending;
+            if self.model.ops().any(|(_, op)| busy(op)) {
+                return;
+            }
+            let name = self.created[ci].name.clone();
+            let now = self.now;
+            let host = self.host.as_mut().expect("checked");
+            host.draining_shrink = None;
+            match host.catalog.as_mut().expect("read").intend_resize(now, &name, size_bytes, true) {
+                Ok(intention) => {
+                    // Its clients may connect again (the export shrinks once it is logged).
+                    self.trace(|| format!("volume shrink {name} to {size_bytes}: intention {}", intention.id));
+                    self.created[ci].resize_intention = Some(intention.id);
+                    self.created[ci].shrink_to = Some(size_bytes);
+                    self.served[v] = true;
+                    self.catalog_step();
+                }
+                Err(reason) => {
+                    host.creating = false;
+                    self.served[v] = true;
+                    self.violation(format!("shrinking {name} was refused by the intention log: {reason}"));
+                }
+            }
+            return;
+        }
         if let Some(ci) = host.draining {
             if !host.ready || host.catalog.is_none() || host.paused_until.is_some() {
                 return;
@@ -3303,14 +3419,27 @@ impl World {
             }
         }
         let resizable = self.created.iter().position(|c| {
-            c.acked
-                && !c.deleting
-                && c.resize_intention.is_none()
-                && self.served[c.volume]
-                && self.volume_sectors[c.volume] * SECTOR_BYTES < GROW_MAX_FACTOR * self.sc.volume_bytes
+            c.acked && !c.deleting && c.resize_intention.is_none() && c.shrink_to.is_none() && self.served[c.volume]
         });
         if let Some(ci) = resizable {
-            if self.rng_resize.chance(0.35) {
+            let now_bytes = self.volume_sectors[self.created[ci].volume] * SECTOR_BYTES;
+            let least = (self.sc.volume_bytes / 2 / proto::BLOCK_BYTES).max(1) * proto::BLOCK_BYTES;
+            let can_grow = now_bytes < GROW_MAX_FACTOR * self.sc.volume_bytes;
+            let resize = self.rng_resize.chance(0.5);
+            if resize && now_bytes > least && (!can_grow || self.rng_resize.chance(0.5)) {
+                // Shrunk by half its first size, down to half of it: its clients stop first.
+                let size_bytes = now_bytes.saturating_sub(least).max(least);
+                let name = self.created[ci].name.clone();
+                self.trace(|| format!("volume shrink {name} to {size_bytes}: its clients stop"));
+                let v = self.created[ci].volume;
+                self.served[v] = false;
+                let host = self.host.as_mut().expect("checked");
+                host.creating = true;
+                host.draining_shrink = Some((ci, size_bytes));
+                self.maybe_crash_mid_op();
+                return;
+            }
+            if resize && can_grow {
                 // Grown by half its first size (a block multiple), up to the largest.
                 let now_bytes = self.volume_sectors[self.created[ci].volume] * SECTOR_BYTES;
                 let size_bytes = (now_bytes + self.sc.volume_bytes / 2).min(GROW_MAX_FACTOR * self.sc.volume_bytes);
@@ -3364,11 +3493,18 @@ impl World {
         let storage = volume.spec().name;
         let now = self.now;
         let host = self.host.as_mut().expect("a host element");
-        match host.core.resize_volume(now, &storage, volume.size_bytes) {
+        match host.core.resize_volume(now, &storage, volume.storage_bytes, volume.size_bytes) {
             Ok(_) => {
                 self.trace(|| format!("volume {} resized to {} ({storage})", volume.name, volume.size_bytes));
                 if let Some(v) = self.created.iter().find(|c| c.storage == storage).map(|c| c.volume) {
-                    self.grow_served(v, volume.size_bytes);
+                    if intention.is_shrink() {
+                        // Served at its new size: the workload stays inside it from now on.
+                        self.volume_sectors[v] = volume.size_bytes / SECTOR_BYTES;
+                        self.exports[v].size_bytes = volume.size_bytes;
+                        self.served[v] = true;
+                    } else {
+                        self.grow_served(v, volume.size_bytes);
+                    }
                 }
             }
             Err(reason) => {
@@ -3378,6 +3514,9 @@ impl World {
                 host.catalog.as_mut().expect("read").finish(now, intention.id, false);
                 if let Some(c) = self.created.iter_mut().find(|c| c.storage == storage) {
                     c.resize_intention = None;
+                    c.shrink_to = None;
+                    let v = c.volume;
+                    self.served[v] = true;
                 }
             }
         }
@@ -3398,9 +3537,25 @@ impl World {
     fn on_volume_resized(&mut self, volume: VolumeId, size_bytes: u64) {
         let Some(host) = self.host.as_ref() else { return };
         let storage = host.core.config().volumes[volume.0 as usize].name.clone();
-        let Some(c) = self.created.iter_mut().find(|c| c.storage == storage) else { return };
+        let stored = host.core.config().volumes[volume.0 as usize].size_bytes;
+        let Some(ci) = self.created.iter().position(|c| c.storage == storage) else { return };
+        let c = &mut self.created[ci];
+        if c.shrink_to.is_some() {
+            // A shrink: acknowledged once what lies past the new end is zeroed.
+            let Some(intention) = c.resize_intention else { return };
+            let host = self.host.as_mut().expect("checked");
+            host.zeroing = Some(Zeroing {
+                intention,
+                created: ci,
+                from_sector: size_bytes / SECTOR_BYTES,
+                to_sector: stored / SECTOR_BYTES,
+                zero: None,
+                flush: None,
+            });
+            return self.shrink_step();
+        }
         let Some(id) = c.resize_intention.take() else { return };
-        c.resize_acked_bytes = c.resize_acked_bytes.max(size_bytes);
+        c.resize_acked_bytes = size_bytes;
         self.report.volumes_resized += 1;
         let name = c.name.clone();
         self.trace(|| format!("volume {name} resized to {size_bytes} (acknowledged)"));
@@ -3414,10 +3569,100 @@ impl World {
         self.catalog_step();
     }
 
-    /// The faults are over: a deletion still waiting for its volume's requests is given up
-    /// (the volume is served again; nothing was logged).
+    /// The next step of the shrink whose tail is being zeroed: the WRITE_ZEROES, once it is
+    /// answered the FLUSH, once that is answered the acknowledgement and the completion. A
+    /// step that failed is tried again (at the next round). Before acknowledging, the checker
+    /// holds the promise: every sector past the new end reads as zeroes from now on, so the
+    /// newest acknowledged write-like request of each is a zeroing.
+    fn shrink_step(&mut self) {
+        let Some(host) = self.host.as_ref() else { return };
+        if !host.ready || host.paused_until.is_some() || self.in_superseded {
+            return;
+        }
+        let Some(z) = host.zeroing.clone() else { return };
+        let v = self.created[z.created].volume;
+        let outcome = |id: Option<u64>| id.map(|id| self.model.op(id).outcome);
+        match (outcome(z.zero), outcome(z.flush)) {
+            (None, _) if self.o.broken == Broken::ShrinkKeepsTail => {
+                // The broken variant: the tail is left as it is (a FLUSH stands in for the
+                // zeroing).
+                let id = self.submit(OpKind::Flush, v, 0, 0, None);
+                self.set_zeroing(|z| z.zero = Some(id));
+            }
+            (None, _)
+            | (Some(Outcome::ReadOnly | Outcome::QuorumLost | Outcome::Unavailable | Outcome::NoReply), _) => {
+                self.trace(|| {
+                    format!("volume shrink: zeroing sectors {}..{} of volume {v}", z.from_sector, z.to_sector)
+                });
+                let id = self.submit(OpKind::Zero, v, z.from_sector, z.to_sector - z.from_sector, None);
+                self.set_zeroing(|z| {
+                    z.zero = Some(id);
+                    z.flush = None;
+                });
+            }
+            (Some(Outcome::Ok), None)
+            | (
+                Some(Outcome::Ok),
+                Some(Outcome::ReadOnly | Outcome::QuorumLost | Outcome::Unavailable | Outcome::NoReply),
+            ) => {
+                let id = self.submit(OpKind::Flush, v, 0, 0, None);
+                self.set_zeroing(|z| z.flush = Some(id));
+            }
+            (Some(Outcome::Ok), Some(Outcome::Ok)) => self.shrink_acknowledged(z),
+            _ => {}
+        }
+    }
+
+    /// `f` applied to the zeroing under way, if the host element still has one.
+    fn set_zeroing(&mut self, f: impl FnOnce(&mut Zeroing)) {
+        if let Some(z) = self.host.as_mut().and_then(|h| h.zeroing.as_mut()) {
+            f(z);
+        }
+    }
+
+    /// A shrink's tail is zeroed and flushed: the operator is answered; the completion is
+    /// written.
+    fn shrink_acknowledged(&mut self, z: Zeroing) {
+        let v = self.created[z.created].volume;
+        for sector in z.from_sector..z.to_sector {
+            if let Some(id) = self.model.newest_acked(v, sector) {
+                if self.model.op(id).kind == OpKind::Write {
+                    let name = self.created[z.created].name.clone();
+                    return self.violation(format!(
+                        "the shrink of volume {name} was acknowledged while sector {sector} past its new end still holds write #{id}: a later grow would expose it"
+                    ));
+                }
+            }
+        }
+        let c = &mut self.created[z.created];
+        let size_bytes = z.from_sector * SECTOR_BYTES;
+        c.resize_intention = None;
+        c.shrink_to = None;
+        c.resize_acked_bytes = size_bytes;
+        self.report.volumes_shrunk += 1;
+        let name = c.name.clone();
+        self.trace(|| format!("volume {name} shrunk to {size_bytes} (acknowledged)"));
+        self.maybe_crash_mid_op();
+        let now = self.now;
+        let host = self.host.as_mut().expect("checked");
+        host.zeroing = None;
+        host.creating = false;
+        if let Some(log) = host.catalog.as_mut() {
+            log.finish(now, z.intention, true);
+        }
+        self.catalog_step();
+    }
+
+    /// The faults are over: a deletion (or shrink) still waiting for its volume's requests is
+    /// given up (the volume is served again; nothing was logged).
     fn abort_drain(&mut self) {
         let Some(host) = self.host.as_mut() else { return };
+        if let Some((ci, _)) = host.draining_shrink.take() {
+            host.creating = false;
+            let v = self.created[ci].volume;
+            self.served[v] = true;
+            return;
+        }
         let Some(ci) = host.draining.take() else { return };
         host.creating = false;
         let c = &mut self.created[ci];
@@ -3517,6 +3762,7 @@ impl World {
                     delete_acked: false,
                     resize_intention: None,
                     resize_acked_bytes: 0,
+                    shrink_to: None,
                 });
                 self.trace(|| format!("volume {} added as {}", volume.name, spec.name));
             }
@@ -3548,7 +3794,7 @@ impl World {
         host.creating = false;
         let Some(log) = host.catalog.as_mut() else { return };
         if log.policy() == LogPolicy::None {
-            log.finish_unlogged(now, starfish_core::catalog::CatalogVolume { name, size_bytes: size, id });
+            log.finish_unlogged(now, starfish_core::catalog::CatalogVolume::new(name, size, id));
         } else {
             log.finish(now, id, true);
         }

@@ -432,3 +432,27 @@ fn a_takeover_reads_the_catalog_again_and_a_stale_catalog_is_caught() {
     eprintln!("--broken stale-catalog: caught seeds {caught:?} of 600..720");
     assert!(caught.len() >= 2, "a stale catalog after a takeover must be caught, got {caught:?}");
 }
+
+/// A shrink (issue 15) serves the smaller size at once, zeroes what lies past the new end
+/// through the ordered stream and acknowledges only then; the checker holds that promise (the
+/// newest acknowledged request of every sector past the new end is a zeroing, and a grow back
+/// reads those sectors against it). A shrink that keeps its tail must be caught.
+#[test]
+fn a_shrink_zeroes_its_tail_and_one_that_keeps_it_is_caught() {
+    let mut o = SimOptions::new(0, 3, 2);
+    o.volume_ops = true;
+    let reports = run_many(&o, 14000, 80, 2);
+    let failed: Vec<String> = reports
+        .iter()
+        .filter(|r| !r.violations.is_empty())
+        .map(|r| format!("{}: {}", r.seed, r.violations[0]))
+        .collect();
+    assert!(failed.is_empty(), "correct code, seeds 14000..14080: {failed:?}");
+    let shrunk: u64 = reports.iter().map(|r| r.volumes_shrunk).sum();
+    assert!(shrunk >= 1, "the runs shrink volumes");
+    o.broken = Broken::ShrinkKeepsTail;
+    let reports = run_many(&o, 14000, 80, 2);
+    let caught: Vec<u64> = reports.iter().filter(|r| !r.violations.is_empty()).map(|r| r.seed).collect();
+    eprintln!("--broken shrink-keeps-tail: caught seeds {caught:?} of 14000..14080");
+    assert!(caught.len() >= 2, "a shrink that keeps its tail must be caught, got {caught:?}");
+}

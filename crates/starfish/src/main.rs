@@ -320,10 +320,12 @@ struct VolumeCreateArgs {
 struct VolumeResizeArgs {
     /// The volume's name.
     name: String,
-    /// New size, e.g. 20GiB: larger than the volume, a multiple of 4096 bytes.
+    /// New size, e.g. 20GiB: a multiple of 4096 bytes; smaller than the volume only with
+    /// --shrink.
     #[arg(value_parser = parse_size)]
     size: u64,
-    /// Shrink the volume (not supported yet: volumes only grow).
+    /// Shrink the volume: what lies past the new size is lost (zeroed on every element).
+    /// Refused while NBD clients use the volume.
     #[arg(long)]
     shrink: bool,
     #[command(flatten)]
@@ -755,12 +757,12 @@ fn volume(args: VolumeArgs) -> Result<()> {
             }
         }
         VolumeAction::Resize(args) => {
-            if args.shrink {
-                bail!("--shrink: shrinking a volume is not supported yet; a volume only grows (create a smaller one and copy the data, e.g. with nbdcopy)");
-            }
             let target = &args.target;
             let tls = config::load_tls(target.tls_dir.as_deref())?;
-            let path = format!("/volumes/resize?name={}&size={}", config::percent_encode(&args.name), args.size);
+            let mut path = format!("/volumes/resize?name={}&size={}", config::percent_encode(&args.name), args.size);
+            if args.shrink {
+                path.push_str("&shrink=1");
+            }
             let body = rt
                 .block_on(shell::admin::request(target.admin, "POST", &path, tls.as_ref()))
                 .map_err(admin_error)
@@ -769,7 +771,11 @@ fn volume(args: VolumeArgs) -> Result<()> {
             if target.json {
                 println!("{doc}");
             } else {
-                let quorum = if doc["on_write_quorum"] == true {
+                let quorum = if args.shrink && doc["on_write_quorum"] == true {
+                    "what lay past the new end is zeroed on a write quorum of elements"
+                } else if args.shrink {
+                    "still zeroing what lies past the new end (the shrink is finished in the background)"
+                } else if doc["on_write_quorum"] == true {
                     "held at that size by a write quorum of elements"
                 } else {
                     "not yet held at that size by a write quorum of elements (they grow it as they answer or come back)"

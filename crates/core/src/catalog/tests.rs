@@ -10,7 +10,7 @@ fn documents_round_trip_and_damage_is_refused() {
     let catalog = Catalog {
         version: 7,
         next_id: 12,
-        volumes: vec![CatalogVolume { name: "db".into(), size_bytes: 1 << 30, id: 3 }],
+        volumes: vec![CatalogVolume::new("db".into(), 1 << 30, 3)],
         intentions: vec![Intention { id: 11, op: Intent::Create { name: "logs".into(), size_bytes: 8 << 20 } }],
     };
     let doc = catalog.encode();
@@ -30,7 +30,7 @@ fn documents_round_trip_and_damage_is_refused() {
             intentions: vec![Intention { id: 11, op: Intent::Create { name: "db".into(), size_bytes: 4096 } }],
             ..catalog.clone()
         },
-        Catalog { volumes: vec![CatalogVolume { name: "db".into(), size_bytes: 1000, id: 3 }], ..catalog.clone() },
+        Catalog { volumes: vec![CatalogVolume::new("db".into(), 1000, 3)], ..catalog.clone() },
     ] {
         assert!(Catalog::decode(&broken.encode()).is_err(), "{broken:?}");
     }
@@ -77,7 +77,7 @@ fn single_commit_writes_one_intention_at_a_time_in_order() {
     assert!(done.logs.is_empty());
     let catalog = Catalog::decode(&done.document).expect("valid");
     assert!(catalog.intentions.is_empty());
-    assert_eq!(catalog.volumes, vec![CatalogVolume { name: "a".into(), size_bytes: 1 << 20, id: a.id }]);
+    assert_eq!(catalog.volumes, vec![CatalogVolume::new("a".into(), 1 << 20, a.id)]);
     assert!(!log.has_name("b"), "an undone creation frees its name");
     log.written();
     assert!(log.idle());
@@ -190,22 +190,22 @@ fn a_creation_rolled_forward_can_be_deleted_before_its_completion_is_written() {
 #[test]
 fn resizes_are_logged_rolled_forward_completed_and_undone() {
     let mut none = IntentionLog::new(Catalog::default(), LogPolicy::None);
-    assert!(none.intend_resize(ms(0), "a", 8192).expect_err("never unlogged").contains("must be logged"));
+    assert!(none.intend_resize(ms(0), "a", 8192, false).expect_err("never unlogged").contains("must be logged"));
     let mut log = IntentionLog::new(Catalog::default(), LogPolicy::Single);
     let a = log.intend_create(ms(0), "a", 4096).expect("create");
     log.poll_write(ms(0)).expect("logged");
     log.written();
-    assert!(log.intend_resize(ms(0), "a", 8192).expect_err("not created yet").contains("being created"));
+    assert!(log.intend_resize(ms(0), "a", 8192, false).expect_err("not created yet").contains("being created"));
     log.finish(ms(0), a.id, true);
-    assert!(log.intend_resize(ms(1), "zz", 8192).expect_err("unknown").contains("no volume zz"));
-    assert!(log.intend_resize(ms(1), "a", 4096).expect_err("same size").contains("does not shrink"));
-    assert!(log.intend_resize(ms(1), "a", 6000).is_err(), "not whole blocks");
-    let r = log.intend_resize(ms(1), "a", 1 << 20).expect("resize a");
-    assert!(log.intend_resize(ms(1), "a", 2 << 20).expect_err("one at a time").contains("being resized"));
+    assert!(log.intend_resize(ms(1), "zz", 8192, false).expect_err("unknown").contains("no volume zz"));
+    assert!(log.intend_resize(ms(1), "a", 4096, false).expect_err("same size").contains("already"));
+    assert!(log.intend_resize(ms(1), "a", 6000, false).is_err(), "not whole blocks");
+    let r = log.intend_resize(ms(1), "a", 1 << 20, false).expect("resize a");
+    assert!(log.intend_resize(ms(1), "a", 2 << 20, false).expect_err("one at a time").contains("being resized"));
     assert!(log.intend_delete(ms(1), "a").expect_err("not while resizing").contains("being resized"));
     let w = log.poll_write(ms(1)).expect("logged, with the creation's completion");
     let on_disk = Catalog::decode(&w.document).expect("valid");
-    assert_eq!(on_disk.volumes, vec![CatalogVolume { name: "a".into(), size_bytes: 4096, id: a.id }]);
+    assert_eq!(on_disk.volumes, vec![CatalogVolume::new("a".into(), 4096, a.id)]);
     assert_eq!(on_disk.intentions, vec![r.clone()]);
     let served: Vec<(String, u64)> = on_disk.volumes_to_serve().into_iter().map(|(n, s)| (n, s.size_bytes)).collect();
     assert_eq!(served, [("a".to_string(), 1 << 20)], "a starting host element serves the new size");
@@ -219,7 +219,7 @@ fn resizes_are_logged_rolled_forward_completed_and_undone() {
     assert!(on_disk.intentions.is_empty() && on_disk.volumes[0].size_bytes == 1 << 20, "{on_disk:?}");
     log.written();
     // Undone: the size stays.
-    let u = log.intend_resize(ms(3), "a", 4 << 20).expect("resize again");
+    let u = log.intend_resize(ms(3), "a", 4 << 20, false).expect("resize again");
     log.poll_write(ms(3)).expect("logged");
     assert_eq!(log.write_failed(), vec![u.clone()]);
     let w = log.poll_write(ms(4)).expect("rewritten");
@@ -227,15 +227,97 @@ fn resizes_are_logged_rolled_forward_completed_and_undone() {
     assert!(on_disk.intentions.is_empty() && on_disk.volumes[0].size_bytes == 1 << 20, "{on_disk:?}");
     log.written();
     assert!(log.take_durable().contains(&(u.id, false)));
-    // A document whose resize names no listed volume, or shrinks, is refused.
-    let grow = |volume_id, from_bytes, size_bytes| Intention {
+    // A document whose resize names no listed volume, starts from another size, or keeps
+    // less storage than it exports, is refused.
+    let grow = |volume_id, from_bytes, size_bytes: u64| Intention {
         id: 9,
-        op: Intent::Resize { name: "a".into(), volume_id, from_bytes, size_bytes },
+        op: Intent::Resize { name: "a".into(), volume_id, from_bytes, size_bytes, storage_bytes: size_bytes },
     };
-    for bad in [grow(5, 4096, 8192), grow(a.id, 8192, 4096)] {
+    for bad in [grow(5, 1 << 20, 2 << 20), grow(a.id, 8192, 4096), grow(a.id, 1 << 20, 4096)] {
         let broken = Catalog { next_id: 10, intentions: vec![bad], ..on_disk.clone() };
         assert!(Catalog::decode(&broken.encode()).is_err(), "{broken:?}");
     }
     let fine = Catalog { next_id: 10, intentions: vec![grow(a.id, 1 << 20, 2 << 20)], ..on_disk.clone() };
     assert_eq!(Catalog::decode(&fine.encode()), Ok(fine));
+}
+
+/// A shrink needs `--shrink`; it keeps the storage size, is served at its new size while
+/// pending, stays pending through a roll forward (its tail is zeroed again first), and its
+/// completion lists both sizes. A later grow within the storage keeps the storage size; one
+/// past it grows the storage. A format 1 document is read with storage sizes equal to sizes.
+#[test]
+fn shrinks_keep_the_storage_and_stay_pending_until_completed() {
+    let mut log = IntentionLog::new(Catalog::default(), LogPolicy::Single);
+    let a = log.intend_create(ms(0), "a", 8 << 20).expect("create");
+    log.poll_write(ms(0)).expect("logged");
+    log.written();
+    log.finish(ms(0), a.id, true);
+    assert!(log.intend_resize(ms(1), "a", 4 << 20, false).expect_err("no flag").contains("--shrink"));
+    assert!(log.intend_resize(ms(1), "a", 16 << 20, true).expect_err("flag, larger").contains("--shrink"));
+    let s = log.intend_resize(ms(1), "a", 4 << 20, true).expect("shrink");
+    assert!(s.is_shrink() && s.volume().storage_bytes == 8 << 20 && s.volume().size_bytes == 4 << 20);
+    let w = log.poll_write(ms(1)).expect("logged");
+    let on_disk = Catalog::decode(&w.document).expect("valid");
+    assert_eq!(on_disk.volumes, vec![CatalogVolume::new("a".into(), 8 << 20, a.id)], "listed as it was");
+    assert_eq!(on_disk.exports_shrunk(), vec![(storage_name("a", a.id), 4 << 20)], "served shrunk while pending");
+    assert_eq!(on_disk.volumes_to_serve()[0].1.size_bytes, 8 << 20, "the storage volume keeps its size");
+    let mut rolled = on_disk.clone();
+    assert_eq!(rolled.roll_forward(), 0);
+    assert_eq!(rolled.intentions, vec![s.clone()], "a shrink stays pending until its tail is zeroed");
+    log.written();
+    log.finish(ms(2), s.id, true);
+    let w = log.poll_write(ms(2)).expect("the completion");
+    let on_disk = Catalog::decode(&w.document).expect("valid");
+    let shrunk = CatalogVolume { name: "a".into(), size_bytes: 4 << 20, id: a.id, storage_bytes: 8 << 20 };
+    assert_eq!(on_disk.volumes, vec![shrunk]);
+    assert_eq!(on_disk.volumes_to_serve()[0].1.size_bytes, 8 << 20);
+    log.written();
+    // Grown within the storage, then past it.
+    let g = log.intend_resize(ms(3), "a", 6 << 20, false).expect("grow within");
+    assert_eq!(g.volume().storage_bytes, 8 << 20);
+    log.poll_write(ms(3)).expect("logged");
+    log.written();
+    log.finish(ms(3), g.id, true);
+    let h = log.intend_resize(ms(4), "a", 12 << 20, false).expect("grow past");
+    assert_eq!(h.volume().storage_bytes, 12 << 20);
+    let w = log.poll_write(ms(4)).expect("logged");
+    let on_disk = Catalog::decode(&w.document).expect("valid");
+    assert_eq!((on_disk.volumes[0].size_bytes, on_disk.volumes[0].storage_bytes), (6 << 20, 8 << 20));
+    assert!(on_disk.exports_shrunk().is_empty(), "the pending grow is served at its new size");
+    // Format 1: the same document without storage sizes.
+    let old = Catalog {
+        version: 1,
+        next_id: 3,
+        volumes: vec![CatalogVolume::new("b".into(), 4 << 20, 1)],
+        intentions: vec![Intention {
+            id: 2,
+            op: Intent::Resize {
+                name: "b".into(),
+                volume_id: 1,
+                from_bytes: 4 << 20,
+                size_bytes: 8 << 20,
+                storage_bytes: 8 << 20,
+            },
+        }],
+    };
+    let mut body = Vec::new();
+    body.extend_from_slice(&1u64.to_le_bytes());
+    body.extend_from_slice(&3u64.to_le_bytes());
+    body.extend_from_slice(&1u32.to_le_bytes());
+    put_name(&mut body, "b");
+    body.extend_from_slice(&(4u64 << 20).to_le_bytes());
+    body.extend_from_slice(&1u64.to_le_bytes());
+    body.extend_from_slice(&1u32.to_le_bytes());
+    body.extend_from_slice(&2u64.to_le_bytes());
+    body.push(INTENT_RESIZE);
+    put_name(&mut body, "b");
+    for n in [1u64, 4 << 20, 8 << 20] {
+        body.extend_from_slice(&n.to_le_bytes());
+    }
+    let mut doc = MAGIC_V1.to_vec();
+    doc.extend_from_slice(&(body.len() as u32).to_le_bytes());
+    doc.extend_from_slice(&crc32c::crc32c(&body).to_le_bytes());
+    doc.extend_from_slice(&body);
+    doc.resize(4096, 0);
+    assert_eq!(Catalog::decode(&doc), Ok(old));
 }

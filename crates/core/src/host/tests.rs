@@ -1380,7 +1380,7 @@ fn volumes_added_while_running_are_created_everywhere_and_survive_a_restart() {
     c.core.config.exports.clear();
     c.new_host(epoch + 1, 99, &[0, 1, 2]);
     assert_eq!(c.core.status(c.now).volumes.len(), 1);
-    c.core.restart_with_volumes(c.now, vec![("disk".into(), spec)]).expect("restarted");
+    c.core.restart_with_volumes(c.now, vec![("disk".into(), spec)], &[]).expect("restarted");
     c.run();
     c.reconnect(&[0, 1, 2]);
     assert_eq!(c.core.status(c.now).volumes.len(), 2);
@@ -1459,7 +1459,7 @@ fn volumes_removed_while_running_leave_every_element() {
     c.core.config.exports.clear();
     c.new_host(epoch + 1, 99, &[0, 2]);
     let placeholder = VolumeSpec { name: "other#9".into(), size_bytes: 0 };
-    c.core.restart_with_volumes(c.now, vec![("other".into(), placeholder)]).expect("restarted");
+    c.core.restart_with_volumes(c.now, vec![("other".into(), placeholder)], &[]).expect("restarted");
     c.run();
     c.reconnect(&[0, 1, 2]);
     assert!(!held_other(&c, 1), "the element that was down removed it from the new host element's hello");
@@ -1480,18 +1480,27 @@ fn volumes_grown_while_running_grow_on_every_element_and_take_writes_beyond_the_
         c.elements[i].storage.vols.iter().find(|v| v.name == "disk#7").map(|v| v.data.len() as u64)
     };
     // Refused, changing nothing: an unknown volume, a size not larger, a size not of blocks.
-    assert!(c.core.resize_volume(c.now, "nope#1", 2 << 20).is_err());
-    let same = c.core.resize_volume(c.now, "disk#7", 1 << 20).expect_err("not larger");
-    assert!(same.contains("does not shrink"), "{same}");
-    assert!(c.core.resize_volume(c.now, "disk#7", (2 << 20) + 512).is_err());
+    assert!(c.core.resize_volume(c.now, "nope#1", 2 << 20, 2 << 20).is_err());
+    let smaller = c.core.resize_volume(c.now, "disk#7", 4096, 4096).expect_err("storage smaller");
+    assert!(smaller.contains("never shrinks"), "{smaller}");
+    assert!(c
+        .core
+        .resize_volume(c.now, "disk#7", 1 << 20, 2 << 20)
+        .expect_err("export past")
+        .contains("cannot export"));
+    assert!(c.core.resize_volume(c.now, "disk#7", (2 << 20) + 512, (2 << 20) + 512).is_err());
     assert_eq!(c.core.config().volumes[disk.0 as usize].size_bytes, 1 << 20);
     // Element 2 is down. A write under way at the resize, and one into the new blocks right
     // after it: the elements grow the volume first.
     c.crash(2);
     let before = c.token();
     c.core.handle_host_write(c.now, before, disk, Op::write(0, Bytes::from(vec![0x11; 4096])));
-    assert_eq!(c.core.resize_volume(c.now, "disk#7", 4 << 20), Ok(disk));
-    assert!(c.core.resize_volume(c.now, "disk#7", 8 << 20).expect_err("one at a time").contains("being resized"));
+    assert_eq!(c.core.resize_volume(c.now, "disk#7", 4 << 20, 4 << 20), Ok(disk));
+    assert!(c
+        .core
+        .resize_volume(c.now, "disk#7", 8 << 20, 8 << 20)
+        .expect_err("one at a time")
+        .contains("being resized"));
     assert!(c.core.config().exported().iter().any(|e| e.name == "disk" && e.size_bytes == 4 << 20));
     let beyond = c.token();
     c.core.handle_host_write(c.now, beyond, disk, Op::write(3 << 20, Bytes::from(vec![0x22; 8192])));
@@ -1507,10 +1516,47 @@ fn volumes_grown_while_running_grow_on_every_element_and_take_writes_beyond_the_
     let v = c.elements[2].storage.vols.iter().find(|v| v.name == "disk#7").expect("held");
     assert_eq!(&v.data[3 << 20..(3 << 20) + 8192], &[0x22; 8192][..]);
     // It grows again, now with every element in session.
-    c.core.resize_volume(c.now, "disk#7", 8 << 20).expect("grown again");
+    c.core.resize_volume(c.now, "disk#7", 8 << 20, 8 << 20).expect("grown again");
     c.run();
     assert!(c.events.contains(&Event::VolumeResized { volume: disk, size_bytes: 8 << 20 }));
     assert!((0..3).all(|i| size_on(&c, i) == Some(8 << 20)));
+}
+
+/// A resize within the storage volume changes only the export: the storage keeps its size on
+/// every element and `Event::VolumeResized` comes at once. A start over serves a shrunk
+/// export at its size.
+#[test]
+fn a_resize_within_the_storage_volume_changes_only_the_export() {
+    let mut c = Cluster::new(3, 2);
+    let spec = VolumeSpec { name: "disk#3".into(), size_bytes: 2 << 20 };
+    let disk = c.core.add_volumes(c.now, vec![("disk".into(), spec.clone())]).expect("added")[0];
+    c.run();
+    let export = |c: &Cluster| c.core.config().exported().iter().find(|e| e.name == "disk").map(|e| e.size_bytes);
+    let sent = c.elements.iter().map(|e| e.storage.vols.len()).sum::<usize>();
+    c.core.resize_volume(c.now, "disk#3", 2 << 20, 1 << 20).expect("shrunk");
+    assert!(c
+        .core
+        .poll_action()
+        .is_some_and(|a| a == Action::Event(Event::VolumeResized { volume: disk, size_bytes: 1 << 20 })));
+    assert_eq!(export(&c), Some(1 << 20));
+    assert_eq!(c.core.config().volumes[disk.0 as usize].size_bytes, 2 << 20, "the storage keeps its size");
+    c.run();
+    let sizes: Vec<Option<u64>> = (0..3)
+        .map(|i| c.elements[i].storage.vols.iter().find(|v| v.name == "disk#3").map(|v| v.data.len() as u64))
+        .collect();
+    assert_eq!(sizes, [Some(2 << 20); 3]);
+    assert_eq!(c.elements.iter().map(|e| e.storage.vols.len()).sum::<usize>(), sent);
+    // Grown back within the storage, then a start over that serves it shrunk.
+    c.core.resize_volume(c.now, "disk#3", 2 << 20, 3 << 19).expect("grown back");
+    assert_eq!(export(&c), Some(3 << 19));
+    c.run();
+    c.core.restart(c.now, Epoch(9), ElementId(0), Epoch(8));
+    c.run();
+    let bad = c.core.restart_with_volumes(c.now, vec![("disk".into(), spec.clone())], &[("else#1".into(), 4096)]);
+    assert!(bad.is_err());
+    c.core.restart_with_volumes(c.now, vec![("disk".into(), spec)], &[("disk#3".into(), 1 << 20)]).expect("restarted");
+    assert_eq!(export(&c), Some(1 << 20));
+    assert_eq!(c.core.config().volumes.iter().find(|v| v.name == "disk#3").map(|v| v.size_bytes), Some(2 << 20));
 }
 
 /// A takeover (`restart`, above an epoch whose owner is gone) starts over with the volumes the
@@ -1532,7 +1578,7 @@ fn a_takeover_starts_over_with_the_configured_volumes_only() {
     c.run();
     assert!(c.events.iter().any(|e| matches!(e, Event::Restarted { to: Epoch(9), .. })), "{:?}", c.events);
     // The catalog read again names the volume: served again, under a newer epoch.
-    c.core.restart_with_volumes(c.now, vec![("disk".into(), spec)]).expect("restarted");
+    c.core.restart_with_volumes(c.now, vec![("disk".into(), spec)], &[]).expect("restarted");
     assert_eq!(names(&c), ["vol0", "disk#1"]);
     assert_eq!(c.core.epoch(), Epoch(10));
     assert_eq!(c.core.takeovers(), 1, "not a takeover");
