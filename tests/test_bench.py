@@ -108,9 +108,14 @@ def test_bench_smfs_quick(starfish_bin, workdir):
 @pytest.mark.time_limit(200)
 def test_bench_volume_ops_quick(starfish_bin, workdir):
     rows = bench_rows(starfish_bin, workdir, "volume-ops", 180)
-    assert {(r["op"], r["policy"], r["offered_ops_s"]) for r in rows} == {
-        (op, p, load) for op in ("create", "delete") for p in ("none", "single", "group") for load in (20, 100)
-    }, rows
+    expected = {
+        (op, p, load)
+        for op in ("create", "grow", "shrink", "delete")
+        for p in ("none", "single", "group")
+        for load in (20, 100)
+        if p != "none" or op in ("create", "delete")
+    }
+    assert {(r["op"], r["policy"], r["offered_ops_s"]) for r in rows} == expected, rows
     for row in rows:
         positive(row, "achieved_ops_s", "latency_mean_ms", "latency_p50_ms", "latency_p99_ms")
         assert row["failed"] == 0, row

@@ -2,12 +2,15 @@
 //! Fig. 4 — operation latency against offered load for the three coordinator logging policies
 //! (`--intention-log none`, `single`, `group`), with real processes: three elements on this
 //! machine's disk (every store fsyncs), quorum 2, no emulated links. The operations are `volume
-//! create` of a 1 MiB volume, then `volume delete` of the volumes just created, each sent to
-//! the admin endpoint open-loop at a fixed rate (one thread per request, so a slow answer never
-//! delays the next request), each policy on a fresh cluster, the loads in increasing order.
+//! create` of a 1 MiB volume, then `volume resize` of those volumes to 2 MiB (`grow`) and back
+//! to 1 MiB (`shrink`: the tail zeroed through the elements' write stream before the answer),
+//! then `volume delete` of them, each sent to the admin endpoint open-loop at a fixed rate (one
+//! thread per request, so a slow answer never delays the next request), each policy on a fresh
+//! cluster, the loads in increasing order. Resizes are always logged, so policy `none` has no
+//! resize rows.
 //!
-//! Rows: `op` (create, delete), `policy`, `offered_ops_s`, `ops`, `achieved_ops_s`,
-//! `latency_mean_ms`, `latency_p50_ms`, `latency_p99_ms`, `failed`.
+//! Rows: `op` (create, grow, shrink, delete), `policy`, `offered_ops_s`, `ops`,
+//! `achieved_ops_s`, `latency_mean_ms`, `latency_p50_ms`, `latency_p99_ms`, `failed`.
 
 use std::time::{Duration, Instant};
 
@@ -17,6 +20,8 @@ use super::cluster::{admin_request, Cluster, ClusterSpec, Site};
 use super::{cell, new_row, number, set_number, text_table, Bench, Mode, Row};
 
 const POLICIES: [&str; 3] = ["none", "single", "group"];
+/// In this order, on the same volumes.
+const OPS: [&str; 4] = ["create", "grow", "shrink", "delete"];
 const ADMIN_TIMEOUT: Duration = Duration::from_secs(60);
 
 pub fn run(bench: &Bench) -> Result<Vec<Row>> {
@@ -41,7 +46,10 @@ pub fn run(bench: &Bench) -> Result<Vec<Row>> {
         bench.progress(&format!("intention log {policy}: starting a cluster"));
         let mut cluster = Cluster::start(&bench.bin, &bench.work, &spec)?;
         for &load in loads {
-            for op in ["create", "delete"] {
+            for op in OPS {
+                if policy == "none" && matches!(op, "grow" | "shrink") {
+                    continue;
+                }
                 bench.progress(&format!("intention log {policy}: {ops} × volume {op} at {load}/s"));
                 let latencies = offer(&cluster, op, policy, load, ops)?;
                 cluster.check_alive()?;
@@ -84,9 +92,12 @@ fn offer(cluster: &Cluster, op: &str, policy: &str, load: u32, ops: usize) -> Re
             if let Some(wait) = due.checked_duration_since(Instant::now()) {
                 std::thread::sleep(wait);
             }
+            let name = format!("{policy}-{load}-{i}");
             let path = match op {
-                "create" => format!("/volumes/create?name={policy}-{load}-{i}&size={}", 1 << 20),
-                _ => format!("/volumes/delete?name={policy}-{load}-{i}"),
+                "create" => format!("/volumes/create?name={name}&size={}", 1 << 20),
+                "grow" => format!("/volumes/resize?name={name}&size={}", 2 << 20),
+                "shrink" => format!("/volumes/resize?name={name}&size={}&shrink=1", 1 << 20),
+                _ => format!("/volumes/delete?name={name}"),
             };
             std::thread::spawn(move || {
                 let sent = Instant::now();
@@ -129,7 +140,8 @@ pub fn text(rows: &[Row]) -> String {
         })
         .collect();
     let mut notes = vec![
-        "volume create (1 MiB), then volume delete of those volumes, open-loop against the admin endpoint; three elements on this disk, Q=2.".to_string(),
+        "volume create (1 MiB), volume resize of those volumes to 2 MiB (grow) and back (shrink), then volume delete of them, open-loop against the admin endpoint; three elements on this disk, Q=2.".to_string(),
+        "resizes are always logged: policy none has no grow or shrink rows.".to_string(),
         "none: no intention logged before executing (a crash mid-way leaves an orphan); single: one catalog write + FLUSH per intention; group: up to 10 ms or 5 intentions per write.".to_string(),
     ];
     // Rows from before deletions were measured have no `op`: they are creations.
@@ -143,7 +155,7 @@ pub fn text(rows: &[Row]) -> String {
             .and_then(|r| number(r, "latency_mean_ms"))
     };
     if let Some(top) = rows.iter().filter_map(|r| number(r, "offered_ops_s")).reduce(f64::max) {
-        for op in ["create", "delete"] {
+        for op in OPS {
             if let (Some(single), Some(group)) = (at(op, "single", top), at(op, "group", top)) {
                 notes.push(format!(
                     "volume {op} at {top:.0}/s: group commit {:.2}x the latency of single commit",
