@@ -2,7 +2,7 @@
 # Coverage-guided fuzzing of the decoders that face the network and the disk (cargo-fuzz and
 # libFuzzer, on the nightly toolchain): the NBD handshake and transmission decoders, the
 # element wire frames, the element log's record parser, opening a damaged data directory, and
-# the admin request parser.
+# the admin request parser and the catalog of volumes created while running.
 #
 #     bash scripts/fuzz.sh                    # every target for 8 s (the test command does this)
 #     bash scripts/fuzz.sh 600                # every target for 600 s
@@ -23,7 +23,7 @@ seconds="${1:-8}"
 shift || true
 targets=("$@")
 if [[ ${#targets[@]} -eq 0 ]]; then
-    targets=(admin_request log_record nbd_handshake nbd_transmission wire_frame store_open)
+    targets=(admin_request catalog log_record nbd_handshake nbd_transmission wire_frame store_open)
 fi
 
 if ! cargo +nightly --version >/dev/null 2>&1; then
