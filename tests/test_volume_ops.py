@@ -30,6 +30,20 @@ def listing(cluster):
     return {v["name"]: v for v in doc["volumes"]}
 
 
+def abort_host_at(cluster, failpoint, operation):
+    """Restart the host element with `STARFISH_FAILPOINT=failpoint`, run `operation` (which
+    must fail: the host element aborts mid-way), wait for the abort, and start the host
+    element again without the failpoint."""
+    cluster.stop_host()
+    cluster.host.env = {**os.environ, "STARFISH_FAILPOINT": failpoint}
+    cluster.start_host()
+    result = operation()
+    assert result.returncode != 0, f"the host element aborted at {failpoint}"
+    harness.wait_until(lambda: not cluster.host.alive(), 10, "the host element to abort")
+    cluster.host.env = None
+    cluster.start_host()
+
+
 def write_pattern(cluster, name, seed):
     data = harness.random_bytes(256 * 1024, seed)
     with Client(cluster.uri(name)) as client:
@@ -151,14 +165,7 @@ def test_an_element_down_during_a_creation_gets_the_volume_when_it_comes_back(cl
 @pytest.mark.parametrize("step", ["after-intention", "after-add", "before-completion"])
 def test_a_host_element_killed_at_each_step_of_a_creation_rolls_it_forward(make_cluster, step):
     cluster = make_cluster()
-    cluster.stop_host()
-    cluster.host.env = {**os.environ, "STARFISH_FAILPOINT": f"volume-create:{step}"}
-    cluster.start_host()
-    result = create(cluster, "crashy", "16MiB", check=False)
-    assert result.returncode != 0, "the host element aborted mid-way"
-    harness.wait_until(lambda: not cluster.host.alive(), 10, "the host element to abort")
-    cluster.host.env = None
-    cluster.start_host()
+    abort_host_at(cluster, f"volume-create:{step}", lambda: create(cluster, "crashy", "16MiB", check=False))
     # The intention was logged before anything was done: the new host element finished it.
     volumes = listing(cluster)
     assert "crashy" in volumes, f"after a crash {step}, the creation was lost: {volumes}"
@@ -173,13 +180,7 @@ def test_without_the_intention_log_a_crash_before_the_completion_leaves_an_orpha
     element dies before the completion is written — the volume exists on the elements, and
     no catalog names it."""
     cluster = make_cluster(host_extra=["--intention-log", "none"])
-    cluster.stop_host()
-    cluster.host.env = {**os.environ, "STARFISH_FAILPOINT": "volume-create:before-completion"}
-    cluster.start_host()
-    assert create(cluster, "orphan", "16MiB", check=False).returncode != 0
-    harness.wait_until(lambda: not cluster.host.alive(), 10, "the host element to abort")
-    cluster.host.env = None
-    cluster.start_host()
+    abort_host_at(cluster, "volume-create:before-completion", lambda: create(cluster, "orphan", "16MiB", check=False))
     assert "orphan" not in listing(cluster)
     assert not cluster.stop()
     copies = element_copies(cluster, next(iter(orphans(cluster))))
@@ -308,15 +309,12 @@ def test_a_host_element_killed_at_each_step_of_a_deletion_rolls_it_forward(make_
     cluster = make_cluster()
     doc = create(cluster, "doomed", "16MiB")
     write_pattern(cluster, "doomed", 4)
-    cluster.stop_host()
-    cluster.host.env = {**os.environ, "STARFISH_FAILPOINT": f"volume-delete:{step}"}
-    cluster.start_host()
-    assert "doomed" in listing(cluster)
-    result = delete(cluster, "doomed", check=False)
-    assert result.returncode != 0, "the host element aborted mid-way"
-    harness.wait_until(lambda: not cluster.host.alive(), 10, "the host element to abort")
-    cluster.host.env = None
-    cluster.start_host()
+
+    def operation():
+        assert "doomed" in listing(cluster)
+        return delete(cluster, "doomed", check=False)
+
+    abort_host_at(cluster, f"volume-delete:{step}", operation)
     # The intention was logged before anything was done: the new host element finished it,
     # on every element.
     harness.wait_until(lambda: "doomed" not in listing(cluster), 30, "the deletion to be finished")
@@ -409,14 +407,7 @@ def test_a_host_element_killed_at_each_step_of_a_resize_rolls_it_forward(make_cl
     cluster = make_cluster()
     doc = create(cluster, "elastic", "16MiB")
     data = write_pattern(cluster, "elastic", 6)
-    cluster.stop_host()
-    cluster.host.env = {**os.environ, "STARFISH_FAILPOINT": f"volume-resize:{step}"}
-    cluster.start_host()
-    result = resize(cluster, "elastic", "32MiB", check=False)
-    assert result.returncode != 0, "the host element aborted mid-way"
-    harness.wait_until(lambda: not cluster.host.alive(), 10, "the host element to abort")
-    cluster.host.env = None
-    cluster.start_host()
+    abort_host_at(cluster, f"volume-resize:{step}", lambda: resize(cluster, "elastic", "32MiB", check=False))
     # The intention was logged before anything was done: the new host element finished it,
     # and every element grew the volume.
     volumes = listing(cluster)
@@ -527,14 +518,7 @@ def test_a_host_element_killed_at_each_step_of_a_shrink_finishes_it_on_restart(m
     doc = create(cluster, "tight", "32MiB")
     data = write_pattern(cluster, "tight", 8)
     run(["qemu-io", "-f", "raw", "-c", "write -P 0x44 16M 16M", cluster.uri("tight")])
-    cluster.stop_host()
-    cluster.host.env = {**os.environ, "STARFISH_FAILPOINT": f"volume-resize:{step}"}
-    cluster.start_host()
-    result = shrink(cluster, "tight", "16MiB", check=False)
-    assert result.returncode != 0, "the host element aborted mid-way"
-    harness.wait_until(lambda: not cluster.host.alive(), 10, "the host element to abort")
-    cluster.host.env = None
-    cluster.start_host()
+    abort_host_at(cluster, f"volume-resize:{step}", lambda: shrink(cluster, "tight", "16MiB", check=False))
     # The intention was logged first: the new host element serves the new size, zeroes the
     # tail again and completes the shrink.
     harness.wait_until(lambda: listing(cluster)["tight"]["state"] == "ready", 30, "the shrink's completion")

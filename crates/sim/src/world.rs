@@ -3327,20 +3327,26 @@ impl World {
         v
     }
 
+    /// Whether every request of created volume `ci` that the running host element took has
+    /// been answered, with that host element serving and its catalog read: a deletion or a
+    /// shrink waits for that (as an operator disconnects the clients first).
+    fn drained(&self, ci: usize) -> bool {
+        let Some(host) = self.host.as_ref() else { return false };
+        if !host.ready || host.catalog.is_none() || host.paused_until.is_some() {
+            return false;
+        }
+        let (v, instance) = (self.created[ci].volume, host.instance);
+        !self.model.ops().any(|(_, op)| op.volume == v && op.instance == instance && op.outcome == Outcome::Pending)
+    }
+
     /// An operator asks for a volume: checked on the elements, then logged and carried out.
     fn volume_op(&mut self) {
         let Some(host) = self.host.as_ref() else { return };
         if let Some((ci, size_bytes)) = host.draining_shrink {
-            if !host.ready || host.catalog.is_none() || host.paused_until.is_some() {
+            if !self.drained(ci) {
                 return;
             }
             let v = self.created[ci].volume;
-            let instance = host.instance;
-            let busy =
-                |op: &crate::model::OpRec| op.volume == v && op.instance == instance && op.outcome == Outcome::Pending;
-            if self.model.ops().any(|(_, op)| busy(op)) {
-                return;
-            }
             let name = self.created[ci].name.clone();
             let now = self.now;
             let host = self.host.as_mut().expect("checked");
@@ -3363,18 +3369,10 @@ impl World {
             return;
         }
         if let Some(ci) = host.draining {
-            if !host.ready || host.catalog.is_none() || host.paused_until.is_some() {
+            if !self.drained(ci) {
                 return;
             }
-            // The deletion waits for the requests of its volume to end (as an operator
-            // disconnects the clients first).
             let v = self.created[ci].volume;
-            let instance = host.instance;
-            let busy =
-                |op: &crate::model::OpRec| op.volume == v && op.instance == instance && op.outcome == Outcome::Pending;
-            if self.model.ops().any(|(_, op)| busy(op)) {
-                return;
-            }
             // Its acknowledged writes are checked against its replicas before they go: the
             // deletion waits until an in-sync element applied everything the host element sent.
             let Some(canonical) = self.caught_up_element(&self.created[ci].storage) else { return };
