@@ -491,6 +491,9 @@ def test_shrink_zeroes_what_lies_past_the_new_end_frees_it_and_a_grow_back_reads
     assert nbd_size(cluster, "shrinking") == 16 * MiB
     listed = listing(cluster)["shrinking"]
     assert (listed["size_bytes"], listed["storage_bytes"]) == (16 * MiB, 80 * MiB), listed
+    table = volume_cmd(cluster, "list").stdout.splitlines()
+    row = next(line.split() for line in table if line.startswith("shrinking "))
+    assert row[1:3] == ["16.0MiB", "80.0MiB"], table
     assert read_pattern(cluster, "shrinking", len(data)) == data
     resize(cluster, "shrinking", "80MiB")
     run(["qemu-io", "-f", "raw", "-c", "read -P 0 16M 64M", cluster.uri("shrinking")])

@@ -798,12 +798,15 @@ fn volume(args: VolumeArgs) -> Result<()> {
                 println!("{doc}");
                 return Ok(());
             }
-            println!("{:<24} {:>12}  {:<10}  {:<8}  STATE", "NAME", "SIZE", "ORIGIN", "GROUP");
+            println!("{:<24} {:>12} {:>12}  {:<10}  {:<8}  STATE", "NAME", "SIZE", "STORED", "ORIGIN", "GROUP");
             for v in doc["volumes"].as_array().into_iter().flatten() {
+                // The storage volume on the elements: larger than the size after a shrink.
+                let stored = v["storage_bytes"].as_u64().or(v["size_bytes"].as_u64());
                 println!(
-                    "{:<24} {:>12}  {:<10}  {:<8}  {}",
+                    "{:<24} {:>12} {:>12}  {:<10}  {:<8}  {}",
                     v["name"].as_str().unwrap_or("?"),
                     v["size_bytes"].as_u64().map_or("-".to_string(), config::format_size_approx),
+                    stored.map_or("-".to_string(), config::format_size_approx),
                     v["origin"].as_str().unwrap_or("?"),
                     v["group"].as_str().unwrap_or("-"),
                     v["state"].as_str().unwrap_or("?"),
