@@ -3580,34 +3580,28 @@ impl World {
         let Some(z) = host.zeroing.clone() else { return };
         let v = self.created[z.created].volume;
         let outcome = |id: Option<u64>| id.map(|id| self.model.op(id).outcome);
-        match (outcome(z.zero), outcome(z.flush)) {
-            (None, _) if self.o.broken == Broken::ShrinkKeepsTail => {
-                // The broken variant: the tail is left as it is (a FLUSH stands in for the
-                // zeroing).
-                let id = self.submit(OpKind::Flush, v, 0, 0, None);
-                self.set_zeroing(|z| z.zero = Some(id));
-            }
-            (None, _)
-            | (Some(Outcome::ReadOnly | Outcome::QuorumLost | Outcome::Unavailable | Outcome::NoReply), _) => {
+        let (zero, flush) = (outcome(z.zero), outcome(z.flush));
+        // Not asked yet, or failed: asked (again).
+        let to_ask = |o: Option<Outcome>| o.is_none_or(|o| !matches!(o, Outcome::Ok | Outcome::Pending));
+        if to_ask(zero) {
+            // The broken variant leaves the tail as it is: a FLUSH stands in for the zeroing.
+            let id = if self.o.broken == Broken::ShrinkKeepsTail {
+                self.submit(OpKind::Flush, v, 0, 0, None)
+            } else {
                 self.trace(|| {
                     format!("volume shrink: zeroing sectors {}..{} of volume {v}", z.from_sector, z.to_sector)
                 });
-                let id = self.submit(OpKind::Zero, v, z.from_sector, z.to_sector - z.from_sector, None);
-                self.set_zeroing(|z| {
-                    z.zero = Some(id);
-                    z.flush = None;
-                });
-            }
-            (Some(Outcome::Ok), None)
-            | (
-                Some(Outcome::Ok),
-                Some(Outcome::ReadOnly | Outcome::QuorumLost | Outcome::Unavailable | Outcome::NoReply),
-            ) => {
-                let id = self.submit(OpKind::Flush, v, 0, 0, None);
-                self.set_zeroing(|z| z.flush = Some(id));
-            }
-            (Some(Outcome::Ok), Some(Outcome::Ok)) => self.shrink_acknowledged(z),
-            _ => {}
+                self.submit(OpKind::Zero, v, z.from_sector, z.to_sector - z.from_sector, None)
+            };
+            self.set_zeroing(|z| {
+                z.zero = Some(id);
+                z.flush = None;
+            });
+        } else if zero == Some(Outcome::Ok) && to_ask(flush) {
+            let id = self.submit(OpKind::Flush, v, 0, 0, None);
+            self.set_zeroing(|z| z.flush = Some(id));
+        } else if zero == Some(Outcome::Ok) && flush == Some(Outcome::Ok) {
+            self.shrink_acknowledged(z);
         }
     }
 
