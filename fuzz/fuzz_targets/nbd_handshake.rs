@@ -8,8 +8,8 @@ use nbd::{ExportInfo, Handshake, HandshakeConfig, HANDSHAKE_INPUT_BYTES_MAX};
 fuzz_target!(|data: &[u8]| {
     let Some((&config, rest)) = data.split_first() else { return };
     let exports = vec![
-        ExportInfo { name: "vol0".into(), size_bytes: 1 << 30, description: "a volume".into() },
-        ExportInfo { name: String::new(), size_bytes: 1000, description: String::new() },
+        ExportInfo { name: "vol0".into(), size_bytes: 1 << 30, description: "a volume".into(), read_only: false },
+        ExportInfo { name: String::new(), size_bytes: 1000, description: String::new(), read_only: false },
     ];
     let mut handshake = Handshake::new(HandshakeConfig { multi_conn: config & 1 != 0, tls: config & 2 != 0 });
     // The bytes arrive in pieces whose sizes the next input byte picks.

@@ -25,14 +25,22 @@ pub enum AdminRequest {
     Scrub { volume: String, rate_bytes_per_s: Option<u64> },
     /// `POST /volumes/create?name=NAME&size=BYTES`: create a volume (`starfish volume create`).
     VolumeCreate { name: String, size_bytes: u64 },
-    /// `POST /volumes/delete?name=NAME`: delete a volume created while running
-    /// (`starfish volume delete`).
-    VolumeDelete { name: String },
+    /// `POST /volumes/delete?name=NAME[&with_snapshots=1]`: delete a volume created while
+    /// running, with its snapshots if asked (`starfish volume delete [--with-snapshots]`).
+    VolumeDelete { name: String, with_snapshots: bool },
     /// `POST /volumes/resize?name=NAME&size=BYTES[&shrink=1]`: resize a volume created while
     /// running (`starfish volume resize [--shrink]`).
     VolumeResize { name: String, size_bytes: u64, shrink: bool },
     /// `GET /volumes`: every volume served (`starfish volume list`).
     VolumeList,
+    /// `POST /snapshots/create?volume=VOLUME&name=NAME`: take a snapshot (`starfish snapshot
+    /// create VOLUME NAME`).
+    SnapshotCreate { volume: String, name: String },
+    /// `POST /snapshots/delete?snapshot=VOLUME@NAME`: delete a snapshot (`starfish snapshot
+    /// delete VOLUME@NAME`).
+    SnapshotDelete { volume: String, name: String },
+    /// `GET /snapshots`: every snapshot (`starfish snapshot list`).
+    SnapshotList,
     /// A well-formed request for something else.
     NotFound,
     /// Not an HTTP/1 request line (the reason says why).
@@ -50,6 +58,8 @@ impl AdminRequest {
                 | AdminRequest::VolumeCreate { .. }
                 | AdminRequest::VolumeDelete { .. }
                 | AdminRequest::VolumeResize { .. }
+                | AdminRequest::SnapshotCreate { .. }
+                | AdminRequest::SnapshotDelete { .. }
         )
     }
 
@@ -63,6 +73,7 @@ impl AdminRequest {
                 | AdminRequest::Status
                 | AdminRequest::Metrics
                 | AdminRequest::VolumeList
+                | AdminRequest::SnapshotList
         )
     }
 }
@@ -115,6 +126,9 @@ pub fn classify(method: &str, target: &str) -> AdminRequest {
         }),
         ("POST", "/volumes/delete") => volume_delete(query),
         ("GET", "/volumes") => AdminRequest::VolumeList,
+        ("POST", "/snapshots/create") => snapshot_create(query),
+        ("POST", "/snapshots/delete") => snapshot_delete(query),
+        ("GET", "/snapshots") => AdminRequest::SnapshotList,
         _ => AdminRequest::NotFound,
     }
 }
@@ -152,6 +166,7 @@ fn volume_name(value: &str) -> Result<String, AdminRequest> {
 
 fn volume_delete(query: &str) -> AdminRequest {
     let mut name = None;
+    let mut with_snapshots = false;
     for pair in query.split('&').filter(|p| !p.is_empty()) {
         let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
         match key {
@@ -159,12 +174,58 @@ fn volume_delete(query: &str) -> AdminRequest {
                 Ok(n) => name = Some(n),
                 Err(malformed) => return malformed,
             },
-            _ => return AdminRequest::Malformed("POST /volumes/delete takes name= only"),
+            "with_snapshots" => match value {
+                "1" | "true" => with_snapshots = true,
+                "0" | "false" => with_snapshots = false,
+                _ => return AdminRequest::Malformed("with_snapshots= must be 1 or 0"),
+            },
+            _ => return AdminRequest::Malformed("POST /volumes/delete takes name= and with_snapshots= only"),
         }
     }
     match name {
-        Some(name) => AdminRequest::VolumeDelete { name },
+        Some(name) => AdminRequest::VolumeDelete { name, with_snapshots },
         None => AdminRequest::Malformed("POST /volumes/delete needs ?name=NAME"),
+    }
+}
+
+fn snapshot_create(query: &str) -> AdminRequest {
+    let (mut volume, mut name) = (None, None);
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+        let slot = match key {
+            "volume" => &mut volume,
+            "name" => &mut name,
+            _ => return AdminRequest::Malformed("POST /snapshots/create takes volume= and name= only"),
+        };
+        match volume_name(value) {
+            Ok(n) => *slot = Some(n),
+            Err(malformed) => return malformed,
+        }
+    }
+    match (volume, name) {
+        (Some(volume), Some(name)) => AdminRequest::SnapshotCreate { volume, name },
+        _ => AdminRequest::Malformed("POST /snapshots/create needs ?volume=VOLUME&name=NAME"),
+    }
+}
+
+fn snapshot_delete(query: &str) -> AdminRequest {
+    let mut snapshot = None;
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+        match (key, percent_decode(value)) {
+            ("snapshot", Some(s)) if s.len() <= 511 => match s.rsplit_once('@') {
+                Some((volume, name)) if !volume.is_empty() && !name.is_empty() => {
+                    snapshot = Some((volume.to_string(), name.to_string()))
+                }
+                _ => return AdminRequest::Malformed("snapshot= must be VOLUME@NAME, percent-encoded"),
+            },
+            ("snapshot", _) => return AdminRequest::Malformed("snapshot= must be VOLUME@NAME, percent-encoded"),
+            _ => return AdminRequest::Malformed("POST /snapshots/delete takes snapshot= only"),
+        }
+    }
+    match snapshot {
+        Some((volume, name)) => AdminRequest::SnapshotDelete { volume, name },
+        None => AdminRequest::Malformed("POST /snapshots/delete needs ?snapshot=VOLUME@NAME"),
     }
 }
 
@@ -264,9 +325,25 @@ mod tests {
         assert_eq!(parse(b"GET /volumes HTTP/1.1\r\n\r\n"), AdminRequest::VolumeList);
         assert_eq!(
             parse(b"POST /volumes/delete?name=db%2D1 HTTP/1.1\r\n\r\n"),
-            AdminRequest::VolumeDelete { name: "db-1".into() }
+            AdminRequest::VolumeDelete { name: "db-1".into(), with_snapshots: false }
         );
-        assert!(AdminRequest::VolumeDelete { name: "v".into() }.is_order());
+        assert_eq!(
+            parse(b"POST /volumes/delete?name=db&with_snapshots=1 HTTP/1.1\r\n\r\n"),
+            AdminRequest::VolumeDelete { name: "db".into(), with_snapshots: true }
+        );
+        assert!(AdminRequest::VolumeDelete { name: "v".into(), with_snapshots: false }.is_order());
+        assert_eq!(
+            parse(b"POST /snapshots/create?volume=db&name=monday HTTP/1.1\r\n\r\n"),
+            AdminRequest::SnapshotCreate { volume: "db".into(), name: "monday".into() }
+        );
+        assert_eq!(
+            parse(b"POST /snapshots/delete?snapshot=db%40monday HTTP/1.1\r\n\r\n"),
+            AdminRequest::SnapshotDelete { volume: "db".into(), name: "monday".into() }
+        );
+        assert_eq!(parse(b"GET /snapshots HTTP/1.1\r\n\r\n"), AdminRequest::SnapshotList);
+        assert!(AdminRequest::SnapshotCreate { volume: "v".into(), name: "s".into() }.is_order());
+        assert!(AdminRequest::SnapshotDelete { volume: "v".into(), name: "s".into() }.is_order());
+        assert!(AdminRequest::SnapshotList.is_read() && !AdminRequest::SnapshotList.is_order());
         assert_eq!(
             parse(b"POST /volumes/resize?name=db-1&size=2147483648 HTTP/1.1\r\n\r\n"),
             AdminRequest::VolumeResize { name: "db-1".into(), size_bytes: 2 << 30, shrink: false }
@@ -309,6 +386,13 @@ mod tests {
             b"POST /volumes/create?size=4096 HTTP/1.1\r\n\r\n",
             b"POST /volumes/create?name=v&size=-1 HTTP/1.1\r\n\r\n",
             b"POST /volumes/create?name=v&size=1&group=g HTTP/1.1\r\n\r\n",
+            b"POST /volumes/delete?name=v&with_snapshots=maybe HTTP/1.1\r\n\r\n",
+            b"POST /snapshots/create?volume=v HTTP/1.1\r\n\r\n",
+            b"POST /snapshots/create?volume=v&name=s&size=1 HTTP/1.1\r\n\r\n",
+            b"POST /snapshots/delete?snapshot=v HTTP/1.1\r\n\r\n",
+            b"POST /snapshots/delete?snapshot=v@ HTTP/1.1\r\n\r\n",
+            b"POST /snapshots/delete?snapshot=@s HTTP/1.1\r\n\r\n",
+            b"POST /snapshots/delete HTTP/1.1\r\n\r\n",
             b"",
             b"\xff\xfe /status HTTP/1.1\r\n",
             b"GET /status\r\n",

@@ -9,20 +9,38 @@
 //! (durable on Q elements, whatever their ack policies). Its document:
 //!
 //! ```text
-//! "SFCATLG2" | u32 body length | u32 crc32c(body) | body
+//! "SFCATLG3" | u32 body length | u32 crc32c(body) | body
 //! body: u64 version | u64 next id | u32 n, n × volume | u32 m, m × intention
+//!       | u32 k, k × snapshot
 //! volume:    name | u64 size_bytes | u64 id | u64 storage_bytes
 //! intention: u64 id | u8 kind | kind 1, create: name | u64 size_bytes
 //!                             | kind 2, delete: name | u64 volume id | u64 size_bytes | u64 storage_bytes
+//!                                               | u32 j, j × snapshot (deleted with it)
 //!                             | kind 3, resize: name | u64 volume id | u64 from_bytes | u64 size_bytes
 //!                                               | u64 storage_bytes
+//!                             | kind 4, snapshot create: snapshot (its id is the intention's)
+//!                             | kind 5, snapshot delete: snapshot
+//! snapshot:  u64 id | name (the volume's) | u64 volume id (all ones: a configured volume)
+//!            | name (the snapshot's) | u64 size_bytes | u64 taken_at
 //! name:      u16 length | UTF-8
 //! ```
 //!
 //! `size_bytes` is the size exported over NBD; `storage_bytes` (at least as large) the size of
 //! the storage volume on the elements, which never shrinks. A document of format 1
 //! (`"SFCATLG1"`, no `storage_bytes`: nothing had shrunk) is read with `storage_bytes` equal to
-//! the size (a resize's: the larger of its two sizes).
+//! the size (a resize's: the larger of its two sizes); one of format 2 (`"SFCATLG2"`) has no
+//! snapshots.
+//!
+//! A snapshot (`starfish snapshot create VOLUME NAME`) is taken by a record in its volume's
+//! ordered stream (`Op::Snapshot` with the intention's id), so every element takes it at the
+//! same point, and one that is down takes it when it catches up. Its intention is logged, the
+//! record sent, and once Q elements hold it the completion lists the snapshot with `taken_at`,
+//! a sequence at or after its record's (an element that has applied that far holds it). It is
+//! exported read-only as `VOLUME@NAME`. A starting host element sends the record of a pending
+//! snapshot again (an element that holds that id already takes nothing) and completes it. A
+//! snapshot's deletion is a record too (`Op::SnapshotDelete`); the write that logs it drops the
+//! snapshot's entry. A volume with snapshots is deleted only with them (`--with-snapshots`):
+//! its deletion's intention keeps them, to list them again if it is undone.
 //!
 //! A deletion's intention leaves the volume's entry in the write that logs it; the intention
 //! stays until every configured element has removed the storage volume (an element that was
@@ -71,13 +89,21 @@ pub const GROUP_WAIT_MS: u64 = 10;
 /// ... or until this many wait.
 pub const GROUP_BATCH: usize = 5;
 
-const MAGIC: &[u8; 8] = b"SFCATLG2";
-/// Format 1: no storage sizes (read, never written).
+const MAGIC: &[u8; 8] = b"SFCATLG3";
+/// Format 2: no snapshots (read, never written).
+const MAGIC_V2: &[u8; 8] = b"SFCATLG2";
+/// Format 1: no storage sizes, no snapshots (read, never written).
 const MAGIC_V1: &[u8; 8] = b"SFCATLG1";
 const HEADER_BYTES: usize = 16;
 const INTENT_CREATE: u8 = 1;
 const INTENT_DELETE: u8 = 2;
 const INTENT_RESIZE: u8 = 3;
+const INTENT_SNAPSHOT_CREATE: u8 = 4;
+const INTENT_SNAPSHOT_DELETE: u8 = 5;
+/// The volume id of a snapshot of a configured volume (`--volume`), which no intention made.
+pub const CONFIGURED_VOLUME_ID: u64 = u64::MAX;
+/// Snapshots listed in the catalog, at most (each costs every element a block map).
+pub const CATALOG_SNAPSHOTS_MAX: usize = 1024;
 
 /// Every volume a host element serves: at most this many created while running.
 pub const CATALOG_VOLUMES_MAX: usize = crate::limits::VOLUMES_MAX - 64;
@@ -92,6 +118,32 @@ pub struct Catalog {
     pub volumes: Vec<CatalogVolume>,
     /// Intentions logged and not completed: a starting host element finishes them.
     pub intentions: Vec<Intention>,
+    /// Snapshots taken (their intentions completed), in id order.
+    pub snapshots: Vec<CatalogSnapshot>,
+}
+
+/// A snapshot of a volume, as listed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CatalogSnapshot {
+    /// The id of the intention that took it: the id its record gave it on the elements.
+    pub id: u64,
+    /// The volume it was taken of (its export name) ...
+    pub volume: String,
+    /// ... and that volume's id ([`CONFIGURED_VOLUME_ID`]: a configured volume).
+    pub volume_id: u64,
+    pub name: String,
+    /// The volume's exported size when it was taken: the snapshot's export size.
+    pub size_bytes: u64,
+    /// A sequence of the volume's storage volume at or after the snapshot's record (0 until
+    /// it is taken).
+    pub taken_at: u64,
+}
+
+impl CatalogSnapshot {
+    /// Its read-only export: `VOLUME@NAME`.
+    pub fn export_name(&self) -> String {
+        format!("{}@{}", self.volume, self.name)
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -132,12 +184,13 @@ pub enum Intent {
     },
     /// Delete the volume `name` that intention `volume_id` created (of `size_bytes` exported
     /// and `storage_bytes` stored, kept to list it again if the deletion is undone before it
-    /// was carried out).
+    /// was carried out), with its `snapshots` (`--with-snapshots`; kept the same way).
     Delete {
         name: String,
         volume_id: u64,
         size_bytes: u64,
         storage_bytes: u64,
+        snapshots: Vec<CatalogSnapshot>,
     },
     /// Export the volume `name` that intention `volume_id` created at `size_bytes` instead of
     /// `from_bytes`, its storage volume then being `storage_bytes` (grown if `size_bytes` is
@@ -149,22 +202,45 @@ pub enum Intent {
         size_bytes: u64,
         storage_bytes: u64,
     },
+    /// Take this snapshot (its `id` is the intention's; `taken_at` is set once it is taken).
+    SnapshotCreate {
+        snapshot: CatalogSnapshot,
+    },
+    /// Delete this snapshot (kept to list it again if the deletion is undone).
+    SnapshotDelete {
+        snapshot: CatalogSnapshot,
+    },
 }
 
 impl Intention {
     /// The volume it creates, deletes or resizes, as it is (or was) listed (a resize's at its
-    /// new size).
+    /// new size). Not for a snapshot's intention ([`Intention::snapshot`]).
     pub fn volume(&self) -> CatalogVolume {
         match &self.op {
             Intent::Create { name, size_bytes } => CatalogVolume::new(name.clone(), *size_bytes, self.id),
-            Intent::Delete { name, volume_id, size_bytes, storage_bytes }
+            Intent::Delete { name, volume_id, size_bytes, storage_bytes, .. }
             | Intent::Resize { name, volume_id, size_bytes, storage_bytes, .. } => CatalogVolume {
                 name: name.clone(),
                 size_bytes: *size_bytes,
                 id: *volume_id,
                 storage_bytes: *storage_bytes,
             },
+            Intent::SnapshotCreate { .. } | Intent::SnapshotDelete { .. } => {
+                unreachable!("a snapshot's intention is about a snapshot, not a volume")
+            }
         }
+    }
+
+    /// The snapshot a snapshot's intention takes or deletes.
+    pub fn snapshot(&self) -> Option<&CatalogSnapshot> {
+        match &self.op {
+            Intent::SnapshotCreate { snapshot } | Intent::SnapshotDelete { snapshot } => Some(snapshot),
+            _ => None,
+        }
+    }
+
+    pub fn is_snapshot(&self) -> bool {
+        self.snapshot().is_some()
     }
 
     pub fn is_create(&self) -> bool {
@@ -185,17 +261,23 @@ impl Intention {
         matches!(self.op, Intent::Resize { from_bytes, size_bytes, .. } if size_bytes < from_bytes)
     }
 
-    /// The id of the volume it is about (a creation's own).
+    /// The id of the volume it is about (a creation's own; a snapshot's volume's,
+    /// [`CONFIGURED_VOLUME_ID`] for a configured volume).
     pub fn volume_id(&self) -> u64 {
-        self.volume().id
+        match self.snapshot() {
+            Some(snapshot) => snapshot.volume_id,
+            None => self.volume().id,
+        }
     }
 
-    /// "create", "delete" or "resize".
+    /// "create", "delete", "resize", "snapshot" or "snapshot-delete".
     pub fn kind(&self) -> &'static str {
         match self.op {
             Intent::Create { .. } => "create",
             Intent::Delete { .. } => "delete",
             Intent::Resize { .. } => "resize",
+            Intent::SnapshotCreate { .. } => "snapshot",
+            Intent::SnapshotDelete { .. } => "snapshot-delete",
         }
     }
 }
@@ -316,10 +398,12 @@ impl Catalog {
 
     /// Finish every creation and grow as a starting host element does (its sessions carry
     /// them out by naming the volumes, at their sizes, in their hellos); deletions stay until
-    /// every element confirmed, shrinks until their tails are zeroed again.
+    /// every element confirmed, shrinks until their tails are zeroed again, snapshots until
+    /// their records are sent again.
     pub fn roll_forward(&mut self) -> usize {
-        let (done, pending): (Vec<Intention>, Vec<Intention>) =
-            std::mem::take(&mut self.intentions).into_iter().partition(|i| !i.is_delete() && !i.is_shrink());
+        let (done, pending): (Vec<Intention>, Vec<Intention>) = std::mem::take(&mut self.intentions)
+            .into_iter()
+            .partition(|i| !i.is_delete() && !i.is_shrink() && !i.is_snapshot());
         self.intentions = pending;
         let n = done.len();
         for i in &done {
@@ -336,6 +420,16 @@ impl Catalog {
             Intent::Create { .. } | Intent::Delete { .. } if done == i.is_create() => {
                 self.volumes.push(i.volume());
                 self.volumes.sort_by_key(|v| v.id);
+                if let Intent::Delete { snapshots, .. } = &i.op {
+                    self.snapshots.extend(snapshots.iter().cloned());
+                    self.snapshots.sort_by_key(|s| s.id);
+                }
+            }
+            Intent::SnapshotCreate { snapshot } | Intent::SnapshotDelete { snapshot }
+                if done == matches!(i.op, Intent::SnapshotCreate { .. }) =>
+            {
+                self.snapshots.push(snapshot.clone());
+                self.snapshots.sort_by_key(|s| s.id);
             }
             Intent::Resize { volume_id, size_bytes, storage_bytes, .. } if done => {
                 for v in self.volumes.iter_mut().filter(|v| v.id == *volume_id) {
@@ -343,6 +437,19 @@ impl Catalog {
                     v.storage_bytes = v.storage_bytes.max(*storage_bytes);
                 }
             }
+            _ => {}
+        }
+    }
+
+    /// What a deletion's intention, once logged, no longer lists: the volume and its
+    /// snapshots, or the snapshot.
+    fn drop_listed(&mut self, i: &Intention) {
+        match &i.op {
+            Intent::Delete { volume_id, .. } => {
+                self.volumes.retain(|v| v.id != *volume_id);
+                self.snapshots.retain(|s| s.volume_id != *volume_id);
+            }
+            Intent::SnapshotDelete { snapshot } => self.snapshots.retain(|s| s.id != snapshot.id),
             _ => {}
         }
     }
@@ -368,12 +475,21 @@ impl Catalog {
                     put_name(&mut body, name);
                     body.extend_from_slice(&size_bytes.to_le_bytes());
                 }
-                Intent::Delete { name, volume_id, size_bytes, storage_bytes } => {
+                Intent::Delete { name, volume_id, size_bytes, storage_bytes, snapshots } => {
                     body.push(INTENT_DELETE);
                     put_name(&mut body, name);
                     body.extend_from_slice(&volume_id.to_le_bytes());
                     body.extend_from_slice(&size_bytes.to_le_bytes());
                     body.extend_from_slice(&storage_bytes.to_le_bytes());
+                    put_snapshots(&mut body, snapshots);
+                }
+                Intent::SnapshotCreate { snapshot } => {
+                    body.push(INTENT_SNAPSHOT_CREATE);
+                    put_snapshot(&mut body, snapshot);
+                }
+                Intent::SnapshotDelete { snapshot } => {
+                    body.push(INTENT_SNAPSHOT_DELETE);
+                    put_snapshot(&mut body, snapshot);
                 }
                 Intent::Resize { name, volume_id, from_bytes, size_bytes, storage_bytes } => {
                     body.push(INTENT_RESIZE);
@@ -385,6 +501,7 @@ impl Catalog {
                 }
             }
         }
+        put_snapshots(&mut body, &self.snapshots);
         let mut out = Vec::with_capacity(HEADER_BYTES + body.len());
         out.extend_from_slice(MAGIC);
         out.extend_from_slice(&(body.len() as u32).to_le_bytes());
@@ -405,7 +522,7 @@ impl Catalog {
         if first.iter().all(|&b| b == 0) {
             return Ok(None);
         }
-        if &first[..8] != MAGIC && &first[..8] != MAGIC_V1 {
+        if ![MAGIC, MAGIC_V2, MAGIC_V1].contains(&&first[..8].try_into().expect("8 bytes")) {
             return Err("the catalog volume does not start with a catalog (bad magic)".into());
         }
         let body = u32::from_le_bytes(first[8..12].try_into().expect("4 bytes")) as u64;
@@ -429,6 +546,7 @@ impl Catalog {
             return Err("the catalog document fails its checksum".into());
         }
         let v1 = &bytes[..8] == MAGIC_V1;
+        let v3 = &bytes[..8] == MAGIC;
         let mut r = Reader { rest: body };
         // Format 1 has no storage sizes: each is the size (nothing had shrunk).
         let storage = |r: &mut Reader, size: u64| if v1 { Ok(size) } else { r.u64() };
@@ -458,7 +576,8 @@ impl Catalog {
                     let volume_id = r.u64()?;
                     let size_bytes = r.u64()?;
                     let storage_bytes = storage(&mut r, size_bytes)?;
-                    Intent::Delete { name, volume_id, size_bytes, storage_bytes }
+                    let snapshots = if v3 { r.snapshots()? } else { Vec::new() };
+                    Intent::Delete { name, volume_id, size_bytes, storage_bytes, snapshots }
                 }
                 INTENT_RESIZE => {
                     let name = r.name()?;
@@ -468,28 +587,52 @@ impl Catalog {
                     let storage_bytes = storage(&mut r, from_bytes.max(size_bytes))?;
                     Intent::Resize { name, volume_id, from_bytes, size_bytes, storage_bytes }
                 }
+                INTENT_SNAPSHOT_CREATE if v3 => Intent::SnapshotCreate { snapshot: r.snapshot()? },
+                INTENT_SNAPSHOT_DELETE if v3 => Intent::SnapshotDelete { snapshot: r.snapshot()? },
                 kind => return Err(format!("the catalog holds an intention of unknown kind {kind}")),
             };
             intentions.push(Intention { id, op });
         }
+        let snapshots = if v3 { r.snapshots()? } else { Vec::new() };
         if !r.rest.is_empty() {
             return Err("the catalog document has bytes after its end".into());
         }
-        let catalog = Catalog { version, next_id, volumes, intentions };
+        let catalog = Catalog { version, next_id, volumes, intentions, snapshots };
         catalog.check()?;
         Ok(catalog)
     }
 
     /// Names valid, sizes valid, ids below `next_id`; the volumes and creations distinct in
-    /// name and id; every id used once (a deletion's own and its volume's).
+    /// name and id; every id used once (a deletion's own and its volume's, a snapshot's); the
+    /// snapshots of a volume distinct in name.
     fn check(&self) -> Result<(), String> {
         let mut names: Vec<(&str, u64)> = self.volumes.iter().map(|v| (v.name.as_str(), v.id)).collect();
         let mut ids: Vec<u64> = names.iter().map(|(_, id)| *id).collect();
+        // Snapshots listed or being taken: distinct by volume and name.
+        let mut snapshots: Vec<&CatalogSnapshot> = self.snapshots.iter().collect();
+        ids.extend(self.snapshots.iter().map(|s| s.id));
         for i in &self.intentions {
             ids.push(i.id);
             match &i.op {
                 Intent::Create { name, .. } => names.push((name.as_str(), i.id)),
-                Intent::Delete { volume_id, .. } => ids.push(*volume_id),
+                Intent::Delete { volume_id, snapshots: deleted, .. } => {
+                    ids.push(*volume_id);
+                    ids.extend(deleted.iter().map(|s| s.id));
+                    if let Some(s) = deleted.iter().find(|s| s.volume_id != *volume_id) {
+                        return Err(format!("the catalog deletes snapshot {} with a volume it was not taken of", s.id));
+                    }
+                    check_snapshots(deleted)?;
+                }
+                Intent::SnapshotCreate { snapshot } => {
+                    if snapshot.id != i.id {
+                        return Err(format!("the catalog takes snapshot {} by intention {}", snapshot.id, i.id));
+                    }
+                    snapshots.push(snapshot);
+                }
+                Intent::SnapshotDelete { snapshot } => {
+                    ids.push(snapshot.id);
+                    check_snapshots(std::slice::from_ref(snapshot))?;
+                }
                 Intent::Resize { name, volume_id, from_bytes, size_bytes, storage_bytes } => {
                     let listed = self.volumes.iter().find(|v| v.id == *volume_id && &v.name == name);
                     let possible = listed
@@ -507,11 +650,22 @@ impl Catalog {
             }
         }
         // A resize takes no volume of its own (at most one per volume: checked below).
-        let taking = self.volumes.len() + self.intentions.iter().filter(|i| !i.is_resize()).count();
+        let taking = self.volumes.len() + self.intentions.iter().filter(|i| !i.is_resize() && !i.is_snapshot()).count();
         if taking > CATALOG_VOLUMES_MAX {
             return Err(format!("the catalog names {taking} volumes and intentions, more than {CATALOG_VOLUMES_MAX}"));
         }
-        for v in self.volumes.iter().cloned().chain(self.intentions.iter().map(Intention::volume)) {
+        let owned: Vec<CatalogSnapshot> = snapshots.iter().map(|s| (*s).clone()).collect();
+        check_snapshots(&owned)?;
+        if snapshots.len() > CATALOG_SNAPSHOTS_MAX {
+            return Err(format!("the catalog names {} snapshots, more than {CATALOG_SNAPSHOTS_MAX}", snapshots.len()));
+        }
+        for (k, s) in snapshots.iter().enumerate() {
+            if snapshots[..k].iter().any(|t| t.volume_id == s.volume_id && t.volume == s.volume && t.name == s.name) {
+                return Err(format!("the catalog names snapshot {} twice", s.export_name()));
+            }
+        }
+        let volumes = self.intentions.iter().filter(|i| !i.is_snapshot()).map(Intention::volume);
+        for v in self.volumes.iter().cloned().chain(volumes) {
             check_name(&v.name)?;
             check_size(v.size_bytes)?;
             check_size(v.storage_bytes)?;
@@ -539,6 +693,39 @@ impl Catalog {
 fn put_name(out: &mut Vec<u8>, name: &str) {
     out.extend_from_slice(&(name.len() as u16).to_le_bytes());
     out.extend_from_slice(name.as_bytes());
+}
+
+fn put_snapshot(out: &mut Vec<u8>, s: &CatalogSnapshot) {
+    out.extend_from_slice(&s.id.to_le_bytes());
+    put_name(out, &s.volume);
+    out.extend_from_slice(&s.volume_id.to_le_bytes());
+    put_name(out, &s.name);
+    out.extend_from_slice(&s.size_bytes.to_le_bytes());
+    out.extend_from_slice(&s.taken_at.to_le_bytes());
+}
+
+fn put_snapshots(out: &mut Vec<u8>, snapshots: &[CatalogSnapshot]) {
+    out.extend_from_slice(&(snapshots.len() as u32).to_le_bytes());
+    for s in snapshots {
+        put_snapshot(out, s);
+    }
+}
+
+/// Whether `name` may name a snapshot: as a volume's name (see [`check_name`]).
+pub fn check_snapshot_name(name: &str) -> Result<(), String> {
+    check_name(name).map_err(|e| e.replacen("volume name", "snapshot name", 1))
+}
+
+/// Names and sizes of snapshots as listed.
+fn check_snapshots(snapshots: &[CatalogSnapshot]) -> Result<(), String> {
+    for s in snapshots {
+        check_snapshot_name(&s.name)?;
+        check_size(s.size_bytes)?;
+        if s.volume.is_empty() || s.volume.len() > 255 {
+            return Err(format!("the catalog holds snapshot {} of a volume named {:?}", s.id, s.volume));
+        }
+    }
+    Ok(())
 }
 
 struct Reader<'a> {
@@ -571,6 +758,20 @@ impl Reader<'_> {
         let n = u16::from_le_bytes(self.take(2)?.try_into().expect("2 bytes")) as usize;
         let bytes = self.take(n)?;
         String::from_utf8(bytes.to_vec()).map_err(|_| "the catalog holds a name that is not UTF-8".to_string())
+    }
+    fn snapshot(&mut self) -> Result<CatalogSnapshot, String> {
+        Ok(CatalogSnapshot {
+            id: self.u64()?,
+            volume: self.name()?,
+            volume_id: self.u64()?,
+            name: self.name()?,
+            size_bytes: self.u64()?,
+            taken_at: self.u64()?,
+        })
+    }
+    fn snapshots(&mut self) -> Result<Vec<CatalogSnapshot>, String> {
+        let n = self.count()?;
+        (0..n).map(|_| self.snapshot()).collect()
     }
 }
 
@@ -662,18 +863,30 @@ impl IntentionLog {
     }
 
     /// Ask to delete volume `name` (one created while running): its intention, once logged, or
-    /// at once with policy `none`. The write that logs it drops the volume's entry.
-    pub fn intend_delete(&mut self, now: Time, name: &str) -> Result<Intention, String> {
+    /// at once with policy `none`. The write that logs it drops the volume's entry, and those
+    /// of its snapshots: a volume with snapshots is deleted only `with_snapshots`.
+    pub fn intend_delete(&mut self, now: Time, name: &str, with_snapshots: bool) -> Result<Intention, String> {
         let volume = self.listed_volume(name, "delete")?;
         let count = self.catalog.volumes.len() + self.catalog.intentions.len() + self.waiting.len();
         if count >= CATALOG_VOLUMES_MAX {
             return Err(format!("{CATALOG_VOLUMES_MAX} volume operations are pending"));
+        }
+        let snapshots: Vec<CatalogSnapshot> =
+            self.catalog.snapshots.iter().filter(|s| s.volume_id == volume.id).cloned().collect();
+        if !snapshots.is_empty() && !with_snapshots {
+            let names: Vec<&str> = snapshots.iter().map(|s| s.name.as_str()).collect();
+            return Err(format!(
+                "volume {name} has {} snapshot(s) ({}): delete them first, or pass --with-snapshots to delete them with it",
+                snapshots.len(),
+                names.join(", ")
+            ));
         }
         let op = Intent::Delete {
             name: name.to_string(),
             volume_id: volume.id,
             size_bytes: volume.size_bytes,
             storage_bytes: volume.storage_bytes,
+            snapshots,
         };
         let intention = Intention { id: self.catalog.next_id, op };
         self.catalog.next_id += 1;
@@ -687,20 +900,7 @@ impl IntentionLog {
         // A creation or resize carried out whose completion is not written yet (a group
         // commit's wait, or one rolled forward at start-up) is listed now: the next write says
         // so.
-        let done: Vec<u64> = self
-            .finished
-            .iter()
-            .filter(|(id, done)| {
-                *done
-                    && self.catalog.intentions.iter().any(|i| i.id == *id && !i.is_delete() && i.volume().name == name)
-            })
-            .map(|(id, _)| *id)
-            .collect();
-        for id in done {
-            self.finished.retain(|(f, _)| *f != id);
-            self.finish_in_catalog(id, true);
-            self.outcomes_unsure.push((id, true));
-        }
+        self.list_finished(|i| !i.is_delete() && !i.is_snapshot() && i.volume().name == name);
         let Some(volume) = self.catalog.volumes.iter().find(|v| v.name == name).cloned() else {
             let creating = self
                 .waiting
@@ -721,10 +921,139 @@ impl IntentionLog {
             .chain(&self.catalog.intentions)
             .find(|i| !i.is_create() && i.volume_id() == volume.id);
         if let Some(other) = pending {
-            let doing = if other.is_delete() { "deleted" } else { "resized" };
+            let doing = match other.op {
+                Intent::Delete { .. } => "deleted",
+                Intent::SnapshotCreate { .. } => "snapshotted",
+                Intent::SnapshotDelete { .. } => "rid of a snapshot",
+                _ => "resized",
+            };
             return Err(format!("volume {name} is being {doing}; {what} it once that is answered"));
         }
         Ok(volume)
+    }
+
+    /// Intentions carried out whose completions wait to be written (a group commit's wait)
+    /// and that `which` picks: their outcomes go into the catalog now (the next write says
+    /// so), so that what they did is listed.
+    fn list_finished(&mut self, which: impl Fn(&Intention) -> bool) {
+        let done: Vec<u64> = self
+            .finished
+            .iter()
+            .filter(|(id, done)| *done && self.catalog.intentions.iter().any(|i| i.id == *id && which(i)))
+            .map(|(id, _)| *id)
+            .collect();
+        for id in done {
+            self.finished.retain(|(f, _)| *f != id);
+            self.finish_in_catalog(id, true);
+            self.outcomes_unsure.push((id, true));
+        }
+    }
+
+    /// Pending intentions (waiting or logged), oldest first.
+    fn pending(&self) -> impl Iterator<Item = &Intention> {
+        self.catalog.intentions.iter().chain(self.waiting.iter().map(|(i, _)| i))
+    }
+
+    /// Ask to take snapshot `name` of the volume exported as `volume` (created while running
+    /// with id `volume_id`, or configured: [`CONFIGURED_VOLUME_ID`]) of `size_bytes`: its
+    /// intention, once logged.
+    /// Refused with policy `none` (a snapshot taken and lost from the catalog by a crash would
+    /// cost every element its blocks, unlisted), for a name its volume has already, and while
+    /// the volume is being deleted or resized.
+    pub fn intend_snapshot(
+        &mut self,
+        now: Time,
+        volume: &str,
+        volume_id: u64,
+        name: &str,
+        size_bytes: u64,
+    ) -> Result<Intention, String> {
+        if self.policy == LogPolicy::None {
+            return Err("a snapshot must be logged: start the host element with --intention-log group or single".into());
+        }
+        check_snapshot_name(name)?;
+        check_size(size_bytes)?;
+        if volume_id != CONFIGURED_VOLUME_ID {
+            self.list_finished(|i| !i.is_delete() && !i.is_snapshot() && i.volume().name == volume);
+            if !self.catalog.volumes.iter().any(|v| v.id == volume_id && v.name == volume) {
+                return Err(format!("no volume {volume} (see starfish volume list)"));
+            }
+        }
+        let busy = self.pending().find(|i| {
+            matches!(i.op, Intent::Delete { .. } | Intent::Resize { .. })
+                && volume_id != CONFIGURED_VOLUME_ID
+                && i.volume_id() == volume_id
+        });
+        if let Some(other) = busy {
+            return Err(format!("volume {volume} is being {}d; snapshot it once that is answered", other.kind()));
+        }
+        let same = |s: &CatalogSnapshot| s.volume_id == volume_id && s.volume == volume && s.name == name;
+        let taken = self.catalog.snapshots.iter().any(same)
+            || self.pending().any(|i| matches!(&i.op, Intent::SnapshotCreate { snapshot } if same(snapshot)));
+        if taken {
+            return Err(format!("volume {volume} has a snapshot named {name}"));
+        }
+        let count = self.catalog.snapshots.len() + self.pending().filter(|i| i.is_snapshot()).count();
+        if count >= CATALOG_SNAPSHOTS_MAX {
+            return Err(format!("{CATALOG_SNAPSHOTS_MAX} snapshots exist or are being taken"));
+        }
+        let id = self.catalog.next_id;
+        let snapshot = CatalogSnapshot {
+            id,
+            volume: volume.to_string(),
+            volume_id,
+            name: name.to_string(),
+            size_bytes,
+            taken_at: 0,
+        };
+        let intention = Intention { id, op: Intent::SnapshotCreate { snapshot } };
+        self.catalog.next_id += 1;
+        self.waiting.push_back((intention.clone(), now));
+        Ok(intention)
+    }
+
+    /// Ask to delete snapshot `name` of the volume exported as `volume`: its intention, once
+    /// logged. The write that logs it drops the snapshot's entry.
+    pub fn intend_snapshot_delete(&mut self, now: Time, volume: &str, name: &str) -> Result<Intention, String> {
+        if self.policy == LogPolicy::None {
+            return Err(
+                "a snapshot's deletion must be logged: start the host element with --intention-log group or single"
+                    .into(),
+            );
+        }
+        self.list_finished(|i| matches!(&i.op, Intent::SnapshotCreate { snapshot } if snapshot.volume == volume));
+        let Some(snapshot) = self.catalog.snapshots.iter().find(|s| s.volume == volume && s.name == name).cloned()
+        else {
+            let taking = self.pending().any(
+                |i| matches!(&i.op, Intent::SnapshotCreate { snapshot: s } if s.volume == volume && s.name == name),
+            );
+            return Err(if taking {
+                format!("snapshot {volume}@{name} is being taken; delete it once that is answered")
+            } else {
+                format!("no snapshot {volume}@{name} (see starfish snapshot list)")
+            });
+        };
+        let deleting = self.pending().any(|i| {
+            matches!(&i.op, Intent::SnapshotDelete { snapshot: s } if s.id == snapshot.id)
+                || matches!(&i.op, Intent::Delete { volume_id, .. } if *volume_id == snapshot.volume_id)
+        });
+        if deleting {
+            return Err(format!("snapshot {volume}@{name} is being deleted"));
+        }
+        let intention = Intention { id: self.catalog.next_id, op: Intent::SnapshotDelete { snapshot } };
+        self.catalog.next_id += 1;
+        self.waiting.push_back((intention.clone(), now));
+        Ok(intention)
+    }
+
+    /// Snapshot intention `id` was carried out and is held from sequence `taken_at` on: listed
+    /// so by its completion (see [`IntentionLog::finish`]).
+    pub fn set_taken_at(&mut self, id: u64, taken_at: u64) {
+        for i in self.catalog.intentions.iter_mut().filter(|i| i.id == id) {
+            if let Intent::SnapshotCreate { snapshot } = &mut i.op {
+                snapshot.taken_at = taken_at;
+            }
+        }
     }
 
     /// Ask to resize volume `name` (one created while running) to `size_bytes`: its
@@ -778,10 +1107,8 @@ impl IntentionLog {
         }
         let taken: Vec<Intention> = self.waiting.drain(..).map(|(i, _)| i).collect();
         for i in &taken {
-            if let Intent::Delete { volume_id, .. } = i.op {
-                // Listed as gone by the next write (the completion's).
-                self.catalog.volumes.retain(|v| v.id != volume_id);
-            }
+            // Listed as gone by the next write (the completion's).
+            self.catalog.drop_listed(i);
         }
         taken
     }
@@ -819,9 +1146,7 @@ impl IntentionLog {
         }
         self.finished_since = None;
         for i in &logs {
-            if let Intent::Delete { volume_id, .. } = i.op {
-                self.catalog.volumes.retain(|v| v.id != volume_id);
-            }
+            self.catalog.drop_listed(i);
         }
         self.catalog.intentions.extend(logs.iter().cloned());
         self.catalog.version += 1;

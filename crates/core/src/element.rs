@@ -375,6 +375,23 @@ struct Volume {
     removed: bool,
 }
 
+impl Volume {
+    /// A local volume no session may name (a snapshot storage numbers among volumes): held
+    /// like a removed one.
+    fn placeholder() -> Volume {
+        Volume {
+            spec: VolumeSpec { name: String::new(), size_bytes: 0 },
+            applied: Sequence::ZERO,
+            applied_epoch: Epoch(0),
+            copy_interrupted: false,
+            repair: false,
+            recovery: Recovery::Streaming,
+            recent: VecDeque::new(),
+            removed: true,
+        }
+    }
+}
+
 /// Records remembered per volume to check duplicates against (a host element resends only
 /// what it sent since the element's last acknowledgement, far fewer). 24 bytes each: at most
 /// 24 KiB per volume, 96 MiB for the largest store (4096 volumes).
@@ -387,6 +404,8 @@ fn record_digest(op: &proto::Op) -> u32 {
         proto::Op::Write { offset_bytes, data, crcs } => (1, *offset_bytes, data.len() as u64, crcs),
         proto::Op::Trim { offset_bytes, length_bytes } => (2, *offset_bytes, *length_bytes, &[]),
         proto::Op::WriteZeroes { offset_bytes, length_bytes } => (3, *offset_bytes, *length_bytes, &[]),
+        proto::Op::Snapshot { id } => (4, *id, 0, &[]),
+        proto::Op::SnapshotDelete { id } => (5, *id, 0, &[]),
     };
     let mut head = [0u8; 17];
     head[0] = kind;
@@ -864,6 +883,25 @@ impl ElementCore {
                 let Some(volume) = self.local(session, record.volume) else { return };
                 self.on_apply(session, session_epoch, volume, record);
             }
+            HostMessage::Read { volume: session_volume, snapshot: Some(snapshot), .. }
+            | HostMessage::BlockStatus { volume: session_volume, snapshot: Some(snapshot), .. } => {
+                // A snapshot exists here once its record is applied: wait for it if it is on
+                // its way (`serve` finds the snapshot, or answers that there is none).
+                let Some(volume) = self.local(session, session_volume) else { return };
+                if self.volumes[volume.0 as usize].applied >= snapshot.taken_at {
+                    self.emit(ElementAction::Serve { session, volume, request: message });
+                } else {
+                    let deadline = Time(now.0 + self.config.source_catch_up_timeout_ms * 1000);
+                    let min_applied = snapshot.taken_at;
+                    self.waiting_fetches.push(WaitingFetch {
+                        session,
+                        volume,
+                        min_applied,
+                        deadline,
+                        request: message,
+                    });
+                }
+            }
             HostMessage::Read { volume: session_volume, .. }
             | HostMessage::BlockStatus { volume: session_volume, .. }
             | HostMessage::FetchLog { volume: session_volume, .. } => {
@@ -1039,7 +1077,11 @@ impl ElementCore {
         assert_eq!(ensured.len(), specs.len(), "one local volume per spec");
         for ((local, info), spec) in ensured.iter().zip(specs) {
             let vi = local.0 as usize;
-            assert!(vi <= self.volumes.len(), "local volumes are numbered densely");
+            // Storage numbers snapshots among volumes: the ones taken since the core last
+            // heard of a new volume are places no session names.
+            while self.volumes.len() < vi {
+                self.volumes.push(Volume::placeholder());
+            }
             if vi < self.volumes.len() {
                 // A volume that grew while this element was away was grown by the hello.
                 let held = &mut self.volumes[vi].spec;
@@ -1874,7 +1916,15 @@ impl ElementCore {
         for (session, volume, min_applied, request) in expired {
             let applied = self.volumes[volume.0 as usize].applied;
             let waited_s = self.config.source_catch_up_timeout_ms / 1000;
+            let behind =
+                format!("this element has applied only sequence {applied} after {waited_s} s; the snapshot was taken at {min_applied}");
             let reply = match request {
+                HostMessage::Read { request_id, .. } => {
+                    ElementMessage::ReadReply { request_id, applied_sequence: applied, result: Err(behind) }
+                }
+                HostMessage::BlockStatus { request_id, .. } => {
+                    ElementMessage::BlockStatusReply { request_id, applied_sequence: applied, result: Err(behind) }
+                }
                 HostMessage::FetchBlocks { request_id, .. } => ElementMessage::Blocks {
                     request_id,
                     result: Err(format!(
@@ -1887,7 +1937,7 @@ impl ElementCore {
                         "this element has applied only sequence {applied} after {waited_s} s; the scrub needs {min_applied}"
                     )),
                 },
-                other => unreachable!("only block fetches and scrubs wait, not {other:?}"),
+                other => unreachable!("only block fetches, scrubs and snapshot reads wait, not {other:?}"),
             };
             self.send(session, reply);
         }

@@ -33,6 +33,9 @@ pub struct ExportedVolume {
     pub volume: usize,
     pub offset_bytes: u64,
     pub size_bytes: u64,
+    /// A read-only export of this snapshot of the storage volume (`VOLUME@NAME`), not of
+    /// the storage volume itself.
+    pub snapshot: Option<proto::SnapshotRef>,
 }
 
 /// Exports of volumes that are their own groups: each the whole of its storage volume.
@@ -46,6 +49,7 @@ pub fn ungrouped(volumes: &[VolumeSpec]) -> Vec<ExportedVolume> {
             volume: i,
             offset_bytes: 0,
             size_bytes: v.size_bytes,
+            snapshot: None,
         })
         .collect()
 }
@@ -121,6 +125,7 @@ pub fn layout(volumes: &[VolumeSpec], groups: &[GroupSpec]) -> Result<(Vec<Volum
                 volume: *volume,
                 offset_bytes: *offset_bytes,
                 size_bytes: v.size_bytes,
+                snapshot: None,
             }
         })
         .collect();
@@ -143,7 +148,10 @@ pub fn check_exports(volumes: &[VolumeSpec], exports: &[ExportedVolume]) -> Resu
             if f.name == e.name {
                 return Err(format!("volume {} is exported twice", e.name));
             }
+            // A snapshot's export reads another image of the same blocks.
             if f.volume == e.volume
+                && e.snapshot.is_none()
+                && f.snapshot.is_none()
                 && e.offset_bytes < f.offset_bytes + f.size_bytes
                 && f.offset_bytes < e.offset_bytes + e.size_bytes
             {
@@ -207,8 +215,22 @@ mod tests {
             assert!(error.contains(says), "{error}");
         }
         let overlapping = vec![
-            ExportedVolume { name: "a".into(), group: None, volume: 0, offset_bytes: 0, size_bytes: 8192 },
-            ExportedVolume { name: "b".into(), group: None, volume: 0, offset_bytes: 4096, size_bytes: 4096 },
+            ExportedVolume {
+                name: "a".into(),
+                group: None,
+                volume: 0,
+                offset_bytes: 0,
+                size_bytes: 8192,
+                snapshot: None,
+            },
+            ExportedVolume {
+                name: "b".into(),
+                group: None,
+                volume: 0,
+                offset_bytes: 4096,
+                size_bytes: 4096,
+                snapshot: None,
+            },
         ];
         assert!(check_exports(&[spec("s", 1 << 20)], &overlapping).expect_err("overlap").contains("overlap"));
     }

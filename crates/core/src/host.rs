@@ -9,8 +9,8 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 
 use bytes::Bytes;
 use proto::{
-    BlockExtent, ElementMessage, Epoch, HostId, HostMessage, Op, ReadData, Record, Sequence, VolumeId, VolumeSpec,
-    VolumeState, BLOCK_BYTES,
+    BlockExtent, ElementMessage, Epoch, HostId, HostMessage, Op, ReadData, Record, Sequence, SnapshotRef, VolumeId,
+    VolumeSpec, VolumeState, BLOCK_BYTES,
 };
 
 use crate::ack_policy::AckPolicy;
@@ -124,7 +124,15 @@ impl HostConfig {
         }
         let volume = self.volumes.len();
         let size_bytes = spec.size_bytes;
-        self.exports.push(crate::groups::ExportedVolume { name, group: None, volume, offset_bytes: 0, size_bytes });
+        let snapshot = None;
+        self.exports.push(crate::groups::ExportedVolume {
+            name,
+            group: None,
+            volume,
+            offset_bytes: 0,
+            size_bytes,
+            snapshot,
+        });
         self.volumes.push(spec);
     }
 
@@ -364,6 +372,14 @@ pub enum Event {
         volume: VolumeId,
         size_bytes: u64,
     },
+    /// An element could not answer a read of snapshot `id` of `volume` (it does not hold it,
+    /// or its copy failed a checksum): the read goes to another element.
+    SnapshotReadRefused {
+        volume: VolumeId,
+        element: ElementId,
+        id: u64,
+        reason: String,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -588,15 +604,20 @@ struct PendingRead {
     kind: ReadKind,
     element: ElementId,
     attempts: u32,
+    /// A read of this snapshot of the volume, not of the volume.
+    snapshot: Option<SnapshotRef>,
+    /// Elements that could not answer this snapshot read (one that does not hold the
+    /// snapshot is asked no more, and not failed: its volume may be fine).
+    tried: ElementSet,
 }
 
 /// A host request that arrived before the host element was ready.
 #[derive(Debug)]
 enum Deferred {
-    Read { token: Token, volume: VolumeId, offset_bytes: u64, length_bytes: u32 },
+    Read { token: Token, volume: VolumeId, snapshot: Option<SnapshotRef>, offset_bytes: u64, length_bytes: u32 },
     Write { token: Token, volume: VolumeId, op: Op },
     Flush { token: Token, volume: VolumeId },
-    BlockStatus { token: Token, volume: VolumeId, offset_bytes: u64, length_bytes: u64 },
+    BlockStatus { token: Token, volume: VolumeId, snapshot: Option<SnapshotRef>, offset_bytes: u64, length_bytes: u64 },
 }
 
 /// Start-up reconciliation: records fetched from the most advanced element so the others can
@@ -862,10 +883,66 @@ impl HostCore {
     pub fn volume_id(&self, name: &str) -> Option<VolumeId> {
         let storage = self.volumes.iter().position(|v| v.spec.name == name);
         let exported = || {
-            let e = self.config.exports.iter().find(|e| e.name == name || e.group.as_deref() == Some(name))?;
+            let e = self
+                .config
+                .exports
+                .iter()
+                .find(|e| e.snapshot.is_none() && (e.name == name || e.group.as_deref() == Some(name)))?;
             Some(e.volume)
         };
         storage.or_else(exported).map(|i| VolumeId(i as u32))
+    }
+
+    /// Export snapshot `snapshot` of the volume exported as `of` (a whole storage volume, not
+    /// a consistency group's member), read-only, as `name`, of `size_bytes` (the volume's
+    /// size when it was taken). Its reads go to the elements
+    /// ([`HostCore::handle_host_snapshot_read`]); it goes when its volume is removed.
+    pub fn add_snapshot_export(
+        &mut self,
+        name: String,
+        of: &str,
+        snapshot: SnapshotRef,
+        size_bytes: u64,
+    ) -> Result<(), String> {
+        let Some(e) = self.config.exports.iter().find(|e| e.name == of && e.snapshot.is_none()) else {
+            // Exports of ungrouped volumes only, so far: the storage volume by that name.
+            let Some(volume) = self.volumes.iter().position(|v| v.spec.name == of && v.spec.size_bytes > 0) else {
+                return Err(format!("no volume {of} is exported"));
+            };
+            return self.push_snapshot_export(name, volume, snapshot, size_bytes);
+        };
+        if e.group.is_some() || e.offset_bytes != 0 {
+            return Err(format!("volume {of} is a member of a consistency group: its snapshots are not exported"));
+        }
+        let volume = e.volume;
+        self.push_snapshot_export(name, volume, snapshot, size_bytes)
+    }
+
+    fn push_snapshot_export(
+        &mut self,
+        name: String,
+        volume: usize,
+        snapshot: SnapshotRef,
+        size_bytes: u64,
+    ) -> Result<(), String> {
+        if self.config.exports.iter().any(|e| e.name == name) {
+            return Ok(()); // Exported already (a catalog read again).
+        }
+        if size_bytes == 0 || size_bytes > self.config.volumes[volume].size_bytes {
+            return Err(format!("snapshot {name}: {size_bytes} bytes do not fit its storage volume"));
+        }
+        if self.config.exports.is_empty() {
+            self.config.exports = crate::groups::ungrouped(&self.config.volumes);
+        }
+        let snapshot = Some(snapshot);
+        let export = crate::groups::ExportedVolume { name, group: None, volume, offset_bytes: 0, size_bytes, snapshot };
+        self.config.exports.push(export);
+        Ok(())
+    }
+
+    /// Stop exporting snapshot export `name` (nothing if it is not exported).
+    pub fn remove_snapshot_export(&mut self, name: &str) {
+        self.config.exports.retain(|e| e.name != name || e.snapshot.is_none());
     }
 
     pub fn poll_action(&mut self) -> Option<Action> {
@@ -1598,7 +1675,7 @@ impl HostCore {
         if self.config.exports.is_empty() {
             self.config.exports = crate::groups::ungrouped(&self.config.volumes);
         }
-        for e in self.config.exports.iter_mut().filter(|e| e.volume == i) {
+        for e in self.config.exports.iter_mut().filter(|e| e.volume == i && e.snapshot.is_none()) {
             e.size_bytes = size_bytes;
         }
         let volume = VolumeId(i as u32);
@@ -1791,7 +1868,7 @@ impl HostCore {
             let Some(i) = config.volumes.iter().skip(first).position(|v| &v.name == storage) else {
                 return Err(format!("storage volume {storage}, exported shrunk, is not among the added volumes"));
             };
-            for e in config.exports.iter_mut().filter(|e| e.volume == first + i) {
+            for e in config.exports.iter_mut().filter(|e| e.volume == first + i && e.snapshot.is_none()) {
                 e.size_bytes = *size_bytes;
             }
         }
@@ -2622,15 +2699,44 @@ impl HostCore {
         offset_bytes: u64,
         length_bytes: u32,
     ) {
+        self.read_request(now, token, volume, None, offset_bytes, length_bytes)
+    }
+
+    /// A read of snapshot `snapshot` of the volume (a read-only export): from an in-sync
+    /// element that holds it (one that has not applied its record yet waits for it), never
+    /// from the cache or the write queue, which hold the volume's newer content.
+    pub fn handle_host_snapshot_read(
+        &mut self,
+        now: Time,
+        token: Token,
+        volume: VolumeId,
+        snapshot: SnapshotRef,
+        offset_bytes: u64,
+        length_bytes: u32,
+    ) {
+        self.read_request(now, token, volume, Some(snapshot), offset_bytes, length_bytes)
+    }
+
+    fn read_request(
+        &mut self,
+        now: Time,
+        token: Token,
+        volume: VolumeId,
+        snapshot: Option<SnapshotRef>,
+        offset_bytes: u64,
+        length_bytes: u32,
+    ) {
         self.check_range(volume, offset_bytes, length_bytes as u64);
         if !self.ready || self.superseded.is_some() {
-            return self.hold(Deferred::Read { token, volume, offset_bytes, length_bytes });
+            return self.hold(Deferred::Read { token, volume, snapshot, offset_bytes, length_bytes });
         }
         if length_bytes == 0 {
             return self.reply(token, Reply::Read(Ok(Bytes::new())));
         }
-        if let Some(data) = self.cache.get(volume, offset_bytes, length_bytes as u64) {
-            return self.answer_read(now, token, Reply::Read(Ok(data)));
+        if snapshot.is_none() {
+            if let Some(data) = self.cache.get(volume, offset_bytes, length_bytes as u64) {
+                return self.answer_read(now, token, Reply::Read(Ok(data)));
+            }
         }
         let read = PendingRead {
             token,
@@ -2639,6 +2745,8 @@ impl HostCore {
             kind: ReadKind::Data { length_bytes },
             element: ElementId(0),
             attempts: 0,
+            snapshot,
+            tried: ElementSet::default(),
         };
         self.dispatch_read(now, read);
     }
@@ -2651,9 +2759,34 @@ impl HostCore {
         offset_bytes: u64,
         length_bytes: u64,
     ) {
+        self.block_status_request(now, token, volume, None, offset_bytes, length_bytes)
+    }
+
+    /// Block status of snapshot `snapshot` of the volume (see [`HostCore::handle_host_snapshot_read`]).
+    pub fn handle_host_snapshot_block_status(
+        &mut self,
+        now: Time,
+        token: Token,
+        volume: VolumeId,
+        snapshot: SnapshotRef,
+        offset_bytes: u64,
+        length_bytes: u64,
+    ) {
+        self.block_status_request(now, token, volume, Some(snapshot), offset_bytes, length_bytes)
+    }
+
+    fn block_status_request(
+        &mut self,
+        now: Time,
+        token: Token,
+        volume: VolumeId,
+        snapshot: Option<SnapshotRef>,
+        offset_bytes: u64,
+        length_bytes: u64,
+    ) {
         self.check_range(volume, offset_bytes, length_bytes);
         if !self.ready || self.superseded.is_some() {
-            return self.hold(Deferred::BlockStatus { token, volume, offset_bytes, length_bytes });
+            return self.hold(Deferred::BlockStatus { token, volume, snapshot, offset_bytes, length_bytes });
         }
         let read = PendingRead {
             token,
@@ -2662,23 +2795,34 @@ impl HostCore {
             kind: ReadKind::BlockStatus { length_bytes },
             element: ElementId(0),
             attempts: 0,
+            snapshot,
+            tried: ElementSet::default(),
         };
         self.dispatch_read(now, read);
     }
 
     /// The closest in-sync element: lowest measured round-trip time, then configuration order.
     fn closest_in_sync(&self) -> Option<ElementId> {
+        self.closest_in_sync_but(ElementSet::default())
+    }
+
+    /// As [`HostCore::closest_in_sync`], leaving out `tried`.
+    fn closest_in_sync_but(&self, tried: ElementSet) -> Option<ElementId> {
         self.elements
             .iter()
             .enumerate()
-            .filter(|(_, e)| e.state == ElementState::InSync && e.session)
+            .filter(|(i, e)| e.state == ElementState::InSync && e.session && !tried.contains(ElementId(*i as u8)))
             .min_by_key(|(i, e)| (e.rtt_us.unwrap_or(u64::MAX), *i))
             .map(|(i, _)| ElementId(i as u8))
     }
 
     fn dispatch_read(&mut self, _now: Time, mut read: PendingRead) {
         read.attempts += 1;
-        let element = match self.closest_in_sync() {
+        let closest = match read.snapshot {
+            None => self.closest_in_sync(),
+            Some(_) => self.closest_in_sync_but(read.tried),
+        };
+        let element = match closest {
             Some(e) if read.attempts <= READ_ATTEMPTS_MAX => e,
             _ => {
                 let reply = match read.kind {
@@ -2692,14 +2836,19 @@ impl HostCore {
         let request_id = self.next_request_id;
         self.next_request_id += 1;
         let message = match read.kind {
-            ReadKind::Data { length_bytes } => {
-                HostMessage::Read { request_id, volume: read.volume, offset_bytes: read.offset_bytes, length_bytes }
-            }
+            ReadKind::Data { length_bytes } => HostMessage::Read {
+                request_id,
+                volume: read.volume,
+                offset_bytes: read.offset_bytes,
+                length_bytes,
+                snapshot: read.snapshot,
+            },
             ReadKind::BlockStatus { length_bytes } => HostMessage::BlockStatus {
                 request_id,
                 volume: read.volume,
                 offset_bytes: read.offset_bytes,
                 length_bytes,
+                snapshot: read.snapshot,
             },
         };
         self.reads.insert(request_id, read);
@@ -2715,6 +2864,9 @@ impl HostCore {
         if read.element != element {
             self.reads.insert(request_id, read);
             return self.fail_element(now, element, Failure::Protocol("reply to another element's read".into()), true);
+        }
+        if let Some(snapshot) = read.snapshot {
+            return self.on_snapshot_read_reply(now, element, read, snapshot, result);
         }
         let vi = read.volume.0 as usize;
         let queue = &self.volumes[vi].queue;
@@ -2779,6 +2931,42 @@ impl HostCore {
                     Failure::Protocol("reply kind does not match the request".into()),
                     true,
                 );
+            }
+        }
+    }
+
+    /// A snapshot's content is the element's answer as it is (no newer write applies to it).
+    /// An element that cannot answer (it holds no such snapshot, its copy fails a checksum) is
+    /// asked no more for this read, and another one is.
+    fn on_snapshot_read_reply(
+        &mut self,
+        now: Time,
+        element: ElementId,
+        mut read: PendingRead,
+        snapshot: SnapshotRef,
+        result: ReadResult,
+    ) {
+        let checked = match (read.kind, result) {
+            (ReadKind::Data { length_bytes }, ReadResult::Data(Ok(ReadData { data, crcs }))) => {
+                if data.len() != length_bytes as usize {
+                    Err("short read reply".to_string())
+                } else {
+                    proto::pieces::check_pieces(read.offset_bytes, &data, &crcs)
+                        .map(|()| Reply::Read(Ok(data)))
+                        .map_err(|m| m.to_string())
+                }
+            }
+            (ReadKind::BlockStatus { .. }, ReadResult::Extents(Ok(extents))) => Ok(Reply::BlockStatus(Ok(extents))),
+            (_, ReadResult::Data(Err(reason)) | ReadResult::Extents(Err(reason))) => Err(reason),
+            _ => Err("reply kind does not match the request".to_string()),
+        };
+        match checked {
+            Ok(reply) => self.answer_read(now, read.token, reply),
+            Err(reason) => {
+                let (volume, id) = (read.volume, snapshot.id);
+                self.emit(Action::Event(Event::SnapshotReadRefused { volume, element, id, reason }));
+                read.tried.insert(element);
+                self.dispatch_read(now, read);
             }
         }
     }
@@ -3044,13 +3232,13 @@ impl HostCore {
         self.after_membership_change(now);
         for request in std::mem::take(&mut self.deferred) {
             match request {
-                Deferred::Read { token, volume, offset_bytes, length_bytes } => {
-                    self.handle_host_read(now, token, volume, offset_bytes, length_bytes)
+                Deferred::Read { token, volume, snapshot, offset_bytes, length_bytes } => {
+                    self.read_request(now, token, volume, snapshot, offset_bytes, length_bytes)
                 }
                 Deferred::Write { token, volume, op } => self.handle_host_write(now, token, volume, op),
                 Deferred::Flush { token, volume } => self.handle_host_flush(now, token, volume),
-                Deferred::BlockStatus { token, volume, offset_bytes, length_bytes } => {
-                    self.handle_host_block_status(now, token, volume, offset_bytes, length_bytes)
+                Deferred::BlockStatus { token, volume, snapshot, offset_bytes, length_bytes } => {
+                    self.block_status_request(now, token, volume, snapshot, offset_bytes, length_bytes)
                 }
             }
         }

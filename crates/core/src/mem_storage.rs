@@ -51,11 +51,20 @@ pub struct Volume {
     /// Removed (`remove_volume`): it holds nothing (its bytes stay, zeroed, so that indexing
     /// by volume number keeps working) and storage lists it with size 0 at the next start.
     pub removed: bool,
+    /// A snapshot (read-only): of which volume, its id, and the sequence it was taken at. The
+    /// model keeps a whole copy (the store keeps only the blocks changed since); storage lists
+    /// it with size 0, as a volume no session names.
+    pub snapshot_of: Option<(usize, u64, Sequence)>,
 }
 
 impl Volume {
     pub fn applied(&self) -> Sequence {
         Sequence(self.history.len() as u64)
+    }
+
+    /// The sequence a read reflects: the applied one, or a snapshot's.
+    pub fn read_sequence(&self) -> Sequence {
+        self.snapshot_of.map_or(self.applied(), |(_, _, taken_at)| taken_at)
     }
 
     /// Epoch of the last applied record (0 before the first), as `Store::applied_epoch`.
@@ -156,8 +165,55 @@ impl MemStorage {
             log: VecDeque::new(),
             log_bytes: 0,
             removed: false,
+            snapshot_of: None,
         });
         LocalVolume(self.vols.len() as u32 - 1)
+    }
+
+    /// Snapshot `id` of volume `vi`, if it holds one.
+    pub fn snapshot_index(&self, vi: usize, id: u64) -> Option<usize> {
+        self.vols.iter().position(|v| !v.removed && v.snapshot_of.is_some_and(|(p, i, _)| p == vi && i == id))
+    }
+
+    /// Apply a snapshot's record of volume `vi` (taking it, unless it exists; deleting it, if
+    /// it exists).
+    fn apply_snapshot(&mut self, vi: usize, record: &Record) {
+        match record.op {
+            Op::Snapshot { id } if self.snapshot_index(vi, id).is_none() => {
+                let v = &self.vols[vi];
+                let snapshot = Volume {
+                    name: format!("{}@{id}", v.name),
+                    data: v.data.clone(),
+                    allocated: v.allocated.clone(),
+                    history: Vec::new(),
+                    changed: vec![Sequence::ZERO; v.changed.len()],
+                    log: VecDeque::new(),
+                    log_bytes: 0,
+                    removed: false,
+                    snapshot_of: Some((vi, id, record.sequence)),
+                };
+                self.vols.push(snapshot);
+            }
+            Op::SnapshotDelete { id } => {
+                if let Some(si) = self.snapshot_index(vi, id) {
+                    self.drop_volume(si);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Volume `vi` holds nothing any more (removed, or a snapshot deleted).
+    fn drop_volume(&mut self, vi: usize) {
+        let v = &mut self.vols[vi];
+        v.removed = true;
+        v.data.fill(0);
+        v.allocated.fill(false);
+        v.changed.fill(Sequence::ZERO);
+        v.history.clear();
+        v.log.clear();
+        v.log_bytes = 0;
+        self.repairs.borrow_mut().remove(&vi);
     }
 
     /// How long the sync of what is written takes.
@@ -205,7 +261,9 @@ impl MemStorage {
         }
         if lost > 0 {
             for vi in 0..self.vols.len() {
-                self.mark_for_repair(vi);
+                if self.vols[vi].snapshot_of.is_none() {
+                    self.mark_for_repair(vi);
+                }
             }
         }
         lost
@@ -333,6 +391,7 @@ impl MemStorage {
             v.log_bytes -= old.op.payload_bytes() + LOG_RECORD_OVERHEAD_BYTES;
             self.corrupt_log.remove(&(vi, old.sequence.0));
         }
+        self.apply_snapshot(vi, record);
     }
 
     /// The volume as a full recovery copies it (`Err` if a block fails its checksum, as the
@@ -350,8 +409,15 @@ impl MemStorage {
         })
     }
 
-    /// Install a copy durably; the volume's replay log (its pre-copy history) is dropped.
+    /// Install a copy durably; the volume's replay log (its pre-copy history) is dropped, and
+    /// so are its snapshots (as the store: a full recovery does not carry them).
     pub fn install_copy(&mut self, vi: usize, copy: VolumeCopy) {
+        let snapshots: Vec<usize> = (0..self.vols.len())
+            .filter(|&si| !self.vols[si].removed && self.vols[si].snapshot_of.is_some_and(|(p, _, _)| p == vi))
+            .collect();
+        for si in snapshots {
+            self.drop_volume(si);
+        }
         let v = &mut self.vols[vi];
         v.data = copy.data;
         v.allocated = copy.allocated;
@@ -484,15 +550,14 @@ impl ElementStorage for MemStorage {
         if let Some(reason) = self.refuse_changes() {
             return Err(reason);
         }
-        let v = &mut self.vols[volume.0 as usize];
-        v.removed = true;
-        v.data.fill(0);
-        v.allocated.fill(false);
-        v.changed.fill(Sequence::ZERO);
-        v.history.clear();
-        v.log.clear();
-        v.log_bytes = 0;
-        self.repairs.borrow_mut().remove(&(volume.0 as usize));
+        // Its snapshots go with it, as in the store.
+        let vi = volume.0 as usize;
+        let snapshots: Vec<usize> = (0..self.vols.len())
+            .filter(|&si| !self.vols[si].removed && self.vols[si].snapshot_of.is_some_and(|(p, _, _)| p == vi))
+            .collect();
+        for si in snapshots.into_iter().chain([vi]) {
+            self.drop_volume(si);
+        }
         Ok(())
     }
 
@@ -559,7 +624,7 @@ impl ElementStorage for MemStorage {
         }
         let data =
             Bytes::copy_from_slice(&v.data[offset_bytes as usize..(offset_bytes + length_bytes as u64) as usize]);
-        Ok((v.applied(), ReadData::computed(offset_bytes, data)))
+        Ok((v.read_sequence(), ReadData::computed(offset_bytes, data)))
     }
 
     fn block_status(
@@ -582,7 +647,7 @@ impl ElementStorage for MemStorage {
             }
             at = next;
         }
-        Ok((v.applied(), extents))
+        Ok((v.read_sequence(), extents))
     }
 
     fn log_records(&self, volume: LocalVolume, after: Sequence, max_bytes: u64) -> Result<Vec<Record>, String> {
@@ -655,5 +720,9 @@ impl ElementStorage for MemStorage {
 
     fn take_damaged(&self) -> Vec<LocalVolume> {
         self.damaged.borrow_mut().drain(..).map(LocalVolume).collect()
+    }
+
+    fn snapshot(&self, volume: LocalVolume, id: u64) -> Option<LocalVolume> {
+        self.snapshot_index(volume.0 as usize, id).map(|si| LocalVolume(si as u32))
     }
 }

@@ -129,6 +129,7 @@ impl ReadCache {
         let end = end_bytes.div_ceil(BLOCK_BYTES);
         match op {
             Op::Trim { .. } | Op::WriteZeroes { .. } => self.remove_range(volume, first, end),
+            Op::Snapshot { .. } | Op::SnapshotDelete { .. } => {}
             Op::Write { data, .. } => {
                 for b in first..end {
                     let block_start = b * BLOCK_BYTES;

@@ -74,6 +74,9 @@ pub trait ElementStorage {
         first_block: u64,
         count: u32,
     ) -> Result<(Sequence, Vec<BlockSummary>), String>;
+    /// Snapshot `id` of the volume (read-only, numbered among local volumes), if storage holds
+    /// it: taken by an `Op::Snapshot` record, deleted by an `Op::SnapshotDelete` one.
+    fn snapshot(&self, volume: LocalVolume, id: u64) -> Option<LocalVolume>;
 }
 
 /// Reads up to this size may be answered by [`try_serve`] where the request arrived.
@@ -82,7 +85,9 @@ pub const SERVE_AT_ONCE_BYTES_MAX: u32 = 128 * 1024;
 /// Answer a small `Read` at once if storage can without waiting for a disk (the data is in
 /// memory): the same answer [`serve`] gives, or `None` (then `serve` it where waiting is fine).
 pub fn try_serve(storage: &impl ElementStorage, volume: LocalVolume, request: &HostMessage) -> Option<ElementMessage> {
-    let HostMessage::Read { request_id, offset_bytes, length_bytes, .. } = *request else { return None };
+    let HostMessage::Read { request_id, offset_bytes, length_bytes, snapshot: None, .. } = *request else {
+        return None;
+    };
     if length_bytes > SERVE_AT_ONCE_BYTES_MAX {
         return None;
     }
@@ -105,8 +110,36 @@ fn read_reply(
     ElementMessage::ReadReply { request_id, applied_sequence, result }
 }
 
-/// Answer a read-only request (`Read`, `BlockStatus`, `FetchLog`, `FetchBlocks`, `Scrub`).
+/// Answer a read-only request (`Read`, `BlockStatus`, `FetchLog`, `FetchBlocks`, `Scrub`). A
+/// read of a snapshot reads the snapshot storage holds, or fails if it holds none.
 pub fn serve(storage: &impl ElementStorage, volume: LocalVolume, request: HostMessage) -> ElementMessage {
+    let snapshot = match &request {
+        HostMessage::Read { snapshot: Some(s), .. } | HostMessage::BlockStatus { snapshot: Some(s), .. } => Some(*s),
+        _ => None,
+    };
+    let (volume, missing) = match snapshot {
+        None => (volume, None),
+        Some(s) => match storage.snapshot(volume, s.id) {
+            Some(local) => (local, None),
+            None => (volume, Some(format!("this element holds no snapshot {} of the volume", s.id))),
+        },
+    };
+    match (request, missing) {
+        (HostMessage::Read { request_id, .. }, Some(reason)) => ElementMessage::ReadReply {
+            request_id,
+            applied_sequence: storage.info(volume).applied,
+            result: Err(reason),
+        },
+        (HostMessage::BlockStatus { request_id, .. }, Some(reason)) => ElementMessage::BlockStatusReply {
+            request_id,
+            applied_sequence: storage.info(volume).applied,
+            result: Err(reason),
+        },
+        (request, _) => serve_volume(storage, volume, request),
+    }
+}
+
+fn serve_volume(storage: &impl ElementStorage, volume: LocalVolume, request: HostMessage) -> ElementMessage {
     match request {
         HostMessage::Read { request_id, offset_bytes, length_bytes, .. } => {
             read_reply(storage, volume, request_id, storage.read(volume, offset_bytes, length_bytes))

@@ -30,6 +30,9 @@ pub struct ExportInfo {
     pub size_bytes: u64,
     /// Human-readable text for `NBD_OPT_LIST` and `NBD_INFO_DESCRIPTION`; empty for none.
     pub description: String,
+    /// Advertised read-only (`NBD_FLAG_READ_ONLY`, no trim or write-zeroes): writes, trims
+    /// and write-zeroes are refused with `EPERM` before they reach the backend.
+    pub read_only: bool,
 }
 
 /// Where the handshake looks exports up. Asked afresh for every option, so exports may come and
@@ -354,7 +357,7 @@ impl Handshake {
             self.finish(HandshakeOutcome::Fatal(FatalError::UnknownExport(String::from_utf8_lossy(data).into_owned())));
             return;
         };
-        let flags = self.transmission_flags();
+        let flags = self.transmission_flags(&export);
         put_u64(&mut self.output, export.size_bytes);
         put_u16(&mut self.output, flags);
         if !self.client_no_zeroes {
@@ -387,7 +390,7 @@ impl Handshake {
             self.reply_error(option, REP_ERR_UNKNOWN, "no such export");
             return;
         };
-        let flags = self.transmission_flags();
+        let flags = self.transmission_flags(&export);
         let mut info = Vec::with_capacity(12);
         put_u16(&mut info, INFO_EXPORT);
         put_u64(&mut info, export.size_bytes);
@@ -457,13 +460,13 @@ impl Handshake {
         self.reply(option, REP_ACK, &[]);
     }
 
-    fn transmission_flags(&self) -> u16 {
-        let mut flags = FLAG_HAS_FLAGS
-            | FLAG_SEND_FLUSH
-            | FLAG_SEND_FUA
-            | FLAG_SEND_TRIM
-            | FLAG_SEND_WRITE_ZEROES
-            | FLAG_SEND_FAST_ZERO;
+    fn transmission_flags(&self, export: &ExportInfo) -> u16 {
+        let mut flags = FLAG_HAS_FLAGS | FLAG_SEND_FLUSH | FLAG_SEND_FUA;
+        if export.read_only {
+            flags |= FLAG_READ_ONLY;
+        } else {
+            flags |= FLAG_SEND_TRIM | FLAG_SEND_WRITE_ZEROES | FLAG_SEND_FAST_ZERO;
+        }
         if self.structured_replies {
             // Every read reply is a single content chunk, so "don't fragment" always holds.
             flags |= FLAG_SEND_DF;
@@ -591,8 +594,9 @@ mod tests {
 
     fn exports() -> Vec<ExportInfo> {
         vec![
-            ExportInfo { name: "vol1".into(), size_bytes: 1 << 20, description: "first".into() },
-            ExportInfo { name: "".into(), size_bytes: 4096, description: String::new() },
+            ExportInfo { name: "vol1".into(), size_bytes: 1 << 20, description: "first".into(), read_only: false },
+            ExportInfo { name: "".into(), size_bytes: 4096, description: String::new(), read_only: false },
+            ExportInfo { name: "vol1@s".into(), size_bytes: 8192, description: String::new(), read_only: true },
         ]
     }
 
@@ -741,6 +745,19 @@ mod tests {
     }
 
     #[test]
+    fn a_read_only_export_is_advertised_so_without_trim_or_zeroes() {
+        let read_only = FLAG_HAS_FLAGS | FLAG_SEND_FLUSH | FLAG_SEND_FUA | FLAG_CAN_MULTI_CONN | FLAG_READ_ONLY;
+        check(
+            &option(OPT_INFO, &go_data("vol1@s", &[])),
+            &[
+                (OPT_INFO, REP_INFO, &info_export(8192, read_only)),
+                (OPT_INFO, REP_INFO, &info_block_size()),
+                (OPT_INFO, REP_ACK, &[]),
+            ],
+        );
+    }
+
+    #[test]
     fn info_does_not_end_the_handshake() {
         let input = option(OPT_INFO, &go_data("", &[]));
         let mut handshake = check(
@@ -820,7 +837,7 @@ mod tests {
         // And the next option is understood.
         let input = option(OPT_LIST, &[]);
         assert_eq!(handshake.handle_input(&input, &exports()), input.len());
-        assert_eq!(replies(&handshake.poll_transmit().unwrap()).len(), 3);
+        assert_eq!(replies(&handshake.poll_transmit().unwrap()).len(), 4);
     }
 
     #[test]
@@ -828,9 +845,17 @@ mod tests {
         let mut first = Vec::new();
         put_u32(&mut first, 4);
         first.extend_from_slice(b"vol1first");
+        let mut third = Vec::new();
+        put_u32(&mut third, 6);
+        third.extend_from_slice(b"vol1@s");
         check(
             &option(OPT_LIST, &[]),
-            &[(OPT_LIST, REP_SERVER, &first), (OPT_LIST, REP_SERVER, &[0, 0, 0, 0]), (OPT_LIST, REP_ACK, &[])],
+            &[
+                (OPT_LIST, REP_SERVER, &first),
+                (OPT_LIST, REP_SERVER, &[0, 0, 0, 0]),
+                (OPT_LIST, REP_SERVER, &third),
+                (OPT_LIST, REP_ACK, &[]),
+            ],
         );
     }
 

@@ -234,6 +234,9 @@ impl Transmission {
             return reject(Errno::Inval, "request longer than the maximum block size");
         }
 
+        if self.export.read_only && matches!(kind, CommandKind::Write | CommandKind::Trim | CommandKind::WriteZeroes) {
+            return reject(Errno::Perm, "the export is read-only");
+        }
         let size_bytes = self.export.size_bytes;
         let block = u64::from(BLOCK_SIZE_MIN_BYTES);
         let end_bytes = offset_bytes.checked_add(u64::from(length_bytes));
@@ -455,7 +458,7 @@ mod tests {
     const SIZE: u64 = 1 << 40;
 
     fn transmission(structured: bool, block_status: bool) -> Transmission {
-        let export = ExportInfo { name: "v".into(), size_bytes: SIZE, description: String::new() };
+        let export = ExportInfo { name: "v".into(), size_bytes: SIZE, description: String::new(), read_only: false };
         Transmission::for_tests(export, structured, block_status)
     }
 
@@ -490,6 +493,24 @@ mod tests {
     }
 
     const MAX: u32 = BLOCK_SIZE_MAX_BYTES;
+
+    #[test]
+    fn a_read_only_export_refuses_every_change_and_serves_the_rest() {
+        let export = ExportInfo { name: "v@s".into(), size_bytes: SIZE, description: String::new(), read_only: true };
+        let t = Transmission::for_tests(export, true, true);
+        let decode = |command, length| t.decode_request(&header(0, command, 4096, length));
+        for (command, payload) in [(CMD_WRITE, 8192), (CMD_TRIM, 0), (CMD_WRITE_ZEROES, 0)] {
+            match decode(command, 8192) {
+                Ok(Decoded::Rejected(r)) => {
+                    assert_eq!((r.errno, r.payload_bytes), (Errno::Perm, payload), "command {command}")
+                }
+                other => panic!("command {command} on a read-only export: {other:?}"),
+            }
+        }
+        assert!(matches!(decode(CMD_READ, 8192), Ok(Decoded::Request(_))));
+        assert!(matches!(decode(CMD_BLOCK_STATUS, 8192), Ok(Decoded::Request(_))));
+        assert!(matches!(t.decode_request(&header(0, CMD_FLUSH, 0, 0)), Ok(Decoded::Request(_))));
+    }
 
     #[test]
     #[rustfmt::skip]
@@ -543,7 +564,7 @@ mod tests {
 
     #[test]
     fn export_size_not_a_multiple_of_the_block_size() {
-        let export = ExportInfo { name: "v".into(), size_bytes: 1000, description: String::new() };
+        let export = ExportInfo { name: "v".into(), size_bytes: 1000, description: String::new(), read_only: false };
         let transmission = Transmission::for_tests(export, false, false);
         let decode = |offset, length| transmission.decode_request(&header(0, CMD_READ, offset, length));
         assert!(matches!(decode(512, 488), Ok(Decoded::Request(_))), "the tail is reachable");

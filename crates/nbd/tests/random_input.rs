@@ -98,8 +98,8 @@ impl Random {
 
 fn exports() -> Vec<ExportInfo> {
     vec![
-        ExportInfo { name: "a".into(), size_bytes: 1 << 30, description: "A".into() },
-        ExportInfo { name: String::new(), size_bytes: 1000, description: String::new() },
+        ExportInfo { name: "a".into(), size_bytes: 1 << 30, description: "A".into(), read_only: false },
+        ExportInfo { name: String::new(), size_bytes: 1000, description: String::new(), read_only: false },
     ]
 }
 

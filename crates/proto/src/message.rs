@@ -58,6 +58,16 @@ pub enum Op {
         offset_bytes: u64,
         length_bytes: u64,
     },
+    /// Take snapshot `id` of the volume here, between the records before and after it: every
+    /// element takes it at this sequence. It changes no block (offset and length are 0).
+    Snapshot {
+        id: u64,
+    },
+    /// Delete snapshot `id` of the volume here (nothing if there is none): through the ordered
+    /// stream, so every element, and one that catches up later, deletes it at this sequence.
+    SnapshotDelete {
+        id: u64,
+    },
 }
 
 impl Op {
@@ -80,6 +90,7 @@ impl Op {
             Op::Write { offset_bytes, .. } | Op::Trim { offset_bytes, .. } | Op::WriteZeroes { offset_bytes, .. } => {
                 *offset_bytes
             }
+            Op::Snapshot { .. } | Op::SnapshotDelete { .. } => 0,
         }
     }
 
@@ -87,6 +98,7 @@ impl Op {
         match self {
             Op::Write { data, .. } => data.len() as u64,
             Op::Trim { length_bytes, .. } | Op::WriteZeroes { length_bytes, .. } => *length_bytes,
+            Op::Snapshot { .. } | Op::SnapshotDelete { .. } => 0,
         }
     }
 
@@ -97,6 +109,14 @@ impl Op {
             _ => 0,
         }
     }
+}
+
+/// A snapshot a read names: its id, and the volume's sequence it was taken at (the element
+/// answers once it has applied that far; the reply's sequence is that one).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SnapshotRef {
+    pub id: u64,
+    pub taken_at: Sequence,
 }
 
 /// One sequenced operation of one volume, as sent to elements and kept in logs.
@@ -204,17 +224,20 @@ pub enum HostMessage {
     },
     /// Apply one record; the element answers `Applied` once it is durable and applied.
     Apply(Record),
+    /// Read the volume, or one of its snapshots.
     Read {
         request_id: u64,
         volume: VolumeId,
         offset_bytes: u64,
         length_bytes: u32,
+        snapshot: Option<SnapshotRef>,
     },
     BlockStatus {
         request_id: u64,
         volume: VolumeId,
         offset_bytes: u64,
         length_bytes: u64,
+        snapshot: Option<SnapshotRef>,
     },
     Ping {
         nonce: u64,
@@ -720,6 +743,28 @@ fn put_write_head(out: &mut BytesMut, offset_bytes: u64, data_bytes: usize) {
 const OP_WRITE: u8 = 1;
 const OP_TRIM: u8 = 2;
 const OP_WRITE_ZEROES: u8 = 3;
+const OP_SNAPSHOT: u8 = 4;
+const OP_SNAPSHOT_DELETE: u8 = 5;
+
+/// `u8 0`, or `u8 1, u64 id, u64 taken_at`.
+fn put_snapshot_ref(out: &mut BytesMut, snapshot: &Option<SnapshotRef>) {
+    match snapshot {
+        None => out.put_u8(0),
+        Some(SnapshotRef { id, taken_at }) => {
+            out.put_u8(1);
+            out.put_u64_le(*id);
+            out.put_u64_le(taken_at.0);
+        }
+    }
+}
+
+fn read_snapshot_ref(r: &mut Reader) -> Result<Option<SnapshotRef>, DecodeError> {
+    Ok(match r.u8("snapshot flag")? {
+        0 => None,
+        1 => Some(SnapshotRef { id: r.u64("snapshot id")?, taken_at: Sequence(r.u64("snapshot sequence")?) }),
+        flag => return Err(DecodeError::OutOfBounds { what: "snapshot flag", value: flag as u64 }),
+    })
+}
 
 impl Record {
     /// Encode without framing (the wire format only: the element's log has its own record).
@@ -740,6 +785,14 @@ impl Record {
                 out.put_u8(OP_WRITE_ZEROES);
                 out.put_u64_le(*offset_bytes);
                 out.put_u64_le(*length_bytes);
+            }
+            Op::Snapshot { id } => {
+                out.put_u8(OP_SNAPSHOT);
+                out.put_u64_le(*id);
+            }
+            Op::SnapshotDelete { id } => {
+                out.put_u8(OP_SNAPSHOT_DELETE);
+                out.put_u64_le(*id);
             }
         }
     }
@@ -767,6 +820,8 @@ impl Record {
             OP_WRITE_ZEROES => {
                 Op::WriteZeroes { offset_bytes: r.u64("zeroes offset")?, length_bytes: r.u64("zeroes length")? }
             }
+            OP_SNAPSHOT => Op::Snapshot { id: r.u64("snapshot id")? },
+            OP_SNAPSHOT_DELETE => Op::SnapshotDelete { id: r.u64("snapshot id")? },
             tag => return Err(DecodeError::UnknownTag(tag)),
         };
         if op.offset_bytes().checked_add(op.length_bytes()).is_none() {
@@ -844,19 +899,21 @@ impl Body for HostMessage {
                 out.put_u8(HOST_APPLY);
                 record.encode(out);
             }
-            HostMessage::Read { request_id, volume, offset_bytes, length_bytes } => {
+            HostMessage::Read { request_id, volume, offset_bytes, length_bytes, snapshot } => {
                 out.put_u8(HOST_READ);
                 out.put_u64_le(*request_id);
                 out.put_u32_le(volume.0);
                 out.put_u64_le(*offset_bytes);
                 out.put_u32_le(*length_bytes);
+                put_snapshot_ref(out, snapshot);
             }
-            HostMessage::BlockStatus { request_id, volume, offset_bytes, length_bytes } => {
+            HostMessage::BlockStatus { request_id, volume, offset_bytes, length_bytes, snapshot } => {
                 out.put_u8(HOST_BLOCK_STATUS);
                 out.put_u64_le(*request_id);
                 out.put_u32_le(volume.0);
                 out.put_u64_le(*offset_bytes);
                 out.put_u64_le(*length_bytes);
+                put_snapshot_ref(out, snapshot);
             }
             HostMessage::Ping { nonce } => {
                 out.put_u8(HOST_PING);
@@ -932,13 +989,15 @@ impl Body for HostMessage {
                 if length_bytes > PAYLOAD_BYTES_MAX {
                     return Err(DecodeError::OutOfBounds { what: "read length", value: length_bytes as u64 });
                 }
-                HostMessage::Read { request_id, volume, offset_bytes, length_bytes }
+                let snapshot = read_snapshot_ref(&mut r)?;
+                HostMessage::Read { request_id, volume, offset_bytes, length_bytes, snapshot }
             }
             HOST_BLOCK_STATUS => HostMessage::BlockStatus {
                 request_id: r.u64("block status request id")?,
                 volume: VolumeId(r.u32("block status volume")?),
                 offset_bytes: r.u64("block status offset")?,
                 length_bytes: r.u64("block status length")?,
+                snapshot: read_snapshot_ref(&mut r)?,
             },
             HOST_PING => HostMessage::Ping { nonce: r.u64("ping nonce")? },
             HOST_OBSERVE => HostMessage::Observe { nonce: r.u64("observe nonce")? },
@@ -1530,15 +1589,31 @@ mod tests {
             Op::write(4000, Bytes::from(vec![3u8; 9000])),
             Op::Trim { offset_bytes: 0, length_bytes: 1 << 20 },
             Op::WriteZeroes { offset_bytes: 512, length_bytes: 1024 },
+            Op::Snapshot { id: 7 },
+            Op::SnapshotDelete { id: 7 },
         ] {
             round_trip(HostMessage::Apply(Record { volume: VolumeId(1), epoch: Epoch(2), sequence: Sequence(77), op }));
         }
-        round_trip(HostMessage::Read { request_id: 9, volume: VolumeId(0), offset_bytes: 8192, length_bytes: 4096 });
+        round_trip(HostMessage::Read {
+            request_id: 9,
+            volume: VolumeId(0),
+            offset_bytes: 8192,
+            length_bytes: 4096,
+            snapshot: None,
+        });
+        round_trip(HostMessage::Read {
+            request_id: 9,
+            volume: VolumeId(0),
+            offset_bytes: 8192,
+            length_bytes: 4096,
+            snapshot: Some(SnapshotRef { id: 12, taken_at: Sequence(400) }),
+        });
         round_trip(HostMessage::BlockStatus {
             request_id: 9,
             volume: VolumeId(0),
             offset_bytes: 0,
             length_bytes: 1 << 30,
+            snapshot: Some(SnapshotRef { id: 3, taken_at: Sequence(1) }),
         });
         round_trip(HostMessage::Ping { nonce: 5 });
         round_trip(HostMessage::Observe { nonce: 6 });

@@ -3,12 +3,14 @@
 //! - `GET /`: the live status page (`status_page.rs`), fed by `GET /events` (server-sent
 //!   events: the status document and the charts' samples, once a second);
 //! - `GET /status` (JSON, the shape `starfish status --json` prints), `GET /metrics`
-//!   (OpenMetrics text), `GET /volumes` (`starfish volume list`);
+//!   (OpenMetrics text), `GET /volumes` (`starfish volume list`), `GET /snapshots`
+//!   (`starfish snapshot list`);
 //! - the orders: `POST /failover` (a standby takes over; `starfish failover`), `POST /drain`
 //!   (the active host element drains and becomes a standby), `POST /scrub?volume=NAME[&rate=BYTES]`
-//!   (`starfish scrub`), `POST /volumes/create?name=NAME&size=BYTES` and
-//!   `POST /volumes/delete?name=NAME` and `POST /volumes/resize?name=NAME&size=BYTES`
-//!   (`starfish volume …`).
+//!   (`starfish scrub`), `POST /volumes/create?name=NAME&size=BYTES`,
+//!   `POST /volumes/delete?name=NAME[&with_snapshots=1]` and `POST /volumes/resize?name=NAME&size=BYTES`
+//!   (`starfish volume …`), `POST /snapshots/create?volume=VOLUME&name=NAME` and
+//!   `POST /snapshots/delete?snapshot=VOLUME@NAME` (`starfish snapshot …`).
 //!
 //! What a request asks for is read by the core (`starfish_core::admin_request`, fuzzed).
 //! With TLS configured (`--tls-dir`) the same port also speaks HTTPS (told apart by the first
@@ -273,15 +275,18 @@ async fn answer(
         AdminRequest::Drain => order(host.drain().await),
         AdminRequest::Scrub { volume, rate_bytes_per_s } => order(host.scrub(&volume, rate_bytes_per_s).await),
         AdminRequest::VolumeCreate { name, size_bytes } => order(host.volume_create(&name, size_bytes).await),
-        AdminRequest::VolumeDelete { name } => order(host.volume_delete(&name).await),
+        AdminRequest::VolumeDelete { name, with_snapshots } => order(host.volume_delete(&name, with_snapshots).await),
         AdminRequest::VolumeResize { name, size_bytes, shrink } => {
             order(host.volume_resize(&name, size_bytes, shrink).await)
         }
         AdminRequest::VolumeList => order(host.volume_list().await),
+        AdminRequest::SnapshotCreate { volume, name } => order(host.snapshot_create(&volume, &name).await),
+        AdminRequest::SnapshotDelete { volume, name } => order(host.snapshot_delete(&volume, &name).await),
+        AdminRequest::SnapshotList => order(host.snapshot_list().await),
         AdminRequest::NotFound => reply(
             StatusCode::NOT_FOUND,
             "text/plain",
-            "try GET / (the status page), GET /status, GET /metrics, GET /volumes, POST /failover, POST /drain, POST /scrub?volume=NAME, POST /volumes/create?name=NAME&size=BYTES, POST /volumes/resize?name=NAME&size=BYTES[&shrink=1] or POST /volumes/delete?name=NAME\n".into(),
+            "try GET / (the status page), GET /status, GET /metrics, GET /volumes, GET /snapshots, POST /failover, POST /drain, POST /scrub?volume=NAME, POST /volumes/create?name=NAME&size=BYTES, POST /volumes/resize?name=NAME&size=BYTES[&shrink=1], POST /volumes/delete?name=NAME[&with_snapshots=1], POST /snapshots/create?volume=VOLUME&name=NAME or POST /snapshots/delete?snapshot=VOLUME@NAME\n".into(),
         ),
         AdminRequest::Malformed(why) => reply(StatusCode::BAD_REQUEST, "text/plain", format!("{why}\n")),
     }

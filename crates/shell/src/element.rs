@@ -743,15 +743,20 @@ pub fn verify(data: &std::path::Path) -> Result<Vec<(String, u64, Sequence, Stri
     let store = Store::open(data, StoreOptions::default()).map_err(|e| e.to_string())?;
     let mut out = Vec::new();
     for (name, size_bytes) in store.volumes() {
-        let handle = store.ensure_volume(&name, size_bytes).map_err(|e| e.to_string())?;
-        let digest = store.verify(handle).map_err(|e| e.to_string())?;
-        if digest.blocks_corrupt > 0 {
-            return Err(format!(
-                "volume {name}: {} of {} blocks fail their checksum",
-                digest.blocks_corrupt, digest.blocks_total
-            ));
+        let Some(handle) = store.volume(&name).filter(|_| size_bytes > 0) else { continue };
+        // Each snapshot after its volume, named VOLUME@ID, with the sequence it was taken at.
+        let snapshots: Vec<(String, u64, store::VolumeHandle)> =
+            store.snapshots(handle).into_iter().map(|s| (format!("{name}@{}", s.id), s.size_bytes, s.handle)).collect();
+        for (name, size_bytes, handle) in [(name, size_bytes, handle)].into_iter().chain(snapshots) {
+            let digest = store.verify(handle).map_err(|e| e.to_string())?;
+            if digest.blocks_corrupt > 0 {
+                return Err(format!(
+                    "volume {name}: {} of {} blocks fail their checksum",
+                    digest.blocks_corrupt, digest.blocks_total
+                ));
+            }
+            out.push((name, size_bytes, digest.applied_sequence, format!("{:016x}", digest.content_digest)));
         }
-        out.push((name, size_bytes, digest.applied_sequence, format!("{:016x}", digest.content_digest)));
     }
     Ok(out)
 }

@@ -54,10 +54,19 @@ pub struct FailoverOptions {
 }
 
 pub(crate) enum Request {
-    Read { offset_bytes: u64, length_bytes: u32 },
+    /// A read of the storage volume, or of one of its snapshots.
+    Read {
+        offset_bytes: u64,
+        length_bytes: u32,
+        snapshot: Option<proto::SnapshotRef>,
+    },
     Write(Op),
     Flush,
-    BlockStatus { offset_bytes: u64, length_bytes: u64 },
+    BlockStatus {
+        offset_bytes: u64,
+        length_bytes: u64,
+        snapshot: Option<proto::SnapshotRef>,
+    },
 }
 
 enum Input {
@@ -135,6 +144,19 @@ enum Input {
         storage_bytes: u64,
         size_bytes: u64,
         reply: oneshot::Sender<Result<proto::VolumeId, String>>,
+    },
+    /// Export a snapshot read-only (`HostCore::add_snapshot_export`).
+    AddSnapshotExport {
+        name: String,
+        of: String,
+        snapshot: proto::SnapshotRef,
+        size_bytes: u64,
+        reply: oneshot::Sender<Result<(), String>>,
+    },
+    /// Stop exporting a snapshot (`HostCore::remove_snapshot_export`).
+    RemoveSnapshotExport {
+        name: String,
+        reply: oneshot::Sender<()>,
     },
     /// `input`, from the catalog task as it was before the core's `generation`-th takeover
     /// (`Event::Restarted`): dropped (its reply with it) once the core took over again, so
@@ -304,6 +326,28 @@ impl HostHandle {
         let input = Input::ResizeVolume { name, storage_bytes, size_bytes, reply };
         self.send(input).map_err(|_| "host element stopping")?;
         rx.await.map_err(|_| "host element stopping")?
+    }
+
+    /// Export snapshot `snapshot` of the volume exported as `of`, read-only, as `name`.
+    pub(crate) async fn add_snapshot_export(
+        &self,
+        name: String,
+        of: String,
+        snapshot: proto::SnapshotRef,
+        size_bytes: u64,
+    ) -> Result<(), String> {
+        let (reply, rx) = oneshot::channel();
+        let input = Input::AddSnapshotExport { name, of, snapshot, size_bytes, reply };
+        self.send(input).map_err(|_| "host element stopping")?;
+        rx.await.map_err(|_| "host element stopping")?
+    }
+
+    /// Stop exporting snapshot export `name`.
+    pub(crate) async fn remove_snapshot_export(&self, name: String) {
+        let (reply, rx) = oneshot::channel();
+        if self.send(Input::RemoveSnapshotExport { name, reply }).is_ok() {
+            let _ = rx.await;
+        }
     }
 
     /// How each element is reached ("tcp", or the far link's parameters), in configuration order.
@@ -589,13 +633,19 @@ fn handle_input(
             waiting.insert(token, reply);
             let volume = proto::VolumeId(volume);
             match request {
-                Request::Read { offset_bytes, length_bytes } => {
+                Request::Read { offset_bytes, length_bytes, snapshot: None } => {
                     core.handle_host_read(t, token, volume, offset_bytes, length_bytes)
+                }
+                Request::Read { offset_bytes, length_bytes, snapshot: Some(s) } => {
+                    core.handle_host_snapshot_read(t, token, volume, s, offset_bytes, length_bytes)
                 }
                 Request::Write(op) => core.handle_host_write(t, token, volume, op),
                 Request::Flush => core.handle_host_flush(t, token, volume),
-                Request::BlockStatus { offset_bytes, length_bytes } => {
+                Request::BlockStatus { offset_bytes, length_bytes, snapshot: None } => {
                     core.handle_host_block_status(t, token, volume, offset_bytes, length_bytes)
+                }
+                Request::BlockStatus { offset_bytes, length_bytes, snapshot: Some(s) } => {
+                    core.handle_host_snapshot_block_status(t, token, volume, s, offset_bytes, length_bytes)
                 }
             }
         }
@@ -658,6 +708,16 @@ fn handle_input(
             *exports.write().expect("exports lock") = core.config().exported();
             let _ = reply.send(result);
         }
+        Input::AddSnapshotExport { name, of, snapshot, size_bytes, reply } => {
+            let result = core.add_snapshot_export(name, &of, snapshot, size_bytes);
+            *exports.write().expect("exports lock") = core.config().exported();
+            let _ = reply.send(result);
+        }
+        Input::RemoveSnapshotExport { name, reply } => {
+            core.remove_snapshot_export(&name);
+            *exports.write().expect("exports lock") = core.config().exported();
+            let _ = reply.send(());
+        }
         // Unwrapped (or dropped) by the actor.
         Input::Guarded { .. } => {}
         Input::Status { reply } => {
@@ -703,6 +763,13 @@ fn log_event(core: &HostCore, names: &[String], event: Event) {
         Event::VolumeResized { volume, size_bytes } => {
             tracing::info!(volume = volume_name(volume), size_bytes, "volume grown on a write quorum of elements")
         }
+        Event::SnapshotReadRefused { volume, element, id, reason } => tracing::warn!(
+            volume = volume_name(volume),
+            element = name(element),
+            snapshot = id,
+            %reason,
+            "an element could not read a snapshot; reading it from another"
+        ),
         Event::ElementFailed { element, reason } => {
             tracing::warn!(element = name(element), applied = applied(element), %reason, "element failed")
         }
@@ -1011,22 +1078,28 @@ impl HostBackend {
         let exports = self.exports.read().expect("exports lock");
         let e = exports.iter().find(|e| e.name == export)?;
         let (offset_bytes, length_bytes) = match &request {
-            Request::Read { offset_bytes, length_bytes } => (*offset_bytes, *length_bytes as u64),
-            Request::BlockStatus { offset_bytes, length_bytes } => (*offset_bytes, *length_bytes),
+            Request::Read { offset_bytes, length_bytes, .. } => (*offset_bytes, *length_bytes as u64),
+            Request::BlockStatus { offset_bytes, length_bytes, .. } => (*offset_bytes, *length_bytes),
             Request::Write(op) => (op.offset_bytes(), op.length_bytes()),
             Request::Flush => (0, 0),
         };
         if offset_bytes.checked_add(length_bytes).is_none_or(|end| end > e.size_bytes) {
             return None;
         }
-        let (volume, base) = (e.volume as u32, e.offset_bytes);
+        // A snapshot's export takes reads only (NBD refuses its writes before they get here).
+        if e.snapshot.is_some() && matches!(request, Request::Write(_)) {
+            return None;
+        }
+        let (volume, base, snapshot) = (e.volume as u32, e.offset_bytes, e.snapshot);
         let request = match request {
-            Request::Read { offset_bytes, length_bytes } => {
-                Request::Read { offset_bytes: base + offset_bytes, length_bytes }
+            Request::Read { offset_bytes, length_bytes, .. } => {
+                Request::Read { offset_bytes: base + offset_bytes, length_bytes, snapshot }
             }
-            Request::BlockStatus { offset_bytes, length_bytes } => {
-                Request::BlockStatus { offset_bytes: base + offset_bytes, length_bytes }
+            Request::BlockStatus { offset_bytes, length_bytes, .. } => {
+                Request::BlockStatus { offset_bytes: base + offset_bytes, length_bytes, snapshot }
             }
+            // Only the catalog task sends these, not NBD.
+            Request::Write(op @ (Op::Snapshot { .. } | Op::SnapshotDelete { .. })) => Request::Write(op),
             Request::Write(Op::WriteZeroes { offset_bytes, length_bytes }) => {
                 Request::Write(Op::WriteZeroes { offset_bytes: base + offset_bytes, length_bytes })
             }
@@ -1082,17 +1155,19 @@ impl Backend for HostBackend {
         exports
             .iter()
             .map(|e| {
-                let description = match &e.group {
-                    Some(group) => format!("StarFish volume {} (consistency group {group})", e.name),
-                    None => format!("StarFish volume {}", e.name),
+                let description = match (&e.group, e.snapshot) {
+                    (_, Some(_)) => format!("StarFish snapshot {} (read-only)", e.name),
+                    (Some(group), None) => format!("StarFish volume {} (consistency group {group})", e.name),
+                    (None, None) => format!("StarFish volume {}", e.name),
                 };
-                ExportInfo { name: e.name.clone(), size_bytes: e.size_bytes, description }
+                let read_only = e.snapshot.is_some();
+                ExportInfo { name: e.name.clone(), size_bytes: e.size_bytes, description, read_only }
             })
             .collect()
     }
 
     fn read(&self, export: &str, offset_bytes: u64, length_bytes: u32) -> BoxFuture<Result<Bytes, nbd::Errno>> {
-        let rx = self.call(export, Request::Read { offset_bytes, length_bytes });
+        let rx = self.call(export, Request::Read { offset_bytes, length_bytes, snapshot: None });
         let future: BoxFuture<Result<Bytes, nbd::Errno>> = Box::pin(async move {
             match rx.ok_or(nbd::Errno::Io)?.await {
                 Ok(Reply::Read(result)) => result.map_err(errno),
@@ -1143,7 +1218,7 @@ impl Backend for HostBackend {
         offset_bytes: u64,
         length_bytes: u64,
     ) -> BoxFuture<Result<Vec<Extent>, nbd::Errno>> {
-        let rx = self.call(export, Request::BlockStatus { offset_bytes, length_bytes });
+        let rx = self.call(export, Request::BlockStatus { offset_bytes, length_bytes, snapshot: None });
         let future: BoxFuture<Result<Vec<Extent>, nbd::Errno>> = Box::pin(async move {
             match rx.ok_or(nbd::Errno::Io)?.await {
                 Ok(Reply::BlockStatus(result)) => Ok(result

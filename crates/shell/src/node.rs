@@ -296,13 +296,15 @@ impl Node {
     }
 
     /// Delete a volume created while running (`starfish volume delete`).
-    pub async fn volume_delete(&self, name: &str) -> Result<Value, String> {
+    pub async fn volume_delete(&self, name: &str, with_snapshots: bool) -> Result<Value, String> {
         let handle = self.active.lock().await.as_ref().map(|a| a.handle.clone());
         let Some(handle) = handle else {
             return Err("this host element is a standby: delete volumes through the active one".into());
         };
         let name = name.to_string();
-        let doc = handle.volume_order(|reply| crate::volumes::VolumeOrder::Delete { name: name.clone(), reply }).await;
+        let doc = handle
+            .volume_order(|reply| crate::volumes::VolumeOrder::Delete { name: name.clone(), with_snapshots, reply })
+            .await;
         match &doc {
             Ok(_) => tracing::info!(volume = %name, "volume deleted (starfish volume delete)"),
             Err(reason) => tracing::warn!(volume = %name, "volume not deleted: {reason}"),
@@ -335,6 +337,61 @@ impl Node {
             return Err("this host element is a standby: list volumes at the active one".into());
         };
         handle.volume_order(|reply| crate::volumes::VolumeOrder::List { reply }).await
+    }
+
+    /// `starfish snapshot create VOLUME NAME` (see `crate::volumes`).
+    pub async fn snapshot_create(&self, volume: &str, name: &str) -> Result<Value, String> {
+        let handle = self.active.lock().await.as_ref().map(|a| a.handle.clone());
+        let Some(handle) = handle else {
+            return Err("this host element is a standby: take snapshots through the active one".into());
+        };
+        let (volume, name) = (volume.to_string(), name.to_string());
+        let doc = handle
+            .volume_order(|reply| crate::volumes::VolumeOrder::SnapshotCreate {
+                volume: volume.clone(),
+                name: name.clone(),
+                reply,
+            })
+            .await;
+        match &doc {
+            Ok(_) => {
+                tracing::info!(snapshot = %format!("{volume}@{name}"), "snapshot taken (starfish snapshot create)")
+            }
+            Err(reason) => tracing::warn!(snapshot = %format!("{volume}@{name}"), "snapshot not taken: {reason}"),
+        }
+        doc
+    }
+
+    /// `starfish snapshot delete VOLUME@NAME` (see `crate::volumes`).
+    pub async fn snapshot_delete(&self, volume: &str, name: &str) -> Result<Value, String> {
+        let handle = self.active.lock().await.as_ref().map(|a| a.handle.clone());
+        let Some(handle) = handle else {
+            return Err("this host element is a standby: delete snapshots through the active one".into());
+        };
+        let (volume, name) = (volume.to_string(), name.to_string());
+        let doc = handle
+            .volume_order(|reply| crate::volumes::VolumeOrder::SnapshotDelete {
+                volume: volume.clone(),
+                name: name.clone(),
+                reply,
+            })
+            .await;
+        match &doc {
+            Ok(_) => {
+                tracing::info!(snapshot = %format!("{volume}@{name}"), "snapshot deleted (starfish snapshot delete)")
+            }
+            Err(reason) => tracing::warn!(snapshot = %format!("{volume}@{name}"), "snapshot not deleted: {reason}"),
+        }
+        doc
+    }
+
+    /// `starfish snapshot list`.
+    pub async fn snapshot_list(&self) -> Result<Value, String> {
+        let handle = self.active.lock().await.as_ref().map(|a| a.handle.clone());
+        let Some(handle) = handle else {
+            return Err("this host element is a standby: list snapshots at the active one".into());
+        };
+        handle.volume_order(|reply| crate::volumes::VolumeOrder::SnapshotList { reply }).await
     }
 
     /// A graceful handover: stop taking requests, answer those taken, tell the elements we

@@ -22,10 +22,19 @@
 //! core goes through a handle guarded by the core's count of takeovers, so nothing decided
 //! from the older read reaches the core after.
 //!
+//! Snapshots (`starfish snapshot create/delete/list`) go the same way: the intention is logged,
+//! then the snapshot's record is sent in its volume's ordered stream (again until a write
+//! quorum holds it: an element that holds the snapshot already takes nothing), then the
+//! completion lists it and NBD exports it read-only as `VOLUME@NAME`. A deletion stops the
+//! export, sends its record, and completes. A starting host element exports the listed
+//! snapshots and sends the records of pending ones again.
+//!
 //! Failpoints for the crash tests: `STARFISH_FAILPOINT=volume-create:after-intention`,
 //! `…:after-add` or `…:before-completion` aborts the process at that step of a creation;
 //! `volume-delete:after-intention`, `…:after-remove` or `…:before-completion` of a deletion;
-//! `volume-resize:after-intention`, `…:after-resize` or `…:before-completion` of a resize.
+//! `volume-resize:after-intention`, `…:after-resize` or `…:before-completion` of a resize;
+//! `snapshot-create:after-intention`, `…:after-record` or `…:before-completion` of a
+//! snapshot, and the same steps of `snapshot-delete`.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -33,7 +42,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use proto::{Op, VolumeId};
 use serde_json::{json, Value};
-use starfish_core::catalog::{self, Catalog, Intention, IntentionLog, LogPolicy};
+use starfish_core::catalog::{self, Catalog, CatalogSnapshot, Intent, Intention, IntentionLog, LogPolicy};
 use starfish_core::{HostError, Reply, Time};
 use tokio::sync::{mpsc, oneshot, watch};
 
@@ -56,9 +65,22 @@ const ZERO_RETRY_WAIT: Duration = Duration::from_secs(1);
 
 pub(crate) enum VolumeOrder {
     Create { name: String, size_bytes: u64, reply: oneshot::Sender<Result<Value, String>> },
-    Delete { name: String, reply: oneshot::Sender<Result<Value, String>> },
+    Delete { name: String, with_snapshots: bool, reply: oneshot::Sender<Result<Value, String>> },
     Resize { name: String, size_bytes: u64, shrink: bool, reply: oneshot::Sender<Result<Value, String>> },
     List { reply: oneshot::Sender<Result<Value, String>> },
+    SnapshotCreate { volume: String, name: String, reply: oneshot::Sender<Result<Value, String>> },
+    SnapshotDelete { volume: String, name: String, reply: oneshot::Sender<Result<Value, String>> },
+    SnapshotList { reply: oneshot::Sender<Result<Value, String>> },
+}
+
+/// A snapshot being taken or deleted (logged, or found pending at start-up).
+struct Snapshotting {
+    snapshot: CatalogSnapshot,
+    delete: bool,
+    reply: Option<oneshot::Sender<Result<Value, String>>>,
+    asked: Instant,
+    /// Its record is on its way (the answer waits for a write quorum to hold it).
+    sent: bool,
 }
 
 /// An operation whose intention's write failed: its reply, the reason, and when.
@@ -109,6 +131,7 @@ struct Catalogue {
     creating: BTreeMap<u64, Creating>,
     deleting: BTreeMap<u64, Deleting>,
     resizing: BTreeMap<u64, Resizing>,
+    snapshotting: BTreeMap<u64, Snapshotting>,
     /// Volumes created while running that this host element serves: name → storage volume.
     created: BTreeMap<String, String>,
     /// The catalog could not be read: what is wrong (creations are refused).
@@ -124,6 +147,9 @@ struct Catalogue {
     /// A shrink's zeroing is done (its intention's id) or could not go on (the host element
     /// is stopping, or this pass ended).
     zeroed: mpsc::UnboundedSender<(u64, Result<(), String>)>,
+    /// A snapshot's record (its intention's id) is held by a write quorum from the sequence
+    /// given on, or could not be sent (the host element is stopping, or this pass ended).
+    recorded: mpsc::UnboundedSender<(u64, Result<u64, String>)>,
 }
 
 /// A creation's (or a resize's) prepare, answered.
@@ -167,6 +193,7 @@ async fn serve(
     let (writes, mut written) = mpsc::unbounded_channel();
     let (checked, mut checked_rx) = mpsc::unbounded_channel();
     let (zeroed, mut zeroed_rx) = mpsc::unbounded_channel();
+    let (recorded, mut recorded_rx) = mpsc::unbounded_channel();
     let volume = wait_serving(&handle).await?;
     let (catalog, broken) = match read_catalog(&handle, volume).await {
         Ok(catalog) => (catalog, None),
@@ -185,6 +212,7 @@ async fn serve(
         creating: BTreeMap::new(),
         deleting: BTreeMap::new(),
         resizing: BTreeMap::new(),
+        snapshotting: BTreeMap::new(),
         created: BTreeMap::new(),
         broken,
         writes,
@@ -193,6 +221,7 @@ async fn serve(
         undoing: BTreeMap::new(),
         checked,
         zeroed,
+        recorded,
     };
     if c.broken.is_none() {
         c.start(catalog).await;
@@ -208,6 +237,7 @@ async fn serve(
             .map(|k| k.asked)
             .chain(c.deleting.values().filter(|d| d.reply.is_some()).map(|d| d.asked))
             .chain(c.resizing.values().filter(|r| r.reply.is_some() && r.volume.is_some()).map(|r| r.asked))
+            .chain(c.snapshotting.values().filter(|s| s.reply.is_some() && s.sent).map(|s| s.asked))
             .chain(c.undoing.values().map(|(_, _, at)| *at))
             .map(|asked| asked + CREATE_WAIT)
             .min();
@@ -221,12 +251,19 @@ async fn serve(
         tokio::select! {
             order = orders.recv() => match order {
                 Some(VolumeOrder::Create { name, size_bytes, reply }) => c.create(name, size_bytes, reply),
-                Some(VolumeOrder::Delete { name, reply }) => c.delete(name, reply).await,
+                Some(VolumeOrder::Delete { name, with_snapshots, reply }) => c.delete(name, with_snapshots, reply).await,
                 Some(VolumeOrder::Resize { name, size_bytes, shrink, reply }) => {
                     c.resize(name, size_bytes, shrink, reply).await
                 }
                 Some(VolumeOrder::List { reply }) => {
                     let _ = reply.send(Ok(c.list()));
+                }
+                Some(VolumeOrder::SnapshotCreate { volume, name, reply }) => c.snapshot(volume, name, reply).await,
+                Some(VolumeOrder::SnapshotDelete { volume, name, reply }) => {
+                    c.snapshot_delete(volume, name, reply).await
+                }
+                Some(VolumeOrder::SnapshotList { reply }) => {
+                    let _ = reply.send(Ok(c.list_snapshots()));
                 }
                 None => return None,
             },
@@ -246,6 +283,7 @@ async fn serve(
             Some(result) = written.recv() => c.on_written(result).await,
             Some(checked) = checked_rx.recv() => c.on_checked(checked).await,
             Some((id, result)) = zeroed_rx.recv() => c.on_zeroed(id, result),
+            Some((id, result)) = recorded_rx.recv() => c.on_recorded(id, result).await,
             _ = sleep => c.answer_slow(),
         }
     }
@@ -301,7 +339,7 @@ async fn read_catalog(handle: &HostHandle, volume: u32) -> Result<Catalog, Strin
 async fn read(handle: &HostHandle, volume: u32, offset_bytes: u64, length_bytes: u32) -> Result<Bytes, String> {
     let mut said = false;
     loop {
-        match handle.storage_request(volume, Request::Read { offset_bytes, length_bytes }).await {
+        match handle.storage_request(volume, Request::Read { offset_bytes, length_bytes, snapshot: None }).await {
             Some(Reply::Read(Ok(data))) => return Ok(data),
             Some(Reply::Read(Err(e))) => {
                 if !said {
@@ -354,9 +392,22 @@ impl Catalogue {
             self.volume = volume;
             self.created.extend(serve.iter().map(|(name, spec)| (name.clone(), spec.name.clone())));
         }
+        for snapshot in &catalog.snapshots {
+            self.export_snapshot(snapshot).await;
+        }
         let now = self.now();
         let status = self.handle.status().await;
         for intention in &catalog.intentions {
+            if let Some(snapshot) = intention.snapshot() {
+                let delete = matches!(intention.op, Intent::SnapshotDelete { .. });
+                let (what, name) = (if delete { "deletion" } else { "taking" }, snapshot.export_name());
+                tracing::info!(id = intention.id, "finishing the {what} of snapshot {name}: sending its record again");
+                let snapshot = snapshot.clone();
+                let snapshotting = Snapshotting { snapshot, delete, reply: None, asked: Instant::now(), sent: false };
+                self.snapshotting.insert(intention.id, snapshotting);
+                self.send_record(intention.id);
+                continue;
+            }
             let volume = intention.volume();
             if intention.is_create() {
                 tracing::info!(id = intention.id, "finishing the creation of {} (rolled forward)", volume.name);
@@ -425,7 +476,7 @@ impl Catalogue {
 
     /// `starfish volume delete`: checks, then the intention (or, with policy `none`, the
     /// deletion at once).
-    async fn delete(&mut self, name: String, reply: oneshot::Sender<Result<Value, String>>) {
+    async fn delete(&mut self, name: String, with_snapshots: bool, reply: oneshot::Sender<Result<Value, String>>) {
         if let Some(reason) = &self.broken {
             let _ = reply.send(Err(format!("volume operations are off: the catalog cannot be read ({reason})")));
             return;
@@ -456,8 +507,21 @@ impl Catalogue {
                 .send(Err(format!("volume {name} is in use by {clients} NBD connection(s); disconnect them first")));
             return;
         }
+        if with_snapshots {
+            let prefix = format!("{name}@");
+            for export in self.handle.exports().iter().filter(|e| e.snapshot.is_some() && e.name.starts_with(&prefix)) {
+                let clients = self.clients_of(&export.name).await;
+                if clients > 0 {
+                    let _ = reply.send(Err(format!(
+                        "snapshot {} is in use by {clients} NBD connection(s); disconnect them first",
+                        export.name
+                    )));
+                    return;
+                }
+            }
+        }
         let now = self.now();
-        match self.log.intend_delete(now, &name) {
+        match self.log.intend_delete(now, &name, with_snapshots) {
             Err(reason) => {
                 let _ = reply.send(Err(reason));
             }
@@ -651,7 +715,7 @@ impl Catalogue {
                     }
                 }
                 for intention in logged {
-                    failpoint(&format!("volume-{}:after-intention", intention.kind()));
+                    failpoint(&format!("{}:after-intention", step_prefix(&intention)));
                     self.execute(intention).await;
                 }
             }
@@ -659,11 +723,15 @@ impl Catalogue {
                 tracing::error!("the catalog could not be written: {reason}; retrying");
                 self.retry_at = Some(Instant::now() + RETRY_WAIT);
                 for intention in self.log.write_failed() {
-                    let reply = match self.creating.remove(&intention.id) {
+                    let id = intention.id;
+                    let reply = match self.creating.remove(&id) {
                         Some(mut k) => k.reply.take(),
-                        None => match self.deleting.remove(&intention.id) {
+                        None => match self.deleting.remove(&id) {
                             Some(mut d) => d.reply.take(),
-                            None => self.resizing.remove(&intention.id).and_then(|mut r| r.reply.take()),
+                            None => match self.resizing.remove(&id) {
+                                Some(mut r) => r.reply.take(),
+                                None => self.snapshotting.remove(&id).and_then(|mut s| s.reply.take()),
+                            },
                         },
                     };
                     if let Some(reply) = reply {
@@ -677,6 +745,9 @@ impl Catalogue {
     /// Carry out a logged (or, with policy `none`, unlogged) creation: the core adds the
     /// volume and tells the elements; NBD exports it.
     async fn execute(&mut self, intention: Intention) {
+        if intention.is_snapshot() {
+            return self.execute_snapshot(intention).await;
+        }
         if intention.is_delete() {
             return self.execute_delete(intention).await;
         }
@@ -855,6 +926,7 @@ impl Catalogue {
             .filter_map(|k| k.reply.take())
             .chain(self.deleting.values_mut().filter_map(|d| d.reply.take()))
             .chain(self.resizing.values_mut().filter_map(|r| r.reply.take()))
+            .chain(self.snapshotting.values_mut().filter_map(|s| s.reply.take()))
             .chain(std::mem::take(&mut self.undoing).into_values().map(|(reply, _, _)| reply));
         for reply in replies {
             let _ = reply.send(Err(ABANDONED.to_string()));
@@ -905,6 +977,221 @@ impl Catalogue {
                 }
             }
         }
+        for (&id, s) in self.snapshotting.iter_mut() {
+            if s.sent && s.asked.elapsed() >= CREATE_WAIT {
+                if let Some(reply) = s.reply.take() {
+                    let _ = reply.send(Ok(describe_snapshot(id, &s.snapshot, s.delete, policy, false)));
+                }
+            }
+        }
+    }
+
+    /// `starfish snapshot create VOLUME NAME`: checks, then the intention; its record is sent
+    /// once it is logged ([`Catalogue::execute_snapshot`]).
+    async fn snapshot(&mut self, volume: String, name: String, reply: oneshot::Sender<Result<Value, String>>) {
+        if let Some(reason) = &self.broken {
+            let _ = reply.send(Err(format!("snapshots are off: the catalog cannot be read ({reason})")));
+            return;
+        }
+        let exports = self.handle.exports();
+        let Some(e) = exports.iter().find(|e| e.name == volume && e.snapshot.is_none()) else {
+            let reason = if self.creating.values().any(|k| k.name == volume) {
+                format!("volume {volume} is being created; snapshot it once its creation is answered")
+            } else {
+                format!("no volume {volume} (see starfish volume list)")
+            };
+            let _ = reply.send(Err(reason));
+            return;
+        };
+        if let Some(group) = &e.group {
+            let _ = reply.send(Err(format!(
+                "volume {volume} is a member of consistency group {group}: snapshots of consistency groups are not supported yet"
+            )));
+            return;
+        }
+        if let Err(reason) = self.check_writable(e.volume, "no snapshot was taken").await {
+            let _ = reply.send(Err(reason));
+            return;
+        }
+        let volume_id =
+            self.created.get(&volume).map_or(catalog::CONFIGURED_VOLUME_ID, |storage| catalog::storage_id(storage));
+        let now = self.now();
+        match self.log.intend_snapshot(now, &volume, volume_id, &name, e.size_bytes) {
+            Err(reason) => {
+                let _ = reply.send(Err(reason));
+            }
+            Ok(intention) => {
+                let snapshot = intention.snapshot().expect("a snapshot's intention").clone();
+                let snapshotting =
+                    Snapshotting { snapshot, delete: false, reply: Some(reply), asked: Instant::now(), sent: false };
+                self.snapshotting.insert(intention.id, snapshotting);
+            }
+        }
+    }
+
+    /// `starfish snapshot delete VOLUME@NAME`: checks, then the intention (whose write drops
+    /// the snapshot's entry).
+    async fn snapshot_delete(&mut self, volume: String, name: String, reply: oneshot::Sender<Result<Value, String>>) {
+        if let Some(reason) = &self.broken {
+            let _ = reply.send(Err(format!("snapshots are off: the catalog cannot be read ({reason})")));
+            return;
+        }
+        let export = format!("{volume}@{name}");
+        let storage = self.handle.exports().iter().find(|e| e.name == export && e.snapshot.is_some()).map(|e| e.volume);
+        let Some(storage) = storage else {
+            let _ = reply.send(Err(format!("no snapshot {export} (see starfish snapshot list)")));
+            return;
+        };
+        let clients = self.clients_of(&export).await;
+        if clients > 0 {
+            let _ = reply.send(Err(format!(
+                "snapshot {export} is in use by {clients} NBD connection(s); disconnect them first"
+            )));
+            return;
+        }
+        if let Err(reason) = self.check_writable(storage, "no snapshot was deleted").await {
+            let _ = reply.send(Err(reason));
+            return;
+        }
+        let now = self.now();
+        match self.log.intend_snapshot_delete(now, &volume, &name) {
+            Err(reason) => {
+                let _ = reply.send(Err(reason));
+            }
+            Ok(intention) => {
+                let snapshot = intention.snapshot().expect("a snapshot's intention").clone();
+                let snapshotting =
+                    Snapshotting { snapshot, delete: true, reply: Some(reply), asked: Instant::now(), sent: false };
+                self.snapshotting.insert(intention.id, snapshotting);
+            }
+        }
+    }
+
+    /// `Ok` if the catalog's volume and storage volume `storage` take writes now (a snapshot's
+    /// intention and record need both); else why not, saying that `nothing` was done.
+    async fn check_writable(&self, storage: usize, nothing: &str) -> Result<(), String> {
+        let status = self.handle.status().await;
+        let mode = |i: usize| status.as_ref().and_then(|s| s.volumes.get(i).map(|v| v.mode));
+        let writable = Some(starfish_core::VolumeMode::ReadWrite);
+        if mode(self.volume as usize) != writable || mode(storage) != writable {
+            return Err(format!("read-only: fewer elements in sync than the write quorum; {nothing}"));
+        }
+        Ok(())
+    }
+
+    /// Carry out a logged snapshot's intention: a deletion first stops the export; then the
+    /// record goes out.
+    async fn execute_snapshot(&mut self, intention: Intention) {
+        let Some(s) = self.snapshotting.get(&intention.id) else { return };
+        if s.delete {
+            self.handle.remove_snapshot_export(s.snapshot.export_name()).await;
+        }
+        self.send_record(intention.id);
+    }
+
+    /// Send snapshot intention `id`'s record in its volume's ordered stream, again until a
+    /// write quorum holds it, then a FLUSH; `on_recorded` hears the outcome.
+    fn send_record(&mut self, id: u64) {
+        let Some(s) = self.snapshotting.get_mut(&id) else { return };
+        let exports = self.handle.exports();
+        let Some(e) = exports.iter().find(|e| e.name == s.snapshot.volume && e.snapshot.is_none()) else {
+            tracing::error!(
+                snapshot = %s.snapshot.export_name(),
+                "the volume of a pending snapshot operation is not served; left pending"
+            );
+            return;
+        };
+        let storage = e.volume as u32;
+        let op = match s.delete {
+            true => Op::SnapshotDelete { id: s.snapshot.id },
+            false => Op::Snapshot { id: s.snapshot.id },
+        };
+        s.sent = true;
+        s.asked = Instant::now();
+        let (handle, recorded) = (self.handle.clone(), self.recorded.clone());
+        tokio::spawn(async move {
+            let result = record(&handle, storage, op).await;
+            let _ = recorded.send((id, result));
+        });
+    }
+
+    /// A snapshot's record is held by a write quorum (from sequence `taken_at` on): a taken
+    /// snapshot is exported; both complete, and are answered.
+    async fn on_recorded(&mut self, id: u64, result: Result<u64, String>) {
+        let taken_at = match result {
+            Ok(taken_at) => taken_at,
+            Err(reason) => {
+                tracing::warn!(
+                    id,
+                    "a snapshot's record was not sent: {reason}; the next host element to start sends it"
+                );
+                return;
+            }
+        };
+        let Some(s) = self.snapshotting.remove(&id) else { return };
+        let step = if s.delete { "snapshot-delete" } else { "snapshot-create" };
+        failpoint(&format!("{step}:after-record"));
+        let snapshot = CatalogSnapshot { taken_at, ..s.snapshot };
+        if !s.delete {
+            self.export_snapshot(&snapshot).await;
+        }
+        failpoint(&format!("{step}:before-completion"));
+        let now = self.now();
+        if !s.delete {
+            self.log.set_taken_at(id, taken_at);
+        }
+        self.log.finish(now, id, true);
+        tracing::info!(snapshot = %snapshot.export_name(), id, taken_at, "snapshot {}", if s.delete { "deleted" } else { "taken" });
+        if let Some(reply) = s.reply {
+            let _ = reply.send(Ok(describe_snapshot(id, &snapshot, s.delete, self.log.policy(), true)));
+        }
+    }
+
+    /// Export a taken snapshot read-only as `VOLUME@NAME`.
+    async fn export_snapshot(&self, snapshot: &CatalogSnapshot) {
+        let name = snapshot.export_name();
+        let reference = proto::SnapshotRef { id: snapshot.id, taken_at: proto::Sequence(snapshot.taken_at) };
+        let exported = self
+            .handle
+            .add_snapshot_export(name.clone(), snapshot.volume.clone(), reference, snapshot.size_bytes)
+            .await;
+        if let Err(reason) = exported {
+            tracing::warn!(snapshot = %name, "snapshot not exported: {reason}");
+        }
+    }
+
+    /// Every snapshot: exported, being taken, being deleted.
+    fn list_snapshots(&self) -> Value {
+        let mut snapshots: Vec<Value> = self
+            .handle
+            .exports()
+            .iter()
+            .filter_map(|e| {
+                let reference = e.snapshot?;
+                let (volume, name) = e.name.rsplit_once('@')?;
+                Some(json!({
+                    "name": e.name,
+                    "volume": volume,
+                    "snapshot": name,
+                    "id": reference.id,
+                    "size_bytes": e.size_bytes,
+                    "taken_at": reference.taken_at.0,
+                    "state": "ready",
+                }))
+            })
+            .collect();
+        for (id, s) in &self.snapshotting {
+            snapshots.push(json!({
+                "name": s.snapshot.export_name(),
+                "volume": s.snapshot.volume,
+                "snapshot": s.snapshot.name,
+                "id": id,
+                "size_bytes": s.snapshot.size_bytes,
+                "taken_at": null,
+                "state": if s.delete { "deleting" } else { "taking" },
+            }));
+        }
+        json!({ "snapshots": snapshots, "intention_log": self.log.policy().as_str(), "catalog_error": self.broken })
     }
 
     fn describe_created(&self, id: u64, name: &str, size_bytes: u64, on_quorum: bool) -> Value {
@@ -987,6 +1274,58 @@ fn describe_resized(id: u64, name: &str, storage: &str, size_bytes: u64, policy:
         "intention_log": policy.as_str(),
         "on_write_quorum": on_quorum,
     })
+}
+
+fn describe_snapshot(id: u64, snapshot: &CatalogSnapshot, delete: bool, policy: LogPolicy, on_quorum: bool) -> Value {
+    json!({
+        "name": snapshot.export_name(),
+        "volume": snapshot.volume,
+        "snapshot": snapshot.name,
+        "id": snapshot.id,
+        "size_bytes": snapshot.size_bytes,
+        "taken_at": if delete || !on_quorum { None } else { Some(snapshot.taken_at) },
+        "deleted": delete,
+        "intention": id,
+        "intention_log": policy.as_str(),
+        "on_write_quorum": on_quorum,
+    })
+}
+
+/// The failpoints' names of an intention's steps: `volume-create`, …, `snapshot-create`,
+/// `snapshot-delete`.
+fn step_prefix(intention: &Intention) -> String {
+    match intention.op {
+        Intent::SnapshotCreate { .. } => "snapshot-create".into(),
+        Intent::SnapshotDelete { .. } => "snapshot-delete".into(),
+        _ => format!("volume-{}", intention.kind()),
+    }
+}
+
+/// Send `op` (a snapshot's record) to storage volume `volume` until a write quorum holds it,
+/// then FLUSH it (durable on Q elements, whatever their ack policies): the volume's acknowledged
+/// sequence then, at or after the record's. A write that fails (the volume lost its write
+/// quorum) is tried again: an element that took the record already takes nothing from it
+/// again. `Err` only if the host element stops or the catalog task's pass ended.
+async fn record(handle: &HostHandle, volume: u32, op: Op) -> Result<u64, String> {
+    let mut said = false;
+    let mut written = false;
+    loop {
+        let request = if written { Request::Flush } else { Request::Write(op.clone()) };
+        match handle.storage_request(volume, request).await {
+            Some(Reply::Done(Ok(()))) if written => break,
+            Some(Reply::Done(Ok(()))) => written = true,
+            Some(Reply::Done(Err(e))) => {
+                if !said {
+                    tracing::warn!("a snapshot's record cannot be sent yet ({}); retrying", describe(e));
+                    said = true;
+                }
+                tokio::time::sleep(ZERO_RETRY_WAIT).await;
+            }
+            _ => return Err("host element stopping".into()),
+        }
+    }
+    let status = handle.status().await.ok_or("host element stopping")?;
+    Ok(status.volumes.get(volume as usize).map_or(0, |v| v.acked_sequence.0))
 }
 
 fn describe_deleted(id: u64, name: &str, storage: &str, policy: LogPolicy, live: bool, everywhere: bool) -> Value {

@@ -49,6 +49,7 @@ impl MemoryBackend {
                 name: name.to_string(),
                 size_bytes: *size_bytes,
                 description: description.to_string(),
+                read_only: false,
             });
             let volume = Volume {
                 data: vec![0; *size_bytes as usize],

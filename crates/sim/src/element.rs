@@ -141,7 +141,7 @@ impl Element {
         let volumes = (0..storage.vols.len())
             .map(|i| {
                 let v = &storage.vols[i];
-                let size_bytes = if v.removed { 0 } else { v.data.len() as u64 };
+                let size_bytes = if v.removed || v.snapshot_of.is_some() { 0 } else { v.data.len() as u64 };
                 let spec = proto::VolumeSpec { name: v.name.clone(), size_bytes };
                 (spec, storage.info(LocalVolume(i as u32)))
             })

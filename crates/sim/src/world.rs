@@ -1926,6 +1926,9 @@ impl World {
             Op::Write { .. } => OpKind::Write,
             Op::Trim { .. } => OpKind::Trim,
             Op::WriteZeroes { .. } => OpKind::Zero,
+            Op::Snapshot { .. } | Op::SnapshotDelete { .. } => {
+                return self.violation(format!("volume {v} sequence {} is a snapshot's record", record.sequence))
+            }
         };
         if op.kind != kind
             || storage != v
@@ -3322,6 +3325,7 @@ impl World {
             volume: storage,
             offset_bytes: 0,
             size_bytes: self.sc.volume_bytes,
+            snapshot: None,
         });
         self.served.push(false);
         v
@@ -3381,7 +3385,7 @@ impl World {
             let now = self.now;
             let host = self.host.as_mut().expect("checked");
             host.draining = None;
-            match host.catalog.as_mut().expect("read").intend_delete(now, &name) {
+            match host.catalog.as_mut().expect("read").intend_delete(now, &name, false) {
                 Ok(intention) => {
                     self.trace(|| format!("volume delete {name}: intention {}", intention.id));
                     self.created[ci].delete_intention = Some(intention.id);
@@ -3996,14 +4000,17 @@ fn brief_host(m: &HostMessage) -> String {
                 Op::Write { .. } => "write",
                 Op::Trim { .. } => "trim",
                 Op::WriteZeroes { .. } => "zero",
+                Op::Snapshot { .. } => "snapshot",
+                Op::SnapshotDelete { .. } => "snapshot-delete",
             },
             r.op.offset_bytes(),
             r.op.length_bytes()
         ),
         HostMessage::Hello { epoch, .. } => format!("Hello epoch {epoch}"),
-        HostMessage::Read { request_id, volume, offset_bytes, length_bytes } => {
-            format!("Read #{request_id} vol {volume} {offset_bytes}+{length_bytes}")
-        }
+        HostMessage::Read { request_id, volume, offset_bytes, length_bytes, snapshot } => match snapshot {
+            None => format!("Read #{request_id} vol {volume} {offset_bytes}+{length_bytes}"),
+            Some(s) => format!("Read #{request_id} vol {volume}@{} {offset_bytes}+{length_bytes}", s.id),
+        },
         HostMessage::BlockStatus { request_id, .. } => format!("BlockStatus #{request_id}"),
         HostMessage::Scrub { request_id, volume, first_block, count, min_applied } => {
             format!("Scrub #{request_id} vol {volume} blocks {first_block}+{count} at {min_applied}")

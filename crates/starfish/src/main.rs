@@ -50,6 +50,8 @@ enum Command {
     Scrub(ScrubArgs),
     /// Create, delete and list volumes while the cluster runs.
     Volume(VolumeArgs),
+    /// Take, delete and list snapshots of volumes while the cluster runs.
+    Snapshot(SnapshotArgs),
     /// Make a cluster CA and the certificates of its processes and operators (mutual TLS).
     Certs(CertsArgs),
     /// Start three elements behind emulated local/near/far links and a host element.
@@ -298,6 +300,52 @@ enum VolumeAction {
 struct VolumeDeleteArgs {
     /// The volume's name.
     name: String,
+    /// Delete its snapshots with it (a volume with snapshots is refused otherwise).
+    #[arg(long)]
+    with_snapshots: bool,
+    #[command(flatten)]
+    target: AdminTarget,
+}
+
+#[derive(Args, Debug)]
+struct SnapshotArgs {
+    #[command(subcommand)]
+    action: SnapshotAction,
+}
+
+#[derive(Subcommand, Debug)]
+enum SnapshotAction {
+    /// Take a snapshot: the volume's content at one point of its ordered stream, the same on
+    /// every element, exported read-only over NBD as VOLUME@NAME. It costs space only for the
+    /// blocks written after it. Failure-atomic through the intention log.
+    Create(SnapshotCreateArgs),
+    /// Delete a snapshot (VOLUME@NAME): its export goes at once, its blocks on every element
+    /// (one that is down deletes it when it catches up). Refused while an NBD client reads it.
+    Delete(SnapshotDeleteArgs),
+    /// List the snapshots.
+    List(SnapshotListArgs),
+}
+
+#[derive(Args, Debug)]
+struct SnapshotCreateArgs {
+    /// The volume to take it of.
+    volume: String,
+    /// Its name: letters, digits, '.', '_' and '-' (exported as VOLUME@NAME).
+    name: String,
+    #[command(flatten)]
+    target: AdminTarget,
+}
+
+#[derive(Args, Debug)]
+struct SnapshotDeleteArgs {
+    /// VOLUME@NAME.
+    snapshot: String,
+    #[command(flatten)]
+    target: AdminTarget,
+}
+
+#[derive(Args, Debug)]
+struct SnapshotListArgs {
     #[command(flatten)]
     target: AdminTarget,
 }
@@ -450,6 +498,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Failover(args) => failover(args),
         Command::Scrub(args) => scrub(args),
         Command::Volume(args) => volume(args),
+        Command::Snapshot(args) => snapshot(args),
         Command::Certs(args) => certs(args),
         Command::Demo(args) => demo(args),
         Command::Availability(args) => availability::cli::run(&args, &mut std::io::stdout()),
@@ -737,7 +786,10 @@ fn volume(args: VolumeArgs) -> Result<()> {
         VolumeAction::Delete(args) => {
             let target = &args.target;
             let tls = config::load_tls(target.tls_dir.as_deref())?;
-            let path = format!("/volumes/delete?name={}", config::percent_encode(&args.name));
+            let mut path = format!("/volumes/delete?name={}", config::percent_encode(&args.name));
+            if args.with_snapshots {
+                path.push_str("&with_snapshots=1");
+            }
             let body = rt
                 .block_on(shell::admin::request(target.admin, "POST", &path, tls.as_ref()))
                 .map_err(admin_error)
@@ -814,6 +866,89 @@ fn volume(args: VolumeArgs) -> Result<()> {
             }
             if let Some(e) = doc["catalog_error"].as_str() {
                 println!("catalog unreadable: {e} (volume operations are off)");
+            }
+        }
+    }
+    Ok(())
+}
+
+fn snapshot(args: SnapshotArgs) -> Result<()> {
+    let rt = runtime()?;
+    match args.action {
+        SnapshotAction::Create(args) => {
+            let target = &args.target;
+            let tls = config::load_tls(target.tls_dir.as_deref())?;
+            let path = format!(
+                "/snapshots/create?volume={}&name={}",
+                config::percent_encode(&args.volume),
+                config::percent_encode(&args.name)
+            );
+            let body = rt
+                .block_on(shell::admin::request(target.admin, "POST", &path, tls.as_ref()))
+                .map_err(admin_error)
+                .with_context(|| format!("no snapshot {}@{} was taken", args.volume, args.name))?;
+            let doc: serde_json::Value = serde_json::from_str(&body).context("admin endpoint sent bad JSON")?;
+            if target.json {
+                println!("{doc}");
+            } else if doc["on_write_quorum"] == true {
+                println!(
+                    "took snapshot {}@{} (held by a write quorum of elements); exported read-only over NBD as {}@{}",
+                    args.volume, args.name, args.volume, args.name
+                );
+            } else {
+                println!(
+                    "taking snapshot {}@{}: not yet held by a write quorum of elements (it is exported once it is; see starfish snapshot list)",
+                    args.volume, args.name
+                );
+            }
+        }
+        SnapshotAction::Delete(args) => {
+            let target = &args.target;
+            if args.snapshot.rsplit_once('@').is_none_or(|(v, n)| v.is_empty() || n.is_empty()) {
+                bail!("{}: name a snapshot as VOLUME@NAME", args.snapshot);
+            }
+            let tls = config::load_tls(target.tls_dir.as_deref())?;
+            let path = format!("/snapshots/delete?snapshot={}", config::percent_encode(&args.snapshot));
+            let body = rt
+                .block_on(shell::admin::request(target.admin, "POST", &path, tls.as_ref()))
+                .map_err(admin_error)
+                .with_context(|| format!("snapshot {} was not deleted", args.snapshot))?;
+            let doc: serde_json::Value = serde_json::from_str(&body).context("admin endpoint sent bad JSON")?;
+            if target.json {
+                println!("{doc}");
+            } else if doc["on_write_quorum"] == true {
+                println!("deleted snapshot {}: no longer exported; its blocks are freed on a write quorum of elements (the others free them as they catch up)", args.snapshot);
+            } else {
+                println!(
+                    "deleting snapshot {}: no longer exported; the elements free its blocks as they answer",
+                    args.snapshot
+                );
+            }
+        }
+        SnapshotAction::List(SnapshotListArgs { target }) => {
+            let tls = config::load_tls(target.tls_dir.as_deref())?;
+            let body = rt
+                .block_on(shell::admin::get(target.admin, "/snapshots", tls.as_ref()))
+                .map_err(admin_error)
+                .with_context(|| format!("cannot list the snapshots of the host element at {}", target.admin))?;
+            let doc: serde_json::Value = serde_json::from_str(&body).context("admin endpoint sent bad JSON")?;
+            if target.json {
+                println!("{doc}");
+                return Ok(());
+            }
+            println!("{:<32} {:<20} {:>12} {:>10}  STATE", "NAME", "VOLUME", "SIZE", "SEQUENCE");
+            for s in doc["snapshots"].as_array().into_iter().flatten() {
+                println!(
+                    "{:<32} {:<20} {:>12} {:>10}  {}",
+                    s["name"].as_str().unwrap_or("?"),
+                    s["volume"].as_str().unwrap_or("?"),
+                    s["size_bytes"].as_u64().map_or("-".to_string(), config::format_size_approx),
+                    s["taken_at"].as_u64().map_or("-".to_string(), |t| t.to_string()),
+                    s["state"].as_str().unwrap_or("?"),
+                );
+            }
+            if let Some(e) = doc["catalog_error"].as_str() {
+                println!("catalog unreadable: {e} (snapshots are off)");
             }
         }
     }

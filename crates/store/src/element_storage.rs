@@ -90,9 +90,17 @@ impl ElementStorage for &Store {
     fn read(&self, volume: LocalVolume, offset_bytes: u64, length_bytes: u32) -> Result<(Sequence, ReadData), String> {
         let handle = self.handle_of(volume);
         Store::read_checked(self, handle, offset_bytes, length_bytes).map_err(|e| {
-            self.on_damage(handle, &e);
+            // A snapshot is not repaired on its own (a full recovery does not copy it): the
+            // damaged block, if it is its live volume's, is found by that volume's scrub.
+            if self.snapshot_parent(handle).is_none() {
+                self.on_damage(handle, &e);
+            }
             e.to_string()
         })
+    }
+
+    fn snapshot(&self, volume: LocalVolume, id: u64) -> Option<LocalVolume> {
+        Store::snapshot(self, self.handle_of(volume), id).map(|h| LocalVolume(h.number()))
     }
 
     fn try_read(

@@ -62,6 +62,8 @@ pub enum StoreError {
     InvalidVolume { name: String, reason: String },
     #[error("volume {volume:?} was removed")]
     Removed { volume: String },
+    #[error("volume {volume:?} is a snapshot: {what}")]
+    Snapshot { volume: String, what: &'static str },
     #[error(
         "volume {volume:?}: the replay log no longer holds sequence {sequence} (oldest held: {})",
         match oldest { Some(s) => s.to_string(), None => "none".to_string() }

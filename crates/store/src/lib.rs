@@ -35,7 +35,7 @@ mod volume;
 mod tests;
 
 pub use error::StoreError;
-pub use store::{CopyState, RepairReport, Store};
+pub use store::{CopyState, RepairReport, SnapshotInfo, Store};
 
 /// Bytes of the file system holding `dir` still free for an unprivileged writer.
 pub fn sys_available_bytes(dir: &std::path::Path) -> std::io::Result<u64> {

@@ -69,14 +69,27 @@ pub enum Kind {
     Write = 1,
     Trim = 2,
     WriteZeroes = 3,
+    /// A snapshot taken at this sequence (`Op::Snapshot`): no block changes, and the
+    /// snapshot's id is kept where other records keep their offset (the length is 0).
+    Snapshot = 4,
+    /// A snapshot deleted at this sequence (`Op::SnapshotDelete`), its id kept the same way.
+    SnapshotDelete = 5,
 }
 
 impl Kind {
+    /// A snapshot's creation or deletion: its "offset" is the snapshot's id, and it changes no
+    /// block of its volume.
+    pub fn is_snapshot(self) -> bool {
+        matches!(self, Kind::Snapshot | Kind::SnapshotDelete)
+    }
+
     fn from_u8(value: u8) -> Option<Kind> {
         match value {
             1 => Some(Kind::Write),
             2 => Some(Kind::Trim),
             3 => Some(Kind::WriteZeroes),
+            4 => Some(Kind::Snapshot),
+            5 => Some(Kind::SnapshotDelete),
             _ => None,
         }
     }
@@ -226,6 +239,8 @@ impl LogRecord {
             }
             Kind::Trim => Op::Trim { offset_bytes: self.offset_bytes, length_bytes: self.length_bytes },
             Kind::WriteZeroes => Op::WriteZeroes { offset_bytes: self.offset_bytes, length_bytes: self.length_bytes },
+            Kind::Snapshot => Op::Snapshot { id: self.offset_bytes },
+            Kind::SnapshotDelete => Op::SnapshotDelete { id: self.offset_bytes },
         };
         Record { volume: VolumeId(0), epoch: self.epoch, sequence: self.sequence, op }
     }
@@ -289,6 +304,9 @@ impl LogRecord {
             if actual != crcs[i] {
                 return Err(format!("block {i} of the record fails its checksum"));
             }
+        }
+        if kind.is_snapshot() && length_bytes != 0 {
+            return Err(format!("snapshot record of {length_bytes} bytes"));
         }
         let geometry = Geometry::of(offset_bytes, length_bytes);
         let change = match (kind, geometry) {

@@ -14,11 +14,16 @@ const META_MAGIC: [u8; 8] = *b"SFSTMETA";
 /// segments written since the checkpoint.
 /// 3: the host element holding the epoch, and the element's identity (version 2 is read:
 /// holder unknown, identity chosen at the next open).
-const META_VERSION: u32 = 3;
+/// 4: a volume may be a snapshot of another (a flag byte after the name; versions 2 and 3 are
+/// read as having none).
+const META_VERSION: u32 = 4;
 const META_VERSION_OLDEST: u32 = 2;
 const META_HEADER_BYTES: usize = 24;
 const META_VOLUME_BYTES_MIN: usize = 4 + 4 + 8 + 8 + 8 + 2;
-const META_BYTES_MAX: usize = META_HEADER_BYTES + 48 + VOLUMES_MAX * (META_VOLUME_BYTES_MIN + VOLUME_NAME_BYTES_MAX);
+/// A snapshot's flag byte and its parent number, sequence and id.
+const META_SNAPSHOT_BYTES: usize = 1 + 4 + 8 + 8;
+const META_BYTES_MAX: usize =
+    META_HEADER_BYTES + 48 + VOLUMES_MAX * (META_VOLUME_BYTES_MIN + META_SNAPSHOT_BYTES + VOLUME_NAME_BYTES_MAX);
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Meta {
@@ -48,6 +53,22 @@ pub struct VolumeMeta {
     pub applied_epoch: Epoch,
     /// Digest of the chunk generations of its block map at the checkpoint.
     pub map_digest: u32,
+    /// Set if the volume is a snapshot of another.
+    pub snapshot_of: Option<SnapshotOf>,
+}
+
+/// What makes a volume a snapshot: the live volume it was taken of, at which sequence of it,
+/// and under which id (the host element's). A snapshot volume holds only the blocks it
+/// preserved (see `Store::commit`); the rest it reads through its newer snapshots and the
+/// live volume. Its own sequence counts its preserving records, not the live volume's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SnapshotOf {
+    /// Number of the live volume.
+    pub parent: u32,
+    /// The live volume's sequence of the snapshot record: the snapshot holds its content
+    /// with every record up to this one applied, and none after.
+    pub taken_at: Sequence,
+    pub id: u64,
 }
 
 impl Meta {
@@ -69,6 +90,15 @@ impl Meta {
             assert!(volume.name.len() <= VOLUME_NAME_BYTES_MAX, "volume names are checked on creation");
             body.extend_from_slice(&(volume.name.len() as u16).to_le_bytes());
             body.extend_from_slice(volume.name.as_bytes());
+            match volume.snapshot_of {
+                None => body.push(0),
+                Some(snapshot) => {
+                    body.push(1);
+                    body.extend_from_slice(&snapshot.parent.to_le_bytes());
+                    body.extend_from_slice(&snapshot.taken_at.0.to_le_bytes());
+                    body.extend_from_slice(&snapshot.id.to_le_bytes());
+                }
+            }
         }
         let mut out = Vec::with_capacity(META_HEADER_BYTES + body.len());
         out.extend_from_slice(&META_MAGIC);
@@ -128,7 +158,23 @@ impl Meta {
             if number >= next_volume_number {
                 return Err(format!("volume number {number} not below the next number {next_volume_number}"));
             }
-            volumes.push(VolumeMeta { number, name, size_bytes, applied, applied_epoch, map_digest });
+            let snapshot_of = match if version >= 4 { reader.take(1)?[0] } else { 0 } {
+                0 => None,
+                1 => Some(SnapshotOf { parent: reader.u32()?, taken_at: Sequence(reader.u64()?), id: reader.u64()? }),
+                flag => return Err(format!("volume {number} has snapshot flag {flag}")),
+            };
+            volumes.push(VolumeMeta { number, name, size_bytes, applied, applied_epoch, map_digest, snapshot_of });
+        }
+        for volume in &volumes {
+            if let Some(snapshot) = volume.snapshot_of {
+                let parent = volumes.iter().find(|v| v.number == snapshot.parent);
+                if !parent.is_some_and(|p| p.snapshot_of.is_none() && p.size_bytes >= volume.size_bytes) {
+                    return Err(format!(
+                        "volume {} is a snapshot of volume {}, which is not a live volume at least as large",
+                        volume.number, snapshot.parent
+                    ));
+                }
+            }
         }
         if !reader.bytes.is_empty() {
             return Err(format!("{} bytes left over", reader.bytes.len()));
@@ -199,7 +245,7 @@ mod tests {
             element_id: 42,
             generation: 3,
             log_start: 12,
-            next_volume_number: 2,
+            next_volume_number: 3,
             volumes: vec![
                 VolumeMeta {
                     number: 0,
@@ -208,6 +254,7 @@ mod tests {
                     applied: Sequence(5),
                     applied_epoch: Epoch(6),
                     map_digest: 9,
+                    snapshot_of: None,
                 },
                 VolumeMeta {
                     number: 1,
@@ -216,6 +263,16 @@ mod tests {
                     applied: Sequence(0),
                     applied_epoch: Epoch(0),
                     map_digest: 0,
+                    snapshot_of: None,
+                },
+                VolumeMeta {
+                    number: 2,
+                    name: "a@5".into(),
+                    size_bytes: 1 << 20,
+                    applied: Sequence(3),
+                    applied_epoch: Epoch(6),
+                    map_digest: 1,
+                    snapshot_of: Some(SnapshotOf { parent: 0, taken_at: Sequence(4), id: 5 }),
                 },
             ],
         };

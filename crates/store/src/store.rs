@@ -7,7 +7,7 @@ use std::{
     os::unix::fs::FileExt,
     path::{Path, PathBuf},
     sync::{
-        atomic::{AtomicU64, AtomicU8, Ordering},
+        atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering},
         Arc, Mutex, MutexGuard, RwLock, RwLockWriteGuard,
     },
 };
@@ -20,7 +20,7 @@ use crate::{
     checkpoint::{self, CheckpointJob, Checkpointer, PartialSpare, VolumeSeal},
     error::io_error,
     log::{self, Change, Edge, Geometry, Kind, LogIndex, LogRecord, LogWriter},
-    meta::{Meta, VolumeMeta},
+    meta::{Meta, SnapshotOf, VolumeMeta},
     reclaim::{self, Reclaim},
     sys,
     volume::{Attempt, MapSlice, Volume, VolumeState},
@@ -30,8 +30,10 @@ use crate::{
 };
 
 mod copy;
+mod snapshot;
 
 pub use copy::CopyState;
+pub use snapshot::SnapshotInfo;
 
 const LOCK_FILE: &str = "lock";
 const VOLUMES_DIR: &str = "volumes";
@@ -68,6 +70,8 @@ pub struct Store {
     /// How [`Store::try_read_checked`] reads without waiting for the disk: one of the
     /// `NON_BLOCKING_*` values (off once the file system said it cannot tell).
     non_blocking_reads: AtomicU8,
+    /// Snapshots the store holds (commits look for the newest snapshots only if there are).
+    snapshot_count: AtomicUsize,
 }
 
 const NON_BLOCKING_OFF: u8 = 0;
@@ -277,11 +281,13 @@ impl Store {
         }
         let mut log_epoch = Epoch(0);
         let mut live_end = 0;
+        let mut deleted_snapshots = Vec::new();
         for &id in &chain {
             let sealed_end = (id < live).then(|| found[&(id + 1)].header.expect("segments of the chain are written").1);
             let segment = &found[&id];
+            let replay = Replay { volumes: &volumes, next_volume_number: meta.next_volume_number };
             let (end, epoch) =
-                replay_segment(id, segment, sealed_end, &volumes, &mut dirty, &mut index, meta.next_volume_number)?;
+                replay_segment(id, segment, sealed_end, &replay, &mut dirty, &mut index, &mut deleted_snapshots)?;
             log_epoch = log_epoch.max(epoch);
             live_end = end;
         }
@@ -306,6 +312,31 @@ impl Store {
                 });
             }
         }
+
+        // Snapshots whose record the crash lost (never taken), and snapshots whose deletion's
+        // record was logged but not the metadata after it.
+        let untaken = snapshot::untaken(&volumes);
+        let mut gone: Vec<u32> = untaken.clone();
+        gone.extend(volumes.iter().filter_map(|v| {
+            let of = v.snapshot_of?;
+            deleted_snapshots.contains(&(of.parent, of.id)).then_some(v.number)
+        }));
+        if !gone.is_empty() {
+            meta.volumes.retain(|v| !gone.contains(&v.number));
+            meta.write(dir)?;
+            for number in &gone {
+                let k = volumes.iter().position(|v| v.number == *number).expect("listed");
+                match untaken.contains(number) {
+                    true => tracing::warn!(snapshot = %volumes[k].name, "snapshot whose record a crash lost: removed"),
+                    false => tracing::info!(snapshot = %volumes[k].name, "deletion of a snapshot finished"),
+                }
+                remove_volume_files(dir, *number, Some(&volumes[k]))?;
+                volumes.remove(k);
+                dirty.remove(k);
+                images.remove(k);
+            }
+        }
+        let snapshot_count = volumes.iter().filter(|v| v.snapshot_of.is_some()).count();
 
         for id in &chain {
             if *id != live {
@@ -410,6 +441,7 @@ impl Store {
                 Ok(sys::NonBlockingReads::PageCacheOnly) => NON_BLOCKING_PAGE_CACHE,
                 Err(_) => NON_BLOCKING_OFF,
             }),
+            snapshot_count: AtomicUsize::new(snapshot_count),
         })
     }
 
@@ -512,12 +544,24 @@ impl Store {
 
     /// Room for new volumes of these sizes besides the existing ones; the reason if not.
     fn check_room(&self, new: &[u64]) -> Result<(), String> {
+        self.check_room_with(new, 0)
+    }
+
+    /// As [`Store::check_room`], with a new snapshot of `snapshot_bytes` besides (0: none). A
+    /// snapshot's block map takes memory like a volume's, but its disk space is only what it
+    /// preserves, which the disk check cannot know ahead: it counts none.
+    fn check_room_with(&self, new: &[u64], snapshot_bytes: u64) -> Result<(), String> {
         let volumes = self.volumes.read().expect("volume list lock");
-        let mut sizes: Vec<u64> = volumes.iter().filter(|v| !v.is_removed()).map(|v| v.size_bytes()).collect();
+        let live = |v: &&Arc<Volume>| !v.is_removed() && v.snapshot_of.is_none();
+        let mut sizes: Vec<u64> = volumes.iter().filter(live).map(|v| v.size_bytes()).collect();
+        let snapshot_sizes: Vec<u64> =
+            volumes.iter().filter(|v| !v.is_removed() && v.snapshot_of.is_some()).map(|v| v.size_bytes()).collect();
         drop(volumes);
         sizes.extend_from_slice(new);
         let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
-        let memory = crate::map_memory_bytes(&sizes);
+        let memory = crate::map_memory_bytes(&sizes)
+            + crate::map_memory_bytes(&snapshot_sizes)
+            + crate::map_memory_bytes(&[snapshot_bytes]);
         if memory > self.options.map_memory_bytes_max {
             return Err(format!(
                 "the block maps of all volumes would take {:.1} GiB of memory, more than the {:.1} GiB this element allows (the map costs 12 bytes per 4 KiB block)",
@@ -525,7 +569,7 @@ impl Store {
                 gib(self.options.map_memory_bytes_max)
             ));
         }
-        if self.options.overcommit {
+        if self.options.overcommit || new.is_empty() {
             return Ok(());
         }
         let dir = &self.shared.dir;
@@ -578,6 +622,20 @@ impl Store {
             }
             return Ok(handle);
         }
+        self.create_volume_locked(&mut committer, name, size_bytes, None)
+    }
+
+    /// Create a volume (a snapshot if `snapshot_of` says so) durably, the commit lock held:
+    /// files first, then the metadata (the commit point). The caller checked the name, the
+    /// size and the room for it, and holds no lock of the volume list.
+    fn create_volume_locked(
+        &self,
+        committer: &mut MutexGuard<'_, Committer>,
+        name: &str,
+        size_bytes: u64,
+        snapshot_of: Option<SnapshotOf>,
+    ) -> Result<VolumeHandle, StoreError> {
+        let invalid = |reason: String| Err(StoreError::InvalidVolume { name: name.to_string(), reason });
         let (count, number) = {
             let meta = lock(&self.shared.meta);
             (meta.volumes.len(), meta.next_volume_number)
@@ -612,6 +670,7 @@ impl Store {
                 applied: Sequence::ZERO,
                 applied_epoch: Epoch(0),
                 map_digest,
+                snapshot_of,
             });
         })?;
         committer.dirty.push(DirtyChunks::for_blocks(size_bytes / BLOCK_BYTES));
@@ -626,8 +685,9 @@ impl Store {
             map_file,
             VolumeState { applied: Sequence::ZERO, applied_epoch: Epoch(0), map },
             None,
+            snapshot_of,
         )));
-        tracing::info!(volume = name, size_bytes, number, "volume created");
+        tracing::info!(volume = name, size_bytes, number, snapshot = snapshot_of.is_some(), "volume created");
         Ok(VolumeHandle(volumes.len() as u32 - 1))
     }
 
@@ -636,30 +696,35 @@ impl Store {
     /// when the store opens, and the log's records of it are skipped), then its files are
     /// emptied and deleted. From then on every request for it fails with
     /// [`StoreError::Removed`]; its name may be created again (as a new, empty volume). Waits
-    /// for a commit under way. Removing a removed volume does nothing.
+    /// for a commit under way. Removing a removed volume does nothing. A live volume's
+    /// snapshots go with it; a snapshot's blocks that its next older snapshot reads through it
+    /// are first handed to that one (see `snapshot::remove_snapshot_locked`).
     pub fn remove_volume(&self, handle: VolumeHandle) -> Result<(), StoreError> {
         let mut committer = self.lock_committer()?;
         let volume = self.volume_at(handle);
         if volume.is_removed() {
             return Ok(());
         }
+        if volume.snapshot_of.is_some() {
+            let result = self.remove_snapshot_locked(&mut committer, &volume);
+            self.guard(result)?;
+            drop(committer);
+            let result = self.remove_snapshot_files(&[volume]);
+            return self.guard(result);
+        }
+        // Its snapshots go first (a crash between leaves the volume without them).
+        let snapshots = self.discard_snapshots_locked(&mut committer, &volume)?;
         let number = volume.number;
         self.write_meta(|meta| meta.volumes.retain(|v| v.number != number))?;
-        {
-            let mut state = volume.state.write().expect("volume lock");
-            volume.removed.store(true, Ordering::Release);
-            // The map's memory goes now; the handle stays (handles are positions).
-            state.map = BlockMap::new(0).expect("an empty map");
-        }
-        committer.dirty[handle.index()] = DirtyChunks::for_blocks(0);
-        committer.unflushed_bytes[handle.index()] = 0;
-        *lock(&volume.copy) = None;
+        self.forget_removed(&mut committer, &volume);
         drop(committer);
         // Emptied first: checkpoints and writebacks under way may still hold the files open.
         let dir = &self.shared.dir;
         let result = remove_volume_files(dir, number, Some(&volume));
         self.guard(result)?;
-        tracing::info!(volume = %volume.name, number, "volume removed");
+        let result = self.remove_snapshot_files(&snapshots);
+        self.guard(result)?;
+        tracing::info!(volume = %volume.name, number, snapshots = snapshots.len(), "volume removed");
         Ok(())
     }
 
@@ -674,6 +739,7 @@ impl Store {
         if volume.is_removed() {
             return Err(StoreError::Removed { volume: volume.name.clone() });
         }
+        self.refuse_snapshot(&volume, "it keeps the size it was taken at")?;
         let existing_bytes = volume.size_bytes();
         if size_bytes < existing_bytes {
             return Err(StoreError::VolumeSizeMismatch {
@@ -748,14 +814,20 @@ impl Store {
     /// The volume named `name`, if the store holds it.
     pub fn volume(&self, name: &str) -> Option<VolumeHandle> {
         let volumes = self.volumes.read().expect("volume list lock");
-        volumes.iter().position(|v| v.name == name && !v.is_removed()).map(|i| VolumeHandle(i as u32))
+        volumes
+            .iter()
+            .position(|v| v.name == name && !v.is_removed() && v.snapshot_of.is_none())
+            .map(|i| VolumeHandle(i as u32))
     }
 
     /// Name and size of every volume, in handle order; a volume removed since the store was
-    /// opened has size 0.
+    /// opened, or a snapshot ([`Store::snapshots`] lists those), has size 0.
     pub fn volumes(&self) -> Vec<(String, u64)> {
         let volumes = self.volumes.read().expect("volume list lock");
-        volumes.iter().map(|v| (v.name.clone(), if v.is_removed() { 0 } else { v.size_bytes() })).collect()
+        volumes
+            .iter()
+            .map(|v| (v.name.clone(), if v.is_removed() || v.snapshot_of.is_some() { 0 } else { v.size_bytes() }))
+            .collect()
     }
 
     pub fn applied_sequence(&self, volume: VolumeHandle) -> Sequence {
@@ -775,8 +847,9 @@ impl Store {
     /// accepts no more changes until reopened.
     pub fn commit(&self, batch: &[(VolumeHandle, Record)]) -> Result<CommitOutcome, StoreError> {
         let mut committer = self.lock_committer()?;
-        // Held for the whole commit: `ensure_volume` takes the committer lock first.
-        let volumes = self.volumes.read().expect("volume list lock");
+        // Held for the whole commit (`ensure_volume` takes the committer lock first), but
+        // for taking a snapshot, which adds a volume.
+        let mut volumes = self.volumes.read().expect("volume list lock");
         let mut outcome = CommitOutcome::default();
         let mut running_epoch = self.epoch();
         // Applied sequence and its epoch, per volume, as of the records accepted so far.
@@ -785,9 +858,13 @@ impl Store {
         // volume has already left behind.
         let mut pending: HashMap<usize, (Sequence, Epoch)> = HashMap::new();
         let mut accepted: Vec<(usize, LogRecord)> = Vec::new();
+        // The newest snapshot of each live volume that has one, and what the records accepted
+        // so far preserve for snapshots.
+        let mut newest = self.newest_snapshots(&volumes);
+        let mut preserving = snapshot::Preserving::default();
         for (index, (handle, record)) in batch.iter().enumerate() {
             let i = handle.index();
-            let volume = volumes.get(i).expect("a volume handle of this store");
+            let volume = volumes.get(i).expect("a volume handle of this store").clone();
             let (applied, volume_epoch) = pending.entry(i).or_insert_with(|| {
                 outcome.applied.push((*handle, Sequence::ZERO));
                 let state = volume.state.read().expect("volume lock");
@@ -796,6 +873,11 @@ impl Store {
             let reject = |error| Rejected { index, volume: *handle, sequence: record.sequence, error };
             if volume.is_removed() {
                 outcome.rejected.push(reject(StoreError::Removed { volume: volume.name.clone() }));
+                continue;
+            }
+            if volume.snapshot_of.is_some() {
+                let what = "it takes no records";
+                outcome.rejected.push(reject(StoreError::Snapshot { volume: volume.name.clone(), what }));
                 continue;
             }
             if record.sequence <= *applied {
@@ -826,8 +908,49 @@ impl Store {
                 }));
                 continue;
             }
-            match prepare(volume, i, record, &accepted) {
+            if let Op::Snapshot { id } = record.op {
+                // The snapshot's volume exists before its record is logged: a crash between
+                // the two leaves a snapshot taken after the applied sequence, which the next
+                // open removes. It takes every record accepted before it.
+                if !accepted.is_empty() {
+                    let result = committer.commit_prepared(self, &volumes, std::mem::take(&mut accepted));
+                    self.guard(result)?;
+                    preserving = snapshot::Preserving::default();
+                }
+                drop(volumes);
+                let taken = self.take_snapshot_locked(&mut committer, &volume, id, record.sequence);
+                volumes = self.volumes.read().expect("volume list lock");
+                if let Err(error) = taken {
+                    self.shared.check_failure()?;
+                    outcome.rejected.push(reject(error));
+                    continue;
+                }
+                newest = self.newest_snapshots(&volumes);
+            }
+            if let Op::SnapshotDelete { id } = record.op {
+                // Its older snapshot takes over its blocks, then its record is logged, then
+                // it leaves the metadata; a crash before that is finished by replay (`open`).
+                if !accepted.is_empty() {
+                    let result = committer.commit_prepared(self, &volumes, std::mem::take(&mut accepted));
+                    self.guard(result)?;
+                    preserving = snapshot::Preserving::default();
+                }
+                let prepared = prepare(&volume, i, record, &accepted).expect("a snapshot's record always prepares");
+                let result = self.delete_snapshot_locked(&mut committer, &volumes, &volume, id, prepared);
+                self.guard(result)?;
+                newest = self.newest_snapshots(&volumes);
+                *applied = record.sequence;
+                *volume_epoch = record.epoch;
+                running_epoch = running_epoch.max(record.epoch);
+                continue;
+            }
+            match prepare(&volume, i, record, &accepted) {
                 Ok(prepared) => {
+                    if let Some(&s) = newest.get(&i) {
+                        let result =
+                            self.preserve(&mut committer, &volumes, &mut accepted, &mut preserving, i, s, &prepared);
+                        self.guard(result)?;
+                    }
                     *applied = record.sequence;
                     *volume_epoch = record.epoch;
                     running_epoch = running_epoch.max(record.epoch);
@@ -936,6 +1059,13 @@ impl Store {
         if length_bytes > PAYLOAD_BYTES_MAX {
             return Err(StoreError::PayloadTooLarge { volume: volume.name.clone(), length_bytes: length_bytes as u64 });
         }
+        if volume.snapshot_of.is_some() {
+            // Read through the snapshot's chain, always the blocking way.
+            if non_blocking.is_some() {
+                return Ok((Attempt::WouldBlock, None));
+            }
+            return Ok((Attempt::Done, Some(self.read_snapshot(&volume, offset_bytes, length_bytes)?)));
+        }
         let Some(geometry) = Geometry::of(offset_bytes, length_bytes as u64) else {
             let applied = volume.live_state()?.applied;
             return Ok((Attempt::Done, Some((applied, ReadData { data: Bytes::new(), crcs: Vec::new() }))));
@@ -974,6 +1104,7 @@ impl Store {
     ) -> Result<(Sequence, Vec<BlockSummary>), StoreError> {
         self.refuse_if_copying(volume)?;
         let v = self.volume_at(volume);
+        self.refuse_snapshot(&v, "it is checked through its live volume")?;
         let end = first.saturating_add(count as u64).min(v.blocks());
         if first > end || count as u64 * BLOCK_BYTES > PAYLOAD_BYTES_MAX as u64 {
             return Err(StoreError::OutOfRange {
@@ -1001,6 +1132,9 @@ impl Store {
     ) -> Result<(Sequence, Vec<BlockExtent>), StoreError> {
         let volume = self.volume_at(volume);
         volume.check_range(offset_bytes, length_bytes)?;
+        if volume.snapshot_of.is_some() {
+            return self.snapshot_block_status(&volume, offset_bytes, length_bytes);
+        }
         let state = volume.live_state()?;
         Ok((state.applied, volume.block_status(&state.map, offset_bytes, length_bytes)))
     }
@@ -1016,6 +1150,7 @@ impl Store {
         max_bytes: u64,
     ) -> Result<Vec<Record>, StoreError> {
         let volume = self.volume_at(volume);
+        self.refuse_snapshot(&volume, "its preserving records are its element's own")?;
         if lock(&volume.copy).is_some() {
             return Err(StoreError::Copying { volume: volume.name.clone() });
         }
@@ -1042,6 +1177,9 @@ impl Store {
     /// for an idle or offline store).
     pub fn verify(&self, volume: VolumeHandle) -> Result<VolumeDigest, StoreError> {
         let volume = self.volume_at(volume);
+        if volume.snapshot_of.is_some() {
+            return self.verify_snapshot(&volume);
+        }
         let state = volume.live_state()?;
         volume.verify(&state)
     }
@@ -1072,6 +1210,14 @@ impl Store {
     #[cfg(test)]
     pub(crate) fn checkpoint_gate(&self) -> MutexGuard<'_, ()> {
         lock(&self.shared.checkpointer.gate)
+    }
+
+    /// `Err` if `volume` is a snapshot, which cannot do `what`.
+    fn refuse_snapshot(&self, volume: &Volume, what: &'static str) -> Result<(), StoreError> {
+        match volume.snapshot_of {
+            Some(_) => Err(StoreError::Snapshot { volume: volume.name.clone(), what }),
+            None => Ok(()),
+        }
     }
 
     fn volume_at(&self, handle: VolumeHandle) -> Arc<Volume> {
@@ -1347,20 +1493,29 @@ fn wipe_segment_start(file: &File, path: &Path) -> Result<(), StoreError> {
     file.sync_data().map_err(io_error("sync log", path))
 }
 
+/// What the replay of the log applies to.
+struct Replay<'a> {
+    volumes: &'a [Arc<Volume>],
+    /// Numbers below it without a volume: volumes removed after their records were logged.
+    next_volume_number: u32,
+}
+
 /// Replay one segment written since the checkpoint: apply every valid batch. A sealed segment
 /// (`sealed_end`: where the next segment's header says its log ends) must be valid up to
 /// there. The last segment's log ends at its first invalid batch: a torn tail is cut off (with
 /// a warning), damage followed by valid batches refuses to open. Returns the end of its log
-/// and the newest epoch of its records.
+/// and the newest epoch of its records. The snapshots whose deletion it logged (live volume
+/// number, id) are added to `deleted_snapshots`.
 fn replay_segment(
     id: u64,
     segment: &FoundSegment,
     sealed_end: Option<u64>,
-    volumes: &[Arc<Volume>],
+    replay: &Replay<'_>,
     dirty: &mut [DirtyChunks],
     index: &mut LogIndex,
-    next_volume_number: u32,
+    deleted_snapshots: &mut Vec<(u32, u64)>,
 ) -> Result<(u64, Epoch), StoreError> {
+    let (volumes, next_volume_number) = (replay.volumes, replay.next_volume_number);
     let numbers: HashMap<u32, usize> = volumes.iter().enumerate().map(|(i, v)| (v.number, i)).collect();
     let (path, file) = (&segment.path, &segment.file);
     index.push_segment(id, path.clone(), file.clone(), 0);
@@ -1383,10 +1538,13 @@ fn replay_segment(
                 record.sequence, volume.name, state.applied
             )));
         }
-        if volume.check_range(record.offset_bytes, record.length_bytes).is_err() {
+        if !record.kind.is_snapshot() && volume.check_range(record.offset_bytes, record.length_bytes).is_err() {
             return Err(corrupt(format!("record of sequence {} ends past volume {:?}", record.sequence, volume.name)));
         }
         add_to_index(index, &record, offset, frame);
+        if record.kind == Kind::SnapshotDelete {
+            deleted_snapshots.push((volume.number, record.offset_bytes));
+        }
         // The holes need no reclaiming here: `open` queues every volume whole.
         volume.apply(&mut state, &mut dirty[i], &record)?;
         epoch = epoch.max(record.epoch);
@@ -1574,6 +1732,7 @@ fn open_volume(dir: &Path, meta: &Meta, volume_meta: &VolumeMeta) -> Result<(Arc
         map_file,
         VolumeState { applied: volume_meta.applied, applied_epoch: volume_meta.applied_epoch, map },
         copy::load(dir, volume_meta.number)?,
+        volume_meta.snapshot_of,
     );
     Ok((Arc::new(volume), images))
 }
@@ -1704,7 +1863,21 @@ fn prepare(
         Op::Write { offset_bytes, data, .. } => (Kind::Write, *offset_bytes, data.len() as u64),
         Op::Trim { offset_bytes, length_bytes } => (Kind::Trim, *offset_bytes, *length_bytes),
         Op::WriteZeroes { offset_bytes, length_bytes } => (Kind::WriteZeroes, *offset_bytes, *length_bytes),
+        // The snapshot's id goes where other records keep their offset.
+        Op::Snapshot { id } => (Kind::Snapshot, *id, 0),
+        Op::SnapshotDelete { id } => (Kind::SnapshotDelete, *id, 0),
     };
+    if kind.is_snapshot() {
+        return Ok(LogRecord {
+            volume_number: volume.number,
+            epoch: record.epoch,
+            sequence: record.sequence,
+            kind,
+            offset_bytes,
+            length_bytes,
+            change: Change::Nothing,
+        });
+    }
     volume.check_range(offset_bytes, length_bytes)?;
     if kind == Kind::Write && length_bytes > PAYLOAD_BYTES_MAX as u64 {
         return Err(StoreError::PayloadTooLarge { volume: volume.name.clone(), length_bytes });

@@ -179,8 +179,16 @@ pub fn allocated_bytes_under(dir: &Path) -> io::Result<u64> {
     let mut total = 0;
     for entry in std::fs::read_dir(dir)? {
         let entry = entry?;
-        let meta = entry.metadata()?;
-        total += if meta.is_dir() { allocated_bytes_under(&entry.path())? } else { meta.blocks() * 512 };
+        // A file the store's threads renamed or deleted since the listing (a log segment)
+        // takes no space here any more.
+        let meta = match entry.metadata() {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+            meta => meta?,
+        };
+        total += match meta.is_dir() {
+            true => allocated_bytes_under(&entry.path())?,
+            false => meta.blocks() * 512,
+        };
     }
     Ok(total)
 }

@@ -16,6 +16,8 @@ use std::{
 use bytes::Bytes;
 use proto::{BlockExtent, Epoch, Op, Record, Sequence, VolumeId, BLOCK_BYTES, PAYLOAD_BYTES_MAX};
 
+mod snapshots;
+
 use crate::{
     log, CommitOutcome, Store, StoreError, StoreOptions, VolumeHandle, CHECKPOINT_LAG_SEGMENTS_MAX,
     CHECKPOINT_LOG_BYTES_MIN, MAP_CHUNK_BLOCKS,
@@ -1384,6 +1386,12 @@ fn crash_op(sequence: u64) -> Op {
 
 #[test]
 fn crash_child() {
+    run_crash_child(crash_op, |_, _| {});
+}
+
+/// The body of a crash child (if this process is one): commit `op(s)` for every next
+/// sequence, in batches of 1 to 7, report each commit, and call `between` after each.
+fn run_crash_child(op: fn(u64) -> Op, mut between: impl FnMut(&Store, VolumeHandle)) {
     let Ok(dir) = std::env::var(CRASH_CHILD_ENV) else {
         return;
     };
@@ -1396,12 +1404,13 @@ fn crash_child() {
     let mut stdout = std::io::stdout();
     loop {
         let size = 1 + applied % 7;
-        let batch: Vec<_> = (applied + 1..=applied + size).map(|s| (volume, record(s, crash_op(s)))).collect();
+        let batch: Vec<_> = (applied + 1..=applied + size).map(|s| (volume, record(s, op(s)))).collect();
         let outcome = store.commit(&batch).expect("child: commit");
         assert!(outcome.rejected.is_empty());
         applied += size;
         writeln!(stdout, "committed {applied}").expect("child: report");
         stdout.flush().expect("child: flush");
+        between(&store, volume);
     }
 }
 
@@ -1420,13 +1429,35 @@ fn every_returned_commit_survives_kill_9_with_a_lagging_checkpointer() {
 /// Rounds of: a child commits in a loop (its checkpoints delayed by `delay_ms`), is killed,
 /// and the store must hold every reported commit and exactly the model of what it applied.
 fn kill_9_rounds(name: &str, delay_ms: u64, rounds: u64) {
+    kill_9_rounds_of(name, "tests::crash_child", delay_ms, rounds, |store, volume, applied, round| {
+        let mut model = Model::new(CRASH_VOLUME_BYTES);
+        for s in 1..=applied {
+            model.apply(&crash_op(s));
+        }
+        let (_, data) = store.read(volume, 0, CRASH_VOLUME_BYTES as u32).expect("read");
+        assert!(data == model.bytes, "round {round}: content differs from the model at {applied}");
+        let (_, extents) = store.block_status(volume, 0, CRASH_VOLUME_BYTES).expect("status");
+        assert_eq!(extents, model.extents(0, CRASH_VOLUME_BYTES), "round {round}");
+    });
+}
+
+/// Rounds of: the child test `child` (run by this test binary) commits to volume "vol" in a
+/// loop and reports every returned commit, and is killed; reopened, the store must hold every
+/// reported commit, and pass `check(store, volume, applied sequence, round)`.
+fn kill_9_rounds_of(
+    name: &str,
+    child: &str,
+    delay_ms: u64,
+    rounds: u64,
+    check: impl Fn(&Store, VolumeHandle, u64, u64),
+) {
     let dir = TempDir::new(name);
     let executable = std::env::current_exe().expect("test binary");
     let mut reported = 0u64;
     for round in 0..rounds {
         let started = std::time::Instant::now();
         let mut child = Command::new(&executable)
-            .args(["--exact", "tests::crash_child", "--nocapture", "--test-threads=1"])
+            .args(["--exact", child, "--nocapture", "--test-threads=1"])
             .env(CRASH_CHILD_ENV, &dir.0)
             .env(CRASH_CHILD_DELAY_ENV, delay_ms.to_string())
             .stdout(Stdio::piped())
@@ -1454,14 +1485,7 @@ fn kill_9_rounds(name: &str, delay_ms: u64, rounds: u64) {
         let volume = store.volume("vol").expect("volume");
         let applied = store.applied_sequence(volume).0;
         assert!(applied >= reported, "round {round}: reported commit {reported} lost (applied {applied})");
-        let mut model = Model::new(CRASH_VOLUME_BYTES);
-        for s in 1..=applied {
-            model.apply(&crash_op(s));
-        }
-        let (_, data) = store.read(volume, 0, CRASH_VOLUME_BYTES as u32).expect("read");
-        assert!(data == model.bytes, "round {round}: content differs from the model at {applied}");
-        let (_, extents) = store.block_status(volume, 0, CRASH_VOLUME_BYTES).expect("status");
-        assert_eq!(extents, model.extents(0, CRASH_VOLUME_BYTES), "round {round}");
+        check(&store, volume, applied, round);
         assert_eq!(store.verify(volume).expect("verify").blocks_corrupt, 0);
         println!("round {round}: killed after {reported}, recovered at {applied} ({:?})", started.elapsed());
     }

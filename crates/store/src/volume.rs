@@ -31,6 +31,8 @@ pub struct Volume {
     /// Removed (`Store::remove_volume`): its files are gone (or going), its map is empty, and
     /// every request for it fails. Its handle stays taken until the store is reopened.
     pub removed: std::sync::atomic::AtomicBool,
+    /// Set if this volume is a snapshot of another (read-only; see [`crate::meta::SnapshotOf`]).
+    pub snapshot_of: Option<crate::meta::SnapshotOf>,
 }
 
 /// What a read that may not wait for the disk did.
@@ -78,6 +80,7 @@ impl Volume {
         map_file: MapFile,
         state: VolumeState,
         copy: Option<crate::CopyState>,
+        snapshot_of: Option<crate::meta::SnapshotOf>,
     ) -> Volume {
         Volume {
             name,
@@ -89,6 +92,7 @@ impl Volume {
             state: RwLock::new(state),
             copy: std::sync::Mutex::new(copy),
             removed: std::sync::atomic::AtomicBool::new(false),
+            snapshot_of,
         }
     }
 
@@ -105,6 +109,12 @@ impl Volume {
 
     pub fn blocks(&self) -> u64 {
         self.size_bytes() / BLOCK_BYTES
+    }
+
+    /// Whether this snapshot holds block `block` itself (preserved it, content or hole),
+    /// rather than reading it through (see [`crate::meta::SnapshotOf`]).
+    pub fn owns(map: &BlockMap, block: u64) -> bool {
+        map.is_allocated(block) || map.sequence(block) > Sequence::ZERO
     }
 
     /// `Ok` if `offset + length` stays inside the volume.

@@ -12,6 +12,7 @@ fn documents_round_trip_and_damage_is_refused() {
         next_id: 12,
         volumes: vec![CatalogVolume::new("db".into(), 1 << 30, 3)],
         intentions: vec![Intention { id: 11, op: Intent::Create { name: "logs".into(), size_bytes: 8 << 20 } }],
+        snapshots: Vec::new(),
     };
     let doc = catalog.encode();
     assert_eq!(doc.len() % 4096, 0);
@@ -130,9 +131,9 @@ fn deletions_are_logged_completed_and_undone() {
     }
     log.poll_write(ms(2)).expect("completions");
     log.written();
-    assert!(log.intend_delete(ms(3), "zz").expect_err("unknown").contains("no volume zz"));
-    let d = log.intend_delete(ms(3), "a").expect("delete a");
-    assert!(log.intend_delete(ms(3), "a").is_err(), "deleted once");
+    assert!(log.intend_delete(ms(3), "zz", false).expect_err("unknown").contains("no volume zz"));
+    let d = log.intend_delete(ms(3), "a", false).expect("delete a");
+    assert!(log.intend_delete(ms(3), "a", false).is_err(), "deleted once");
     let w = log.poll_write(ms(3)).expect("the deletion is logged");
     let on_disk = Catalog::decode(&w.document).expect("valid");
     assert_eq!(on_disk.volumes.iter().map(|v| v.name.as_str()).collect::<Vec<_>>(), ["b"], "its entry leaves");
@@ -155,7 +156,7 @@ fn deletions_are_logged_completed_and_undone() {
     assert!(on_disk.intentions.iter().all(|i| i.id != d.id), "completed");
     log.written();
     // Undone: the entry comes back, known durable only after a write that says so.
-    let e = log.intend_delete(ms(6), "b").expect("delete b");
+    let e = log.intend_delete(ms(6), "b", false).expect("delete b");
     log.poll_write(ms(6)).expect("logged");
     assert_eq!(log.write_failed(), vec![e.clone()]);
     log.take_durable();
@@ -175,7 +176,7 @@ fn a_creation_rolled_forward_can_be_deleted_before_its_completion_is_written() {
     let catalog = Catalog { next_id: 1, intentions: vec![create], ..Catalog::default() };
     let mut log = IntentionLog::new(catalog, LogPolicy::Group);
     log.finish(ms(0), 0, true);
-    let d = log.intend_delete(ms(1), "v").expect("deletable");
+    let d = log.intend_delete(ms(1), "v", false).expect("deletable");
     let w = log.poll_write(ms(20)).expect("written");
     let on_disk = Catalog::decode(&w.document).expect("valid");
     assert!(on_disk.volumes.is_empty(), "{on_disk:?}");
@@ -202,7 +203,7 @@ fn resizes_are_logged_rolled_forward_completed_and_undone() {
     assert!(log.intend_resize(ms(1), "a", 6000, false).is_err(), "not whole blocks");
     let r = log.intend_resize(ms(1), "a", 1 << 20, false).expect("resize a");
     assert!(log.intend_resize(ms(1), "a", 2 << 20, false).expect_err("one at a time").contains("being resized"));
-    assert!(log.intend_delete(ms(1), "a").expect_err("not while resizing").contains("being resized"));
+    assert!(log.intend_delete(ms(1), "a", false).expect_err("not while resizing").contains("being resized"));
     let w = log.poll_write(ms(1)).expect("logged, with the creation's completion");
     let on_disk = Catalog::decode(&w.document).expect("valid");
     assert_eq!(on_disk.volumes, vec![CatalogVolume::new("a".into(), 4096, a.id)]);
@@ -299,6 +300,7 @@ fn shrinks_keep_the_storage_and_stay_pending_until_completed() {
                 storage_bytes: 8 << 20,
             },
         }],
+        snapshots: Vec::new(),
     };
     let mut body = Vec::new();
     body.extend_from_slice(&1u64.to_le_bytes());
@@ -320,4 +322,89 @@ fn shrinks_keep_the_storage_and_stay_pending_until_completed() {
     doc.extend_from_slice(&body);
     doc.resize(4096, 0);
     assert_eq!(Catalog::decode(&doc), Ok(old));
+}
+
+/// Write what is due and say it is durable: the intentions it logged.
+fn write(log: &mut IntentionLog, at: u64) -> Catalog {
+    let w = log.poll_write(ms(at)).expect("a write is due");
+    log.written();
+    Catalog::decode(&w.document).expect("valid")
+}
+
+#[test]
+fn snapshots_are_logged_listed_with_their_sequence_deleted_and_go_with_their_volume() {
+    let mut log = IntentionLog::new(Catalog::default(), LogPolicy::Single);
+    let v = log.intend_create(ms(0), "db", 1 << 20).expect("create");
+    write(&mut log, 0);
+    log.finish(ms(0), v.id, true);
+    write(&mut log, 0);
+    // Taken: logged first (not listed), then listed by its completion with its sequence.
+    let s = log.intend_snapshot(ms(1), "db", v.id, "monday", 1 << 20).expect("snapshot");
+    assert!(log.intend_snapshot(ms(1), "db", v.id, "monday", 1 << 20).is_err(), "a name being taken is taken");
+    assert!(log.intend_snapshot(ms(1), "db", v.id, "bad@name", 1 << 20).is_err());
+    assert!(log.intend_snapshot(ms(1), "nosuch", 99, "x", 4096).expect_err("unknown").contains("no volume nosuch"));
+    let on_disk = write(&mut log, 1);
+    assert!(on_disk.snapshots.is_empty() && on_disk.intentions == vec![s.clone()]);
+    let mut rolled = on_disk.clone();
+    rolled.roll_forward();
+    assert_eq!(rolled.intentions, vec![s.clone()], "a snapshot stays pending until its record is sent again");
+    assert!(log.intend_delete(ms(2), "db", true).expect_err("busy").contains("being snapshotted"));
+    log.set_taken_at(s.id, 42);
+    log.finish(ms(2), s.id, true);
+    let on_disk = write(&mut log, 2);
+    let listed = &on_disk.snapshots;
+    assert_eq!(listed.len(), 1);
+    assert_eq!((listed[0].export_name(), listed[0].id, listed[0].taken_at), ("db@monday".into(), s.id, 42));
+    // Of a configured volume too; names are per volume.
+    let c = log.intend_snapshot(ms(3), "vol0", CONFIGURED_VOLUME_ID, "monday", 4096).expect("a configured volume's");
+    assert!(log.intend_snapshot(ms(3), "vol0", CONFIGURED_VOLUME_ID, "monday", 4096).is_err());
+    write(&mut log, 3);
+    log.set_taken_at(c.id, 7);
+    log.finish(ms(3), c.id, true);
+    write(&mut log, 3);
+    // A volume with snapshots is deleted only with them.
+    let refused = log.intend_delete(ms(4), "db", false).expect_err("has snapshots");
+    assert!(refused.contains("--with-snapshots") && refused.contains("monday"), "{refused}");
+    // A snapshot's deletion drops its entry with the write that logs it; undone, it is back.
+    let d = log.intend_snapshot_delete(ms(4), "db", "monday").expect("delete it");
+    assert!(log.intend_snapshot_delete(ms(4), "db", "monday").is_err(), "deleted once");
+    let w = log.poll_write(ms(4)).expect("logged");
+    assert!(Catalog::decode(&w.document)
+        .expect("valid")
+        .snapshots
+        .iter()
+        .all(|x| x.name != "monday" || x.volume != "db"));
+    assert_eq!(log.write_failed(), vec![d.clone()]);
+    let on_disk = write(&mut log, 5);
+    assert!(on_disk.snapshots.iter().any(|x| x.export_name() == "db@monday"), "undone: listed again");
+    // With the volume: the volume's deletion carries them, and lists them again if undone.
+    let gone = log.intend_delete(ms(6), "db", true).expect("with its snapshots");
+    let w = log.poll_write(ms(6)).expect("logged");
+    let on_disk = Catalog::decode(&w.document).expect("valid");
+    assert_eq!(on_disk.snapshots.iter().map(|x| x.export_name()).collect::<Vec<_>>(), ["vol0@monday"]);
+    assert!(matches!(&on_disk.intentions[0].op, Intent::Delete { snapshots, .. } if snapshots.len() == 1));
+    log.write_failed();
+    let on_disk = write(&mut log, 7);
+    assert_eq!(on_disk.snapshots.len(), 2, "the undone deletion lists its snapshots again");
+    assert!(on_disk.intentions.iter().all(|i| i.id != gone.id));
+    // Format 2 documents have no snapshots; damage and duplicates are refused.
+    let doc = on_disk.encode();
+    let end = HEADER_BYTES + u32::from_le_bytes(doc[8..12].try_into().expect("4")) as usize;
+    for at in [HEADER_BYTES + 60, end - 3] {
+        let mut bad = doc.clone();
+        bad[at] ^= 0x01;
+        assert!(Catalog::decode(&bad).is_err());
+    }
+    let mut twice = on_disk.clone();
+    twice.snapshots.push(CatalogSnapshot { id: 0, ..twice.snapshots[0].clone() });
+    assert!(Catalog::decode(&twice.encode()).expect_err("a name twice").contains("twice"));
+}
+
+#[test]
+fn without_the_intention_log_a_snapshot_is_refused() {
+    let mut log = IntentionLog::new(Catalog::default(), LogPolicy::None);
+    assert!(log
+        .intend_snapshot(ms(0), "vol0", CONFIGURED_VOLUME_ID, "s", 4096)
+        .expect_err("unlogged")
+        .contains("must be logged"));
 }

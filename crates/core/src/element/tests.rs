@@ -755,6 +755,53 @@ fn a_copy_source_waits_for_the_sequence_asked() {
     );
 }
 
+/// A read of a snapshot waits until the element has applied the sequence it names (its
+/// record may still be on its way), and fails if it waited too long; a volume numbered past
+/// the snapshots storage made meanwhile joins the list.
+#[test]
+fn a_snapshot_read_waits_for_its_record() {
+    let mut h = Harness::new(1, &[("a", 0, 0)]);
+    h.hello(1, 1, &["a"]);
+    h.settle();
+    let read = |request_id, taken_at| HostMessage::Read {
+        request_id,
+        volume: VolumeId(0),
+        offset_bytes: 0,
+        length_bytes: 4096,
+        snapshot: Some(proto::SnapshotRef { id: 9, taken_at: Sequence(taken_at) }),
+    };
+    h.host(1, read(1, 1));
+    h.host(1, read(2, 5));
+    assert!(!h.actions().iter().any(|a| matches!(a, ElementAction::Serve { .. })), "both wait");
+    h.host(1, HostMessage::Apply(record(0, 1, 1)));
+    h.actions();
+    h.storage_done();
+    let served: Vec<u64> = h
+        .actions()
+        .into_iter()
+        .filter_map(|a| match a {
+            ElementAction::Serve { request: HostMessage::Read { request_id, .. }, volume: LocalVolume(0), .. } => {
+                Some(request_id)
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(served, vec![1], "served once sequence 1 is applied (storage finds the snapshot)");
+    h.advance_ms(SOURCE_CATCH_UP_TIMEOUT_MS + 1);
+    let sent = h.sent();
+    assert!(
+        sent.iter().any(|(s, m)| *s == 1
+            && matches!(m, ElementMessage::ReadReply { request_id: 2, result: Err(r), .. } if r.contains("taken at 5"))),
+        "{sent:?}"
+    );
+    // Storage numbered a snapshot (1) among volumes: the next new volume is 2.
+    h.held.push((Sequence::ZERO, Epoch(0)));
+    h.hello(3, 1, &["a", "b"]);
+    h.settle();
+    assert_eq!(h.core.volumes.len(), 3, "the snapshot's number is a placeholder");
+    assert!(h.core.volumes[1].removed && h.core.volumes[2].spec.name == "b");
+}
+
 #[test]
 fn copy_orders_run_one_at_a_time() {
     let mut h = Harness::new(1, &[("a", 0, 0)]);
@@ -1028,7 +1075,16 @@ fn a_resize_runs_after_the_records_before_it_and_before_anything_after_it() {
     h.settle();
     h.host(1, HostMessage::Apply(record(0, 5, 1)));
     h.host(1, HostMessage::ResizeVolumes { volumes: vec![(VolumeId(0), 128 * MB)] });
-    h.host(1, HostMessage::Read { request_id: 7, volume: VolumeId(0), offset_bytes: 100 * MB, length_bytes: 4096 });
+    h.host(
+        1,
+        HostMessage::Read {
+            request_id: 7,
+            volume: VolumeId(0),
+            offset_bytes: 100 * MB,
+            length_bytes: 4096,
+            snapshot: None,
+        },
+    );
     h.host(1, HostMessage::Apply(record(0, 5, 2)));
     // Record 1 is being committed; the resize, the read and record 2 wait.
     let actions = h.actions();

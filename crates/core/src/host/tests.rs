@@ -1587,3 +1587,42 @@ fn a_takeover_starts_over_with_the_configured_volumes_only() {
     assert_eq!(names(&c), ["vol0"]);
     assert_eq!(c.core.takeovers(), 2);
 }
+
+/// A snapshot is a record in the volume's stream: its read returns the volume as it was then
+/// (not the newer writes the cache and queue hold), and an element that does not hold it (as
+/// after a full recovery) is passed over, not failed.
+#[test]
+fn a_snapshot_reads_as_its_volume_was_and_an_element_without_it_is_passed_over() {
+    let mut c = Cluster::new(3, 2);
+    c.write(0, 1, 8192);
+    let token = c.token();
+    c.core.handle_host_write(c.now, token, VOLUME, Op::Snapshot { id: 7 });
+    c.run();
+    assert_eq!(c.replies.remove(&token), Some(Reply::Done(Ok(()))));
+    let taken_at = c.core.status(c.now).volumes[0].acked_sequence;
+    c.write(4096, 2, 4096);
+    // Read once, so the cache holds the newer content too.
+    assert!(matches!(c.read(0, 8192), Reply::Read(Ok(d)) if d[4096..] == [2u8; 4096][..]));
+    for e in &c.elements {
+        assert!(e.storage.snapshot_index(0, 7).is_some(), "every element took it");
+    }
+    let si = c.elements[0].storage.snapshot_index(0, 7).expect("taken");
+    c.elements[0].storage.vols[si].removed = true;
+    let token = c.token();
+    let snapshot = SnapshotRef { id: 7, taken_at };
+    c.core.handle_host_snapshot_read(c.now, token, VOLUME, snapshot, 0, 8192);
+    c.run();
+    match c.replies.remove(&token) {
+        Some(Reply::Read(Ok(data))) => assert_eq!(&data[..], &[1u8; 8192][..], "the volume as it was"),
+        other => panic!("the snapshot read is answered by another element: {other:?}"),
+    }
+    let refused = |e: &Event| matches!(e, Event::SnapshotReadRefused { element: ElementId(0), id: 7, .. });
+    assert!(c.events.iter().any(refused), "{:?}", c.events);
+    assert!(!c.events.iter().any(|e| matches!(e, Event::ElementFailed { .. })), "no element failed");
+    assert_eq!(c.states(), "in-sync,in-sync,in-sync");
+    // A snapshot no element holds is unavailable, not wrong data.
+    let token = c.token();
+    c.core.handle_host_snapshot_block_status(c.now, token, VOLUME, SnapshotRef { id: 8, taken_at }, 0, 8192);
+    c.run();
+    assert_eq!(c.replies.remove(&token), Some(Reply::BlockStatus(Err(HostError::Unavailable))));
+}

@@ -237,6 +237,7 @@ impl Store {
     ) -> Result<BlockChunk, StoreError> {
         self.refuse_if_copying(volume)?;
         let v = self.volume_at(volume);
+        self.refuse_snapshot(&v, "a full recovery copies its live volume")?;
         if have.len() > COPY_CHUNK_BLOCKS_MAX {
             return Err(StoreError::PayloadTooLarge {
                 volume: v.name.clone(),
@@ -294,8 +295,13 @@ impl Store {
     /// interrupted copy of the same epoch goes on where it stopped; otherwise it starts at
     /// block 0. Checkpoints first, so that no log record of the volume is replayed over
     /// installed blocks after a crash. Returns the state to go on from.
+    ///
+    /// The copy installs blocks without preserving them, so the volume's snapshots here could
+    /// no longer be read through it: they are removed, with a warning. (A full recovery does
+    /// not carry snapshots yet.)
     pub fn begin_copy(&self, volume: VolumeHandle, epoch: Epoch) -> Result<CopyState, StoreError> {
         self.volume_at(volume).check_range(0, 0)?;
+        self.refuse_snapshot(&self.volume_at(volume), "a full recovery copies its live volume")?;
         let previous = self.copy_state(volume);
         if let Some(state) = previous {
             if state.epoch == epoch {
@@ -310,10 +316,17 @@ impl Store {
             // Under the committer lock, which `commit` holds while it checks the flag: a record
             // of this volume is either committed before (and covered by the checkpoint below,
             // so never replayed over installed blocks) or skipped.
-            let _committer = self.lock_committer()?;
+            let mut committer = self.lock_committer()?;
+            let snapshots = self.discard_snapshots_locked(&mut committer, &v)?;
             let result = save(&self.shared.dir, v.number, &state);
             self.guard(result)?;
             *lock(&v.copy) = Some(state);
+            drop(committer);
+            for snapshot in &snapshots {
+                tracing::warn!(volume = %v.name, snapshot = %snapshot.name, "a full recovery does not keep snapshots: removed");
+            }
+            let result = self.remove_snapshot_files(&snapshots);
+            self.guard(result)?;
         }
         self.checkpoint()?;
         tracing::info!(volume = %v.name, %epoch, "full recovery: copy started");

@@ -1,0 +1,622 @@
+//! Snapshots: read-only volumes that keep a live volume's content as of one of its sequences,
+//! at the cost of the blocks written after it.
+//!
+//! A snapshot is taken by a record of the live volume (`Op::Snapshot`), so every element takes
+//! it between the same two records. Its volume (`meta::SnapshotOf`) is created before that
+//! record is logged; a crash in between leaves a snapshot taken after the live volume's applied
+//! sequence, which [`prune_untaken`] removes when the store opens (the record was never
+//! acknowledged, so the host element sends it again).
+//!
+//! Copy before write: when a commit changes a block of a live volume that its newest snapshot
+//! has not preserved yet, the block's current content (or its being a hole) goes first into a
+//! *preserving record* of the snapshot, in the same commit, before the record that changes it.
+//! Logged together and applied in order, the snapshot's copy is durable before the live block
+//! can change on disk, and replay after a crash applies both as it applies any records: no new
+//! ordering rule, no extra sync. The snapshot's own sequence counts its preserving records;
+//! they never leave the element (the replay log serves only live volumes).
+//!
+//! A snapshot *owns* a block it preserved (content, or a hole at a sequence above 0); any other
+//! block it reads through: the next newer snapshot's, and so on up to the live volume. Only the
+//! newest snapshot preserves: an older one reads through it, which holds the same content for
+//! every block the older one did not preserve (the live block did not change between them).
+
+use std::collections::{HashMap, HashSet};
+use std::ops::Range;
+use std::sync::{atomic::Ordering, Arc, MutexGuard, RwLockReadGuard};
+
+use bytes::{Bytes, BytesMut};
+use proto::{BlockExtent, ReadData, Sequence, BLOCK_BYTES, PAYLOAD_BYTES_MAX};
+
+use super::{base_content, remove_volume_files, Committer, Store};
+use crate::{
+    block_map::zero_block_crc,
+    log::{Change, Geometry, Kind, LogRecord},
+    meta::SnapshotOf,
+    volume::{block_digest, Volume, VolumeState},
+    StoreError, VolumeDigest, VolumeHandle, BLOCK_STATUS_EXTENTS_MAX, LOG_BATCH_BYTES_MAX, SCAN_BUFFER_BYTES,
+    VOLUME_NAME_BYTES_MAX,
+};
+
+/// Most blocks one preserving record carries (a largest write's worth).
+const PRESERVE_RECORD_BLOCKS_MAX: u64 = PAYLOAD_BYTES_MAX as u64 / BLOCK_BYTES;
+/// Once the preserving records accepted in one commit carry this many bytes, they are
+/// committed (logged, synced, applied) before more are made: bounds the memory that a large
+/// trim or zeroing after a snapshot takes. Preserving early is always right: a block not
+/// preserved yet still holds the snapshot's content.
+const PRESERVE_COMMIT_BYTES: u64 = LOG_BATCH_BYTES_MAX / 2;
+
+/// What the preserving records accepted so far in one commit did.
+#[derive(Default)]
+pub(super) struct Preserving {
+    /// Per snapshot (by index): the sequence of its last preserving record.
+    sequences: HashMap<usize, Sequence>,
+    /// `(snapshot, block)` preserved by one of them.
+    blocks: HashSet<(usize, u64)>,
+    /// Bytes of content they carry.
+    bytes: u64,
+}
+
+/// One snapshot of a live volume, as [`Store::snapshots`] lists it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SnapshotInfo {
+    pub handle: VolumeHandle,
+    pub id: u64,
+    /// The live volume's sequence the snapshot holds the content of.
+    pub taken_at: Sequence,
+    pub size_bytes: u64,
+    /// Blocks the snapshot holds itself (preserved with content): the space it costs.
+    pub blocks_owned: u64,
+}
+
+/// The store's name for snapshot `id` of volume `parent` (only for messages and listings:
+/// snapshots are found by their live volume and id).
+fn snapshot_name(parent: &str, id: u64) -> String {
+    let name = format!("{parent}@{id}");
+    if name.len() <= VOLUME_NAME_BYTES_MAX {
+        name
+    } else {
+        format!("@{id}")
+    }
+}
+
+impl LogRecord {
+    /// The blocks this record changes, if any.
+    fn blocks_changed(&self) -> Option<Range<u64>> {
+        match &self.change {
+            Change::Nothing => None,
+            Change::Blocks { first_block, crcs, .. } => Some(*first_block..first_block + crcs.len() as u64),
+            Change::Zero { head, whole, tail } => {
+                let start = head.as_ref().map_or(whole.start, |e| e.block);
+                let end = tail.as_ref().map_or(whole.end, |e| e.block + 1);
+                Some(start..end.max(start))
+            }
+        }
+    }
+}
+
+impl Store {
+    /// The newest snapshot (index) of each live volume (index) that has one.
+    pub(super) fn newest_snapshots(&self, volumes: &[Arc<Volume>]) -> HashMap<usize, usize> {
+        let mut newest: HashMap<usize, (Sequence, usize)> = HashMap::new();
+        if self.snapshot_count.load(Ordering::Acquire) == 0 {
+            return HashMap::new();
+        }
+        let live: HashMap<u32, usize> = volumes
+            .iter()
+            .enumerate()
+            .filter(|(_, v)| !v.is_removed() && v.snapshot_of.is_none())
+            .map(|(i, v)| (v.number, i))
+            .collect();
+        for (s, volume) in volumes.iter().enumerate() {
+            let Some(of) = volume.snapshot_of.filter(|_| !volume.is_removed()) else { continue };
+            let Some(&parent) = live.get(&of.parent) else { continue };
+            if !matches!(newest.get(&parent), Some((taken_at, _)) if *taken_at >= of.taken_at) {
+                newest.insert(parent, (of.taken_at, s));
+            }
+        }
+        newest.into_iter().map(|(parent, (_, s))| (parent, s)).collect()
+    }
+
+    /// Create snapshot `id` of `parent`, taken at `taken_at`, unless it exists (a record sent
+    /// again). The commit lock held, no lock of the volume list.
+    pub(super) fn take_snapshot_locked(
+        &self,
+        committer: &mut MutexGuard<'_, Committer>,
+        parent: &Volume,
+        id: u64,
+        taken_at: Sequence,
+    ) -> Result<(), StoreError> {
+        let exists = self
+            .volumes
+            .read()
+            .expect("volume list lock")
+            .iter()
+            .any(|v| !v.is_removed() && v.snapshot_of.is_some_and(|of| of.parent == parent.number && of.id == id));
+        if exists {
+            tracing::info!(volume = %parent.name, id, "snapshot exists already: its record does nothing");
+            return Ok(());
+        }
+        let name = snapshot_name(&parent.name, id);
+        let size_bytes = parent.size_bytes();
+        self.check_room_with(&[], size_bytes)
+            .map_err(|reason| StoreError::InvalidVolume { name: name.clone(), reason })?;
+        let snapshot_of = SnapshotOf { parent: parent.number, taken_at, id };
+        self.create_volume_locked(committer, &name, size_bytes, Some(snapshot_of))?;
+        self.snapshot_count.fetch_add(1, Ordering::AcqRel);
+        tracing::info!(volume = %parent.name, id, %taken_at, "snapshot taken");
+        Ok(())
+    }
+
+    /// Accept, before `record` of live volume `live`, preserving records of its newest
+    /// snapshot `snap` for every block `record` changes that `snap` holds nothing of yet.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn preserve(
+        &self,
+        committer: &mut MutexGuard<'_, Committer>,
+        volumes: &[Arc<Volume>],
+        accepted: &mut Vec<(usize, LogRecord)>,
+        preserving: &mut Preserving,
+        live: usize,
+        snap: usize,
+        record: &LogRecord,
+    ) -> Result<(), StoreError> {
+        let Some(changed) = record.blocks_changed() else { return Ok(()) };
+        let snapshot = &volumes[snap];
+        let end = changed.end.min(snapshot.blocks());
+        if changed.start >= end {
+            return Ok(());
+        }
+        let wanted: Vec<u64> = {
+            let state = snapshot.live_state()?;
+            (changed.start..end)
+                .filter(|&b| !Volume::owns(&state.map, b) && !preserving.blocks.contains(&(snap, b)))
+                .collect()
+        };
+        for chunk in wanted.chunks(PRESERVE_RECORD_BLOCKS_MAX as usize) {
+            let mut contents = Vec::with_capacity(chunk.len());
+            for &block in chunk {
+                contents.push(base_content(&volumes[live], live, block, accepted)?);
+            }
+            // Runs of consecutive blocks that all hold data, or are all holes: one record each.
+            let mut k = 0;
+            while k < chunk.len() {
+                let hole = contents[k].is_none();
+                let mut n = 1;
+                while k + n < chunk.len() && chunk[k + n] == chunk[k] + n as u64 && contents[k + n].is_none() == hole {
+                    n += 1;
+                }
+                let first_block = chunk[k];
+                let change = if hole {
+                    Change::Zero { head: None, whole: first_block..first_block + n as u64, tail: None }
+                } else {
+                    let pieces: Vec<Bytes> = contents[k..k + n].iter_mut().map(|c| c.take().expect("data")).collect();
+                    let crcs = pieces.iter().map(|p| crc32c::crc32c(p)).collect();
+                    preserving.bytes += n as u64 * BLOCK_BYTES;
+                    Change::Blocks { first_block, pieces, crcs }
+                };
+                let sequence = preserving
+                    .sequences
+                    .entry(snap)
+                    .or_insert_with(|| snapshot.state.read().expect("volume lock").applied);
+                *sequence = sequence.next();
+                accepted.push((
+                    snap,
+                    LogRecord {
+                        volume_number: snapshot.number,
+                        epoch: record.epoch,
+                        sequence: *sequence,
+                        kind: if hole { Kind::Trim } else { Kind::Write },
+                        offset_bytes: first_block * BLOCK_BYTES,
+                        length_bytes: n as u64 * BLOCK_BYTES,
+                        change,
+                    },
+                ));
+                preserving.blocks.extend(chunk[k..k + n].iter().map(|&b| (snap, b)));
+                k += n;
+            }
+            if preserving.bytes >= PRESERVE_COMMIT_BYTES {
+                committer.commit_prepared(self, volumes, std::mem::take(accepted))?;
+                *preserving = Preserving::default();
+            }
+        }
+        Ok(())
+    }
+
+    /// Snapshot `id` of live volume `parent`, if it exists.
+    pub fn snapshot(&self, parent: VolumeHandle, id: u64) -> Option<VolumeHandle> {
+        self.snapshots(parent).into_iter().find(|s| s.id == id).map(|s| s.handle)
+    }
+
+    /// The snapshots of live volume `parent`, oldest first.
+    pub fn snapshots(&self, parent: VolumeHandle) -> Vec<SnapshotInfo> {
+        let volumes = self.volumes.read().expect("volume list lock");
+        let number = volumes[parent.index()].number;
+        let mut snapshots: Vec<SnapshotInfo> = volumes
+            .iter()
+            .enumerate()
+            .filter(|(_, v)| !v.is_removed())
+            .filter_map(|(i, v)| {
+                let of = v.snapshot_of.filter(|of| of.parent == number)?;
+                Some(SnapshotInfo {
+                    handle: VolumeHandle(i as u32),
+                    id: of.id,
+                    taken_at: of.taken_at,
+                    size_bytes: v.size_bytes(),
+                    blocks_owned: v.state.read().expect("volume lock").map.allocated_blocks(),
+                })
+            })
+            .collect();
+        snapshots.sort_by_key(|s| s.taken_at);
+        snapshots
+    }
+
+    /// The live volume `handle` is a snapshot of, if it is one.
+    pub fn snapshot_parent(&self, handle: VolumeHandle) -> Option<VolumeHandle> {
+        let volumes = self.volumes.read().expect("volume list lock");
+        let of = volumes[handle.index()].snapshot_of?;
+        volumes.iter().position(|v| v.number == of.parent && !v.is_removed()).map(|i| VolumeHandle(i as u32))
+    }
+
+    /// What a read of snapshot `snap` goes through: the snapshot, its newer snapshots (oldest
+    /// first) and its live volume.
+    fn snapshot_chain(&self, snap: &Arc<Volume>) -> Result<Vec<Arc<Volume>>, StoreError> {
+        let of = snap.snapshot_of.expect("a snapshot");
+        let volumes = self.volumes.read().expect("volume list lock");
+        let parent = volumes
+            .iter()
+            .find(|v| v.number == of.parent && !v.is_removed())
+            .ok_or_else(|| StoreError::Removed { volume: snap.name.clone() })?
+            .clone();
+        let mut newer: Vec<Arc<Volume>> = volumes
+            .iter()
+            .filter(|v| {
+                !v.is_removed() && v.snapshot_of.is_some_and(|o| o.parent == of.parent && o.taken_at > of.taken_at)
+            })
+            .cloned()
+            .collect();
+        newer.sort_by_key(|v| v.snapshot_of.expect("a snapshot").taken_at);
+        let mut chain = vec![snap.clone()];
+        chain.extend(newer);
+        chain.push(parent);
+        Ok(chain)
+    }
+
+    /// Blocks `first..first + count` of snapshot `snap` into `out` (zeroes for holes), each
+    /// read from whoever holds it and checked against its checksum; per block, whether it is
+    /// allocated and its checksum. Holds the read locks of the whole chain, oldest first: the
+    /// commit that preserves a block into a snapshot applies that before it changes the live
+    /// block, so no block changes under the read.
+    fn read_snapshot_blocks(
+        &self,
+        snap: &Arc<Volume>,
+        first: u64,
+        count: u64,
+        out: &mut [u8],
+    ) -> Result<Vec<(bool, u32)>, StoreError> {
+        let chain = self.snapshot_chain(snap)?;
+        let states: Vec<RwLockReadGuard<'_, VolumeState>> =
+            chain.iter().map(|v| v.live_state()).collect::<Result<_, _>>()?;
+        let owner = |block: u64| {
+            states[..states.len() - 1].iter().position(|s| Volume::owns(&s.map, block)).unwrap_or(states.len() - 1)
+        };
+        let mut entries = Vec::with_capacity(count as usize);
+        let end = first + count;
+        let mut block = first;
+        while block < end {
+            let k = owner(block);
+            let mut run_end = block + 1;
+            while run_end < end && owner(run_end) == k {
+                run_end += 1;
+            }
+            let map = &states[k].map;
+            let at = ((block - first) * BLOCK_BYTES) as usize..((run_end - first) * BLOCK_BYTES) as usize;
+            chain[k].read_blocks(map, block, &mut out[at])?;
+            entries.extend((block..run_end).map(|b| (map.is_allocated(b), map.crc(b))));
+            block = run_end;
+        }
+        Ok(entries)
+    }
+
+    /// [`Store::read_checked`] of a snapshot: its content, with the live volume's sequence it
+    /// was taken at.
+    pub(super) fn read_snapshot(
+        &self,
+        snap: &Arc<Volume>,
+        offset_bytes: u64,
+        length_bytes: u32,
+    ) -> Result<(Sequence, ReadData), StoreError> {
+        let taken_at = snap.snapshot_of.expect("a snapshot").taken_at;
+        let Some(geometry) = Geometry::of(offset_bytes, length_bytes as u64) else {
+            return Ok((taken_at, ReadData { data: Bytes::new(), crcs: Vec::new() }));
+        };
+        let count = geometry.last - geometry.first + 1;
+        let mut buffer = BytesMut::zeroed((count * BLOCK_BYTES) as usize);
+        let entries = self.read_snapshot_blocks(snap, geometry.first, count, &mut buffer)?;
+        let skip = (offset_bytes - geometry.first * BLOCK_BYTES) as usize;
+        let data = buffer.freeze().slice(skip..skip + length_bytes as usize);
+        let crcs = proto::pieces::piece_ranges(offset_bytes, data.len())
+            .enumerate()
+            .map(
+                |(i, range)| {
+                    if range.len() == BLOCK_BYTES as usize {
+                        entries[i].1
+                    } else {
+                        crc32c::crc32c(&data[range])
+                    }
+                },
+            )
+            .collect();
+        Ok((taken_at, ReadData { data, crcs }))
+    }
+
+    /// [`Store::block_status`] of a snapshot.
+    pub(super) fn snapshot_block_status(
+        &self,
+        snap: &Arc<Volume>,
+        offset_bytes: u64,
+        length_bytes: u64,
+    ) -> Result<(Sequence, Vec<BlockExtent>), StoreError> {
+        let taken_at = snap.snapshot_of.expect("a snapshot").taken_at;
+        let mut extents: Vec<BlockExtent> = Vec::new();
+        if length_bytes == 0 {
+            return Ok((taken_at, extents));
+        }
+        let chain = self.snapshot_chain(snap)?;
+        let states: Vec<RwLockReadGuard<'_, VolumeState>> =
+            chain.iter().map(|v| v.live_state()).collect::<Result<_, _>>()?;
+        let allocated = |block: u64| {
+            let k = states[..states.len() - 1].iter().position(|s| Volume::owns(&s.map, block));
+            states[k.unwrap_or(states.len() - 1)].map.is_allocated(block)
+        };
+        let end_bytes = offset_bytes + length_bytes;
+        let mut position = offset_bytes;
+        while position < end_bytes {
+            let block = position / BLOCK_BYTES;
+            let extent_end = ((block + 1) * BLOCK_BYTES).min(end_bytes);
+            let is_allocated = allocated(block);
+            let full = extents.len() == BLOCK_STATUS_EXTENTS_MAX;
+            match extents.last_mut() {
+                Some(last) if last.allocated == is_allocated => last.length_bytes += extent_end - position,
+                _ if full => break,
+                _ => extents.push(BlockExtent { length_bytes: extent_end - position, allocated: is_allocated }),
+            }
+            position = extent_end;
+        }
+        Ok((taken_at, extents))
+    }
+
+    /// [`Store::verify`] of a snapshot: the digest of its content (the same formula as a live
+    /// volume's, so a snapshot equals a live volume of the same content), read through its
+    /// chain. A block that fails its checksum is an error.
+    pub(super) fn verify_snapshot(&self, snap: &Arc<Volume>) -> Result<VolumeDigest, StoreError> {
+        let taken_at = snap.snapshot_of.expect("a snapshot").taken_at;
+        let blocks = snap.blocks();
+        let step = SCAN_BUFFER_BYTES / BLOCK_BYTES;
+        let mut buffer = vec![0u8; SCAN_BUFFER_BYTES as usize];
+        let (mut digest, mut allocated) = (0u64, 0u64);
+        let mut block = 0;
+        while block < blocks {
+            let count = step.min(blocks - block);
+            let out = &mut buffer[..(count * BLOCK_BYTES) as usize];
+            let entries = self.read_snapshot_blocks(snap, block, count, out)?;
+            for (i, (is_allocated, _)) in entries.iter().enumerate() {
+                let content = &out[i * BLOCK_BYTES as usize..(i + 1) * BLOCK_BYTES as usize];
+                let crc = if *is_allocated { crc32c::crc32c(content) } else { zero_block_crc() };
+                digest = digest.wrapping_add(block_digest(block + i as u64, crc));
+                allocated += *is_allocated as u64;
+            }
+            block += count;
+        }
+        Ok(VolumeDigest {
+            applied_sequence: taken_at,
+            content_digest: digest,
+            blocks_total: blocks,
+            blocks_allocated: allocated,
+            blocks_corrupt: 0,
+            first_corrupt_block: None,
+        })
+    }
+
+    /// Remove snapshot `snap` durably (`Store::remove_volume` of a snapshot): as
+    /// [`Store::delete_snapshot_locked`] without a record in the live volume's log.
+    pub(super) fn remove_snapshot_locked(
+        &self,
+        committer: &mut MutexGuard<'_, Committer>,
+        snap: &Arc<Volume>,
+    ) -> Result<(), StoreError> {
+        let volumes = self.volumes.read().expect("volume list lock").clone();
+        self.hand_over_locked(committer, &volumes, snap)?;
+        self.drop_snapshot_locked(committer, snap)
+    }
+
+    /// Carry out the deletion record `prepared` of snapshot `id` of live volume `parent`: the
+    /// snapshot's next older snapshot, if any, first takes over every block the snapshot
+    /// holds and it does not (it read them through the snapshot), by preserving records
+    /// committed like any; then the record is committed; then the snapshot leaves the
+    /// metadata and its files go. A crash before the record is durable leaves both snapshots
+    /// whole (the older holding copies of what it read through), and the record is sent
+    /// again; after it, the store's opening finishes the deletion. A snapshot that does not
+    /// exist (deleted already, or never taken here) is no error: the record only advances the
+    /// sequence. Holds the commit lock throughout, so no write preserves into the snapshot
+    /// meanwhile: the time is that of copying the blocks taken over.
+    pub(super) fn delete_snapshot_locked(
+        &self,
+        committer: &mut MutexGuard<'_, Committer>,
+        volumes: &[Arc<Volume>],
+        parent: &Volume,
+        id: u64,
+        prepared: LogRecord,
+    ) -> Result<(), StoreError> {
+        let i = volumes.iter().position(|v| v.number == parent.number && !v.is_removed()).expect("listed");
+        let snap = volumes
+            .iter()
+            .find(|v| !v.is_removed() && v.snapshot_of.is_some_and(|of| of.parent == parent.number && of.id == id))
+            .cloned();
+        if let Some(snap) = &snap {
+            self.hand_over_locked(committer, volumes, snap)?;
+        }
+        committer.commit_prepared(self, volumes, vec![(i, prepared)])?;
+        match snap {
+            Some(snap) => {
+                self.drop_snapshot_locked(committer, &snap)?;
+                tracing::info!(volume = %parent.name, id, "snapshot deleted");
+                self.remove_snapshot_files(&[snap])
+            }
+            None => {
+                tracing::info!(volume = %parent.name, id, "no such snapshot here: its deletion does nothing");
+                Ok(())
+            }
+        }
+    }
+
+    /// The next older snapshot of `snap`, if any, takes over every block `snap` holds and it
+    /// does not, by preserving records, committed.
+    fn hand_over_locked(
+        &self,
+        committer: &mut MutexGuard<'_, Committer>,
+        volumes: &[Arc<Volume>],
+        snap: &Arc<Volume>,
+    ) -> Result<(), StoreError> {
+        let of = snap.snapshot_of.expect("a snapshot");
+        let older = volumes
+            .iter()
+            .enumerate()
+            .filter(|(_, v)| {
+                !v.is_removed() && v.snapshot_of.is_some_and(|o| o.parent == of.parent && o.taken_at < of.taken_at)
+            })
+            .max_by_key(|(_, v)| v.snapshot_of.expect("a snapshot").taken_at)
+            .map(|(i, _)| i);
+        let Some(older) = older else { return Ok(()) };
+        let here = volumes.iter().position(|v| Arc::ptr_eq(v, snap)).expect("listed");
+        let blocks = volumes[older].blocks();
+        let mut taken = 0u64;
+        let mut block = 0;
+        while block < blocks {
+            let end = (block + PRESERVE_RECORD_BLOCKS_MAX * 4).min(blocks);
+            // As if the older snapshot were the newest and `snap` the live volume that changes
+            // these blocks: the same preserving records.
+            let wanted: Vec<u64> = {
+                let (theirs, own) = (volumes[older].live_state()?, snap.live_state()?);
+                (block..end).filter(|&b| Volume::owns(&own.map, b) && !Volume::owns(&theirs.map, b)).collect()
+            };
+            let mut accepted = Vec::new();
+            let mut preserving = Preserving::default();
+            for run in runs(&wanted) {
+                let stand_in = LogRecord {
+                    volume_number: snap.number,
+                    epoch: snap.state.read().expect("volume lock").applied_epoch,
+                    sequence: Sequence::ZERO,
+                    kind: Kind::Trim,
+                    offset_bytes: run.start * BLOCK_BYTES,
+                    length_bytes: (run.end - run.start) * BLOCK_BYTES,
+                    change: Change::Zero { head: None, whole: run.clone(), tail: None },
+                };
+                self.preserve(committer, volumes, &mut accepted, &mut preserving, here, older, &stand_in)?;
+                taken += run.end - run.start;
+            }
+            if !accepted.is_empty() {
+                committer.commit_prepared(self, volumes, accepted)?;
+            }
+            block = end;
+        }
+        tracing::info!(snapshot = %snap.name, older = %volumes[older].name, blocks = taken, "blocks taken over by the older snapshot");
+        Ok(())
+    }
+
+    /// `snap` leaves the metadata and is forgotten (its files are the caller's to remove).
+    fn drop_snapshot_locked(
+        &self,
+        committer: &mut MutexGuard<'_, Committer>,
+        snap: &Arc<Volume>,
+    ) -> Result<(), StoreError> {
+        let number = snap.number;
+        self.write_meta(|meta| meta.volumes.retain(|v| v.number != number))?;
+        self.forget_removed(committer, snap);
+        self.snapshot_count.fetch_sub(1, Ordering::AcqRel);
+        Ok(())
+    }
+
+    /// Remove every snapshot of live volume `parent` from the metadata (one change) and forget
+    /// them; the caller removes their files ([`Store::remove_snapshot_files`]) once it lets go
+    /// of the commit lock.
+    pub(super) fn discard_snapshots_locked(
+        &self,
+        committer: &mut MutexGuard<'_, Committer>,
+        parent: &Volume,
+    ) -> Result<Vec<Arc<Volume>>, StoreError> {
+        let number = parent.number;
+        let snapshots: Vec<Arc<Volume>> = self
+            .volumes
+            .read()
+            .expect("volume list lock")
+            .iter()
+            .filter(|v| !v.is_removed() && v.snapshot_of.is_some_and(|of| of.parent == number))
+            .cloned()
+            .collect();
+        if snapshots.is_empty() {
+            return Ok(snapshots);
+        }
+        let gone: Vec<u32> = snapshots.iter().map(|v| v.number).collect();
+        self.write_meta(|meta| meta.volumes.retain(|v| !gone.contains(&v.number)))?;
+        for snap in &snapshots {
+            self.forget_removed(committer, snap);
+            self.snapshot_count.fetch_sub(1, Ordering::AcqRel);
+        }
+        Ok(snapshots)
+    }
+
+    /// After `volume` left the metadata: mark it removed and drop its map and commit state.
+    /// Its files are the caller's to remove ([`remove_volume_files`]).
+    pub(super) fn forget_removed(&self, committer: &mut MutexGuard<'_, Committer>, volume: &Arc<Volume>) {
+        let index = {
+            let volumes = self.volumes.read().expect("volume list lock");
+            volumes.iter().position(|v| Arc::ptr_eq(v, volume)).expect("listed")
+        };
+        {
+            let mut state = volume.state.write().expect("volume lock");
+            volume.removed.store(true, Ordering::Release);
+            // The map's memory goes now; the handle stays (handles are positions).
+            state.map = crate::block_map::BlockMap::new(0).expect("an empty map");
+        }
+        committer.dirty[index] = crate::block_map::DirtyChunks::for_blocks(0);
+        committer.unflushed_bytes[index] = 0;
+        *super::lock(&volume.copy) = None;
+    }
+
+    /// Delete the files of removed snapshots (after the metadata no longer lists them).
+    pub(super) fn remove_snapshot_files(&self, snapshots: &[Arc<Volume>]) -> Result<(), StoreError> {
+        for snap in snapshots {
+            remove_volume_files(&self.shared.dir, snap.number, Some(snap))?;
+            tracing::info!(snapshot = %snap.name, number = snap.number, "snapshot removed");
+        }
+        Ok(())
+    }
+}
+
+/// Runs of consecutive blocks in an ascending list.
+fn runs(blocks: &[u64]) -> Vec<Range<u64>> {
+    let mut runs: Vec<Range<u64>> = Vec::new();
+    for &b in blocks {
+        match runs.last_mut() {
+            Some(run) if run.end == b => run.end += 1,
+            _ => runs.push(b..b + 1),
+        }
+    }
+    runs
+}
+
+/// At open, after the log's replay: the snapshots whose record never became durable (taken
+/// after their live volume's applied sequence: a crash between creating the snapshot and
+/// logging its record) are removed from the metadata and their files deleted. Returns which
+/// (numbers).
+pub(super) fn untaken(volumes: &[Arc<Volume>]) -> Vec<u32> {
+    volumes
+        .iter()
+        .filter_map(|v| {
+            let of = v.snapshot_of?;
+            let parent = volumes.iter().find(|p| p.number == of.parent)?;
+            let applied = parent.state.read().expect("volume lock").applied;
+            (of.taken_at > applied).then_some(v.number)
+        })
+        .collect()
+}
