@@ -1994,7 +1994,9 @@ impl ElementCore {
     pub fn handle_volume_damaged(&mut self, now: Time, volume: LocalVolume) {
         self.tick(now);
         let vi = volume.0 as usize;
-        let v = &mut self.volumes[vi];
+        // A volume no session names (a snapshot storage numbered among volumes) is not
+        // repaired on its own.
+        let Some(v) = self.volumes.get_mut(vi).filter(|v| !v.removed) else { return };
         if v.repair || v.copy_interrupted || matches!(v.recovery, Recovery::Copying { .. }) {
             // A copy under way or due rebuilds the volume anyway.
             return;

@@ -121,6 +121,9 @@ pub struct MemStorage {
     /// roll-forward of a volume that another volume had already left behind; the old
     /// store-wide fencing refused them: core bug 1 in docs/testing.md).
     pub applied_behind_another_volume: u64,
+    /// A deliberately broken variant (the simulator's `snapshot-shares-live`): a snapshot
+    /// reads its live volume, as if it preserved nothing.
+    pub snapshots_share_live: bool,
 }
 
 impl MemStorage {
@@ -146,6 +149,16 @@ impl MemStorage {
             torn_records: 0,
             unsynced_lost: 0,
             applied_behind_another_volume: 0,
+            snapshots_share_live: false,
+        }
+    }
+
+    /// The bytes a read of volume `vi` sees: its own, or (broken variant) a snapshot's live
+    /// volume's.
+    fn readable(&self, vi: usize) -> &Volume {
+        match self.vols[vi].snapshot_of {
+            Some((parent, _, _)) if self.snapshots_share_live => &self.vols[parent],
+            _ => &self.vols[vi],
         }
     }
 
@@ -619,11 +632,15 @@ impl ElementStorage for MemStorage {
         let first = offset_bytes / BLOCK_BYTES;
         let end = (offset_bytes + length_bytes as u64).div_ceil(BLOCK_BYTES);
         if let Some(b) = (first..end).find(|b| self.corrupt_blocks.contains(&(vi, *b))) {
-            self.mark_for_repair(vi);
+            // As the store: a snapshot is not repaired on its own (a full recovery does not
+            // copy it); the read fails and the host element reads it elsewhere.
+            if v.snapshot_of.is_none() {
+                self.mark_for_repair(vi);
+            }
             return Err(format!("volume {} block {b}: checksum mismatch", v.name));
         }
-        let data =
-            Bytes::copy_from_slice(&v.data[offset_bytes as usize..(offset_bytes + length_bytes as u64) as usize]);
+        let bytes = &self.readable(vi).data;
+        let data = Bytes::copy_from_slice(&bytes[offset_bytes as usize..(offset_bytes + length_bytes as u64) as usize]);
         Ok((v.read_sequence(), ReadData::computed(offset_bytes, data)))
     }
 

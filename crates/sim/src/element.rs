@@ -112,6 +112,7 @@ impl Element {
         let fencing = broken != Broken::NoFencing;
         let largest = volumes.iter().map(|v| v.size_bytes).max().unwrap_or(0).max(largest);
         let mut storage = MemStorage::new(largest, fsync_us, replay_log_bytes, fencing);
+        storage.snapshots_share_live = broken == Broken::SnapshotSharesLive;
         for v in volumes {
             storage.add_volume(v.name.clone(), v.size_bytes);
         }

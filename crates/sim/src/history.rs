@@ -452,6 +452,9 @@ fn judge(history: &History, data: &[u8]) -> HistoryReport {
                 }
                 OpKind::Flush => report.flushes += 1,
                 OpKind::Write | OpKind::Trim | OpKind::Zero => {}
+                OpKind::Snapshot | OpKind::SnapshotDelete | OpKind::SnapshotRead => {
+                    unreachable!("a recorded history names no snapshot requests (checked at parse)")
+                }
             }
         }
         model.resolve(id, op.outcome);

@@ -13,8 +13,8 @@ use sim::{Broken, SimOptions, Summary};
 
 const USAGE: &str = "usage: sim [--seeds K] [--seed S] [--elements N] [--quorum Q] [--swarm] [--json]
            [--fault-phase-ms MS] [--fault-interval-ms MS] [--faults KIND,…]
-           [--broken none|ack-before-sync|no-fencing|clock-epochs|no-read-lease|no-role-check|no-scrub-repair|flush-before-durable|split-group|no-intention-log|forget-deletions|forget-resizes|stale-catalog|shrink-keeps-tail]
-           [--groups] [--volume-ops] [--ack POLICY,… (one per element: durable, received, remote-sync, network-sync, local-sync)] [--threads T] [--trace]
+           [--broken none|ack-before-sync|no-fencing|clock-epochs|no-read-lease|no-role-check|no-scrub-repair|flush-before-durable|split-group|no-intention-log|forget-deletions|forget-resizes|stale-catalog|shrink-keeps-tail|snapshot-shares-live]
+           [--groups] [--volume-ops] [--snapshots] [--ack POLICY,… (one per element: durable, received, remote-sync, network-sync, local-sync)] [--threads T] [--trace]
 
   --seeds K       run K seeds, starting at --seed (default 0); without --seeds, run --seed alone
   --swarm         draw the fault mix and rates from each seed (swarm testing)
@@ -22,6 +22,7 @@ const USAGE: &str = "usage: sim [--seeds K] [--seed S] [--elements N] [--quorum 
   --broken X      run a deliberately broken variant, to show the checkers catch it
   --groups        vol0 and vol1 form a consistency group (one storage volume, one order)
   --volume-ops    create volumes while running, through the catalog's intention log (Q > N/2)
+  --snapshots     take, read and delete snapshots of the configured volumes among the faults
   --trace         print every event (for replaying one seed)
 
        sim check-history FILE [--data PATH] [--json]
@@ -145,6 +146,7 @@ fn main() -> ExitCode {
                 "--swarm" => options.swarm = true,
                 "--groups" => options.groups = true,
                 "--volume-ops" => options.volume_ops = true,
+                "--snapshots" => options.snapshots = true,
                 "--json" => json = true,
                 "--trace" => options.trace = true,
                 "-h" | "--help" => return Err(String::new()),
@@ -193,6 +195,10 @@ fn main() -> ExitCode {
     {
         eprintln!("sim: --broken {} needs --volume-ops", options.broken.name());
         std::process::exit(2);
+    }
+    if options.broken == Broken::SnapshotSharesLive && !options.snapshots {
+        eprintln!("sim: --broken snapshot-shares-live needs --snapshots");
+        return ExitCode::from(2);
     }
     if options.broken == Broken::NoIntentionLog && !options.volume_ops {
         eprintln!("sim: --broken no-intention-log needs --volume-ops");

@@ -3,7 +3,7 @@
 //! against it sector by sector; judgements that depend on whether an acknowledged write was
 //! lost in a way the contract allows are kept as suspicions and settled at the end of the run.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 
 use proto::{BlockExtent, Epoch, Sequence};
 
@@ -17,11 +17,23 @@ pub enum OpKind {
     Read,
     Flush,
     BlockStatus,
+    /// A snapshot's record (`Op::Snapshot`, its id the request's): in the ordered stream like
+    /// a write, but it changes no sector.
+    Snapshot,
+    /// A snapshot's deletion record (`Op::SnapshotDelete`).
+    SnapshotDelete,
+    /// A read of a snapshot (which one: the world keeps it).
+    SnapshotRead,
 }
 
 impl OpKind {
     pub fn write_like(self) -> bool {
         matches!(self, OpKind::Write | OpKind::Trim | OpKind::Zero)
+    }
+
+    /// Sequenced in the volume's stream: written, or a snapshot's record.
+    pub fn sequenced(self) -> bool {
+        self.write_like() || matches!(self, OpKind::Snapshot | OpKind::SnapshotDelete)
     }
 }
 
@@ -79,10 +91,16 @@ pub struct Model {
     /// Per volume, write-like requests not answered yet.
     unanswered: Vec<BTreeSet<u64>>,
     suspicions: Vec<Suspicion>,
+    /// Snapshot reads to judge at the end, once lost writes are known: (read, snapshot, what
+    /// each sector held).
+    snapshot_reads: Vec<(u64, u64, Vec<SectorValue>)>,
+    /// What each sector of a snapshot read first: (snapshot, sector) → value.
+    snapshot_seen: HashMap<(u64, u64), SectorValue>,
     step: u64,
     pub violations: Vec<String>,
     pub reads_checked: u64,
     pub sectors_checked: u64,
+    pub snapshot_reads_checked: u64,
 }
 
 impl Model {
@@ -370,6 +388,94 @@ impl Model {
         if let Some(&first) = self.unanswered[op.volume].first() {
             if first < request && self.op(first).instance == op.instance {
                 self.violation(format!("flush #{request} answered before the earlier write #{first}"));
+            }
+        }
+    }
+
+    /// A read of snapshot `snapshot` (a `Snapshot` request, acknowledged) returned `data`.
+    /// A snapshot never changes: every sector must read as it read the first time. What it
+    /// holds is judged at the end ([`Model::settle_snapshots`]).
+    pub fn check_snapshot_read(&mut self, request: u64, snapshot: u64, data: &[u8]) {
+        self.snapshot_reads_checked += 1;
+        let read = self.op(request).clone();
+        assert_eq!(data.len() as u64, read.sectors * SECTOR_BYTES, "the core answers with the asked length");
+        let mut values = Vec::with_capacity(read.sectors as usize);
+        for i in 0..read.sectors {
+            let sector = read.first_sector + i;
+            let buf = &data[(i * SECTOR_BYTES) as usize..((i + 1) * SECTOR_BYTES) as usize];
+            self.sectors_checked += 1;
+            let value = decode_sector(buf, read.volume as u32, sector);
+            if let SectorValue::Garbage(why) = &value {
+                self.violation(format!(
+                    "snapshot read #{request} of snapshot #{snapshot} returned garbage at volume {} sector {sector}: {why}",
+                    read.volume
+                ));
+            }
+            match self.snapshot_seen.get(&(snapshot, sector)) {
+                Some(first) if *first != value => self.violation(format!(
+                    "snapshot #{snapshot} changed: volume {} sector {sector} read as {first:?} before, as {value:?} by read #{request}",
+                    read.volume
+                )),
+                Some(_) => {}
+                None => {
+                    self.snapshot_seen.insert((snapshot, sector), value.clone());
+                }
+            }
+            values.push(value);
+        }
+        self.snapshot_reads.push((request, snapshot, values));
+    }
+
+    /// Judge every snapshot read now that lost writes are known. A sector of snapshot `s`
+    /// holds what the volume held when `s`'s record was applied: the newest write-like
+    /// request on it ordered before `s` that is in the history. That is at least the newest
+    /// such request acknowledged and not lost (or put at risk the way the contract allows:
+    /// `at_risk_allowed`), never one ordered after `s`; zeroes only if nothing is that, or a
+    /// trim or write-zeroes is.
+    pub fn settle_snapshots(&mut self, at_risk_allowed: bool) {
+        for (request, snapshot, values) in std::mem::take(&mut self.snapshot_reads) {
+            let read = self.op(request).clone();
+            if self.op(snapshot).seq.is_none() {
+                self.violation(format!("snapshot #{snapshot} was acknowledged but never sent to an element"));
+                continue;
+            }
+            let taken = self.order(snapshot);
+            for (i, value) in values.iter().enumerate() {
+                let sector = read.first_sector + i as u64;
+                let before: Vec<u64> = self.sector_ops[read.volume][sector as usize]
+                    .iter()
+                    .copied()
+                    .filter(|&id| self.op(id).seq.is_some() && self.order(id) < taken)
+                    .filter(|&id| self.op(id).outcome != Outcome::ReadOnly)
+                    .collect();
+                let in_history = |op: &OpRec| op.outcome == Outcome::Ok && !op.lost && !(at_risk_allowed && op.at_risk);
+                let floor =
+                    before.iter().copied().filter(|&id| in_history(self.op(id))).max_by_key(|&id| self.order(id));
+                let ok = match value {
+                    SectorValue::Garbage(_) => true, // Told at once.
+                    SectorValue::Data(id) => {
+                        let id = *id;
+                        id as usize <= self.ops.len() && before.contains(&id) && self.op(id).kind == OpKind::Write && {
+                            floor.is_none_or(|f| self.order(id) >= self.order(f))
+                        }
+                    }
+                    SectorValue::Zero => {
+                        floor.is_none()
+                            || before.iter().any(|&id| {
+                                matches!(self.op(id).kind, OpKind::Trim | OpKind::Zero)
+                                    && floor.is_none_or(|f| self.order(id) >= self.order(f))
+                            })
+                    }
+                };
+                if !ok {
+                    let newest = floor.map_or("nothing".to_string(), |f| format!("write #{f} ({:?})", self.op(f).seq));
+                    self.violation(format!(
+                        "snapshot #{snapshot} ({:?}) read by #{request}: volume {} sector {sector} holds {value:?}, but the newest write-like request before the snapshot is {newest}",
+                        self.op(snapshot).seq,
+                        read.volume,
+                    ));
+                    break;
+                }
             }
         }
     }

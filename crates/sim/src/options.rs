@@ -205,6 +205,9 @@ pub enum Broken {
     /// holds it to the group's promise (every element's copy of the group is a prefix of one
     /// order).
     SplitGroup,
+    /// With `--snapshots`: an element's snapshot preserves nothing and reads its live volume
+    /// (no copy before write): a snapshot changes with every later write.
+    SnapshotSharesLive,
 }
 
 impl Broken {
@@ -224,6 +227,7 @@ impl Broken {
             "forget-resizes" => Some(Broken::ForgetResizes),
             "stale-catalog" => Some(Broken::StaleCatalog),
             "shrink-keeps-tail" => Some(Broken::ShrinkKeepsTail),
+            "snapshot-shares-live" => Some(Broken::SnapshotSharesLive),
             _ => None,
         }
     }
@@ -243,6 +247,7 @@ impl Broken {
             Broken::ForgetResizes => "forget-resizes",
             Broken::StaleCatalog => "stale-catalog",
             Broken::ShrinkKeepsTail => "shrink-keeps-tail",
+            Broken::SnapshotSharesLive => "snapshot-shares-live",
         }
     }
 }
@@ -270,6 +275,9 @@ pub struct SimOptions {
     /// Volumes are created while running (`starfish volume create`: the real catalog and
     /// intention log over the catalog's storage volume), among the faults.
     pub volume_ops: bool,
+    /// Hosts take snapshots of the configured volumes (records in their ordered streams),
+    /// read them and delete them, among the faults.
+    pub snapshots: bool,
     /// Print every event to stderr.
     pub trace: bool,
 }
@@ -288,6 +296,7 @@ impl SimOptions {
             ack: Vec::new(),
             groups: false,
             volume_ops: false,
+            snapshots: false,
             trace: false,
         }
     }
@@ -323,6 +332,9 @@ impl SimOptions {
         }
         if self.volume_ops {
             cmd.push_str(" --volume-ops");
+        }
+        if self.snapshots {
+            cmd.push_str(" --snapshots");
         }
         cmd.push_str(" --trace");
         cmd

@@ -65,6 +65,11 @@ pub struct RunReport {
     pub volumes_resized: u64,
     /// Volumes shrunk while running, acknowledged (their tails zeroed).
     pub volumes_shrunk: u64,
+    /// Snapshots taken and acknowledged, deleted and acknowledged, and snapshot reads judged
+    /// (`--snapshots`).
+    pub snapshots_taken: u64,
+    pub snapshots_deleted: u64,
+    pub snapshot_reads_checked: u64,
     pub sim_ms: u64,
     pub events: u64,
     pub digest: u64,
@@ -108,6 +113,9 @@ pub struct Summary {
     pub volumes_resized: u64,
     /// Volumes shrunk while running, acknowledged (their tails zeroed).
     pub volumes_shrunk: u64,
+    pub snapshots_taken: u64,
+    pub snapshots_deleted: u64,
+    pub snapshot_reads_checked: u64,
     pub sim_ms: u64,
     pub events: u64,
     /// (seed, first violation, count, replay command)
@@ -148,6 +156,9 @@ impl Summary {
         self.volumes_deleted += r.volumes_deleted;
         self.volumes_resized += r.volumes_resized;
         self.volumes_shrunk += r.volumes_shrunk;
+        self.snapshots_taken += r.snapshots_taken;
+        self.snapshots_deleted += r.snapshots_deleted;
+        self.snapshot_reads_checked += r.snapshot_reads_checked;
         self.sim_ms += r.sim_ms;
         self.events += r.events;
         if !r.violations.is_empty() {
@@ -211,6 +222,13 @@ impl Summary {
             let _ = writeln!(s, "volumes grown while running and acknowledged: {}", self.volumes_resized);
             let _ = writeln!(s, "volumes shrunk while running and acknowledged: {}", self.volumes_shrunk);
         }
+        if self.snapshots_taken > 0 {
+            let _ = writeln!(
+                s,
+                "snapshots taken and acknowledged: {}, deleted: {}, snapshot reads judged: {}",
+                self.snapshots_taken, self.snapshots_deleted, self.snapshot_reads_checked
+            );
+        }
         if self.group_states_checked > 0 {
             let _ = writeln!(
                 s,
@@ -244,8 +262,8 @@ impl Summary {
         s.push_str("},");
         let _ = write!(
             s,
-            "\"requests\":{},\"writes_acked\":{},\"reads_checked\":{},\"host_element_starts\":{},\"elements_needing_recovery\":{},\"unsynced_records_lost\":{},\"torn_records\":{},\"records_applied_behind_another_volume\":{},\"simulated_seconds\":{:.3},\"events\":{},\"past_deadline_ms_max\":{},\"group_states_checked\":{},\"volumes_created\":{},\"volumes_deleted\":{},\"volumes_resized\":{},\"volumes_shrunk\":{},",
-            self.requests, self.writes_acked, self.reads_checked, self.host_starts, self.elements_needing_recovery, self.unsynced_records_lost, self.torn_records, self.records_applied_behind_another_volume, self.sim_ms as f64 / 1000.0, self.events, self.past_deadline_ms_max, self.group_states_checked, self.volumes_created, self.volumes_deleted, self.volumes_resized, self.volumes_shrunk
+            "\"requests\":{},\"writes_acked\":{},\"reads_checked\":{},\"host_element_starts\":{},\"elements_needing_recovery\":{},\"unsynced_records_lost\":{},\"torn_records\":{},\"records_applied_behind_another_volume\":{},\"simulated_seconds\":{:.3},\"events\":{},\"past_deadline_ms_max\":{},\"group_states_checked\":{},\"volumes_created\":{},\"volumes_deleted\":{},\"volumes_resized\":{},\"volumes_shrunk\":{},\"snapshots_taken\":{},\"snapshots_deleted\":{},\"snapshot_reads_checked\":{},",
+            self.requests, self.writes_acked, self.reads_checked, self.host_starts, self.elements_needing_recovery, self.unsynced_records_lost, self.torn_records, self.records_applied_behind_another_volume, self.sim_ms as f64 / 1000.0, self.events, self.past_deadline_ms_max, self.group_states_checked, self.volumes_created, self.volumes_deleted, self.volumes_resized, self.volumes_shrunk, self.snapshots_taken, self.snapshots_deleted, self.snapshot_reads_checked
         );
         s.push_str("\"failures\":[");
         let failures: Vec<String> = self

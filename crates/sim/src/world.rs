@@ -359,6 +359,19 @@ enum Internal {
     CheckResize { name: String, size_bytes: u64 },
 }
 
+/// A snapshot a host asked for (`--snapshots`).
+#[derive(Clone, Debug)]
+struct SimSnapshot {
+    /// Its request (and the snapshot's id).
+    id: u64,
+    /// The hosts' volume it was taken of (a consistency group's member: of its group).
+    volume: usize,
+    /// Acknowledged: it may be read.
+    acked: bool,
+    /// Its deletion was asked for: it is read no more.
+    deleting: bool,
+}
+
 /// A volume created while running (`--volume-ops`).
 #[derive(Clone, Debug)]
 struct Created {
@@ -487,6 +500,10 @@ pub struct World {
     /// host element instance, what), and which of the hosts' volumes the current host
     /// element serves.
     created: Vec<Created>,
+    /// `--snapshots`: the snapshots asked for (their ids are their requests'), and which
+    /// snapshot each snapshot read reads.
+    snapshots: Vec<SimSnapshot>,
+    snapshot_reads: HashMap<u64, u64>,
     internal: HashMap<u64, (u32, Internal)>,
     next_internal: u64,
     served: Vec<bool>,
@@ -623,6 +640,8 @@ impl World {
             group_acks: HashMap::new(),
             group_checked: vec![Vec::new(); n],
             created: Vec::new(),
+            snapshots: Vec::new(),
+            snapshot_reads: HashMap::new(),
             internal: HashMap::new(),
             next_internal: INTERNAL_TOKENS,
             served: vec![true; volume_count],
@@ -1858,6 +1877,11 @@ impl World {
                 continue;
             }
             for v in 0..self.host_volumes() {
+                // A removed volume (a placeholder): what the elements still hold of it is
+                // going, whatever its history (a copy of it may have been cut short).
+                if host.core.config().volumes[v].size_bytes == 0 {
+                    continue;
+                }
                 let (Some(a), Some(b)) = (self.element_vol(element, v), self.element_vol(other, v)) else {
                     continue;
                 };
@@ -1926,15 +1950,19 @@ impl World {
             Op::Write { .. } => OpKind::Write,
             Op::Trim { .. } => OpKind::Trim,
             Op::WriteZeroes { .. } => OpKind::Zero,
-            Op::Snapshot { .. } | Op::SnapshotDelete { .. } => {
-                return self.violation(format!("volume {v} sequence {} is a snapshot's record", record.sequence))
+            Op::Snapshot { .. } => OpKind::Snapshot,
+            Op::SnapshotDelete { .. } => OpKind::SnapshotDelete,
+        };
+        // A snapshot's record names its snapshot, not a range.
+        let same_range = match record.op {
+            Op::Snapshot { id: taken } => taken == id,
+            Op::SnapshotDelete { .. } => true,
+            _ => {
+                (base + op.first_sector) * SECTOR_BYTES == record.op.offset_bytes()
+                    && op.sectors * SECTOR_BYTES == record.op.length_bytes()
             }
         };
-        if op.kind != kind
-            || storage != v
-            || (base + op.first_sector) * SECTOR_BYTES != record.op.offset_bytes()
-            || op.sectors * SECTOR_BYTES != record.op.length_bytes()
-        {
+        if op.kind != kind || storage != v || !same_range {
             let message = format!(
                 "volume {v} sequence {} carries {:?} but request #{id} is {:?}",
                 record.sequence, kind, op.kind
@@ -2028,6 +2056,20 @@ impl World {
                 self.judge_diverged_read(id, &op, data)
             }
             (OpKind::Read, Reply::Read(Ok(data))) => self.model.check_read(id, data),
+            (OpKind::SnapshotRead, Reply::Read(Ok(data))) => {
+                let snapshot = self.snapshot_reads[&id];
+                self.model.check_snapshot_read(id, snapshot, data);
+            }
+            (OpKind::Snapshot, Reply::Done(Ok(()))) => {
+                if op.seq.is_none() {
+                    self.violation(format!("snapshot #{id} acknowledged but never sent to an element"));
+                }
+                for s in self.snapshots.iter_mut().filter(|s| s.id == id) {
+                    s.acked = true;
+                }
+                self.report.snapshots_taken += 1;
+            }
+            (OpKind::SnapshotDelete, Reply::Done(Ok(()))) => self.report.snapshots_deleted += 1,
             (OpKind::BlockStatus, Reply::BlockStatus(Ok(extents))) => self.model.check_block_status(id, extents),
             (OpKind::Flush, Reply::Done(Ok(()))) => {
                 self.model.check_flush(id);
@@ -2136,6 +2178,9 @@ impl World {
         } else {
             self.rng_work.below(self.sc.volumes as u64) as usize
         };
+        if self.o.snapshots && volume < self.sc.volumes && self.rng_work.chance(0.08) {
+            return self.snapshot_request(instance, volume, client);
+        }
         let kind = match self.rng_work.below(100) {
             0..=41 => OpKind::Write,
             42..=46 => OpKind::Trim,
@@ -2173,6 +2218,9 @@ impl World {
                 }
             }
             OpKind::BlockStatus => r.range(8, 1024),
+            OpKind::Snapshot | OpKind::SnapshotDelete | OpKind::SnapshotRead => {
+                unreachable!("snapshot requests are drawn by snapshot_request")
+            }
         };
         let span = if count > span { total } else { span };
         count = count.min(total);
@@ -2221,9 +2269,81 @@ impl World {
             OpKind::Read => host.core.handle_host_read(now, token, vid, offset_bytes, length_bytes as u32),
             OpKind::Flush => host.core.handle_host_flush(now, token, vid),
             OpKind::BlockStatus => host.core.handle_host_block_status(now, token, vid, offset_bytes, length_bytes),
+            OpKind::Snapshot | OpKind::SnapshotDelete | OpKind::SnapshotRead => {
+                unreachable!("snapshot requests go through submit_snapshot")
+            }
         }
         self.drain();
         id
+    }
+
+    /// A host's snapshot request on `volume` (`--snapshots`): take one (at most four readable
+    /// per volume), delete the oldest, or read a range of one.
+    fn snapshot_request(&mut self, instance: u32, volume: usize, client: usize) {
+        let readable: Vec<usize> = (0..self.snapshots.len())
+            .filter(|&k| self.snapshots[k].volume == volume && self.snapshots[k].acked && !self.snapshots[k].deleting)
+            .collect();
+        let r = self.rng_work.below(100);
+        let (kind, target) = match readable.first() {
+            None => (OpKind::Snapshot, None),
+            Some(_) if r < 20 && readable.len() < 4 => (OpKind::Snapshot, None),
+            Some(&oldest) if r < 30 || readable.len() >= 4 && r < 40 => (OpKind::SnapshotDelete, Some(oldest)),
+            Some(_) => (OpKind::SnapshotRead, Some(readable[self.rng_work.below(readable.len() as u64) as usize])),
+        };
+        let (first, sectors) = match kind {
+            OpKind::SnapshotRead => self.pick_range(OpKind::Read, volume),
+            _ => (0, 0),
+        };
+        self.with_host(instance, |w| {
+            w.submit_snapshot(kind, volume, first, sectors, target, client);
+        });
+    }
+
+    /// Hand a snapshot request to the core, as the shell's catalog task and NBD server do: a
+    /// snapshot's record (or its deletion's) as a write of the storage volume, a snapshot read
+    /// naming the snapshot and the sequence of its record.
+    fn submit_snapshot(
+        &mut self,
+        kind: OpKind,
+        volume: usize,
+        first: u64,
+        sectors: u64,
+        target: Option<usize>,
+        client: usize,
+    ) {
+        let now = self.now;
+        let instance = self.host.as_ref().expect("requests need a host element").instance;
+        let id = self.model.submit(kind, volume, first, sectors, instance);
+        self.clients[client] = Some(id);
+        self.trace(|| format!("request #{id} {kind:?} volume {volume} sectors {first}+{sectors} of {target:?}"));
+        let (storage, base) = self.place(volume);
+        let (token, vid) = (Token(id), VolumeId(storage as u32));
+        match kind {
+            OpKind::Snapshot => {
+                self.snapshots.push(SimSnapshot { id, volume, acked: false, deleting: false });
+                let host = self.host.as_mut().expect("checked");
+                host.unsequenced[storage].push_back(id);
+                host.core.handle_host_write(now, token, vid, Op::Snapshot { id });
+            }
+            OpKind::SnapshotDelete => {
+                let snapshot = &mut self.snapshots[target.expect("a snapshot to delete")];
+                snapshot.deleting = true;
+                let of = snapshot.id;
+                let host = self.host.as_mut().expect("checked");
+                host.unsequenced[storage].push_back(id);
+                host.core.handle_host_write(now, token, vid, Op::SnapshotDelete { id: of });
+            }
+            _ => {
+                let of = self.snapshots[target.expect("a snapshot to read")].id;
+                let (_, taken_at) = self.model.op(of).seq.expect("an acknowledged snapshot was sequenced");
+                self.snapshot_reads.insert(id, of);
+                let reference = proto::SnapshotRef { id: of, taken_at };
+                let (offset_bytes, length_bytes) = ((base + first) * SECTOR_BYTES, (sectors * SECTOR_BYTES) as u32);
+                let host = self.host.as_mut().expect("checked");
+                host.core.handle_host_snapshot_read(now, token, vid, reference, offset_bytes, length_bytes);
+            }
+        }
+        self.drain();
     }
 
     // ----- faults -------------------------------------------------------------------------------
@@ -2819,7 +2939,7 @@ impl World {
             let mut orphans = Vec::new();
             for (e, element) in self.elements.iter().enumerate() {
                 let in_sync = status.elements[e].state == "in-sync";
-                for v in element.storage.vols.iter().filter(|v| !v.removed) {
+                for v in element.storage.vols.iter().filter(|v| !v.removed && v.snapshot_of.is_none()) {
                     let pending = placeholders.contains(&v.name.as_str()) && !in_sync;
                     if v.name.contains('#') && !served.contains(&v.name.as_str()) && !pending {
                         orphans.push(format!("e{e} holds {}", v.name));
@@ -2889,8 +3009,42 @@ impl World {
             }
         }
         self.check_replicas();
+        self.check_snapshot_replicas();
         self.check_only_host_elements_wrote();
         self.model.settle(2 * self.o.quorum <= self.o.elements);
+        self.model.settle_snapshots(2 * self.o.quorum <= self.o.elements);
+        self.report.snapshot_reads_checked = self.model.snapshot_reads_checked;
+    }
+
+    /// Every in-sync element that holds a snapshot acknowledged and not deleted holds the same
+    /// copy of it (an element that went through a full recovery holds none: not carried yet).
+    fn check_snapshot_replicas(&mut self) {
+        let Some(host) = &self.host else { return };
+        let status = host.core.status(self.now);
+        let in_sync: Vec<usize> = (0..self.elements.len()).filter(|&e| status.elements[e].state == "in-sync").collect();
+        let mut differing = Vec::new();
+        for s in self.snapshots.iter().filter(|s| s.acked && !s.deleting) {
+            let storage = &self.export_storage[s.volume];
+            let copies: Vec<(usize, &[u8])> = in_sync
+                .iter()
+                .filter_map(|&e| {
+                    let vols = &self.elements[e].storage.vols;
+                    let parent =
+                        vols.iter().position(|v| &v.name == storage && !v.removed && v.snapshot_of.is_none())?;
+                    let at = self.elements[e].storage.snapshot_index(parent, s.id)?;
+                    Some((e, &vols[at].data[..]))
+                })
+                .collect();
+            if let Some((e, _)) = copies.iter().skip(1).find(|(_, data)| *data != copies[0].1) {
+                differing.push(format!(
+                    "in-sync elements e{} and e{e} hold different copies of snapshot #{}",
+                    copies[0].0, s.id
+                ));
+            }
+        }
+        for message in differing {
+            self.violation(message);
+        }
     }
 
     /// Only host elements set epochs and write: no element follows an epoch newer than the

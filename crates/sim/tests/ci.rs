@@ -456,3 +456,29 @@ fn a_shrink_zeroes_its_tail_and_one_that_keeps_it_is_caught() {
     eprintln!("--broken shrink-keeps-tail: caught seeds {caught:?} of 14000..14080");
     assert!(caught.len() >= 2, "a shrink that keeps its tail must be caught, got {caught:?}");
 }
+
+/// Snapshots (issue 15) are records in the ordered stream: every element takes one between
+/// the same two writes, an element that catches up takes it in its replay, and a snapshot never
+/// changes after it was taken. The checker holds each snapshot read to the volume as it was at
+/// the snapshot's record, and every later read of a sector to the first; a snapshot that
+/// preserves nothing (it reads its live volume) must be caught.
+#[test]
+fn a_snapshot_never_changes_and_one_that_shares_its_live_volume_is_caught() {
+    let mut o = SimOptions::new(0, 3, 2);
+    o.snapshots = true;
+    let reports = run_many(&o, 15000, 40, 2);
+    let failed: Vec<String> = reports
+        .iter()
+        .filter(|r| !r.violations.is_empty())
+        .map(|r| format!("{}: {}", r.seed, r.violations[0]))
+        .collect();
+    assert!(failed.is_empty(), "correct code, seeds 15000..15040: {failed:?}");
+    let (taken, judged): (u64, u64) =
+        reports.iter().fold((0, 0), |(t, j), r| (t + r.snapshots_taken, j + r.snapshot_reads_checked));
+    assert!(taken >= 100 && judged >= 100, "the runs take and read snapshots: {taken} taken, {judged} reads judged");
+    o.broken = Broken::SnapshotSharesLive;
+    let reports = run_many(&o, 15000, 40, 2);
+    let caught: Vec<u64> = reports.iter().filter(|r| !r.violations.is_empty()).map(|r| r.seed).collect();
+    eprintln!("--broken snapshot-shares-live: caught seeds {caught:?} of 15000..15040");
+    assert!(caught.len() >= 20, "a snapshot that shares its live volume must be caught, got {caught:?}");
+}
