@@ -11,12 +11,20 @@
 //!
 //! Rows: `op` (create, grow, shrink, delete), `policy`, `offered_ops_s`, `ops`,
 //! `achieved_ops_s`, `latency_mean_ms`, `latency_p50_ms`, `latency_p99_ms`, `failed`.
+//!
+//! Part 2, what snapshots cost the writes of their volume: on a fresh cluster (`group`), a
+//! volume created while running and filled with 1 MiB writes; then, with 0, 1 and 8 snapshots
+//! (the newest taken just before), 4 KiB random writes at QD1 for a while (the first write to a
+//! block after the newest snapshot copies the block first), then 1 MiB sequential writes over
+//! the whole volume (every block not copied yet is). Rows: `op` `snapshot-cost`, `snapshots`,
+//! `rw` (randwrite-4k, write-1m), `iops`, `latency_mean_ms`, `throughput_mb_s`.
 
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
 
 use super::cluster::{admin_request, Cluster, ClusterSpec, Site};
+use super::fio::{self, Job};
 use super::{cell, new_row, number, set_number, text_table, Bench, Mode, Row};
 
 const POLICIES: [&str; 3] = ["none", "single", "group"];
@@ -76,7 +84,120 @@ pub fn run(bench: &Bench) -> Result<Vec<Row>> {
             }
         }
     }
+    rows.extend(snapshot_cost(bench)?);
     Ok(rows)
+}
+
+/// Snapshot counts part 2 measures, in this order (snapshots are only added).
+const SNAPSHOT_COUNTS: [u32; 3] = [0, 1, 8];
+
+/// Part 2 (see the module's documentation).
+fn snapshot_cost(bench: &Bench) -> Result<Vec<Row>> {
+    let (volume_bytes, runtime_s): (u64, u64) = match bench.mode {
+        Mode::Quick => (32 << 20, 2),
+        Mode::Default => (256 << 20, 8),
+        Mode::Full => (1 << 30, 15),
+    };
+    let spec = ClusterSpec {
+        sites: vec![Site::new("local", 0.0, None), Site::new("near", 0.0, None), Site::new("far", 0.0, None)],
+        quorum: 2,
+        volume_bytes: 64 << 20,
+        read_cache_bytes: Some(0),
+        tls: false,
+        host_extra: vec!["--intention-log".into(), "group".into()],
+    };
+    bench.progress("snapshots: starting a cluster");
+    let mut cluster = Cluster::start(&bench.bin, &bench.work, &spec)?;
+    let admin = cluster.admin();
+    admin_request(admin, "POST", &format!("/volumes/create?name=snapbench&size={volume_bytes}"), ADMIN_TIMEOUT)?;
+    let uri = cluster.uri().replace("/vol0", "/snapbench");
+    let sequential = Job {
+        rw: "write",
+        block_bytes: 1 << 20,
+        jobs: 1,
+        range_bytes: volume_bytes,
+        ios_per_job: Some(volume_bytes >> 20),
+        runtime_s: 300,
+        ramp_s: 0,
+        iodepth: 1,
+    };
+    let random = Job {
+        rw: "randwrite",
+        block_bytes: 4096,
+        jobs: 1,
+        range_bytes: volume_bytes,
+        ios_per_job: None,
+        runtime_s,
+        ramp_s: 0,
+        iodepth: 1,
+    };
+    bench.progress(&format!("snapshots: filling a {} MiB volume", volume_bytes >> 20));
+    fio::run(&uri, &sequential, cluster.scratch())?;
+    // Once unmeasured, so that the first measured run does not pay for the fill's writeback.
+    fio::run(&uri, &random, cluster.scratch())?;
+    let mut rows = Vec::new();
+    let mut taken = 0;
+    for count in SNAPSHOT_COUNTS {
+        while taken < count {
+            let path = format!("/snapshots/create?volume=snapbench&name=s{taken}");
+            admin_request(admin, "POST", &path, ADMIN_TIMEOUT)?;
+            taken += 1;
+        }
+        for (rw, job) in [("randwrite-4k", &random), ("write-1m", &sequential)] {
+            bench.progress(&format!("snapshots: {count} snapshot(s), {rw}"));
+            let figures = fio::run(&uri, job, cluster.scratch())?;
+            cluster.check_alive()?;
+            let mut row = new_row("volume-ops", "group");
+            row.insert("quorum".into(), 2.into());
+            row.insert("elements".into(), 3.into());
+            row.insert("op".into(), "snapshot-cost".into());
+            row.insert("snapshots".into(), count.into());
+            row.insert("rw".into(), rw.into());
+            row.insert("volume_bytes".into(), volume_bytes.into());
+            set_number(&mut row, "iops", figures.throughput_mb_s * 1e6 / job.block_bytes as f64);
+            set_number(&mut row, "latency_mean_ms", figures.latency_ms);
+            set_number(&mut row, "throughput_mb_s", figures.throughput_mb_s);
+            rows.push(row);
+        }
+    }
+    Ok(rows)
+}
+
+/// Part 2's table.
+fn snapshot_text(rows: &[&Row]) -> String {
+    let table: Vec<Vec<String>> = rows
+        .iter()
+        .map(|r| {
+            vec![
+                cell(r, "snapshots", 0),
+                r.get("rw").and_then(|v| v.as_str()).unwrap_or("?").to_string(),
+                cell(r, "iops", 0),
+                cell(r, "latency_mean_ms", 3),
+                cell(r, "throughput_mb_s", 1),
+            ]
+        })
+        .collect();
+    let at = |count: f64, rw: &str, key: &str| {
+        rows.iter()
+            .find(|r| number(r, "snapshots") == Some(count) && r.get("rw").and_then(|v| v.as_str()) == Some(rw))
+            .and_then(|r| number(r, key))
+    };
+    let mut notes = vec![
+        "a volume created while running, filled; the newest snapshot is taken just before each pair of runs: 4 KiB random writes at QD1 (the first write to a block after it copies the block first), then 1 MiB sequential writes over the whole volume (every block not copied yet is). Three elements on this disk, Q=2.".to_string(),
+    ];
+    for count in [1.0, 8.0] {
+        for (rw, key) in [("randwrite-4k", "iops"), ("write-1m", "throughput_mb_s")] {
+            if let (Some(none), Some(with)) = (at(0.0, rw, key), at(count, rw, key)) {
+                notes.push(format!("{rw} with {count:.0} snapshot(s): {:.2}x the {key} without", with / none));
+            }
+        }
+    }
+    text_table(
+        "Writes to a volume with snapshots (issue 15, part 2)",
+        &["snapshots", "writes", "IOPS", "mean ms", "MB/s"],
+        &table,
+        &notes,
+    )
 }
 
 /// `ops` operations (`create`, or `delete` of the volumes `create` made at this load) at
@@ -124,6 +245,18 @@ fn offer(cluster: &Cluster, op: &str, policy: &str, load: u32, ops: usize) -> Re
 }
 
 pub fn text(rows: &[Row]) -> String {
+    let (cost, rows): (Vec<&Row>, Vec<&Row>) =
+        rows.iter().partition(|r| r.get("op").and_then(|v| v.as_str()) == Some("snapshot-cost"));
+    let mut out = operations_text(&rows);
+    if !cost.is_empty() {
+        out.push('\n');
+        out.push_str(&snapshot_text(&cost));
+    }
+    out
+}
+
+/// Part 1's table.
+fn operations_text(rows: &[&Row]) -> String {
     let table: Vec<Vec<String>> = rows
         .iter()
         .map(|r| {

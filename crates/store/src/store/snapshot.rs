@@ -173,10 +173,7 @@ impl Store {
                 .collect()
         };
         for chunk in wanted.chunks(PRESERVE_RECORD_BLOCKS_MAX as usize) {
-            let mut contents = Vec::with_capacity(chunk.len());
-            for &block in chunk {
-                contents.push(base_content(&volumes[live], live, block, accepted)?);
-            }
+            let mut contents = current_blocks(&volumes[live], live, chunk, accepted)?;
             // Runs of consecutive blocks that all hold data, or are all holes: one record each.
             let mut k = 0;
             while k < chunk.len() {
@@ -189,8 +186,7 @@ impl Store {
                 let change = if hole {
                     Change::Zero { head: None, whole: first_block..first_block + n as u64, tail: None }
                 } else {
-                    let pieces: Vec<Bytes> = contents[k..k + n].iter_mut().map(|c| c.take().expect("data")).collect();
-                    let crcs = pieces.iter().map(|p| crc32c::crc32c(p)).collect();
+                    let (pieces, crcs) = contents[k..k + n].iter_mut().map(|c| c.take().expect("data")).unzip();
                     preserving.bytes += n as u64 * BLOCK_BYTES;
                     Change::Blocks { first_block, pieces, crcs }
                 };
@@ -591,6 +587,42 @@ impl Store {
         }
         Ok(())
     }
+}
+
+/// The current content of `blocks` (ascending) of volume `volumes[i]` as of the records
+/// `accepted` so far, each with its checksum (`None`: a hole). Blocks no accepted record
+/// touches and that lie close together are read with one read, checked against the block map.
+#[allow(clippy::type_complexity)]
+fn current_blocks(
+    volume: &Volume,
+    i: usize,
+    blocks: &[u64],
+    accepted: &[(usize, LogRecord)],
+) -> Result<Vec<Option<(Bytes, u32)>>, StoreError> {
+    let (Some(&first), Some(&last)) = (blocks.first(), blocks.last()) else { return Ok(Vec::new()) };
+    let span = first..last + 1;
+    let touched = accepted.iter().any(|(v, r)| {
+        *v == i && r.blocks_changed().is_some_and(|changed| changed.start < span.end && span.start < changed.end)
+    });
+    if touched || span.end - span.start > PRESERVE_RECORD_BLOCKS_MAX {
+        return blocks
+            .iter()
+            .map(|&b| Ok(base_content(volume, i, b, accepted)?.map(|c| (c.clone(), crc32c::crc32c(&c)))))
+            .collect();
+    }
+    let state = volume.live_state()?;
+    let mut buffer = BytesMut::zeroed(((span.end - span.start) * BLOCK_BYTES) as usize);
+    volume.read_blocks(&state.map, span.start, &mut buffer)?;
+    let buffer = buffer.freeze();
+    Ok(blocks
+        .iter()
+        .map(|&b| {
+            state.map.is_allocated(b).then(|| {
+                let at = ((b - span.start) * BLOCK_BYTES) as usize;
+                (buffer.slice(at..at + BLOCK_BYTES as usize), state.map.crc(b))
+            })
+        })
+        .collect())
 }
 
 /// Runs of consecutive blocks in an ascending list.
