@@ -16,7 +16,12 @@ fn option(out: &mut Vec<u8>, option: u32, data: &[u8]) {
 
 fuzz_target!(|data: &[u8]| {
     let Some((&config, headers)) = data.split_first() else { return };
-    let exports = vec![ExportInfo { name: "vol0".into(), size_bytes: (1 << 30) + 512, description: String::new(), read_only: false }];
+    let exports = vec![ExportInfo {
+        name: "vol0".into(),
+        size_bytes: (1 << 30) + 512,
+        description: String::new(),
+        read_only: false,
+    }];
     let mut handshake = Handshake::new(HandshakeConfig { multi_conn: true, tls: false });
     let mut input = Vec::new();
     put_u32(&mut input, 3);

@@ -2036,18 +2036,29 @@ impl LogRecord {
 /// A volume whose block map is damaged: a fresh, empty map (every block a hole at sequence 0;
 /// the log replays the records after the checkpoint onto it), and a pending repair, whose full
 /// recovery fetches every block the source holds. The volume's applied sequence and log stay.
-fn repair_block_map(dir: &Path, volume: &str, error: &StoreError) -> Result<(), StoreError> {
+///
+/// A snapshot's damaged block map cannot be rebuilt (nothing copies a snapshot from a peer):
+/// the snapshot leaves the metadata (its files go at the next open). Returns whether it was a
+/// snapshot.
+fn repair_block_map(dir: &Path, volume: &str, error: &StoreError) -> Result<bool, StoreError> {
     let mut meta = Meta::read(dir)?.ok_or_else(|| StoreError::Failed { reason: "no metadata".into() })?;
     let Some(entry) = meta.volumes.iter_mut().find(|v| v.name == volume) else {
         return Err(StoreError::Failed { reason: format!("volume {volume} is not in the metadata ({error})") });
     };
+    if entry.snapshot_of.is_some() {
+        let number = entry.number;
+        meta.volumes.retain(|v| v.number != number);
+        meta.write(dir)?;
+        return Ok(true);
+    }
     MapFile::create(&map_path(dir, entry.number), volume, entry.number, entry.size_bytes)?;
     entry.map_digest = ChunkImages::for_blocks(entry.size_bytes / BLOCK_BYTES).digest();
     let number = entry.number;
     meta.write(dir)?;
     let state =
         CopyState { epoch: Epoch(0), base: Sequence::ZERO, base_epoch: Epoch(0), cursor_block: 0, verify: true };
-    copy::save(dir, number, &state)
+    copy::save(dir, number, &state)?;
+    Ok(false)
 }
 
 /// What `Store::repair` did.
@@ -2076,8 +2087,15 @@ impl Store {
             let error = match Store::open(dir, options) {
                 Ok(store) => {
                     if truncated {
-                        for (name, size_bytes) in store.volumes() {
+                        // Size 0: a snapshot (dropped with its volume's repair below).
+                        for (name, size_bytes) in store.volumes().into_iter().filter(|(_, size)| *size > 0) {
                             let handle = store.ensure_volume(&name, size_bytes)?;
+                            // Its snapshots may have lost preserving records with the log:
+                            // they go (the repair's full copy would drop them anyway).
+                            let dropped = store.drop_snapshots(handle)?;
+                            if dropped > 0 {
+                                report.actions.push(format!("removed the {dropped} snapshot(s) of volume {name}"));
+                            }
                             store.mark_for_repair(handle, 0)?;
                             if !report.volumes_to_repair.contains(&name) {
                                 report.volumes_to_repair.push(name);
@@ -2092,9 +2110,12 @@ impl Store {
             };
             if let StoreError::CorruptBlockMap { volume, .. } = &error {
                 let volume = volume.clone();
-                repair_block_map(dir, &volume, &error)?;
-                report.actions.push(format!("rebuilt the block map of volume {volume} as empty: {error}"));
-                report.volumes_to_repair.push(volume);
+                if repair_block_map(dir, &volume, &error)? {
+                    report.actions.push(format!("removed snapshot {volume}, whose block map is damaged: {error}"));
+                } else {
+                    report.actions.push(format!("rebuilt the block map of volume {volume} as empty: {error}"));
+                    report.volumes_to_repair.push(volume);
+                }
                 continue;
             }
             let StoreError::CorruptLog { path, offset, .. } = &error else {

@@ -532,6 +532,20 @@ impl Store {
         Ok(())
     }
 
+    /// Remove every snapshot of live volume `parent` durably, at once (no older snapshot takes
+    /// anything over: they all go): `Store::repair` does, for a volume that lost records.
+    /// Returns how many.
+    pub fn drop_snapshots(&self, parent: VolumeHandle) -> Result<usize, StoreError> {
+        let mut committer = self.lock_committer()?;
+        let volume = self.volume_at(parent);
+        let dropped = self.discard_snapshots_locked(&mut committer, &volume);
+        let dropped = self.guard(dropped)?;
+        drop(committer);
+        let removed = self.remove_snapshot_files(&dropped);
+        self.guard(removed)?;
+        Ok(dropped.len())
+    }
+
     /// Remove every snapshot of live volume `parent` from the metadata (one change) and forget
     /// them; the caller removes their files ([`Store::remove_snapshot_files`]) once it lets go
     /// of the commit lock.

@@ -386,3 +386,47 @@ fn a_snapshot_deleted_by_a_record_is_gone_even_if_a_crash_cut_its_deletion_short
     f.check();
     assert_eq!(fs::read_dir(&volumes).expect("list").count(), 4, "the deleted snapshot's files are gone");
 }
+
+#[test]
+fn repair_removes_snapshots_it_cannot_vouch_for() {
+    // A damaged snapshot's block map: the snapshot goes, its volume stays whole.
+    let mut f = Fixture::new("snapshot-map-damage", 64 * BLOCK_BYTES, StoreOptions::default());
+    f.commit(&[write_op(0, 65536, 1)]);
+    take(&mut f, 1);
+    f.commit(&[write_op(0, 8192, 2)]);
+    f.store().checkpoint().expect("checkpoint");
+    let number = f.store().snapshot(f.volume, 1).expect("taken").number();
+    f.close();
+    let map = f.dir.0.join(format!("volumes/{number}.map"));
+    let mut bytes = fs::read(&map).expect("read map");
+    bytes[4096 + 16] ^= 1;
+    fs::write(&map, &bytes).expect("write map");
+    assert!(matches!(Store::open(&f.dir.0, f.options).err(), Some(StoreError::CorruptBlockMap { .. })));
+    let report = Store::repair(&f.dir.0, f.options).expect("repair");
+    assert!(report.volumes_to_repair.is_empty() && report.actions[0].contains("removed snapshot"), "{report:?}");
+    f.reopen();
+    f.check();
+    assert!(f.store().snapshots(f.volume).is_empty());
+    assert_eq!(fs::read_dir(f.dir.0.join("volumes")).expect("list").count(), 2, "its files are gone");
+
+    // A log truncated by repair may have lost preserving records: the volume's snapshots go.
+    let mut f = Fixture::new("snapshot-log-damage", 64 * BLOCK_BYTES, StoreOptions::default());
+    f.commit(&[write_op(0, 65536, 1)]);
+    take(&mut f, 1);
+    f.commit(&[write_op(0, 8192, 2)]);
+    let segment = f.live_segment();
+    let start = log_end(&segment);
+    f.commit(&[write_op(16384, 8192, 3)]);
+    f.close();
+    let mut damaged = fs::read(&segment).expect("read segment");
+    damaged[start as usize + 200] ^= 0x08;
+    fs::write(&segment, &damaged).expect("write segment");
+    assert!(Store::open(&f.dir.0, f.options).is_err(), "the damage refuses to open");
+    let report = Store::repair(&f.dir.0, f.options).expect("repair");
+    assert_eq!(report.volumes_to_repair, vec!["vol".to_string()], "{report:?}");
+    assert!(report.actions.iter().any(|a| a.contains("removed the 1 snapshot(s) of volume vol")), "{report:?}");
+    f.applied -= 1;
+    f.reopen();
+    assert!(f.store().snapshots(f.volume).is_empty());
+    assert!(f.store().copy_state(f.volume).is_some_and(|s| s.is_pending_repair()));
+}
