@@ -227,3 +227,41 @@ def test_a_host_element_killed_at_each_step_finishes_the_snapshot_operation(make
         held = {int(v["name"].rsplit("@", 1)[1]) for v in element.verify()["volumes"]
                 if v["name"].startswith(storage + "@")}
         assert held == ids, f"element {element.name} holds snapshots {held}, the catalog lists {ids}"
+
+
+def test_a_wiped_element_gets_the_snapshots_back_by_full_recovery(make_cluster, workdir):
+    """A replaced disk: far comes back with nothing, and neither the write queue nor a peer's
+    replay log reaches back to its start: a full recovery rebuilds it, and copies the volume's
+    snapshots too (each whole); its copies end identical to the others'."""
+    cluster = make_cluster(start=False, host_extra=["--write-queue", "40MiB"])
+    for element in cluster.elements.values():
+        element.process.args += ["--replay-log", "32MiB"]
+    cluster.start()
+    doc = create(cluster, "kept", "64MiB")
+    storage = doc["storage_volume"]
+    run(["qemu-io", "-f", "raw", "-c", "write -P 0x51 0 40M", cluster.uri("kept")])
+    before = copy_of(cluster, "kept", os.path.join(workdir, "before.raw"))
+    one = take(cluster, "kept", "one")
+    run(["qemu-io", "-f", "raw", "-c", "write -P 0x52 2M 4M", "-c", "discard 12M 2M", cluster.uri("kept")])
+    two = take(cluster, "kept", "two")
+    # Past every replay log and the write queue.
+    run(["qemu-io", "-f", "raw", "-c", "write -P 0x53 0 48M", cluster.uri("kept")])
+    cluster.kill_element("far")
+    data = cluster.elements["far"].data
+    harness.shutil.rmtree(data)
+    os.makedirs(data)
+    cluster.restart_element("far")
+
+    def far_rebuilt(status):
+        far = next(e for e in status["elements"] if e["name"] == "far")
+        return far["state"] == "in-sync" and (far.get("last_recovery") or {}).get("kind") == "full"
+
+    cluster.wait_status(far_rebuilt, 90, "far back in sync by full recovery")
+    # The elements' own copies (stopped): far's, copied, equal to the others'.
+    assert_snapshot_identical_everywhere(cluster, storage, one["id"])
+    copies = snapshot_copies(cluster, storage, two["id"])
+    assert all(copies.values()) and len({c["digest"] for c in copies.values()}) == 1, copies
+    for element in cluster.elements.values():
+        element.start()
+    cluster.start_host()
+    assert same_as(cluster, "kept@one", before)

@@ -81,6 +81,9 @@ pub struct VolumeCopy {
     pub allocated: Vec<bool>,
     pub history: Vec<Epoch>,
     pub changed: Vec<Sequence>,
+    /// Its snapshots (all taken at or before the copy's point): id, the sequence of its
+    /// record, content and allocation.
+    pub snapshots: Vec<(u64, Sequence, Vec<u8>, Vec<bool>)>,
 }
 
 /// Written, not yet synced.
@@ -414,22 +417,46 @@ impl MemStorage {
             return Err(format!("peer could not send blocks: block {b} fails its checksum"));
         }
         let v = &self.vols[vi];
+        let snapshots = self
+            .vols
+            .iter()
+            .filter(|s| !s.removed)
+            .filter_map(|s| {
+                let (parent, id, taken_at) = s.snapshot_of?;
+                (parent == vi).then(|| (id, taken_at, s.data.clone(), s.allocated.clone()))
+            })
+            .collect();
         Ok(VolumeCopy {
             data: v.data.clone(),
             allocated: v.allocated.clone(),
             history: v.history.clone(),
             changed: v.changed.clone(),
+            snapshots,
         })
     }
 
     /// Install a copy durably; the volume's replay log (its pre-copy history) is dropped, and
-    /// so are its snapshots (as the store: a full recovery does not carry them).
+    /// its snapshots are replaced by the copy's (as the store's full recovery does).
     pub fn install_copy(&mut self, vi: usize, copy: VolumeCopy) {
         let snapshots: Vec<usize> = (0..self.vols.len())
             .filter(|&si| !self.vols[si].removed && self.vols[si].snapshot_of.is_some_and(|(p, _, _)| p == vi))
             .collect();
         for si in snapshots {
             self.drop_volume(si);
+        }
+        for (id, taken_at, data, allocated) in copy.snapshots {
+            let blocks = allocated.len();
+            self.vols.push(Volume {
+                name: format!("{}@{id}", self.vols[vi].name),
+                data,
+                allocated,
+                history: Vec::new(),
+                changed: vec![Sequence::ZERO; blocks],
+                log: VecDeque::new(),
+                log_bytes: 0,
+                removed: false,
+                snapshot_of: Some((vi, id, taken_at)),
+            });
         }
         let v = &mut self.vols[vi];
         v.data = copy.data;

@@ -114,17 +114,21 @@ fn read_reply(
 /// read of a snapshot reads the snapshot storage holds, or fails if it holds none.
 pub fn serve(storage: &impl ElementStorage, volume: LocalVolume, request: HostMessage) -> ElementMessage {
     let snapshot = match &request {
-        HostMessage::Read { snapshot: Some(s), .. } | HostMessage::BlockStatus { snapshot: Some(s), .. } => Some(*s),
+        HostMessage::Read { snapshot: Some(s), .. } | HostMessage::BlockStatus { snapshot: Some(s), .. } => Some(s.id),
+        HostMessage::FetchBlocks { snapshot: Some(id), .. } => Some(*id),
         _ => None,
     };
     let (volume, missing) = match snapshot {
         None => (volume, None),
-        Some(s) => match storage.snapshot(volume, s.id) {
+        Some(id) => match storage.snapshot(volume, id) {
             Some(local) => (local, None),
-            None => (volume, Some(format!("this element holds no snapshot {} of the volume", s.id))),
+            None => (volume, Some(format!("this element holds no snapshot {id} of the volume"))),
         },
     };
     match (request, missing) {
+        (HostMessage::FetchBlocks { request_id, .. }, Some(reason)) => {
+            ElementMessage::Blocks { request_id, result: Err(reason) }
+        }
         (HostMessage::Read { request_id, .. }, Some(reason)) => ElementMessage::ReadReply {
             request_id,
             applied_sequence: storage.info(volume).applied,

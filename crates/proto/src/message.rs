@@ -18,7 +18,10 @@ const EXTENTS_MAX: usize = 1 << 20;
 /// Blocks one `FetchBlocks` may ask about (and one `Blocks` reply may carry): 16 MiB of data,
 /// so that a reply with its per-block headers always fits one frame.
 pub const COPY_CHUNK_BLOCKS_MAX: usize = (PAYLOAD_BYTES_MAX as u64 / BLOCK_BYTES / 2) as usize;
-const _: () = assert!(COPY_CHUNK_BLOCKS_MAX as u64 * (BLOCK_BYTES + 32) + 64 <= FRAME_BODY_BYTES_MAX as u64);
+const _: () = assert!(
+    COPY_CHUNK_BLOCKS_MAX as u64 * (BLOCK_BYTES + 32) + 64 + SNAPSHOTS_PER_CHUNK_MAX as u64 * 24
+        <= FRAME_BODY_BYTES_MAX as u64
+);
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum DecodeError {
@@ -174,11 +177,27 @@ pub struct BlockCopy {
 /// The answer to one `FetchBlocks`: the blocks that differ, read at one moment of the source.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct BlockChunk {
-    /// The source's applied sequence (and its record's epoch) when it read the chunk.
+    /// The source's applied sequence (and its record's epoch) when it read the chunk (of a
+    /// snapshot's blocks: the sequence it was taken at, epoch 0).
     pub applied: Sequence,
     pub applied_epoch: Epoch,
     pub blocks: Vec<BlockCopy>,
+    /// Of a volume's blocks: the volume's snapshots the source holds (a full recovery copies
+    /// those taken at or before its base).
+    pub snapshots: Vec<SnapshotSummary>,
 }
+
+/// A snapshot a full recovery's source holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SnapshotSummary {
+    pub id: u64,
+    /// The volume's sequence of its record.
+    pub taken_at: Sequence,
+    pub size_bytes: u64,
+}
+
+/// Snapshots one `Blocks` reply lists at most.
+pub const SNAPSHOTS_PER_CHUNK_MAX: usize = 4096;
 
 /// A read's data with the crc32c of each of its pieces ([`crate::pieces`]): for a whole block,
 /// the checksum the element stored with it, which the host element checks before the host
@@ -284,6 +303,9 @@ pub enum HostMessage {
         first_block: u64,
         min_applied: Sequence,
         have: Vec<BlockSummary>,
+        /// The blocks of this snapshot of the volume (its content as read through), not of
+        /// the volume.
+        snapshot: Option<u64>,
     },
     /// Scrub: read the `count` blocks of `volume` from `first_block` on (at most
     /// [`SCRUB_CHUNK_BLOCKS_MAX`]), check each against its stored checksum, and answer their
@@ -945,7 +967,7 @@ impl Body for HostMessage {
                 put_bytes(out, source.as_bytes());
                 out.put_u64_le(*rate_bytes_per_s);
             }
-            HostMessage::FetchBlocks { request_id, volume, first_block, min_applied, have } => {
+            HostMessage::FetchBlocks { request_id, volume, first_block, min_applied, have, snapshot } => {
                 out.put_u8(HOST_FETCH_BLOCKS);
                 out.put_u64_le(*request_id);
                 out.put_u32_le(volume.0);
@@ -953,6 +975,13 @@ impl Body for HostMessage {
                 out.put_u64_le(min_applied.0);
                 assert!(have.len() <= COPY_CHUNK_BLOCKS_MAX, "a fetch asks about at most COPY_CHUNK_BLOCKS_MAX blocks");
                 put_summaries(out, have);
+                match snapshot {
+                    None => out.put_u8(0),
+                    Some(id) => {
+                        out.put_u8(1);
+                        out.put_u64_le(*id);
+                    }
+                }
             }
             HostMessage::Scrub { request_id, volume, first_block, count, min_applied } => {
                 out.put_u8(HOST_SCRUB);
@@ -1026,7 +1055,12 @@ impl Body for HostMessage {
                 let first_block = r.u64("fetch blocks first block")?;
                 let min_applied = Sequence(r.u64("fetch blocks min applied")?);
                 let have = r.summaries("fetch blocks count", COPY_CHUNK_BLOCKS_MAX)?;
-                HostMessage::FetchBlocks { request_id, volume, first_block, min_applied, have }
+                let snapshot = match r.u8("fetch blocks snapshot flag")? {
+                    0 => None,
+                    1 => Some(r.u64("fetch blocks snapshot id")?),
+                    flag => return Err(DecodeError::OutOfBounds { what: "snapshot flag", value: flag as u64 }),
+                };
+                HostMessage::FetchBlocks { request_id, volume, first_block, min_applied, have, snapshot }
             }
             HOST_SCRUB => {
                 let request_id = r.u64("scrub request id")?;
@@ -1272,6 +1306,13 @@ impl Body for ElementMessage {
                                 None => out.put_u8(0),
                             }
                         }
+                        assert!(chunk.snapshots.len() <= SNAPSHOTS_PER_CHUNK_MAX, "a store holds fewer snapshots");
+                        out.put_u32_le(chunk.snapshots.len() as u32);
+                        for s in &chunk.snapshots {
+                            out.put_u64_le(s.id);
+                            out.put_u64_le(s.taken_at.0);
+                            out.put_u64_le(s.size_bytes);
+                        }
                     }
                     Err(reason) => {
                         out.put_u8(RESULT_ERR);
@@ -1445,7 +1486,16 @@ impl Body for ElementMessage {
                             };
                             blocks.push(BlockCopy { block, sequence, content });
                         }
-                        Ok(BlockChunk { applied, applied_epoch, blocks })
+                        let n = r.count("snapshot count", SNAPSHOTS_PER_CHUNK_MAX)?;
+                        let mut snapshots = Vec::with_capacity(n.min(64));
+                        for _ in 0..n {
+                            snapshots.push(SnapshotSummary {
+                                id: r.u64("snapshot id")?,
+                                taken_at: Sequence(r.u64("snapshot taken at")?),
+                                size_bytes: r.u64("snapshot size")?,
+                            });
+                        }
+                        Ok(BlockChunk { applied, applied_epoch, blocks, snapshots })
                     }
                     RESULT_ERR => Err(r.string("blocks error", REASON_BYTES_MAX)?),
                     tag => return Err(DecodeError::UnknownTag(tag)),
@@ -1635,6 +1685,15 @@ mod tests {
                 BlockSummary { sequence: Sequence(3), crc: 0xdead_beef, allocated: true },
                 BlockSummary { sequence: Sequence(0), crc: 0, allocated: false },
             ],
+            snapshot: None,
+        });
+        round_trip(HostMessage::FetchBlocks {
+            request_id: 9,
+            volume: VolumeId(0),
+            first_block: 0,
+            min_applied: Sequence(3),
+            have: vec![],
+            snapshot: Some(12),
         });
         round_trip(HostMessage::Scrub {
             request_id: 4,
@@ -1683,6 +1742,7 @@ mod tests {
                     BlockCopy { block: 7, sequence: Sequence(39), content: Some(Bytes::from(vec![3u8; 4096])) },
                     BlockCopy { block: 9, sequence: Sequence(12), content: None },
                 ],
+                snapshots: vec![SnapshotSummary { id: 4, taken_at: Sequence(30), size_bytes: 1 << 20 }],
             }),
         });
         round_trip(ElementMessage::Blocks { request_id: 5, result: Err("not in sync".into()) });

@@ -128,6 +128,7 @@ async fn copy(
                 first_block: next_request,
                 min_applied,
                 have,
+                snapshot: None,
             };
             send_frame(&mut stream, &request).await?;
             in_flight.insert(request_id, (next_request, count));
@@ -192,8 +193,86 @@ async fn copy(
             }
         }
     }
+    // The source's snapshots taken at or before the base: copied whole (one taken after it
+    // comes with the records after the base, one deleted after it is deleted by them).
+    let base = base.map_or(Sequence::ZERO, |(b, _)| b);
+    request_id += 1;
+    let list = HostMessage::FetchBlocks {
+        request_id,
+        volume: VolumeId(0),
+        first_block: blocks,
+        min_applied: base,
+        have: Vec::new(),
+        snapshot: None,
+    };
+    send_frame(&mut stream, &list).await?;
+    let listed = receive_chunk(&mut stream, &mut buf, request_id).await?.snapshots;
+    for snapshot in listed.into_iter().filter(|s| s.taken_at <= base) {
+        copied_bytes += copy_snapshot(job, store, &mut stream, &mut buf, &mut request_id, snapshot).await?;
+    }
     let (s, h) = (store.clone(), job.handle);
     // Its checkpoint makes the installed blocks durable before the copy state goes.
     let base = blocking(move || s.finish_copy(h)).await?;
     Ok((base, copied_bytes))
+}
+
+/// The answer to request `request_id` (pings skipped).
+async fn receive_chunk(
+    stream: &mut crate::tls::Stream,
+    buf: &mut bytes::BytesMut,
+    request_id: u64,
+) -> Result<BlockChunk, String> {
+    loop {
+        match recv_frame::<ElementMessage>(stream, buf).await? {
+            ElementMessage::Blocks { request_id: id, result } if id == request_id => {
+                return result.map_err(|e| format!("peer could not send blocks: {e}"))
+            }
+            ElementMessage::Pong { .. } => continue,
+            other => return Err(format!("peer answered {other:?} to a block fetch")),
+        }
+    }
+}
+
+/// Copy one snapshot of the source whole (see `Store::begin_snapshot_copy`), a chunk at a
+/// time; the bytes of content it brought.
+async fn copy_snapshot(
+    job: &CopyJob,
+    store: &Arc<Store>,
+    stream: &mut crate::tls::Stream,
+    buf: &mut bytes::BytesMut,
+    request_id: &mut u64,
+    snapshot: proto::SnapshotSummary,
+) -> Result<u64, String> {
+    let (s, h) = (store.clone(), job.handle);
+    let (id, taken_at, size_bytes) = (snapshot.id, snapshot.taken_at, snapshot.size_bytes);
+    let handle = blocking(move || s.begin_snapshot_copy(h, id, taken_at, size_bytes)).await?;
+    let blocks = size_bytes / BLOCK_BYTES;
+    let mut copied = 0;
+    let mut first = 0;
+    while first < blocks {
+        let count = (blocks - first).min(proto::COPY_CHUNK_BLOCKS_MAX as u64);
+        let have = store.block_summaries(handle, first, count).map_err(|e| e.to_string())?;
+        *request_id += 1;
+        let fetch = HostMessage::FetchBlocks {
+            request_id: *request_id,
+            volume: VolumeId(0),
+            first_block: first,
+            min_applied: taken_at,
+            have,
+            snapshot: Some(id),
+        };
+        send_frame(stream, &fetch).await?;
+        let chunk = receive_chunk(stream, buf, *request_id).await?;
+        if let Some(block) = chunk.blocks.iter().find(|b| b.block < first || b.block >= first + count) {
+            return Err(format!("peer sent block {} of snapshot {id} for the chunk at {first}", block.block));
+        }
+        copied += chunk.blocks.iter().filter(|b| b.content.is_some()).count() as u64 * BLOCK_BYTES;
+        let s = store.clone();
+        blocking(move || s.install_blocks(handle, &chunk.blocks)).await?;
+        first += count;
+    }
+    let s = store.clone();
+    blocking(move || s.finish_snapshot_copy(handle)).await?;
+    tracing::info!(volume = %job.spec.name, snapshot = id, %taken_at, copied, "full recovery: snapshot copied");
+    Ok(copied)
 }

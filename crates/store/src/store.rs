@@ -313,22 +313,33 @@ impl Store {
             }
         }
 
-        // Snapshots whose record the crash lost (never taken), and snapshots whose deletion's
-        // record was logged but not the metadata after it.
+        // Snapshots whose record the crash lost (never taken), snapshots whose deletion's
+        // record was logged but not the metadata after it, and snapshots a full recovery had
+        // not finished copying (it copies them again).
+        // (A snapshot of a volume whose full recovery has not finished is removed too: its
+        // volume's applied sequence is behind it until then; the copy brings it again.)
         let untaken = snapshot::untaken(&volumes);
-        let mut gone: Vec<u32> = untaken.clone();
+        let copying: Vec<u32> =
+            volumes.iter().filter(|v| v.snapshot_of.is_some() && lock(&v.copy).is_some()).map(|v| v.number).collect();
+        let mut gone: Vec<u32> = untaken.iter().chain(&copying).copied().collect();
         gone.extend(volumes.iter().filter_map(|v| {
             let of = v.snapshot_of?;
             deleted_snapshots.contains(&(of.parent, of.id)).then_some(v.number)
         }));
+        gone.sort_unstable();
+        gone.dedup();
         if !gone.is_empty() {
             meta.volumes.retain(|v| !gone.contains(&v.number));
             meta.write(dir)?;
             for number in &gone {
                 let k = volumes.iter().position(|v| v.number == *number).expect("listed");
-                match untaken.contains(number) {
-                    true => tracing::warn!(snapshot = %volumes[k].name, "snapshot whose record a crash lost: removed"),
-                    false => tracing::info!(snapshot = %volumes[k].name, "deletion of a snapshot finished"),
+                let name = &volumes[k].name;
+                if copying.contains(number) || lock(&volumes[k].copy).is_some() {
+                    tracing::info!(snapshot = %name, "snapshot a full recovery had not finished copying: removed");
+                } else if untaken.contains(number) {
+                    tracing::warn!(snapshot = %name, "snapshot whose record a crash lost (or of a volume being copied): removed");
+                } else {
+                    tracing::info!(snapshot = %name, "deletion of a snapshot finished");
                 }
                 remove_volume_files(dir, *number, Some(&volumes[k]))?;
                 volumes.remove(k);

@@ -1530,9 +1530,33 @@ fn copy_pass(
         }
     }
     target.save_copy_cursor(t, cursor).expect("cursor");
+    copy_snapshots(source, s, target, t, base);
     let adopted = target.finish_copy(t).expect("finish");
     assert_eq!(adopted, base);
     true
+}
+
+/// A copy pass's last step, as the element's: the source's snapshots taken at or before the
+/// base, copied whole.
+fn copy_snapshots(source: &Store, s: VolumeHandle, target: &Store, t: VolumeHandle, base: Sequence) {
+    let end = VOLUME / BLOCK_BYTES;
+    let listed = source.copy_chunk(s, end, &[]).expect("the list").snapshots;
+    for snapshot in listed.into_iter().filter(|x| x.taken_at <= base) {
+        let from = source.snapshot(s, snapshot.id).expect("listed");
+        let h = target.begin_snapshot_copy(t, snapshot.id, snapshot.taken_at, snapshot.size_bytes).expect("begin");
+        let blocks = snapshot.size_bytes / BLOCK_BYTES;
+        let mut first = 0;
+        while first < blocks {
+            let count = (blocks - first).min(300);
+            let have = target.block_summaries(h, first, count).expect("summaries");
+            let reply = source.copy_chunk(from, first, &have).expect("snapshot chunk");
+            assert_eq!(reply.applied, snapshot.taken_at);
+            target.install_blocks(h, &reply.blocks).expect("install");
+            first += count;
+        }
+        assert!(target.snapshot(t, snapshot.id).is_none(), "hidden until it is copied whole");
+        target.finish_snapshot_copy(h).expect("finish");
+    }
 }
 
 /// Replay the source's records after the target's applied sequence into the target.

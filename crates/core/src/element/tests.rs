@@ -725,6 +725,7 @@ fn a_copy_source_waits_for_the_sequence_asked() {
         first_block: 0,
         min_applied: Sequence(min),
         have: vec![],
+        snapshot: None,
     };
     h.host(2, fetch(1, 1));
     h.host(2, fetch(2, 5));
@@ -1040,6 +1041,7 @@ fn a_sessions_role_bounds_what_it_may_ask() {
         first_block: 0,
         min_applied: Sequence(0),
         have: Vec::new(),
+        snapshot: None,
     };
     h.host(4, fetch.clone());
     assert!(refused(&mut h, 4));

@@ -237,7 +237,9 @@ impl Store {
     ) -> Result<BlockChunk, StoreError> {
         self.refuse_if_copying(volume)?;
         let v = self.volume_at(volume);
-        self.refuse_snapshot(&v, "a full recovery copies its live volume")?;
+        if v.snapshot_of.is_some() {
+            return self.snapshot_copy_chunk(&v, first, have);
+        }
         if have.len() > COPY_CHUNK_BLOCKS_MAX {
             return Err(StoreError::PayloadTooLarge {
                 volume: v.name.clone(),
@@ -246,6 +248,7 @@ impl Store {
         }
         v.check_range(first * BLOCK_BYTES, have.len() as u64 * BLOCK_BYTES)?;
         let state = v.live_state()?;
+        let (applied, applied_epoch) = (state.applied, state.applied_epoch);
         let map = &state.map;
         let differs = |i: usize| {
             let b = first + i as u64;
@@ -288,7 +291,13 @@ impl Store {
             }
             i = end;
         }
-        Ok(BlockChunk { applied: state.applied, applied_epoch: state.applied_epoch, blocks })
+        drop(state);
+        let snapshots = self
+            .snapshots(volume)
+            .into_iter()
+            .map(|s| proto::SnapshotSummary { id: s.id, taken_at: s.taken_at, size_bytes: s.size_bytes })
+            .collect();
+        Ok(BlockChunk { applied, applied_epoch, blocks, snapshots })
     }
 
     /// Target side: start (or restart) a copy pass under the host element epoch `epoch`. An
@@ -297,8 +306,8 @@ impl Store {
     /// installed blocks after a crash. Returns the state to go on from.
     ///
     /// The copy installs blocks without preserving them, so the volume's snapshots here could
-    /// no longer be read through it: they are removed, with a warning. (A full recovery does
-    /// not carry snapshots yet.)
+    /// no longer be read through it: they are removed. The copy then brings the source's
+    /// (`begin_snapshot_copy`).
     pub fn begin_copy(&self, volume: VolumeHandle, epoch: Epoch) -> Result<CopyState, StoreError> {
         self.volume_at(volume).check_range(0, 0)?;
         self.refuse_snapshot(&self.volume_at(volume), "a full recovery copies its live volume")?;
@@ -323,7 +332,7 @@ impl Store {
             *lock(&v.copy) = Some(state);
             drop(committer);
             for snapshot in &snapshots {
-                tracing::warn!(volume = %v.name, snapshot = %snapshot.name, "a full recovery does not keep snapshots: removed");
+                tracing::info!(volume = %v.name, snapshot = %snapshot.name, "full recovery: snapshot removed (the copy brings the source's)");
             }
             let result = self.remove_snapshot_files(&snapshots);
             self.guard(result)?;

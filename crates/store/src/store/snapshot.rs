@@ -25,9 +25,12 @@ use std::ops::Range;
 use std::sync::{atomic::Ordering, Arc, MutexGuard, RwLockReadGuard};
 
 use bytes::{Bytes, BytesMut};
-use proto::{BlockExtent, ReadData, Sequence, BLOCK_BYTES, PAYLOAD_BYTES_MAX};
+use proto::{
+    BlockChunk, BlockCopy, BlockExtent, BlockSummary, Epoch, ReadData, Sequence, BLOCK_BYTES, COPY_CHUNK_BLOCKS_MAX,
+    PAYLOAD_BYTES_MAX,
+};
 
-use super::{base_content, remove_volume_files, Committer, Store};
+use super::{base_content, copy, lock, remove_volume_files, Committer, Store, VOLUMES_DIR};
 use crate::{
     block_map::zero_block_crc,
     log::{Change, Geometry, Kind, LogRecord},
@@ -36,6 +39,11 @@ use crate::{
     StoreError, VolumeDigest, VolumeHandle, BLOCK_STATUS_EXTENTS_MAX, LOG_BATCH_BYTES_MAX, SCAN_BUFFER_BYTES,
     VOLUME_NAME_BYTES_MAX,
 };
+use crate::{error::io_error, sys};
+
+/// The sequence of every block of a snapshot a full recovery copied (and its own applied
+/// sequence then): above 0, so that it owns them all.
+const COPIED_SEQUENCE: Sequence = Sequence(1);
 
 /// Most blocks one preserving record carries (a largest write's worth).
 const PRESERVE_RECORD_BLOCKS_MAX: u64 = PAYLOAD_BYTES_MAX as u64 / BLOCK_BYTES;
@@ -223,14 +231,15 @@ impl Store {
         self.snapshots(parent).into_iter().find(|s| s.id == id).map(|s| s.handle)
     }
 
-    /// The snapshots of live volume `parent`, oldest first.
+    /// The snapshots of live volume `parent`, oldest first (not one a full recovery is still
+    /// copying).
     pub fn snapshots(&self, parent: VolumeHandle) -> Vec<SnapshotInfo> {
         let volumes = self.volumes.read().expect("volume list lock");
         let number = volumes[parent.index()].number;
         let mut snapshots: Vec<SnapshotInfo> = volumes
             .iter()
             .enumerate()
-            .filter(|(_, v)| !v.is_removed())
+            .filter(|(_, v)| !v.is_removed() && lock(&v.copy).is_none())
             .filter_map(|(i, v)| {
                 let of = v.snapshot_of.filter(|of| of.parent == number)?;
                 Some(SnapshotInfo {
@@ -343,6 +352,112 @@ impl Store {
             )
             .collect();
         Ok((taken_at, ReadData { data, crcs }))
+    }
+
+    /// Source side of a full recovery, for a snapshot: its blocks from `first` (its content as
+    /// read through its chain) whose allocation or checksum differ from `have`, with the
+    /// sequence it was taken at. A snapshot never changes, so any moment will do.
+    pub(super) fn snapshot_copy_chunk(
+        &self,
+        snap: &Arc<Volume>,
+        first: u64,
+        have: &[BlockSummary],
+    ) -> Result<BlockChunk, StoreError> {
+        let taken_at = snap.snapshot_of.expect("a snapshot").taken_at;
+        let count = have.len() as u64;
+        if have.len() > COPY_CHUNK_BLOCKS_MAX {
+            return Err(StoreError::PayloadTooLarge { volume: snap.name.clone(), length_bytes: count * BLOCK_BYTES });
+        }
+        snap.check_range(first * BLOCK_BYTES, count * BLOCK_BYTES)?;
+        let mut buffer = vec![0u8; (count * BLOCK_BYTES) as usize];
+        let entries = self.read_snapshot_blocks(snap, first, count, &mut buffer)?;
+        let buffer = Bytes::from(buffer);
+        let mut blocks = Vec::new();
+        for (i, ((allocated, crc), theirs)) in entries.iter().zip(have).enumerate() {
+            let differs = match (*allocated, theirs.allocated) {
+                (false, false) => false,
+                (true, true) => *crc != theirs.crc,
+                _ => true,
+            };
+            if differs {
+                let at = i * BLOCK_BYTES as usize;
+                let content = allocated.then(|| buffer.slice(at..at + BLOCK_BYTES as usize));
+                blocks.push(BlockCopy { block: first + i as u64, sequence: COPIED_SEQUENCE, content });
+            }
+        }
+        Ok(BlockChunk { applied: taken_at, applied_epoch: Epoch(0), blocks, snapshots: Vec::new() })
+    }
+
+    /// Target side of a full recovery of live volume `parent` (copying: `begin_copy` removed
+    /// its snapshots here): a new snapshot `id`, taken at `taken_at`, to copy whole from the
+    /// source. It owns every block from the start (each a hole until its content is
+    /// installed: nothing is read through it), and is hidden, with a copy state file, until
+    /// `finish_snapshot_copy`; open removes one a crash left unfinished (the volume's copy,
+    /// resumed, copies it again).
+    pub fn begin_snapshot_copy(
+        &self,
+        parent: VolumeHandle,
+        id: u64,
+        taken_at: Sequence,
+        size_bytes: u64,
+    ) -> Result<VolumeHandle, StoreError> {
+        let mut committer = self.lock_committer()?;
+        let live = self.volume_at(parent);
+        if lock(&live.copy).is_none() {
+            return Err(StoreError::NotCopying { volume: live.name.clone() });
+        }
+        if let Some(handle) = self.any_snapshot(&live, id) {
+            return Ok(handle);
+        }
+        let name = snapshot_name(&live.name, id);
+        let invalid = |reason: String| StoreError::InvalidVolume { name: name.clone(), reason };
+        if size_bytes == 0 || size_bytes % BLOCK_BYTES != 0 || size_bytes > live.size_bytes() {
+            return Err(invalid(format!("a copied snapshot of {size_bytes} bytes does not fit its volume")));
+        }
+        self.check_room_with(&[], size_bytes).map_err(invalid)?;
+        let snapshot_of = SnapshotOf { parent: live.number, taken_at, id };
+        let handle = self.create_volume_locked(&mut committer, &name, size_bytes, Some(snapshot_of))?;
+        self.snapshot_count.fetch_add(1, Ordering::AcqRel);
+        let snap = self.volume_at(handle);
+        let state =
+            crate::CopyState { epoch: Epoch(0), base: taken_at, base_epoch: Epoch(0), cursor_block: 0, verify: false };
+        let saved = copy::save(&self.shared.dir, snap.number, &state);
+        self.guard(saved)?;
+        *lock(&snap.copy) = Some(state);
+        let blocks = snap.blocks();
+        {
+            let mut s = snap.state.write().expect("volume lock");
+            s.map.set_holes(0..blocks, COPIED_SEQUENCE);
+            s.applied = COPIED_SEQUENCE;
+        }
+        committer.dirty[handle.index()].mark_dirty(0..blocks);
+        tracing::info!(volume = %live.name, id, %taken_at, "full recovery: copying a snapshot");
+        Ok(handle)
+    }
+
+    /// Target side: the copied snapshot's blocks are installed; make them durable (a
+    /// checkpoint) and the snapshot visible.
+    pub fn finish_snapshot_copy(&self, handle: VolumeHandle) -> Result<(), StoreError> {
+        self.checkpoint()?;
+        let snap = self.volume_at(handle);
+        let path = copy::copy_path(&self.shared.dir, snap.number);
+        let result = std::fs::remove_file(&path).map_err(io_error("remove copy state", &path));
+        self.guard(result)?;
+        let volumes_dir = self.shared.dir.join(VOLUMES_DIR);
+        let result = sys::sync_dir(&volumes_dir).map_err(io_error("sync directory", &volumes_dir));
+        self.guard(result)?;
+        *lock(&snap.copy) = None;
+        tracing::info!(snapshot = %snap.name, "full recovery: snapshot copied");
+        Ok(())
+    }
+
+    /// Snapshot `id` of `live`, copied whole or not.
+    fn any_snapshot(&self, live: &Volume, id: u64) -> Option<VolumeHandle> {
+        let volumes = self.volumes.read().expect("volume list lock");
+        volumes
+            .iter()
+            .position(|v| !v.is_removed() && v.snapshot_of.is_some_and(|of| of.parent == live.number && of.id == id))
+            .map(|i| VolumeHandle(i as u32))
     }
 
     /// [`Store::block_status`] of a snapshot.

@@ -430,3 +430,79 @@ fn repair_removes_snapshots_it_cannot_vouch_for() {
     assert!(f.store().snapshots(f.volume).is_empty());
     assert!(f.store().copy_state(f.volume).is_some_and(|s| s.is_pending_repair()));
 }
+
+#[test]
+fn a_full_copy_brings_the_snapshots_taken_before_its_base_and_replay_the_rest() {
+    let options = StoreOptions { checkpoint_log_bytes: 1 << 20, replay_log_bytes: 64 << 20, ..StoreOptions::default() };
+    let dir_s = TempDir::new("snapshot-copy-source");
+    let source = Store::open(&dir_s.0, options).expect("open");
+    let s = source.ensure_volume("vol", VOLUME).expect("volume");
+    let snap = |store: &Store, v, sequence: u64, op: Op| {
+        let outcome =
+            store.commit(&[(v, Record { volume: VolumeId(0), epoch: Epoch(1), sequence: Sequence(sequence), op })]);
+        assert!(outcome.expect("commit").rejected.is_empty());
+    };
+    write_history(&source, s, 1, 200, 21, 1);
+    snap(&source, s, 201, Op::Snapshot { id: 1 });
+    write_history(&source, s, 202, 200, 22, 1);
+    snap(&source, s, 402, Op::Snapshot { id: 2 });
+    write_history(&source, s, 403, 100, 23, 1);
+    // A target holding a snapshot of its own (a diverged history's): the copy replaces it.
+    let dir_t = TempDir::new("snapshot-copy-target");
+    let target = Store::open(&dir_t.0, options).expect("open");
+    let t = target.ensure_volume("vol", VOLUME).expect("volume");
+    write_history(&target, t, 1, 50, 99, 1);
+    snap(&target, t, 51, Op::Snapshot { id: 9 });
+    assert!(copy_pass(&source, s, &target, t, 97, None));
+    let ids = |store: &Store, v| store.snapshots(v).iter().map(|x| (x.id, x.taken_at)).collect::<Vec<_>>();
+    assert_eq!(ids(&target, t), ids(&source, s));
+    let same = |id| {
+        let (a, b) = (source.snapshot(s, id).expect("source"), target.snapshot(t, id).expect("target"));
+        (source.read(a, 0, VOLUME as u32).expect("read").1, digest(&source, a))
+            == (target.read(b, 0, VOLUME as u32).expect("read").1, digest(&target, b))
+    };
+    assert!(same(1) && same(2), "the copied snapshots read as the source's");
+    // The records after the base: writes (the target's newest snapshot owns every block
+    // already), a new snapshot and a deletion, replayed.
+    write_history(&source, s, 503, 100, 24, 1);
+    snap(&source, s, 603, Op::Snapshot { id: 3 });
+    snap(&source, s, 604, Op::SnapshotDelete { id: 1 });
+    write_history(&source, s, 605, 100, 25, 1);
+    replay_into(&source, s, &target, t);
+    assert_eq!(ids(&target, t), ids(&source, s));
+    assert!(same(2) && same(3));
+    assert_eq!(digest(&target, t), digest(&source, s));
+    // And it all survives reopening.
+    drop(target);
+    let target = Store::open(&dir_t.0, options).expect("reopen");
+    let t = target.volume("vol").expect("volume");
+    assert_eq!(ids(&target, t), ids(&source, s));
+    let b = target.snapshot(t, 2).expect("kept");
+    assert_eq!(digest(&target, b), digest(&source, source.snapshot(s, 2).expect("source")));
+}
+
+#[test]
+fn a_snapshot_a_crash_left_half_copied_is_removed_at_open() {
+    let options = StoreOptions { checkpoint_log_bytes: 1 << 20, replay_log_bytes: 64 << 20, ..StoreOptions::default() };
+    let dir_s = TempDir::new("half-copy-source");
+    let source = Store::open(&dir_s.0, options).expect("open");
+    let s = source.ensure_volume("vol", VOLUME).expect("volume");
+    write_history(&source, s, 1, 100, 31, 1);
+    let r = Record { volume: VolumeId(0), epoch: Epoch(1), sequence: Sequence(101), op: Op::Snapshot { id: 4 } };
+    assert!(source.commit(&[(s, r)]).expect("commit").rejected.is_empty());
+    let dir_t = TempDir::new("half-copy-target");
+    let target = Store::open(&dir_t.0, options).expect("open");
+    let t = target.ensure_volume("vol", VOLUME).expect("volume");
+    target.begin_copy(t, Epoch(1)).expect("begin");
+    let h = target.begin_snapshot_copy(t, 4, Sequence(101), VOLUME).expect("begin the snapshot");
+    let from = source.snapshot(s, 4).expect("taken");
+    let have = target.block_summaries(h, 0, 64).expect("summaries");
+    target.install_blocks(h, &source.copy_chunk(from, 0, &have).expect("chunk").blocks).expect("install");
+    target.checkpoint().expect("durable, but not finished");
+    assert!(target.snapshots(t).is_empty(), "hidden while it is copied");
+    drop(target);
+    let target = Store::open(&dir_t.0, options).expect("reopen");
+    let t = target.volume("vol").expect("volume");
+    assert!(target.snapshots(t).is_empty() && target.volumes().len() == 1, "{:?}", target.volumes());
+    assert!(target.copy_state(t).is_some(), "the volume's copy goes on (and copies the snapshot again)");
+}
