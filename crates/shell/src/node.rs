@@ -341,46 +341,33 @@ impl Node {
 
     /// `starfish snapshot create VOLUME NAME` (see `crate::volumes`).
     pub async fn snapshot_create(&self, volume: &str, name: &str) -> Result<Value, String> {
-        let handle = self.active.lock().await.as_ref().map(|a| a.handle.clone());
-        let Some(handle) = handle else {
-            return Err("this host element is a standby: take snapshots through the active one".into());
-        };
-        let (volume, name) = (volume.to_string(), name.to_string());
-        let doc = handle
-            .volume_order(|reply| crate::volumes::VolumeOrder::SnapshotCreate {
-                volume: volume.clone(),
-                name: name.clone(),
-                reply,
-            })
-            .await;
-        match &doc {
-            Ok(_) => {
-                tracing::info!(snapshot = %format!("{volume}@{name}"), "snapshot taken (starfish snapshot create)")
-            }
-            Err(reason) => tracing::warn!(snapshot = %format!("{volume}@{name}"), "snapshot not taken: {reason}"),
-        }
-        doc
+        self.snapshot_order(volume, name, false).await
     }
 
     /// `starfish snapshot delete VOLUME@NAME` (see `crate::volumes`).
     pub async fn snapshot_delete(&self, volume: &str, name: &str) -> Result<Value, String> {
+        self.snapshot_order(volume, name, true).await
+    }
+
+    /// Hand a snapshot's creation (or, `delete`, its deletion) to the catalog task, and log
+    /// the outcome.
+    async fn snapshot_order(&self, volume: &str, name: &str, delete: bool) -> Result<Value, String> {
+        let (what, done) = if delete { ("delete", "deleted") } else { ("take", "taken") };
         let handle = self.active.lock().await.as_ref().map(|a| a.handle.clone());
         let Some(handle) = handle else {
-            return Err("this host element is a standby: delete snapshots through the active one".into());
+            return Err(format!("this host element is a standby: {what} snapshots through the active one"));
         };
         let (volume, name) = (volume.to_string(), name.to_string());
+        let snapshot = format!("{volume}@{name}");
         let doc = handle
-            .volume_order(|reply| crate::volumes::VolumeOrder::SnapshotDelete {
-                volume: volume.clone(),
-                name: name.clone(),
-                reply,
+            .volume_order(|reply| match delete {
+                true => crate::volumes::VolumeOrder::SnapshotDelete { volume, name, reply },
+                false => crate::volumes::VolumeOrder::SnapshotCreate { volume, name, reply },
             })
             .await;
         match &doc {
-            Ok(_) => {
-                tracing::info!(snapshot = %format!("{volume}@{name}"), "snapshot deleted (starfish snapshot delete)")
-            }
-            Err(reason) => tracing::warn!(snapshot = %format!("{volume}@{name}"), "snapshot not deleted: {reason}"),
+            Ok(_) => tracing::info!(%snapshot, "snapshot {done}"),
+            Err(reason) => tracing::warn!(%snapshot, "snapshot not {done}: {reason}"),
         }
         doc
     }

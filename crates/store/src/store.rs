@@ -1089,18 +1089,7 @@ impl Store {
         };
         let skip = (offset_bytes - geometry.first * BLOCK_BYTES) as usize;
         let data = buffer.freeze().slice(skip..skip + length_bytes as usize);
-        let crcs = proto::pieces::piece_ranges(offset_bytes, data.len())
-            .enumerate()
-            .map(
-                |(i, range)| {
-                    if range.len() == BLOCK_BYTES as usize {
-                        map.entries[i].1
-                    } else {
-                        crc32c::crc32c(&data[range])
-                    }
-                },
-            )
-            .collect();
+        let crcs = piece_crcs(offset_bytes, &data, |i| map.entries[i].1);
         Ok((Attempt::Done, Some((applied, ReadData { data, crcs }))))
     }
 
@@ -1860,6 +1849,16 @@ fn read_verified(
             Err(e) => return Err(e),
         }
     }
+}
+
+/// The checksums of the pieces of `data` read at `offset_bytes` ([`proto::pieces`]): a whole
+/// block's is the stored one (`block_crc` of its index in the read, which checked the data
+/// against it), a piece of a block's is computed.
+fn piece_crcs(offset_bytes: u64, data: &[u8], block_crc: impl Fn(usize) -> u32) -> Vec<u32> {
+    proto::pieces::piece_ranges(offset_bytes, data.len())
+        .enumerate()
+        .map(|(i, range)| if range.len() == BLOCK_BYTES as usize { block_crc(i) } else { crc32c::crc32c(&data[range]) })
+        .collect()
 }
 
 /// Resolve a record against the volume's current content (and the records accepted before it

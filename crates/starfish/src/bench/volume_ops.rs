@@ -43,14 +43,7 @@ pub fn run(bench: &Bench) -> Result<Vec<Row>> {
     };
     let mut rows = Vec::new();
     for policy in POLICIES {
-        let spec = ClusterSpec {
-            sites: vec![Site::new("local", 0.0, None), Site::new("near", 0.0, None), Site::new("far", 0.0, None)],
-            quorum: 2,
-            volume_bytes: 64 << 20,
-            read_cache_bytes: Some(0),
-            tls: false,
-            host_extra: vec!["--intention-log".into(), policy.into()],
-        };
+        let spec = cluster_spec(policy);
         bench.progress(&format!("intention log {policy}: starting a cluster"));
         let mut cluster = Cluster::start(&bench.bin, &bench.work, &spec)?;
         for &load in loads {
@@ -88,6 +81,18 @@ pub fn run(bench: &Bench) -> Result<Vec<Row>> {
     Ok(rows)
 }
 
+/// Three elements on this disk, quorum 2, no emulated links, the intention log `policy`.
+fn cluster_spec(policy: &str) -> ClusterSpec {
+    ClusterSpec {
+        sites: vec![Site::new("local", 0.0, None), Site::new("near", 0.0, None), Site::new("far", 0.0, None)],
+        quorum: 2,
+        volume_bytes: 64 << 20,
+        read_cache_bytes: Some(0),
+        tls: false,
+        host_extra: vec!["--intention-log".into(), policy.into()],
+    }
+}
+
 /// Snapshot counts part 2 measures, in this order (snapshots are only added).
 const SNAPSHOT_COUNTS: [u32; 3] = [0, 1, 8];
 
@@ -98,14 +103,7 @@ fn snapshot_cost(bench: &Bench) -> Result<Vec<Row>> {
         Mode::Default => (256 << 20, 8),
         Mode::Full => (1 << 30, 15),
     };
-    let spec = ClusterSpec {
-        sites: vec![Site::new("local", 0.0, None), Site::new("near", 0.0, None), Site::new("far", 0.0, None)],
-        quorum: 2,
-        volume_bytes: 64 << 20,
-        read_cache_bytes: Some(0),
-        tls: false,
-        host_extra: vec!["--intention-log".into(), "group".into()],
-    };
+    let spec = cluster_spec("group");
     bench.progress("snapshots: starting a cluster");
     let mut cluster = Cluster::start(&bench.bin, &bench.work, &spec)?;
     let admin = cluster.admin();

@@ -339,18 +339,7 @@ impl Store {
         let entries = self.read_snapshot_blocks(snap, geometry.first, count, &mut buffer)?;
         let skip = (offset_bytes - geometry.first * BLOCK_BYTES) as usize;
         let data = buffer.freeze().slice(skip..skip + length_bytes as usize);
-        let crcs = proto::pieces::piece_ranges(offset_bytes, data.len())
-            .enumerate()
-            .map(
-                |(i, range)| {
-                    if range.len() == BLOCK_BYTES as usize {
-                        entries[i].1
-                    } else {
-                        crc32c::crc32c(&data[range])
-                    }
-                },
-            )
-            .collect();
+        let crcs = super::piece_crcs(offset_bytes, &data, |i| entries[i].1);
         Ok((taken_at, ReadData { data, crcs }))
     }
 
