@@ -212,13 +212,22 @@ def test_a_host_element_killed_at_each_step_finishes_the_snapshot_operation(make
         name = f"s-{step}"
         if operation == "snapshot-create":
             abort_host_at(cluster, f"snapshot-create:{step}", lambda: take(cluster, "crashy", name, check=False))
-            listed = snapshots(cluster)
-            assert listed.get(f"crashy@{name}", {}).get("state") == "ready", f"after a crash {step}: {listed}"
+            # The new host element sends the pending snapshot's record again, then lists it.
+            harness.wait_until(lambda: snapshots(cluster).get(f"crashy@{name}", {}).get("state") == "ready", 30,
+                               f"the snapshot taken before a crash {step} to be ready")
             assert same_as(cluster, f"crashy@{name}", before), f"after a crash {step}"
         else:
             take(cluster, "crashy", name)
-            abort_host_at(cluster, f"snapshot-delete:{step}",
-                          lambda: snapshot_cmd(cluster, "delete", f"crashy@{name}", check=False))
+
+            def delete_it():
+                # The host element was just restarted: the completion of the taking (written
+                # with the next group commit) may not have reached the catalog before, and the
+                # new host element finishes it first; a deletion meanwhile is refused.
+                harness.wait_until(lambda: snapshots(cluster).get(f"crashy@{name}", {}).get("state") == "ready", 30,
+                                   "the snapshot to be ready")
+                return snapshot_cmd(cluster, "delete", f"crashy@{name}", check=False)
+
+            abort_host_at(cluster, f"snapshot-delete:{step}", delete_it)
             harness.wait_until(lambda: f"crashy@{name}" not in snapshots(cluster), 30, "the deletion's completion")
     ids = {s["id"] for s in snapshots(cluster).values()}
     cluster.wait_healthy()

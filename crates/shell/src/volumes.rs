@@ -1039,7 +1039,16 @@ impl Catalogue {
         let export = format!("{volume}@{name}");
         let storage = self.handle.exports().iter().find(|e| e.name == export && e.snapshot.is_some()).map(|e| e.volume);
         let Some(storage) = storage else {
-            let _ = reply.send(Err(format!("no snapshot {export} (see starfish snapshot list)")));
+            // Being taken (asked, or found pending by this host element at start-up): not
+            // exported until a write quorum holds it.
+            let taking = self.snapshotting.values().any(|s| !s.delete && s.snapshot.export_name() == export);
+            let reason = match taking {
+                true => format!(
+                    "snapshot {export} is being taken; delete it once that is answered (see starfish snapshot list)"
+                ),
+                false => format!("no snapshot {export} (see starfish snapshot list)"),
+            };
+            let _ = reply.send(Err(reason));
             return;
         };
         let clients = self.clients_of(&export).await;
