@@ -24,7 +24,9 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::fmt;
 
-use proto::{ElementMessage, Epoch, HostId, HostMessage, Record, Sequence, VolumeId, VolumeSpec, VolumeState};
+use proto::{
+    ElementMessage, Epoch, HostId, HostMessage, Record, Sequence, SnapshotRef, VolumeId, VolumeSpec, VolumeState,
+};
 
 use crate::limits::{
     COMMIT_BATCH_BYTES_MAX, COMMIT_BATCH_RECORDS_MAX, EPOCH_JUMP_MAX, LEASE_MS_DEFAULT, OWNER_RELEASED_ABSENT_MS,
@@ -883,32 +885,19 @@ impl ElementCore {
                 let Some(volume) = self.local(session, record.volume) else { return };
                 self.on_apply(session, session_epoch, volume, record);
             }
-            HostMessage::Read { volume: session_volume, snapshot: Some(snapshot), .. }
-            | HostMessage::BlockStatus { volume: session_volume, snapshot: Some(snapshot), .. } => {
-                // A snapshot exists here once its record is applied: wait for it if it is on
-                // its way (`serve` finds the snapshot, or answers that there is none).
-                let Some(volume) = self.local(session, session_volume) else { return };
-                if self.volumes[volume.0 as usize].applied >= snapshot.taken_at {
-                    self.emit(ElementAction::Serve { session, volume, request: message });
-                } else {
-                    let deadline = Time(now.0 + self.config.source_catch_up_timeout_ms * 1000);
-                    let min_applied = snapshot.taken_at;
-                    self.waiting_fetches.push(WaitingFetch {
-                        session,
-                        volume,
-                        min_applied,
-                        deadline,
-                        request: message,
-                    });
-                }
+            // They wait until the element has applied `min_applied` (a snapshot exists here once
+            // its record is applied: `serve` finds it, or answers that there is none).
+            HostMessage::Read {
+                volume: session_volume,
+                snapshot: Some(SnapshotRef { taken_at: min_applied, .. }),
+                ..
             }
-            HostMessage::Read { volume: session_volume, .. }
-            | HostMessage::BlockStatus { volume: session_volume, .. }
-            | HostMessage::FetchLog { volume: session_volume, .. } => {
-                let Some(volume) = self.local(session, session_volume) else { return };
-                self.emit(ElementAction::Serve { session, volume, request: message });
+            | HostMessage::BlockStatus {
+                volume: session_volume,
+                snapshot: Some(SnapshotRef { taken_at: min_applied, .. }),
+                ..
             }
-            HostMessage::FetchBlocks { volume: session_volume, min_applied, .. }
+            | HostMessage::FetchBlocks { volume: session_volume, min_applied, .. }
             | HostMessage::Scrub { volume: session_volume, min_applied, .. } => {
                 let Some(volume) = self.local(session, session_volume) else { return };
                 if self.volumes[volume.0 as usize].applied >= min_applied {
@@ -923,6 +912,12 @@ impl ElementCore {
                         request: message,
                     });
                 }
+            }
+            HostMessage::Read { volume: session_volume, .. }
+            | HostMessage::BlockStatus { volume: session_volume, .. }
+            | HostMessage::FetchLog { volume: session_volume, .. } => {
+                let Some(volume) = self.local(session, session_volume) else { return };
+                self.emit(ElementAction::Serve { session, volume, request: message });
             }
             HostMessage::Recover { .. }
             | HostMessage::Copy { .. }

@@ -70,7 +70,8 @@ pub struct Store {
     /// How [`Store::try_read_checked`] reads without waiting for the disk: one of the
     /// `NON_BLOCKING_*` values (off once the file system said it cannot tell).
     non_blocking_reads: AtomicU8,
-    /// Snapshots the store holds (commits look for the newest snapshots only if there are).
+    /// Snapshots the store holds (commits look for the newest snapshots only if there are);
+    /// counted up by `create_volume_locked`, down by `snapshot::forget_removed`.
     snapshot_count: AtomicUsize,
 }
 
@@ -313,11 +314,10 @@ impl Store {
             }
         }
 
-        // Snapshots whose record the crash lost (never taken), snapshots whose deletion's
-        // record was logged but not the metadata after it, and snapshots a full recovery had
-        // not finished copying (it copies them again).
-        // (A snapshot of a volume whose full recovery has not finished is removed too: its
-        // volume's applied sequence is behind it until then; the copy brings it again.)
+        // Snapshots whose record the crash lost (never taken; so is every snapshot of a volume
+        // whose full recovery has not finished: its applied sequence is behind them until
+        // then), snapshots whose deletion's record was logged but not the metadata after it,
+        // and snapshots a full recovery had not finished copying (it copies them again).
         let untaken = snapshot::untaken(&volumes);
         let copying: Vec<u32> =
             volumes.iter().filter(|v| v.snapshot_of.is_some() && lock(&v.copy).is_some()).map(|v| v.number).collect();
@@ -334,7 +334,7 @@ impl Store {
             for number in &gone {
                 let k = volumes.iter().position(|v| v.number == *number).expect("listed");
                 let name = &volumes[k].name;
-                if copying.contains(number) || lock(&volumes[k].copy).is_some() {
+                if copying.contains(number) {
                     tracing::info!(snapshot = %name, "snapshot a full recovery had not finished copying: removed");
                 } else if untaken.contains(number) {
                     tracing::warn!(snapshot = %name, "snapshot whose record a crash lost (or of a volume being copied): removed");
@@ -698,6 +698,9 @@ impl Store {
             None,
             snapshot_of,
         )));
+        if snapshot_of.is_some() {
+            self.snapshot_count.fetch_add(1, Ordering::AcqRel);
+        }
         tracing::info!(volume = name, size_bytes, number, snapshot = snapshot_of.is_some(), "volume created");
         Ok(VolumeHandle(volumes.len() as u32 - 1))
     }

@@ -134,12 +134,7 @@ impl Store {
         id: u64,
         taken_at: Sequence,
     ) -> Result<(), StoreError> {
-        let exists = self
-            .volumes
-            .read()
-            .expect("volume list lock")
-            .iter()
-            .any(|v| !v.is_removed() && v.snapshot_of.is_some_and(|of| of.parent == parent.number && of.id == id));
+        let exists = find_snapshot(&self.volumes.read().expect("volume list lock"), parent.number, id).is_some();
         if exists {
             tracing::info!(volume = %parent.name, id, "snapshot exists already: its record does nothing");
             return Ok(());
@@ -150,7 +145,6 @@ impl Store {
             .map_err(|reason| StoreError::InvalidVolume { name: name.clone(), reason })?;
         let snapshot_of = SnapshotOf { parent: parent.number, taken_at, id };
         self.create_volume_locked(committer, &name, size_bytes, Some(snapshot_of))?;
-        self.snapshot_count.fetch_add(1, Ordering::AcqRel);
         tracing::info!(volume = %parent.name, id, %taken_at, "snapshot taken");
         Ok(())
     }
@@ -226,9 +220,13 @@ impl Store {
         Ok(())
     }
 
-    /// Snapshot `id` of live volume `parent`, if it exists.
+    /// Snapshot `id` of live volume `parent`, if it exists (and is not being copied by a full
+    /// recovery). Every read of a snapshot looks it up: no block map is scanned.
     pub fn snapshot(&self, parent: VolumeHandle, id: u64) -> Option<VolumeHandle> {
-        self.snapshots(parent).into_iter().find(|s| s.id == id).map(|s| s.handle)
+        let volumes = self.volumes.read().expect("volume list lock");
+        let k = find_snapshot(&volumes, volumes[parent.index()].number, id)?;
+        let copying = lock(&volumes[k].copy).is_some();
+        (!copying).then_some(VolumeHandle(k as u32))
     }
 
     /// The snapshots of live volume `parent`, oldest first (not one a full recovery is still
@@ -406,7 +404,6 @@ impl Store {
         self.check_room_with(&[], size_bytes).map_err(invalid)?;
         let snapshot_of = SnapshotOf { parent: live.number, taken_at, id };
         let handle = self.create_volume_locked(&mut committer, &name, size_bytes, Some(snapshot_of))?;
-        self.snapshot_count.fetch_add(1, Ordering::AcqRel);
         let snap = self.volume_at(handle);
         let state =
             crate::CopyState { epoch: Epoch(0), base: taken_at, base_epoch: Epoch(0), cursor_block: 0, verify: false };
@@ -442,11 +439,7 @@ impl Store {
 
     /// Snapshot `id` of `live`, copied whole or not.
     fn any_snapshot(&self, live: &Volume, id: u64) -> Option<VolumeHandle> {
-        let volumes = self.volumes.read().expect("volume list lock");
-        volumes
-            .iter()
-            .position(|v| !v.is_removed() && v.snapshot_of.is_some_and(|of| of.parent == live.number && of.id == id))
-            .map(|i| VolumeHandle(i as u32))
+        find_snapshot(&self.volumes.read().expect("volume list lock"), live.number, id).map(|k| VolumeHandle(k as u32))
     }
 
     /// [`Store::block_status`] of a snapshot.
@@ -548,10 +541,7 @@ impl Store {
         prepared: LogRecord,
     ) -> Result<(), StoreError> {
         let i = volumes.iter().position(|v| v.number == parent.number && !v.is_removed()).expect("listed");
-        let snap = volumes
-            .iter()
-            .find(|v| !v.is_removed() && v.snapshot_of.is_some_and(|of| of.parent == parent.number && of.id == id))
-            .cloned();
+        let snap = find_snapshot(volumes, parent.number, id).map(|k| volumes[k].clone());
         if let Some(snap) = &snap {
             self.hand_over_locked(committer, volumes, snap)?;
         }
@@ -632,7 +622,6 @@ impl Store {
         let number = snap.number;
         self.write_meta(|meta| meta.volumes.retain(|v| v.number != number))?;
         self.forget_removed(committer, snap);
-        self.snapshot_count.fetch_sub(1, Ordering::AcqRel);
         Ok(())
     }
 
@@ -674,7 +663,6 @@ impl Store {
         self.write_meta(|meta| meta.volumes.retain(|v| !gone.contains(&v.number)))?;
         for snap in &snapshots {
             self.forget_removed(committer, snap);
-            self.snapshot_count.fetch_sub(1, Ordering::AcqRel);
         }
         Ok(snapshots)
     }
@@ -695,6 +683,9 @@ impl Store {
         committer.dirty[index] = crate::block_map::DirtyChunks::for_blocks(0);
         committer.unflushed_bytes[index] = 0;
         *super::lock(&volume.copy) = None;
+        if volume.snapshot_of.is_some() {
+            self.snapshot_count.fetch_sub(1, Ordering::AcqRel);
+        }
     }
 
     /// Delete the files of removed snapshots (after the metadata no longer lists them).
@@ -741,6 +732,11 @@ fn current_blocks(
             })
         })
         .collect())
+}
+
+/// The position of snapshot `id` of the live volume numbered `parent` (copied whole or not).
+fn find_snapshot(volumes: &[Arc<Volume>], parent: u32, id: u64) -> Option<usize> {
+    volumes.iter().position(|v| !v.is_removed() && v.snapshot_of.is_some_and(|of| of.parent == parent && of.id == id))
 }
 
 /// Runs of consecutive blocks in an ascending list.
