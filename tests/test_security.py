@@ -35,7 +35,8 @@ def frame(body):
 def hello(epoch, host, volumes=(("vol0", 1 << 30),)):
     body = struct.pack("<BQQI", 1, epoch, host, len(volumes))
     for name, size in volumes:
-        body += text(name) + struct.pack("<Q", size)
+        # A volume spec: name, size, and 0 (not a clone).
+        body += text(name) + struct.pack("<QB", size, 0)
     # No admin address; flags 0 (no receipt acknowledgements).
     return frame(body + text("") + b"\x00")
 

@@ -31,6 +31,9 @@ pub enum AdminRequest {
     /// `POST /volumes/resize?name=NAME&size=BYTES[&shrink=1]`: resize a volume created while
     /// running (`starfish volume resize [--shrink]`).
     VolumeResize { name: String, size_bytes: u64, shrink: bool },
+    /// `POST /volumes/clone?snapshot=VOLUME@NAME&name=NEW`: create volume `name` as a clone
+    /// of a snapshot (`starfish volume clone VOLUME@NAME NEW`).
+    VolumeClone { volume: String, snapshot: String, name: String },
     /// `GET /volumes`: every volume served (`starfish volume list`).
     VolumeList,
     /// `POST /snapshots/create?volume=VOLUME&name=NAME`: take a snapshot (`starfish snapshot
@@ -58,6 +61,7 @@ impl AdminRequest {
                 | AdminRequest::VolumeCreate { .. }
                 | AdminRequest::VolumeDelete { .. }
                 | AdminRequest::VolumeResize { .. }
+                | AdminRequest::VolumeClone { .. }
                 | AdminRequest::SnapshotCreate { .. }
                 | AdminRequest::SnapshotDelete { .. }
         )
@@ -125,6 +129,7 @@ pub fn classify(method: &str, target: &str) -> AdminRequest {
             AdminRequest::VolumeResize { name, size_bytes, shrink }
         }),
         ("POST", "/volumes/delete") => volume_delete(query),
+        ("POST", "/volumes/clone") => volume_clone(query),
         ("GET", "/volumes") => AdminRequest::VolumeList,
         ("POST", "/snapshots/create") => snapshot_create(query),
         ("POST", "/snapshots/delete") => snapshot_delete(query),
@@ -212,20 +217,53 @@ fn snapshot_delete(query: &str) -> AdminRequest {
     let mut snapshot = None;
     for pair in query.split('&').filter(|p| !p.is_empty()) {
         let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
-        match (key, percent_decode(value)) {
-            ("snapshot", Some(s)) if s.len() <= 511 => match s.rsplit_once('@') {
-                Some((volume, name)) if !volume.is_empty() && !name.is_empty() => {
-                    snapshot = Some((volume.to_string(), name.to_string()))
-                }
-                _ => return AdminRequest::Malformed("snapshot= must be VOLUME@NAME, percent-encoded"),
+        match key {
+            "snapshot" => match snapshot_name(value) {
+                Ok(pair) => snapshot = Some(pair),
+                Err(malformed) => return malformed,
             },
-            ("snapshot", _) => return AdminRequest::Malformed("snapshot= must be VOLUME@NAME, percent-encoded"),
             _ => return AdminRequest::Malformed("POST /snapshots/delete takes snapshot= only"),
         }
     }
     match snapshot {
         Some((volume, name)) => AdminRequest::SnapshotDelete { volume, name },
         None => AdminRequest::Malformed("POST /snapshots/delete needs ?snapshot=VOLUME@NAME"),
+    }
+}
+
+/// A `snapshot=VOLUME@NAME` parameter, percent-encoded.
+fn snapshot_name(value: &str) -> Result<(String, String), AdminRequest> {
+    let malformed = AdminRequest::Malformed("snapshot= must be VOLUME@NAME, percent-encoded");
+    match percent_decode(value) {
+        Some(s) if s.len() <= 511 => match s.rsplit_once('@') {
+            Some((volume, name)) if !volume.is_empty() && !name.is_empty() => {
+                Ok((volume.to_string(), name.to_string()))
+            }
+            _ => Err(malformed),
+        },
+        _ => Err(malformed),
+    }
+}
+
+fn volume_clone(query: &str) -> AdminRequest {
+    let (mut snapshot, mut name) = (None, None);
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+        match key {
+            "snapshot" => match snapshot_name(value) {
+                Ok(pair) => snapshot = Some(pair),
+                Err(malformed) => return malformed,
+            },
+            "name" => match volume_name(value) {
+                Ok(n) => name = Some(n),
+                Err(malformed) => return malformed,
+            },
+            _ => return AdminRequest::Malformed("POST /volumes/clone takes snapshot= and name= only"),
+        }
+    }
+    match (snapshot, name) {
+        (Some((volume, snapshot)), Some(name)) => AdminRequest::VolumeClone { volume, snapshot, name },
+        _ => AdminRequest::Malformed("POST /volumes/clone needs ?snapshot=VOLUME@NAME&name=NEW"),
     }
 }
 
@@ -341,6 +379,12 @@ mod tests {
             AdminRequest::SnapshotDelete { volume: "db".into(), name: "monday".into() }
         );
         assert_eq!(parse(b"GET /snapshots HTTP/1.1\r\n\r\n"), AdminRequest::SnapshotList);
+        let clone = parse(b"POST /volumes/clone?snapshot=db%40monday&name=test HTTP/1.1\r\n\r\n");
+        assert_eq!(
+            clone,
+            AdminRequest::VolumeClone { volume: "db".into(), snapshot: "monday".into(), name: "test".into() }
+        );
+        assert!(clone.is_order() && !clone.is_read());
         assert!(AdminRequest::SnapshotCreate { volume: "v".into(), name: "s".into() }.is_order());
         assert!(AdminRequest::SnapshotDelete { volume: "v".into(), name: "s".into() }.is_order());
         assert!(AdminRequest::SnapshotList.is_read() && !AdminRequest::SnapshotList.is_order());
@@ -393,6 +437,10 @@ mod tests {
             b"POST /snapshots/delete?snapshot=v@ HTTP/1.1\r\n\r\n",
             b"POST /snapshots/delete?snapshot=@s HTTP/1.1\r\n\r\n",
             b"POST /snapshots/delete HTTP/1.1\r\n\r\n",
+            b"POST /volumes/clone?snapshot=db@monday HTTP/1.1\r\n\r\n",
+            b"POST /volumes/clone?name=test HTTP/1.1\r\n\r\n",
+            b"POST /volumes/clone?snapshot=db&name=test HTTP/1.1\r\n\r\n",
+            b"POST /volumes/clone?snapshot=db@m&name=t&size=1 HTTP/1.1\r\n\r\n",
             b"",
             b"\xff\xfe /status HTTP/1.1\r\n",
             b"GET /status\r\n",

@@ -9,19 +9,20 @@
 //! (durable on Q elements, whatever their ack policies). Its document:
 //!
 //! ```text
-//! "SFCATLG3" | u32 body length | u32 crc32c(body) | body
+//! "SFCATLG4" | u32 body length | u32 crc32c(body) | body
 //! body: u64 version | u64 next id | u32 n, n × volume | u32 m, m × intention
 //!       | u32 k, k × snapshot
-//! volume:    name | u64 size_bytes | u64 id | u64 storage_bytes
-//! intention: u64 id | u8 kind | kind 1, create: name | u64 size_bytes
+//! volume:    name | u64 size_bytes | u64 id | u64 storage_bytes | origin
+//! intention: u64 id | u8 kind | kind 1, create: name | u64 size_bytes | origin
 //!                             | kind 2, delete: name | u64 volume id | u64 size_bytes | u64 storage_bytes
-//!                                               | u32 j, j × snapshot (deleted with it)
+//!                                               | u32 j, j × snapshot (deleted with it) | origin
 //!                             | kind 3, resize: name | u64 volume id | u64 from_bytes | u64 size_bytes
 //!                                               | u64 storage_bytes
 //!                             | kind 4, snapshot create: snapshot (its id is the intention's)
 //!                             | kind 5, snapshot delete: snapshot
 //! snapshot:  u64 id | name (the volume's) | u64 volume id (all ones: a configured volume)
 //!            | name (the snapshot's) | u64 size_bytes | u64 taken_at
+//! origin:    u8 0 (a volume created empty) | u8 1, snapshot (a clone of that snapshot)
 //! name:      u16 length | UTF-8
 //! ```
 //!
@@ -29,7 +30,13 @@
 //! the storage volume on the elements, which never shrinks. A document of format 1
 //! (`"SFCATLG1"`, no `storage_bytes`: nothing had shrunk) is read with `storage_bytes` equal to
 //! the size (a resize's: the larger of its two sizes); one of format 2 (`"SFCATLG2"`) has no
-//! snapshots.
+//! snapshots, one of format 3 (`"SFCATLG3"`) no clones.
+//!
+//! A clone (`starfish volume clone VOLUME@NAME NEW`) is a volume created like any other, whose
+//! entry (and creation's intention) names the snapshot it starts from: its storage volume's
+//! spec carries the snapshot, so that every element creates it sharing the snapshot's blocks
+//! (or, lacking the snapshot, empty for a full recovery to fill). A snapshot with clones is
+//! not deleted, nor is its volume, until the clones are.
 //!
 //! A snapshot (`starfish snapshot create VOLUME NAME`) is taken by a record in its volume's
 //! ordered stream (`Op::Snapshot` with the intention's id), so every element takes it at the
@@ -89,7 +96,9 @@ pub const GROUP_WAIT_MS: u64 = 10;
 /// ... or until this many wait.
 pub const GROUP_BATCH: usize = 5;
 
-const MAGIC: &[u8; 8] = b"SFCATLG3";
+const MAGIC: &[u8; 8] = b"SFCATLG4";
+/// Format 3: no clones.
+const MAGIC_V3: &[u8; 8] = b"SFCATLG3";
 /// Format 2: no snapshots (read, never written).
 const MAGIC_V2: &[u8; 8] = b"SFCATLG2";
 /// Format 1: no storage sizes, no snapshots (read, never written).
@@ -144,6 +153,14 @@ impl CatalogSnapshot {
     pub fn export_name(&self) -> String {
         format!("{}@{}", self.volume, self.name)
     }
+
+    /// The storage volume of the volume it was taken of (a configured volume's is its name).
+    pub fn storage_volume(&self) -> String {
+        match self.volume_id {
+            CONFIGURED_VOLUME_ID => self.volume.clone(),
+            id => storage_name(&self.volume, id),
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -156,17 +173,20 @@ pub struct CatalogVolume {
     /// The size of its storage volume on the elements: at least `size_bytes` (larger after a
     /// shrink; the blocks past `size_bytes` read as zeroes).
     pub storage_bytes: u64,
+    /// A clone: the snapshot it started from.
+    pub clone_of: Option<CatalogSnapshot>,
 }
 
 impl CatalogVolume {
     /// A volume exported whole (its storage as large as its export).
     pub fn new(name: String, size_bytes: u64, id: u64) -> CatalogVolume {
-        CatalogVolume { name, size_bytes, id, storage_bytes: size_bytes }
+        CatalogVolume { name, size_bytes, id, storage_bytes: size_bytes, clone_of: None }
     }
 
     /// Its storage volume on the elements.
     pub fn spec(&self) -> VolumeSpec {
-        VolumeSpec { name: storage_name(&self.name, self.id), size_bytes: self.storage_bytes }
+        let clone_of = self.clone_of.as_ref().map(|s| proto::CloneBase { volume: s.storage_volume(), snapshot: s.id });
+        VolumeSpec { name: storage_name(&self.name, self.id), size_bytes: self.storage_bytes, clone_of }
     }
 }
 
@@ -178,10 +198,8 @@ pub struct Intention {
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Intent {
-    Create {
-        name: String,
-        size_bytes: u64,
-    },
+    /// Create volume `name`: empty, or a clone of snapshot `clone_of`.
+    Create { name: String, size_bytes: u64, clone_of: Option<CatalogSnapshot> },
     /// Delete the volume `name` that intention `volume_id` created (of `size_bytes` exported
     /// and `storage_bytes` stored, kept to list it again if the deletion is undone before it
     /// was carried out), with its `snapshots` (`--with-snapshots`; kept the same way).
@@ -191,25 +209,17 @@ pub enum Intent {
         size_bytes: u64,
         storage_bytes: u64,
         snapshots: Vec<CatalogSnapshot>,
+        /// The volume is a clone of this snapshot (to list it again as one).
+        clone_of: Option<CatalogSnapshot>,
     },
     /// Export the volume `name` that intention `volume_id` created at `size_bytes` instead of
     /// `from_bytes`, its storage volume then being `storage_bytes` (grown if `size_bytes` is
     /// beyond it, else as it was).
-    Resize {
-        name: String,
-        volume_id: u64,
-        from_bytes: u64,
-        size_bytes: u64,
-        storage_bytes: u64,
-    },
+    Resize { name: String, volume_id: u64, from_bytes: u64, size_bytes: u64, storage_bytes: u64 },
     /// Take this snapshot (its `id` is the intention's; `taken_at` is set once it is taken).
-    SnapshotCreate {
-        snapshot: CatalogSnapshot,
-    },
+    SnapshotCreate { snapshot: CatalogSnapshot },
     /// Delete this snapshot (kept to list it again if the deletion is undone).
-    SnapshotDelete {
-        snapshot: CatalogSnapshot,
-    },
+    SnapshotDelete { snapshot: CatalogSnapshot },
 }
 
 impl Intention {
@@ -217,13 +227,24 @@ impl Intention {
     /// new size). Not for a snapshot's intention ([`Intention::snapshot`]).
     pub fn volume(&self) -> CatalogVolume {
         match &self.op {
-            Intent::Create { name, size_bytes } => CatalogVolume::new(name.clone(), *size_bytes, self.id),
-            Intent::Delete { name, volume_id, size_bytes, storage_bytes, .. }
-            | Intent::Resize { name, volume_id, size_bytes, storage_bytes, .. } => CatalogVolume {
+            Intent::Create { name, size_bytes, clone_of } => {
+                CatalogVolume { clone_of: clone_of.clone(), ..CatalogVolume::new(name.clone(), *size_bytes, self.id) }
+            }
+            Intent::Delete { name, volume_id, size_bytes, storage_bytes, clone_of, .. } => CatalogVolume {
                 name: name.clone(),
                 size_bytes: *size_bytes,
                 id: *volume_id,
                 storage_bytes: *storage_bytes,
+                clone_of: clone_of.clone(),
+            },
+            // A resize's intention does not name the volume's origin: `volumes_served` keeps
+            // the listed one's.
+            Intent::Resize { name, volume_id, size_bytes, storage_bytes, .. } => CatalogVolume {
+                name: name.clone(),
+                size_bytes: *size_bytes,
+                id: *volume_id,
+                storage_bytes: *storage_bytes,
+                clone_of: None,
             },
             Intent::SnapshotCreate { .. } | Intent::SnapshotDelete { .. } => {
                 unreachable!("a snapshot's intention is about a snapshot, not a volume")
@@ -358,7 +379,7 @@ impl Catalog {
         for resize in self.intentions.iter().filter(|i| i.is_resize()) {
             let resized = resize.volume();
             for v in all.iter_mut().filter(|v| v.id == resized.id) {
-                *v = resized.clone();
+                *v = CatalogVolume { clone_of: v.clone_of.take(), ..resized.clone() };
             }
         }
         all.extend(self.intentions.iter().filter(|i| i.is_create()).map(Intention::volume));
@@ -389,7 +410,7 @@ impl Catalog {
             self.volumes_to_serve().into_iter().map(|(name, spec)| (storage_id(&spec.name), name, spec)).collect();
         for i in self.intentions.iter().filter(|i| i.is_delete()) {
             let volume = i.volume();
-            let spec = VolumeSpec { name: volume.spec().name, size_bytes: 0 };
+            let spec = VolumeSpec { name: volume.spec().name, size_bytes: 0, clone_of: None };
             all.push((volume.id, volume.name, spec));
         }
         all.sort_by_key(|(id, _, _)| *id);
@@ -465,23 +486,26 @@ impl Catalog {
             body.extend_from_slice(&v.size_bytes.to_le_bytes());
             body.extend_from_slice(&v.id.to_le_bytes());
             body.extend_from_slice(&v.storage_bytes.to_le_bytes());
+            put_origin(&mut body, &v.clone_of);
         }
         body.extend_from_slice(&(self.intentions.len() as u32).to_le_bytes());
         for i in &self.intentions {
             body.extend_from_slice(&i.id.to_le_bytes());
             match &i.op {
-                Intent::Create { name, size_bytes } => {
+                Intent::Create { name, size_bytes, clone_of } => {
                     body.push(INTENT_CREATE);
                     put_name(&mut body, name);
                     body.extend_from_slice(&size_bytes.to_le_bytes());
+                    put_origin(&mut body, clone_of);
                 }
-                Intent::Delete { name, volume_id, size_bytes, storage_bytes, snapshots } => {
+                Intent::Delete { name, volume_id, size_bytes, storage_bytes, snapshots, clone_of } => {
                     body.push(INTENT_DELETE);
                     put_name(&mut body, name);
                     body.extend_from_slice(&volume_id.to_le_bytes());
                     body.extend_from_slice(&size_bytes.to_le_bytes());
                     body.extend_from_slice(&storage_bytes.to_le_bytes());
                     put_snapshots(&mut body, snapshots);
+                    put_origin(&mut body, clone_of);
                 }
                 Intent::SnapshotCreate { snapshot } => {
                     body.push(INTENT_SNAPSHOT_CREATE);
@@ -522,7 +546,7 @@ impl Catalog {
         if first.iter().all(|&b| b == 0) {
             return Ok(None);
         }
-        if ![MAGIC, MAGIC_V2, MAGIC_V1].contains(&&first[..8].try_into().expect("8 bytes")) {
+        if ![MAGIC, MAGIC_V3, MAGIC_V2, MAGIC_V1].contains(&&first[..8].try_into().expect("8 bytes")) {
             return Err("the catalog volume does not start with a catalog (bad magic)".into());
         }
         let body = u32::from_le_bytes(first[8..12].try_into().expect("4 bytes")) as u64;
@@ -546,7 +570,10 @@ impl Catalog {
             return Err("the catalog document fails its checksum".into());
         }
         let v1 = &bytes[..8] == MAGIC_V1;
-        let v3 = &bytes[..8] == MAGIC;
+        // Formats 3 and 4 have snapshots; 4 has clones.
+        let v4 = &bytes[..8] == MAGIC;
+        let v3 = &bytes[..8] == MAGIC_V3 || v4;
+        let origin = |r: &mut Reader| if v4 { r.origin() } else { Ok(None) };
         let mut r = Reader { rest: body };
         // Format 1 has no storage sizes: each is the size (nothing had shrunk).
         let storage = |r: &mut Reader, size: u64| if v1 { Ok(size) } else { r.u64() };
@@ -559,7 +586,8 @@ impl Catalog {
             let size_bytes = r.u64()?;
             let id = r.u64()?;
             let storage_bytes = storage(&mut r, size_bytes)?;
-            volumes.push(CatalogVolume { name, size_bytes, id, storage_bytes });
+            let clone_of = origin(&mut r)?;
+            volumes.push(CatalogVolume { name, size_bytes, id, storage_bytes, clone_of });
         }
         let m = r.count()?;
         let mut intentions = Vec::with_capacity(m);
@@ -569,7 +597,8 @@ impl Catalog {
                 INTENT_CREATE => {
                     let name = r.name()?;
                     let size_bytes = r.u64()?;
-                    Intent::Create { name, size_bytes }
+                    let clone_of = origin(&mut r)?;
+                    Intent::Create { name, size_bytes, clone_of }
                 }
                 INTENT_DELETE => {
                     let name = r.name()?;
@@ -577,7 +606,8 @@ impl Catalog {
                     let size_bytes = r.u64()?;
                     let storage_bytes = storage(&mut r, size_bytes)?;
                     let snapshots = if v3 { r.snapshots()? } else { Vec::new() };
-                    Intent::Delete { name, volume_id, size_bytes, storage_bytes, snapshots }
+                    let clone_of = origin(&mut r)?;
+                    Intent::Delete { name, volume_id, size_bytes, storage_bytes, snapshots, clone_of }
                 }
                 INTENT_RESIZE => {
                     let name = r.name()?;
@@ -704,6 +734,16 @@ fn put_snapshot(out: &mut Vec<u8>, s: &CatalogSnapshot) {
     out.extend_from_slice(&s.taken_at.to_le_bytes());
 }
 
+fn put_origin(out: &mut Vec<u8>, clone_of: &Option<CatalogSnapshot>) {
+    match clone_of {
+        None => out.push(0),
+        Some(snapshot) => {
+            out.push(1);
+            put_snapshot(out, snapshot);
+        }
+    }
+}
+
 fn put_snapshots(out: &mut Vec<u8>, snapshots: &[CatalogSnapshot]) {
     out.extend_from_slice(&(snapshots.len() as u32).to_le_bytes());
     for s in snapshots {
@@ -768,6 +808,13 @@ impl Reader<'_> {
             size_bytes: self.u64()?,
             taken_at: self.u64()?,
         })
+    }
+    fn origin(&mut self) -> Result<Option<CatalogSnapshot>, String> {
+        match self.u8()? {
+            0 => Ok(None),
+            1 => Ok(Some(self.snapshot()?)),
+            flag => Err(format!("the catalog holds a volume of unknown origin {flag}")),
+        }
     }
     fn snapshots(&mut self) -> Result<Vec<CatalogSnapshot>, String> {
         let n = self.count()?;
@@ -881,12 +928,20 @@ impl IntentionLog {
                 names.join(", ")
             ));
         }
+        let clones: Vec<String> = snapshots.iter().flat_map(|s| self.clones_of(s.id)).collect();
+        if !clones.is_empty() {
+            return Err(format!(
+                "volume {name} has snapshots with clone(s) ({}): delete the clones first",
+                clones.join(", ")
+            ));
+        }
         let op = Intent::Delete {
             name: name.to_string(),
             volume_id: volume.id,
             size_bytes: volume.size_bytes,
             storage_bytes: volume.storage_bytes,
             snapshots,
+            clone_of: volume.clone_of.clone(),
         };
         let intention = Intention { id: self.catalog.next_id, op };
         self.catalog.next_id += 1;
@@ -1040,6 +1095,10 @@ impl IntentionLog {
         if deleting {
             return Err(format!("snapshot {volume}@{name} is being deleted"));
         }
+        let clones = self.clones_of(snapshot.id);
+        if !clones.is_empty() {
+            return Err(format!("snapshot {volume}@{name} has clone(s) ({}): delete them first", clones.join(", ")));
+        }
         let intention = Intention { id: self.catalog.next_id, op: Intent::SnapshotDelete { snapshot } };
         self.catalog.next_id += 1;
         self.waiting.push_back((intention.clone(), now));
@@ -1084,6 +1143,75 @@ impl IntentionLog {
     /// and [`IntentionLog::written`]), or at once with policy `none`
     /// ([`IntentionLog::take_unlogged`]).
     pub fn intend_create(&mut self, now: Time, name: &str, size_bytes: u64) -> Result<Intention, String> {
+        self.intend_volume(now, name, size_bytes, None)
+    }
+
+    /// Ask to create volume `name` as a clone of the snapshot exported as `snapshot`
+    /// (`VOLUME@NAME`), of its size: its intention, once logged. Refused with policy `none`
+    /// (a clone lost from the catalog by a crash would keep its snapshot's blocks on every
+    /// element, unlisted), for a snapshot not listed (or still being taken), and for a
+    /// snapshot being deleted.
+    pub fn intend_clone(&mut self, now: Time, snapshot: &str, name: &str) -> Result<Intention, String> {
+        if self.policy == LogPolicy::None {
+            return Err("a clone must be logged: start the host element with --intention-log group or single".into());
+        }
+        let base = self.listed_snapshot(snapshot)?;
+        let deleting = self.pending().any(|i| {
+            matches!(&i.op, Intent::SnapshotDelete { snapshot: s } if s.id == base.id)
+                || matches!(&i.op, Intent::Delete { volume_id, .. } if *volume_id == base.volume_id && base.volume_id != CONFIGURED_VOLUME_ID)
+        });
+        if deleting {
+            return Err(format!("snapshot {snapshot} is being deleted"));
+        }
+        let size_bytes = base.size_bytes;
+        self.intend_volume(now, name, size_bytes, Some(base))
+    }
+
+    /// The snapshot exported as `snapshot` (`VOLUME@NAME`), taken and listed (one whose
+    /// completion waits for the next write is listed now).
+    pub fn listed_snapshot(&mut self, snapshot: &str) -> Result<CatalogSnapshot, String> {
+        let Some((volume, snapshot_name)) = snapshot.rsplit_once('@') else {
+            return Err(format!("{snapshot:?} names no snapshot: clone VOLUME@SNAPSHOT (see starfish snapshot list)"));
+        };
+        self.list_finished(|i| matches!(&i.op, Intent::SnapshotCreate { snapshot } if snapshot.volume == volume));
+        let found = self.catalog.snapshots.iter().find(|s| s.volume == volume && s.name == snapshot_name).cloned();
+        found.ok_or_else(|| {
+            let taking = self.pending().any(|i| {
+                matches!(&i.op, Intent::SnapshotCreate { snapshot: s } if s.volume == volume && s.name == snapshot_name)
+            });
+            if taking {
+                format!("snapshot {snapshot} is being taken; clone it once that is answered")
+            } else {
+                format!("no snapshot {snapshot} (see starfish snapshot list)")
+            }
+        })
+    }
+
+    /// Ask to create volume `name` as a clone of snapshot `base`, as [`IntentionLog::intend_clone`]
+    /// does once it found it listed (the simulator's hosts take snapshots of configured
+    /// volumes through the core, which the catalog does not list).
+    pub fn intend_clone_of(&mut self, now: Time, name: &str, base: CatalogSnapshot) -> Result<Intention, String> {
+        let size_bytes = base.size_bytes;
+        self.intend_volume(now, name, size_bytes, Some(base))
+    }
+
+    /// The volumes (by name) created, or being created, as clones of snapshot `id`.
+    pub fn clones_of(&self, id: u64) -> Vec<String> {
+        let listed = self.catalog.volumes.iter().filter(|v| v.clone_of.as_ref().is_some_and(|s| s.id == id));
+        let pending = self.pending().filter_map(|i| match &i.op {
+            Intent::Create { name, clone_of: Some(s), .. } if s.id == id => Some(name.clone()),
+            _ => None,
+        });
+        listed.map(|v| v.name.clone()).chain(pending).collect()
+    }
+
+    fn intend_volume(
+        &mut self,
+        now: Time,
+        name: &str,
+        size_bytes: u64,
+        clone_of: Option<CatalogSnapshot>,
+    ) -> Result<Intention, String> {
         check_name(name)?;
         check_size(size_bytes)?;
         if self.has_name(name) {
@@ -1094,7 +1222,7 @@ impl IntentionLog {
             return Err(format!("{CATALOG_VOLUMES_MAX} volumes were created already"));
         }
         let intention =
-            Intention { id: self.catalog.next_id, op: Intent::Create { name: name.to_string(), size_bytes } };
+            Intention { id: self.catalog.next_id, op: Intent::Create { name: name.to_string(), size_bytes, clone_of } };
         self.catalog.next_id += 1;
         self.waiting.push_back((intention.clone(), now));
         Ok(intention)

@@ -382,7 +382,7 @@ impl Volume {
     /// like a removed one.
     fn placeholder() -> Volume {
         Volume {
-            spec: VolumeSpec { name: String::new(), size_bytes: 0 },
+            spec: VolumeSpec { name: String::new(), size_bytes: 0, clone_of: None },
             applied: Sequence::ZERO,
             applied_epoch: Epoch(0),
             copy_interrupted: false,
@@ -797,10 +797,14 @@ impl ElementCore {
         }
         if role == SessionRole::Element {
             if let HostMessage::Hello { volumes, .. } = &message {
-                // A peer reads what exists; it never creates a volume here.
-                if let Some(unknown) =
-                    volumes.iter().find(|spec| !self.volumes.iter().any(|v| !v.removed && v.spec == **spec))
-                {
+                // A peer reads what exists; it never creates a volume here. (Whether a volume
+                // was made a clone matters only to its creation: not compared.)
+                let held = |spec: &VolumeSpec| {
+                    self.volumes
+                        .iter()
+                        .any(|v| !v.removed && v.spec.name == spec.name && v.spec.size_bytes == spec.size_bytes)
+                };
+                if let Some(unknown) = volumes.iter().find(|spec| !held(spec)) {
                     let reason = format!("an element may not create volumes: {:?} does not exist here", unknown.name);
                     self.log(LogLevel::Warn, format!("session {}: refused: {reason}", session.0));
                     return self.refuse(session, format!("not allowed: {reason}"));

@@ -51,6 +51,12 @@ pub enum Failure {
         blocks: u64,
         first_block: u64,
     },
+    /// A clone created while the session ran found no snapshot to share here (the element has
+    /// not taken it yet): it is created empty, and a full recovery copies it when the element
+    /// reconnects.
+    CloneNeedsCopy {
+        volume: String,
+    },
     /// The write queue stayed full waiting for it.
     TooSlow {
         volume: String,
@@ -92,6 +98,7 @@ impl Failure {
             Failure::ReadFailed(_) => "read_failed",
             Failure::ReadChecksum(_) => "read_checksum",
             Failure::ScrubMismatch { .. } => "scrub_mismatch",
+            Failure::CloneNeedsCopy { .. } => "clone_needs_copy",
             Failure::TooSlow { .. } => "too_slow",
             Failure::Unrecoverable { .. } => "unrecoverable",
             Failure::CopyFailed { .. } => "copy_failed",
@@ -127,6 +134,10 @@ impl fmt::Display for Failure {
             ),
             Failure::ReadFailed(reason) => write!(f, "read failed: {reason}"),
             Failure::ReadChecksum(reason) => write!(f, "read data damaged on the way: {reason}"),
+            Failure::CloneNeedsCopy { volume } => write!(
+                f,
+                "volume {volume} is a clone of a snapshot this element does not hold yet: a full recovery copies it"
+            ),
             Failure::ScrubMismatch { volume, blocks, first_block } => write!(
                 f,
                 "scrub: volume {volume}: {blocks} block(s) (first {first_block}) differ from the other replicas; a full recovery repairs them"

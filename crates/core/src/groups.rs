@@ -111,7 +111,7 @@ pub fn layout(volumes: &[VolumeSpec], groups: &[GroupSpec]) -> Result<(Vec<Volum
                 // The last member ends the group (no padding after it).
                 let last = volumes.iter().find(|w| Some(&w.name) == members.last()).expect("checked above");
                 let end = placed.last().expect("a member").2 + last.size_bytes;
-                storage.push(VolumeSpec { name: storage_name, size_bytes: end });
+                storage.push(VolumeSpec { name: storage_name, size_bytes: end, clone_of: None });
             }
         }
     }
@@ -167,7 +167,7 @@ mod tests {
     use super::*;
 
     fn spec(name: &str, size_bytes: u64) -> VolumeSpec {
-        VolumeSpec { name: name.into(), size_bytes }
+        VolumeSpec { name: name.into(), size_bytes, clone_of: None }
     }
 
     #[test]

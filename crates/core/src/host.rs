@@ -143,7 +143,7 @@ impl HostConfig {
         if self.exports.is_empty() {
             self.exports = crate::groups::ungrouped(&self.volumes);
         }
-        self.volumes.push(VolumeSpec { name, size_bytes: 0 });
+        self.volumes.push(VolumeSpec { name, size_bytes: 0, clone_of: None });
     }
 
     pub fn validate(&self) -> Result<(), String> {
@@ -1799,6 +1799,17 @@ impl HostCore {
         };
         if states.len() != expected {
             return self.fail_element(now, element, Failure::Protocol("added volume count".into()), true);
+        }
+        // A clone the element lacks the snapshot of is created empty, to be copied: it joins by
+        // a full recovery at its next session.
+        let uncopied = states.iter().enumerate().find(|(i, s)| {
+            (s.copying || s.repair)
+                && s.applied_sequence == Sequence::ZERO
+                && self.volumes[first + i].spec.clone_of.is_some()
+        });
+        if let Some((i, _)) = uncopied {
+            let volume = self.volumes[first + i].spec.name.clone();
+            return self.fail_element(now, element, Failure::CloneNeedsCopy { volume }, true);
         }
         if let Some(i) = states.iter().position(|s| s.applied_sequence != Sequence::ZERO || s.copying || s.repair) {
             let name = self.volumes[first + i].spec.name.clone();

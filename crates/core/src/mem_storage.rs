@@ -127,6 +127,9 @@ pub struct MemStorage {
     /// A deliberately broken variant (the simulator's `snapshot-shares-live`): a snapshot
     /// reads its live volume, as if it preserved nothing.
     pub snapshots_share_live: bool,
+    /// Broken variant `clone-starts-empty`: a clone is created empty, as if its snapshot
+    /// were not named (the simulator's clone checker must catch it).
+    pub clones_start_empty: bool,
 }
 
 impl MemStorage {
@@ -153,6 +156,7 @@ impl MemStorage {
             unsynced_lost: 0,
             applied_behind_another_volume: 0,
             snapshots_share_live: false,
+            clones_start_empty: false,
         }
     }
 
@@ -413,6 +417,10 @@ impl MemStorage {
     /// The volume as a full recovery copies it (`Err` if a block fails its checksum, as the
     /// real source's verified read does).
     pub fn copy_volume(&self, vi: usize) -> Result<VolumeCopy, String> {
+        // As the store's `copy_chunk`: a volume being copied or repaired here is no source.
+        if self.repairing(vi) {
+            return Err(format!("volume {} is being recovered here: no source for a copy", self.vols[vi].name));
+        }
         if let Some((_, b)) = self.corrupt_blocks.iter().find(|(v, _)| *v == vi) {
             return Err(format!("peer could not send blocks: block {b} fails its checksum"));
         }
@@ -551,7 +559,31 @@ impl ElementStorage for MemStorage {
                 self.resize_volume(LocalVolume(i as u32), spec.size_bytes)?;
                 Ok(LocalVolume(i as u32))
             }
-            None => Ok(self.add_volume(spec.name.clone(), spec.size_bytes)),
+            None => {
+                let base = spec.clone_of.as_ref().map(|base| {
+                    let parent = self.vols.iter().position(|v| v.name == base.volume && !v.removed);
+                    parent.and_then(|p| self.snapshot_index(p, base.snapshot))
+                });
+                let local = self.add_volume(spec.name.clone(), spec.size_bytes);
+                let vi = local.0 as usize;
+                match base {
+                    None => {}
+                    // A clone: the snapshot's content (the model copies what the store shares).
+                    Some(Some(si)) if !self.clones_start_empty => {
+                        let (data, allocated) = (self.vols[si].data.clone(), self.vols[si].allocated.clone());
+                        let v = &mut self.vols[vi];
+                        v.data[..data.len()].copy_from_slice(&data);
+                        v.allocated[..allocated.len()].copy_from_slice(&allocated);
+                    }
+                    // Broken variant `clone-starts-empty`: as if the snapshot were not named.
+                    Some(_) if self.clones_start_empty => {}
+                    // A snapshot this element does not hold (yet): empty, to be copied whole
+                    // by a full recovery (the store's copy state; here a repair).
+                    Some(None) => self.mark_for_repair(vi),
+                    Some(Some(_)) => unreachable!("matched above"),
+                }
+                Ok(local)
+            }
         }
     }
 

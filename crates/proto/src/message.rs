@@ -135,6 +135,18 @@ pub struct Record {
 pub struct VolumeSpec {
     pub name: String,
     pub size_bytes: u64,
+    /// A clone (`starfish volume clone`): the snapshot whose content it starts with. An element
+    /// that creates it and holds the snapshot shares the snapshot's blocks; one that does not
+    /// hold it (yet) creates it empty, to be filled by a full recovery. Ignored for a volume
+    /// the element holds already.
+    pub clone_of: Option<CloneBase>,
+}
+
+/// The snapshot a clone starts from: snapshot `snapshot` (its id) of storage volume `volume`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CloneBase {
+    pub volume: String,
+    pub snapshot: u64,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -563,6 +575,14 @@ fn put_volume_specs(out: &mut BytesMut, volumes: &[VolumeSpec]) {
     for v in volumes {
         put_bytes(out, v.name.as_bytes());
         out.put_u64_le(v.size_bytes);
+        match &v.clone_of {
+            None => out.put_u8(0),
+            Some(base) => {
+                out.put_u8(1);
+                put_bytes(out, base.volume.as_bytes());
+                out.put_u64_le(base.snapshot);
+            }
+        }
     }
 }
 
@@ -572,7 +592,15 @@ fn read_volume_specs(r: &mut Reader, what: &'static str) -> Result<Vec<VolumeSpe
     for _ in 0..n {
         let name = r.string("volume name", NAME_BYTES_MAX)?;
         let size_bytes = r.u64("volume size")?;
-        volumes.push(VolumeSpec { name, size_bytes });
+        let clone_of = match r.u8("clone flag")? {
+            0 => None,
+            1 => Some(CloneBase {
+                volume: r.string("clone base volume", NAME_BYTES_MAX)?,
+                snapshot: r.u64("clone base")?,
+            }),
+            flag => return Err(DecodeError::OutOfBounds { what: "clone flag", value: flag as u64 }),
+        };
+        volumes.push(VolumeSpec { name, size_bytes, clone_of });
     }
     Ok(volumes)
 }
@@ -1619,18 +1647,23 @@ mod tests {
         round_trip(HostMessage::ResizeVolumes { volumes: vec![(VolumeId(2), 1 << 30), (VolumeId(0), 4096)] });
         round_trip(HostMessage::CheckVolumes {
             request_id: 3,
-            volumes: vec![VolumeSpec { name: "big#3".into(), size_bytes: 1 << 40 }],
+            volumes: vec![VolumeSpec { name: "big#3".into(), size_bytes: 1 << 40, clone_of: None }],
         });
         round_trip(HostMessage::AddVolumes {
             volumes: vec![
-                VolumeSpec { name: "vol1".into(), size_bytes: 1 << 20 },
-                VolumeSpec { name: "g[a,b]".into(), size_bytes: 3 << 20 },
+                VolumeSpec { name: "vol1".into(), size_bytes: 1 << 20, clone_of: None },
+                VolumeSpec { name: "g[a,b]".into(), size_bytes: 3 << 20, clone_of: None },
+                VolumeSpec {
+                    name: "c#12".into(),
+                    size_bytes: 4 << 20,
+                    clone_of: Some(CloneBase { volume: "vol1".into(), snapshot: 11 }),
+                },
             ],
         });
         round_trip(HostMessage::Hello {
             epoch: Epoch(3),
             host: HostId(0xfeed),
-            volumes: vec![VolumeSpec { name: "vol0".into(), size_bytes: 1 << 30 }],
+            volumes: vec![VolumeSpec { name: "vol0".into(), size_bytes: 1 << 30, clone_of: None }],
             admin: "127.0.0.1:7190".into(),
             receipt_acks: true,
         });

@@ -421,6 +421,7 @@ pub(crate) fn start_active(
         config.volumes.push(proto::VolumeSpec {
             name: catalog::CATALOG_VOLUME.into(),
             size_bytes: catalog::CATALOG_VOLUME_BYTES,
+            clone_of: None,
         });
     }
     let (volume_orders, orders_rx) = mpsc::unbounded_channel();

@@ -295,6 +295,27 @@ impl Node {
         doc
     }
 
+    /// Create a volume as a clone of a snapshot (`starfish volume clone VOLUME@NAME NEW`).
+    pub async fn volume_clone(&self, snapshot: &str, name: &str) -> Result<Value, String> {
+        let handle = self.active.lock().await.as_ref().map(|a| a.handle.clone());
+        let Some(handle) = handle else {
+            return Err("this host element is a standby: create volumes through the active one".into());
+        };
+        let (snapshot, name) = (snapshot.to_string(), name.to_string());
+        let doc = handle
+            .volume_order(|reply| crate::volumes::VolumeOrder::Clone {
+                snapshot: snapshot.clone(),
+                name: name.clone(),
+                reply,
+            })
+            .await;
+        match &doc {
+            Ok(_) => tracing::info!(volume = %name, %snapshot, "clone created (starfish volume clone)"),
+            Err(e) => tracing::warn!(volume = %name, %snapshot, "volume clone refused: {e}"),
+        }
+        doc
+    }
+
     /// Delete a volume created while running (`starfish volume delete`).
     pub async fn volume_delete(&self, name: &str, with_snapshots: bool) -> Result<Value, String> {
         let handle = self.active.lock().await.as_ref().map(|a| a.handle.clone());

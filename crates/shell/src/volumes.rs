@@ -67,6 +67,7 @@ pub(crate) enum VolumeOrder {
     Create { name: String, size_bytes: u64, reply: oneshot::Sender<Result<Value, String>> },
     Delete { name: String, with_snapshots: bool, reply: oneshot::Sender<Result<Value, String>> },
     Resize { name: String, size_bytes: u64, shrink: bool, reply: oneshot::Sender<Result<Value, String>> },
+    Clone { snapshot: String, name: String, reply: oneshot::Sender<Result<Value, String>> },
     List { reply: oneshot::Sender<Result<Value, String>> },
     SnapshotCreate { volume: String, name: String, reply: oneshot::Sender<Result<Value, String>> },
     SnapshotDelete { volume: String, name: String, reply: oneshot::Sender<Result<Value, String>> },
@@ -116,6 +117,8 @@ struct Resizing {
 struct Creating {
     name: String,
     size_bytes: u64,
+    /// A clone: the snapshot's export name (`VOLUME@NAME`).
+    clone_of: Option<String>,
     reply: Option<oneshot::Sender<Result<Value, String>>>,
     /// Its storage volume in the core, once added.
     volume: Option<VolumeId>,
@@ -156,6 +159,8 @@ struct Catalogue {
 struct Checked {
     resize: bool,
     shrink: bool,
+    /// A clone's creation: the snapshot's export name.
+    clone_of: Option<String>,
     name: String,
     size_bytes: u64,
     reply: oneshot::Sender<Result<Value, String>>,
@@ -252,6 +257,7 @@ async fn serve(
             order = orders.recv() => match order {
                 Some(VolumeOrder::Create { name, size_bytes, reply }) => c.create(name, size_bytes, reply),
                 Some(VolumeOrder::Delete { name, with_snapshots, reply }) => c.delete(name, with_snapshots, reply).await,
+                Some(VolumeOrder::Clone { snapshot, name, reply }) => c.clone(snapshot, name, reply),
                 Some(VolumeOrder::Resize { name, size_bytes, shrink, reply }) => {
                     c.resize(name, size_bytes, shrink, reply).await
                 }
@@ -603,19 +609,45 @@ impl Catalogue {
         let stored = self.log.catalog().volumes.iter().find(|v| v.name == name).map_or(0, |v| v.storage_bytes);
         if size_bytes <= stored {
             // Within the storage volume: nothing to prepare on the elements.
-            let checked = Checked { resize: true, shrink, name, size_bytes, reply, result: Ok(()) };
+            let checked = Checked { resize: true, shrink, clone_of: None, name, size_bytes, reply, result: Ok(()) };
             return self.on_checked(checked).await;
         }
         // Prepare: the elements count the growth of a volume they hold.
-        let spec = proto::VolumeSpec { name: storage, size_bytes };
+        let spec = proto::VolumeSpec { name: storage, size_bytes, clone_of: None };
         let (handle, checked) = (self.handle.clone(), self.checked.clone());
         tokio::spawn(async move {
             let result = handle.check_volumes(vec![spec]).await;
-            answer_checked(&checked, Checked { resize: true, shrink, name, size_bytes, reply, result });
+            let checked_answer = Checked { resize: true, shrink, clone_of: None, name, size_bytes, reply, result };
+            answer_checked(&checked, checked_answer);
         });
     }
 
     fn create(&mut self, name: String, size_bytes: u64, reply: oneshot::Sender<Result<Value, String>>) {
+        self.create_volume(name, size_bytes, None, reply)
+    }
+
+    /// `starfish volume clone VOLUME@NAME NEW`: a creation of the snapshot's size whose
+    /// intention names the snapshot (see `catalog::IntentionLog::intend_clone`).
+    fn clone(&mut self, snapshot: String, name: String, reply: oneshot::Sender<Result<Value, String>>) {
+        if let Some(reason) = &self.broken {
+            let _ = reply.send(Err(format!("volume operations are off: the catalog cannot be read ({reason})")));
+            return;
+        }
+        match self.log.listed_snapshot(&snapshot) {
+            Ok(base) => self.create_volume(name, base.size_bytes, Some(snapshot), reply),
+            Err(reason) => {
+                let _ = reply.send(Err(reason));
+            }
+        }
+    }
+
+    fn create_volume(
+        &mut self,
+        name: String,
+        size_bytes: u64,
+        clone_of: Option<String>,
+        reply: oneshot::Sender<Result<Value, String>>,
+    ) {
         if let Some(reason) = &self.broken {
             let _ = reply.send(Err(format!("volume operations are off: the catalog cannot be read ({reason})")));
             return;
@@ -633,17 +665,20 @@ impl Catalogue {
         // be carried out). The checks of several creations run side by side; each comes back
         // to the loop through `checked`.
         let probe = catalog::storage_name(&name, 0);
-        let spec = proto::VolumeSpec { name: probe.clone(), size_bytes };
+        let spec = proto::VolumeSpec { name: probe.clone(), size_bytes, clone_of: None };
         let (handle, checked) = (self.handle.clone(), self.checked.clone());
         tokio::spawn(async move {
             let result = handle.check_volumes(vec![spec]).await.map_err(|reason| reason.replace(&probe, &name));
-            answer_checked(&checked, Checked { resize: false, shrink: false, name, size_bytes, reply, result });
+            answer_checked(
+                &checked,
+                Checked { resize: false, shrink: false, clone_of, name, size_bytes, reply, result },
+            );
         });
     }
 
     /// A creation's prepare answered: log its intention (or, with policy `none`, carry it out).
     async fn on_checked(&mut self, checked: Checked) {
-        let Checked { resize, shrink, name, size_bytes, reply, result } = checked;
+        let Checked { resize, shrink, clone_of, name, size_bytes, reply, result } = checked;
         if let Err(reason) = result {
             let _ = reply.send(Err(reason));
             return;
@@ -664,12 +699,17 @@ impl Catalogue {
             }
             return;
         }
-        match self.log.intend_create(now, &name, size_bytes) {
+        let intended = match &clone_of {
+            None => self.log.intend_create(now, &name, size_bytes),
+            Some(snapshot) => self.log.intend_clone(now, snapshot, &name),
+        };
+        match intended {
             Err(reason) => {
                 let _ = reply.send(Err(reason));
             }
             Ok(intention) => {
-                let creating = Creating { name, size_bytes, reply: Some(reply), volume: None, asked: Instant::now() };
+                let asked = Instant::now();
+                let creating = Creating { name, size_bytes, clone_of, reply: Some(reply), volume: None, asked };
                 self.creating.insert(intention.id, creating);
                 for unlogged in self.log.take_unlogged() {
                     self.execute(unlogged).await;
@@ -903,7 +943,7 @@ impl Catalogue {
     /// Q elements hold a created volume: answer, and complete its intention.
     fn on_created(&mut self, volume: VolumeId) {
         let Some((&id, _)) = self.creating.iter().find(|(_, k)| k.volume == Some(volume)) else { return };
-        let k = self.creating.remove(&id).expect("found");
+        let mut k = self.creating.remove(&id).expect("found");
         failpoint("volume-create:before-completion");
         let now = self.now();
         if self.log.policy() == LogPolicy::None {
@@ -912,8 +952,8 @@ impl Catalogue {
         } else {
             self.log.finish(now, id, true);
         }
-        if let Some(reply) = k.reply {
-            let _ = reply.send(Ok(self.describe_created(id, &k.name, k.size_bytes, true)));
+        if let Some(reply) = k.reply.take() {
+            let _ = reply.send(Ok(self.describe_created(id, &k, true)));
         }
     }
 
@@ -943,11 +983,7 @@ impl Catalogue {
             .map(|(id, _)| *id)
             .collect();
         for id in late {
-            let (name, size_bytes) = {
-                let k = &self.creating[&id];
-                (k.name.clone(), k.size_bytes)
-            };
-            let doc = self.describe_created(id, &name, size_bytes, false);
+            let doc = self.describe_created(id, &self.creating[&id], false);
             if let Some(reply) = self.creating.get_mut(&id).and_then(|k| k.reply.take()) {
                 let _ = reply.send(Ok(doc));
             }
@@ -1185,6 +1221,7 @@ impl Catalogue {
                     "id": reference.id,
                     "size_bytes": e.size_bytes,
                     "taken_at": reference.taken_at.0,
+                    "clones": self.log.clones_of(reference.id),
                     "state": "ready",
                 }))
             })
@@ -1203,11 +1240,12 @@ impl Catalogue {
         json!({ "snapshots": snapshots, "intention_log": self.log.policy().as_str(), "catalog_error": self.broken })
     }
 
-    fn describe_created(&self, id: u64, name: &str, size_bytes: u64, on_quorum: bool) -> Value {
+    fn describe_created(&self, id: u64, k: &Creating, on_quorum: bool) -> Value {
         json!({
-            "name": name,
-            "size_bytes": size_bytes,
-            "storage_volume": catalog::storage_name(name, id),
+            "name": k.name,
+            "size_bytes": k.size_bytes,
+            "clone_of": k.clone_of,
+            "storage_volume": catalog::storage_name(&k.name, id),
             "intention": id,
             "intention_log": self.log.policy().as_str(),
             "on_write_quorum": on_quorum,
@@ -1232,14 +1270,16 @@ impl Catalogue {
                     Some(_) => "resizing",
                     None => "ready",
                 };
-                let storage_bytes =
-                    made.and_then(|storage| served.iter().find(|v| &v.spec().name == storage)).map(|v| v.storage_bytes);
+                let listed = made.and_then(|storage| served.iter().find(|v| &v.spec().name == storage));
+                let storage_bytes = listed.map(|v| v.storage_bytes);
+                let clone_of = listed.and_then(|v| v.clone_of.as_ref()).map(|s| s.export_name());
                 json!({
                     "name": e.name,
                     "size_bytes": e.size_bytes,
                     "storage_bytes": storage_bytes,
                     "group": e.group,
                     "origin": if made.is_some() { "created" } else { "configured" },
+                    "clone_of": clone_of,
                     "storage_volume": made,
                     "state": state,
                     "resizing_to": resizing.map(|r| r.size_bytes),

@@ -113,6 +113,7 @@ impl Element {
         let largest = volumes.iter().map(|v| v.size_bytes).max().unwrap_or(0).max(largest);
         let mut storage = MemStorage::new(largest, fsync_us, replay_log_bytes, fencing);
         storage.snapshots_share_live = broken == Broken::SnapshotSharesLive;
+        storage.clones_start_empty = broken == Broken::CloneStartsEmpty;
         for v in volumes {
             storage.add_volume(v.name.clone(), v.size_bytes);
         }
@@ -143,7 +144,7 @@ impl Element {
             .map(|i| {
                 let v = &storage.vols[i];
                 let size_bytes = if v.removed || v.snapshot_of.is_some() { 0 } else { v.data.len() as u64 };
-                let spec = proto::VolumeSpec { name: v.name.clone(), size_bytes };
+                let spec = proto::VolumeSpec { name: v.name.clone(), size_bytes, clone_of: None };
                 (spec, storage.info(LocalVolume(i as u32)))
             })
             .collect();

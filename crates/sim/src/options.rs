@@ -208,6 +208,9 @@ pub enum Broken {
     /// With `--snapshots`: an element's snapshot preserves nothing and reads its live volume
     /// (no copy before write): a snapshot changes with every later write.
     SnapshotSharesLive,
+    /// With `--snapshots --volume-ops`: an element creates a clone empty, as if it did not
+    /// name its snapshot: the clone reads zeroes where it should read the snapshot.
+    CloneStartsEmpty,
 }
 
 impl Broken {
@@ -228,6 +231,7 @@ impl Broken {
             "stale-catalog" => Some(Broken::StaleCatalog),
             "shrink-keeps-tail" => Some(Broken::ShrinkKeepsTail),
             "snapshot-shares-live" => Some(Broken::SnapshotSharesLive),
+            "clone-starts-empty" => Some(Broken::CloneStartsEmpty),
             _ => None,
         }
     }
@@ -248,6 +252,7 @@ impl Broken {
             Broken::StaleCatalog => "stale-catalog",
             Broken::ShrinkKeepsTail => "shrink-keeps-tail",
             Broken::SnapshotSharesLive => "snapshot-shares-live",
+            Broken::CloneStartsEmpty => "clone-starts-empty",
         }
     }
 }

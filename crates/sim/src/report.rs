@@ -70,6 +70,10 @@ pub struct RunReport {
     pub snapshots_taken: u64,
     pub snapshots_deleted: u64,
     pub snapshot_reads_checked: u64,
+    /// Clones created and acknowledged, and reads of clones (judged as reads of their
+    /// snapshots) (`--snapshots --volume-ops`).
+    pub clones_created: u64,
+    pub clone_reads: u64,
     pub sim_ms: u64,
     pub events: u64,
     pub digest: u64,
@@ -116,6 +120,8 @@ pub struct Summary {
     pub snapshots_taken: u64,
     pub snapshots_deleted: u64,
     pub snapshot_reads_checked: u64,
+    pub clones_created: u64,
+    pub clone_reads: u64,
     pub sim_ms: u64,
     pub events: u64,
     /// (seed, first violation, count, replay command)
@@ -159,6 +165,8 @@ impl Summary {
         self.snapshots_taken += r.snapshots_taken;
         self.snapshots_deleted += r.snapshots_deleted;
         self.snapshot_reads_checked += r.snapshot_reads_checked;
+        self.clones_created += r.clones_created;
+        self.clone_reads += r.clone_reads;
         self.sim_ms += r.sim_ms;
         self.events += r.events;
         if !r.violations.is_empty() {
@@ -227,6 +235,13 @@ impl Summary {
                 s,
                 "snapshots taken and acknowledged: {}, deleted: {}, snapshot reads judged: {}",
                 self.snapshots_taken, self.snapshots_deleted, self.snapshot_reads_checked
+            );
+        }
+        if self.clones_created > 0 {
+            let _ = writeln!(
+                s,
+                "clones created and acknowledged: {}, clone reads (judged as their snapshots' reads): {}",
+                self.clones_created, self.clone_reads
             );
         }
         if self.group_states_checked > 0 {

@@ -355,8 +355,15 @@ enum Internal {
     CatalogRead,
     CatalogWrite,
     CatalogFlush,
-    Check { name: String },
-    CheckResize { name: String, size_bytes: u64 },
+    /// A creation's prepare (of a clone of the snapshot at this index of `World::snapshots`).
+    Check {
+        name: String,
+        clone_of: Option<usize>,
+    },
+    CheckResize {
+        name: String,
+        size_bytes: u64,
+    },
 }
 
 /// A snapshot a host asked for (`--snapshots`).
@@ -370,6 +377,9 @@ struct SimSnapshot {
     acked: bool,
     /// Its deletion was asked for: it is read no more.
     deleting: bool,
+    /// A clone of it was asked for (`--volume-ops`): as the catalog refuses to delete a
+    /// snapshot with clones (made or being made), it is never deleted.
+    cloned: bool,
 }
 
 /// A volume created while running (`--volume-ops`).
@@ -396,6 +406,9 @@ struct Created {
     /// A shrink to this size was asked and not acknowledged: a new host element may serve
     /// the volume that small (the shrink rolled forward) or as it was (never logged).
     shrink_to: Option<u64>,
+    /// A clone (`--snapshots --volume-ops`) of the snapshot at this index of
+    /// `World::snapshots`: the workload only reads it, as that snapshot (never resized).
+    clone_of: Option<usize>,
 }
 
 /// A shrink carried out whose blocks past the new end are being zeroed, as the shell's
@@ -439,6 +452,9 @@ pub struct World {
     /// Whether a volume operation is a resize: a stream of its own, so that runs that resize
     /// nothing take the same path as before resizes existed.
     rng_resize: Rng,
+    /// Whether a creation is a clone (`--snapshots --volume-ops`): its own stream, so that
+    /// other runs draw as before.
+    rng_clone: Rng,
     /// The first epoch the last host element offered (what its clock said).
     last_offer: u64,
     elements: Vec<Element>,
@@ -557,7 +573,7 @@ impl World {
         let (mut storage_volumes, exports, group_storage) = layout(&o, &sc);
         if o.volume_ops {
             let name = starfish_core::catalog::CATALOG_VOLUME.to_string();
-            storage_volumes.push(VolumeSpec { name, size_bytes: CATALOG_BYTES });
+            storage_volumes.push(VolumeSpec { name, size_bytes: CATALOG_BYTES, clone_of: None });
         }
         let volume_count = exports.len();
         let export_storage = exports.iter().map(|e| storage_volumes[e.volume].name.clone()).collect();
@@ -603,6 +619,7 @@ impl World {
             rng_clock: Rng::new(o.seed, 7),
             rng_ops: Rng::new(o.seed, 9),
             rng_resize: Rng::new(o.seed, 10),
+            rng_clone: Rng::new(o.seed, 11),
             last_offer: 1,
             sc,
             o,
@@ -1228,7 +1245,8 @@ impl World {
                     // As `copy.rs`: a session to the source with a one-volume hello, then the
                     // volume (taken whole here, see `peer_reply`).
                     let local = &self.elements[element].storage.vols[volume.0 as usize];
-                    let spec = VolumeSpec { name: local.name.clone(), size_bytes: local.data.len() as u64 };
+                    let spec =
+                        VolumeSpec { name: local.name.clone(), size_bytes: local.data.len() as u64, clone_of: None };
                     let hello = HostMessage::Hello {
                         epoch,
                         host,
@@ -1336,7 +1354,7 @@ impl World {
             .storage
             .vols
             .iter()
-            .map(|v| VolumeSpec { name: v.name.clone(), size_bytes: v.data.len() as u64 })
+            .map(|v| VolumeSpec { name: v.name.clone(), size_bytes: v.data.len() as u64, clone_of: None })
             .collect();
         let v = self.rng_fault.below(volumes as u64) as usize;
         let applied = self.elements[e].storage.vols[v].applied();
@@ -2181,6 +2199,14 @@ impl World {
         if self.o.snapshots && volume < self.sc.volumes && self.rng_work.chance(0.08) {
             return self.snapshot_request(instance, volume, client);
         }
+        if let Some(k) = self.created.iter().find(|c| c.volume == volume).and_then(|c| c.clone_of) {
+            // A clone is only read, as its snapshot: it must read exactly as the snapshot does.
+            let parent = self.snapshots[k].volume;
+            let (first, sectors) = self.pick_range(OpKind::Read, parent);
+            return self.with_host(instance, |w| {
+                w.submit_clone_read(volume, k, first, sectors, Some(client));
+            });
+        }
         let kind = match self.rng_work.below(100) {
             0..=41 => OpKind::Write,
             42..=46 => OpKind::Trim,
@@ -2283,11 +2309,15 @@ impl World {
         let readable: Vec<usize> = (0..self.snapshots.len())
             .filter(|&k| self.snapshots[k].volume == volume && self.snapshots[k].acked && !self.snapshots[k].deleting)
             .collect();
+        // As the catalog refuses it: a snapshot with clones is not deleted.
+        let cloned = |k: usize| self.snapshots[k].cloned;
         let r = self.rng_work.below(100);
         let (kind, target) = match readable.first() {
             None => (OpKind::Snapshot, None),
             Some(_) if r < 20 && readable.len() < 4 => (OpKind::Snapshot, None),
-            Some(&oldest) if r < 30 || readable.len() >= 4 && r < 40 => (OpKind::SnapshotDelete, Some(oldest)),
+            Some(&oldest) if (r < 30 || readable.len() >= 4 && r < 40) && !cloned(oldest) => {
+                (OpKind::SnapshotDelete, Some(oldest))
+            }
             Some(_) => (OpKind::SnapshotRead, Some(readable[self.rng_work.below(readable.len() as u64) as usize])),
         };
         let (first, sectors) = match kind {
@@ -2297,6 +2327,29 @@ impl World {
         self.with_host(instance, |w| {
             w.submit_snapshot(kind, volume, first, sectors, target, client);
         });
+    }
+
+    /// A read of clone `volume` of snapshot `k`: to the model a read of the snapshot (of its
+    /// volume's sectors), to the core an ordinary read of the clone's storage volume.
+    fn submit_clone_read(&mut self, volume: usize, k: usize, first: u64, sectors: u64, client: Option<usize>) -> u64 {
+        let now = self.now;
+        let instance = self.host.as_ref().expect("requests need a host element").instance;
+        let (of, parent) = (self.snapshots[k].id, self.snapshots[k].volume);
+        let id = self.model.submit(OpKind::SnapshotRead, parent, first, sectors, instance);
+        if let Some(c) = client {
+            self.clients[c] = Some(id);
+        }
+        self.report.clone_reads += 1;
+        self.trace(|| {
+            format!("request #{id} read of clone volume {volume} (snapshot #{of}) sectors {first}+{sectors}")
+        });
+        self.snapshot_reads.insert(id, of);
+        let (storage, base) = self.place(volume);
+        let (offset_bytes, length_bytes) = ((base + first) * SECTOR_BYTES, (sectors * SECTOR_BYTES) as u32);
+        let host = self.host.as_mut().expect("checked");
+        host.core.handle_host_read(now, Token(id), VolumeId(storage as u32), offset_bytes, length_bytes);
+        self.drain();
+        id
     }
 
     /// Hand a snapshot request to the core, as the shell's catalog task and NBD server do: a
@@ -2320,7 +2373,7 @@ impl World {
         let (token, vid) = (Token(id), VolumeId(storage as u32));
         match kind {
             OpKind::Snapshot => {
-                self.snapshots.push(SimSnapshot { id, volume, acked: false, deleting: false });
+                self.snapshots.push(SimSnapshot { id, volume, acked: false, deleting: false, cloned: false });
                 let host = self.host.as_mut().expect("checked");
                 host.unsequenced[storage].push_back(id);
                 host.core.handle_host_write(now, token, vid, Op::Snapshot { id });
@@ -2972,6 +3025,17 @@ impl World {
                 continue;
             }
             let sectors = self.volume_sectors[v];
+            if let Some(k) = self.created.iter().find(|c| c.volume == v).and_then(|c| c.clone_of) {
+                // A clone reads, whole, as its snapshot.
+                let mut at = 0;
+                while at < sectors {
+                    let count = 256.min(sectors - at);
+                    let id = self.submit_clone_read(v, k, at, count, None);
+                    self.final_requests.push(id);
+                    at += count;
+                }
+                continue;
+            }
             let first = self.rng_work.below(sectors - 8);
             let id = self.submit(OpKind::Write, v, first, 8, None);
             self.final_requests.push(id);
@@ -3246,11 +3310,30 @@ impl World {
                     }
                 }
             }
-            (Internal::Check { name }, Reply::Checked(Ok(()))) => {
+            (Internal::Check { name, clone_of }, Reply::Checked(Ok(()))) => {
                 let now = self.now;
                 let size = self.sc.volume_bytes;
+                // The simulated hosts take snapshots of configured volumes through the core,
+                // not the catalog: the clone's intention names the snapshot as the catalog
+                // would list it.
+                let base = clone_of.map(|k| {
+                    let s = &self.snapshots[k];
+                    starfish_core::catalog::CatalogSnapshot {
+                        id: s.id,
+                        volume: format!("vol{}", s.volume),
+                        volume_id: starfish_core::catalog::CONFIGURED_VOLUME_ID,
+                        name: format!("s{}", s.id),
+                        size_bytes: size,
+                        taken_at: self.model.op(s.id).seq.map_or(0, |(_, sequence)| sequence.0),
+                    }
+                });
                 let host = self.host.as_mut().expect("checked");
-                match host.catalog.as_mut().expect("read").intend_create(now, &name, size) {
+                let log = host.catalog.as_mut().expect("read");
+                let intended = match base {
+                    None => log.intend_create(now, &name, size),
+                    Some(base) => log.intend_clone_of(now, &name, base),
+                };
+                match intended {
                     Ok(_) => self.catalog_step(),
                     Err(reason) => {
                         host.creating = false;
@@ -3408,6 +3491,7 @@ impl World {
                     None => {
                         // Logged by a host element that crashed before executing it.
                         let v = self.add_hosts_volume(storage);
+                        let clone_of = self.snapshot_index(spec);
                         self.created.push(Created {
                             name: name.clone(),
                             storage: spec.name.clone(),
@@ -3420,6 +3504,7 @@ impl World {
                             resize_intention: None,
                             resize_acked_bytes: 0,
                             shrink_to: None,
+                            clone_of,
                         });
                         v
                     }
@@ -3575,7 +3660,12 @@ impl World {
             }
         }
         let resizable = self.created.iter().position(|c| {
-            c.acked && !c.deleting && c.resize_intention.is_none() && c.shrink_to.is_none() && self.served[c.volume]
+            c.acked
+                && !c.deleting
+                && c.resize_intention.is_none()
+                && c.shrink_to.is_none()
+                && c.clone_of.is_none()
+                && self.served[c.volume]
         });
         if let Some(ci) = resizable {
             let now_bytes = self.volume_sectors[self.created[ci].volume] * SECTOR_BYTES;
@@ -3600,7 +3690,7 @@ impl World {
                 let now_bytes = self.volume_sectors[self.created[ci].volume] * SECTOR_BYTES;
                 let size_bytes = (now_bytes + self.sc.volume_bytes / 2).min(GROW_MAX_FACTOR * self.sc.volume_bytes);
                 let (name, storage) = (self.created[ci].name.clone(), self.created[ci].storage.clone());
-                let spec = VolumeSpec { name: storage, size_bytes };
+                let spec = VolumeSpec { name: storage, size_bytes, clone_of: None };
                 self.maybe_crash_mid_op();
                 self.host.as_mut().expect("checked").creating = true;
                 self.trace(|| format!("volume resize {name} to {size_bytes}"));
@@ -3613,12 +3703,28 @@ impl World {
         if self.created.len() >= CREATED_MAX {
             return;
         }
+        // With snapshots (not of groups: their storage volume is the group's), some creations
+        // are clones of a snapshot acknowledged and not being deleted.
+        let clonable: Vec<usize> = if self.o.snapshots && !self.o.groups {
+            (0..self.snapshots.len()).filter(|&k| self.snapshots[k].acked && !self.snapshots[k].deleting).collect()
+        } else {
+            Vec::new()
+        };
+        let clone_of = match clonable.is_empty() {
+            false if self.rng_clone.chance(0.5) => Some(clonable[self.rng_clone.below(clonable.len() as u64) as usize]),
+            _ => None,
+        };
+        if let Some(k) = clone_of {
+            self.snapshots[k].cloned = true;
+        }
         let name = format!("c{total}");
-        let spec = VolumeSpec { name: format!("{name}#check"), size_bytes: self.sc.volume_bytes };
+        let spec = VolumeSpec { name: format!("{name}#check"), size_bytes: self.sc.volume_bytes, clone_of: None };
         self.maybe_crash_mid_op();
         self.host.as_mut().expect("checked").creating = true;
-        self.trace(|| format!("volume create {name}"));
-        self.internal(Internal::Check { name }, |core, now, token| core.check_volumes(now, token, vec![spec]));
+        self.trace(|| format!("volume create {name} (a clone of {clone_of:?})"));
+        self.internal(Internal::Check { name, clone_of }, |core, now, token| {
+            core.check_volumes(now, token, vec![spec])
+        });
     }
 
     /// Sometimes, crash the host element a little later (0–40 ms: before, during or after
@@ -3901,6 +4007,7 @@ impl World {
                 }
                 let v = self.add_hosts_volume(ids[0].0 as usize);
                 self.served[v] = true;
+                let clone_of = self.snapshot_index(&spec);
                 self.created.push(Created {
                     name: volume.name.clone(),
                     storage: spec.name.clone(),
@@ -3913,6 +4020,7 @@ impl World {
                     resize_intention: None,
                     resize_acked_bytes: 0,
                     shrink_to: None,
+                    clone_of,
                 });
                 self.trace(|| format!("volume {} added as {}", volume.name, spec.name));
             }
@@ -3928,6 +4036,14 @@ impl World {
         }
     }
 
+    /// The snapshot (its index in `snapshots`) a clone's spec names.
+    fn snapshot_index(&self, spec: &VolumeSpec) -> Option<usize> {
+        let base = spec.clone_of.as_ref()?;
+        let k = self.snapshots.iter().position(|s| s.id == base.snapshot);
+        assert!(k.is_some(), "a clone of snapshot #{} the hosts never took", base.snapshot);
+        k
+    }
+
     /// Q elements hold a created volume: the operator is answered; the completion is written.
     fn on_volume_created(&mut self, volume: VolumeId) {
         let Some(host) = self.host.as_ref() else { return };
@@ -3935,6 +4051,7 @@ impl World {
         let Some(c) = self.created.iter_mut().find(|c| c.storage == storage) else { return };
         c.acked = true;
         self.report.volumes_created += 1;
+        self.report.clones_created += c.clone_of.is_some() as u64;
         let (id, name) = (c.intention, c.name.clone());
         self.trace(|| format!("volume {name} created (acknowledged)"));
         self.maybe_crash_mid_op();
@@ -4106,8 +4223,9 @@ impl World {
 /// consistency group, as the host element's shell lays them out (`starfish_core::groups`):
 /// with `--groups`, vol0 and vol1 form group `g`; `split-group` lays every volume out alone.
 fn layout(o: &SimOptions, sc: &Scenario) -> (Vec<VolumeSpec>, Vec<ExportedVolume>, Vec<usize>) {
-    let volumes: Vec<VolumeSpec> =
-        (0..sc.volumes).map(|v| VolumeSpec { name: format!("vol{v}"), size_bytes: sc.volume_bytes }).collect();
+    let volumes: Vec<VolumeSpec> = (0..sc.volumes)
+        .map(|v| VolumeSpec { name: format!("vol{v}"), size_bytes: sc.volume_bytes, clone_of: None })
+        .collect();
     if !o.groups || sc.volumes < 2 {
         return (volumes.clone(), starfish_core::groups::ungrouped(&volumes), Vec::new());
     }

@@ -482,3 +482,25 @@ fn a_snapshot_never_changes_and_one_that_shares_its_live_volume_is_caught() {
     eprintln!("--broken snapshot-shares-live: caught seeds {caught:?} of 15000..15040");
     assert!(caught.len() >= 20, "a snapshot that shares its live volume must be caught, got {caught:?}");
 }
+
+#[test]
+fn a_clone_reads_as_its_snapshot_and_one_created_empty_is_caught() {
+    let mut o = SimOptions::new(0, 3, 2);
+    o.snapshots = true;
+    o.volume_ops = true;
+    let reports = run_many(&o, 16000, 40, 2);
+    let failed: Vec<String> = reports
+        .iter()
+        .filter(|r| !r.violations.is_empty())
+        .map(|r| format!("{}: {}", r.seed, r.violations[0]))
+        .collect();
+    assert!(failed.is_empty(), "correct code, seeds 16000..16040: {failed:?}");
+    let (clones, reads): (u64, u64) =
+        reports.iter().fold((0, 0), |(c, n), r| (c + r.clones_created, n + r.clone_reads));
+    assert!(clones >= 10 && reads >= 1000, "the runs make and read clones: {clones} made, {reads} reads");
+    o.broken = Broken::CloneStartsEmpty;
+    let reports = run_many(&o, 16000, 40, 2);
+    let caught: Vec<u64> = reports.iter().filter(|r| !r.violations.is_empty()).map(|r| r.seed).collect();
+    eprintln!("--broken clone-starts-empty: caught seeds {caught:?} of 16000..16040");
+    assert!(caught.len() >= 12, "a clone created empty must be caught, got {caught:?}");
+}

@@ -292,8 +292,23 @@ enum VolumeAction {
     /// it comes back); NBD clients that connect from then on see the new size, the new blocks
     /// read as zeroes. Allowed while the volume is in use. Failure-atomic, as creation.
     Resize(VolumeResizeArgs),
+    /// Create a volume as a clone of a snapshot (VOLUME@NAME): a writable volume of the
+    /// snapshot's size that starts with its content and shares, on every element, the blocks
+    /// it has not written. It can be snapshotted and cloned in turn; the snapshot cannot be
+    /// deleted while it has clones. Failure-atomic, as creation.
+    Clone(VolumeCloneArgs),
     /// List the volumes served: configured ones and those created while running.
     List(VolumeListArgs),
+}
+
+#[derive(Args, Debug)]
+struct VolumeCloneArgs {
+    /// The snapshot to clone, VOLUME@NAME (see starfish snapshot list).
+    snapshot: String,
+    /// The new volume's name: letters, digits, '.', '_' and '-'.
+    name: String,
+    #[command(flatten)]
+    target: AdminTarget,
 }
 
 #[derive(Args, Debug)]
@@ -783,6 +798,40 @@ fn volume(args: VolumeArgs) -> Result<()> {
                 );
             }
         }
+        VolumeAction::Clone(args) => {
+            let target = &args.target;
+            if args.snapshot.rsplit_once('@').is_none_or(|(v, n)| v.is_empty() || n.is_empty()) {
+                bail!("{}: name the snapshot to clone as VOLUME@NAME (see starfish snapshot list)", args.snapshot);
+            }
+            let tls = config::load_tls(target.tls_dir.as_deref())?;
+            let path = format!(
+                "/volumes/clone?snapshot={}&name={}",
+                config::percent_encode(&args.snapshot),
+                config::percent_encode(&args.name)
+            );
+            let body = rt
+                .block_on(shell::admin::request(target.admin, "POST", &path, tls.as_ref()))
+                .map_err(admin_error)
+                .with_context(|| format!("no clone {} of {} was created", args.name, args.snapshot))?;
+            let doc: serde_json::Value = serde_json::from_str(&body).context("admin endpoint sent bad JSON")?;
+            if target.json {
+                println!("{doc}");
+            } else {
+                let quorum = if doc["on_write_quorum"] == true {
+                    "held by a write quorum of elements"
+                } else {
+                    "not yet held by a write quorum of elements (they create it as they answer or come back)"
+                };
+                let size = doc["size_bytes"].as_u64().unwrap_or(0);
+                println!(
+                    "created volume {} ({}), a clone of {}, {quorum}; exported over NBD as {}",
+                    args.name,
+                    config::format_size_approx(size),
+                    args.snapshot,
+                    args.name
+                );
+            }
+        }
         VolumeAction::Delete(args) => {
             let target = &args.target;
             let tls = config::load_tls(target.tls_dir.as_deref())?;
@@ -861,7 +910,10 @@ fn volume(args: VolumeArgs) -> Result<()> {
                     stored.map_or("-".to_string(), config::format_size_approx),
                     v["origin"].as_str().unwrap_or("?"),
                     v["group"].as_str().unwrap_or("-"),
-                    v["state"].as_str().unwrap_or("?"),
+                    match v["clone_of"].as_str() {
+                        Some(snapshot) => format!("{} (clone of {snapshot})", v["state"].as_str().unwrap_or("?")),
+                        None => v["state"].as_str().unwrap_or("?").to_string(),
+                    },
                 );
             }
             if let Some(e) = doc["catalog_error"].as_str() {
@@ -944,7 +996,13 @@ fn snapshot(args: SnapshotArgs) -> Result<()> {
                     s["volume"].as_str().unwrap_or("?"),
                     s["size_bytes"].as_u64().map_or("-".to_string(), config::format_size_approx),
                     s["taken_at"].as_u64().map_or("-".to_string(), |t| t.to_string()),
-                    s["state"].as_str().unwrap_or("?"),
+                    match s["clones"].as_array().filter(|c| !c.is_empty()) {
+                        Some(clones) => {
+                            let names: Vec<&str> = clones.iter().filter_map(|c| c.as_str()).collect();
+                            format!("{} (clones: {})", s["state"].as_str().unwrap_or("?"), names.join(", "))
+                        }
+                        None => s["state"].as_str().unwrap_or("?").to_string(),
+                    },
                 );
             }
             if let Some(e) = doc["catalog_error"].as_str() {

@@ -53,9 +53,12 @@ impl ElementStorage for &Store {
     }
 
     fn ensure_volume(&mut self, spec: &VolumeSpec) -> Result<LocalVolume, String> {
-        Store::ensure_volume(self, &spec.name, spec.size_bytes)
-            .map(|h| LocalVolume(h.number()))
-            .map_err(|e| e.to_string())
+        match &spec.clone_of {
+            None => Store::ensure_volume(self, &spec.name, spec.size_bytes),
+            Some(base) => Store::ensure_clone(self, &spec.name, spec.size_bytes, &base.volume, base.snapshot),
+        }
+        .map(|h| LocalVolume(h.number()))
+        .map_err(|e| e.to_string())
     }
 
     fn info(&self, volume: LocalVolume) -> VolumeInfo {

@@ -16,14 +16,18 @@ const META_MAGIC: [u8; 8] = *b"SFSTMETA";
 /// holder unknown, identity chosen at the next open).
 /// 4: a volume may be a snapshot of another (a flag byte after the name; versions 2 and 3 are
 /// read as having none).
-const META_VERSION: u32 = 4;
+/// 5: a volume may be a clone of a snapshot (a second flag byte; older versions have none).
+const META_VERSION: u32 = 5;
 const META_VERSION_OLDEST: u32 = 2;
 const META_HEADER_BYTES: usize = 24;
 const META_VOLUME_BYTES_MIN: usize = 4 + 4 + 8 + 8 + 8 + 2;
 /// A snapshot's flag byte and its parent number, sequence and id.
 const META_SNAPSHOT_BYTES: usize = 1 + 4 + 8 + 8;
-const META_BYTES_MAX: usize =
-    META_HEADER_BYTES + 48 + VOLUMES_MAX * (META_VOLUME_BYTES_MIN + META_SNAPSHOT_BYTES + VOLUME_NAME_BYTES_MAX);
+/// A clone's flag byte and its base snapshot's number.
+const META_CLONE_BYTES: usize = 1 + 4;
+const META_BYTES_MAX: usize = META_HEADER_BYTES
+    + 48
+    + VOLUMES_MAX * (META_VOLUME_BYTES_MIN + META_SNAPSHOT_BYTES + META_CLONE_BYTES + VOLUME_NAME_BYTES_MAX);
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Meta {
@@ -55,6 +59,9 @@ pub struct VolumeMeta {
     pub map_digest: u32,
     /// Set if the volume is a snapshot of another.
     pub snapshot_of: Option<SnapshotOf>,
+    /// Set if the volume is a live clone of a snapshot: the snapshot's volume number. A block
+    /// the clone does not own (see `Volume::owns`) reads through that snapshot.
+    pub clone_of: Option<u32>,
 }
 
 /// What makes a volume a snapshot: the live volume it was taken of, at which sequence of it,
@@ -97,6 +104,13 @@ impl Meta {
                     body.extend_from_slice(&snapshot.parent.to_le_bytes());
                     body.extend_from_slice(&snapshot.taken_at.0.to_le_bytes());
                     body.extend_from_slice(&snapshot.id.to_le_bytes());
+                }
+            }
+            match volume.clone_of {
+                None => body.push(0),
+                Some(base) => {
+                    body.push(1);
+                    body.extend_from_slice(&base.to_le_bytes());
                 }
             }
         }
@@ -163,7 +177,21 @@ impl Meta {
                 1 => Some(SnapshotOf { parent: reader.u32()?, taken_at: Sequence(reader.u64()?), id: reader.u64()? }),
                 flag => return Err(format!("volume {number} has snapshot flag {flag}")),
             };
-            volumes.push(VolumeMeta { number, name, size_bytes, applied, applied_epoch, map_digest, snapshot_of });
+            let clone_of = match if version >= 5 { reader.take(1)?[0] } else { 0 } {
+                0 => None,
+                1 => Some(reader.u32()?),
+                flag => return Err(format!("volume {number} has clone flag {flag}")),
+            };
+            volumes.push(VolumeMeta {
+                number,
+                name,
+                size_bytes,
+                applied,
+                applied_epoch,
+                map_digest,
+                snapshot_of,
+                clone_of,
+            });
         }
         for volume in &volumes {
             if let Some(snapshot) = volume.snapshot_of {
@@ -172,6 +200,19 @@ impl Meta {
                     return Err(format!(
                         "volume {} is a snapshot of volume {}, which is not a live volume at least as large",
                         volume.number, snapshot.parent
+                    ));
+                }
+            }
+            if let Some(base) = volume.clone_of {
+                let snapshot = volumes.iter().find(|v| v.number == base);
+                // A base that is gone (a repair removed it) makes the clone a repair when the
+                // store opens.
+                if volume.snapshot_of.is_some()
+                    || snapshot.is_some_and(|s| s.snapshot_of.is_none() || s.size_bytes > volume.size_bytes)
+                {
+                    return Err(format!(
+                        "volume {} is a clone of volume {base}, which is not a snapshot at most as large, or it is a snapshot itself",
+                        volume.number
                     ));
                 }
             }
@@ -245,7 +286,7 @@ mod tests {
             element_id: 42,
             generation: 3,
             log_start: 12,
-            next_volume_number: 3,
+            next_volume_number: 4,
             volumes: vec![
                 VolumeMeta {
                     number: 0,
@@ -255,6 +296,7 @@ mod tests {
                     applied_epoch: Epoch(6),
                     map_digest: 9,
                     snapshot_of: None,
+                    clone_of: None,
                 },
                 VolumeMeta {
                     number: 1,
@@ -264,6 +306,7 @@ mod tests {
                     applied_epoch: Epoch(0),
                     map_digest: 0,
                     snapshot_of: None,
+                    clone_of: None,
                 },
                 VolumeMeta {
                     number: 2,
@@ -273,6 +316,17 @@ mod tests {
                     applied_epoch: Epoch(6),
                     map_digest: 1,
                     snapshot_of: Some(SnapshotOf { parent: 0, taken_at: Sequence(4), id: 5 }),
+                    clone_of: None,
+                },
+                VolumeMeta {
+                    number: 3,
+                    name: "c#9".into(),
+                    size_bytes: 2 << 20,
+                    applied: Sequence(2),
+                    applied_epoch: Epoch(6),
+                    map_digest: 4,
+                    snapshot_of: None,
+                    clone_of: Some(2),
                 },
             ],
         };

@@ -29,6 +29,7 @@ use crate::{
     VOLUMES_MAX, VOLUME_BYTES_MAX, VOLUME_NAME_BYTES_MAX, WRITEBACK_KICK_BYTES,
 };
 
+mod clone;
 mod copy;
 mod snapshot;
 
@@ -348,6 +349,30 @@ impl Store {
             }
         }
         let snapshot_count = volumes.iter().filter(|v| v.snapshot_of.is_some()).count();
+        // Clones whose base snapshot is gone (`Store::repair` removed it; nothing else takes a
+        // base from a clone) read wrong blocks: each becomes a repair, a full recovery that
+        // verifies every block (the copy state durable before the metadata forgets the base).
+        let orphans: Vec<usize> = (0..volumes.len())
+            .filter(|&k| {
+                volumes[k]
+                    .clone_base()
+                    .is_some_and(|base| !volumes.iter().any(|s| s.number == base && s.snapshot_of.is_some()))
+            })
+            .collect();
+        for &k in &orphans {
+            let v = &volumes[k];
+            let state = CopyState::fresh(true);
+            copy::save(dir, v.number, &state)?;
+            *lock(&v.copy) = Some(state);
+            *lock(&v.clone_of) = None;
+            if let Some(entry) = meta.volumes.iter_mut().find(|m| m.number == v.number) {
+                entry.clone_of = None;
+            }
+            tracing::error!(volume = %v.name, "clone whose base snapshot is gone: a full recovery that verifies every block repairs it");
+        }
+        if !orphans.is_empty() {
+            meta.write(dir)?;
+        }
 
         for id in &chain {
             if *id != live {
@@ -633,18 +658,22 @@ impl Store {
             }
             return Ok(handle);
         }
-        self.create_volume_locked(&mut committer, name, size_bytes, None)
+        self.create_volume_locked(&mut committer, name, size_bytes, None, None, None)
     }
 
-    /// Create a volume (a snapshot if `snapshot_of` says so) durably, the commit lock held:
-    /// files first, then the metadata (the commit point). The caller checked the name, the
-    /// size and the room for it, and holds no lock of the volume list.
+    /// Create a volume (a snapshot if `snapshot_of` says so, a clone of the snapshot numbered
+    /// `clone_of`, or one a full recovery is to fill if `copy` says so) durably, the commit
+    /// lock held: files first (the copy state too), then the metadata (the commit point). The
+    /// caller checked the name, the size and the room for it, and holds no lock of the volume
+    /// list.
     fn create_volume_locked(
         &self,
         committer: &mut MutexGuard<'_, Committer>,
         name: &str,
         size_bytes: u64,
         snapshot_of: Option<SnapshotOf>,
+        clone_of: Option<u32>,
+        copy: Option<CopyState>,
     ) -> Result<VolumeHandle, StoreError> {
         let invalid = |reason: String| Err(StoreError::InvalidVolume { name: name.to_string(), reason });
         let (count, number) = {
@@ -669,6 +698,9 @@ impl Store {
         data.set_len(size_bytes).map_err(io_error("size volume data", &data_path))?;
         data.sync_all().map_err(io_error("sync volume data", &data_path))?;
         let map_file = MapFile::create(&map_path(dir, number), name, number, size_bytes)?;
+        if let Some(state) = &copy {
+            copy::save(dir, number, state)?;
+        }
         let volumes_dir = dir.join(VOLUMES_DIR);
         sys::sync_dir(&volumes_dir).map_err(io_error("sync directory", &volumes_dir))?;
         let map_digest = ChunkImages::for_blocks(size_bytes / BLOCK_BYTES).digest();
@@ -682,6 +714,7 @@ impl Store {
                 applied_epoch: Epoch(0),
                 map_digest,
                 snapshot_of,
+                clone_of,
             });
         })?;
         committer.dirty.push(DirtyChunks::for_blocks(size_bytes / BLOCK_BYTES));
@@ -695,9 +728,10 @@ impl Store {
             data,
             map_file,
             VolumeState { applied: Sequence::ZERO, applied_epoch: Epoch(0), map },
-            None,
+            copy,
             snapshot_of,
         )));
+        *lock(&volumes.last().expect("just pushed").clone_of) = clone_of;
         if snapshot_of.is_some() {
             self.snapshot_count.fetch_add(1, Ordering::AcqRel);
         }
@@ -949,7 +983,8 @@ impl Store {
                     self.guard(result)?;
                     preserving = snapshot::Preserving::default();
                 }
-                let prepared = prepare(&volume, i, record, &accepted).expect("a snapshot's record always prepares");
+                let prepared =
+                    prepare(&volume, i, record, &accepted, &[]).expect("a snapshot's record always prepares");
                 let result = self.delete_snapshot_locked(&mut committer, &volumes, &volume, id, prepared);
                 self.guard(result)?;
                 newest = self.newest_snapshots(&volumes);
@@ -958,11 +993,29 @@ impl Store {
                 running_epoch = running_epoch.max(record.epoch);
                 continue;
             }
-            match prepare(&volume, i, record, &accepted) {
+            // A clone reads the blocks it does not own through its base snapshot's chain.
+            let through = match volume.clone_base() {
+                None => Vec::new(),
+                Some(_) => match clone::chain_in(&volumes, &volume) {
+                    Ok(mut chain) => chain.split_off(1),
+                    Err(error) => {
+                        outcome.rejected.push(reject(error));
+                        continue;
+                    }
+                },
+            };
+            match prepare(&volume, i, record, &accepted, &through) {
                 Ok(prepared) => {
                     if let Some(&s) = newest.get(&i) {
-                        let result =
-                            self.preserve(&mut committer, &volumes, &mut accepted, &mut preserving, i, s, &prepared);
+                        let result = self.preserve(
+                            &mut committer,
+                            &volumes,
+                            &mut accepted,
+                            &mut preserving,
+                            (i, &through),
+                            s,
+                            &prepared,
+                        );
                         self.guard(result)?;
                     }
                     *applied = record.sequence;
@@ -1073,12 +1126,12 @@ impl Store {
         if length_bytes > PAYLOAD_BYTES_MAX {
             return Err(StoreError::PayloadTooLarge { volume: volume.name.clone(), length_bytes: length_bytes as u64 });
         }
-        if volume.snapshot_of.is_some() {
-            // Read through the snapshot's chain, always the blocking way.
+        if volume.snapshot_of.is_some() || volume.clone_base().is_some() {
+            // Read through the snapshot's or the clone's chain, always the blocking way.
             if non_blocking.is_some() {
                 return Ok((Attempt::WouldBlock, None));
             }
-            return Ok((Attempt::Done, Some(self.read_snapshot(&volume, offset_bytes, length_bytes)?)));
+            return Ok((Attempt::Done, Some(self.read_through_chain(&volume, offset_bytes, length_bytes)?)));
         }
         let Some(geometry) = Geometry::of(offset_bytes, length_bytes as u64) else {
             let applied = volume.live_state()?.applied;
@@ -1117,6 +1170,10 @@ impl Store {
                 size_bytes: v.size_bytes(),
             });
         }
+        if v.clone_base().is_some() {
+            let (applied, _, summaries, _) = self.clone_summaries(&v, first, end - first)?;
+            return Ok((applied, summaries));
+        }
         let mut buffer = vec![0u8; ((end - first) * BLOCK_BYTES) as usize];
         let (_, (applied, map)) = read_verified(&v, first, end - first, &mut buffer, None)?;
         let summaries =
@@ -1135,8 +1192,8 @@ impl Store {
     ) -> Result<(Sequence, Vec<BlockExtent>), StoreError> {
         let volume = self.volume_at(volume);
         volume.check_range(offset_bytes, length_bytes)?;
-        if volume.snapshot_of.is_some() {
-            return self.snapshot_block_status(&volume, offset_bytes, length_bytes);
+        if volume.snapshot_of.is_some() || volume.clone_base().is_some() {
+            return self.chain_block_status(&volume, offset_bytes, length_bytes);
         }
         let state = volume.live_state()?;
         Ok((state.applied, volume.block_status(&state.map, offset_bytes, length_bytes)))
@@ -1180,8 +1237,8 @@ impl Store {
     /// for an idle or offline store).
     pub fn verify(&self, volume: VolumeHandle) -> Result<VolumeDigest, StoreError> {
         let volume = self.volume_at(volume);
-        if volume.snapshot_of.is_some() {
-            return self.verify_snapshot(&volume);
+        if volume.snapshot_of.is_some() || volume.clone_base().is_some() {
+            return self.verify_through_chain(&volume);
         }
         let state = volume.live_state()?;
         volume.verify(&state)
@@ -1737,6 +1794,7 @@ fn open_volume(dir: &Path, meta: &Meta, volume_meta: &VolumeMeta) -> Result<(Arc
         copy::load(dir, volume_meta.number)?,
         volume_meta.snapshot_of,
     );
+    *lock(&volume.clone_of) = volume_meta.clone_of;
     Ok((Arc::new(volume), images))
 }
 
@@ -1871,6 +1929,7 @@ fn prepare(
     i: usize,
     record: &Record,
     earlier: &[(usize, LogRecord)],
+    through: &[Arc<Volume>],
 ) -> Result<LogRecord, StoreError> {
     let (kind, offset_bytes, length_bytes) = match &record.op {
         Op::Write { offset_bytes, data, .. } => (Kind::Write, *offset_bytes, data.len() as u64),
@@ -1902,7 +1961,7 @@ fn prepare(
         sequence: record.sequence,
         detail: mismatch.to_string(),
     })?;
-    let base = |block: u64| base_block(volume, i, block, earlier);
+    let base = |block: u64| base_block(volume, i, block, earlier, through);
     let change = match (Geometry::of(offset_bytes, length_bytes), &record.op) {
         (None, _) => Change::Nothing,
         (Some(g), Op::Write { data, crcs: piece_crcs, .. }) => {
@@ -1946,7 +2005,7 @@ fn prepare(
         (Some(g), _) => {
             let end = offset_bytes + length_bytes;
             let zeroed_edge = |block: u64, zero: std::ops::Range<u64>| -> Result<Edge, StoreError> {
-                let content = match base_content(volume, i, block, earlier)? {
+                let content = match base_content(volume, i, block, earlier, through)? {
                     None => None,
                     Some(base) => {
                         let mut merged = BytesMut::from(&base[..]);
@@ -1986,20 +2045,28 @@ fn prepare(
 }
 
 /// A block's content as a mutable copy (zeroes for a hole).
-fn base_block(volume: &Volume, i: usize, block: u64, earlier: &[(usize, LogRecord)]) -> Result<BytesMut, StoreError> {
-    Ok(match base_content(volume, i, block, earlier)? {
+fn base_block(
+    volume: &Volume,
+    i: usize,
+    block: u64,
+    earlier: &[(usize, LogRecord)],
+    through: &[Arc<Volume>],
+) -> Result<BytesMut, StoreError> {
+    Ok(match base_content(volume, i, block, earlier, through)? {
         Some(content) => BytesMut::from(&content[..]),
         None => BytesMut::zeroed(BLOCK_BYTES as usize),
     })
 }
 
 /// A block's content as of the records accepted so far (`None`: a hole), checked against its
-/// checksum when read from the data file.
+/// checksum when read from the data file. A clone's block it does not own is read through its
+/// chain after it, `through` (empty for a volume that is no clone).
 fn base_content(
     volume: &Volume,
     i: usize,
     block: u64,
     earlier: &[(usize, LogRecord)],
+    through: &[Arc<Volume>],
 ) -> Result<Option<Bytes>, StoreError> {
     for (_, record) in earlier.iter().rev().filter(|(v, _)| *v == i) {
         if let Some(content) = record.content_of(block) {
@@ -2007,6 +2074,10 @@ fn base_content(
         }
     }
     let state = volume.state.read().expect("volume lock");
+    if !through.is_empty() && !Volume::owns(&state.map, block) {
+        drop(state);
+        return Ok(clone::content_through(through, block)?.map(|(content, _)| content));
+    }
     if !state.map.is_allocated(block) {
         return Ok(None);
     }

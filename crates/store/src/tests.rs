@@ -16,6 +16,7 @@ use std::{
 use bytes::Bytes;
 use proto::{BlockExtent, Epoch, Op, Record, Sequence, VolumeId, BLOCK_BYTES, PAYLOAD_BYTES_MAX};
 
+mod clones;
 mod snapshots;
 
 use crate::{

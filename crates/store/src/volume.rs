@@ -33,6 +33,10 @@ pub struct Volume {
     pub removed: std::sync::atomic::AtomicBool,
     /// Set if this volume is a snapshot of another (read-only; see [`crate::meta::SnapshotOf`]).
     pub snapshot_of: Option<crate::meta::SnapshotOf>,
+    /// Set while this live volume is a clone: the volume number of the snapshot it reads the
+    /// blocks it does not own through (see [`crate::meta::VolumeMeta::clone_of`]). Cleared
+    /// (with the metadata) once the clone owns its whole content.
+    pub clone_of: std::sync::Mutex<Option<u32>>,
 }
 
 /// What a read that may not wait for the disk did.
@@ -93,7 +97,13 @@ impl Volume {
             copy: std::sync::Mutex::new(copy),
             removed: std::sync::atomic::AtomicBool::new(false),
             snapshot_of,
+            clone_of: std::sync::Mutex::new(None),
         }
+    }
+
+    /// The snapshot (volume number) this clone reads through, if it is a clone.
+    pub fn clone_base(&self) -> Option<u32> {
+        *self.clone_of.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     pub fn size_bytes(&self) -> u64 {

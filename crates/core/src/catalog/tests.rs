@@ -11,7 +11,10 @@ fn documents_round_trip_and_damage_is_refused() {
         version: 7,
         next_id: 12,
         volumes: vec![CatalogVolume::new("db".into(), 1 << 30, 3)],
-        intentions: vec![Intention { id: 11, op: Intent::Create { name: "logs".into(), size_bytes: 8 << 20 } }],
+        intentions: vec![Intention {
+            id: 11,
+            op: Intent::Create { name: "logs".into(), size_bytes: 8 << 20, clone_of: None },
+        }],
         snapshots: Vec::new(),
     };
     let doc = catalog.encode();
@@ -28,7 +31,10 @@ fn documents_round_trip_and_damage_is_refused() {
     for broken in [
         Catalog { next_id: 3, ..catalog.clone() },
         Catalog {
-            intentions: vec![Intention { id: 11, op: Intent::Create { name: "db".into(), size_bytes: 4096 } }],
+            intentions: vec![Intention {
+                id: 11,
+                op: Intent::Create { name: "db".into(), size_bytes: 4096, clone_of: None },
+            }],
             ..catalog.clone()
         },
         Catalog { volumes: vec![CatalogVolume::new("db".into(), 1000, 3)], ..catalog.clone() },
@@ -172,7 +178,7 @@ fn deletions_are_logged_completed_and_undone() {
 /// element rolled it forward; group commit waits) can be deleted at once.
 #[test]
 fn a_creation_rolled_forward_can_be_deleted_before_its_completion_is_written() {
-    let create = Intention { id: 0, op: Intent::Create { name: "v".into(), size_bytes: 4096 } };
+    let create = Intention { id: 0, op: Intent::Create { name: "v".into(), size_bytes: 4096, clone_of: None } };
     let catalog = Catalog { next_id: 1, intentions: vec![create], ..Catalog::default() };
     let mut log = IntentionLog::new(catalog, LogPolicy::Group);
     log.finish(ms(0), 0, true);
@@ -269,7 +275,8 @@ fn shrinks_keep_the_storage_and_stay_pending_until_completed() {
     log.finish(ms(2), s.id, true);
     let w = log.poll_write(ms(2)).expect("the completion");
     let on_disk = Catalog::decode(&w.document).expect("valid");
-    let shrunk = CatalogVolume { name: "a".into(), size_bytes: 4 << 20, id: a.id, storage_bytes: 8 << 20 };
+    let shrunk =
+        CatalogVolume { name: "a".into(), size_bytes: 4 << 20, id: a.id, storage_bytes: 8 << 20, clone_of: None };
     assert_eq!(on_disk.volumes, vec![shrunk]);
     assert_eq!(on_disk.volumes_to_serve()[0].1.size_bytes, 8 << 20);
     log.written();
@@ -407,4 +414,56 @@ fn without_the_intention_log_a_snapshot_is_refused() {
         .intend_snapshot(ms(0), "vol0", CONFIGURED_VOLUME_ID, "s", 4096)
         .expect_err("unlogged")
         .contains("must be logged"));
+}
+
+#[test]
+fn clones_are_logged_with_their_snapshot_and_keep_it_from_being_deleted() {
+    let mut log = IntentionLog::new(Catalog::default(), LogPolicy::Single);
+    let v = log.intend_create(ms(0), "db", 1 << 20).expect("create");
+    write(&mut log, 0);
+    log.finish(ms(0), v.id, true);
+    write(&mut log, 0);
+    let s = log.intend_snapshot(ms(1), "db", v.id, "monday", 1 << 20).expect("snapshot");
+    assert!(log.intend_clone(ms(1), "db@monday", "test").expect_err("being taken").contains("being taken"));
+    write(&mut log, 1);
+    log.set_taken_at(s.id, 42);
+    log.finish(ms(1), s.id, true);
+    write(&mut log, 1);
+    assert!(log.intend_clone(ms(2), "db@sunday", "x").expect_err("unknown").contains("no snapshot db@sunday"));
+    assert!(log.intend_clone(ms(2), "db", "x").expect_err("not a snapshot").contains("names no snapshot"));
+    assert!(log.intend_clone(ms(2), "db@monday", "db").expect_err("taken").contains("exists"));
+    let c = log.intend_clone(ms(2), "db@monday", "test").expect("clone");
+    let spec = c.volume().spec();
+    assert_eq!(spec.size_bytes, 1 << 20, "a clone has its snapshot's size");
+    assert_eq!(spec.clone_of, Some(proto::CloneBase { volume: storage_name("db", v.id), snapshot: s.id }));
+    // Logged (format 4), it reads back as a clone; rolled forward, it is served as one.
+    let on_disk = write(&mut log, 2);
+    assert_eq!(on_disk.intentions, vec![c.clone()]);
+    let mut rolled = on_disk.clone();
+    rolled.roll_forward();
+    assert_eq!(rolled.volumes_to_serve().iter().find(|(n, _)| n == "test").map(|(_, s)| s.clone()), Some(spec.clone()));
+    // Neither the snapshot nor its volume goes while the clone is there, even pending.
+    let refused = log.intend_snapshot_delete(ms(3), "db", "monday").expect_err("has a clone");
+    assert!(refused.contains("clone") && refused.contains("test"), "{refused}");
+    assert!(log.intend_delete(ms(3), "db", true).expect_err("has a clone").contains("test"));
+    log.finish(ms(3), c.id, true);
+    let on_disk = write(&mut log, 3);
+    let listed = on_disk.volumes.iter().find(|v| v.name == "test").expect("listed");
+    assert_eq!(listed.clone_of.as_ref().map(|s| s.id), Some(s.id));
+    // A resize of the clone keeps it a clone in what is served meanwhile.
+    let r = log.intend_resize(ms(4), "test", 2 << 20, false).expect("grow");
+    let on_disk = write(&mut log, 4);
+    let served = on_disk.volumes_to_serve();
+    let (_, grown) = served.iter().find(|(n, _)| n == "test").expect("served");
+    assert_eq!((grown.size_bytes, grown.clone_of.clone()), (2 << 20, spec.clone_of.clone()));
+    log.finish(ms(4), r.id, true);
+    write(&mut log, 4);
+    // Its deletion, undone, lists it as a clone again.
+    let d = log.intend_delete(ms(5), "test", false).expect("delete the clone");
+    let on_disk = write(&mut log, 5);
+    assert!(on_disk.volumes.iter().all(|v| v.name != "test"), "the write that logs it drops it");
+    log.finish(ms(5), d.id, false);
+    let on_disk = write(&mut log, 5);
+    let back = on_disk.volumes.iter().find(|v| v.name == "test").expect("listed again");
+    assert_eq!(back.spec().clone_of, spec.clone_of);
 }

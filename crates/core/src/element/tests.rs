@@ -23,7 +23,7 @@ struct Harness {
 const HOST: HostId = HostId(1);
 
 fn spec(name: &str) -> VolumeSpec {
-    VolumeSpec { name: name.into(), size_bytes: 64 * MB }
+    VolumeSpec { name: name.into(), size_bytes: 64 * MB, clone_of: None }
 }
 
 fn record(volume: u32, epoch: u64, sequence: u64) -> Record {

@@ -60,7 +60,7 @@ impl TestElement {
             .map(|i| {
                 let v = &storage.vols[i];
                 let size_bytes = if v.removed { 0 } else { v.data.len() as u64 };
-                (VolumeSpec { name: v.name.clone(), size_bytes }, storage.info(LocalVolume(i as u32)))
+                (VolumeSpec { name: v.name.clone(), size_bytes, clone_of: None }, storage.info(LocalVolume(i as u32)))
             })
             .collect();
         ElementCore::new(config, storage.epoch, storage.holder, volumes)
@@ -127,7 +127,7 @@ impl Cluster {
             Epoch(5),
             quorum,
             (0..n).map(|i| format!("e{i}")).collect(),
-            vec![VolumeSpec { name: "vol0".into(), size_bytes: SIZE }],
+            vec![VolumeSpec { name: "vol0".into(), size_bytes: SIZE, clone_of: None }],
         );
         config.read_cache_bytes = 0;
         config.element_addresses = (0..n).map(|i| format!("e{i}")).collect();
@@ -985,7 +985,7 @@ fn two_elements_at_one_address_are_refused_by_validation() {
         Epoch(1),
         2,
         vec!["a".into(), "b".into(), "c".into()],
-        vec![VolumeSpec { name: "v".into(), size_bytes: 1 << 20 }],
+        vec![VolumeSpec { name: "v".into(), size_bytes: 1 << 20, clone_of: None }],
     );
     config.element_addresses = vec!["127.0.0.1:1".into(), "127.0.0.1:2".into(), "127.0.0.1:1".into()];
     let error = config.validate().expect_err("duplicate address");
@@ -1010,7 +1010,7 @@ fn a_running_host_element_takes_back_an_element_whose_epoch_owner_is_gone() {
         HostMessage::Hello {
             epoch: Epoch(9),
             host: HostId(77),
-            volumes: vec![VolumeSpec { name: "vol0".into(), size_bytes: SIZE }],
+            volumes: vec![VolumeSpec { name: "vol0".into(), size_bytes: SIZE, clone_of: None }],
             admin: String::new(),
             receipt_acks: false,
         },
@@ -1051,7 +1051,7 @@ fn a_host_element_taken_over_by_a_majority_serves_nothing() {
             HostMessage::Hello {
                 epoch: Epoch(8),
                 host: HostId(42),
-                volumes: vec![VolumeSpec { name: "vol0".into(), size_bytes: SIZE }],
+                volumes: vec![VolumeSpec { name: "vol0".into(), size_bytes: SIZE, clone_of: None }],
                 admin: String::new(),
                 receipt_acks: false,
             },
@@ -1323,7 +1323,7 @@ fn a_schedule_that_comes_due_during_a_scrub_leaves_no_deadline_in_the_past() {
 fn volumes_added_while_running_are_created_everywhere_and_survive_a_restart() {
     let mut c = Cluster::new(3, 2);
     c.crash(2);
-    let spec = VolumeSpec { name: "disk#7".into(), size_bytes: 1 << 20 };
+    let spec = VolumeSpec { name: "disk#7".into(), size_bytes: 1 << 20, clone_of: None };
     // Asked first whether it fits: the elements with a session answer; one too large for
     // their storage is refused with each one's reason, and nothing is created.
     let check = |c: &mut Cluster, spec: &VolumeSpec| {
@@ -1333,7 +1333,7 @@ fn volumes_added_while_running_are_created_everywhere_and_survive_a_restart() {
         c.replies.remove(&token).expect("answered at once here")
     };
     assert_eq!(check(&mut c, &spec), Reply::Checked(Ok(())));
-    let huge = VolumeSpec { name: "huge#6".into(), size_bytes: 2 * SIZE };
+    let huge = VolumeSpec { name: "huge#6".into(), size_bytes: 2 * SIZE, clone_of: None };
     let Reply::Checked(Err(reason)) = check(&mut c, &huge) else { panic!("a volume larger than the storage fits") };
     assert!(reason.contains("element e0:") && reason.contains("element e1:"), "{reason}");
     assert!(c.elements.iter().all(|e| e.storage.vols.len() == 1));
@@ -1361,13 +1361,13 @@ fn volumes_added_while_running_are_created_everywhere_and_survive_a_restart() {
     assert_eq!(held(&c.elements[2]), Some((Sequence(1), vec![0x5a; 4096])));
     // Refused, changing nothing: a taken name, a bad size, read-only.
     let n = c.core.status(c.now).volumes.len();
-    let again = VolumeSpec { name: "disk#8".into(), size_bytes: 1 << 20 };
+    let again = VolumeSpec { name: "disk#8".into(), size_bytes: 1 << 20, clone_of: None };
     assert!(c.core.add_volumes(c.now, vec![("disk".into(), again)]).is_err());
-    let odd = VolumeSpec { name: "odd#9".into(), size_bytes: 1000 };
+    let odd = VolumeSpec { name: "odd#9".into(), size_bytes: 1000, clone_of: None };
     assert!(c.core.add_volumes(c.now, vec![("odd".into(), odd)]).is_err());
     c.crash(1);
     c.crash(2);
-    let late = VolumeSpec { name: "late#10".into(), size_bytes: 1 << 20 };
+    let late = VolumeSpec { name: "late#10".into(), size_bytes: 1 << 20, clone_of: None };
     let refused = c.core.add_volumes(c.now, vec![("late".into(), late)]).expect_err("read-only");
     assert!(refused.contains("read-only"), "{refused}");
     assert_eq!(c.core.status(c.now).volumes.len(), n);
@@ -1405,7 +1405,7 @@ fn volumes_added_while_running_are_created_everywhere_and_survive_a_restart() {
 #[test]
 fn volumes_removed_while_running_leave_every_element() {
     let mut c = Cluster::new(3, 2);
-    let spec = VolumeSpec { name: "disk#7".into(), size_bytes: 1 << 20 };
+    let spec = VolumeSpec { name: "disk#7".into(), size_bytes: 1 << 20, clone_of: None };
     let disk = c.core.add_volumes(c.now, vec![("disk".into(), spec.clone())]).expect("added")[0];
     c.run();
     let token = c.token();
@@ -1445,7 +1445,7 @@ fn volumes_removed_while_running_leave_every_element() {
     assert_eq!(c.replies[&token], Reply::Done(Ok(())));
     // A deletion found pending by a new host element: a second volume, removed while
     // element 1 is down, then a new host element with the placeholder.
-    let other = VolumeSpec { name: "other#9".into(), size_bytes: 1 << 20 };
+    let other = VolumeSpec { name: "other#9".into(), size_bytes: 1 << 20, clone_of: None };
     c.core.add_volumes(c.now, vec![("other".into(), other)]).expect("added");
     c.run();
     c.crash(1);
@@ -1458,7 +1458,7 @@ fn volumes_removed_while_running_leave_every_element() {
     c.core.config.volumes.truncate(1);
     c.core.config.exports.clear();
     c.new_host(epoch + 1, 99, &[0, 2]);
-    let placeholder = VolumeSpec { name: "other#9".into(), size_bytes: 0 };
+    let placeholder = VolumeSpec { name: "other#9".into(), size_bytes: 0, clone_of: None };
     c.core.restart_with_volumes(c.now, vec![("other".into(), placeholder)], &[]).expect("restarted");
     c.run();
     c.reconnect(&[0, 1, 2]);
@@ -1473,7 +1473,7 @@ fn volumes_removed_while_running_leave_every_element() {
 #[test]
 fn volumes_grown_while_running_grow_on_every_element_and_take_writes_beyond_the_old_end() {
     let mut c = Cluster::new(3, 2);
-    let spec = VolumeSpec { name: "disk#7".into(), size_bytes: 1 << 20 };
+    let spec = VolumeSpec { name: "disk#7".into(), size_bytes: 1 << 20, clone_of: None };
     let disk = c.core.add_volumes(c.now, vec![("disk".into(), spec)]).expect("added")[0];
     c.run();
     let size_on = |c: &Cluster, i: usize| {
@@ -1528,7 +1528,7 @@ fn volumes_grown_while_running_grow_on_every_element_and_take_writes_beyond_the_
 #[test]
 fn a_resize_within_the_storage_volume_changes_only_the_export() {
     let mut c = Cluster::new(3, 2);
-    let spec = VolumeSpec { name: "disk#3".into(), size_bytes: 2 << 20 };
+    let spec = VolumeSpec { name: "disk#3".into(), size_bytes: 2 << 20, clone_of: None };
     let disk = c.core.add_volumes(c.now, vec![("disk".into(), spec.clone())]).expect("added")[0];
     c.run();
     let export = |c: &Cluster| c.core.config().exported().iter().find(|e| e.name == "disk").map(|e| e.size_bytes);
@@ -1566,7 +1566,7 @@ fn a_resize_within_the_storage_volume_changes_only_the_export() {
 #[test]
 fn a_takeover_starts_over_with_the_configured_volumes_only() {
     let mut c = Cluster::new(3, 2);
-    let spec = VolumeSpec { name: "disk#1".into(), size_bytes: 1 << 20 };
+    let spec = VolumeSpec { name: "disk#1".into(), size_bytes: 1 << 20, clone_of: None };
     c.core.add_volumes(c.now, vec![("disk".into(), spec.clone())]).expect("added");
     c.run();
     let names = |c: &Cluster| c.core.config().volumes.iter().map(|v| v.name.clone()).collect::<Vec<_>>();
@@ -1625,4 +1625,38 @@ fn a_snapshot_reads_as_its_volume_was_and_an_element_without_it_is_passed_over()
     c.core.handle_host_snapshot_block_status(c.now, token, VOLUME, SnapshotRef { id: 8, taken_at }, 0, 8192);
     c.run();
     assert_eq!(c.replies.remove(&token), Some(Reply::BlockStatus(Err(HostError::Unavailable))));
+}
+
+/// Issue 15: a clone added while an element with a session lacks its snapshot (it has not
+/// taken it yet): that element creates the clone empty and says it must be copied; the host
+/// element fails it (`CloneNeedsCopy`) without failing the creation, and its next session
+/// copies the clone whole, which then holds the snapshot's content there too.
+#[test]
+fn a_clone_an_element_cannot_share_yet_reaches_it_by_a_full_recovery() {
+    let mut c = Cluster::new(3, 2);
+    c.write(0, 3, 8192);
+    let token = c.token();
+    c.core.handle_host_write(c.now, token, VOLUME, Op::Snapshot { id: 9 });
+    c.run();
+    assert_eq!(c.replies.remove(&token), Some(Reply::Done(Ok(()))));
+    c.write(0, 4, 4096);
+    // e2 "has not taken it yet" (it would be replaying the volume).
+    let si = c.elements[2].storage.snapshot_index(0, 9).expect("taken");
+    c.elements[2].storage.vols[si].removed = true;
+    let base = proto::CloneBase { volume: "vol0".into(), snapshot: 9 };
+    let spec = VolumeSpec { name: "copy#10".into(), size_bytes: SIZE, clone_of: Some(base) };
+    let ids = c.core.add_volumes(c.now, vec![("copy".into(), spec)]).expect("added");
+    c.run();
+    assert!(c.events.contains(&Event::VolumeCreated { volume: ids[0] }), "e0 and e1 hold it: {:?}", c.events);
+    let failed = |e: &Event| matches!(e, Event::ElementFailed { element: ElementId(2), reason: Failure::CloneNeedsCopy { volume } } if volume == "copy#10");
+    assert!(c.events.iter().any(failed), "{:?}", c.events);
+    let clone_data = |c: &Cluster, i: usize| {
+        let v = c.elements[i].storage.vols.iter().find(|v| v.name == "copy#10" && !v.removed).expect("created");
+        v.data[..8192].to_vec()
+    };
+    assert_eq!(clone_data(&c, 0), vec![3u8; 8192], "shared: the snapshot's content, not the newer write");
+    c.connect(2);
+    assert_eq!(c.states(), "in-sync,in-sync,in-sync");
+    assert_eq!(c.elements[2].copies, 1, "the clone was copied to e2");
+    assert_eq!(clone_data(&c, 2), vec![3u8; 8192], "copied: the snapshot's content");
 }

@@ -240,6 +240,9 @@ impl Store {
         if v.snapshot_of.is_some() {
             return self.snapshot_copy_chunk(&v, first, have);
         }
+        if v.clone_base().is_some() {
+            return self.clone_copy_chunk(&v, volume, first, have);
+        }
         if have.len() > COPY_CHUNK_BLOCKS_MAX {
             return Err(StoreError::PayloadTooLarge {
                 volume: v.name.clone(),
@@ -329,6 +332,10 @@ impl Store {
             let snapshots = self.discard_snapshots_locked(&mut committer, &v)?;
             let result = save(&self.shared.dir, v.number, &state);
             self.guard(result)?;
+            // A clone is copied whole: it reads nothing through its base any more.
+            if v.clone_base().is_some() {
+                self.forget_base(&v)?;
+            }
             *lock(&v.copy) = Some(state);
             drop(committer);
             for snapshot in &snapshots {

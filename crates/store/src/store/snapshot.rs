@@ -26,14 +26,14 @@ use std::sync::{atomic::Ordering, Arc, MutexGuard, RwLockReadGuard};
 
 use bytes::{Bytes, BytesMut};
 use proto::{
-    BlockChunk, BlockCopy, BlockExtent, BlockSummary, Epoch, ReadData, Sequence, BLOCK_BYTES, COPY_CHUNK_BLOCKS_MAX,
+    BlockChunk, BlockCopy, BlockExtent, BlockSummary, Epoch, Sequence, BLOCK_BYTES, COPY_CHUNK_BLOCKS_MAX,
     PAYLOAD_BYTES_MAX,
 };
 
 use super::{base_content, copy, lock, remove_volume_files, Committer, Store, VOLUMES_DIR};
 use crate::{
     block_map::zero_block_crc,
-    log::{Change, Geometry, Kind, LogRecord},
+    log::{Change, Kind, LogRecord},
     meta::SnapshotOf,
     volume::{block_digest, Volume, VolumeState},
     StoreError, VolumeDigest, VolumeHandle, BLOCK_STATUS_EXTENTS_MAX, LOG_BATCH_BYTES_MAX, SCAN_BUFFER_BYTES,
@@ -144,7 +144,7 @@ impl Store {
         self.check_room_with(&[], size_bytes)
             .map_err(|reason| StoreError::InvalidVolume { name: name.clone(), reason })?;
         let snapshot_of = SnapshotOf { parent: parent.number, taken_at, id };
-        self.create_volume_locked(committer, &name, size_bytes, Some(snapshot_of))?;
+        self.create_volume_locked(committer, &name, size_bytes, Some(snapshot_of), None, None)?;
         tracing::info!(volume = %parent.name, id, %taken_at, "snapshot taken");
         Ok(())
     }
@@ -158,7 +158,7 @@ impl Store {
         volumes: &[Arc<Volume>],
         accepted: &mut Vec<(usize, LogRecord)>,
         preserving: &mut Preserving,
-        live: usize,
+        (live, through): (usize, &[Arc<Volume>]),
         snap: usize,
         record: &LogRecord,
     ) -> Result<(), StoreError> {
@@ -175,7 +175,7 @@ impl Store {
                 .collect()
         };
         for chunk in wanted.chunks(PRESERVE_RECORD_BLOCKS_MAX as usize) {
-            let mut contents = current_blocks(&volumes[live], live, chunk, accepted)?;
+            let mut contents = current_blocks(&volumes[live], live, chunk, accepted, through)?;
             // Runs of consecutive blocks that all hold data, or are all holes: one record each.
             let mut k = 0;
             while k < chunk.len() {
@@ -260,30 +260,6 @@ impl Store {
         volumes.iter().position(|v| v.number == of.parent && !v.is_removed()).map(|i| VolumeHandle(i as u32))
     }
 
-    /// What a read of snapshot `snap` goes through: the snapshot, its newer snapshots (oldest
-    /// first) and its live volume.
-    fn snapshot_chain(&self, snap: &Arc<Volume>) -> Result<Vec<Arc<Volume>>, StoreError> {
-        let of = snap.snapshot_of.expect("a snapshot");
-        let volumes = self.volumes.read().expect("volume list lock");
-        let parent = volumes
-            .iter()
-            .find(|v| v.number == of.parent && !v.is_removed())
-            .ok_or_else(|| StoreError::Removed { volume: snap.name.clone() })?
-            .clone();
-        let mut newer: Vec<Arc<Volume>> = volumes
-            .iter()
-            .filter(|v| {
-                !v.is_removed() && v.snapshot_of.is_some_and(|o| o.parent == of.parent && o.taken_at > of.taken_at)
-            })
-            .cloned()
-            .collect();
-        newer.sort_by_key(|v| v.snapshot_of.expect("a snapshot").taken_at);
-        let mut chain = vec![snap.clone()];
-        chain.extend(newer);
-        chain.push(parent);
-        Ok(chain)
-    }
-
     /// Blocks `first..first + count` of snapshot `snap` into `out` (zeroes for holes), each
     /// read from whoever holds it and checked against its checksum; per block, whether it is
     /// allocated and its checksum. Holds the read locks of the whole chain, oldest first: the
@@ -296,49 +272,8 @@ impl Store {
         count: u64,
         out: &mut [u8],
     ) -> Result<Vec<(bool, u32)>, StoreError> {
-        let chain = self.snapshot_chain(snap)?;
-        let states: Vec<RwLockReadGuard<'_, VolumeState>> =
-            chain.iter().map(|v| v.live_state()).collect::<Result<_, _>>()?;
-        let owner = |block: u64| {
-            states[..states.len() - 1].iter().position(|s| Volume::owns(&s.map, block)).unwrap_or(states.len() - 1)
-        };
-        let mut entries = Vec::with_capacity(count as usize);
-        let end = first + count;
-        let mut block = first;
-        while block < end {
-            let k = owner(block);
-            let mut run_end = block + 1;
-            while run_end < end && owner(run_end) == k {
-                run_end += 1;
-            }
-            let map = &states[k].map;
-            let at = ((block - first) * BLOCK_BYTES) as usize..((run_end - first) * BLOCK_BYTES) as usize;
-            chain[k].read_blocks(map, block, &mut out[at])?;
-            entries.extend((block..run_end).map(|b| (map.is_allocated(b), map.crc(b))));
-            block = run_end;
-        }
-        Ok(entries)
-    }
-
-    /// [`Store::read_checked`] of a snapshot: its content, with the live volume's sequence it
-    /// was taken at.
-    pub(super) fn read_snapshot(
-        &self,
-        snap: &Arc<Volume>,
-        offset_bytes: u64,
-        length_bytes: u32,
-    ) -> Result<(Sequence, ReadData), StoreError> {
-        let taken_at = snap.snapshot_of.expect("a snapshot").taken_at;
-        let Some(geometry) = Geometry::of(offset_bytes, length_bytes as u64) else {
-            return Ok((taken_at, ReadData { data: Bytes::new(), crcs: Vec::new() }));
-        };
-        let count = geometry.last - geometry.first + 1;
-        let mut buffer = BytesMut::zeroed((count * BLOCK_BYTES) as usize);
-        let entries = self.read_snapshot_blocks(snap, geometry.first, count, &mut buffer)?;
-        let skip = (offset_bytes - geometry.first * BLOCK_BYTES) as usize;
-        let data = buffer.freeze().slice(skip..skip + length_bytes as usize);
-        let crcs = super::piece_crcs(offset_bytes, &data, |i| entries[i].1);
-        Ok((taken_at, ReadData { data, crcs }))
+        let (_, _, found) = self.read_chain(snap, first, count, out)?;
+        Ok(found.iter().map(|f| (f.allocated, f.crc)).collect())
     }
 
     /// Source side of a full recovery, for a snapshot: its blocks from `first` (its content as
@@ -403,7 +338,7 @@ impl Store {
         }
         self.check_room_with(&[], size_bytes).map_err(invalid)?;
         let snapshot_of = SnapshotOf { parent: live.number, taken_at, id };
-        let handle = self.create_volume_locked(&mut committer, &name, size_bytes, Some(snapshot_of))?;
+        let handle = self.create_volume_locked(&mut committer, &name, size_bytes, Some(snapshot_of), None, None)?;
         let snap = self.volume_at(handle);
         let state =
             crate::CopyState { epoch: Epoch(0), base: taken_at, base_epoch: Epoch(0), cursor_block: 0, verify: false };
@@ -442,24 +377,34 @@ impl Store {
         find_snapshot(&self.volumes.read().expect("volume list lock"), live.number, id).map(|k| VolumeHandle(k as u32))
     }
 
-    /// [`Store::block_status`] of a snapshot.
-    pub(super) fn snapshot_block_status(
+    /// [`Store::block_status`] of a snapshot or a clone: through its chain.
+    pub(super) fn chain_block_status(
         &self,
-        snap: &Arc<Volume>,
+        volume: &Arc<Volume>,
         offset_bytes: u64,
         length_bytes: u64,
     ) -> Result<(Sequence, Vec<BlockExtent>), StoreError> {
-        let taken_at = snap.snapshot_of.expect("a snapshot").taken_at;
-        let mut extents: Vec<BlockExtent> = Vec::new();
-        if length_bytes == 0 {
-            return Ok((taken_at, extents));
-        }
-        let chain = self.snapshot_chain(snap)?;
+        let chain = self.chain(volume)?;
         let states: Vec<RwLockReadGuard<'_, VolumeState>> =
             chain.iter().map(|v| v.live_state()).collect::<Result<_, _>>()?;
+        let sequence = match volume.snapshot_of {
+            Some(of) => of.taken_at,
+            None => states[0].applied,
+        };
+        let mut extents: Vec<BlockExtent> = Vec::new();
+        if length_bytes == 0 {
+            return Ok((sequence, extents));
+        }
         let allocated = |block: u64| {
-            let k = states[..states.len() - 1].iter().position(|s| Volume::owns(&s.map, block));
-            states[k.unwrap_or(states.len() - 1)].map.is_allocated(block)
+            for (k, state) in states.iter().enumerate() {
+                if block >= state.map.blocks() {
+                    return false;
+                }
+                if k == states.len() - 1 || Volume::owns(&state.map, block) {
+                    return state.map.is_allocated(block);
+                }
+            }
+            false
         };
         let end_bytes = offset_bytes + length_bytes;
         let mut position = offset_bytes;
@@ -475,14 +420,14 @@ impl Store {
             }
             position = extent_end;
         }
-        Ok((taken_at, extents))
+        Ok((sequence, extents))
     }
 
-    /// [`Store::verify`] of a snapshot: the digest of its content (the same formula as a live
-    /// volume's, so a snapshot equals a live volume of the same content), read through its
-    /// chain. A block that fails its checksum is an error.
-    pub(super) fn verify_snapshot(&self, snap: &Arc<Volume>) -> Result<VolumeDigest, StoreError> {
-        let taken_at = snap.snapshot_of.expect("a snapshot").taken_at;
+    /// [`Store::verify`] of a snapshot or a clone: the digest of its content (the same formula
+    /// as a live volume's, so a snapshot equals a live volume of the same content), read
+    /// through its chain. A block that fails its checksum is an error.
+    pub(super) fn verify_through_chain(&self, snap: &Arc<Volume>) -> Result<VolumeDigest, StoreError> {
+        let mut sequence = Sequence::ZERO;
         let blocks = snap.blocks();
         let step = SCAN_BUFFER_BYTES / BLOCK_BYTES;
         let mut buffer = vec![0u8; SCAN_BUFFER_BYTES as usize];
@@ -491,17 +436,18 @@ impl Store {
         while block < blocks {
             let count = step.min(blocks - block);
             let out = &mut buffer[..(count * BLOCK_BYTES) as usize];
-            let entries = self.read_snapshot_blocks(snap, block, count, out)?;
-            for (i, (is_allocated, _)) in entries.iter().enumerate() {
+            let (at, _, found) = self.read_chain(snap, block, count, out)?;
+            sequence = at;
+            for (i, is_allocated) in found.iter().map(|f| f.allocated).enumerate() {
                 let content = &out[i * BLOCK_BYTES as usize..(i + 1) * BLOCK_BYTES as usize];
-                let crc = if *is_allocated { crc32c::crc32c(content) } else { zero_block_crc() };
+                let crc = if is_allocated { crc32c::crc32c(content) } else { zero_block_crc() };
                 digest = digest.wrapping_add(block_digest(block + i as u64, crc));
-                allocated += *is_allocated as u64;
+                allocated += is_allocated as u64;
             }
             block += count;
         }
         Ok(VolumeDigest {
-            applied_sequence: taken_at,
+            applied_sequence: sequence,
             content_digest: digest,
             blocks_total: blocks,
             blocks_allocated: allocated,
@@ -517,6 +463,7 @@ impl Store {
         committer: &mut MutexGuard<'_, Committer>,
         snap: &Arc<Volume>,
     ) -> Result<(), StoreError> {
+        self.materialize_dependents_locked(committer, &[snap.number])?;
         let volumes = self.volumes.read().expect("volume list lock").clone();
         self.hand_over_locked(committer, &volumes, snap)?;
         self.drop_snapshot_locked(committer, snap)
@@ -543,6 +490,8 @@ impl Store {
         let i = volumes.iter().position(|v| v.number == parent.number && !v.is_removed()).expect("listed");
         let snap = find_snapshot(volumes, parent.number, id).map(|k| volumes[k].clone());
         if let Some(snap) = &snap {
+            // Clones of it own their content first: nothing reads through it once it goes.
+            self.materialize_dependents_locked(committer, &[snap.number])?;
             self.hand_over_locked(committer, volumes, snap)?;
         }
         committer.commit_prepared(self, volumes, vec![(i, prepared)])?;
@@ -601,7 +550,7 @@ impl Store {
                     length_bytes: (run.end - run.start) * BLOCK_BYTES,
                     change: Change::Zero { head: None, whole: run.clone(), tail: None },
                 };
-                self.preserve(committer, volumes, &mut accepted, &mut preserving, here, older, &stand_in)?;
+                self.preserve(committer, volumes, &mut accepted, &mut preserving, (here, &[]), older, &stand_in)?;
                 taken += run.end - run.start;
             }
             if !accepted.is_empty() {
@@ -660,6 +609,7 @@ impl Store {
             return Ok(snapshots);
         }
         let gone: Vec<u32> = snapshots.iter().map(|v| v.number).collect();
+        self.materialize_dependents_locked(committer, &gone)?;
         self.write_meta(|meta| meta.volumes.retain(|v| !gone.contains(&v.number)))?;
         for snap in &snapshots {
             self.forget_removed(committer, snap);
@@ -701,22 +651,24 @@ impl Store {
 /// The current content of `blocks` (ascending) of volume `volumes[i]` as of the records
 /// `accepted` so far, each with its checksum (`None`: a hole). Blocks no accepted record
 /// touches and that lie close together are read with one read, checked against the block map.
+/// A clone's (`through`: its chain after it) are read one by one.
 #[allow(clippy::type_complexity)]
 fn current_blocks(
     volume: &Volume,
     i: usize,
     blocks: &[u64],
     accepted: &[(usize, LogRecord)],
+    through: &[Arc<Volume>],
 ) -> Result<Vec<Option<(Bytes, u32)>>, StoreError> {
     let (Some(&first), Some(&last)) = (blocks.first(), blocks.last()) else { return Ok(Vec::new()) };
     let span = first..last + 1;
     let touched = accepted.iter().any(|(v, r)| {
         *v == i && r.blocks_changed().is_some_and(|changed| changed.start < span.end && span.start < changed.end)
     });
-    if touched || span.end - span.start > PRESERVE_RECORD_BLOCKS_MAX {
+    if touched || span.end - span.start > PRESERVE_RECORD_BLOCKS_MAX || !through.is_empty() {
         return blocks
             .iter()
-            .map(|&b| Ok(base_content(volume, i, b, accepted)?.map(|c| (c.clone(), crc32c::crc32c(&c)))))
+            .map(|&b| Ok(base_content(volume, i, b, accepted, through)?.map(|c| (c.clone(), crc32c::crc32c(&c)))))
             .collect();
     }
     let state = volume.live_state()?;

@@ -7,7 +7,7 @@ use crate::SnapshotInfo;
 
 /// Pseudo-random operation number `n` on a volume of `size_bytes` (writes, partial writes,
 /// trims and zeroes, some of them large).
-fn random_op(n: u64, size_bytes: u64) -> Op {
+pub(super) fn random_op(n: u64, size_bytes: u64) -> Op {
     let h = pattern(n ^ 0x5eed, 8);
     let sectors = size_bytes / 512;
     let length = match h[4] % 8 {
@@ -36,33 +36,33 @@ fn snapshot_of(f: &Fixture, id: u64) -> SnapshotInfo {
 /// Snapshot `id` holds exactly `model`: content (whole and in pieces), extents, and its
 /// digest is that of the model's content.
 fn check_snapshot(f: &Fixture, id: u64, model: &Model) {
-    let store = f.store();
-    let snap = store.snapshot(f.volume, id).unwrap_or_else(|| panic!("snapshot {id} exists"));
-    let taken_at = snapshot_of(f, id).taken_at;
-    let size = f.size_bytes;
+    let snap = f.store().snapshot(f.volume, id).unwrap_or_else(|| panic!("snapshot {id} exists"));
+    check_as(f.store(), snap, model, snapshot_of(f, id).taken_at, &format!("snapshot {id}"));
+}
+
+/// Volume `handle` (a snapshot, a clone) holds exactly `model` at `sequence`: content (whole
+/// and in pieces), extents, and its digest is that of the model's content.
+pub(super) fn check_as(store: &Store, handle: VolumeHandle, model: &Model, sequence: Sequence, what: &str) {
+    let size = model.bytes.len() as u64;
     let piece = size.min(PAYLOAD_BYTES_MAX as u64);
     for offset in (0..size).step_by(piece as usize) {
-        let (at, data) = store.read(snap, offset, piece as u32).expect("read the snapshot");
-        assert_eq!(at, taken_at, "a snapshot read reflects the sequence it was taken at");
+        let (at, data) = store.read(handle, offset, piece as u32).expect("read");
+        assert_eq!(at, sequence, "{what}: a read reflects its sequence");
         let expected = &model.bytes[offset as usize..][..piece as usize];
         if data != expected {
             let first = offset as usize + data.iter().zip(expected).position(|(a, b)| a != b).expect("differs");
-            panic!("snapshot {id} differs from its model first at byte {first} (block {})", first as u64 / BLOCK_BYTES);
+            panic!("{what} differs from its model first at byte {first} (block {})", first as u64 / BLOCK_BYTES);
         }
     }
     for (offset, length) in [(512, 512), (4096 - 512, 1024), (1000, 10000), (size - 4608, 4608)] {
-        let (_, data) = store.read(snap, offset, length).expect("read a piece");
-        assert_eq!(
-            &data[..],
-            &model.bytes[offset as usize..][..length as usize],
-            "snapshot {id}: {length} at {offset}"
-        );
+        let (_, data) = store.read(handle, offset, length).expect("read a piece");
+        assert_eq!(&data[..], &model.bytes[offset as usize..][..length as usize], "{what}: {length} at {offset}");
     }
-    let (_, extents) = store.block_status(snap, 0, size).expect("block status");
-    assert_eq!(extents, model.extents(0, size), "snapshot {id}: allocation extents");
-    let (_, extents) = store.block_status(snap, 1536, 3 * BLOCK_BYTES).expect("block status");
-    assert_eq!(extents, model.extents(1536, 3 * BLOCK_BYTES), "snapshot {id}: extents of a piece");
-    assert_eq!(store.verify(snap).expect("verify").content_digest, digest_of(&model.bytes), "snapshot {id}: digest");
+    let (_, extents) = store.block_status(handle, 0, size).expect("block status");
+    assert_eq!(extents, model.extents(0, size), "{what}: allocation extents");
+    let (_, extents) = store.block_status(handle, 1536, 3 * BLOCK_BYTES).expect("block status");
+    assert_eq!(extents, model.extents(1536, 3 * BLOCK_BYTES), "{what}: extents of a piece");
+    assert_eq!(store.verify(handle).expect("verify").content_digest, digest_of(&model.bytes), "{what}: digest");
 }
 
 /// The content digest `Store::verify` computes, of bytes held in memory.
