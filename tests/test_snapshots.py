@@ -274,3 +274,88 @@ def test_a_wiped_element_gets_the_snapshots_back_by_full_recovery(make_cluster, 
         element.start()
     cluster.start_host()
     assert same_as(cluster, "kept@one", before)
+
+
+def test_a_consistency_groups_snapshot_takes_all_its_volumes_at_one_point(make_cluster, workdir):
+    """`snapshot create --group G NAME`: one record in the group's one stream, so every
+    member's snapshot (`M@NAME`, read-only) is of one point: a writer that writes a counter to
+    a, then (acknowledged) the same counter to b, is caught by the snapshot between two
+    writes, never with b ahead of a or a two steps ahead of b."""
+    cluster = make_cluster(volumes=(("a", "8MiB"), ("b", "5MiB"), ("c", "4MiB")), use_config=True,
+                           host_extra=["--group", "g:a,b"])
+    run(["qemu-io", "-f", "raw", "-c", "write -P 0x61 1M 2M", cluster.uri("a")])
+    run(["qemu-io", "-f", "raw", "-c", "write -P 0x62 4096 1M", cluster.uri("b")])
+    import threading
+    stop = threading.Event()
+    written = []
+
+    def writer():
+        with Client(cluster.uri("a")) as a, Client(cluster.uri("b")) as b:
+            k = 0
+            while not stop.is_set() and k < 100000:
+                k += 1
+                block = k.to_bytes(8, "little") * 512
+                a.pwrite(block, 0)
+                b.pwrite(block, 0)
+                written.append(k)
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    try:
+        harness.wait_until(lambda: len(written) >= 20, 30, "the writer to get going")
+        doc = json.loads(snapshot_cmd(cluster, "create", "--group", "g", "s1", "--json").stdout)
+        after = len(written)
+        harness.wait_until(lambda: len(written) >= after + 20, 30, "more writes after the snapshot")
+    finally:
+        stop.set()
+        thread.join(timeout=60)
+    assert doc["exports"] == ["a@s1", "b@s1"] and doc["volume"] == "g", doc
+    counters = {}
+    for member in ("a", "b"):
+        with Client(cluster.uri(f"{member}@s1")) as client:
+            counters[member] = int.from_bytes(client.pread(4096, 0)[:8], "little")
+    print(f"the snapshot holds counter {counters['a']} in a and {counters['b']} in b; the writer reached {written[-1]}")
+    assert counters["b"] <= counters["a"] <= counters["b"] + 1, f"not one point of the group's stream: {counters}"
+    assert 0 < counters["a"] < written[-1], "taken while the writer ran"
+    a0 = os.path.join(workdir, "a.raw")
+    with Client(cluster.uri("a@s1")) as client:
+        image = client.pread(8 * MiB, 0)
+    with open(a0, "wb") as f:
+        f.write(image)
+    assert image[MiB:3 * MiB] == b"\x61" * (2 * MiB)
+    info = json.loads(run(["nbdinfo", "--json", cluster.uri("b@s1")]).stdout)
+    assert info["exports"][0]["is_read_only"] is True and info["exports"][0]["export-size"] == 5 * MiB, info
+    listed = snapshots(cluster)
+    assert {n: s.get("group") for n, s in listed.items()} == {"a@s1": "g", "b@s1": "g"}, listed
+    # Refused, changing nothing: a member alone, --group of a volume or of nothing, a clone.
+    for args, reason in [(["a", "s2"], "--group g"), (["--group", "c", "s2"], "not a consistency group"),
+                         (["--group", "nosuch", "s2"], "no consistency group nosuch")]:
+        result = snapshot_cmd(cluster, "create", *args, check=False)
+        assert result.returncode != 0 and reason in result.stderr, (args, result.stderr)
+    result = volume_cmd(cluster, "clone", "a@s1", "copy", check=False)
+    assert result.returncode != 0 and "consistency group" in result.stderr, result.stderr
+    assert set(snapshots(cluster)) == {"a@s1", "b@s1"}
+    restart_everything(cluster)
+    assert set(snapshots(cluster)) == {"a@s1", "b@s1"}
+    assert same_as(cluster, "a@s1", a0)
+    with Client(cluster.uri("b@s1")) as client:
+        assert int.from_bytes(client.pread(4096, 0)[:8], "little") == counters["b"]
+    # Deleted through either member's name: both go.
+    snapshot_cmd(cluster, "delete", "b@s1")
+    assert snapshots(cluster) == {}
+    assert run(["nbdinfo", cluster.uri("a@s1")], check=False).returncode != 0, "no longer exported"
+    # The elements' own copies of a group's snapshot (of its storage volume) agree.
+    again = json.loads(snapshot_cmd(cluster, "create", "--group", "g", "s2", "--json").stdout)
+    assert_snapshot_identical_everywhere(cluster, "g[a,b]", again["id"])
+
+
+def test_a_host_element_killed_after_a_group_snapshots_intention_finishes_it(make_cluster):
+    cluster = make_cluster(volumes=(("a", "4MiB"), ("b", "4MiB")), use_config=True, host_extra=["--group", "g:a,b"])
+    run(["qemu-io", "-f", "raw", "-c", "write -P 0x71 0 1M", cluster.uri("a")])
+    abort_host_at(cluster, "snapshot-create:after-intention",
+                  lambda: snapshot_cmd(cluster, "create", "--group", "g", "s", check=False))
+    # The new host element sends the group's pending snapshot record, then exports both.
+    harness.wait_until(lambda: {n: s["state"] for n, s in snapshots(cluster).items()} == {"a@s": "ready", "b@s": "ready"},
+                       30, "the group's snapshot taken before the crash to be ready")
+    with Client(cluster.uri("a@s")) as client:
+        assert client.pread(MiB, 0) == b"\x71" * MiB

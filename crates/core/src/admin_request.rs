@@ -37,8 +37,9 @@ pub enum AdminRequest {
     /// `GET /volumes`: every volume served (`starfish volume list`).
     VolumeList,
     /// `POST /snapshots/create?volume=VOLUME&name=NAME`: take a snapshot (`starfish snapshot
-    /// create VOLUME NAME`).
-    SnapshotCreate { volume: String, name: String },
+    /// create VOLUME NAME`); `?group=GROUP&name=NAME`: of a consistency group, all its volumes
+    /// at one point (`starfish snapshot create --group GROUP NAME`; `group` is then set).
+    SnapshotCreate { volume: String, name: String, group: bool },
     /// `POST /snapshots/delete?snapshot=VOLUME@NAME`: delete a snapshot (`starfish snapshot
     /// delete VOLUME@NAME`).
     SnapshotDelete { volume: String, name: String },
@@ -194,22 +195,24 @@ fn volume_delete(query: &str) -> AdminRequest {
 }
 
 fn snapshot_create(query: &str) -> AdminRequest {
-    let (mut volume, mut name) = (None, None);
+    let (mut volume, mut group, mut name) = (None, None, None);
     for pair in query.split('&').filter(|p| !p.is_empty()) {
         let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
         let slot = match key {
             "volume" => &mut volume,
+            "group" => &mut group,
             "name" => &mut name,
-            _ => return AdminRequest::Malformed("POST /snapshots/create takes volume= and name= only"),
+            _ => return AdminRequest::Malformed("POST /snapshots/create takes volume= (or group=) and name= only"),
         };
         match volume_name(value) {
             Ok(n) => *slot = Some(n),
             Err(malformed) => return malformed,
         }
     }
-    match (volume, name) {
-        (Some(volume), Some(name)) => AdminRequest::SnapshotCreate { volume, name },
-        _ => AdminRequest::Malformed("POST /snapshots/create needs ?volume=VOLUME&name=NAME"),
+    match (volume, group, name) {
+        (Some(volume), None, Some(name)) => AdminRequest::SnapshotCreate { volume, name, group: false },
+        (None, Some(volume), Some(name)) => AdminRequest::SnapshotCreate { volume, name, group: true },
+        _ => AdminRequest::Malformed("POST /snapshots/create needs ?volume=VOLUME&name=NAME or ?group=GROUP&name=NAME"),
     }
 }
 
@@ -372,7 +375,11 @@ mod tests {
         assert!(AdminRequest::VolumeDelete { name: "v".into(), with_snapshots: false }.is_order());
         assert_eq!(
             parse(b"POST /snapshots/create?volume=db&name=monday HTTP/1.1\r\n\r\n"),
-            AdminRequest::SnapshotCreate { volume: "db".into(), name: "monday".into() }
+            AdminRequest::SnapshotCreate { volume: "db".into(), name: "monday".into(), group: false }
+        );
+        assert_eq!(
+            parse(b"POST /snapshots/create?group=g&name=monday HTTP/1.1\r\n\r\n"),
+            AdminRequest::SnapshotCreate { volume: "g".into(), name: "monday".into(), group: true }
         );
         assert_eq!(
             parse(b"POST /snapshots/delete?snapshot=db%40monday HTTP/1.1\r\n\r\n"),
@@ -385,7 +392,7 @@ mod tests {
             AdminRequest::VolumeClone { volume: "db".into(), snapshot: "monday".into(), name: "test".into() }
         );
         assert!(clone.is_order() && !clone.is_read());
-        assert!(AdminRequest::SnapshotCreate { volume: "v".into(), name: "s".into() }.is_order());
+        assert!(AdminRequest::SnapshotCreate { volume: "v".into(), name: "s".into(), group: false }.is_order());
         assert!(AdminRequest::SnapshotDelete { volume: "v".into(), name: "s".into() }.is_order());
         assert!(AdminRequest::SnapshotList.is_read() && !AdminRequest::SnapshotList.is_order());
         assert_eq!(
@@ -433,6 +440,7 @@ mod tests {
             b"POST /volumes/delete?name=v&with_snapshots=maybe HTTP/1.1\r\n\r\n",
             b"POST /snapshots/create?volume=v HTTP/1.1\r\n\r\n",
             b"POST /snapshots/create?volume=v&name=s&size=1 HTTP/1.1\r\n\r\n",
+            b"POST /snapshots/create?volume=v&group=g&name=s HTTP/1.1\r\n\r\n",
             b"POST /snapshots/delete?snapshot=v HTTP/1.1\r\n\r\n",
             b"POST /snapshots/delete?snapshot=v@ HTTP/1.1\r\n\r\n",
             b"POST /snapshots/delete?snapshot=@s HTTP/1.1\r\n\r\n",

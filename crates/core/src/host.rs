@@ -893,10 +893,12 @@ impl HostCore {
         storage.or_else(exported).map(|i| VolumeId(i as u32))
     }
 
-    /// Export snapshot `snapshot` of the volume exported as `of` (a whole storage volume, not
-    /// a consistency group's member), read-only, as `name`, of `size_bytes` (the volume's
-    /// size when it was taken). Its reads go to the elements
-    /// ([`HostCore::handle_host_snapshot_read`]); it goes when its volume is removed.
+    /// Export snapshot `snapshot` of the volume exported as `of` (a whole storage volume),
+    /// read-only, as `name` (`VOLUME@SNAP`), of `size_bytes` (the volume's size when it was
+    /// taken). Of a consistency group `of` (its storage volume's snapshot: all its members at
+    /// one point), each member `M` is exported as `M@SNAP`, the member's window of it. Its
+    /// reads go to the elements ([`HostCore::handle_host_snapshot_read`]); it goes when its
+    /// volume is removed.
     pub fn add_snapshot_export(
         &mut self,
         name: String,
@@ -904,6 +906,27 @@ impl HostCore {
         snapshot: SnapshotRef,
         size_bytes: u64,
     ) -> Result<(), String> {
+        let members: Vec<crate::groups::ExportedVolume> = self
+            .config
+            .exports
+            .iter()
+            .filter(|e| e.snapshot.is_none() && e.group.as_deref() == Some(of))
+            .cloned()
+            .collect();
+        if !members.is_empty() {
+            let Some((_, short)) = name.rsplit_once('@') else {
+                return Err(format!("snapshot {name} of group {of} is not named GROUP@NAME"));
+            };
+            for member in members {
+                let export = format!("{}@{short}", member.name);
+                if self.config.exports.iter().any(|e| e.name == export) {
+                    continue; // Exported already (a catalog read again).
+                }
+                let snapshot = Some(snapshot);
+                self.config.exports.push(crate::groups::ExportedVolume { name: export, snapshot, ..member });
+            }
+            return Ok(());
+        }
         let Some(e) = self.config.exports.iter().find(|e| e.name == of && e.snapshot.is_none()) else {
             // Exports of ungrouped volumes only, so far: the storage volume by that name.
             let Some(volume) = self.volumes.iter().position(|v| v.spec.name == of && v.spec.size_bytes > 0) else {
@@ -940,9 +963,14 @@ impl HostCore {
         Ok(())
     }
 
-    /// Stop exporting snapshot export `name` (nothing if it is not exported).
+    /// Stop exporting snapshot export `name` (`VOLUME@SNAP`; of a group, `GROUP@SNAP` stops
+    /// every member's `M@SNAP`) (nothing if it is not exported).
     pub fn remove_snapshot_export(&mut self, name: &str) {
-        self.config.exports.retain(|e| e.name != name || e.snapshot.is_none());
+        let (of, short) = name.rsplit_once('@').unwrap_or((name, ""));
+        self.config.exports.retain(|e| {
+            let of_group = e.group.as_deref() == Some(of) && e.name.rsplit_once('@').is_some_and(|(_, s)| s == short);
+            e.snapshot.is_none() || (e.name != name && !of_group)
+        });
     }
 
     pub fn poll_action(&mut self) -> Option<Action> {

@@ -9,7 +9,7 @@
 //!   (the active host element drains and becomes a standby), `POST /scrub?volume=NAME[&rate=BYTES]`
 //!   (`starfish scrub`), `POST /volumes/create?name=NAME&size=BYTES`,
 //!   `POST /volumes/delete?name=NAME[&with_snapshots=1]`, `POST /volumes/resize?name=NAME&size=BYTES`
-//!   and `POST /volumes/clone?snapshot=VOLUME@NAME&name=NEW` (`starfish volume …`), `POST /snapshots/create?volume=VOLUME&name=NAME` and
+//!   and `POST /volumes/clone?snapshot=VOLUME@NAME&name=NEW` (`starfish volume …`), `POST /snapshots/create?volume=VOLUME&name=NAME` (or `?group=GROUP&name=NAME`) and
 //!   `POST /snapshots/delete?snapshot=VOLUME@NAME` (`starfish snapshot …`).
 //!
 //! What a request asks for is read by the core (`starfish_core::admin_request`, fuzzed).
@@ -283,13 +283,15 @@ async fn answer(
             order(host.volume_clone(&format!("{volume}@{snapshot}"), &name).await)
         }
         AdminRequest::VolumeList => order(host.volume_list().await),
-        AdminRequest::SnapshotCreate { volume, name } => order(host.snapshot_create(&volume, &name).await),
+        AdminRequest::SnapshotCreate { volume, name, group } => {
+            order(host.snapshot_create(&volume, &name, group).await)
+        }
         AdminRequest::SnapshotDelete { volume, name } => order(host.snapshot_delete(&volume, &name).await),
         AdminRequest::SnapshotList => order(host.snapshot_list().await),
         AdminRequest::NotFound => reply(
             StatusCode::NOT_FOUND,
             "text/plain",
-            "try GET / (the status page), GET /status, GET /metrics, GET /volumes, GET /snapshots, POST /failover, POST /drain, POST /scrub?volume=NAME, POST /volumes/create?name=NAME&size=BYTES, POST /volumes/resize?name=NAME&size=BYTES[&shrink=1], POST /volumes/delete?name=NAME[&with_snapshots=1], POST /volumes/clone?snapshot=VOLUME@NAME&name=NEW, POST /snapshots/create?volume=VOLUME&name=NAME or POST /snapshots/delete?snapshot=VOLUME@NAME\n".into(),
+            "try GET / (the status page), GET /status, GET /metrics, GET /volumes, GET /snapshots, POST /failover, POST /drain, POST /scrub?volume=NAME, POST /volumes/create?name=NAME&size=BYTES, POST /volumes/resize?name=NAME&size=BYTES[&shrink=1], POST /volumes/delete?name=NAME[&with_snapshots=1], POST /volumes/clone?snapshot=VOLUME@NAME&name=NEW, POST /snapshots/create?volume=VOLUME&name=NAME (or ?group=GROUP&name=NAME) or POST /snapshots/delete?snapshot=VOLUME@NAME\n".into(),
         ),
         AdminRequest::Malformed(why) => reply(StatusCode::BAD_REQUEST, "text/plain", format!("{why}\n")),
     }

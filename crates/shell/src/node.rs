@@ -360,19 +360,21 @@ impl Node {
         handle.volume_order(|reply| crate::volumes::VolumeOrder::List { reply }).await
     }
 
-    /// `starfish snapshot create VOLUME NAME` (see `crate::volumes`).
-    pub async fn snapshot_create(&self, volume: &str, name: &str) -> Result<Value, String> {
-        self.snapshot_order(volume, name, false).await
+    /// `starfish snapshot create VOLUME NAME`, or `--group GROUP NAME` (`group`: `volume` names
+    /// a consistency group) (see `crate::volumes`).
+    pub async fn snapshot_create(&self, volume: &str, name: &str, group: bool) -> Result<Value, String> {
+        self.snapshot_order(volume, name, Some(group)).await
     }
 
     /// `starfish snapshot delete VOLUME@NAME` (see `crate::volumes`).
     pub async fn snapshot_delete(&self, volume: &str, name: &str) -> Result<Value, String> {
-        self.snapshot_order(volume, name, true).await
+        self.snapshot_order(volume, name, None).await
     }
 
-    /// Hand a snapshot's creation (or, `delete`, its deletion) to the catalog task, and log
-    /// the outcome.
-    async fn snapshot_order(&self, volume: &str, name: &str, delete: bool) -> Result<Value, String> {
+    /// Hand a snapshot's creation (`create`: whether of a group) or deletion (`None`) to the
+    /// catalog task, and log the outcome.
+    async fn snapshot_order(&self, volume: &str, name: &str, create: Option<bool>) -> Result<Value, String> {
+        let delete = create.is_none();
         let (what, done) = if delete { ("delete", "deleted") } else { ("take", "taken") };
         let handle = self.active.lock().await.as_ref().map(|a| a.handle.clone());
         let Some(handle) = handle else {
@@ -383,7 +385,9 @@ impl Node {
         let doc = handle
             .volume_order(|reply| match delete {
                 true => crate::volumes::VolumeOrder::SnapshotDelete { volume, name, reply },
-                false => crate::volumes::VolumeOrder::SnapshotCreate { volume, name, reply },
+                false => {
+                    crate::volumes::VolumeOrder::SnapshotCreate { volume, name, group: create == Some(true), reply }
+                }
             })
             .await;
         match &doc {

@@ -64,14 +64,45 @@ const ZERO_CHUNK_BYTES: u64 = 1 << 30;
 const ZERO_RETRY_WAIT: Duration = Duration::from_secs(1);
 
 pub(crate) enum VolumeOrder {
-    Create { name: String, size_bytes: u64, reply: oneshot::Sender<Result<Value, String>> },
-    Delete { name: String, with_snapshots: bool, reply: oneshot::Sender<Result<Value, String>> },
-    Resize { name: String, size_bytes: u64, shrink: bool, reply: oneshot::Sender<Result<Value, String>> },
-    Clone { snapshot: String, name: String, reply: oneshot::Sender<Result<Value, String>> },
-    List { reply: oneshot::Sender<Result<Value, String>> },
-    SnapshotCreate { volume: String, name: String, reply: oneshot::Sender<Result<Value, String>> },
-    SnapshotDelete { volume: String, name: String, reply: oneshot::Sender<Result<Value, String>> },
-    SnapshotList { reply: oneshot::Sender<Result<Value, String>> },
+    Create {
+        name: String,
+        size_bytes: u64,
+        reply: oneshot::Sender<Result<Value, String>>,
+    },
+    Delete {
+        name: String,
+        with_snapshots: bool,
+        reply: oneshot::Sender<Result<Value, String>>,
+    },
+    Resize {
+        name: String,
+        size_bytes: u64,
+        shrink: bool,
+        reply: oneshot::Sender<Result<Value, String>>,
+    },
+    Clone {
+        snapshot: String,
+        name: String,
+        reply: oneshot::Sender<Result<Value, String>>,
+    },
+    List {
+        reply: oneshot::Sender<Result<Value, String>>,
+    },
+    /// `group`: `volume` names a consistency group (`--group`).
+    SnapshotCreate {
+        volume: String,
+        name: String,
+        group: bool,
+        reply: oneshot::Sender<Result<Value, String>>,
+    },
+    SnapshotDelete {
+        volume: String,
+        name: String,
+        reply: oneshot::Sender<Result<Value, String>>,
+    },
+    SnapshotList {
+        reply: oneshot::Sender<Result<Value, String>>,
+    },
 }
 
 /// A snapshot being taken or deleted (logged, or found pending at start-up).
@@ -264,7 +295,9 @@ async fn serve(
                 Some(VolumeOrder::List { reply }) => {
                     let _ = reply.send(Ok(c.list()));
                 }
-                Some(VolumeOrder::SnapshotCreate { volume, name, reply }) => c.snapshot(volume, name, reply).await,
+                Some(VolumeOrder::SnapshotCreate { volume, name, group, reply }) => {
+                    c.snapshot(volume, name, group, reply).await
+                }
                 Some(VolumeOrder::SnapshotDelete { volume, name, reply }) => {
                     c.snapshot_delete(volume, name, reply).await
                 }
@@ -304,6 +337,14 @@ const ABANDONED_UNLOGGED: &str = "the host element took the elements back from o
 
 /// Hand a prepare's answer to the catalog task's pass that asked; if that pass ended (the
 /// core took the elements back), the operator is told so.
+/// The storage volume and size of consistency group `group` (from its members' exports), if
+/// there is one by that name.
+fn group_storage(exports: &[starfish_core::groups::ExportedVolume], group: &str) -> Option<(usize, u64)> {
+    let members = exports.iter().filter(|e| e.snapshot.is_none() && e.group.as_deref() == Some(group));
+    let storage = members.clone().next()?.volume;
+    Some((storage, members.map(|e| e.offset_bytes + e.size_bytes).max().unwrap_or(0)))
+}
+
 fn answer_checked(checked: &mpsc::UnboundedSender<Checked>, answer: Checked) {
     if let Err(mpsc::error::SendError(answer)) = checked.send(answer) {
         let _ = answer.reply.send(Err(ABANDONED_UNLOGGED.to_string()));
@@ -631,6 +672,15 @@ impl Catalogue {
     fn clone(&mut self, snapshot: String, name: String, reply: oneshot::Sender<Result<Value, String>>) {
         if let Some(reason) = &self.broken {
             let _ = reply.send(Err(format!("volume operations are off: the catalog cannot be read ({reason})")));
+            return;
+        }
+        let exports = self.handle.exports();
+        let of_group = exports.iter().any(|e| e.snapshot.is_some() && e.name == snapshot && e.group.is_some())
+            || snapshot.rsplit_once('@').is_some_and(|(g, _)| group_storage(&exports, g).is_some());
+        if of_group {
+            let _ = reply.send(Err(format!(
+                "{snapshot} is a snapshot of a consistency group: clones of a group's snapshot are not supported yet"
+            )));
             return;
         }
         match self.log.listed_snapshot(&snapshot) {
@@ -1024,35 +1074,51 @@ impl Catalogue {
 
     /// `starfish snapshot create VOLUME NAME`: checks, then the intention; its record is sent
     /// once it is logged ([`Catalogue::execute_snapshot`]).
-    async fn snapshot(&mut self, volume: String, name: String, reply: oneshot::Sender<Result<Value, String>>) {
+    async fn snapshot(
+        &mut self,
+        volume: String,
+        name: String,
+        group: bool,
+        reply: oneshot::Sender<Result<Value, String>>,
+    ) {
         if let Some(reason) = &self.broken {
             let _ = reply.send(Err(format!("snapshots are off: the catalog cannot be read ({reason})")));
             return;
         }
         let exports = self.handle.exports();
-        let Some(e) = exports.iter().find(|e| e.name == volume && e.snapshot.is_none()) else {
-            let reason = if self.creating.values().any(|k| k.name == volume) {
-                format!("volume {volume} is being created; snapshot it once its creation is answered")
-            } else {
-                format!("no volume {volume} (see starfish volume list)")
-            };
-            let _ = reply.send(Err(reason));
-            return;
+        let target = match exports.iter().find(|e| e.name == volume && e.snapshot.is_none()) {
+            Some(_) if group => Err(format!("{volume} is a volume, not a consistency group (see starfish volume list)")),
+            Some(e) => match &e.group {
+                Some(g) => Err(format!(
+                    "volume {volume} is a member of consistency group {g}: snapshot the group, which takes all its volumes at one point (starfish snapshot create --group {g} NAME)"
+                )),
+                None => Ok((e.volume, e.size_bytes)),
+            },
+            // A consistency group: its storage volume, all its members at one point.
+            None => match group_storage(&exports, &volume) {
+                Some(storage) => Ok(storage),
+                None if group => Err(format!("no consistency group {volume} (see starfish status)")),
+                None if self.creating.values().any(|k| k.name == volume) => {
+                    Err(format!("volume {volume} is being created; snapshot it once its creation is answered"))
+                }
+                None => Err(format!("no volume {volume} (see starfish volume list)")),
+            },
         };
-        if let Some(group) = &e.group {
-            let _ = reply.send(Err(format!(
-                "volume {volume} is a member of consistency group {group}: snapshots of consistency groups are not supported yet"
-            )));
-            return;
-        }
-        if let Err(reason) = self.check_writable(e.volume, "no snapshot was taken").await {
+        let (storage, size_bytes) = match target {
+            Ok(target) => target,
+            Err(reason) => {
+                let _ = reply.send(Err(reason));
+                return;
+            }
+        };
+        if let Err(reason) = self.check_writable(storage, "no snapshot was taken").await {
             let _ = reply.send(Err(reason));
             return;
         }
         let volume_id =
             self.created.get(&volume).map_or(catalog::CONFIGURED_VOLUME_ID, |storage| catalog::storage_id(storage));
         let now = self.now();
-        match self.log.intend_snapshot(now, &volume, volume_id, &name, e.size_bytes) {
+        match self.log.intend_snapshot(now, &volume, volume_id, &name, size_bytes) {
             Err(reason) => {
                 let _ = reply.send(Err(reason));
             }
@@ -1072,8 +1138,25 @@ impl Catalogue {
             let _ = reply.send(Err(format!("snapshots are off: the catalog cannot be read ({reason})")));
             return;
         }
+        let exports = self.handle.exports();
+        // A consistency group's snapshot is exported as each member's `M@NAME`: either names
+        // the group's snapshot, `GROUP@NAME` in the catalog.
+        let group = exports
+            .iter()
+            .find(|e| e.snapshot.is_some() && e.name == format!("{volume}@{name}"))
+            .and_then(|e| e.group.clone())
+            .or_else(|| group_storage(&exports, &volume).map(|_| volume.clone()));
+        let volume = group.clone().unwrap_or(volume);
         let export = format!("{volume}@{name}");
-        let storage = self.handle.exports().iter().find(|e| e.name == export && e.snapshot.is_some()).map(|e| e.volume);
+        let exported: Vec<&starfish_core::groups::ExportedVolume> = exports
+            .iter()
+            .filter(|e| e.snapshot.is_some())
+            .filter(|e| match &group {
+                Some(g) => e.group.as_deref() == Some(g) && e.name.rsplit_once('@').is_some_and(|(_, s)| s == name),
+                None => e.name == export,
+            })
+            .collect();
+        let storage = exported.first().map(|e| e.volume);
         let Some(storage) = storage else {
             // Being taken (asked, or found pending by this host element at start-up): not
             // exported until a write quorum holds it.
@@ -1087,7 +1170,10 @@ impl Catalogue {
             let _ = reply.send(Err(reason));
             return;
         };
-        let clients = self.clients_of(&export).await;
+        let mut clients = 0;
+        for e in &exported {
+            clients += self.clients_of(&e.name).await;
+        }
         if clients > 0 {
             let _ = reply.send(Err(format!(
                 "snapshot {export} is in use by {clients} NBD connection(s); disconnect them first"
@@ -1139,7 +1225,9 @@ impl Catalogue {
     fn send_record(&mut self, id: u64) {
         let Some(s) = self.snapshotting.get_mut(&id) else { return };
         let exports = self.handle.exports();
-        let Some(e) = exports.iter().find(|e| e.name == s.snapshot.volume && e.snapshot.is_none()) else {
+        let of = &s.snapshot.volume;
+        let found = exports.iter().find(|e| e.snapshot.is_none() && (&e.name == of || e.group.as_ref() == Some(of)));
+        let Some(e) = found else {
             tracing::error!(
                 snapshot = %s.snapshot.export_name(),
                 "the volume of a pending snapshot operation is not served; left pending"
@@ -1188,7 +1276,18 @@ impl Catalogue {
         self.log.finish(now, id, true);
         tracing::info!(snapshot = %snapshot.export_name(), id, taken_at, "snapshot {}", if s.delete { "deleted" } else { "taken" });
         if let Some(reply) = s.reply {
-            let _ = reply.send(Ok(describe_snapshot(id, &snapshot, s.delete, self.log.policy(), true)));
+            let mut doc = describe_snapshot(id, &snapshot, s.delete, self.log.policy(), true);
+            if !s.delete {
+                // Its exports: `VOLUME@NAME`, or each member's of a consistency group.
+                let exports = self.handle.exports();
+                let names: Vec<&str> = exports
+                    .iter()
+                    .filter(|e| e.snapshot.is_some_and(|r| r.id == id))
+                    .map(|e| e.name.as_str())
+                    .collect();
+                doc["exports"] = json!(names);
+            }
+            let _ = reply.send(Ok(doc));
         }
     }
 
@@ -1221,6 +1320,7 @@ impl Catalogue {
                     "id": reference.id,
                     "size_bytes": e.size_bytes,
                     "taken_at": reference.taken_at.0,
+                    "group": e.group,
                     "clones": self.log.clones_of(reference.id),
                     "state": "ready",
                 }))

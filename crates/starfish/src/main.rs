@@ -343,10 +343,14 @@ enum SnapshotAction {
 
 #[derive(Args, Debug)]
 struct SnapshotCreateArgs {
-    /// The volume to take it of.
-    volume: String,
-    /// Its name: letters, digits, '.', '_' and '-' (exported as VOLUME@NAME).
-    name: String,
+    /// VOLUME NAME: the volume to take it of, and its name (letters, digits, '.', '_' and
+    /// '-'; exported as VOLUME@NAME). With --group, NAME alone.
+    #[arg(num_args = 1..=2, required = true, value_names = ["VOLUME", "NAME"])]
+    args: Vec<String>,
+    /// Take it of this consistency group: all its volumes at one point of its one stream
+    /// (crash-consistent as a whole); each member M is exported read-only as M@NAME.
+    #[arg(long)]
+    group: Option<String>,
     #[command(flatten)]
     target: AdminTarget,
 }
@@ -929,29 +933,41 @@ fn snapshot(args: SnapshotArgs) -> Result<()> {
     match args.action {
         SnapshotAction::Create(args) => {
             let target = &args.target;
+            let (key, volume, name) = match (&args.group, &args.args[..]) {
+                (None, [volume, name]) => ("volume", volume.clone(), name.clone()),
+                (Some(group), [name]) => ("group", group.clone(), name.clone()),
+                (None, _) => bail!("give the volume and the snapshot's name: starfish snapshot create VOLUME NAME"),
+                (Some(_), _) => bail!(
+                    "with --group GROUP, give the snapshot's name alone: starfish snapshot create --group GROUP NAME"
+                ),
+            };
             let tls = config::load_tls(target.tls_dir.as_deref())?;
             let path = format!(
-                "/snapshots/create?volume={}&name={}",
-                config::percent_encode(&args.volume),
-                config::percent_encode(&args.name)
+                "/snapshots/create?{key}={}&name={}",
+                config::percent_encode(&volume),
+                config::percent_encode(&name)
             );
             let body = rt
                 .block_on(shell::admin::request(target.admin, "POST", &path, tls.as_ref()))
                 .map_err(admin_error)
-                .with_context(|| format!("no snapshot {}@{} was taken", args.volume, args.name))?;
+                .with_context(|| format!("no snapshot {volume}@{name} was taken"))?;
             let doc: serde_json::Value = serde_json::from_str(&body).context("admin endpoint sent bad JSON")?;
             if target.json {
                 println!("{doc}");
-            } else if doc["on_write_quorum"] == true {
-                println!(
-                    "took snapshot {}@{} (held by a write quorum of elements); exported read-only over NBD as {}@{}",
-                    args.volume, args.name, args.volume, args.name
-                );
             } else {
-                println!(
-                    "taking snapshot {}@{}: not yet held by a write quorum of elements (it is exported once it is; see starfish snapshot list)",
-                    args.volume, args.name
-                );
+                let exports = match doc["exports"].as_array() {
+                    Some(names) => names.iter().filter_map(|n| n.as_str()).collect::<Vec<_>>().join(", "),
+                    None => format!("{volume}@{name}"),
+                };
+                if doc["on_write_quorum"] == true {
+                    println!(
+                        "took snapshot {volume}@{name} (held by a write quorum of elements); exported read-only over NBD as {exports}"
+                    );
+                } else {
+                    println!(
+                        "taking snapshot {volume}@{name}: not yet held by a write quorum of elements (it is exported once it is; see starfish snapshot list)"
+                    );
+                }
             }
         }
         SnapshotAction::Delete(args) => {
