@@ -771,6 +771,23 @@ fn admin_error(e: std::io::Error) -> anyhow::Error {
     anyhow::anyhow!(reason.unwrap_or(text))
 }
 
+/// What `volume create` and `volume clone` print: the admin endpoint's answer `doc` (with
+/// `--json`), or a sentence.
+fn print_created(doc: &serde_json::Value, json: bool, name: &str, clone_of: Option<&str>) {
+    if json {
+        println!("{doc}");
+        return;
+    }
+    let quorum = if doc["on_write_quorum"] == true {
+        "held by a write quorum of elements"
+    } else {
+        "not yet held by a write quorum of elements (they create it as they answer or come back)"
+    };
+    let size = config::format_size_approx(doc["size_bytes"].as_u64().unwrap_or(0));
+    let origin = clone_of.map_or(String::new(), |snapshot| format!(", a clone of {snapshot}"));
+    println!("created volume {name} ({size}){origin}, {quorum}; exported over NBD as {name}");
+}
+
 fn volume(args: VolumeArgs) -> Result<()> {
     let rt = runtime()?;
     match args.action {
@@ -786,21 +803,7 @@ fn volume(args: VolumeArgs) -> Result<()> {
                 .map_err(admin_error)
                 .with_context(|| format!("volume {} was not created", args.name))?;
             let doc: serde_json::Value = serde_json::from_str(&body).context("admin endpoint sent bad JSON")?;
-            if target.json {
-                println!("{doc}");
-            } else {
-                let quorum = if doc["on_write_quorum"] == true {
-                    "held by a write quorum of elements"
-                } else {
-                    "not yet held by a write quorum of elements (they create it as they answer or come back)"
-                };
-                println!(
-                    "created volume {} ({}), {quorum}; exported over NBD as {}",
-                    args.name,
-                    config::format_size_approx(args.size),
-                    args.name
-                );
-            }
+            print_created(&doc, target.json, &args.name, None);
         }
         VolumeAction::Clone(args) => {
             let target = &args.target;
@@ -818,23 +821,7 @@ fn volume(args: VolumeArgs) -> Result<()> {
                 .map_err(admin_error)
                 .with_context(|| format!("no clone {} of {} was created", args.name, args.snapshot))?;
             let doc: serde_json::Value = serde_json::from_str(&body).context("admin endpoint sent bad JSON")?;
-            if target.json {
-                println!("{doc}");
-            } else {
-                let quorum = if doc["on_write_quorum"] == true {
-                    "held by a write quorum of elements"
-                } else {
-                    "not yet held by a write quorum of elements (they create it as they answer or come back)"
-                };
-                let size = doc["size_bytes"].as_u64().unwrap_or(0);
-                println!(
-                    "created volume {} ({}), a clone of {}, {quorum}; exported over NBD as {}",
-                    args.name,
-                    config::format_size_approx(size),
-                    args.snapshot,
-                    args.name
-                );
-            }
+            print_created(&doc, target.json, &args.name, Some(&args.snapshot));
         }
         VolumeAction::Delete(args) => {
             let target = &args.target;

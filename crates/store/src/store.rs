@@ -629,15 +629,7 @@ impl Store {
     /// The volume named `name`, created (durably, empty) if there is none. Its size must be a
     /// positive multiple of 4096 bytes, and match if the volume exists.
     pub fn ensure_volume(&self, name: &str, size_bytes: u64) -> Result<VolumeHandle, StoreError> {
-        let invalid = |reason: String| Err(StoreError::InvalidVolume { name: name.to_string(), reason });
-        if name.is_empty() || name.len() > VOLUME_NAME_BYTES_MAX {
-            return invalid(format!("names have 1 to {VOLUME_NAME_BYTES_MAX} bytes"));
-        }
-        if size_bytes == 0 || size_bytes % BLOCK_BYTES != 0 || size_bytes > VOLUME_BYTES_MAX {
-            return invalid(format!(
-                "size {size_bytes} is not a positive multiple of {BLOCK_BYTES} up to {VOLUME_BYTES_MAX}"
-            ));
-        }
+        check_new_volume(name, size_bytes)?;
         let mut committer = self.lock_committer()?;
         if self.volume(name).is_none() {
             self.check_room(&[size_bytes])
@@ -1512,6 +1504,21 @@ fn add_to_index(index: &mut LogIndex, record: &LogRecord, offset: u64, frame: u3
 
 /// Take the directory's lock file. A child process forked by this process holds a copy of
 /// the lock until its exec: wait that out briefly before concluding another owner holds it.
+/// A name and size a volume may be created with: 1 to [`VOLUME_NAME_BYTES_MAX`] bytes, a
+/// positive multiple of 4096 bytes up to [`VOLUME_BYTES_MAX`].
+fn check_new_volume(name: &str, size_bytes: u64) -> Result<(), StoreError> {
+    let invalid = |reason: String| Err(StoreError::InvalidVolume { name: name.to_string(), reason });
+    if name.is_empty() || name.len() > VOLUME_NAME_BYTES_MAX {
+        return invalid(format!("names have 1 to {VOLUME_NAME_BYTES_MAX} bytes"));
+    }
+    if size_bytes == 0 || size_bytes % BLOCK_BYTES != 0 || size_bytes > VOLUME_BYTES_MAX {
+        return invalid(format!(
+            "size {size_bytes} is not a positive multiple of {BLOCK_BYTES} up to {VOLUME_BYTES_MAX}"
+        ));
+    }
+    Ok(())
+}
+
 fn lock_directory(dir: &Path) -> Result<File, StoreError> {
     let lock_path = dir.join(LOCK_FILE);
     let lock_file = OpenOptions::new()

@@ -29,7 +29,7 @@ use super::{copy, lock, Committer, Store};
 use crate::{
     log::Geometry,
     volume::{Volume, VolumeState},
-    CopyState, StoreError, VolumeHandle, SCAN_BUFFER_BYTES, VOLUMES_MAX, VOLUME_BYTES_MAX, VOLUME_NAME_BYTES_MAX,
+    CopyState, StoreError, VolumeHandle, SCAN_BUFFER_BYTES, VOLUMES_MAX,
 };
 
 /// What a read through a chain found for one block: where it lives decides the content and
@@ -265,15 +265,8 @@ impl Store {
         if self.volume(name).is_some() {
             return self.ensure_volume(name, size_bytes);
         }
+        super::check_new_volume(name, size_bytes)?;
         let invalid = |reason: String| Err(StoreError::InvalidVolume { name: name.to_string(), reason });
-        if name.is_empty() || name.len() > VOLUME_NAME_BYTES_MAX {
-            return invalid(format!("names have 1 to {VOLUME_NAME_BYTES_MAX} bytes"));
-        }
-        if size_bytes == 0 || size_bytes % BLOCK_BYTES != 0 || size_bytes > VOLUME_BYTES_MAX {
-            return invalid(format!(
-                "size {size_bytes} is not a positive multiple of {BLOCK_BYTES} up to {VOLUME_BYTES_MAX}"
-            ));
-        }
         let base = self.volume(parent).and_then(|p| self.snapshot(p, snapshot_id));
         if let Some(base) = base {
             let snapshot_bytes = self.volume_at(base).size_bytes();

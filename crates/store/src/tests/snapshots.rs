@@ -339,6 +339,47 @@ fn every_snapshot_survives_kill_9_with_its_content() {
     );
 }
 
+/// The kill -9 child with clones: after the commit that takes a snapshot, it makes a clone of
+/// every other one (`c<id>`); the snapshot's deletion, 80 records later, materializes its clone
+/// (kills land in that too).
+#[test]
+fn crash_child_with_clones() {
+    run_crash_child(crash_op_with_snapshots, |store, volume| {
+        for s in store.snapshots(volume) {
+            let name = format!("c{}", s.id);
+            if s.id % (2 * SNAPSHOT_EVERY) == 0 && store.volume(&name).is_none() {
+                store.ensure_clone(&name, CRASH_VOLUME_BYTES, "vol", s.id).expect("child: clone");
+            }
+        }
+    });
+}
+
+#[test]
+fn every_clone_survives_kill_9_with_its_snapshots_content_as_its_base_goes() {
+    kill_9_rounds_of("kill-9-clones", "tests::snapshots::crash_child_with_clones", 0, 5, |store, _, applied, round| {
+        let mut clones: Vec<(u64, VolumeHandle)> = store
+            .volumes()
+            .iter()
+            .filter_map(|(name, _)| Some((name.strip_prefix('c')?.parse().ok()?, store.volume(name)?)))
+            .collect();
+        clones.sort();
+        assert!(round < 2 || !clones.is_empty(), "round {round}: the child made clones (applied {applied})");
+        let mut model = Model::new(CRASH_VOLUME_BYTES);
+        let mut s = 0;
+        for (id, clone) in clones {
+            while s < id {
+                s += 1;
+                model.apply(&crash_op_with_snapshots(s));
+            }
+            let (at, data) = store.read(clone, 0, CRASH_VOLUME_BYTES as u32).expect("read clone");
+            assert_eq!(at, Sequence::ZERO, "a clone nothing wrote");
+            assert!(data == model.bytes, "round {round}: clone c{id} differs from its snapshot's model");
+            let based = id + SNAPSHOT_KEPT > applied;
+            println!("round {round}: clone c{id} holds its snapshot ({})", if based { "shared" } else { "its own" });
+        }
+    });
+}
+
 #[test]
 fn a_snapshot_deleted_by_a_record_is_gone_even_if_a_crash_cut_its_deletion_short() {
     let size = 256 * BLOCK_BYTES;
