@@ -715,7 +715,13 @@ impl Catalogue {
         // be carried out). The checks of several creations run side by side; each comes back
         // to the loop through `checked`.
         let probe = catalog::storage_name(&name, 0);
-        let spec = proto::VolumeSpec { name: probe.clone(), size_bytes, clone_of: None };
+        // A clone is checked as one (its blocks are its snapshot's until it writes).
+        let base = clone_of.as_ref().and_then(|export| {
+            let snapshots = &self.log.catalog().snapshots;
+            let s = snapshots.iter().find(|s| &s.export_name() == export)?;
+            Some(proto::CloneBase { volume: s.storage_volume(), snapshot: s.id })
+        });
+        let spec = proto::VolumeSpec { name: probe.clone(), size_bytes, clone_of: base };
         let (handle, checked) = (self.handle.clone(), self.checked.clone());
         tokio::spawn(async move {
             let result = handle.check_volumes(vec![spec]).await.map_err(|reason| reason.replace(&probe, &name));

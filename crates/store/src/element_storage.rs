@@ -48,7 +48,8 @@ impl ElementStorage for &Store {
     }
 
     fn check_new_volumes(&self, specs: &[VolumeSpec]) -> Result<(), String> {
-        let specs: Vec<(String, u64)> = specs.iter().map(|s| (s.name.clone(), s.size_bytes)).collect();
+        let specs: Vec<(String, u64, bool)> =
+            specs.iter().map(|s| (s.name.clone(), s.size_bytes, s.clone_of.is_some())).collect();
         Store::check_new_volumes(self, &specs).map_err(|e| e.to_string())
     }
 

@@ -548,11 +548,13 @@ impl Store {
 
     /// Whether volumes of these sizes (named in a hello, say) can be held besides the ones the
     /// store has: the ones that exist are left out (or count by what they would grow), the
-    /// others must fit whole, in memory and on disk (unless overcommitting). Checked before any
-    /// is created. A size below a volume's is refused: volumes do not shrink.
-    pub fn check_new_volumes(&self, specs: &[(String, u64)]) -> Result<(), StoreError> {
+    /// others must fit whole, in memory and on disk (unless overcommitting); a new clone (the
+    /// flag) in memory only, as a snapshot: its disk space is what it will write. Checked
+    /// before any is created. A size below a volume's is refused: volumes do not shrink.
+    pub fn check_new_volumes(&self, specs: &[(String, u64, bool)]) -> Result<(), StoreError> {
         let mut new = Vec::new();
-        for (name, size_bytes) in specs {
+        let mut clones = Vec::new();
+        for (name, size_bytes, clone) in specs {
             match self.volume(name) {
                 Some(handle) => {
                     let existing_bytes = self.volume_at(handle).size_bytes();
@@ -568,36 +570,41 @@ impl Store {
                         new.push(*size_bytes - existing_bytes);
                     }
                 }
+                None if *clone => clones.push(*size_bytes),
                 None => new.push(*size_bytes),
             }
         }
-        if new.is_empty() {
+        if new.is_empty() && clones.is_empty() {
             return Ok(());
         }
-        let names: Vec<&str> = specs.iter().map(|(n, _)| n.as_str()).collect();
-        self.check_room(&new).map_err(|reason| StoreError::InvalidVolume { name: names.join(", "), reason })
+        let names: Vec<&str> = specs.iter().map(|(n, _, _)| n.as_str()).collect();
+        self.check_room_with(&new, &clones)
+            .map_err(|reason| StoreError::InvalidVolume { name: names.join(", "), reason })
     }
 
     /// Room for new volumes of these sizes besides the existing ones; the reason if not.
     fn check_room(&self, new: &[u64]) -> Result<(), String> {
-        self.check_room_with(new, 0)
+        self.check_room_with(new, &[])
     }
 
-    /// As [`Store::check_room`], with a new snapshot of `snapshot_bytes` besides (0: none). A
-    /// snapshot's block map takes memory like a volume's, but its disk space is only what it
-    /// preserves, which the disk check cannot know ahead: it counts none.
-    fn check_room_with(&self, new: &[u64], snapshot_bytes: u64) -> Result<(), String> {
+    /// As [`Store::check_room`], with new volumes of `shared` sizes besides: snapshots and
+    /// clones. Their block maps take memory like a volume's, but their disk space is only what
+    /// they preserve or write, which the disk check cannot know ahead: it counts none (for the
+    /// existing ones too; a clone that came to own its content counts whole).
+    fn check_room_with(&self, new: &[u64], shared: &[u64]) -> Result<(), String> {
         let volumes = self.volumes.read().expect("volume list lock");
-        let live = |v: &&Arc<Volume>| !v.is_removed() && v.snapshot_of.is_none();
-        let mut sizes: Vec<u64> = volumes.iter().filter(live).map(|v| v.size_bytes()).collect();
-        let snapshot_sizes: Vec<u64> =
-            volumes.iter().filter(|v| !v.is_removed() && v.snapshot_of.is_some()).map(|v| v.size_bytes()).collect();
+        let whole = |v: &&Arc<Volume>| !v.is_removed() && v.snapshot_of.is_none() && v.clone_base().is_none();
+        let mut sizes: Vec<u64> = volumes.iter().filter(whole).map(|v| v.size_bytes()).collect();
+        let mut shared_sizes: Vec<u64> = volumes
+            .iter()
+            .filter(|v| !v.is_removed() && (v.snapshot_of.is_some() || v.clone_base().is_some()))
+            .map(|v| v.size_bytes())
+            .collect();
         drop(volumes);
         sizes.extend_from_slice(new);
+        shared_sizes.extend_from_slice(shared);
         let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
-        let memory = crate::map_memory_bytes(&sizes)
-            + crate::map_memory_bytes(&snapshot_sizes)
-            + crate::map_memory_bytes(&[snapshot_bytes]);
+        let memory = crate::map_memory_bytes(&sizes) + crate::map_memory_bytes(&shared_sizes);
         if memory > self.options.map_memory_bytes_max {
             return Err(format!(
                 "the block maps of all volumes would take {:.1} GiB of memory, more than the {:.1} GiB this element allows (the map costs 12 bytes per 4 KiB block)",

@@ -577,7 +577,7 @@ fn a_volume_too_large_for_the_element_is_refused_before_anything_is_written() {
     let files = |d: &Path| std::fs::read_dir(d.join("volumes")).expect("volumes dir").count();
     let before = files(&dir.0);
     // 15 TiB: its block map alone would take 45 GiB of memory.
-    let specs = vec![("kept".to_string(), 1 << 20), ("typo".to_string(), 15u64 << 40)];
+    let specs = vec![("kept".to_string(), 1 << 20, false), ("typo".to_string(), 15u64 << 40, false)];
     let error = store.check_new_volumes(&specs).expect_err("too large").to_string();
     assert!(error.contains("memory"), "{error}");
     let error = store.ensure_volume("typo", 15 << 40).expect_err("too large").to_string();
@@ -588,13 +588,16 @@ fn a_volume_too_large_for_the_element_is_refused_before_anything_is_written() {
     let big = StoreOptions { map_memory_bytes_max: u64::MAX, ..options };
     drop(store);
     let store = Store::open(&dir.0, big).expect("reopen");
-    let error = store.check_new_volumes(&[("typo".into(), beyond)]).expect_err("beyond the disk").to_string();
+    let error = store.check_new_volumes(&[("typo".into(), beyond, false)]).expect_err("beyond the disk").to_string();
     assert!(error.contains("--overcommit"), "{error}");
+    // A clone of that size shares its snapshot's blocks: its map must fit in memory, its
+    // blocks are what it will write.
+    store.check_new_volumes(&[("clone".into(), beyond, true)]).expect("a clone counts no disk ahead");
     assert_eq!(files(&dir.0), before, "nothing was created");
     assert_eq!(store.volumes(), vec![("kept".to_string(), 1 << 20)]);
     drop(store);
     let store = Store::open(&dir.0, StoreOptions { overcommit: true, ..big }).expect("reopen");
-    store.check_new_volumes(&[("typo".into(), beyond)]).expect("overcommitting");
+    store.check_new_volumes(&[("typo".into(), beyond, false)]).expect("overcommitting");
     let _ = kept;
 }
 
@@ -688,8 +691,8 @@ fn a_hello_naming_a_volume_larger_grows_it_if_the_growth_fits() {
     let store = Store::open(&dir.0, StoreOptions::default()).expect("open");
     let a = store.ensure_volume("a", 1 << 20).expect("create");
     store.commit(&[(a, record(1, write_op(0, 4096, 1)))]).expect("commit");
-    store.check_new_volumes(&[("a".into(), 4 << 20)]).expect("the growth fits");
-    let error = store.check_new_volumes(&[("a".into(), 512 << 10)]).expect_err("smaller");
+    store.check_new_volumes(&[("a".into(), 4 << 20, false)]).expect("the growth fits");
+    let error = store.check_new_volumes(&[("a".into(), 512 << 10, false)]).expect_err("smaller");
     assert!(matches!(error, StoreError::VolumeSizeMismatch { .. }), "{error}");
     assert_eq!(store.ensure_volume("a", 4 << 20).expect("grown"), a);
     assert_eq!(store.volumes(), vec![("a".to_string(), 4 << 20)]);

@@ -277,8 +277,13 @@ impl Store {
             }
         }
         let mut committer = self.lock_committer()?;
-        self.check_room(&[size_bytes])
-            .map_err(|reason| StoreError::InvalidVolume { name: name.to_string(), reason })?;
+        // Sharing its snapshot's blocks, it costs the disk what it writes (as a snapshot); one
+        // made to be copied will hold its whole content.
+        let room = match base {
+            Some(_) => self.check_room_with(&[], &[size_bytes]),
+            None => self.check_room(&[size_bytes]),
+        };
+        room.map_err(|reason| StoreError::InvalidVolume { name: name.to_string(), reason })?;
         match base {
             Some(base) => {
                 let base_number = self.volume_at(base).number;

@@ -141,7 +141,7 @@ impl Store {
         }
         let name = snapshot_name(&parent.name, id);
         let size_bytes = parent.size_bytes();
-        self.check_room_with(&[], size_bytes)
+        self.check_room_with(&[], &[size_bytes])
             .map_err(|reason| StoreError::InvalidVolume { name: name.clone(), reason })?;
         let snapshot_of = SnapshotOf { parent: parent.number, taken_at, id };
         self.create_volume_locked(committer, &name, size_bytes, Some(snapshot_of), None, None)?;
@@ -336,7 +336,7 @@ impl Store {
         if size_bytes == 0 || size_bytes % BLOCK_BYTES != 0 || size_bytes > live.size_bytes() {
             return Err(invalid(format!("a copied snapshot of {size_bytes} bytes does not fit its volume")));
         }
-        self.check_room_with(&[], size_bytes).map_err(invalid)?;
+        self.check_room_with(&[], &[size_bytes]).map_err(invalid)?;
         let snapshot_of = SnapshotOf { parent: live.number, taken_at, id };
         let handle = self.create_volume_locked(&mut committer, &name, size_bytes, Some(snapshot_of), None, None)?;
         let snap = self.volume_at(handle);
