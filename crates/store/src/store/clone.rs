@@ -28,9 +28,12 @@ use proto::{BlockChunk, BlockCopy, BlockSummary, Epoch, ReadData, Sequence, BLOC
 use super::{copy, lock, Committer, Store};
 use crate::{
     log::Geometry,
-    volume::{Volume, VolumeState},
+    volume::{MapSlice, Volume, VolumeState},
     CopyState, StoreError, VolumeHandle, SCAN_BUFFER_BYTES, VOLUMES_MAX,
 };
+
+/// How many times a read lists a chain again because one of its volumes went meanwhile.
+const CHAIN_CHANGES_MAX: u32 = 64;
 
 /// What a read through a chain found for one block: where it lives decides the content and
 /// checksum; the sequence is the first volume's own (0 for a block read through).
@@ -135,6 +138,61 @@ pub(super) fn read_through(
     Ok(found)
 }
 
+/// Where blocks `first..first + count` live along a chain whose locks the caller holds: what
+/// each holds (as [`read_through`] reports it), and the runs to read, each of one volume of
+/// the chain (its index) with its map entries (holes are not read).
+fn plan_through(
+    states: &[RwLockReadGuard<'_, VolumeState>],
+    first: u64,
+    count: u64,
+) -> (Vec<Found>, Vec<(usize, MapSlice)>) {
+    let owner = |b: u64| -> Option<usize> {
+        for (k, state) in states.iter().enumerate() {
+            if b >= state.map.blocks() {
+                return None;
+            }
+            if k == states.len() - 1 || Volume::owns(&state.map, b) {
+                return Some(k);
+            }
+        }
+        unreachable!("the last volume of a chain owns what reaches it")
+    };
+    let mut found = Vec::with_capacity(count as usize);
+    let mut runs = Vec::new();
+    let end = first + count;
+    let mut block = first;
+    while block < end {
+        let k = owner(block);
+        let mut run_end = block + 1;
+        while run_end < end && owner(run_end) == k {
+            run_end += 1;
+        }
+        match k {
+            None => found.extend((block..run_end).map(|_| Found {
+                allocated: false,
+                crc: crate::block_map::zero_block_crc(),
+                sequence: Sequence::ZERO,
+            })),
+            Some(k) => {
+                let map = &states[k].map;
+                found.extend((block..run_end).map(|b| Found {
+                    allocated: map.is_allocated(b),
+                    crc: map.crc(b),
+                    sequence: if k == 0 { map.sequence(b) } else { Sequence::ZERO },
+                }));
+                runs.push((k, MapSlice::of(map, block, run_end - block)));
+            }
+        }
+        block = run_end;
+    }
+    (found, runs)
+}
+
+/// What a read through `chain` depended on: its volumes and their applied sequences.
+fn chain_state(chain: &[Arc<Volume>], states: &[RwLockReadGuard<'_, VolumeState>]) -> Vec<(u32, Sequence)> {
+    chain.iter().zip(states).map(|(v, s)| (v.number, s.applied)).collect()
+}
+
 /// The content of one block of the clone whose chain after itself is `through` (`None`: a
 /// hole), with its checksum: for a block the clone does not own.
 pub(super) fn content_through(through: &[Arc<Volume>], block: u64) -> Result<Option<(Bytes, u32)>, StoreError> {
@@ -154,6 +212,14 @@ impl Store {
     /// Read blocks `first..first + count` of `volume` (a snapshot or a clone) through its
     /// chain into `out`; with the sequence the content is of (a snapshot's `taken_at`, a live
     /// volume's applied sequence) and that sequence's epoch.
+    ///
+    /// As a live volume's read does (`read_verified`), it takes the chain's locks only to see
+    /// where each block lives and with which checksum, and reads the data files without them,
+    /// so that a slow read never delays the commits of the volumes it reads through. A block
+    /// that changed meanwhile (its volume's commit overwrote or trimmed it after preserving
+    /// it, a deletion emptied its snapshot) fails its checksum, or its read, with the chain no
+    /// longer as it was: the read starts again (the last time under the locks). A failure with
+    /// the chain unchanged is real (damage, an I/O error).
     pub(super) fn read_chain(
         &self,
         volume: &Arc<Volume>,
@@ -161,15 +227,55 @@ impl Store {
         count: u64,
         out: &mut [u8],
     ) -> Result<(Sequence, Epoch, Vec<Found>), StoreError> {
-        let chain = self.chain(volume)?;
-        let states: Vec<RwLockReadGuard<'_, VolumeState>> =
-            chain.iter().map(|v| v.live_state()).collect::<Result<_, _>>()?;
-        let (sequence, epoch) = match volume.snapshot_of {
-            Some(of) => (of.taken_at, Epoch(0)),
-            None => (states[0].applied, states[0].applied_epoch),
-        };
-        let found = read_through(&chain, &states, first, count, out)?;
-        Ok((sequence, epoch, found))
+        let (mut attempt, mut went) = (0, 0);
+        loop {
+            attempt += 1;
+            let chain = self.chain(volume)?;
+            let states: Vec<RwLockReadGuard<'_, VolumeState>> =
+                match chain.iter().map(|v| v.live_state()).collect::<Result<_, _>>() {
+                    Ok(states) => states,
+                    // A volume of the chain went between listing it and locking it (a newer
+                    // snapshot deleted): the chain is listed again.
+                    Err(StoreError::Removed { .. }) if !volume.is_removed() && went < CHAIN_CHANGES_MAX => {
+                        went += 1;
+                        attempt -= 1;
+                        continue;
+                    }
+                    Err(e) => return Err(e),
+                };
+            let (sequence, epoch) = match volume.snapshot_of {
+                Some(of) => (of.taken_at, Epoch(0)),
+                None => (states[0].applied, states[0].applied_epoch),
+            };
+            if attempt > super::READ_UNLOCKED_ATTEMPTS_MAX {
+                let found = read_through(&chain, &states, first, count, out)?;
+                return Ok((sequence, epoch, found));
+            }
+            let (found, runs) = plan_through(&states, first, count);
+            let seen = chain_state(&chain, &states);
+            drop(states);
+            let read = runs.iter().try_for_each(|(k, slice)| {
+                let at = ((slice.first - first) * BLOCK_BYTES) as usize;
+                let end = at + slice.entries.len() * BLOCK_BYTES as usize;
+                chain[*k].read_blocks_unlocked(slice, &mut out[at..end])
+            });
+            match read {
+                Ok(()) => return Ok((sequence, epoch, found)),
+                Err(e) => {
+                    // A deleted snapshot's data file is emptied before it goes: a read of it
+                    // fails short, not only with a checksum.
+                    let unchanged = self.chain(volume).ok().is_some_and(|now| {
+                        let states: Result<Vec<RwLockReadGuard<'_, VolumeState>>, StoreError> =
+                            now.iter().map(|v| v.live_state()).collect();
+                        states.is_ok_and(|states| chain_state(&now, &states) == seen)
+                    });
+                    if unchanged {
+                        return Err(e);
+                    }
+                    out.fill(0);
+                }
+            }
+        }
     }
 
     /// A read of a snapshot or a clone: its content, with the sequence it is of.

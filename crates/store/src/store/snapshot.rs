@@ -262,9 +262,9 @@ impl Store {
 
     /// Blocks `first..first + count` of snapshot `snap` into `out` (zeroes for holes), each
     /// read from whoever holds it and checked against its checksum; per block, whether it is
-    /// allocated and its checksum. Holds the read locks of the whole chain, oldest first: the
-    /// commit that preserves a block into a snapshot applies that before it changes the live
-    /// block, so no block changes under the read.
+    /// allocated and its checksum (see [`Store::read_chain`]: where each block lives is seen
+    /// under the chain's read locks, at one moment; the commit that preserves a block into a
+    /// snapshot applies that before it changes the live block).
     fn read_snapshot_blocks(
         &self,
         snap: &Arc<Volume>,
@@ -384,43 +384,17 @@ impl Store {
         offset_bytes: u64,
         length_bytes: u64,
     ) -> Result<(Sequence, Vec<BlockExtent>), StoreError> {
-        let chain = self.chain(volume)?;
-        let states: Vec<RwLockReadGuard<'_, VolumeState>> =
-            chain.iter().map(|v| v.live_state()).collect::<Result<_, _>>()?;
-        let sequence = match volume.snapshot_of {
-            Some(of) => of.taken_at,
-            None => states[0].applied,
-        };
-        let mut extents: Vec<BlockExtent> = Vec::new();
-        if length_bytes == 0 {
-            return Ok((sequence, extents));
-        }
-        let allocated = |block: u64| {
-            for (k, state) in states.iter().enumerate() {
-                if block >= state.map.blocks() {
-                    return false;
-                }
-                if k == states.len() - 1 || Volume::owns(&state.map, block) {
-                    return state.map.is_allocated(block);
-                }
+        let mut went = 0;
+        loop {
+            let chain = self.chain(volume)?;
+            let states = chain.iter().map(|v| v.live_state()).collect::<Result<Vec<_>, _>>();
+            match states {
+                Ok(states) => return Ok(chain_extents(volume, &states, offset_bytes, length_bytes)),
+                // A volume of the chain went between listing it and locking it: list it again.
+                Err(StoreError::Removed { .. }) if !volume.is_removed() && went < 64 => went += 1,
+                Err(e) => return Err(e),
             }
-            false
-        };
-        let end_bytes = offset_bytes + length_bytes;
-        let mut position = offset_bytes;
-        while position < end_bytes {
-            let block = position / BLOCK_BYTES;
-            let extent_end = ((block + 1) * BLOCK_BYTES).min(end_bytes);
-            let is_allocated = allocated(block);
-            let full = extents.len() == BLOCK_STATUS_EXTENTS_MAX;
-            match extents.last_mut() {
-                Some(last) if last.allocated == is_allocated => last.length_bytes += extent_end - position,
-                _ if full => break,
-                _ => extents.push(BlockExtent { length_bytes: extent_end - position, allocated: is_allocated }),
-            }
-            position = extent_end;
         }
-        Ok((sequence, extents))
     }
 
     /// [`Store::verify`] of a snapshot or a clone: the digest of its content (the same formula
@@ -717,4 +691,48 @@ pub(super) fn untaken(volumes: &[Arc<Volume>]) -> Vec<u32> {
             (of.taken_at > applied).then_some(v.number)
         })
         .collect()
+}
+
+/// The extents of `volume` (a snapshot or a clone) through its chain, whose locks the caller
+/// holds (`states`), with the sequence they are of.
+fn chain_extents(
+    volume: &Volume,
+    states: &[RwLockReadGuard<'_, VolumeState>],
+    offset_bytes: u64,
+    length_bytes: u64,
+) -> (Sequence, Vec<BlockExtent>) {
+    let sequence = match volume.snapshot_of {
+        Some(of) => of.taken_at,
+        None => states[0].applied,
+    };
+    let mut extents: Vec<BlockExtent> = Vec::new();
+    if length_bytes == 0 {
+        return (sequence, extents);
+    }
+    let allocated = |block: u64| {
+        for (k, state) in states.iter().enumerate() {
+            if block >= state.map.blocks() {
+                return false;
+            }
+            if k == states.len() - 1 || Volume::owns(&state.map, block) {
+                return state.map.is_allocated(block);
+            }
+        }
+        false
+    };
+    let end_bytes = offset_bytes + length_bytes;
+    let mut position = offset_bytes;
+    while position < end_bytes {
+        let block = position / BLOCK_BYTES;
+        let extent_end = ((block + 1) * BLOCK_BYTES).min(end_bytes);
+        let is_allocated = allocated(block);
+        let full = extents.len() == BLOCK_STATUS_EXTENTS_MAX;
+        match extents.last_mut() {
+            Some(last) if last.allocated == is_allocated => last.length_bytes += extent_end - position,
+            _ if full => break,
+            _ => extents.push(BlockExtent { length_bytes: extent_end - position, allocated: is_allocated }),
+        }
+        position = extent_end;
+    }
+    (sequence, extents)
 }
