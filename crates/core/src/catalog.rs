@@ -702,6 +702,15 @@ impl Catalog {
             if v.storage_bytes < v.size_bytes {
                 return Err(format!("the catalog stores volume {} in fewer bytes than it exports", v.name));
             }
+            if let Some(base) = &v.clone_of {
+                check_snapshots(std::slice::from_ref(base))?;
+                if base.id >= self.next_id || base.size_bytes > v.storage_bytes {
+                    return Err(format!(
+                        "the catalog makes volume {} a clone of snapshot {} that cannot be (id, or a size beyond the volume's)",
+                        v.name, base.id
+                    ));
+                }
+            }
         }
         for (k, (name, id)) in names.iter().enumerate() {
             if names[..k].iter().any(|(n, i)| n == name || i == id) {

@@ -1660,3 +1660,34 @@ fn a_clone_an_element_cannot_share_yet_reaches_it_by_a_full_recovery() {
     assert_eq!(c.elements[2].copies, 1, "the clone was copied to e2");
     assert_eq!(clone_data(&c, 2), vec![3u8; 8192], "copied: the snapshot's content");
 }
+
+/// Issue 15: a consistency group's snapshot is exported per member, as `M@NAME`, each the
+/// member's window (offset and size) of the group's storage volume's snapshot; removing the
+/// group's snapshot export removes every member's, and the members' own exports stay.
+#[test]
+fn a_groups_snapshot_is_exported_per_member_and_removed_whole() {
+    let member = |name: &str, offset_bytes: u64| crate::groups::ExportedVolume {
+        name: name.into(),
+        group: Some("g".into()),
+        volume: 0,
+        offset_bytes,
+        size_bytes: 1 << 20,
+        snapshot: None,
+    };
+    let mut c = Cluster::with(3, 2, |config| config.exports = vec![member("a", 0), member("b", 1 << 20)]);
+    let reference = SnapshotRef { id: 4, taken_at: Sequence(9) };
+    c.core.add_snapshot_export("g@s".into(), "g", reference, 2 << 20).expect("exported");
+    let exports = c.core.config().exports.clone();
+    let of = |name: &str| exports.iter().find(|e| e.name == name).cloned();
+    let a = of("a@s").expect("a@s");
+    let b = of("b@s").expect("b@s");
+    assert_eq!((a.offset_bytes, a.size_bytes, a.snapshot), (0, 1 << 20, Some(reference)));
+    assert_eq!((b.offset_bytes, b.size_bytes, b.group.as_deref()), (1 << 20, 1 << 20, Some("g")));
+    assert!(of("g@s").is_none(), "the group itself is no export");
+    // Again (a catalog read again): nothing doubles.
+    c.core.add_snapshot_export("g@s".into(), "g", reference, 2 << 20).expect("exported");
+    assert_eq!(c.core.config().exports.len(), 4);
+    c.core.remove_snapshot_export("g@s");
+    let names: Vec<String> = c.core.config().exports.iter().map(|e| e.name.clone()).collect();
+    assert_eq!(names, vec!["a".to_string(), "b".to_string()]);
+}
