@@ -109,11 +109,15 @@ def test_bench_smfs_quick(starfish_bin, workdir):
 def test_bench_volume_ops_quick(starfish_bin, workdir):
     rows = bench_rows(starfish_bin, workdir, "volume-ops", 180)
     cost = [r for r in rows if r["op"] == "snapshot-cost"]
-    rows = [r for r in rows if r["op"] != "snapshot-cost"]
+    clone = [r for r in rows if r["op"] == "clone-cost"]
+    rows = [r for r in rows if r["op"] not in ("snapshot-cost", "clone-cost")]
     assert {(r["snapshots"], r["rw"]) for r in cost} == {
         (n, rw) for n in (0, 1, 8) for rw in ("randwrite-4k", "write-1m")}, cost
-    for row in cost:
+    assert {r["rw"] for r in clone} == {"randwrite-4k", "write-1m"}, clone
+    for row in cost + clone:
         positive(row, "iops", "latency_mean_ms", "throughput_mb_s")
+    for row in clone:
+        positive(row, "clone_ms")
     expected = {
         (op, p, load)
         for op in ("create", "grow", "shrink", "delete")

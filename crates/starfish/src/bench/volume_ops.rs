@@ -17,7 +17,10 @@
 //! (the newest taken just before), 4 KiB random writes at QD1 for a while (the first write to a
 //! block after the newest snapshot copies the block first), then 1 MiB sequential writes over
 //! the whole volume (every block not copied yet is). Rows: `op` `snapshot-cost`, `snapshots`,
-//! `rw` (randwrite-4k, write-1m), `iops`, `latency_mean_ms`, `throughput_mb_s`.
+//! `rw` (randwrite-4k, write-1m), `iops`, `latency_mean_ms`, `throughput_mb_s`. Then the same
+//! two runs on a clone of the newest snapshot (`starfish volume clone`), which starts sharing
+//! every block with it: rows with `op` `clone-cost`, and how long the clone took to make
+//! (`clone_ms`).
 
 use std::time::{Duration, Instant};
 
@@ -158,6 +161,29 @@ fn snapshot_cost(bench: &Bench) -> Result<Vec<Row>> {
             rows.push(row);
         }
     }
+    // A clone of the newest snapshot: writes to blocks it shares, then to its own.
+    let newest = SNAPSHOT_COUNTS[SNAPSHOT_COUNTS.len() - 1] - 1;
+    let asked = Instant::now();
+    let path = format!("/volumes/clone?snapshot=snapbench%40s{newest}&name=clonebench");
+    admin_request(admin, "POST", &path, ADMIN_TIMEOUT)?;
+    let clone_ms = asked.elapsed().as_secs_f64() * 1000.0;
+    let uri = cluster.uri().replace("/vol0", "/clonebench");
+    for (rw, job) in [("randwrite-4k", &random), ("write-1m", &sequential)] {
+        bench.progress(&format!("snapshots: a clone, {rw}"));
+        let figures = fio::run(&uri, job, cluster.scratch())?;
+        cluster.check_alive()?;
+        let mut row = new_row("volume-ops", "group");
+        row.insert("quorum".into(), 2.into());
+        row.insert("elements".into(), 3.into());
+        row.insert("op".into(), "clone-cost".into());
+        row.insert("rw".into(), rw.into());
+        row.insert("volume_bytes".into(), volume_bytes.into());
+        set_number(&mut row, "clone_ms", clone_ms);
+        set_number(&mut row, "iops", figures.throughput_mb_s * 1e6 / job.block_bytes as f64);
+        set_number(&mut row, "latency_mean_ms", figures.latency_ms);
+        set_number(&mut row, "throughput_mb_s", figures.throughput_mb_s);
+        rows.push(row);
+    }
     Ok(rows)
 }
 
@@ -166,8 +192,9 @@ fn snapshot_text(rows: &[&Row]) -> String {
     let table: Vec<Vec<String>> = rows
         .iter()
         .map(|r| {
+            let clone = r.get("op").and_then(|v| v.as_str()) == Some("clone-cost");
             vec![
-                cell(r, "snapshots", 0),
+                if clone { "a clone".to_string() } else { cell(r, "snapshots", 0) },
                 r.get("rw").and_then(|v| v.as_str()).unwrap_or("?").to_string(),
                 cell(r, "iops", 0),
                 cell(r, "latency_mean_ms", 3),
@@ -180,6 +207,14 @@ fn snapshot_text(rows: &[&Row]) -> String {
             .find(|r| number(r, "snapshots") == Some(count) && r.get("rw").and_then(|v| v.as_str()) == Some(rw))
             .and_then(|r| number(r, key))
     };
+    let of_clone = |rw: &str, key: &str| {
+        rows.iter()
+            .find(|r| {
+                r.get("op").and_then(|v| v.as_str()) == Some("clone-cost")
+                    && r.get("rw").and_then(|v| v.as_str()) == Some(rw)
+            })
+            .and_then(|r| number(r, key))
+    };
     let mut notes = vec![
         "a volume created while running, filled; the newest snapshot is taken just before each pair of runs: 4 KiB random writes at QD1 (the first write to a block after it copies the block first), then 1 MiB sequential writes over the whole volume (every block not copied yet is). Three elements on this disk, Q=2.".to_string(),
     ];
@@ -189,6 +224,17 @@ fn snapshot_text(rows: &[&Row]) -> String {
                 notes.push(format!("{rw} with {count:.0} snapshot(s): {:.2}x the {key} without", with / none));
             }
         }
+    }
+    for (rw, key) in [("randwrite-4k", "iops"), ("write-1m", "throughput_mb_s")] {
+        if let (Some(none), Some(clone)) = (at(0.0, rw, key), of_clone(rw, key)) {
+            notes.push(format!(
+                "{rw} on a clone of the newest snapshot: {:.2}x the volume's {key} without snapshots",
+                clone / none
+            ));
+        }
+    }
+    if let Some(ms) = of_clone("randwrite-4k", "clone_ms") {
+        notes.push(format!("the clone took {ms:.0} ms to make (volume clone, answered once a write quorum holds it)"));
     }
     text_table(
         "Writes to a volume with snapshots (issue 15, part 2)",
@@ -243,8 +289,8 @@ fn offer(cluster: &Cluster, op: &str, policy: &str, load: u32, ops: usize) -> Re
 }
 
 pub fn text(rows: &[Row]) -> String {
-    let (cost, rows): (Vec<&Row>, Vec<&Row>) =
-        rows.iter().partition(|r| r.get("op").and_then(|v| v.as_str()) == Some("snapshot-cost"));
+    let part_2 = |r: &&Row| matches!(r.get("op").and_then(|v| v.as_str()), Some("snapshot-cost" | "clone-cost"));
+    let (cost, rows): (Vec<&Row>, Vec<&Row>) = rows.iter().partition(part_2);
     let mut out = operations_text(&rows);
     if !cost.is_empty() {
         out.push('\n');
