@@ -704,9 +704,9 @@ impl Catalog {
             }
             if let Some(base) = &v.clone_of {
                 check_snapshots(std::slice::from_ref(base))?;
-                if base.id >= self.next_id || base.size_bytes > v.storage_bytes {
+                if base.size_bytes > v.storage_bytes {
                     return Err(format!(
-                        "the catalog makes volume {} a clone of snapshot {} that cannot be (id, or a size beyond the volume's)",
+                        "the catalog makes volume {} a clone of snapshot {}, which is larger than the volume",
                         v.name, base.id
                     ));
                 }
