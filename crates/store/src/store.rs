@@ -364,7 +364,7 @@ impl Store {
             let state = CopyState::fresh(true);
             copy::save(dir, v.number, &state)?;
             *lock(&v.copy) = Some(state);
-            *lock(&v.clone_of) = None;
+            v.set_clone_base(None);
             if let Some(entry) = meta.volumes.iter_mut().find(|m| m.number == v.number) {
                 entry.clone_of = None;
             }
@@ -730,7 +730,7 @@ impl Store {
             copy,
             snapshot_of,
         )));
-        *lock(&volumes.last().expect("just pushed").clone_of) = clone_of;
+        volumes.last().expect("just pushed").set_clone_base(clone_of);
         if snapshot_of.is_some() {
             self.snapshot_count.fetch_add(1, Ordering::AcqRel);
         }
@@ -992,16 +992,19 @@ impl Store {
                 running_epoch = running_epoch.max(record.epoch);
                 continue;
             }
-            // A clone reads the blocks it does not own through its base snapshot's chain.
+            // A clone reads the blocks it does not own through its base snapshot's chain: a
+            // record needs it to merge a partial block, and its snapshot to preserve one. A
+            // write of whole blocks to a clone without snapshots (the common case) does not.
+            let unaligned = record.op.offset_bytes() % BLOCK_BYTES != 0 || record.op.length_bytes() % BLOCK_BYTES != 0;
             let through = match volume.clone_base() {
-                None => Vec::new(),
-                Some(_) => match clone::chain_in(&volumes, &volume) {
+                Some(_) if unaligned || newest.contains_key(&i) => match clone::chain_in(&volumes, &volume) {
                     Ok(mut chain) => chain.split_off(1),
                     Err(error) => {
                         outcome.rejected.push(reject(error));
                         continue;
                     }
                 },
+                _ => Vec::new(),
             };
             match prepare(&volume, i, record, &accepted, &through) {
                 Ok(prepared) => {
@@ -1808,7 +1811,7 @@ fn open_volume(dir: &Path, meta: &Meta, volume_meta: &VolumeMeta) -> Result<(Arc
         copy::load(dir, volume_meta.number)?,
         volume_meta.snapshot_of,
     );
-    *lock(&volume.clone_of) = volume_meta.clone_of;
+    volume.set_clone_base(volume_meta.clone_of);
     Ok((Arc::new(volume), images))
 }
 
@@ -2088,7 +2091,8 @@ fn base_content(
         }
     }
     let state = volume.state.read().expect("volume lock");
-    if !through.is_empty() && !Volume::owns(&state.map, block) {
+    if volume.clone_base().is_some() && !Volume::owns(&state.map, block) {
+        assert!(!through.is_empty(), "volume {}: a clone's base content is read through its chain", volume.name);
         drop(state);
         return Ok(clone::content_through(through, block)?.map(|(content, _)| content));
     }

@@ -12,6 +12,9 @@ use crate::{
     sys, StoreError, BLOCK_STATUS_EXTENTS_MAX, SCAN_BUFFER_BYTES,
 };
 
+/// [`Volume::clone_base`] of a volume that is no clone.
+const NOT_A_CLONE: u64 = u64::MAX;
+
 pub struct Volume {
     pub name: String,
     pub number: u32,
@@ -35,8 +38,9 @@ pub struct Volume {
     pub snapshot_of: Option<crate::meta::SnapshotOf>,
     /// Set while this live volume is a clone: the volume number of the snapshot it reads the
     /// blocks it does not own through (see [`crate::meta::VolumeMeta::clone_of`]). Cleared
-    /// (with the metadata) once the clone owns its whole content.
-    pub clone_of: std::sync::Mutex<Option<u32>>,
+    /// (with the metadata) once the clone owns its whole content. [`NOT_A_CLONE`]: none (an
+    /// atomic: every read of every live volume asks).
+    clone_of: std::sync::atomic::AtomicU64,
 }
 
 /// What a read that may not wait for the disk did.
@@ -97,13 +101,22 @@ impl Volume {
             copy: std::sync::Mutex::new(copy),
             removed: std::sync::atomic::AtomicBool::new(false),
             snapshot_of,
-            clone_of: std::sync::Mutex::new(None),
+            clone_of: std::sync::atomic::AtomicU64::new(NOT_A_CLONE),
         }
     }
 
     /// The snapshot (volume number) this clone reads through, if it is a clone.
     pub fn clone_base(&self) -> Option<u32> {
-        *self.clone_of.lock().unwrap_or_else(|e| e.into_inner())
+        match self.clone_of.load(std::sync::atomic::Ordering::Acquire) {
+            NOT_A_CLONE => None,
+            base => Some(base as u32),
+        }
+    }
+
+    /// The volume reads through snapshot `base` from now on (`None`: it owns its content).
+    pub fn set_clone_base(&self, base: Option<u32>) {
+        let value = base.map_or(NOT_A_CLONE, u64::from);
+        self.clone_of.store(value, std::sync::atomic::Ordering::Release);
     }
 
     pub fn size_bytes(&self) -> u64 {

@@ -331,6 +331,17 @@ fn shrinks_keep_the_storage_and_stay_pending_until_completed() {
     assert_eq!(Catalog::decode(&doc), Ok(old));
 }
 
+/// An intention log (policy `single`) whose catalog lists volume `name` of 1 MiB, created by
+/// the intention returned.
+fn with_volume(name: &str) -> (IntentionLog, Intention) {
+    let mut log = IntentionLog::new(Catalog::default(), LogPolicy::Single);
+    let v = log.intend_create(ms(0), name, 1 << 20).expect("create");
+    write(&mut log, 0);
+    log.finish(ms(0), v.id, true);
+    write(&mut log, 0);
+    (log, v)
+}
+
 /// Write what is due and say it is durable: the intentions it logged.
 fn write(log: &mut IntentionLog, at: u64) -> Catalog {
     let w = log.poll_write(ms(at)).expect("a write is due");
@@ -340,11 +351,7 @@ fn write(log: &mut IntentionLog, at: u64) -> Catalog {
 
 #[test]
 fn snapshots_are_logged_listed_with_their_sequence_deleted_and_go_with_their_volume() {
-    let mut log = IntentionLog::new(Catalog::default(), LogPolicy::Single);
-    let v = log.intend_create(ms(0), "db", 1 << 20).expect("create");
-    write(&mut log, 0);
-    log.finish(ms(0), v.id, true);
-    write(&mut log, 0);
+    let (mut log, v) = with_volume("db");
     // Taken: logged first (not listed), then listed by its completion with its sequence.
     let s = log.intend_snapshot(ms(1), "db", v.id, "monday", 1 << 20).expect("snapshot");
     assert!(log.intend_snapshot(ms(1), "db", v.id, "monday", 1 << 20).is_err(), "a name being taken is taken");
@@ -418,11 +425,7 @@ fn without_the_intention_log_a_snapshot_is_refused() {
 
 #[test]
 fn clones_are_logged_with_their_snapshot_and_keep_it_from_being_deleted() {
-    let mut log = IntentionLog::new(Catalog::default(), LogPolicy::Single);
-    let v = log.intend_create(ms(0), "db", 1 << 20).expect("create");
-    write(&mut log, 0);
-    log.finish(ms(0), v.id, true);
-    write(&mut log, 0);
+    let (mut log, v) = with_volume("db");
     let s = log.intend_snapshot(ms(1), "db", v.id, "monday", 1 << 20).expect("snapshot");
     assert!(log.intend_clone(ms(1), "db@monday", "test").expect_err("being taken").contains("being taken"));
     write(&mut log, 1);

@@ -148,16 +148,8 @@ fn snapshot_cost(bench: &Bench) -> Result<Vec<Row>> {
             bench.progress(&format!("snapshots: {count} snapshot(s), {rw}"));
             let figures = fio::run(&uri, job, cluster.scratch())?;
             cluster.check_alive()?;
-            let mut row = new_row("volume-ops", "group");
-            row.insert("quorum".into(), 2.into());
-            row.insert("elements".into(), 3.into());
-            row.insert("op".into(), "snapshot-cost".into());
+            let mut row = cost_row("snapshot-cost", rw, volume_bytes, job, &figures);
             row.insert("snapshots".into(), count.into());
-            row.insert("rw".into(), rw.into());
-            row.insert("volume_bytes".into(), volume_bytes.into());
-            set_number(&mut row, "iops", figures.throughput_mb_s * 1e6 / job.block_bytes as f64);
-            set_number(&mut row, "latency_mean_ms", figures.latency_ms);
-            set_number(&mut row, "throughput_mb_s", figures.throughput_mb_s);
             rows.push(row);
         }
     }
@@ -172,19 +164,26 @@ fn snapshot_cost(bench: &Bench) -> Result<Vec<Row>> {
         bench.progress(&format!("snapshots: a clone, {rw}"));
         let figures = fio::run(&uri, job, cluster.scratch())?;
         cluster.check_alive()?;
-        let mut row = new_row("volume-ops", "group");
-        row.insert("quorum".into(), 2.into());
-        row.insert("elements".into(), 3.into());
-        row.insert("op".into(), "clone-cost".into());
-        row.insert("rw".into(), rw.into());
-        row.insert("volume_bytes".into(), volume_bytes.into());
+        let mut row = cost_row("clone-cost", rw, volume_bytes, job, &figures);
         set_number(&mut row, "clone_ms", clone_ms);
-        set_number(&mut row, "iops", figures.throughput_mb_s * 1e6 / job.block_bytes as f64);
-        set_number(&mut row, "latency_mean_ms", figures.latency_ms);
-        set_number(&mut row, "throughput_mb_s", figures.throughput_mb_s);
         rows.push(row);
     }
     Ok(rows)
+}
+
+/// A row of part 2: `op` (`snapshot-cost`, `clone-cost`), the writes `rw` of `job` and what fio
+/// measured of them.
+fn cost_row(op: &str, rw: &str, volume_bytes: u64, job: &Job, figures: &fio::Figures) -> Row {
+    let mut row = new_row("volume-ops", "group");
+    row.insert("quorum".into(), 2.into());
+    row.insert("elements".into(), 3.into());
+    row.insert("op".into(), op.into());
+    row.insert("rw".into(), rw.into());
+    row.insert("volume_bytes".into(), volume_bytes.into());
+    set_number(&mut row, "iops", figures.throughput_mb_s * 1e6 / job.block_bytes as f64);
+    set_number(&mut row, "latency_mean_ms", figures.latency_ms);
+    set_number(&mut row, "throughput_mb_s", figures.throughput_mb_s);
+    row
 }
 
 /// Part 2's table.

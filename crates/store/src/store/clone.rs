@@ -84,10 +84,23 @@ pub(super) fn chain_in(volumes: &[Arc<Volume>], start: &Arc<Volume>) -> Result<V
     }
 }
 
+/// Where block `b` lives along a chain whose locks the caller holds: the first volume that
+/// owns it, the last one if none does; `None` past the end of a volume on the way (a hole).
+pub(super) fn owner_in(states: &[RwLockReadGuard<'_, VolumeState>], b: u64) -> Option<usize> {
+    for (k, state) in states.iter().enumerate() {
+        if b >= state.map.blocks() {
+            return None;
+        }
+        if k == states.len() - 1 || Volume::owns(&state.map, b) {
+            return Some(k);
+        }
+    }
+    unreachable!("the last volume of a chain owns what reaches it")
+}
+
 /// Blocks `first..first + count` of `chain[0]` into `out` (zeroed, whole blocks), each from
-/// the first volume of the chain that owns it (the last one if none does; a hole past a
-/// volume's end), checked against its checksum. The caller holds the read locks of the chain
-/// (`states`), so no block changes under the read.
+/// where it lives ([`owner_in`]), checked against its checksum. The caller holds the read
+/// locks of the chain (`states`), so no block changes under the read.
 pub(super) fn read_through(
     chain: &[Arc<Volume>],
     states: &[RwLockReadGuard<'_, VolumeState>],
@@ -95,76 +108,38 @@ pub(super) fn read_through(
     count: u64,
     out: &mut [u8],
 ) -> Result<Vec<Found>, StoreError> {
-    // Where block `b` lives: `Some(k)`, or `None` past the end of a volume on the way (a hole).
-    let owner = |b: u64| -> Option<usize> {
-        for (k, state) in states.iter().enumerate() {
-            if b >= state.map.blocks() {
-                return None;
-            }
-            if k == states.len() - 1 || Volume::owns(&state.map, b) {
-                return Some(k);
-            }
-        }
-        unreachable!("the last volume of a chain owns what reaches it")
-    };
-    let mut found = Vec::with_capacity(count as usize);
-    let end = first + count;
-    let mut block = first;
-    while block < end {
-        let k = owner(block);
-        let mut run_end = block + 1;
-        while run_end < end && owner(run_end) == k {
-            run_end += 1;
-        }
-        match k {
-            None => found.extend((block..run_end).map(|_| Found {
-                allocated: false,
-                crc: crate::block_map::zero_block_crc(),
-                sequence: Sequence::ZERO,
-            })),
-            Some(k) => {
-                let map = &states[k].map;
-                let at = ((block - first) * BLOCK_BYTES) as usize..((run_end - first) * BLOCK_BYTES) as usize;
-                chain[k].read_blocks(map, block, &mut out[at])?;
-                found.extend((block..run_end).map(|b| Found {
-                    allocated: map.is_allocated(b),
-                    crc: map.crc(b),
-                    sequence: if k == 0 { map.sequence(b) } else { Sequence::ZERO },
-                }));
-            }
-        }
-        block = run_end;
-    }
+    let (found, runs) = plan_through(states, first, count);
+    read_runs(chain, &runs, first, out)?;
     Ok(found)
 }
 
+/// Read `runs` (of [`plan_through`] from `first`) into `out`, each checked against the
+/// checksums its map entries give.
+fn read_runs(chain: &[Arc<Volume>], runs: &[(usize, MapSlice)], first: u64, out: &mut [u8]) -> Result<(), StoreError> {
+    runs.iter().try_for_each(|(k, slice)| {
+        let at = ((slice.first - first) * BLOCK_BYTES) as usize;
+        let end = at + slice.entries.len() * BLOCK_BYTES as usize;
+        chain[*k].read_blocks_unlocked(slice, &mut out[at..end])
+    })
+}
+
 /// Where blocks `first..first + count` live along a chain whose locks the caller holds: what
-/// each holds (as [`read_through`] reports it), and the runs to read, each of one volume of
-/// the chain (its index) with its map entries (holes are not read).
+/// each holds (content, checksum, the first volume's own sequence: 0 for a block read
+/// through), and the runs to read, each of one volume of the chain (its index) with its map
+/// entries (holes are not read).
 fn plan_through(
     states: &[RwLockReadGuard<'_, VolumeState>],
     first: u64,
     count: u64,
 ) -> (Vec<Found>, Vec<(usize, MapSlice)>) {
-    let owner = |b: u64| -> Option<usize> {
-        for (k, state) in states.iter().enumerate() {
-            if b >= state.map.blocks() {
-                return None;
-            }
-            if k == states.len() - 1 || Volume::owns(&state.map, b) {
-                return Some(k);
-            }
-        }
-        unreachable!("the last volume of a chain owns what reaches it")
-    };
     let mut found = Vec::with_capacity(count as usize);
     let mut runs = Vec::new();
     let end = first + count;
     let mut block = first;
     while block < end {
-        let k = owner(block);
+        let k = owner_in(states, block);
         let mut run_end = block + 1;
-        while run_end < end && owner(run_end) == k {
+        while run_end < end && owner_in(states, run_end) == k {
             run_end += 1;
         }
         match k {
@@ -254,12 +229,7 @@ impl Store {
             let (found, runs) = plan_through(&states, first, count);
             let seen = chain_state(&chain, &states);
             drop(states);
-            let read = runs.iter().try_for_each(|(k, slice)| {
-                let at = ((slice.first - first) * BLOCK_BYTES) as usize;
-                let end = at + slice.entries.len() * BLOCK_BYTES as usize;
-                chain[*k].read_blocks_unlocked(slice, &mut out[at..end])
-            });
-            match read {
+            match read_runs(&chain, &runs, first, out) {
                 Ok(()) => return Ok((sequence, epoch, found)),
                 Err(e) => {
                     // A deleted snapshot's data file is emptied before it goes: a read of it
@@ -535,7 +505,7 @@ impl Store {
                 v.clone_of = None;
             }
         })?;
-        *lock(&clone.clone_of) = None;
+        clone.set_clone_base(None);
         Ok(())
     }
 }

@@ -639,7 +639,7 @@ fn current_blocks(
     let touched = accepted.iter().any(|(v, r)| {
         *v == i && r.blocks_changed().is_some_and(|changed| changed.start < span.end && span.start < changed.end)
     });
-    if touched || span.end - span.start > PRESERVE_RECORD_BLOCKS_MAX || !through.is_empty() {
+    if touched || span.end - span.start > PRESERVE_RECORD_BLOCKS_MAX || volume.clone_base().is_some() {
         return blocks
             .iter()
             .map(|&b| Ok(base_content(volume, i, b, accepted, through)?.map(|c| (c.clone(), crc32c::crc32c(&c)))))
@@ -709,17 +709,8 @@ fn chain_extents(
     if length_bytes == 0 {
         return (sequence, extents);
     }
-    let allocated = |block: u64| {
-        for (k, state) in states.iter().enumerate() {
-            if block >= state.map.blocks() {
-                return false;
-            }
-            if k == states.len() - 1 || Volume::owns(&state.map, block) {
-                return state.map.is_allocated(block);
-            }
-        }
-        false
-    };
+    let allocated =
+        |block: u64| super::clone::owner_in(states, block).is_some_and(|k| states[k].map.is_allocated(block));
     let end_bytes = offset_bytes + length_bytes;
     let mut position = offset_bytes;
     while position < end_bytes {
