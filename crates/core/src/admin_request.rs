@@ -23,8 +23,9 @@ pub enum AdminRequest {
     /// `POST /scrub?volume=NAME[&rate=BYTES]`: scrub a volume (rate 0: unlimited; none: the
     /// host element's configured scrub rate).
     Scrub { volume: String, rate_bytes_per_s: Option<u64> },
-    /// `POST /volumes/create?name=NAME&size=BYTES`: create a volume (`starfish volume create`).
-    VolumeCreate { name: String, size_bytes: u64 },
+    /// `POST /volumes/create?name=NAME&size=BYTES[&group=GROUP]`: create a volume, joining
+    /// consistency group `group` if given (`starfish volume create [--group GROUP]`).
+    VolumeCreate { name: String, size_bytes: u64, group: Option<String> },
     /// `POST /volumes/delete?name=NAME[&with_snapshots=1]`: delete a volume created while
     /// running, with its snapshots if asked (`starfish volume delete [--with-snapshots]`).
     VolumeDelete { name: String, with_snapshots: bool },
@@ -123,10 +124,10 @@ pub fn classify(method: &str, target: &str) -> AdminRequest {
         ("POST", "/failover") => AdminRequest::Failover,
         ("POST", "/drain") => AdminRequest::Drain,
         ("POST", "/scrub") => scrub(query),
-        ("POST", "/volumes/create") => volume_sized(query, "/volumes/create", |name, size_bytes, _| {
-            AdminRequest::VolumeCreate { name, size_bytes }
+        ("POST", "/volumes/create") => volume_sized(query, "/volumes/create", |name, size_bytes, _, group| {
+            AdminRequest::VolumeCreate { name, size_bytes, group }
         }),
-        ("POST", "/volumes/resize") => volume_sized(query, "/volumes/resize", |name, size_bytes, shrink| {
+        ("POST", "/volumes/resize") => volume_sized(query, "/volumes/resize", |name, size_bytes, shrink, _| {
             AdminRequest::VolumeResize { name, size_bytes, shrink }
         }),
         ("POST", "/volumes/delete") => volume_delete(query),
@@ -271,10 +272,15 @@ fn volume_clone(query: &str) -> AdminRequest {
 }
 
 /// `?name=NAME&size=BYTES` of a `POST` to `path`.
-fn volume_sized(query: &str, path: &'static str, make: fn(String, u64, bool) -> AdminRequest) -> AdminRequest {
+fn volume_sized(
+    query: &str,
+    path: &'static str,
+    make: fn(String, u64, bool, Option<String>) -> AdminRequest,
+) -> AdminRequest {
     let mut name = None;
     let mut size_bytes = None;
     let mut shrink = false;
+    let mut group = None;
     for pair in query.split('&').filter(|p| !p.is_empty()) {
         let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
         match key {
@@ -291,9 +297,13 @@ fn volume_sized(query: &str, path: &'static str, make: fn(String, u64, bool) -> 
                 "0" | "false" => shrink = false,
                 _ => return AdminRequest::Malformed("shrink= must be 1 or 0"),
             },
+            "group" if path == "/volumes/create" => match percent_decode(value) {
+                Some(g) if !g.is_empty() && g.len() <= 255 => group = Some(g),
+                _ => return AdminRequest::Malformed("group= must name a consistency group (1 to 255 bytes)"),
+            },
             _ => {
                 return AdminRequest::Malformed(if path == "/volumes/create" {
-                    "POST /volumes/create takes name= and size= only"
+                    "POST /volumes/create takes name=, size= and group= only"
                 } else {
                     "POST /volumes/resize takes name=, size= and shrink= only"
                 })
@@ -301,7 +311,7 @@ fn volume_sized(query: &str, path: &'static str, make: fn(String, u64, bool) -> 
         }
     }
     match (name, size_bytes) {
-        (Some(name), Some(size_bytes)) => make(name, size_bytes, shrink),
+        (Some(name), Some(size_bytes)) => make(name, size_bytes, shrink, group),
         _ if path == "/volumes/create" => AdminRequest::Malformed("POST /volumes/create needs ?name=NAME&size=BYTES"),
         _ => AdminRequest::Malformed("POST /volumes/resize needs ?name=NAME&size=BYTES"),
     }
@@ -360,9 +370,13 @@ mod tests {
         assert!(AdminRequest::Failover.is_order() && !AdminRequest::Status.is_order());
         assert_eq!(
             parse(b"POST /volumes/create?name=db%2D1&size=1073741824 HTTP/1.1\r\n\r\n"),
-            AdminRequest::VolumeCreate { name: "db-1".into(), size_bytes: 1 << 30 }
+            AdminRequest::VolumeCreate { name: "db-1".into(), size_bytes: 1 << 30, group: None }
         );
-        assert!(AdminRequest::VolumeCreate { name: "v".into(), size_bytes: 4096 }.is_order());
+        assert!(AdminRequest::VolumeCreate { name: "v".into(), size_bytes: 4096, group: None }.is_order());
+        assert_eq!(
+            parse(b"POST /volumes/create?name=log&size=4096&group=db%2Dset HTTP/1.1\r\n\r\n"),
+            AdminRequest::VolumeCreate { name: "log".into(), size_bytes: 4096, group: Some("db-set".into()) }
+        );
         assert_eq!(parse(b"GET /volumes HTTP/1.1\r\n\r\n"), AdminRequest::VolumeList);
         assert_eq!(
             parse(b"POST /volumes/delete?name=db%2D1 HTTP/1.1\r\n\r\n"),
@@ -436,7 +450,9 @@ mod tests {
             b"POST /volumes/create?name=v HTTP/1.1\r\n\r\n",
             b"POST /volumes/create?size=4096 HTTP/1.1\r\n\r\n",
             b"POST /volumes/create?name=v&size=-1 HTTP/1.1\r\n\r\n",
-            b"POST /volumes/create?name=v&size=1&group=g HTTP/1.1\r\n\r\n",
+            b"POST /volumes/create?name=v&size=1&group= HTTP/1.1\r\n\r\n",
+            b"POST /volumes/create?name=v&size=1&group=%zz HTTP/1.1\r\n\r\n",
+            b"POST /volumes/resize?name=v&size=4096&group=g HTTP/1.1\r\n\r\n",
             b"POST /volumes/delete?name=v&with_snapshots=maybe HTTP/1.1\r\n\r\n",
             b"POST /snapshots/create?volume=v HTTP/1.1\r\n\r\n",
             b"POST /snapshots/create?volume=v&name=s&size=1 HTTP/1.1\r\n\r\n",

@@ -11,7 +11,8 @@
 //! ```text
 //! "SFCATLG4" | u32 body length | u32 crc32c(body) | body
 //! body: u64 version | u64 next id | u32 n, n × volume | u32 m, m × intention
-//!       | u32 k, k × snapshot
+//!       | u32 k, k × snapshot [| u32 g, g × grown]
+//! grown:     name (a group's storage volume) | u64 bytes (written only if g > 0)
 //! volume:    name | u64 size_bytes | u64 id | u64 storage_bytes | origin
 //! intention: u64 id | u8 kind | kind 1, create: name | u64 size_bytes | origin
 //!                             | kind 2, delete: name | u64 volume id | u64 size_bytes | u64 storage_bytes
@@ -23,6 +24,8 @@
 //! snapshot:  u64 id | name (the volume's) | u64 volume id (all ones: a configured volume)
 //!            | name (the snapshot's) | u64 size_bytes | u64 taken_at
 //! origin:    u8 0 (a volume created empty) | u8 1, snapshot (a clone of that snapshot)
+//!            | u8 2, name (group) | name (its storage volume) | u64 offset (a member that
+//!              joined that consistency group while running, at that offset of its storage)
 //! name:      u16 length | UTF-8
 //! ```
 //!
@@ -37,6 +40,14 @@
 //! spec carries the snapshot, so that every element creates it sharing the snapshot's blocks
 //! (or, lacking the snapshot, empty for a full recovery to fill). A snapshot with clones is
 //! not deleted, nor is its volume, until the clones are.
+//!
+//! A volume that joined a consistency group while running (`starfish volume create NAME SIZE
+//! --group G`) has no storage volume of its own: its entry names the group, the group's
+//! storage volume (`G[A,B]`, as configured) and its window's offset there, past every member
+//! the group had and every snapshot of the group covers (so that no snapshot ever holds other
+//! data under its name). Its `storage_bytes` is the group's storage size its join needs. Origin
+//! 2 came after format 4 was first written: a reader that predates it refuses a catalog that
+//! names a joined member, with that reason ("unknown origin 2"), and reads every other.
 //!
 //! A snapshot (`starfish snapshot create VOLUME NAME`) is taken by a record in its volume's
 //! ordered stream (`Op::Snapshot` with the intention's id), so every element takes it at the
@@ -129,6 +140,9 @@ pub struct Catalog {
     pub intentions: Vec<Intention>,
     /// Snapshots taken (their intentions completed), in id order.
     pub snapshots: Vec<CatalogSnapshot>,
+    /// Storage volumes of configured consistency groups that grew as volumes joined them
+    /// (joins completed), with their sizes: they never shrink, even when members leave.
+    pub grown: Vec<(String, u64)>,
 }
 
 /// A snapshot of a volume, as listed.
@@ -175,18 +189,55 @@ pub struct CatalogVolume {
     pub storage_bytes: u64,
     /// A clone: the snapshot it started from.
     pub clone_of: Option<CatalogSnapshot>,
+    /// A member that joined a consistency group while running: its window there.
+    pub member_of: Option<GroupWindow>,
+}
+
+/// Where a volume that joined a consistency group while running lies: at `offset_bytes` of
+/// the group's storage volume `storage`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GroupWindow {
+    pub group: String,
+    pub storage: String,
+    pub offset_bytes: u64,
 }
 
 impl CatalogVolume {
     /// A volume exported whole (its storage as large as its export).
     pub fn new(name: String, size_bytes: u64, id: u64) -> CatalogVolume {
-        CatalogVolume { name, size_bytes, id, storage_bytes: size_bytes, clone_of: None }
+        CatalogVolume { name, size_bytes, id, storage_bytes: size_bytes, clone_of: None, member_of: None }
     }
 
-    /// Its storage volume on the elements.
+    /// A member of a consistency group: its export, a window of the group's storage volume.
+    pub fn joined(&self) -> Option<crate::groups::JoinedMember> {
+        let w = self.member_of.as_ref()?;
+        Some(crate::groups::JoinedMember {
+            name: self.name.clone(),
+            group: w.group.clone(),
+            storage: w.storage.clone(),
+            offset_bytes: w.offset_bytes,
+            size_bytes: self.size_bytes,
+        })
+    }
+
+    /// Its storage volume on the elements (a joined member's: the group's, at the size its
+    /// join needs).
     pub fn spec(&self) -> VolumeSpec {
+        if let Some(w) = &self.member_of {
+            return VolumeSpec {
+                name: w.storage.clone(),
+                size_bytes: self.storage_bytes,
+                clone_of: None,
+                at_least: true,
+            };
+        }
         let clone_of = self.clone_of.as_ref().map(|s| proto::CloneBase { volume: s.storage_volume(), snapshot: s.id });
-        VolumeSpec { name: storage_name(&self.name, self.id), size_bytes: self.storage_bytes, clone_of }
+        VolumeSpec {
+            name: storage_name(&self.name, self.id),
+            size_bytes: self.storage_bytes,
+            clone_of,
+            at_least: false,
+        }
     }
 }
 
@@ -198,8 +249,16 @@ pub struct Intention {
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Intent {
-    /// Create volume `name`: empty, or a clone of snapshot `clone_of`.
-    Create { name: String, size_bytes: u64, clone_of: Option<CatalogSnapshot> },
+    /// Create volume `name`: empty, a clone of snapshot `clone_of`, or a window of a
+    /// consistency group's storage volume (`member_of`; then `storage_bytes` is the group's
+    /// storage size its join needs, else `size_bytes`).
+    Create {
+        name: String,
+        size_bytes: u64,
+        clone_of: Option<CatalogSnapshot>,
+        member_of: Option<GroupWindow>,
+        storage_bytes: u64,
+    },
     /// Delete the volume `name` that intention `volume_id` created (of `size_bytes` exported
     /// and `storage_bytes` stored, kept to list it again if the deletion is undone before it
     /// was carried out), with its `snapshots` (`--with-snapshots`; kept the same way).
@@ -211,6 +270,8 @@ pub enum Intent {
         snapshots: Vec<CatalogSnapshot>,
         /// The volume is a clone of this snapshot (to list it again as one).
         clone_of: Option<CatalogSnapshot>,
+        /// The volume is a member of a consistency group: its window (zeroed by the deletion).
+        member_of: Option<GroupWindow>,
     },
     /// Export the volume `name` that intention `volume_id` created at `size_bytes` instead of
     /// `from_bytes`, its storage volume then being `storage_bytes` (grown if `size_bytes` is
@@ -227,15 +288,19 @@ impl Intention {
     /// new size). Not for a snapshot's intention ([`Intention::snapshot`]).
     pub fn volume(&self) -> CatalogVolume {
         match &self.op {
-            Intent::Create { name, size_bytes, clone_of } => {
-                CatalogVolume { clone_of: clone_of.clone(), ..CatalogVolume::new(name.clone(), *size_bytes, self.id) }
-            }
-            Intent::Delete { name, volume_id, size_bytes, storage_bytes, clone_of, .. } => CatalogVolume {
+            Intent::Create { name, size_bytes, clone_of, member_of, storage_bytes } => CatalogVolume {
+                clone_of: clone_of.clone(),
+                member_of: member_of.clone(),
+                storage_bytes: *storage_bytes,
+                ..CatalogVolume::new(name.clone(), *size_bytes, self.id)
+            },
+            Intent::Delete { name, volume_id, size_bytes, storage_bytes, clone_of, member_of, .. } => CatalogVolume {
                 name: name.clone(),
                 size_bytes: *size_bytes,
                 id: *volume_id,
                 storage_bytes: *storage_bytes,
                 clone_of: clone_of.clone(),
+                member_of: member_of.clone(),
             },
             // A resize's intention does not name the volume's origin: `volumes_served` keeps
             // the listed one's.
@@ -245,6 +310,7 @@ impl Intention {
                 id: *volume_id,
                 storage_bytes: *storage_bytes,
                 clone_of: None,
+                member_of: None,
             },
             Intent::SnapshotCreate { .. } | Intent::SnapshotDelete { .. } => {
                 unreachable!("a snapshot's intention is about a snapshot, not a volume")
@@ -347,6 +413,13 @@ pub fn check_resize(name: &str, current: u64, size_bytes: u64, shrink: bool) -> 
     Ok(())
 }
 
+/// Why member `name` of consistency group `group` cannot be resized.
+pub fn member_resize_refusal(name: &str, group: &str) -> String {
+    format!(
+        "volume {name} is a member of consistency group {group}: resizing it would move the members after it; create a larger member and copy it over"
+    )
+}
+
 /// Whether `size_bytes` may be the size of a new volume.
 pub fn check_size(size_bytes: u64) -> Result<(), String> {
     if size_bytes == 0 || !size_bytes.is_multiple_of(BLOCK_BYTES) {
@@ -368,7 +441,8 @@ impl Catalog {
     /// The storage volumes of pending deletions: a starting host element serves them as
     /// placeholders, so that every element removes them.
     pub fn removed_to_serve(&self) -> Vec<String> {
-        self.intentions.iter().filter(|i| i.is_delete()).map(|i| i.volume().spec().name).collect()
+        let deleted = self.intentions.iter().filter(|i| i.is_delete()).map(Intention::volume);
+        deleted.filter(|v| v.member_of.is_none()).map(|v| v.spec().name).collect()
     }
 
     /// The volumes a starting host element serves: those created, and those of the
@@ -379,7 +453,7 @@ impl Catalog {
         for resize in self.intentions.iter().filter(|i| i.is_resize()) {
             let resized = resize.volume();
             for v in all.iter_mut().filter(|v| v.id == resized.id) {
-                *v = CatalogVolume { clone_of: v.clone_of.take(), ..resized.clone() };
+                *v = CatalogVolume { clone_of: v.clone_of.take(), member_of: v.member_of.take(), ..resized.clone() };
             }
         }
         all.extend(self.intentions.iter().filter(|i| i.is_create()).map(Intention::volume));
@@ -387,9 +461,52 @@ impl Catalog {
         all
     }
 
-    /// [`Catalog::volumes_served`] as pairs of (export name, storage).
+    /// [`Catalog::volumes_served`] with storage volumes of their own, as pairs of (export
+    /// name, storage).
     pub fn volumes_to_serve(&self) -> Vec<(String, VolumeSpec)> {
-        self.volumes_served().into_iter().map(|v| (v.name.clone(), v.spec())).collect()
+        let own = self.volumes_served().into_iter().filter(|v| v.member_of.is_none());
+        own.map(|v| (v.name.clone(), v.spec())).collect()
+    }
+
+    /// [`Catalog::volumes_served`] that joined consistency groups while running: windows of
+    /// their groups' storage volumes.
+    pub fn members_to_serve(&self) -> Vec<crate::groups::JoinedMember> {
+        self.volumes_served().iter().filter_map(CatalogVolume::joined).collect()
+    }
+
+    /// The sizes groups' storage volumes grew to (joins completed, and pending ones rolled
+    /// forward): a starting host element serves them at least that large.
+    pub fn groups_grown(&self) -> Vec<(String, u64)> {
+        let mut grown = self.grown.clone();
+        for v in self.intentions.iter().filter(|i| i.is_create()).map(Intention::volume) {
+            if let Some(w) = &v.member_of {
+                grow_entry(&mut grown, &w.storage, v.storage_bytes);
+            }
+        }
+        grown
+    }
+
+    /// What storage volume `storage` grew to by joins (0: none).
+    pub fn grown_bytes(&self, storage: &str) -> u64 {
+        self.groups_grown().iter().find(|(s, _)| s == storage).map_or(0, |(_, bytes)| *bytes)
+    }
+
+    /// Where the next member to join the group carried by storage volume `storage` may start
+    /// (before rounding up to [`crate::groups::MEMBER_ALIGN_BYTES`]): past every member that
+    /// joined it (listed, or being created or deleted) and every snapshot of `group`, so that a
+    /// window a snapshot covers is never another volume's. `deleted(id)`: deletion `id` is
+    /// carried out (its window zeroed), its completion not written yet: its window is free.
+    pub fn group_end(&self, group: &str, storage: &str, deleted: impl Fn(u64) -> bool) -> u64 {
+        let listed = self.volumes.iter().cloned();
+        let pending = self.intentions.iter().filter(|i| i.is_create() || (i.is_delete() && !deleted(i.id)));
+        let pending = pending.map(Intention::volume);
+        let members = listed.chain(pending).filter_map(|v| {
+            v.member_of.as_ref().filter(|w| w.storage == storage).map(|w| w.offset_bytes + v.size_bytes)
+        });
+        let snapshots = self.snapshots.iter().chain(self.intentions.iter().filter_map(Intention::snapshot));
+        let covered =
+            snapshots.filter(|s| s.volume == group && s.volume_id == CONFIGURED_VOLUME_ID).map(|s| s.size_bytes);
+        members.chain(covered).max().unwrap_or(0)
     }
 
     /// The served volumes exported smaller than their storage volumes (shrunk): pairs of
@@ -397,7 +514,7 @@ impl Catalog {
     pub fn exports_shrunk(&self) -> Vec<(String, u64)> {
         self.volumes_served()
             .into_iter()
-            .filter(|v| v.size_bytes < v.storage_bytes)
+            .filter(|v| v.member_of.is_none() && v.size_bytes < v.storage_bytes)
             .map(|v| (v.spec().name, v.size_bytes))
             .collect()
     }
@@ -410,7 +527,10 @@ impl Catalog {
             self.volumes_to_serve().into_iter().map(|(name, spec)| (storage_id(&spec.name), name, spec)).collect();
         for i in self.intentions.iter().filter(|i| i.is_delete()) {
             let volume = i.volume();
-            let spec = VolumeSpec { name: volume.spec().name, size_bytes: 0, clone_of: None };
+            if volume.member_of.is_some() {
+                continue; // A window of its group's storage volume, zeroed by the deletion.
+            }
+            let spec = VolumeSpec { name: volume.spec().name, size_bytes: 0, clone_of: None, at_least: false };
             all.push((volume.id, volume.name, spec));
         }
         all.sort_by_key(|(id, _, _)| *id);
@@ -439,6 +559,9 @@ impl Catalog {
     fn list_outcome(&mut self, i: &Intention, done: bool) {
         match &i.op {
             Intent::Create { .. } | Intent::Delete { .. } if done == i.is_create() => {
+                if let (true, Some(w)) = (i.is_create(), &i.volume().member_of) {
+                    grow_entry(&mut self.grown, &w.storage, i.volume().storage_bytes);
+                }
                 self.volumes.push(i.volume());
                 self.volumes.sort_by_key(|v| v.id);
                 if let Intent::Delete { snapshots, .. } = &i.op {
@@ -486,26 +609,29 @@ impl Catalog {
             body.extend_from_slice(&v.size_bytes.to_le_bytes());
             body.extend_from_slice(&v.id.to_le_bytes());
             body.extend_from_slice(&v.storage_bytes.to_le_bytes());
-            put_origin(&mut body, &v.clone_of);
+            put_origin(&mut body, &v.clone_of, &v.member_of);
         }
         body.extend_from_slice(&(self.intentions.len() as u32).to_le_bytes());
         for i in &self.intentions {
             body.extend_from_slice(&i.id.to_le_bytes());
             match &i.op {
-                Intent::Create { name, size_bytes, clone_of } => {
+                Intent::Create { name, size_bytes, clone_of, member_of, storage_bytes } => {
                     body.push(INTENT_CREATE);
                     put_name(&mut body, name);
                     body.extend_from_slice(&size_bytes.to_le_bytes());
-                    put_origin(&mut body, clone_of);
+                    put_origin(&mut body, clone_of, member_of);
+                    if member_of.is_some() {
+                        body.extend_from_slice(&storage_bytes.to_le_bytes());
+                    }
                 }
-                Intent::Delete { name, volume_id, size_bytes, storage_bytes, snapshots, clone_of } => {
+                Intent::Delete { name, volume_id, size_bytes, storage_bytes, snapshots, clone_of, member_of } => {
                     body.push(INTENT_DELETE);
                     put_name(&mut body, name);
                     body.extend_from_slice(&volume_id.to_le_bytes());
                     body.extend_from_slice(&size_bytes.to_le_bytes());
                     body.extend_from_slice(&storage_bytes.to_le_bytes());
                     put_snapshots(&mut body, snapshots);
-                    put_origin(&mut body, clone_of);
+                    put_origin(&mut body, clone_of, member_of);
                 }
                 Intent::SnapshotCreate { snapshot } => {
                     body.push(INTENT_SNAPSHOT_CREATE);
@@ -526,6 +652,13 @@ impl Catalog {
             }
         }
         put_snapshots(&mut body, &self.snapshots);
+        if !self.grown.is_empty() {
+            body.extend_from_slice(&(self.grown.len() as u32).to_le_bytes());
+            for (storage, bytes) in &self.grown {
+                put_name(&mut body, storage);
+                body.extend_from_slice(&bytes.to_le_bytes());
+            }
+        }
         let mut out = Vec::with_capacity(HEADER_BYTES + body.len());
         out.extend_from_slice(MAGIC);
         out.extend_from_slice(&(body.len() as u32).to_le_bytes());
@@ -573,7 +706,7 @@ impl Catalog {
         // Formats 3 and 4 have snapshots; 4 has clones.
         let v4 = &bytes[..8] == MAGIC;
         let v3 = &bytes[..8] == MAGIC_V3 || v4;
-        let origin = |r: &mut Reader| if v4 { r.origin() } else { Ok(None) };
+        let origin = |r: &mut Reader| if v4 { r.origin() } else { Ok((None, None)) };
         let mut r = Reader { rest: body };
         // Format 1 has no storage sizes: each is the size (nothing had shrunk).
         let storage = |r: &mut Reader, size: u64| if v1 { Ok(size) } else { r.u64() };
@@ -586,8 +719,8 @@ impl Catalog {
             let size_bytes = r.u64()?;
             let id = r.u64()?;
             let storage_bytes = storage(&mut r, size_bytes)?;
-            let clone_of = origin(&mut r)?;
-            volumes.push(CatalogVolume { name, size_bytes, id, storage_bytes, clone_of });
+            let (clone_of, member_of) = origin(&mut r)?;
+            volumes.push(CatalogVolume { name, size_bytes, id, storage_bytes, clone_of, member_of });
         }
         let m = r.count()?;
         let mut intentions = Vec::with_capacity(m);
@@ -597,8 +730,9 @@ impl Catalog {
                 INTENT_CREATE => {
                     let name = r.name()?;
                     let size_bytes = r.u64()?;
-                    let clone_of = origin(&mut r)?;
-                    Intent::Create { name, size_bytes, clone_of }
+                    let (clone_of, member_of) = origin(&mut r)?;
+                    let storage_bytes = if member_of.is_some() { r.u64()? } else { size_bytes };
+                    Intent::Create { name, size_bytes, clone_of, member_of, storage_bytes }
                 }
                 INTENT_DELETE => {
                     let name = r.name()?;
@@ -606,8 +740,8 @@ impl Catalog {
                     let size_bytes = r.u64()?;
                     let storage_bytes = storage(&mut r, size_bytes)?;
                     let snapshots = if v3 { r.snapshots()? } else { Vec::new() };
-                    let clone_of = origin(&mut r)?;
-                    Intent::Delete { name, volume_id, size_bytes, storage_bytes, snapshots, clone_of }
+                    let (clone_of, member_of) = origin(&mut r)?;
+                    Intent::Delete { name, volume_id, size_bytes, storage_bytes, snapshots, clone_of, member_of }
                 }
                 INTENT_RESIZE => {
                     let name = r.name()?;
@@ -624,10 +758,24 @@ impl Catalog {
             intentions.push(Intention { id, op });
         }
         let snapshots = if v3 { r.snapshots()? } else { Vec::new() };
+        let mut grown = Vec::new();
+        if v4 && !r.rest.is_empty() {
+            let g = r.count()?;
+            for _ in 0..g {
+                let storage = r.name()?;
+                let bytes = r.u64()?;
+                if storage.is_empty() || storage.len() > 255 || bytes == 0 || !bytes.is_multiple_of(BLOCK_BYTES) {
+                    return Err(format!(
+                        "the catalog says group storage {storage:?} grew to {bytes} bytes, which cannot be"
+                    ));
+                }
+                grown.push((storage, bytes));
+            }
+        }
         if !r.rest.is_empty() {
             return Err("the catalog document has bytes after its end".into());
         }
-        let catalog = Catalog { version, next_id, volumes, intentions, snapshots };
+        let catalog = Catalog { version, next_id, volumes, intentions, snapshots, grown };
         catalog.check()?;
         Ok(catalog)
     }
@@ -702,6 +850,17 @@ impl Catalog {
             if v.storage_bytes < v.size_bytes {
                 return Err(format!("the catalog stores volume {} in fewer bytes than it exports", v.name));
             }
+            if let Some(w) = &v.member_of {
+                let fits = w.offset_bytes.is_multiple_of(BLOCK_BYTES)
+                    && w.offset_bytes.checked_add(v.size_bytes).is_some_and(|end| end <= v.storage_bytes);
+                let named = [&w.group, &w.storage].iter().all(|n| !n.is_empty() && n.len() <= 255);
+                if !fits || !named || v.clone_of.is_some() {
+                    return Err(format!(
+                        "the catalog places member {} of group {:?} where it cannot be",
+                        v.name, w.group
+                    ));
+                }
+            }
             if let Some(base) = &v.clone_of {
                 check_snapshots(std::slice::from_ref(base))?;
                 if base.size_bytes > v.storage_bytes {
@@ -729,6 +888,14 @@ impl Catalog {
     }
 }
 
+/// `storage` grew to at least `bytes` (entries never shrink).
+fn grow_entry(grown: &mut Vec<(String, u64)>, storage: &str, bytes: u64) {
+    match grown.iter_mut().find(|(s, _)| s == storage) {
+        Some(entry) => entry.1 = entry.1.max(bytes),
+        None => grown.push((storage.to_string(), bytes)),
+    }
+}
+
 fn put_name(out: &mut Vec<u8>, name: &str) {
     out.extend_from_slice(&(name.len() as u16).to_le_bytes());
     out.extend_from_slice(name.as_bytes());
@@ -743,13 +910,19 @@ fn put_snapshot(out: &mut Vec<u8>, s: &CatalogSnapshot) {
     out.extend_from_slice(&s.taken_at.to_le_bytes());
 }
 
-fn put_origin(out: &mut Vec<u8>, clone_of: &Option<CatalogSnapshot>) {
-    match clone_of {
-        None => out.push(0),
-        Some(snapshot) => {
+fn put_origin(out: &mut Vec<u8>, clone_of: &Option<CatalogSnapshot>, member_of: &Option<GroupWindow>) {
+    match (clone_of, member_of) {
+        (Some(snapshot), _) => {
             out.push(1);
             put_snapshot(out, snapshot);
         }
+        (None, Some(w)) => {
+            out.push(2);
+            put_name(out, &w.group);
+            put_name(out, &w.storage);
+            out.extend_from_slice(&w.offset_bytes.to_le_bytes());
+        }
+        (None, None) => out.push(0),
     }
 }
 
@@ -818,10 +991,13 @@ impl Reader<'_> {
             taken_at: self.u64()?,
         })
     }
-    fn origin(&mut self) -> Result<Option<CatalogSnapshot>, String> {
+    fn origin(&mut self) -> Result<(Option<CatalogSnapshot>, Option<GroupWindow>), String> {
         match self.u8()? {
-            0 => Ok(None),
-            1 => Ok(Some(self.snapshot()?)),
+            0 => Ok((None, None)),
+            1 => Ok((Some(self.snapshot()?), None)),
+            2 => {
+                Ok((None, Some(GroupWindow { group: self.name()?, storage: self.name()?, offset_bytes: self.u64()? })))
+            }
             flag => Err(format!("the catalog holds a volume of unknown origin {flag}")),
         }
     }
@@ -951,6 +1127,7 @@ impl IntentionLog {
             storage_bytes: volume.storage_bytes,
             snapshots,
             clone_of: volume.clone_of.clone(),
+            member_of: volume.member_of.clone(),
         };
         let intention = Intention { id: self.catalog.next_id, op };
         self.catalog.next_id += 1;
@@ -1134,6 +1311,9 @@ impl IntentionLog {
         }
         check_size(size_bytes)?;
         let volume = self.listed_volume(name, "resize")?;
+        if let Some(w) = &volume.member_of {
+            return Err(member_resize_refusal(name, &w.group));
+        }
         check_resize(name, volume.size_bytes, size_bytes, shrink)?;
         let op = Intent::Resize {
             name: name.to_string(),
@@ -1152,7 +1332,58 @@ impl IntentionLog {
     /// and [`IntentionLog::written`]), or at once with policy `none`
     /// ([`IntentionLog::take_unlogged`]).
     pub fn intend_create(&mut self, now: Time, name: &str, size_bytes: u64) -> Result<Intention, String> {
-        self.intend_volume(now, name, size_bytes, None)
+        self.intend_volume(now, name, size_bytes, None, None)
+    }
+
+    /// Ask to create volume `name` as a member of consistency group `group`, carried by storage
+    /// volume `storage` whose members end at `members_end` now (its configured ones, and any
+    /// that joined): a window of `size_bytes` at the next [`crate::groups::MEMBER_ALIGN_BYTES`]
+    /// boundary past them and past [`Catalog::group_end`]. Its intention, once logged, names
+    /// the window. Refused with policy `none` (a member lost from the catalog by a crash
+    /// would leave its data in the group's storage volume, unlisted) and while another
+    /// member joins the group or leaves it (each grows or zeroes the one storage volume).
+    pub fn intend_join(
+        &mut self,
+        now: Time,
+        name: &str,
+        size_bytes: u64,
+        group: &str,
+        storage: &str,
+        members_end: u64,
+    ) -> Result<Intention, String> {
+        if self.policy == LogPolicy::None {
+            return Err(
+                "joining a consistency group must be logged: start the host element with --intention-log group or single"
+                    .into(),
+            );
+        }
+        // Carried out, its completion waiting for the next write: done already.
+        let done = |i: &Intention| self.finished.iter().any(|(id, _)| *id == i.id);
+        let busy = self.pending().find(|i| {
+            (i.is_create() || i.is_delete()) && !done(i) && i.volume().member_of.is_some_and(|w| w.storage == storage)
+        });
+        if let Some(other) = busy {
+            return Err(format!(
+                "volume {} is joining or leaving consistency group {group}; ask again once that is answered",
+                other.volume().name
+            ));
+        }
+        let align = crate::groups::MEMBER_ALIGN_BYTES;
+        // A deletion carried out frees its window at once: the write that logs this join
+        // completes that deletion too (every write carries the completions due).
+        let deleted = |id: u64| self.finished.iter().any(|&(f, done)| f == id && done);
+        let after = members_end.max(self.catalog.group_end(group, storage, deleted));
+        let offset_bytes = after.div_ceil(align) * align;
+        let grown = self.catalog.grown_bytes(storage);
+        let end = offset_bytes.checked_add(size_bytes).filter(|&end| end <= VOLUME_BYTES_MAX);
+        let storage_bytes = end.map(|end| end.max(grown));
+        let Some(storage_bytes) = storage_bytes else {
+            return Err(format!(
+                "consistency group {group} would grow beyond the largest volume, {VOLUME_BYTES_MAX} bytes"
+            ));
+        };
+        let window = GroupWindow { group: group.to_string(), storage: storage.to_string(), offset_bytes };
+        self.intend_volume(now, name, size_bytes, None, Some((window, storage_bytes)))
     }
 
     /// Ask to create volume `name` as a clone of the snapshot exported as `snapshot`
@@ -1173,7 +1404,7 @@ impl IntentionLog {
             return Err(format!("snapshot {snapshot} is being deleted"));
         }
         let size_bytes = base.size_bytes;
-        self.intend_volume(now, name, size_bytes, Some(base))
+        self.intend_volume(now, name, size_bytes, Some(base), None)
     }
 
     /// The snapshot exported as `snapshot` (`VOLUME@NAME`), taken and listed (one whose
@@ -1201,7 +1432,7 @@ impl IntentionLog {
     /// volumes through the core, which the catalog does not list).
     pub fn intend_clone_of(&mut self, now: Time, name: &str, base: CatalogSnapshot) -> Result<Intention, String> {
         let size_bytes = base.size_bytes;
-        self.intend_volume(now, name, size_bytes, Some(base))
+        self.intend_volume(now, name, size_bytes, Some(base), None)
     }
 
     /// The volumes (by name) created, or being created, as clones of snapshot `id`.
@@ -1220,6 +1451,7 @@ impl IntentionLog {
         name: &str,
         size_bytes: u64,
         clone_of: Option<CatalogSnapshot>,
+        joining: Option<(GroupWindow, u64)>,
     ) -> Result<Intention, String> {
         check_name(name)?;
         check_size(size_bytes)?;
@@ -1230,8 +1462,12 @@ impl IntentionLog {
         if count >= CATALOG_VOLUMES_MAX {
             return Err(format!("{CATALOG_VOLUMES_MAX} volumes were created already"));
         }
-        let intention =
-            Intention { id: self.catalog.next_id, op: Intent::Create { name: name.to_string(), size_bytes, clone_of } };
+        let (member_of, storage_bytes) = match joining {
+            Some((window, storage_bytes)) => (Some(window), storage_bytes),
+            None => (None, size_bytes),
+        };
+        let op = Intent::Create { name: name.to_string(), size_bytes, clone_of, member_of, storage_bytes };
+        let intention = Intention { id: self.catalog.next_id, op };
         self.catalog.next_id += 1;
         self.waiting.push_back((intention.clone(), now));
         Ok(intention)

@@ -382,7 +382,7 @@ impl Volume {
     /// like a removed one.
     fn placeholder() -> Volume {
         Volume {
-            spec: VolumeSpec { name: String::new(), size_bytes: 0, clone_of: None },
+            spec: VolumeSpec { name: String::new(), size_bytes: 0, clone_of: None, at_least: false },
             applied: Sequence::ZERO,
             applied_epoch: Epoch(0),
             copy_interrupted: false,
@@ -1102,20 +1102,33 @@ impl ElementCore {
 
     /// What a session is told it holds of a local volume (a copy under way holds nothing yet).
     fn volume_state(&self, local: LocalVolume) -> VolumeState {
-        let removed =
-            VolumeState { applied_sequence: Sequence::ZERO, applied_epoch: Epoch(0), copying: false, repair: false };
+        let removed = VolumeState {
+            applied_sequence: Sequence::ZERO,
+            applied_epoch: Epoch(0),
+            copying: false,
+            repair: false,
+            size_bytes: 0,
+        };
         if local == LocalVolume::REMOVED || self.volumes[local.0 as usize].removed {
             return removed;
         }
         let v = &self.volumes[local.0 as usize];
+        let size_bytes = v.spec.size_bytes;
         if v.copy_interrupted || matches!(v.recovery, Recovery::Copying { .. }) {
-            VolumeState { applied_sequence: Sequence::ZERO, applied_epoch: Epoch(0), copying: true, repair: false }
+            VolumeState {
+                applied_sequence: Sequence::ZERO,
+                applied_epoch: Epoch(0),
+                copying: true,
+                repair: false,
+                size_bytes,
+            }
         } else {
             VolumeState {
                 applied_sequence: v.applied,
                 applied_epoch: v.applied_epoch,
                 copying: false,
                 repair: v.repair,
+                size_bytes,
             }
         }
     }
@@ -1263,6 +1276,12 @@ impl ElementCore {
                         // Its session is gone: its next hello names the sizes again.
                         continue;
                     }
+                    // Never smaller than held (a group's storage volume this element holds
+                    // larger than the host element had heard of when it asked).
+                    let volumes: Vec<(LocalVolume, u64)> = volumes
+                        .into_iter()
+                        .map(|(l, size)| (l, size.max(self.volumes[l.0 as usize].spec.size_bytes)))
+                        .collect();
                     self.in_flight = Some(InFlight::Resize { volumes: volumes.clone(), reply });
                     self.emit(ElementAction::Storage(StorageJob::ResizeVolumes(volumes)));
                 }

@@ -38,6 +38,19 @@ pub struct ExportedVolume {
     pub snapshot: Option<proto::SnapshotRef>,
 }
 
+/// A volume that joined a consistency group while running (`starfish volume create NAME SIZE
+/// --group G`, listed in the catalog): exported as `name`, `size_bytes` at `offset_bytes` of
+/// the group's storage volume `storage`, which grows to hold it. The group's configured layout
+/// stays as it is; joined members come after it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct JoinedMember {
+    pub name: String,
+    pub group: String,
+    pub storage: String,
+    pub offset_bytes: u64,
+    pub size_bytes: u64,
+}
+
 /// Exports of volumes that are their own groups: each the whole of its storage volume.
 pub fn ungrouped(volumes: &[VolumeSpec]) -> Vec<ExportedVolume> {
     volumes
@@ -111,7 +124,8 @@ pub fn layout(volumes: &[VolumeSpec], groups: &[GroupSpec]) -> Result<(Vec<Volum
                 // The last member ends the group (no padding after it).
                 let last = volumes.iter().find(|w| Some(&w.name) == members.last()).expect("checked above");
                 let end = placed.last().expect("a member").2 + last.size_bytes;
-                storage.push(VolumeSpec { name: storage_name, size_bytes: end, clone_of: None });
+                // It grows as volumes join the group while running (see `JoinedMember`).
+                storage.push(VolumeSpec { name: storage_name, size_bytes: end, clone_of: None, at_least: true });
             }
         }
     }
@@ -167,7 +181,7 @@ mod tests {
     use super::*;
 
     fn spec(name: &str, size_bytes: u64) -> VolumeSpec {
-        VolumeSpec { name: name.into(), size_bytes, clone_of: None }
+        VolumeSpec { name: name.into(), size_bytes, clone_of: None, at_least: false }
     }
 
     #[test]
@@ -176,7 +190,8 @@ mod tests {
         let groups = [GroupSpec { name: "g".into(), volumes: vec!["b".into(), "a".into(), "c".into()] }];
         let (storage, exports) = layout(&volumes, &groups).expect("valid");
         // In name order: a at 0 (3 MiB slot), b at 3 MiB (2 MiB slot), c at 5 MiB: 5 MiB + 8 KiB.
-        assert_eq!(storage, vec![spec("g[a,b,c]", (5 << 20) + 8192), spec("lone", 1 << 20)]);
+        let group = VolumeSpec { at_least: true, ..spec("g[a,b,c]", (5 << 20) + 8192) };
+        assert_eq!(storage, vec![group, spec("lone", 1 << 20)]);
         let at: Vec<(&str, usize, u64)> = exports.iter().map(|e| (e.name.as_str(), e.volume, e.offset_bytes)).collect();
         assert_eq!(at, vec![("a", 0, 0), ("lone", 1, 0), ("b", 0, 3 << 20), ("c", 0, 5 << 20)]);
         // The order the group names its volumes in does not move them.

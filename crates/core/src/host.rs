@@ -136,6 +136,45 @@ impl HostConfig {
         self.volumes.push(spec);
     }
 
+    /// Export `member`, which joined a consistency group while running, as a window of the
+    /// group's storage volume, growing that to hold it; the storage volume's index. Refused
+    /// (changing nothing) if no configured group of that name is carried by that storage
+    /// volume, or if the name is taken or the window overlaps another member.
+    fn add_member(&mut self, member: &crate::groups::JoinedMember) -> Result<usize, String> {
+        let crate::groups::JoinedMember { name, group, storage, offset_bytes, size_bytes } = member;
+        let Some(i) = self.volumes.iter().position(|v| &v.name == storage && v.size_bytes > 0) else {
+            return Err(format!(
+                "volume {name} joined consistency group {group} carried by storage volume {storage}, which is not served (was the group's configured membership changed?)"
+            ));
+        };
+        let exported = self.exported();
+        if !exported.iter().any(|e| e.volume == i && e.snapshot.is_none() && e.group.as_deref() == Some(group)) {
+            return Err(format!("storage volume {storage} carries no consistency group {group}"));
+        }
+        let taken = exported.iter().any(|e| &e.name == name || e.group.as_deref() == Some(name.as_str()))
+            || self.volumes.iter().any(|v| &v.name == name);
+        if taken {
+            return Err(format!("a volume named {name} exists"));
+        }
+        let end = offset_bytes.checked_add(*size_bytes).filter(|&end| end <= crate::catalog::VOLUME_BYTES_MAX);
+        let Some(end) = end else { return Err(format!("volume {name} lies beyond the largest volume")) };
+        let mut volumes = self.volumes.clone();
+        volumes[i].size_bytes = volumes[i].size_bytes.max(end);
+        let mut exports = exported;
+        exports.push(crate::groups::ExportedVolume {
+            name: name.clone(),
+            group: Some(group.clone()),
+            volume: i,
+            offset_bytes: *offset_bytes,
+            size_bytes: *size_bytes,
+            snapshot: None,
+        });
+        crate::groups::check_exports(&volumes, &exports)?;
+        self.volumes = volumes;
+        self.exports = exports;
+        Ok(i)
+    }
+
     /// Keep storage volume `name` as a placeholder (size 0, not exported): a volume removed
     /// while an earlier host element ran, whose removal some element has not confirmed yet.
     /// Its hello tells every element to remove it.
@@ -143,7 +182,7 @@ impl HostConfig {
         if self.exports.is_empty() {
             self.exports = crate::groups::ungrouped(&self.volumes);
         }
-        self.volumes.push(VolumeSpec { name, size_bytes: 0, clone_of: None });
+        self.volumes.push(VolumeSpec { name, size_bytes: 0, clone_of: None, at_least: false });
     }
 
     pub fn validate(&self) -> Result<(), String> {
@@ -918,6 +957,10 @@ impl HostCore {
                 return Err(format!("snapshot {name} of group {of} is not named GROUP@NAME"));
             };
             for member in members {
+                // A member that joined the group after the snapshot lies past its end.
+                if member.offset_bytes + member.size_bytes > size_bytes {
+                    continue;
+                }
                 let export = format!("{}@{short}", member.name);
                 if self.config.exports.iter().any(|e| e.name == export) {
                     continue; // Exported already (a catalog read again).
@@ -1402,8 +1445,13 @@ impl HostCore {
             return self.fail_element(now, element, Failure::Protocol("welcome volume count".into()), true);
         }
         let mut volumes = volumes;
-        let empty =
-            VolumeState { applied_sequence: Sequence::ZERO, applied_epoch: Epoch(0), copying: false, repair: false };
+        let empty = VolumeState {
+            applied_sequence: Sequence::ZERO,
+            applied_epoch: Epoch(0),
+            copying: false,
+            repair: false,
+            size_bytes: 0,
+        };
         volumes.resize(self.volumes.len(), empty);
         let resized_by_hello = self.elements[element.0 as usize].resizes_unanswered == 0;
         for v in self.volumes[..hello_volumes].iter_mut() {
@@ -1446,6 +1494,8 @@ impl HostCore {
         e.welcomed = true;
         // The first ping at once: its pong starts the read lease.
         e.next_ping = now.plus_ms(self.config.heartbeat_interval_ms);
+        self.adopt_grown_sizes(element, &volumes);
+        let e = &mut self.elements[element.0 as usize];
         e.welcome = Some(volumes);
         self.ping(now, ElementSet::one(element));
         if self.ready {
@@ -1521,6 +1571,7 @@ impl HostCore {
                         applied_epoch: Epoch(0),
                         copying: false,
                         repair: false,
+                        size_bytes: 0,
                     });
                 }
             }
@@ -1541,6 +1592,49 @@ impl HostCore {
         }
         self.after_membership_change(now);
         Ok(ids)
+    }
+
+    /// A volume joins a consistency group while running (`starfish volume create NAME SIZE
+    /// --group G`): `member` is exported at once as a window of the group's storage volume,
+    /// which grows to hold it as `resize_volume` grows a volume (every element grows it in its
+    /// stream, before any write into the window; `Event::VolumeResized` for the storage volume
+    /// says when Q elements that count hold it, at once if it need not grow). Its writes then
+    /// share the group's one order. Refused while starting or read-only, for a group or window
+    /// that cannot be, and while the group's storage volume is being resized.
+    pub fn join_group(&mut self, now: Time, member: crate::groups::JoinedMember) -> Result<VolumeId, String> {
+        if let Some(reason) = self.volume_change_refusal() {
+            return Err(reason);
+        }
+        let mut config = self.config.clone();
+        let i = config.add_member(&member)?;
+        if self.volumes[i].resizing.is_some() {
+            return Err(format!(
+                "consistency group {} is growing already; ask again once that is answered",
+                member.group
+            ));
+        }
+        let storage_bytes = config.volumes[i].size_bytes;
+        config.volumes[i].size_bytes = self.config.volumes[i].size_bytes;
+        self.config = config;
+        Ok(self.grow_storage(now, i, storage_bytes))
+    }
+
+    /// A member that joined a consistency group while running leaves it (its deletion): it is
+    /// no longer exported, nor are its windows of the group's snapshots. The caller zeroes its
+    /// window through the group's stream; the storage volume keeps its size. The storage
+    /// volume's id. Refused for a volume that is no member of a group.
+    pub fn leave_group(&mut self, name: &str) -> Result<VolumeId, String> {
+        let exported = self.config.exported();
+        let Some(member) = exported.iter().find(|e| e.snapshot.is_none() && e.name == name) else {
+            return Err(format!("no volume {name}"));
+        };
+        if member.group.is_none() {
+            return Err(format!("volume {name} is no member of a consistency group"));
+        }
+        let (volume, prefix) = (member.volume, format!("{name}@"));
+        self.config.exports = exported;
+        self.config.exports.retain(|e| !(e.volume == volume && (e.name == name || e.name.starts_with(&prefix))));
+        Ok(VolumeId(volume as u32))
     }
 
     /// Ask every live element whether `specs`, new volumes, would fit there (memory for their
@@ -1632,6 +1726,7 @@ impl HostCore {
                             applied_epoch: Epoch(0),
                             copying: false,
                             repair: false,
+                            size_bytes: 0,
                         };
                     }
                 }
@@ -1711,6 +1806,19 @@ impl HostCore {
             self.emit(Action::Event(Event::VolumeResized { volume, size_bytes }));
             return Ok(volume);
         }
+        Ok(self.grow_storage(now, i, storage_bytes))
+    }
+
+    /// Storage volume `i` becomes `storage_bytes` (never less than it is): every element with
+    /// a session is told in its stream, the others by their next hello; `Event::VolumeResized`
+    /// once Q elements that count hold it (at once if it does not grow).
+    fn grow_storage(&mut self, now: Time, i: usize, storage_bytes: u64) -> VolumeId {
+        let volume = VolumeId(i as u32);
+        if storage_bytes <= self.config.volumes[i].size_bytes {
+            let size_bytes = self.config.volumes[i].size_bytes;
+            self.emit(Action::Event(Event::VolumeResized { volume, size_bytes }));
+            return volume;
+        }
         self.config.volumes[i].size_bytes = storage_bytes;
         self.volumes[i].spec.size_bytes = storage_bytes;
         self.volumes[i].resizing = Some(ElementSet::default());
@@ -1726,7 +1834,7 @@ impl HostCore {
             self.emit(Action::Send { to, message });
         }
         self.after_membership_change(now);
-        Ok(volume)
+        volume
     }
 
     /// An element grew the volumes of a `ResizeVolumes`.
@@ -1887,12 +1995,17 @@ impl HostCore {
     /// A spec of size 0 names a storage volume removed while an earlier host element ran that
     /// some element may still hold: it is served as a placeholder (see `remove_volumes`).
     /// `shrunk` names storage volumes (of `added`) exported smaller than they are (see
-    /// `resize_volume`), with their exported sizes.
+    /// `resize_volume`), with their exported sizes; `joined`, volumes that joined configured
+    /// consistency groups while running (see `join_group`), exported as windows of their
+    /// groups' storage volumes, grown to hold them; `grown`, storage volumes of configured
+    /// groups with the sizes joins grew them to (never less, even once members left).
     pub fn restart_with_volumes(
         &mut self,
         now: Time,
         added: Vec<(String, VolumeSpec)>,
         shrunk: &[(String, u64)],
+        joined: &[crate::groups::JoinedMember],
+        grown: &[(String, u64)],
     ) -> Result<(), String> {
         let mut config = self.config.clone();
         let first = config.volumes.len();
@@ -1911,6 +2024,17 @@ impl HostCore {
                 e.size_bytes = *size_bytes;
             }
         }
+        for (storage, bytes) in grown {
+            let Some(v) = config.volumes.iter_mut().find(|v| &v.name == storage && v.size_bytes > 0) else {
+                return Err(format!(
+                    "consistency group storage volume {storage}, grown while running, is not served (was the group's configured membership changed?)"
+                ));
+            };
+            v.size_bytes = v.size_bytes.max(*bytes);
+        }
+        for member in joined {
+            config.add_member(member)?;
+        }
         config.validate()?;
         let next = Epoch(self.epoch.0 + 1);
         self.config = config;
@@ -1921,6 +2045,48 @@ impl HostCore {
         // one never raises its epoch above it.
         self.claimed = true;
         Ok(())
+    }
+
+    /// Consistency groups' storage volumes (`at_least`) that a welcome says are larger on
+    /// `element` than this host element serves them grew as volumes joined the group while
+    /// running (it names their configured sizes until it has read its catalog): it adopts the
+    /// larger size and grows them on every other element with a session, in its stream. Those
+    /// `element` holds smaller are grown there before it catches up (what it misses may lie
+    /// past its end). The new blocks read as zeroes; what was written there comes with the
+    /// records that wrote it.
+    fn adopt_grown_sizes(&mut self, element: ElementId, volumes: &[VolumeState]) {
+        let mut grown: Vec<(VolumeId, u64)> = Vec::new();
+        let mut behind: Vec<(VolumeId, u64)> = Vec::new();
+        for (i, state) in volumes.iter().enumerate().take(self.config.volumes.len()) {
+            let spec = &self.config.volumes[i];
+            if !spec.at_least || spec.size_bytes == 0 {
+                continue;
+            }
+            let valid = state.size_bytes.is_multiple_of(proto::BLOCK_BYTES)
+                && state.size_bytes <= crate::catalog::VOLUME_BYTES_MAX;
+            if state.size_bytes > spec.size_bytes && valid {
+                self.config.volumes[i].size_bytes = state.size_bytes;
+                self.volumes[i].spec.size_bytes = state.size_bytes;
+                grown.push((VolumeId(i as u32), state.size_bytes));
+            } else if state.size_bytes < spec.size_bytes {
+                behind.push((VolumeId(i as u32), spec.size_bytes));
+            }
+        }
+        let mut to = ElementSet::default();
+        for (k, e) in self.elements.iter_mut().enumerate() {
+            if e.session && k != element.0 as usize && !grown.is_empty() {
+                e.resizes_unanswered += 1;
+                to.insert(ElementId(k as u8));
+            }
+        }
+        if !to.is_empty() {
+            self.emit(Action::Send { to, message: HostMessage::ResizeVolumes { volumes: grown } });
+        }
+        if !behind.is_empty() {
+            self.elements[element.0 as usize].resizes_unanswered += 1;
+            let to = ElementSet::one(element);
+            self.emit(Action::Send { to, message: HostMessage::ResizeVolumes { volumes: behind } });
+        }
     }
 
     /// Decide how a welcomed element joins: in sync, quick recovery, or failed.

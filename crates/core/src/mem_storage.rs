@@ -535,7 +535,7 @@ impl ElementStorage for MemStorage {
         for spec in specs {
             let here = self.vols.iter().find(|v| v.name == spec.name && !v.removed).map(|v| v.data.len() as u64);
             match here {
-                Some(size) if size > spec.size_bytes => {
+                Some(size) if size > spec.size_bytes && !spec.at_least => {
                     return Err(format!("volume {}: {} bytes here, not {}", spec.name, size, spec.size_bytes))
                 }
                 Some(_) | None
@@ -555,8 +555,11 @@ impl ElementStorage for MemStorage {
     fn ensure_volume(&mut self, spec: &VolumeSpec) -> Result<LocalVolume, String> {
         match self.vols.iter().position(|v| v.name == spec.name && !v.removed) {
             Some(i) => {
-                // A volume that grew while the element was away: a hello names it larger.
-                self.resize_volume(LocalVolume(i as u32), spec.size_bytes)?;
+                // A volume that grew while the element was away: a hello names it larger (a
+                // group's storage volume named `at_least` keeps a larger size).
+                let here = self.vols[i].data.len() as u64;
+                let size_bytes = if spec.at_least { spec.size_bytes.max(here) } else { spec.size_bytes };
+                self.resize_volume(LocalVolume(i as u32), size_bytes)?;
                 Ok(LocalVolume(i as u32))
             }
             None => {
@@ -664,6 +667,11 @@ impl ElementStorage for MemStorage {
                 Some(format!("gap: applied {applied} but got {}", record.sequence))
             } else if let Err(mismatch) = record.op.check_data() {
                 Some(format!("record {} arrived damaged: {mismatch}; not committed", record.sequence))
+            } else if record.op.offset_bytes() + record.op.length_bytes() > self.vols[vi].data.len() as u64 {
+                // As the store: an element that missed a growth of the volume (a group's storage
+                // volume named at its configured size until the catalog is read) refuses it.
+                let (start, size) = (record.op.offset_bytes(), self.vols[vi].data.len());
+                Some(format!("range of {} bytes at {start} ends past the volume size {size}", record.op.length_bytes()))
             } else {
                 self.partially_covered_corrupt_block(vi, record).map(|b| {
                     self.mark_for_repair(vi);
@@ -699,7 +707,16 @@ impl ElementStorage for MemStorage {
             return Err(format!("volume {} block {b}: checksum mismatch", v.name));
         }
         let bytes = &self.readable(vi).data;
-        let data = Bytes::copy_from_slice(&bytes[offset_bytes as usize..(offset_bytes + length_bytes as u64) as usize]);
+        let end_bytes = offset_bytes + length_bytes as u64;
+        if end_bytes > bytes.len() as u64 {
+            // As the store (a snapshot taken smaller here than elsewhere, say).
+            return Err(format!(
+                "volume {}: range of {length_bytes} bytes at {offset_bytes} ends past {}",
+                v.name,
+                bytes.len()
+            ));
+        }
+        let data = Bytes::copy_from_slice(&bytes[offset_bytes as usize..end_bytes as usize]);
         Ok((v.read_sequence(), ReadData::computed(offset_bytes, data)))
     }
 

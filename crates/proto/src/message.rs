@@ -140,6 +140,10 @@ pub struct VolumeSpec {
     /// hold it (yet) creates it empty, to be filled by a full recovery. Ignored for a volume
     /// the element holds already.
     pub clone_of: Option<CloneBase>,
+    /// The element may hold it larger: a consistency group's storage volume, which grows as
+    /// volumes join the group while running (the host element names its configured size until
+    /// it has read its catalog). A larger one is kept, not refused; a smaller one grows.
+    pub at_least: bool,
 }
 
 /// The snapshot a clone starts from: snapshot `snapshot` (its id) of storage volume `volume`.
@@ -163,6 +167,11 @@ pub struct VolumeState {
     /// intact), but it takes no records until a full recovery that verifies every block has
     /// repaired it.
     pub repair: bool,
+    /// Its size here. A host element adopts a larger one for a consistency group's storage
+    /// volume (named `at_least`: it grew as volumes joined the group, and the host element
+    /// names its configured size until it has read its catalog), and grows the elements that
+    /// hold less before they catch up.
+    pub size_bytes: u64,
 }
 
 /// What an element holds of one block, as the block map says: sent by a full recovery's
@@ -576,7 +585,7 @@ fn put_volume_specs(out: &mut BytesMut, volumes: &[VolumeSpec]) {
         put_bytes(out, v.name.as_bytes());
         out.put_u64_le(v.size_bytes);
         match &v.clone_of {
-            None => out.put_u8(0),
+            None => out.put_u8(if v.at_least { 2 } else { 0 }),
             Some(base) => {
                 out.put_u8(1);
                 put_bytes(out, base.volume.as_bytes());
@@ -592,15 +601,16 @@ fn read_volume_specs(r: &mut Reader, what: &'static str) -> Result<Vec<VolumeSpe
     for _ in 0..n {
         let name = r.string("volume name", NAME_BYTES_MAX)?;
         let size_bytes = r.u64("volume size")?;
-        let clone_of = match r.u8("clone flag")? {
-            0 => None,
+        let flag = r.u8("volume flag")?;
+        let clone_of = match flag {
+            0 | 2 => None,
             1 => Some(CloneBase {
                 volume: r.string("clone base volume", NAME_BYTES_MAX)?,
                 snapshot: r.u64("clone base")?,
             }),
-            flag => return Err(DecodeError::OutOfBounds { what: "clone flag", value: flag as u64 }),
+            flag => return Err(DecodeError::OutOfBounds { what: "volume flag", value: flag as u64 }),
         };
-        volumes.push(VolumeSpec { name, size_bytes, clone_of });
+        volumes.push(VolumeSpec { name, size_bytes, clone_of, at_least: flag == 2 });
     }
     Ok(volumes)
 }
@@ -627,6 +637,7 @@ fn put_volume_states(out: &mut BytesMut, volumes: &[VolumeState]) {
         out.put_u64_le(v.applied_sequence.0);
         out.put_u64_le(v.applied_epoch.0);
         out.put_u8(v.copying as u8 | (v.repair as u8) << 1);
+        out.put_u64_le(v.size_bytes);
     }
 }
 
@@ -641,7 +652,8 @@ fn read_volume_states(r: &mut Reader, what: &'static str) -> Result<Vec<VolumeSt
             return Err(DecodeError::OutOfBounds { what: "volume state flags", value: flags as u64 });
         }
         let (copying, repair) = (flags & 1 != 0, flags & 2 != 0);
-        volumes.push(VolumeState { applied_sequence, applied_epoch, copying, repair });
+        let size_bytes = r.u64("volume size")?;
+        volumes.push(VolumeState { applied_sequence, applied_epoch, copying, repair, size_bytes });
     }
     Ok(volumes)
 }
@@ -1647,23 +1659,24 @@ mod tests {
         round_trip(HostMessage::ResizeVolumes { volumes: vec![(VolumeId(2), 1 << 30), (VolumeId(0), 4096)] });
         round_trip(HostMessage::CheckVolumes {
             request_id: 3,
-            volumes: vec![VolumeSpec { name: "big#3".into(), size_bytes: 1 << 40, clone_of: None }],
+            volumes: vec![VolumeSpec { name: "big#3".into(), size_bytes: 1 << 40, clone_of: None, at_least: false }],
         });
         round_trip(HostMessage::AddVolumes {
             volumes: vec![
-                VolumeSpec { name: "vol1".into(), size_bytes: 1 << 20, clone_of: None },
-                VolumeSpec { name: "g[a,b]".into(), size_bytes: 3 << 20, clone_of: None },
+                VolumeSpec { name: "vol1".into(), size_bytes: 1 << 20, clone_of: None, at_least: false },
+                VolumeSpec { name: "g[a,b]".into(), size_bytes: 3 << 20, clone_of: None, at_least: true },
                 VolumeSpec {
                     name: "c#12".into(),
                     size_bytes: 4 << 20,
                     clone_of: Some(CloneBase { volume: "vol1".into(), snapshot: 11 }),
+                    at_least: false,
                 },
             ],
         });
         round_trip(HostMessage::Hello {
             epoch: Epoch(3),
             host: HostId(0xfeed),
-            volumes: vec![VolumeSpec { name: "vol0".into(), size_bytes: 1 << 30, clone_of: None }],
+            volumes: vec![VolumeSpec { name: "vol0".into(), size_bytes: 1 << 30, clone_of: None, at_least: false }],
             admin: "127.0.0.1:7190".into(),
             receipt_acks: true,
         });
@@ -1755,15 +1768,34 @@ mod tests {
                 applied_epoch: Epoch(0),
                 copying: false,
                 repair: false,
+                size_bytes: 0,
             }],
         });
         round_trip(ElementMessage::Welcome {
             epoch: Epoch(1),
             element_id: 77,
             volumes: vec![
-                VolumeState { applied_sequence: Sequence(10), applied_epoch: Epoch(2), copying: false, repair: false },
-                VolumeState { applied_sequence: Sequence(0), applied_epoch: Epoch(0), copying: true, repair: false },
-                VolumeState { applied_sequence: Sequence(9), applied_epoch: Epoch(2), copying: false, repair: true },
+                VolumeState {
+                    applied_sequence: Sequence(10),
+                    applied_epoch: Epoch(2),
+                    copying: false,
+                    repair: false,
+                    size_bytes: 0,
+                },
+                VolumeState {
+                    applied_sequence: Sequence(0),
+                    applied_epoch: Epoch(0),
+                    copying: true,
+                    repair: false,
+                    size_bytes: 0,
+                },
+                VolumeState {
+                    applied_sequence: Sequence(9),
+                    applied_epoch: Epoch(2),
+                    copying: false,
+                    repair: true,
+                    size_bytes: 0,
+                },
             ],
         });
         round_trip(ElementMessage::Blocks {

@@ -274,7 +274,9 @@ async fn answer(
         AdminRequest::Failover => order(host.take_over("told to (starfish failover)", true).await),
         AdminRequest::Drain => order(host.drain().await),
         AdminRequest::Scrub { volume, rate_bytes_per_s } => order(host.scrub(&volume, rate_bytes_per_s).await),
-        AdminRequest::VolumeCreate { name, size_bytes } => order(host.volume_create(&name, size_bytes).await),
+        AdminRequest::VolumeCreate { name, size_bytes, group } => {
+            order(host.volume_create(&name, size_bytes, group).await)
+        }
         AdminRequest::VolumeDelete { name, with_snapshots } => order(host.volume_delete(&name, with_snapshots).await),
         AdminRequest::VolumeResize { name, size_bytes, shrink } => {
             order(host.volume_resize(&name, size_bytes, shrink).await)

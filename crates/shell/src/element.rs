@@ -177,7 +177,7 @@ async fn serve(
         .enumerate()
         .map(|(i, (name, size_bytes))| {
             let handle = store.volume_numbered(i as u32).expect("listed");
-            (VolumeSpec { name, size_bytes, clone_of: None }, store.volume_info(handle))
+            (VolumeSpec { name, size_bytes, clone_of: None, at_least: false }, store.volume_info(handle))
         })
         .collect();
     let config = ElementConfig { element_id: store.element_id(), ..ElementConfig::default() };

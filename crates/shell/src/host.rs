@@ -131,7 +131,21 @@ enum Input {
         added: Vec<(String, proto::VolumeSpec)>,
         /// Storage volumes exported smaller than they are, with their exported sizes.
         shrunk: Vec<(String, u64)>,
+        /// Volumes that joined consistency groups while running.
+        joined: Vec<starfish_core::groups::JoinedMember>,
+        /// Storage volumes of groups grown by joins, with their sizes.
+        grown: Vec<(String, u64)>,
         reply: oneshot::Sender<Result<(), String>>,
+    },
+    /// A volume joins a consistency group while running (`HostCore::join_group`).
+    JoinGroup {
+        member: starfish_core::groups::JoinedMember,
+        reply: oneshot::Sender<Result<proto::VolumeId, String>>,
+    },
+    /// A member that joined a consistency group leaves it (`HostCore::leave_group`).
+    LeaveGroup {
+        name: String,
+        reply: oneshot::Sender<Result<proto::VolumeId, String>>,
     },
     /// Remove volumes while running (`HostCore::remove_volumes`).
     RemoveVolumes {
@@ -302,9 +316,31 @@ impl HostHandle {
         &self,
         added: Vec<(String, proto::VolumeSpec)>,
         shrunk: Vec<(String, u64)>,
+        joined: Vec<starfish_core::groups::JoinedMember>,
+        grown: Vec<(String, u64)>,
     ) -> Result<(), String> {
         let (reply, rx) = oneshot::channel();
-        self.send(Input::RestartWithVolumes { added, shrunk, reply }).map_err(|_| "host element stopping")?;
+        let input = Input::RestartWithVolumes { added, shrunk, joined, grown, reply };
+        self.send(input).map_err(|_| "host element stopping")?;
+        rx.await.map_err(|_| "host element stopping")?
+    }
+
+    /// A volume joins a consistency group (see `HostCore::join_group`): the group's storage
+    /// volume.
+    pub(crate) async fn join_group(
+        &self,
+        member: starfish_core::groups::JoinedMember,
+    ) -> Result<proto::VolumeId, String> {
+        let (reply, rx) = oneshot::channel();
+        self.send(Input::JoinGroup { member, reply }).map_err(|_| "host element stopping")?;
+        rx.await.map_err(|_| "host element stopping")?
+    }
+
+    /// A member leaves its consistency group (see `HostCore::leave_group`): the group's
+    /// storage volume.
+    pub(crate) async fn leave_group(&self, name: String) -> Result<proto::VolumeId, String> {
+        let (reply, rx) = oneshot::channel();
+        self.send(Input::LeaveGroup { name, reply }).map_err(|_| "host element stopping")?;
         rx.await.map_err(|_| "host element stopping")?
     }
 
@@ -422,6 +458,7 @@ pub(crate) fn start_active(
             name: catalog::CATALOG_VOLUME.into(),
             size_bytes: catalog::CATALOG_VOLUME_BYTES,
             clone_of: None,
+            at_least: false,
         });
     }
     let (volume_orders, orders_rx) = mpsc::unbounded_channel();
@@ -694,8 +731,18 @@ fn handle_input(
             waiting.insert(token, reply);
             core.check_volumes(t, token, specs);
         }
-        Input::RestartWithVolumes { added, shrunk, reply } => {
-            let result = core.restart_with_volumes(t, added, &shrunk);
+        Input::RestartWithVolumes { added, shrunk, joined, grown, reply } => {
+            let result = core.restart_with_volumes(t, added, &shrunk, &joined, &grown);
+            *exports.write().expect("exports lock") = core.config().exported();
+            let _ = reply.send(result);
+        }
+        Input::JoinGroup { member, reply } => {
+            let result = core.join_group(t, member);
+            *exports.write().expect("exports lock") = core.config().exported();
+            let _ = reply.send(result);
+        }
+        Input::LeaveGroup { name, reply } => {
+            let result = core.leave_group(&name);
             *exports.write().expect("exports lock") = core.config().exported();
             let _ = reply.send(result);
         }

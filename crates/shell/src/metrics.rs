@@ -423,7 +423,8 @@ mod tests {
 
     /// A page with something in every family: a recovery copying blocks, a failed request.
     fn page() -> String {
-        let volumes = vec![proto::VolumeSpec { name: "vol0".into(), size_bytes: 1 << 20, clone_of: None }];
+        let volumes =
+            vec![proto::VolumeSpec { name: "vol0".into(), size_bytes: 1 << 20, clone_of: None, at_least: false }];
         let config = HostConfig::new(Epoch(1), 2, vec!["a".into(), "b".into(), "c".into()], volumes);
         let exports = config.exported();
         let mut status = HostCore::new(config, Time(0)).status(Time(0));

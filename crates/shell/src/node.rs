@@ -279,14 +279,16 @@ impl Node {
     }
 
     /// Create a volume (`starfish volume create`), through the catalog's intention log.
-    pub async fn volume_create(&self, name: &str, size_bytes: u64) -> Result<Value, String> {
+    /// Create a volume (`starfish volume create NAME SIZE [--group GROUP]`), joining
+    /// consistency group `group` if given.
+    pub async fn volume_create(&self, name: &str, size_bytes: u64, group: Option<String>) -> Result<Value, String> {
         let handle = self.active.lock().await.as_ref().map(|a| a.handle.clone());
         let Some(handle) = handle else {
             return Err("this host element is a standby: create volumes through the active one".into());
         };
         let name = name.to_string();
         let doc = handle
-            .volume_order(|reply| crate::volumes::VolumeOrder::Create { name: name.clone(), size_bytes, reply })
+            .volume_order(|reply| crate::volumes::VolumeOrder::Create { name: name.clone(), size_bytes, group, reply })
             .await;
         match &doc {
             Ok(_) => tracing::info!(volume = %name, size_bytes, "volume created (starfish volume create)"),

@@ -64,9 +64,11 @@ const ZERO_CHUNK_BYTES: u64 = 1 << 30;
 const ZERO_RETRY_WAIT: Duration = Duration::from_secs(1);
 
 pub(crate) enum VolumeOrder {
+    /// `group`: join this consistency group (`--group`).
     Create {
         name: String,
         size_bytes: u64,
+        group: Option<String>,
         reply: oneshot::Sender<Result<Value, String>>,
     },
     Delete {
@@ -129,6 +131,9 @@ struct Deleting {
     asked: Instant,
     /// Every live element removed it (the answer is due).
     removed_live: bool,
+    /// A member that joined a consistency group: its window of the group's storage volume
+    /// (from, to), zeroed before the deletion completes.
+    window: Option<(u64, u64)>,
 }
 
 /// A resize under way (logged, or waiting for its prepare).
@@ -150,8 +155,10 @@ struct Creating {
     size_bytes: u64,
     /// A clone: the snapshot's export name (`VOLUME@NAME`).
     clone_of: Option<String>,
+    /// A member joining this consistency group.
+    group: Option<String>,
     reply: Option<oneshot::Sender<Result<Value, String>>>,
-    /// Its storage volume in the core, once added.
+    /// Its storage volume in the core, once added (a joining member's: its group's).
     volume: Option<VolumeId>,
     asked: Instant,
 }
@@ -192,6 +199,8 @@ struct Checked {
     shrink: bool,
     /// A clone's creation: the snapshot's export name.
     clone_of: Option<String>,
+    /// A join: the group, its storage volume, and where its members end now.
+    join: Option<(String, String, u64)>,
     name: String,
     size_bytes: u64,
     reply: oneshot::Sender<Result<Value, String>>,
@@ -286,7 +295,7 @@ async fn serve(
         };
         tokio::select! {
             order = orders.recv() => match order {
-                Some(VolumeOrder::Create { name, size_bytes, reply }) => c.create(name, size_bytes, reply),
+                Some(VolumeOrder::Create { name, size_bytes, group, reply }) => c.create(name, size_bytes, group, reply).await,
                 Some(VolumeOrder::Delete { name, with_snapshots, reply }) => c.delete(name, with_snapshots, reply).await,
                 Some(VolumeOrder::Clone { snapshot, name, reply }) => c.clone(snapshot, name, reply),
                 Some(VolumeOrder::Resize { name, size_bytes, shrink, reply }) => {
@@ -424,13 +433,18 @@ impl Catalogue {
         let serve = catalog.volumes_to_serve();
         let removed = catalog.removed_to_serve();
         let restart = catalog.volumes_to_restart();
-        if !restart.is_empty() {
-            let names: Vec<&str> = serve.iter().map(|(n, _)| n.as_str()).collect();
+        let members = catalog.members_to_serve();
+        let grown = catalog.groups_grown();
+        if !restart.is_empty() || !members.is_empty() || !grown.is_empty() {
+            let joined_names = members.iter().map(|m| m.name.as_str());
+            let names: Vec<&str> = serve.iter().map(|(n, _)| n.as_str()).chain(joined_names).collect();
             tracing::info!(volumes = %names.join(", "), "serving the volumes created while running");
             if !removed.is_empty() {
                 tracing::info!(volumes = %removed.join(", "), "finishing deletions: every element is told to remove these");
             }
-            if let Err(reason) = self.handle.restart_with_volumes(restart, catalog.exports_shrunk()).await {
+            let joined = members.clone();
+            let shrunk = catalog.exports_shrunk();
+            if let Err(reason) = self.handle.restart_with_volumes(restart, shrunk, joined, grown).await {
                 tracing::error!("cannot serve the volumes of the catalog: {reason}");
                 self.broken = Some(reason);
                 return;
@@ -438,6 +452,7 @@ impl Catalogue {
             let Some(volume) = wait_serving(&self.handle).await else { return };
             self.volume = volume;
             self.created.extend(serve.iter().map(|(name, spec)| (name.clone(), spec.name.clone())));
+            self.created.extend(members.iter().map(|m| (m.name.clone(), m.storage.clone())));
         }
         for snapshot in &catalog.snapshots {
             self.export_snapshot(snapshot).await;
@@ -502,12 +517,21 @@ impl Catalogue {
                 continue;
             }
             // Rolled forward: its placeholder tells every element; the completion is written
-            // once all removed it.
+            // once all removed it. A group's member: its window is zeroed again, then the
+            // completion is written.
             let storage = volume.spec().name;
             let placeholder = status
                 .as_ref()
                 .and_then(|s| s.volumes.iter().position(|v| v.name == storage))
                 .map(|i| VolumeId(i as u32));
+            let window = volume.member_of.as_ref().map(|w| (w.offset_bytes, w.offset_bytes + volume.size_bytes));
+            if let (Some((from, to)), Some(at)) = (window, placeholder) {
+                tracing::info!(id = intention.id, storage = %storage, "finishing the deletion of {} (rolled forward): zeroing its window of its group", volume.name);
+                self.zero_tail(intention.id, at.0, from, to);
+            } else if window.is_some() {
+                tracing::error!(storage = %storage, "a pending deletion names a group member whose group is not served; left pending");
+                continue;
+            }
             tracing::info!(id = intention.id, storage = %storage, "finishing the deletion of {} (rolled forward)", volume.name);
             let deleting = Deleting {
                 name: volume.name,
@@ -516,6 +540,7 @@ impl Catalogue {
                 volume: placeholder,
                 asked: Instant::now(),
                 removed_live: false,
+                window,
             };
             self.deleting.insert(intention.id, deleting);
         }
@@ -573,14 +598,16 @@ impl Catalogue {
                 let _ = reply.send(Err(reason));
             }
             Ok(intention) => {
-                let storage = intention.volume().spec().name;
+                let volume = intention.volume();
+                let window = volume.member_of.as_ref().map(|w| (w.offset_bytes, w.offset_bytes + volume.size_bytes));
                 let deleting = Deleting {
                     name,
-                    storage,
+                    storage: volume.spec().name,
                     reply: Some(reply),
                     volume: None,
                     asked: Instant::now(),
                     removed_live: false,
+                    window,
                 };
                 self.deleting.insert(intention.id, deleting);
                 for unlogged in self.log.take_unlogged() {
@@ -620,6 +647,11 @@ impl Catalogue {
             let _ = reply.send(Err(format!("volume {name} is being resized; wait for that to be answered")));
             return;
         }
+        let member = self.log.catalog().volumes.iter().find(|v| v.name == name).and_then(|v| v.member_of.clone());
+        if let Some(w) = member {
+            let _ = reply.send(Err(catalog::member_resize_refusal(&name, &w.group)));
+            return;
+        }
         if self.log.policy() == LogPolicy::None {
             let reason = "a resize must be logged: start the host element with --intention-log group or single";
             let _ = reply.send(Err(reason.into()));
@@ -650,21 +682,85 @@ impl Catalogue {
         let stored = self.log.catalog().volumes.iter().find(|v| v.name == name).map_or(0, |v| v.storage_bytes);
         if size_bytes <= stored {
             // Within the storage volume: nothing to prepare on the elements.
-            let checked = Checked { resize: true, shrink, clone_of: None, name, size_bytes, reply, result: Ok(()) };
+            let checked =
+                Checked { resize: true, shrink, clone_of: None, join: None, name, size_bytes, reply, result: Ok(()) };
             return self.on_checked(checked).await;
         }
         // Prepare: the elements count the growth of a volume they hold.
-        let spec = proto::VolumeSpec { name: storage, size_bytes, clone_of: None };
+        let spec = proto::VolumeSpec { name: storage, size_bytes, clone_of: None, at_least: false };
         let (handle, checked) = (self.handle.clone(), self.checked.clone());
         tokio::spawn(async move {
             let result = handle.check_volumes(vec![spec]).await;
-            let checked_answer = Checked { resize: true, shrink, clone_of: None, name, size_bytes, reply, result };
+            let checked_answer =
+                Checked { resize: true, shrink, clone_of: None, join: None, name, size_bytes, reply, result };
             answer_checked(&checked, checked_answer);
         });
     }
 
-    fn create(&mut self, name: String, size_bytes: u64, reply: oneshot::Sender<Result<Value, String>>) {
-        self.create_volume(name, size_bytes, None, reply)
+    async fn create(
+        &mut self,
+        name: String,
+        size_bytes: u64,
+        group: Option<String>,
+        reply: oneshot::Sender<Result<Value, String>>,
+    ) {
+        match group {
+            None => self.create_volume(name, size_bytes, None, reply),
+            Some(group) => self.join(name, size_bytes, group, reply).await,
+        }
+    }
+
+    /// `starfish volume create NAME SIZE --group GROUP`: checks, then the prepare (every live
+    /// element has room for the group's storage volume to grow by the new member), then the
+    /// intention (see `catalog::IntentionLog::intend_join`).
+    async fn join(
+        &mut self,
+        name: String,
+        size_bytes: u64,
+        group: String,
+        reply: oneshot::Sender<Result<Value, String>>,
+    ) {
+        if let Some(reason) = &self.broken {
+            let _ = reply.send(Err(format!("volume operations are off: the catalog cannot be read ({reason})")));
+            return;
+        }
+        let exports = self.handle.exports();
+        let taken = exports.iter().any(|e| e.name == name || e.group.as_deref() == Some(name.as_str()));
+        if taken {
+            let _ = reply.send(Err(format!("a volume named {name} exists")));
+            return;
+        }
+        if let Err(reason) = catalog::check_name(&name).and_then(|()| catalog::check_size(size_bytes)) {
+            let _ = reply.send(Err(reason));
+            return;
+        }
+        let Some((index, members_end)) = group_storage(&exports, &group) else {
+            let _ = reply.send(Err(format!(
+                "no consistency group {group} (see starfish status): groups are declared at start-up (--group NAME:VOL,VOL), and a volume created while running may join one"
+            )));
+            return;
+        };
+        let storage =
+            self.handle.status().await.and_then(|s| s.volumes.get(index).map(|v| (v.name.clone(), v.size_bytes)));
+        let Some((storage, storage_bytes)) = storage else {
+            let _ = reply.send(Err("host element stopping".to_string()));
+            return;
+        };
+        // Prepare: the elements count the growth of the group's storage volume (where the
+        // member will lie is decided when its intention is logged; this is where it would lie
+        // now).
+        let align = starfish_core::groups::MEMBER_ALIGN_BYTES;
+        let after = members_end.max(self.log.catalog().group_end(&group, &storage, |_| false));
+        let grown = (after.div_ceil(align) * align).saturating_add(size_bytes).max(storage_bytes);
+        let spec = proto::VolumeSpec { name: storage.clone(), size_bytes: grown, clone_of: None, at_least: false };
+        let (handle, checked) = (self.handle.clone(), self.checked.clone());
+        let join = Some((group, storage, members_end));
+        tokio::spawn(async move {
+            let result = handle.check_volumes(vec![spec]).await;
+            let answer =
+                Checked { resize: false, shrink: false, clone_of: None, join, name, size_bytes, reply, result };
+            answer_checked(&checked, answer);
+        });
     }
 
     /// `starfish volume clone VOLUME@NAME NEW`: a creation of the snapshot's size whose
@@ -721,20 +817,20 @@ impl Catalogue {
             let s = snapshots.iter().find(|s| &s.export_name() == export)?;
             Some(proto::CloneBase { volume: s.storage_volume(), snapshot: s.id })
         });
-        let spec = proto::VolumeSpec { name: probe.clone(), size_bytes, clone_of: base };
+        let spec = proto::VolumeSpec { name: probe.clone(), size_bytes, clone_of: base, at_least: false };
         let (handle, checked) = (self.handle.clone(), self.checked.clone());
         tokio::spawn(async move {
             let result = handle.check_volumes(vec![spec]).await.map_err(|reason| reason.replace(&probe, &name));
             answer_checked(
                 &checked,
-                Checked { resize: false, shrink: false, clone_of, name, size_bytes, reply, result },
+                Checked { resize: false, shrink: false, clone_of, join: None, name, size_bytes, reply, result },
             );
         });
     }
 
     /// A creation's prepare answered: log its intention (or, with policy `none`, carry it out).
     async fn on_checked(&mut self, checked: Checked) {
-        let Checked { resize, shrink, clone_of, name, size_bytes, reply, result } = checked;
+        let Checked { resize, shrink, clone_of, join, name, size_bytes, reply, result } = checked;
         if let Err(reason) = result {
             let _ = reply.send(Err(reason));
             return;
@@ -755,17 +851,18 @@ impl Catalogue {
             }
             return;
         }
-        let intended = match &clone_of {
-            None => self.log.intend_create(now, &name, size_bytes),
-            Some(snapshot) => self.log.intend_clone(now, snapshot, &name),
+        let intended = match (&clone_of, &join) {
+            (_, Some((group, storage, end))) => self.log.intend_join(now, &name, size_bytes, group, storage, *end),
+            (None, None) => self.log.intend_create(now, &name, size_bytes),
+            (Some(snapshot), None) => self.log.intend_clone(now, snapshot, &name),
         };
         match intended {
             Err(reason) => {
                 let _ = reply.send(Err(reason));
             }
             Ok(intention) => {
-                let asked = Instant::now();
-                let creating = Creating { name, size_bytes, clone_of, reply: Some(reply), volume: None, asked };
+                let (asked, group, reply) = (Instant::now(), join.map(|(group, _, _)| group), Some(reply));
+                let creating = Creating { name, size_bytes, clone_of, group, reply, volume: None, asked };
                 self.creating.insert(intention.id, creating);
                 for unlogged in self.log.take_unlogged() {
                     self.execute(unlogged).await;
@@ -852,11 +949,15 @@ impl Catalogue {
         }
         let volume = intention.volume();
         let spec = volume.spec();
-        match self.handle.add_volumes(vec![(volume.name.clone(), spec.clone())]).await {
-            Ok(ids) => {
+        let added = match volume.joined() {
+            Some(member) => self.handle.join_group(member).await,
+            None => self.handle.add_volumes(vec![(volume.name.clone(), spec.clone())]).await.map(|ids| ids[0]),
+        };
+        match added {
+            Ok(id) => {
                 failpoint("volume-create:after-add");
                 if let Some(k) = self.creating.get_mut(&intention.id) {
-                    k.volume = Some(ids[0]);
+                    k.volume = Some(id);
                 }
                 self.created.insert(volume.name.clone(), spec.name.clone());
                 tracing::info!(volume = %volume.name, storage = %spec.name, "volume created; waiting for a write quorum of elements to hold it");
@@ -882,12 +983,22 @@ impl Catalogue {
     async fn execute_delete(&mut self, intention: Intention) {
         let volume = intention.volume();
         let storage = volume.spec().name;
-        match self.handle.remove_volumes(vec![storage.clone()]).await {
-            Ok(ids) => {
+        let window = volume.member_of.as_ref().map(|w| (w.offset_bytes, w.offset_bytes + volume.size_bytes));
+        let removed = match window {
+            Some(_) => self.handle.leave_group(volume.name.clone()).await,
+            None => self.handle.remove_volumes(vec![storage.clone()]).await.map(|ids| ids[0]),
+        };
+        match removed {
+            Ok(id) => {
                 failpoint("volume-delete:after-remove");
                 self.created.remove(&volume.name);
                 if let Some(d) = self.deleting.get_mut(&intention.id) {
-                    d.volume = Some(ids[0]);
+                    d.volume = Some(id);
+                }
+                if let Some((from, to)) = window {
+                    // A group's member: its window is zeroed through the group's stream.
+                    tracing::info!(volume = %volume.name, storage = %storage, "volume deleted; zeroing its window of its group");
+                    return self.zero_tail(intention.id, id.0, from, to);
                 }
                 tracing::info!(volume = %volume.name, storage = %storage, "volume deleted; waiting for the elements to remove it");
             }
@@ -936,6 +1047,16 @@ impl Catalogue {
     /// exported at its new size): answer, and complete its intention. A shrink first zeroes
     /// what lies past its new end.
     fn on_resized(&mut self, volume: VolumeId) {
+        // Members joining a group whose storage volume Q elements now hold grown.
+        let joined: Vec<u64> = self
+            .creating
+            .iter()
+            .filter(|(_, k)| k.group.is_some() && k.volume == Some(volume))
+            .map(|(id, _)| *id)
+            .collect();
+        for id in joined {
+            self.finish_create(id);
+        }
         let Some((&id, r)) = self.resizing.iter().find(|(_, r)| r.volume == Some(volume)) else { return };
         if r.shrink {
             let stored = self.log.catalog().intentions.iter().find(|i| i.id == id).map(|i| i.volume().storage_bytes);
@@ -958,10 +1079,20 @@ impl Catalogue {
         });
     }
 
-    /// A shrink's zeroing is done: answer, and complete its intention.
+    /// A shrink's (or a group member's deletion's) zeroing is done: answer, and complete its
+    /// intention.
     fn on_zeroed(&mut self, id: u64, result: Result<(), String>) {
         if let Err(reason) = result {
-            tracing::warn!(id, "a shrink's zeroing stopped: {reason}; the next host element to start finishes it");
+            tracing::warn!(id, "a zeroing stopped: {reason}; the next host element to start finishes it");
+            return;
+        }
+        if let Some(mut d) = self.deleting.remove(&id) {
+            failpoint("volume-delete:before-completion");
+            let now = self.now();
+            self.log.finish(now, id, true);
+            if let Some(reply) = d.reply.take() {
+                let _ = reply.send(Ok(describe_deleted(id, &d.name, &d.storage, self.log.policy(), true, false)));
+            }
             return;
         }
         self.finish_resize(id);
@@ -999,6 +1130,11 @@ impl Catalogue {
     /// Q elements hold a created volume: answer, and complete its intention.
     fn on_created(&mut self, volume: VolumeId) {
         let Some((&id, _)) = self.creating.iter().find(|(_, k)| k.volume == Some(volume)) else { return };
+        self.finish_create(id);
+    }
+
+    /// Creation `id` carried out: answer, and complete its intention.
+    fn finish_create(&mut self, id: u64) {
         let mut k = self.creating.remove(&id).expect("found");
         failpoint("volume-create:before-completion");
         let now = self.now();
@@ -1351,7 +1487,11 @@ impl Catalogue {
             "name": k.name,
             "size_bytes": k.size_bytes,
             "clone_of": k.clone_of,
-            "storage_volume": catalog::storage_name(&k.name, id),
+            "group": k.group,
+            "storage_volume": match &k.group {
+                Some(_) => self.created.get(&k.name).cloned(),
+                None => Some(catalog::storage_name(&k.name, id)),
+            },
             "intention": id,
             "intention_log": self.log.policy().as_str(),
             "on_write_quorum": on_quorum,
@@ -1376,7 +1516,7 @@ impl Catalogue {
                     Some(_) => "resizing",
                     None => "ready",
                 };
-                let listed = made.and_then(|storage| served.iter().find(|v| &v.spec().name == storage));
+                let listed = made.and_then(|_| served.iter().find(|v| v.name == e.name));
                 let storage_bytes = listed.map(|v| v.storage_bytes);
                 let clone_of = listed.and_then(|v| v.clone_of.as_ref()).map(|s| s.export_name());
                 json!({
@@ -1393,13 +1533,15 @@ impl Catalogue {
             })
             .collect();
         for d in self.deleting.values() {
+            let group = self.log.catalog().intentions.iter().find(|i| i.is_delete() && i.volume().name == d.name);
+            let group = group.and_then(|i| i.volume().member_of).map(|w| w.group);
             volumes.push(json!({
                 "name": d.name,
                 "size_bytes": null,
-                "group": null,
+                "group": group,
                 "origin": "created",
                 "storage_volume": d.storage,
-                "state": if d.volume.is_none() { "logging deletion" } else if d.removed_live { "deleting (waiting for elements that are down)" } else { "deleting" },
+                "state": if d.volume.is_none() { "logging deletion" } else if d.window.is_some() { "deleting (zeroing its window of its group)" } else if d.removed_live { "deleting (waiting for elements that are down)" } else { "deleting" },
             }));
         }
         for k in self.creating.values().filter(|k| k.volume.is_none()) {

@@ -144,7 +144,7 @@ impl Element {
             .map(|i| {
                 let v = &storage.vols[i];
                 let size_bytes = if v.removed || v.snapshot_of.is_some() { 0 } else { v.data.len() as u64 };
-                let spec = proto::VolumeSpec { name: v.name.clone(), size_bytes, clone_of: None };
+                let spec = proto::VolumeSpec { name: v.name.clone(), size_bytes, clone_of: None, at_least: false };
                 (spec, storage.info(LocalVolume(i as u32)))
             })
             .collect();

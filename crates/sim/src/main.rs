@@ -13,7 +13,7 @@ use sim::{Broken, SimOptions, Summary};
 
 const USAGE: &str = "usage: sim [--seeds K] [--seed S] [--elements N] [--quorum Q] [--swarm] [--json]
            [--fault-phase-ms MS] [--fault-interval-ms MS] [--faults KIND,…]
-           [--broken none|ack-before-sync|no-fencing|clock-epochs|no-read-lease|no-role-check|no-scrub-repair|flush-before-durable|split-group|no-intention-log|forget-deletions|forget-resizes|stale-catalog|shrink-keeps-tail|snapshot-shares-live|clone-starts-empty]
+           [--broken none|ack-before-sync|no-fencing|clock-epochs|no-read-lease|no-role-check|no-scrub-repair|flush-before-durable|split-group|no-intention-log|forget-deletions|forget-resizes|stale-catalog|shrink-keeps-tail|snapshot-shares-live|clone-starts-empty|join-split]
            [--groups] [--volume-ops] [--snapshots] [--ack POLICY,… (one per element: durable, received, remote-sync, network-sync, local-sync)] [--threads T] [--trace]
 
   --seeds K       run K seeds, starting at --seed (default 0); without --seeds, run --seed alone
@@ -203,6 +203,10 @@ fn main() -> ExitCode {
     if options.broken == Broken::CloneStartsEmpty && !(options.snapshots && options.volume_ops && !options.groups) {
         eprintln!("sim: --broken clone-starts-empty needs --snapshots --volume-ops (without --groups)");
         std::process::exit(2);
+    }
+    if options.broken == Broken::JoinSplit && !(options.groups && options.volume_ops) {
+        eprintln!("sim: --broken join-split needs --groups --volume-ops");
+        return ExitCode::from(2);
     }
     if options.broken == Broken::NoIntentionLog && !options.volume_ops {
         eprintln!("sim: --broken no-intention-log needs --volume-ops");

@@ -211,6 +211,10 @@ pub enum Broken {
     /// With `--snapshots --volume-ops`: an element creates a clone empty, as if it did not
     /// name its snapshot: the clone reads zeroes where it should read the snapshot.
     CloneStartsEmpty,
+    /// With `--groups --volume-ops`: a volume that joins the consistency group gets a storage
+    /// volume of its own (its own sequence space), as if joining did not put it in the
+    /// group's one order; the checker holds it to the group's promise.
+    JoinSplit,
 }
 
 impl Broken {
@@ -232,6 +236,7 @@ impl Broken {
             "shrink-keeps-tail" => Some(Broken::ShrinkKeepsTail),
             "snapshot-shares-live" => Some(Broken::SnapshotSharesLive),
             "clone-starts-empty" => Some(Broken::CloneStartsEmpty),
+            "join-split" => Some(Broken::JoinSplit),
             _ => None,
         }
     }
@@ -253,6 +258,7 @@ impl Broken {
             Broken::ShrinkKeepsTail => "shrink-keeps-tail",
             Broken::SnapshotSharesLive => "snapshot-shares-live",
             Broken::CloneStartsEmpty => "clone-starts-empty",
+            Broken::JoinSplit => "join-split",
         }
     }
 }

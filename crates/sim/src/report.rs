@@ -74,6 +74,9 @@ pub struct RunReport {
     /// snapshots) (`--snapshots --volume-ops`).
     pub clones_created: u64,
     pub clone_reads: u64,
+    /// Volumes that joined the consistency group while running, acknowledged (`--groups
+    /// --volume-ops`).
+    pub volumes_joined: u64,
     pub sim_ms: u64,
     pub events: u64,
     pub digest: u64,
@@ -122,6 +125,9 @@ pub struct Summary {
     pub snapshot_reads_checked: u64,
     pub clones_created: u64,
     pub clone_reads: u64,
+    /// Volumes that joined the consistency group while running, acknowledged (`--groups
+    /// --volume-ops`).
+    pub volumes_joined: u64,
     pub sim_ms: u64,
     pub events: u64,
     /// (seed, first violation, count, replay command)
@@ -167,6 +173,7 @@ impl Summary {
         self.snapshot_reads_checked += r.snapshot_reads_checked;
         self.clones_created += r.clones_created;
         self.clone_reads += r.clone_reads;
+        self.volumes_joined += r.volumes_joined;
         self.sim_ms += r.sim_ms;
         self.events += r.events;
         if !r.violations.is_empty() {
@@ -242,6 +249,13 @@ impl Summary {
                 s,
                 "clones created and acknowledged: {}, clone reads (judged as their snapshots' reads): {}",
                 self.clones_created, self.clone_reads
+            );
+        }
+        if self.volumes_joined > 0 {
+            let _ = writeln!(
+                s,
+                "volumes that joined the consistency group while running, acknowledged: {}",
+                self.volumes_joined
             );
         }
         if self.group_states_checked > 0 {

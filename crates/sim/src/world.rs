@@ -47,6 +47,8 @@ const CREATED_MAX: usize = 3;
 const OPS_MAX: u64 = 5;
 /// A volume created while running grows to at most this many times its first size.
 const GROW_MAX_FACTOR: u64 = 2;
+/// The consistency group's name (`--groups`).
+const GROUP: &str = "g";
 
 const TO_ELEMENT: usize = 0;
 const TO_HOST: usize = 1;
@@ -364,6 +366,10 @@ enum Internal {
         name: String,
         size_bytes: u64,
     },
+    /// A prepare of a volume that joins the consistency group (`--groups --volume-ops`).
+    CheckJoin {
+        name: String,
+    },
 }
 
 /// A snapshot a host asked for (`--snapshots`).
@@ -409,6 +415,30 @@ struct Created {
     /// A clone (`--snapshots --volume-ops`) of the snapshot at this index of
     /// `World::snapshots`: the workload only reads it, as that snapshot (never resized).
     clone_of: Option<usize>,
+    /// A member that joined the consistency group while running: the group's storage volume
+    /// (then `storage` is only its key here, unique). Never resized nor deleted here.
+    member_of: Option<String>,
+}
+
+impl Created {
+    /// A created volume with nothing under way: neither a clone nor a joined member.
+    fn new(name: String, storage: String, volume: usize, acked: bool, intention: u64) -> Created {
+        Created {
+            name,
+            storage,
+            volume,
+            acked,
+            intention,
+            deleting: false,
+            delete_intention: None,
+            delete_acked: false,
+            resize_intention: None,
+            resize_acked_bytes: 0,
+            shrink_to: None,
+            clone_of: None,
+            member_of: None,
+        }
+    }
 }
 
 /// A shrink carried out whose blocks past the new end are being zeroed, as the shell's
@@ -573,18 +603,24 @@ impl World {
         let (mut storage_volumes, exports, group_storage) = layout(&o, &sc);
         if o.volume_ops {
             let name = starfish_core::catalog::CATALOG_VOLUME.to_string();
-            storage_volumes.push(VolumeSpec { name, size_bytes: CATALOG_BYTES, clone_of: None });
+            storage_volumes.push(VolumeSpec { name, size_bytes: CATALOG_BYTES, clone_of: None, at_least: false });
         }
         let volume_count = exports.len();
         let export_storage = exports.iter().map(|e| storage_volumes[e.volume].name.clone()).collect();
         let names: Vec<String> = (0..o.elements).map(|i| format!("e{i}")).collect();
+        // Room for volumes grown, and for the group's storage volume grown by every join.
+        let align = starfish_core::groups::MEMBER_ALIGN_BYTES;
+        let joins = group_storage
+            .first()
+            .map_or(0, |&g| storage_volumes[g].size_bytes + OPS_MAX * sc.volume_bytes.div_ceil(align) * align);
+        let largest = if o.volume_ops { (sc.volume_bytes * GROW_MAX_FACTOR).max(joins) } else { 0 };
         let elements = (0..o.elements)
             .map(|i| {
                 Element::new(
                     names[i].clone(),
                     i as u64 + 1,
                     &storage_volumes,
-                    if o.volume_ops { sc.volume_bytes * GROW_MAX_FACTOR } else { 0 },
+                    largest,
                     sc.fsync_us[i],
                     sc.replay_log_bytes[i],
                     o.broken,
@@ -1245,8 +1281,12 @@ impl World {
                     // As `copy.rs`: a session to the source with a one-volume hello, then the
                     // volume (taken whole here, see `peer_reply`).
                     let local = &self.elements[element].storage.vols[volume.0 as usize];
-                    let spec =
-                        VolumeSpec { name: local.name.clone(), size_bytes: local.data.len() as u64, clone_of: None };
+                    let spec = VolumeSpec {
+                        name: local.name.clone(),
+                        size_bytes: local.data.len() as u64,
+                        clone_of: None,
+                        at_least: false,
+                    };
                     let hello = HostMessage::Hello {
                         epoch,
                         host,
@@ -1354,7 +1394,12 @@ impl World {
             .storage
             .vols
             .iter()
-            .map(|v| VolumeSpec { name: v.name.clone(), size_bytes: v.data.len() as u64, clone_of: None })
+            .map(|v| VolumeSpec {
+                name: v.name.clone(),
+                size_bytes: v.data.len() as u64,
+                clone_of: None,
+                at_least: false,
+            })
             .collect();
         let v = self.rng_fault.below(volumes as u64) as usize;
         let applied = self.elements[e].storage.vols[v].applied();
@@ -3081,7 +3126,8 @@ impl World {
     }
 
     /// Every in-sync element that holds a snapshot acknowledged and not deleted holds the same
-    /// copy of it (an element that went through a full recovery holds none: not carried yet).
+    /// copy of it (an element that went through a full recovery holds none: not carried yet),
+    /// up to zeroes past the end of the shorter.
     fn check_snapshot_replicas(&mut self) {
         let Some(host) = &self.host else { return };
         let status = host.core.status(self.now);
@@ -3099,7 +3145,15 @@ impl World {
                     Some((e, &vols[at].data[..]))
                 })
                 .collect();
-            if let Some((e, _)) = copies.iter().skip(1).find(|(_, data)| *data != copies[0].1) {
+            // The same content, up to zeroes past the shorter: a group's storage volume that
+            // grew (a volume joined it) is snapshotted at the size each element held when it
+            // applied the record, and an element that missed the growth (it grows as records
+            // need) holds it smaller; what lies past is zeroes everywhere.
+            let same = |a: &[u8], b: &[u8]| {
+                let common = a.len().min(b.len());
+                a[..common] == b[..common] && a[common..].iter().chain(&b[common..]).all(|&x| x == 0)
+            };
+            if let Some((e, _)) = copies.iter().skip(1).find(|(_, data)| !same(data, copies[0].1)) {
                 differing.push(format!(
                     "in-sync elements e{} and e{e} hold different copies of snapshot #{}",
                     copies[0].0, s.id
@@ -3150,9 +3204,9 @@ impl World {
             let seen: Vec<(usize, Option<Epoch>)> = self
                 .group_storage
                 .iter()
-                .map(|&sv| {
-                    let history = &self.elements[e].storage.vols[sv].history;
-                    (history.len(), history.last().copied())
+                .map(|&sv| match self.element_vol(e, sv) {
+                    Some(vol) => (vol.history.len(), vol.history.last().copied()),
+                    None => (0, None),
                 })
                 .collect();
             if seen == self.group_checked[e] {
@@ -3170,7 +3224,7 @@ impl World {
                     let answered = acks.partition_point(|&(step, _)| step < sent);
                     let Some(&(_, needed)) = answered.checked_sub(1).and_then(|i| acks.get(i)) else { continue };
                     judged = true;
-                    let history = &self.elements[e].storage.vols[other].history;
+                    let history = self.element_vol(e, other).map_or(&[][..], |vol| &vol.history[..]);
                     if history.get((needed - 1) as usize) != Some(&epoch) {
                         let (held, volume) = (history.len(), self.model.op(newest).volume);
                         self.violation(format!(
@@ -3357,7 +3411,24 @@ impl World {
                     }
                 }
             }
-            (Internal::Check { .. } | Internal::CheckResize { .. }, _) => {
+            (Internal::CheckJoin { name }, Reply::Checked(Ok(()))) => {
+                let now = self.now;
+                let size = self.sc.volume_bytes;
+                let Some((storage, members_end)) = self.joinable_group() else {
+                    self.host.as_mut().expect("checked").creating = false;
+                    return;
+                };
+                let host = self.host.as_mut().expect("checked");
+                let log = host.catalog.as_mut().expect("read");
+                match log.intend_join(now, &name, size, GROUP, &storage, members_end) {
+                    Ok(_) => self.catalog_step(),
+                    Err(reason) => {
+                        host.creating = false;
+                        self.violation(format!("{name} joining the group was refused by the intention log: {reason}"));
+                    }
+                }
+            }
+            (Internal::Check { .. } | Internal::CheckResize { .. } | Internal::CheckJoin { .. }, _) => {
                 self.host.as_mut().expect("checked").creating = false
             }
         }
@@ -3419,11 +3490,16 @@ impl World {
         if forget {
             restart.retain(|(_, spec)| spec.size_bytes > 0);
         }
+        let members = catalog.members_to_serve();
         let lost: Vec<(String, u64)> = self
             .created
             .iter()
             .filter(|c| {
-                c.acked && c.delete_intention.is_none() && !serve.iter().any(|(_, spec)| spec.name == c.storage)
+                let served = match c.member_of {
+                    None => serve.iter().any(|(_, spec)| spec.name == c.storage),
+                    Some(_) => members.iter().any(|m| m.name == c.name),
+                };
+                c.acked && c.delete_intention.is_none() && !served
             })
             .map(|c| (c.name.clone(), c.intention))
             .collect();
@@ -3465,10 +3541,13 @@ impl World {
                 self.served[v] = false;
             }
         }
-        if !restart.is_empty() {
+        let grown = catalog.groups_grown();
+        if !restart.is_empty() || !members.is_empty() || !grown.is_empty() {
             let first_op = self.model.len() as u64;
             let host = self.host.as_mut().expect("checked");
-            if let Err(reason) = host.core.restart_with_volumes(now, restart, &catalog.exports_shrunk()) {
+            if let Err(reason) =
+                host.core.restart_with_volumes(now, restart, &catalog.exports_shrunk(), &members, &grown)
+            {
                 return self.violation(format!("the host element cannot serve the catalog's volumes: {reason}"));
             }
             // As after `Event::Restarted`: a new start-up, what it acknowledged before held to
@@ -3492,20 +3571,8 @@ impl World {
                         // Logged by a host element that crashed before executing it.
                         let v = self.add_hosts_volume(storage);
                         let clone_of = self.snapshot_index(spec);
-                        self.created.push(Created {
-                            name: name.clone(),
-                            storage: spec.name.clone(),
-                            volume: v,
-                            acked: false,
-                            intention: 0,
-                            deleting: false,
-                            delete_intention: None,
-                            delete_acked: false,
-                            resize_intention: None,
-                            resize_acked_bytes: 0,
-                            shrink_to: None,
-                            clone_of,
-                        });
+                        self.created
+                            .push(Created { clone_of, ..Created::new(name.clone(), spec.name.clone(), v, false, 0) });
                         v
                     }
                 };
@@ -3519,6 +3586,28 @@ impl World {
                 self.model.grow_volume(v, spec.size_bytes / SECTOR_BYTES);
                 self.volume_sectors[v] = exported / SECTOR_BYTES;
                 self.exports[v].size_bytes = exported;
+            }
+            // Volumes that joined the group: windows of its storage volume.
+            for m in &members {
+                let storage = volumes.iter().position(|v| v.name == m.storage).expect("served");
+                let v = match self.created.iter().find(|c| c.member_of.is_some() && c.name == m.name) {
+                    Some(c) => c.volume,
+                    None => {
+                        // Logged by a host element that crashed before executing it: listed
+                        // now, it must be served from now on (as if acknowledged).
+                        let v = self.add_hosts_volume(storage);
+                        self.created.push(Created {
+                            member_of: Some(m.storage.clone()),
+                            ..Created::new(m.name.clone(), format!("{}+{}", m.storage, m.name), v, true, 0)
+                        });
+                        v
+                    }
+                };
+                self.exports[v].volume = storage;
+                self.exports[v].offset_bytes = m.offset_bytes;
+                self.exports[v].group = Some(GROUP.to_string());
+                self.export_storage[v] = m.storage.clone();
+                self.served[v] = true;
             }
         }
         // Resizes the crashed host element had under way are finished by this one (or were
@@ -3644,7 +3733,8 @@ impl World {
         if total >= OPS_MAX {
             return;
         }
-        let deletable = self.created.iter().position(|c| c.acked && !c.deleting && self.served[c.volume]);
+        let deletable =
+            self.created.iter().position(|c| c.acked && !c.deleting && c.member_of.is_none() && self.served[c.volume]);
         if let Some(ci) = deletable {
             if self.created.len() >= CREATED_MAX || self.rng_ops.chance(0.4) {
                 let name = self.created[ci].name.clone();
@@ -3665,6 +3755,7 @@ impl World {
                 && c.resize_intention.is_none()
                 && c.shrink_to.is_none()
                 && c.clone_of.is_none()
+                && c.member_of.is_none()
                 && self.served[c.volume]
         });
         if let Some(ci) = resizable {
@@ -3690,7 +3781,7 @@ impl World {
                 let now_bytes = self.volume_sectors[self.created[ci].volume] * SECTOR_BYTES;
                 let size_bytes = (now_bytes + self.sc.volume_bytes / 2).min(GROW_MAX_FACTOR * self.sc.volume_bytes);
                 let (name, storage) = (self.created[ci].name.clone(), self.created[ci].storage.clone());
-                let spec = VolumeSpec { name: storage, size_bytes, clone_of: None };
+                let spec = VolumeSpec { name: storage, size_bytes, clone_of: None, at_least: false };
                 self.maybe_crash_mid_op();
                 self.host.as_mut().expect("checked").creating = true;
                 self.trace(|| format!("volume resize {name} to {size_bytes}"));
@@ -3718,7 +3809,27 @@ impl World {
             self.snapshots[k].cloned = true;
         }
         let name = format!("c{total}");
-        let spec = VolumeSpec { name: format!("{name}#check"), size_bytes: self.sc.volume_bytes, clone_of: None };
+        // With groups (the group's storage volume one, not split), some creations join it.
+        if let (None, Some((storage, members_end))) = (clone_of, self.joinable_group()) {
+            if self.rng_clone.chance(0.5) {
+                let align = starfish_core::groups::MEMBER_ALIGN_BYTES;
+                let size_bytes = members_end.div_ceil(align) * align + self.sc.volume_bytes;
+                let spec = VolumeSpec { name: storage, size_bytes, clone_of: None, at_least: true };
+                self.maybe_crash_mid_op();
+                self.host.as_mut().expect("checked").creating = true;
+                self.trace(|| format!("volume create {name} --group {GROUP}"));
+                self.internal(Internal::CheckJoin { name }, |core, now, token| {
+                    core.check_volumes(now, token, vec![spec])
+                });
+                return;
+            }
+        }
+        let spec = VolumeSpec {
+            name: format!("{name}#check"),
+            size_bytes: self.sc.volume_bytes,
+            clone_of: None,
+            at_least: false,
+        };
         self.maybe_crash_mid_op();
         self.host.as_mut().expect("checked").creating = true;
         self.trace(|| format!("volume create {name} (a clone of {clone_of:?})"));
@@ -3738,7 +3849,9 @@ impl World {
     }
 
     fn execute_intention(&mut self, intention: starfish_core::catalog::Intention) {
-        if intention.is_create() {
+        if intention.is_create() && intention.volume().member_of.is_some() {
+            self.execute_join(intention)
+        } else if intention.is_create() {
             self.execute_creation(intention)
         } else if intention.is_resize() {
             self.execute_resize(intention)
@@ -3800,6 +3913,27 @@ impl World {
         let Some(host) = self.host.as_ref() else { return };
         let storage = host.core.config().volumes[volume.0 as usize].name.clone();
         let stored = host.core.config().volumes[volume.0 as usize].size_bytes;
+        // Volumes joining the group whose storage volume Q elements now hold grown.
+        let joined: Vec<usize> = (0..self.created.len())
+            .filter(|&ci| !self.created[ci].acked && self.created[ci].member_of.as_deref() == Some(storage.as_str()))
+            .collect();
+        if !joined.is_empty() {
+            for ci in joined {
+                let c = &mut self.created[ci];
+                c.acked = true;
+                self.report.volumes_joined += 1;
+                let (id, name) = (c.intention, c.name.clone());
+                self.trace(|| format!("volume {name} joined the group (acknowledged)"));
+                let now = self.now;
+                let host = self.host.as_mut().expect("checked");
+                host.creating = false;
+                if let Some(log) = host.catalog.as_mut() {
+                    log.finish(now, id, true);
+                }
+            }
+            self.maybe_crash_mid_op();
+            return self.catalog_step();
+        }
         let Some(ci) = self.created.iter().position(|c| c.storage == storage) else { return };
         let c = &mut self.created[ci];
         if c.shrink_to.is_some() {
@@ -4009,18 +4143,8 @@ impl World {
                 self.served[v] = true;
                 let clone_of = self.snapshot_index(&spec);
                 self.created.push(Created {
-                    name: volume.name.clone(),
-                    storage: spec.name.clone(),
-                    volume: v,
-                    acked: false,
-                    intention: intention.id,
-                    deleting: false,
-                    delete_intention: None,
-                    delete_acked: false,
-                    resize_intention: None,
-                    resize_acked_bytes: 0,
-                    shrink_to: None,
                     clone_of,
+                    ..Created::new(volume.name.clone(), spec.name.clone(), v, false, intention.id)
                 });
                 self.trace(|| format!("volume {} added as {}", volume.name, spec.name));
             }
@@ -4032,6 +4156,74 @@ impl World {
                 if log.policy() != LogPolicy::None {
                     log.finish(now, intention.id, false);
                 }
+            }
+        }
+    }
+
+    /// The consistency group's storage volume and where its members end now, if a volume may
+    /// join it (`--groups --volume-ops`, the group carried as one storage volume).
+    fn joinable_group(&self) -> Option<(String, u64)> {
+        if !self.o.groups || self.group_storage.len() != 1 {
+            return None;
+        }
+        let host = self.host.as_ref()?;
+        let config = host.core.config();
+        let storage = config.volumes.get(self.group_storage[0])?.name.clone();
+        let exports = config.exported();
+        let members = exports.iter().filter(|e| e.snapshot.is_none() && e.group.as_deref() == Some(GROUP));
+        Some((storage, members.map(|e| e.offset_bytes + e.size_bytes).max()?))
+    }
+
+    /// Carry out a logged join: the core exports the member as a window of the group's storage
+    /// volume, which grows on the elements (acknowledged once Q hold it grown:
+    /// `on_volume_resized`). The broken variant `join-split` gives it a storage volume of its
+    /// own instead, which the group checker then holds to the group's one order.
+    fn execute_join(&mut self, intention: starfish_core::catalog::Intention) {
+        self.maybe_crash_mid_op();
+        let volume = intention.volume();
+        let member = volume.joined().expect("a join");
+        let now = self.now;
+        let split = self.o.broken == Broken::JoinSplit;
+        let host = self.host.as_mut().expect("a host element");
+        let result = if split {
+            let spec = VolumeSpec {
+                name: format!("{}#split", member.name),
+                size_bytes: member.size_bytes,
+                clone_of: None,
+                at_least: false,
+            };
+            host.core.add_volumes(now, vec![(member.name.clone(), spec)]).map(|ids| (ids[0], 0))
+        } else {
+            host.core.join_group(now, member.clone()).map(|id| (id, member.offset_bytes))
+        };
+        match result {
+            Ok((id, offset_bytes)) => {
+                self.grow_host_vectors();
+                if self.in_superseded {
+                    self.trace(|| format!("volume {} joined the group (superseded)", member.name));
+                    return;
+                }
+                let storage = id.0 as usize;
+                let v = self.add_hosts_volume(storage);
+                self.exports[v].offset_bytes = offset_bytes;
+                self.exports[v].group = Some(GROUP.to_string());
+                self.served[v] = true;
+                if split && !self.group_storage.contains(&storage) {
+                    self.group_storage.push(storage);
+                }
+                let key =
+                    if split { self.export_storage[v].clone() } else { format!("{}+{}", member.storage, member.name) };
+                self.created.push(Created {
+                    member_of: Some(member.storage.clone()),
+                    ..Created::new(member.name.clone(), key, v, false, intention.id)
+                });
+                self.trace(|| format!("volume {} joined the group at {offset_bytes}", member.name));
+            }
+            Err(reason) => {
+                self.trace(|| format!("volume {} joining undone: {reason}", member.name));
+                let host = self.host.as_mut().expect("checked");
+                host.creating = false;
+                host.catalog.as_mut().expect("read").finish(now, intention.id, false);
             }
         }
     }
@@ -4224,7 +4416,7 @@ impl World {
 /// with `--groups`, vol0 and vol1 form group `g`; `split-group` lays every volume out alone.
 fn layout(o: &SimOptions, sc: &Scenario) -> (Vec<VolumeSpec>, Vec<ExportedVolume>, Vec<usize>) {
     let volumes: Vec<VolumeSpec> = (0..sc.volumes)
-        .map(|v| VolumeSpec { name: format!("vol{v}"), size_bytes: sc.volume_bytes, clone_of: None })
+        .map(|v| VolumeSpec { name: format!("vol{v}"), size_bytes: sc.volume_bytes, clone_of: None, at_least: false })
         .collect();
     if !o.groups || sc.volumes < 2 {
         return (volumes.clone(), starfish_core::groups::ungrouped(&volumes), Vec::new());

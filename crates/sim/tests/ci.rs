@@ -504,3 +504,33 @@ fn a_clone_reads_as_its_snapshot_and_one_created_empty_is_caught() {
     eprintln!("--broken clone-starts-empty: caught seeds {caught:?} of 16000..16040");
     assert!(caught.len() >= 12, "a clone created empty must be caught, got {caught:?}");
 }
+
+/// Issue 15: volumes that join the consistency group while running (`--groups --volume-ops`)
+/// are windows of its storage volume: the group checker holds them to the group's one order,
+/// and a run with them is clean. With `--broken join-split` a joining volume gets a storage
+/// volume (a sequence space) of its own: the group checker must find an element's copy of the
+/// group that is no prefix of one order.
+#[test]
+fn a_volume_that_joins_a_group_shares_its_order_and_one_split_off_is_caught() {
+    let mut o = SimOptions::new(0, 3, 2);
+    o.groups = true;
+    o.volume_ops = true;
+    let reports = run_many(&o, 17000, 40, 2);
+    let failed: Vec<String> = reports
+        .iter()
+        .filter(|r| !r.violations.is_empty())
+        .map(|r| format!("{}: {}", r.seed, r.violations[0]))
+        .collect();
+    assert!(failed.is_empty(), "correct code, seeds 17000..17040: {failed:?}");
+    let joined: u64 = reports.iter().map(|r| r.volumes_joined).sum();
+    assert!(joined >= 10, "the runs join volumes to the group: {joined}");
+    o.broken = Broken::JoinSplit;
+    let reports = run_many(&o, 17000, 40, 2);
+    let order = |r: &&RunReport| r.violations.iter().any(|v| v.contains("no prefix of one order"));
+    let caught: Vec<u64> = reports.iter().filter(|r| !r.violations.is_empty()).map(|r| r.seed).collect();
+    let by_order: Vec<u64> = reports.iter().filter(order).map(|r| r.seed).collect();
+    eprintln!("--broken join-split: caught seeds {caught:?} of 17000..17040, by the group checker {by_order:?}");
+    // The others by the catalog's checker: the split-off storage volume is an orphan.
+    assert!(caught.len() >= 12, "a joined volume outside the group's order must be caught, got {caught:?}");
+    assert!(by_order.len() >= 3, "the group checker must see it, got {by_order:?}");
+}

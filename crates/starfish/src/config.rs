@@ -157,7 +157,7 @@ impl HostFile {
         for v in &self.volume {
             let size_bytes =
                 parse_size(&v.size).map_err(anyhow::Error::msg).with_context(|| format!("volume {}", v.name))?;
-            volumes.push(VolumeSpec { name: v.name.clone(), size_bytes, clone_of: None });
+            volumes.push(VolumeSpec { name: v.name.clone(), size_bytes, clone_of: None, at_least: false });
         }
         let groups: Vec<starfish_core::groups::GroupSpec> = self
             .group

@@ -376,7 +376,8 @@ struct VolumeCreateArgs {
     /// Size, e.g. 10GiB: a positive multiple of 4096 bytes.
     #[arg(value_parser = parse_size)]
     size: u64,
-    /// A consistency group to join (not supported yet: groups are configured at start-up).
+    /// A consistency group to join: the volume's writes then share the group's one order,
+    /// and the group's snapshots taken from now on include it.
     #[arg(long)]
     group: Option<String>,
     #[command(flatten)]
@@ -784,7 +785,10 @@ fn print_created(doc: &serde_json::Value, json: bool, name: &str, clone_of: Opti
         "not yet held by a write quorum of elements (they create it as they answer or come back)"
     };
     let size = config::format_size_approx(doc["size_bytes"].as_u64().unwrap_or(0));
-    let origin = clone_of.map_or(String::new(), |snapshot| format!(", a clone of {snapshot}"));
+    let mut origin = clone_of.map_or(String::new(), |snapshot| format!(", a clone of {snapshot}"));
+    if let Some(group) = doc["group"].as_str() {
+        origin = format!(", a member of consistency group {group}");
+    }
     println!("created volume {name} ({size}){origin}, {quorum}; exported over NBD as {name}");
 }
 
@@ -792,12 +796,12 @@ fn volume(args: VolumeArgs) -> Result<()> {
     let rt = runtime()?;
     match args.action {
         VolumeAction::Create(args) => {
-            if let Some(group) = &args.group {
-                bail!("--group {group}: joining a consistency group while running is not supported yet; declare the group at start-up (--group NAME:VOL,VOL)");
-            }
             let target = &args.target;
             let tls = config::load_tls(target.tls_dir.as_deref())?;
-            let path = format!("/volumes/create?name={}&size={}", config::percent_encode(&args.name), args.size);
+            let mut path = format!("/volumes/create?name={}&size={}", config::percent_encode(&args.name), args.size);
+            if let Some(group) = &args.group {
+                path.push_str(&format!("&group={}", config::percent_encode(group)));
+            }
             let body = rt
                 .block_on(shell::admin::request(target.admin, "POST", &path, tls.as_ref()))
                 .map_err(admin_error)

@@ -49,13 +49,13 @@ impl ElementStorage for &Store {
 
     fn check_new_volumes(&self, specs: &[VolumeSpec]) -> Result<(), String> {
         let specs: Vec<(String, u64, bool)> =
-            specs.iter().map(|s| (s.name.clone(), s.size_bytes, s.clone_of.is_some())).collect();
+            specs.iter().map(|s| (s.name.clone(), requested_bytes(self, s), s.clone_of.is_some())).collect();
         Store::check_new_volumes(self, &specs).map_err(|e| e.to_string())
     }
 
     fn ensure_volume(&mut self, spec: &VolumeSpec) -> Result<LocalVolume, String> {
         match &spec.clone_of {
-            None => Store::ensure_volume(self, &spec.name, spec.size_bytes),
+            None => Store::ensure_volume(self, &spec.name, requested_bytes(self, spec)),
             Some(base) => Store::ensure_clone(self, &spec.name, spec.size_bytes, &base.volume, base.snapshot),
         }
         .map(|h| LocalVolume(h.number()))
@@ -160,4 +160,14 @@ impl ElementStorage for &Store {
     fn take_damaged(&self) -> Vec<LocalVolume> {
         Store::take_damaged(self).into_iter().map(LocalVolume).collect()
     }
+}
+
+/// The size to hold volume `spec` at: its size, or (`at_least`: a consistency group's storage
+/// volume, which grew as volumes joined the group) the size held here if that is larger.
+fn requested_bytes(store: &Store, spec: &VolumeSpec) -> u64 {
+    if !spec.at_least {
+        return spec.size_bytes;
+    }
+    let held = store.volumes().into_iter().find(|(name, _)| name == &spec.name).map_or(0, |(_, bytes)| bytes);
+    held.max(spec.size_bytes)
 }

@@ -13,9 +13,16 @@ fn documents_round_trip_and_damage_is_refused() {
         volumes: vec![CatalogVolume::new("db".into(), 1 << 30, 3)],
         intentions: vec![Intention {
             id: 11,
-            op: Intent::Create { name: "logs".into(), size_bytes: 8 << 20, clone_of: None },
+            op: Intent::Create {
+                name: "logs".into(),
+                size_bytes: 8 << 20,
+                clone_of: None,
+                member_of: None,
+                storage_bytes: 8 << 20,
+            },
         }],
         snapshots: Vec::new(),
+        grown: Vec::new(),
     };
     let doc = catalog.encode();
     assert_eq!(doc.len() % 4096, 0);
@@ -33,7 +40,13 @@ fn documents_round_trip_and_damage_is_refused() {
         Catalog {
             intentions: vec![Intention {
                 id: 11,
-                op: Intent::Create { name: "db".into(), size_bytes: 4096, clone_of: None },
+                op: Intent::Create {
+                    name: "db".into(),
+                    size_bytes: 4096,
+                    clone_of: None,
+                    member_of: None,
+                    storage_bytes: 4096,
+                },
             }],
             ..catalog.clone()
         },
@@ -178,7 +191,10 @@ fn deletions_are_logged_completed_and_undone() {
 /// element rolled it forward; group commit waits) can be deleted at once.
 #[test]
 fn a_creation_rolled_forward_can_be_deleted_before_its_completion_is_written() {
-    let create = Intention { id: 0, op: Intent::Create { name: "v".into(), size_bytes: 4096, clone_of: None } };
+    let create = Intention {
+        id: 0,
+        op: Intent::Create { name: "v".into(), size_bytes: 4096, clone_of: None, member_of: None, storage_bytes: 4096 },
+    };
     let catalog = Catalog { next_id: 1, intentions: vec![create], ..Catalog::default() };
     let mut log = IntentionLog::new(catalog, LogPolicy::Group);
     log.finish(ms(0), 0, true);
@@ -275,8 +291,14 @@ fn shrinks_keep_the_storage_and_stay_pending_until_completed() {
     log.finish(ms(2), s.id, true);
     let w = log.poll_write(ms(2)).expect("the completion");
     let on_disk = Catalog::decode(&w.document).expect("valid");
-    let shrunk =
-        CatalogVolume { name: "a".into(), size_bytes: 4 << 20, id: a.id, storage_bytes: 8 << 20, clone_of: None };
+    let shrunk = CatalogVolume {
+        name: "a".into(),
+        size_bytes: 4 << 20,
+        id: a.id,
+        storage_bytes: 8 << 20,
+        clone_of: None,
+        member_of: None,
+    };
     assert_eq!(on_disk.volumes, vec![shrunk]);
     assert_eq!(on_disk.volumes_to_serve()[0].1.size_bytes, 8 << 20);
     log.written();
@@ -308,6 +330,7 @@ fn shrinks_keep_the_storage_and_stay_pending_until_completed() {
             },
         }],
         snapshots: Vec::new(),
+        grown: Vec::new(),
     };
     let mut body = Vec::new();
     body.extend_from_slice(&1u64.to_le_bytes());
@@ -454,7 +477,13 @@ fn clones_are_logged_with_their_snapshot_and_keep_it_from_being_deleted() {
         let mut damaged = on_disk.clone();
         damaged.intentions = vec![Intention {
             id: c.id,
-            op: Intent::Create { name: "test".into(), size_bytes: 1 << 20, clone_of: Some(bad) },
+            op: Intent::Create {
+                name: "test".into(),
+                size_bytes: 1 << 20,
+                clone_of: Some(bad),
+                member_of: None,
+                storage_bytes: 1 << 20,
+            },
         }];
         let refused = Catalog::decode(&damaged.encode()).expect_err("refused");
         assert!(refused.contains("clone of snapshot") || refused.contains("snapshot name"), "{refused}");
@@ -483,4 +512,66 @@ fn clones_are_logged_with_their_snapshot_and_keep_it_from_being_deleted() {
     let on_disk = write(&mut log, 5);
     let back = on_disk.volumes.iter().find(|v| v.name == "test").expect("listed again");
     assert_eq!(back.spec().clone_of, spec.clone_of);
+}
+
+/// Issue 15: a volume that joins a consistency group is logged with its window, past the
+/// group's members and past every snapshot of the group (so that no snapshot holds other data
+/// under its name), reads back, is served as a window, keeps the group's storage size once it
+/// leaves, and cannot be resized. One join or leave of a group at a time.
+#[test]
+fn joins_are_logged_with_their_window_and_the_group_never_shrinks() {
+    let mut log = IntentionLog::new(Catalog::default(), LogPolicy::Single);
+    let none = IntentionLog::new(Catalog::default(), LogPolicy::None).intend_join(ms(0), "x", 4096, "g", "g[a,b]", 0);
+    assert!(none.expect_err("unlogged").contains("must be logged"));
+    let end = (3 << 20) + 4096; // the configured members end inside a MiB
+    let j = log.intend_join(ms(0), "log", 2 << 20, "g", "g[a,b]", end).expect("join");
+    let busy = log.intend_join(ms(0), "idx", 4096, "g", "g[a,b]", end).expect_err("one at a time");
+    assert!(busy.contains("log is joining"), "{busy}");
+    let window = j.volume().member_of.expect("a member");
+    assert_eq!((window.offset_bytes, j.volume().storage_bytes), (4 << 20, 6 << 20), "at the next MiB past the members");
+    let on_disk = write(&mut log, 0);
+    assert_eq!(on_disk.intentions, vec![j.clone()], "reads back with its window");
+    let mut rolled = on_disk.clone();
+    rolled.roll_forward();
+    let served = rolled.members_to_serve();
+    assert_eq!(served.len(), 1);
+    assert_eq!(
+        (served[0].offset_bytes, served[0].size_bytes, served[0].storage.as_str()),
+        (4 << 20, 2 << 20, "g[a,b]")
+    );
+    assert!(
+        rolled.volumes_to_serve().is_empty() && rolled.volumes_to_restart().is_empty(),
+        "no storage volume of its own"
+    );
+    assert_eq!(rolled.groups_grown(), vec![("g[a,b]".to_string(), 6 << 20)]);
+    log.finish(ms(1), j.id, true);
+    write(&mut log, 1);
+    assert!(log.intend_resize(ms(2), "log", 4 << 20, false).expect_err("a member").contains("consistency group g"));
+    // A snapshot of the group covers the member: the next joins past it.
+    let s = log.intend_snapshot(ms(2), "g", CONFIGURED_VOLUME_ID, "s", 7 << 20).expect("snapshot");
+    write(&mut log, 2);
+    log.set_taken_at(s.id, 9);
+    log.finish(ms(2), s.id, true);
+    write(&mut log, 2);
+    let k = log.intend_join(ms(3), "idx", 4096, "g", "g[a,b]", 6 << 20).expect("join");
+    assert_eq!(k.volume().member_of.expect("a member").offset_bytes, 7 << 20, "past the snapshot");
+    write(&mut log, 3);
+    log.finish(ms(3), k.id, true);
+    write(&mut log, 3);
+    // Leaving: the deletion names the window; once carried out, its window is free at once,
+    // and the group's storage keeps its size.
+    let d = log.intend_delete(ms(4), "idx", false).expect("delete");
+    assert_eq!(d.volume().member_of.map(|w| w.offset_bytes), Some(7 << 20));
+    let on_disk = write(&mut log, 4);
+    assert_eq!(on_disk.volumes_to_restart(), Vec::new(), "no placeholder: its window is zeroed instead");
+    log.finish(ms(4), d.id, true);
+    let again = log.intend_join(ms(4), "idx2", 4096, "g", "g[a,b]", 6 << 20).expect("join again");
+    assert_eq!(again.volume().member_of.expect("a member").offset_bytes, 7 << 20, "the zeroed window again");
+    let on_disk = write(&mut log, 4);
+    assert_eq!(on_disk.grown, vec![("g[a,b]".to_string(), (7 << 20) + 4096)]);
+    assert!(on_disk.intentions.iter().all(|i| i.id != d.id), "the write that logs the join completes the deletion");
+    // A damaged window is refused.
+    let mut damaged = on_disk.clone();
+    damaged.volumes[0].member_of.as_mut().expect("log is a member").offset_bytes = 5 << 20;
+    assert!(Catalog::decode(&damaged.encode()).expect_err("past its storage").contains("member log"));
 }

@@ -23,7 +23,7 @@ struct Harness {
 const HOST: HostId = HostId(1);
 
 fn spec(name: &str) -> VolumeSpec {
-    VolumeSpec { name: name.into(), size_bytes: 64 * MB, clone_of: None }
+    VolumeSpec { name: name.into(), size_bytes: 64 * MB, clone_of: None, at_least: false }
 }
 
 fn record(volume: u32, epoch: u64, sequence: u64) -> Record {
@@ -196,6 +196,7 @@ fn welcome(epoch: u64, volumes: &[(u64, u64)]) -> ElementMessage {
                 applied_epoch: Epoch(e),
                 copying: false,
                 repair: false,
+                size_bytes: 64 * MB,
             })
             .collect(),
     }
@@ -371,8 +372,13 @@ fn a_damaged_volume_faults_its_sessions_and_asks_for_repair() {
     // The next session hears that the volume needs repair, at its real position.
     h.hello(2, 6, &["a"]);
     let sent = h.settle();
-    let want =
-        proto::VolumeState { applied_sequence: Sequence(3), applied_epoch: Epoch(6), copying: false, repair: true };
+    let want = proto::VolumeState {
+        applied_sequence: Sequence(3),
+        applied_epoch: Epoch(6),
+        copying: false,
+        repair: true,
+        size_bytes: 64 * MB,
+    };
     assert!(matches!(&sent[..], [(2, ElementMessage::Welcome { volumes, .. })] if volumes == &vec![want]), "{sent:?}");
 }
 

@@ -37,7 +37,8 @@ struct TestElement {
 
 impl TestElement {
     fn new(id: u64) -> TestElement {
-        let mut storage = MemStorage::new(SIZE, 0, u64::MAX, true);
+        // Room for a volume twice as large as the one every element holds.
+        let mut storage = MemStorage::new(2 * SIZE, 0, u64::MAX, true);
         storage.add_volume("vol0".into(), SIZE);
         TestElement {
             core: Self::boot(&storage, id),
@@ -60,7 +61,10 @@ impl TestElement {
             .map(|i| {
                 let v = &storage.vols[i];
                 let size_bytes = if v.removed { 0 } else { v.data.len() as u64 };
-                (VolumeSpec { name: v.name.clone(), size_bytes, clone_of: None }, storage.info(LocalVolume(i as u32)))
+                (
+                    VolumeSpec { name: v.name.clone(), size_bytes, clone_of: None, at_least: false },
+                    storage.info(LocalVolume(i as u32)),
+                )
             })
             .collect();
         ElementCore::new(config, storage.epoch, storage.holder, volumes)
@@ -127,7 +131,7 @@ impl Cluster {
             Epoch(5),
             quorum,
             (0..n).map(|i| format!("e{i}")).collect(),
-            vec![VolumeSpec { name: "vol0".into(), size_bytes: SIZE, clone_of: None }],
+            vec![VolumeSpec { name: "vol0".into(), size_bytes: SIZE, clone_of: None, at_least: false }],
         );
         config.read_cache_bytes = 0;
         config.element_addresses = (0..n).map(|i| format!("e{i}")).collect();
@@ -684,6 +688,7 @@ fn element_from_a_newer_epoch_fences_us() {
                 applied_epoch: Epoch(0),
                 copying: false,
                 repair: false,
+                size_bytes: 0,
             }],
         },
     );
@@ -985,7 +990,7 @@ fn two_elements_at_one_address_are_refused_by_validation() {
         Epoch(1),
         2,
         vec!["a".into(), "b".into(), "c".into()],
-        vec![VolumeSpec { name: "v".into(), size_bytes: 1 << 20, clone_of: None }],
+        vec![VolumeSpec { name: "v".into(), size_bytes: 1 << 20, clone_of: None, at_least: false }],
     );
     config.element_addresses = vec!["127.0.0.1:1".into(), "127.0.0.1:2".into(), "127.0.0.1:1".into()];
     let error = config.validate().expect_err("duplicate address");
@@ -1010,7 +1015,7 @@ fn a_running_host_element_takes_back_an_element_whose_epoch_owner_is_gone() {
         HostMessage::Hello {
             epoch: Epoch(9),
             host: HostId(77),
-            volumes: vec![VolumeSpec { name: "vol0".into(), size_bytes: SIZE, clone_of: None }],
+            volumes: vec![VolumeSpec { name: "vol0".into(), size_bytes: SIZE, clone_of: None, at_least: false }],
             admin: String::new(),
             receipt_acks: false,
         },
@@ -1051,7 +1056,7 @@ fn a_host_element_taken_over_by_a_majority_serves_nothing() {
             HostMessage::Hello {
                 epoch: Epoch(8),
                 host: HostId(42),
-                volumes: vec![VolumeSpec { name: "vol0".into(), size_bytes: SIZE, clone_of: None }],
+                volumes: vec![VolumeSpec { name: "vol0".into(), size_bytes: SIZE, clone_of: None, at_least: false }],
                 admin: String::new(),
                 receipt_acks: false,
             },
@@ -1323,7 +1328,7 @@ fn a_schedule_that_comes_due_during_a_scrub_leaves_no_deadline_in_the_past() {
 fn volumes_added_while_running_are_created_everywhere_and_survive_a_restart() {
     let mut c = Cluster::new(3, 2);
     c.crash(2);
-    let spec = VolumeSpec { name: "disk#7".into(), size_bytes: 1 << 20, clone_of: None };
+    let spec = VolumeSpec { name: "disk#7".into(), size_bytes: 1 << 20, clone_of: None, at_least: false };
     // Asked first whether it fits: the elements with a session answer; one too large for
     // their storage is refused with each one's reason, and nothing is created.
     let check = |c: &mut Cluster, spec: &VolumeSpec| {
@@ -1333,7 +1338,7 @@ fn volumes_added_while_running_are_created_everywhere_and_survive_a_restart() {
         c.replies.remove(&token).expect("answered at once here")
     };
     assert_eq!(check(&mut c, &spec), Reply::Checked(Ok(())));
-    let huge = VolumeSpec { name: "huge#6".into(), size_bytes: 2 * SIZE, clone_of: None };
+    let huge = VolumeSpec { name: "huge#6".into(), size_bytes: 4 * SIZE, clone_of: None, at_least: false };
     let Reply::Checked(Err(reason)) = check(&mut c, &huge) else { panic!("a volume larger than the storage fits") };
     assert!(reason.contains("element e0:") && reason.contains("element e1:"), "{reason}");
     assert!(c.elements.iter().all(|e| e.storage.vols.len() == 1));
@@ -1361,13 +1366,13 @@ fn volumes_added_while_running_are_created_everywhere_and_survive_a_restart() {
     assert_eq!(held(&c.elements[2]), Some((Sequence(1), vec![0x5a; 4096])));
     // Refused, changing nothing: a taken name, a bad size, read-only.
     let n = c.core.status(c.now).volumes.len();
-    let again = VolumeSpec { name: "disk#8".into(), size_bytes: 1 << 20, clone_of: None };
+    let again = VolumeSpec { name: "disk#8".into(), size_bytes: 1 << 20, clone_of: None, at_least: false };
     assert!(c.core.add_volumes(c.now, vec![("disk".into(), again)]).is_err());
-    let odd = VolumeSpec { name: "odd#9".into(), size_bytes: 1000, clone_of: None };
+    let odd = VolumeSpec { name: "odd#9".into(), size_bytes: 1000, clone_of: None, at_least: false };
     assert!(c.core.add_volumes(c.now, vec![("odd".into(), odd)]).is_err());
     c.crash(1);
     c.crash(2);
-    let late = VolumeSpec { name: "late#10".into(), size_bytes: 1 << 20, clone_of: None };
+    let late = VolumeSpec { name: "late#10".into(), size_bytes: 1 << 20, clone_of: None, at_least: false };
     let refused = c.core.add_volumes(c.now, vec![("late".into(), late)]).expect_err("read-only");
     assert!(refused.contains("read-only"), "{refused}");
     assert_eq!(c.core.status(c.now).volumes.len(), n);
@@ -1380,7 +1385,7 @@ fn volumes_added_while_running_are_created_everywhere_and_survive_a_restart() {
     c.core.config.exports.clear();
     c.new_host(epoch + 1, 99, &[0, 1, 2]);
     assert_eq!(c.core.status(c.now).volumes.len(), 1);
-    c.core.restart_with_volumes(c.now, vec![("disk".into(), spec)], &[]).expect("restarted");
+    c.core.restart_with_volumes(c.now, vec![("disk".into(), spec)], &[], &[], &[]).expect("restarted");
     c.run();
     c.reconnect(&[0, 1, 2]);
     assert_eq!(c.core.status(c.now).volumes.len(), 2);
@@ -1405,7 +1410,7 @@ fn volumes_added_while_running_are_created_everywhere_and_survive_a_restart() {
 #[test]
 fn volumes_removed_while_running_leave_every_element() {
     let mut c = Cluster::new(3, 2);
-    let spec = VolumeSpec { name: "disk#7".into(), size_bytes: 1 << 20, clone_of: None };
+    let spec = VolumeSpec { name: "disk#7".into(), size_bytes: 1 << 20, clone_of: None, at_least: false };
     let disk = c.core.add_volumes(c.now, vec![("disk".into(), spec.clone())]).expect("added")[0];
     c.run();
     let token = c.token();
@@ -1445,7 +1450,7 @@ fn volumes_removed_while_running_leave_every_element() {
     assert_eq!(c.replies[&token], Reply::Done(Ok(())));
     // A deletion found pending by a new host element: a second volume, removed while
     // element 1 is down, then a new host element with the placeholder.
-    let other = VolumeSpec { name: "other#9".into(), size_bytes: 1 << 20, clone_of: None };
+    let other = VolumeSpec { name: "other#9".into(), size_bytes: 1 << 20, clone_of: None, at_least: false };
     c.core.add_volumes(c.now, vec![("other".into(), other)]).expect("added");
     c.run();
     c.crash(1);
@@ -1458,8 +1463,8 @@ fn volumes_removed_while_running_leave_every_element() {
     c.core.config.volumes.truncate(1);
     c.core.config.exports.clear();
     c.new_host(epoch + 1, 99, &[0, 2]);
-    let placeholder = VolumeSpec { name: "other#9".into(), size_bytes: 0, clone_of: None };
-    c.core.restart_with_volumes(c.now, vec![("other".into(), placeholder)], &[]).expect("restarted");
+    let placeholder = VolumeSpec { name: "other#9".into(), size_bytes: 0, clone_of: None, at_least: false };
+    c.core.restart_with_volumes(c.now, vec![("other".into(), placeholder)], &[], &[], &[]).expect("restarted");
     c.run();
     c.reconnect(&[0, 1, 2]);
     assert!(!held_other(&c, 1), "the element that was down removed it from the new host element's hello");
@@ -1473,7 +1478,7 @@ fn volumes_removed_while_running_leave_every_element() {
 #[test]
 fn volumes_grown_while_running_grow_on_every_element_and_take_writes_beyond_the_old_end() {
     let mut c = Cluster::new(3, 2);
-    let spec = VolumeSpec { name: "disk#7".into(), size_bytes: 1 << 20, clone_of: None };
+    let spec = VolumeSpec { name: "disk#7".into(), size_bytes: 1 << 20, clone_of: None, at_least: false };
     let disk = c.core.add_volumes(c.now, vec![("disk".into(), spec)]).expect("added")[0];
     c.run();
     let size_on = |c: &Cluster, i: usize| {
@@ -1528,7 +1533,7 @@ fn volumes_grown_while_running_grow_on_every_element_and_take_writes_beyond_the_
 #[test]
 fn a_resize_within_the_storage_volume_changes_only_the_export() {
     let mut c = Cluster::new(3, 2);
-    let spec = VolumeSpec { name: "disk#3".into(), size_bytes: 2 << 20, clone_of: None };
+    let spec = VolumeSpec { name: "disk#3".into(), size_bytes: 2 << 20, clone_of: None, at_least: false };
     let disk = c.core.add_volumes(c.now, vec![("disk".into(), spec.clone())]).expect("added")[0];
     c.run();
     let export = |c: &Cluster| c.core.config().exported().iter().find(|e| e.name == "disk").map(|e| e.size_bytes);
@@ -1552,9 +1557,12 @@ fn a_resize_within_the_storage_volume_changes_only_the_export() {
     c.run();
     c.core.restart(c.now, Epoch(9), ElementId(0), Epoch(8));
     c.run();
-    let bad = c.core.restart_with_volumes(c.now, vec![("disk".into(), spec.clone())], &[("else#1".into(), 4096)]);
+    let bad =
+        c.core.restart_with_volumes(c.now, vec![("disk".into(), spec.clone())], &[("else#1".into(), 4096)], &[], &[]);
     assert!(bad.is_err());
-    c.core.restart_with_volumes(c.now, vec![("disk".into(), spec)], &[("disk#3".into(), 1 << 20)]).expect("restarted");
+    c.core
+        .restart_with_volumes(c.now, vec![("disk".into(), spec)], &[("disk#3".into(), 1 << 20)], &[], &[])
+        .expect("restarted");
     assert_eq!(export(&c), Some(1 << 20));
     assert_eq!(c.core.config().volumes.iter().find(|v| v.name == "disk#3").map(|v| v.size_bytes), Some(2 << 20));
 }
@@ -1566,7 +1574,7 @@ fn a_resize_within_the_storage_volume_changes_only_the_export() {
 #[test]
 fn a_takeover_starts_over_with_the_configured_volumes_only() {
     let mut c = Cluster::new(3, 2);
-    let spec = VolumeSpec { name: "disk#1".into(), size_bytes: 1 << 20, clone_of: None };
+    let spec = VolumeSpec { name: "disk#1".into(), size_bytes: 1 << 20, clone_of: None, at_least: false };
     c.core.add_volumes(c.now, vec![("disk".into(), spec.clone())]).expect("added");
     c.run();
     let names = |c: &Cluster| c.core.config().volumes.iter().map(|v| v.name.clone()).collect::<Vec<_>>();
@@ -1578,7 +1586,7 @@ fn a_takeover_starts_over_with_the_configured_volumes_only() {
     c.run();
     assert!(c.events.iter().any(|e| matches!(e, Event::Restarted { to: Epoch(9), .. })), "{:?}", c.events);
     // The catalog read again names the volume: served again, under a newer epoch.
-    c.core.restart_with_volumes(c.now, vec![("disk".into(), spec)], &[]).expect("restarted");
+    c.core.restart_with_volumes(c.now, vec![("disk".into(), spec)], &[], &[], &[]).expect("restarted");
     assert_eq!(names(&c), ["vol0", "disk#1"]);
     assert_eq!(c.core.epoch(), Epoch(10));
     assert_eq!(c.core.takeovers(), 1, "not a takeover");
@@ -1644,7 +1652,7 @@ fn a_clone_an_element_cannot_share_yet_reaches_it_by_a_full_recovery() {
     let si = c.elements[2].storage.snapshot_index(0, 9).expect("taken");
     c.elements[2].storage.vols[si].removed = true;
     let base = proto::CloneBase { volume: "vol0".into(), snapshot: 9 };
-    let spec = VolumeSpec { name: "copy#10".into(), size_bytes: SIZE, clone_of: Some(base) };
+    let spec = VolumeSpec { name: "copy#10".into(), size_bytes: SIZE, clone_of: Some(base), at_least: false };
     let ids = c.core.add_volumes(c.now, vec![("copy".into(), spec)]).expect("added");
     c.run();
     assert!(c.events.contains(&Event::VolumeCreated { volume: ids[0] }), "e0 and e1 hold it: {:?}", c.events);
@@ -1661,20 +1669,24 @@ fn a_clone_an_element_cannot_share_yet_reaches_it_by_a_full_recovery() {
     assert_eq!(clone_data(&c, 2), vec![3u8; 8192], "copied: the snapshot's content");
 }
 
-/// Issue 15: a consistency group's snapshot is exported per member, as `M@NAME`, each the
-/// member's window (offset and size) of the group's storage volume's snapshot; removing the
-/// group's snapshot export removes every member's, and the members' own exports stay.
-#[test]
-fn a_groups_snapshot_is_exported_per_member_and_removed_whole() {
-    let member = |name: &str, offset_bytes: u64| crate::groups::ExportedVolume {
+/// Member `name` of consistency group `g` in storage volume 0: 1 MiB at `offset_bytes`.
+fn group_member(name: &str, offset_bytes: u64) -> crate::groups::ExportedVolume {
+    crate::groups::ExportedVolume {
         name: name.into(),
         group: Some("g".into()),
         volume: 0,
         offset_bytes,
         size_bytes: 1 << 20,
         snapshot: None,
-    };
-    let mut c = Cluster::with(3, 2, |config| config.exports = vec![member("a", 0), member("b", 1 << 20)]);
+    }
+}
+
+/// Issue 15: a consistency group's snapshot is exported per member, as `M@NAME`, each the
+/// member's window (offset and size) of the group's storage volume's snapshot; removing the
+/// group's snapshot export removes every member's, and the members' own exports stay.
+#[test]
+fn a_groups_snapshot_is_exported_per_member_and_removed_whole() {
+    let mut c = Cluster::with(3, 2, |config| config.exports = vec![group_member("a", 0), group_member("b", 1 << 20)]);
     let reference = SnapshotRef { id: 4, taken_at: Sequence(9) };
     c.core.add_snapshot_export("g@s".into(), "g", reference, 2 << 20).expect("exported");
     let exports = c.core.config().exports.clone();
@@ -1690,4 +1702,86 @@ fn a_groups_snapshot_is_exported_per_member_and_removed_whole() {
     c.core.remove_snapshot_export("g@s");
     let names: Vec<String> = c.core.config().exports.iter().map(|e| e.name.clone()).collect();
     assert_eq!(names, vec!["a".to_string(), "b".to_string()]);
+}
+
+/// Issue 15: a volume joins a consistency group while running (`join_group`): exported at once
+/// as a window past the members, while the group's storage volume grows in every element's
+/// stream (`VolumeResized` once Q hold it; an element that was down grows it from its hello).
+/// A snapshot taken before the join does not export it, one after does. A window that overlaps
+/// a member, a name taken, or a group that is not carried there is refused, changing nothing.
+/// Leaving removes its export and its snapshot exports; a restart with it serves it again.
+#[test]
+fn a_volume_joins_a_group_past_its_members_and_leaves_it() {
+    let mut c = Cluster::with(3, 2, |config| config.exports = vec![group_member("a", 0), group_member("b", 1 << 20)]);
+    c.crash(2);
+    let joined = crate::groups::JoinedMember {
+        name: "log".into(),
+        group: "g".into(),
+        storage: "vol0".into(),
+        offset_bytes: SIZE,
+        size_bytes: 1 << 20,
+    };
+    let before = c.core.config().clone();
+    for (bad, why) in [
+        (crate::groups::JoinedMember { offset_bytes: 1 << 20, ..joined.clone() }, "overlap"),
+        (crate::groups::JoinedMember { name: "a".into(), ..joined.clone() }, "exists"),
+        (crate::groups::JoinedMember { group: "h".into(), ..joined.clone() }, "no consistency group h"),
+        (crate::groups::JoinedMember { storage: "vol9".into(), ..joined.clone() }, "not served"),
+    ] {
+        let refused = c.core.join_group(c.now, bad).expect_err("refused");
+        assert!(refused.contains(why), "{refused}");
+        let now = (&c.core.config().volumes, &c.core.config().exports);
+        assert_eq!(now, (&before.volumes, &before.exports), "a refused join changes nothing");
+    }
+    let id = c.core.join_group(c.now, joined.clone()).expect("joined");
+    c.run();
+    let grown = SIZE + (1 << 20);
+    let resized = c
+        .events
+        .iter()
+        .any(|e| matches!(e, Event::VolumeResized { volume, size_bytes } if *volume == id && *size_bytes == grown));
+    assert!(resized, "Q elements hold the grown storage volume: {:?}", c.events);
+    for i in 0..2 {
+        assert_eq!(c.elements[i].storage.vols[0].data.len() as u64, grown, "e{i} grew it in its stream");
+    }
+    c.connect(2);
+    assert_eq!(c.elements[2].storage.vols[0].data.len() as u64, grown, "e2 grew it from its hello");
+    let log = c.core.config().exports.iter().find(|e| e.name == "log").cloned().expect("exported");
+    assert_eq!((log.offset_bytes, log.size_bytes, log.group.as_deref()), (SIZE, 1 << 20, Some("g")));
+    let reference = SnapshotRef { id: 4, taken_at: Sequence(9) };
+    c.core.add_snapshot_export("g@before".into(), "g", reference, SIZE).expect("exported");
+    c.core.add_snapshot_export("g@after".into(), "g", SnapshotRef { id: 5, ..reference }, grown).expect("exported");
+    let names = |c: &Cluster| -> Vec<String> { c.core.config().exports.iter().map(|e| e.name.clone()).collect() };
+    assert!(!names(&c).contains(&"log@before".to_string()), "joined after the snapshot: not in it");
+    assert!(names(&c).contains(&"log@after".to_string()));
+    assert_eq!(c.core.leave_group("log").expect("left"), id);
+    assert!(c.core.leave_group("log").is_err(), "left already");
+    let left = names(&c);
+    assert!(!left.iter().any(|n| n.starts_with("log")), "{left:?}");
+    assert!(left.contains(&"a@after".to_string()) && left.contains(&"b".to_string()), "{left:?}");
+    // A host element that starts with the catalog's member and the group's grown size.
+    c.core
+        .restart_with_volumes(c.now, Vec::new(), &[], &[joined], &[("vol0".into(), grown + (1 << 20))])
+        .expect("restarted");
+    assert_eq!(c.core.config().volumes[0].size_bytes, grown + (1 << 20), "never smaller than it grew to");
+    assert!(names(&c).contains(&"log".to_string()));
+}
+
+/// Issue 15: a consistency group's storage volume (named `at_least`) that an element holds
+/// larger than this host element serves it (it grew as a volume joined the group, and this
+/// host element has not read its catalog yet) is adopted at that size, and grown on the other
+/// elements in their streams, so that an element that missed the growth can take what was
+/// written there.
+#[test]
+fn a_groups_storage_volume_held_larger_is_adopted_and_grown_everywhere() {
+    let mut c = Cluster::with(3, 2, |config| config.volumes[0].at_least = true);
+    let grown = SIZE + (1 << 20);
+    c.crash(2);
+    c.elements[2].storage.resize_volume(LocalVolume(0), grown).expect("grown");
+    c.connect(2);
+    assert_eq!(c.core.config().volumes[0].size_bytes, grown, "adopted");
+    for i in 0..3 {
+        assert_eq!(c.elements[i].storage.vols[0].data.len() as u64, grown, "e{i} holds it grown");
+    }
+    assert!(c.core.status(c.now).elements.iter().all(|e| e.state == "in-sync"), "no element failed on the way");
 }
