@@ -752,7 +752,7 @@ impl Catalogue {
         let align = starfish_core::groups::MEMBER_ALIGN_BYTES;
         let after = members_end.max(self.log.catalog().group_end(&group, &storage, |_| false));
         let grown = (after.div_ceil(align) * align).saturating_add(size_bytes).max(storage_bytes);
-        let spec = proto::VolumeSpec { name: storage.clone(), size_bytes: grown, clone_of: None, at_least: false };
+        let spec = proto::VolumeSpec { name: storage.clone(), size_bytes: grown, clone_of: None, at_least: true };
         let (handle, checked) = (self.handle.clone(), self.checked.clone());
         let join = Some((group, storage, members_end));
         tokio::spawn(async move {

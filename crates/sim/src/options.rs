@@ -215,6 +215,9 @@ pub enum Broken {
     /// volume of its own (its own sequence space), as if joining did not put it in the
     /// group's one order; the checker holds it to the group's promise.
     JoinSplit,
+    /// With `--groups --volume-ops`: a member that leaves the group (its deletion) keeps its
+    /// data: a FLUSH stands in for the zeroing of its window.
+    LeaveKeepsData,
 }
 
 impl Broken {
@@ -237,6 +240,7 @@ impl Broken {
             "snapshot-shares-live" => Some(Broken::SnapshotSharesLive),
             "clone-starts-empty" => Some(Broken::CloneStartsEmpty),
             "join-split" => Some(Broken::JoinSplit),
+            "leave-keeps-data" => Some(Broken::LeaveKeepsData),
             _ => None,
         }
     }
@@ -259,6 +263,7 @@ impl Broken {
             Broken::SnapshotSharesLive => "snapshot-shares-live",
             Broken::CloneStartsEmpty => "clone-starts-empty",
             Broken::JoinSplit => "join-split",
+            Broken::LeaveKeepsData => "leave-keeps-data",
         }
     }
 }

@@ -416,7 +416,8 @@ struct Created {
     /// `World::snapshots`: the workload only reads it, as that snapshot (never resized).
     clone_of: Option<usize>,
     /// A member that joined the consistency group while running: the group's storage volume
-    /// (then `storage` is only its key here, unique). Never resized nor deleted here.
+    /// (then `storage` is only its key here, unique). Never resized here; its deletion zeroes
+    /// its window.
     member_of: Option<String>,
 }
 
@@ -3511,7 +3512,13 @@ impl World {
         let back: Vec<String> = self
             .created
             .iter()
-            .filter(|c| c.delete_acked && serve.iter().any(|(_, spec)| spec.name == c.storage))
+            .filter(|c| {
+                c.delete_acked
+                    && match c.member_of {
+                        None => serve.iter().any(|(_, spec)| spec.name == c.storage),
+                        Some(_) => members.iter().any(|m| m.name == c.name),
+                    }
+            })
             .map(|c| c.name.clone())
             .collect();
         for name in back {
@@ -3532,13 +3539,24 @@ impl World {
         }
         host.catalog = Some(log);
         // Deletions found pending are rolled forward: their volumes are not served.
+        let mut leaving = None;
         for intention in catalog.intentions.iter().filter(|i| !i.is_create()) {
-            let storage = intention.volume().spec().name;
-            if let Some(c) = self.created.iter_mut().find(|c| c.storage == storage) {
+            let volume = intention.volume();
+            let storage = volume.spec().name;
+            let found = self.created.iter().position(|c| match (&c.member_of, &volume.member_of) {
+                (Some(_), Some(_)) => c.name == volume.name,
+                (None, None) => c.storage == storage,
+                _ => false,
+            });
+            if let Some(ci) = found {
+                let c = &mut self.created[ci];
                 c.deleting = true;
                 c.delete_intention = Some(intention.id);
                 let v = c.volume;
                 self.served[v] = false;
+                if volume.member_of.is_some() && intention.is_delete() {
+                    leaving = Some((intention.id, ci));
+                }
             }
         }
         let grown = catalog.groups_grown();
@@ -3590,8 +3608,13 @@ impl World {
             // Volumes that joined the group: windows of its storage volume.
             for m in &members {
                 let storage = volumes.iter().position(|v| v.name == m.storage).expect("served");
-                let v = match self.created.iter().find(|c| c.member_of.is_some() && c.name == m.name) {
-                    Some(c) => c.volume,
+                let v = match self.created.iter_mut().find(|c| c.member_of.is_some() && c.name == m.name) {
+                    Some(c) => {
+                        // A deletion asked for and never logged: the member stays.
+                        c.deleting = false;
+                        c.delete_intention = None;
+                        c.volume
+                    }
                     None => {
                         // Logged by a host element that crashed before executing it: listed
                         // now, it must be served from now on (as if acknowledged).
@@ -3633,6 +3656,10 @@ impl World {
                 zero: None,
                 flush: None,
             });
+        }
+        if let Some((intention, ci)) = leaving {
+            // A member's deletion found pending: its window is zeroed again, then completed.
+            self.start_leave_zeroing(intention, ci);
         }
         self.trace(|| {
             format!("catalog read: {} volumes, {} intentions", catalog.volumes.len(), catalog.intentions.len())
@@ -3707,7 +3734,9 @@ impl World {
             let v = self.created[ci].volume;
             // Its acknowledged writes are checked against its replicas before they go: the
             // deletion waits until an in-sync element applied everything the host element sent.
-            let Some(canonical) = self.caught_up_element(&self.created[ci].storage) else { return };
+            let c = &self.created[ci];
+            let storage = c.member_of.clone().unwrap_or_else(|| c.storage.clone());
+            let Some(canonical) = self.caught_up_element(&storage) else { return };
             self.account_losses(canonical, Some(v));
             let name = self.created[ci].name.clone();
             let now = self.now;
@@ -3733,8 +3762,7 @@ impl World {
         if total >= OPS_MAX {
             return;
         }
-        let deletable =
-            self.created.iter().position(|c| c.acked && !c.deleting && c.member_of.is_none() && self.served[c.volume]);
+        let deletable = self.created.iter().position(|c| c.acked && !c.deleting && self.served[c.volume]);
         if let Some(ci) = deletable {
             if self.created.len() >= CREATED_MAX || self.rng_ops.chance(0.4) {
                 let name = self.created[ci].name.clone();
@@ -3983,7 +4011,9 @@ impl World {
         let to_ask = |o: Option<Outcome>| o.is_none_or(|o| !matches!(o, Outcome::Ok | Outcome::Pending));
         if to_ask(zero) {
             // The broken variant leaves the tail as it is: a FLUSH stands in for the zeroing.
-            let id = if self.o.broken == Broken::ShrinkKeepsTail {
+            let leaving = self.created[z.created].delete_intention == Some(z.intention);
+            let broken = if leaving { Broken::LeaveKeepsData } else { Broken::ShrinkKeepsTail };
+            let id = if self.o.broken == broken {
                 self.submit(OpKind::Flush, v, 0, 0, None)
             } else {
                 self.trace(|| {
@@ -4014,15 +4044,38 @@ impl World {
     /// written.
     fn shrink_acknowledged(&mut self, z: Zeroing) {
         let v = self.created[z.created].volume;
+        let leaving = self.created[z.created].delete_intention == Some(z.intention);
         for sector in z.from_sector..z.to_sector {
             if let Some(id) = self.model.newest_acked(v, sector) {
                 if self.model.op(id).kind == OpKind::Write {
                     let name = self.created[z.created].name.clone();
-                    return self.violation(format!(
-                        "the shrink of volume {name} was acknowledged while sector {sector} past its new end still holds write #{id}: a later grow would expose it"
-                    ));
+                    return self.violation(if leaving {
+                        format!(
+                            "the deletion of group member {name} was acknowledged while sector {sector} of its window still holds write #{id}: a member that joins there would read it"
+                        )
+                    } else {
+                        format!(
+                            "the shrink of volume {name} was acknowledged while sector {sector} past its new end still holds write #{id}: a later grow would expose it"
+                        )
+                    });
                 }
             }
+        }
+        if leaving {
+            let c = &mut self.created[z.created];
+            c.delete_acked = true;
+            self.report.volumes_deleted += 1;
+            let name = c.name.clone();
+            self.trace(|| format!("volume {name} left the group (acknowledged)"));
+            self.maybe_crash_mid_op();
+            let now = self.now;
+            let host = self.host.as_mut().expect("checked");
+            host.zeroing = None;
+            host.creating = false;
+            if let Some(log) = host.catalog.as_mut() {
+                log.finish(now, z.intention, true);
+            }
+            return self.catalog_step();
         }
         let c = &mut self.created[z.created];
         let size_bytes = z.from_sector * SECTOR_BYTES;
@@ -4068,6 +4121,26 @@ impl World {
         let storage = volume.spec().name;
         let now = self.now;
         let host = self.host.as_mut().expect("a host element");
+        if let Some(window) = &volume.member_of {
+            // A group's member leaves: its exports go, then its window is zeroed.
+            let key = format!("{}+{}", window.storage, volume.name);
+            match host.core.leave_group(&volume.name) {
+                Ok(_) => {
+                    self.trace(|| format!("volume {} left the group", volume.name));
+                    if let Some(ci) = self.created.iter().position(|c| c.storage == key) {
+                        self.start_leave_zeroing(intention.id, ci);
+                    }
+                }
+                Err(reason) => {
+                    self.trace(|| format!("volume deletion of {} undone: {reason}", volume.name));
+                    let host = self.host.as_mut().expect("checked");
+                    host.creating = false;
+                    host.catalog.as_mut().expect("read").finish(now, intention.id, false);
+                    self.deletion_undone(&key);
+                }
+            }
+            return;
+        }
         match host.core.remove_volumes(now, vec![storage.clone()]) {
             Ok(_) => self.trace(|| format!("volume {} removed ({storage})", volume.name)),
             Err(reason) => {
@@ -4083,6 +4156,16 @@ impl World {
                 self.deletion_undone(&storage);
             }
         }
+    }
+
+    /// Zero the whole window of member `ci` that left the group (deletion `intention`), in
+    /// its group's stream, then FLUSH (`shrink_step`), then acknowledge the deletion.
+    fn start_leave_zeroing(&mut self, intention: u64, ci: usize) {
+        let to_sector = self.volume_sectors[self.created[ci].volume];
+        let Some(host) = self.host.as_mut() else { return };
+        host.creating = true;
+        host.zeroing = Some(Zeroing { intention, created: ci, from_sector: 0, to_sector, zero: None, flush: None });
+        self.shrink_step();
     }
 
     /// A deletion was undone: its volume is served again.

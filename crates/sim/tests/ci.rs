@@ -509,7 +509,8 @@ fn a_clone_reads_as_its_snapshot_and_one_created_empty_is_caught() {
 /// are windows of its storage volume: the group checker holds them to the group's one order,
 /// and a run with them is clean. With `--broken join-split` a joining volume gets a storage
 /// volume (a sequence space) of its own: the group checker must find an element's copy of the
-/// group that is no prefix of one order.
+/// group that is no prefix of one order. With `--broken leave-keeps-data` a member's deletion
+/// does not zero its window: the deletion's check must find a write still there.
 #[test]
 fn a_volume_that_joins_a_group_shares_its_order_and_one_split_off_is_caught() {
     let mut o = SimOptions::new(0, 3, 2);
@@ -533,4 +534,12 @@ fn a_volume_that_joins_a_group_shares_its_order_and_one_split_off_is_caught() {
     // The others by the catalog's checker: the split-off storage volume is an orphan.
     assert!(caught.len() >= 12, "a joined volume outside the group's order must be caught, got {caught:?}");
     assert!(by_order.len() >= 3, "the group checker must see it, got {by_order:?}");
+    // A member's deletion keeps its data (a FLUSH stands in for the zeroing of its window):
+    // caught when the deletion is acknowledged. Rarer (a member written, then deleted), so
+    // over more seeds.
+    o.broken = Broken::LeaveKeepsData;
+    let reports = run_many(&o, 17000, 200, 2);
+    let caught: Vec<u64> = reports.iter().filter(|r| !r.violations.is_empty()).map(|r| r.seed).collect();
+    eprintln!("--broken leave-keeps-data: caught seeds {caught:?} of 17000..17200");
+    assert!(caught.len() >= 8, "a member deleted with its data must be caught, got {caught:?}");
 }
