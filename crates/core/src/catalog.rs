@@ -208,6 +208,11 @@ impl CatalogVolume {
         CatalogVolume { name, size_bytes, id, storage_bytes: size_bytes, clone_of: None, member_of: None }
     }
 
+    /// A member of a consistency group: its window of the group's storage volume (from, to).
+    pub fn window(&self) -> Option<(u64, u64)> {
+        self.member_of.as_ref().map(|w| (w.offset_bytes, w.offset_bytes + self.size_bytes))
+    }
+
     /// A member of a consistency group: its export, a window of the group's storage volume.
     pub fn joined(&self) -> Option<crate::groups::JoinedMember> {
         let w = self.member_of.as_ref()?;
@@ -413,6 +418,11 @@ pub fn check_resize(name: &str, current: u64, size_bytes: u64, shrink: bool) -> 
     Ok(())
 }
 
+/// Why no volume can join consistency group `group` (see [`Catalog::join_window`]).
+pub fn group_too_large(group: &str) -> String {
+    format!("consistency group {group} would grow beyond the largest volume, {VOLUME_BYTES_MAX} bytes")
+}
+
 /// Why member `name` of consistency group `group` cannot be resized.
 pub fn member_resize_refusal(name: &str, group: &str) -> String {
     format!(
@@ -484,6 +494,24 @@ impl Catalog {
             }
         }
         grown
+    }
+
+    /// Where a member of `size_bytes` joining `group` (carried by `storage`, whose members end
+    /// at `members_end`) would lie: its offset, at the next
+    /// [`crate::groups::MEMBER_ALIGN_BYTES`] boundary past them and past [`Catalog::group_end`],
+    /// and the storage size it needs. `None` past the largest volume.
+    pub fn join_window(
+        &self,
+        group: &str,
+        storage: &str,
+        members_end: u64,
+        size_bytes: u64,
+        deleted: impl Fn(u64) -> bool,
+    ) -> Option<(u64, u64)> {
+        let align = crate::groups::MEMBER_ALIGN_BYTES;
+        let offset_bytes = members_end.max(self.group_end(group, storage, deleted)).div_ceil(align) * align;
+        let end = offset_bytes.checked_add(size_bytes).filter(|&end| end <= VOLUME_BYTES_MAX)?;
+        Some((offset_bytes, end.max(self.grown_bytes(storage))))
     }
 
     /// What storage volume `storage` grew to by joins (0: none).
@@ -1368,19 +1396,12 @@ impl IntentionLog {
                 other.volume().name
             ));
         }
-        let align = crate::groups::MEMBER_ALIGN_BYTES;
         // A deletion carried out frees its window at once: the write that logs this join
         // completes that deletion too (every write carries the completions due).
         let deleted = |id: u64| self.finished.iter().any(|&(f, done)| f == id && done);
-        let after = members_end.max(self.catalog.group_end(group, storage, deleted));
-        let offset_bytes = after.div_ceil(align) * align;
-        let grown = self.catalog.grown_bytes(storage);
-        let end = offset_bytes.checked_add(size_bytes).filter(|&end| end <= VOLUME_BYTES_MAX);
-        let storage_bytes = end.map(|end| end.max(grown));
-        let Some(storage_bytes) = storage_bytes else {
-            return Err(format!(
-                "consistency group {group} would grow beyond the largest volume, {VOLUME_BYTES_MAX} bytes"
-            ));
+        let window = self.catalog.join_window(group, storage, members_end, size_bytes, deleted);
+        let Some((offset_bytes, storage_bytes)) = window else {
+            return Err(group_too_large(group));
         };
         let window = GroupWindow { group: group.to_string(), storage: storage.to_string(), offset_bytes };
         self.intend_volume(now, name, size_bytes, None, Some((window, storage_bytes)))

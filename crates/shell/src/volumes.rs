@@ -524,7 +524,7 @@ impl Catalogue {
                 .as_ref()
                 .and_then(|s| s.volumes.iter().position(|v| v.name == storage))
                 .map(|i| VolumeId(i as u32));
-            let window = volume.member_of.as_ref().map(|w| (w.offset_bytes, w.offset_bytes + volume.size_bytes));
+            let window = volume.window();
             if let (Some((from, to)), Some(at)) = (window, placeholder) {
                 tracing::info!(id = intention.id, storage = %storage, "finishing the deletion of {} (rolled forward): zeroing its window of its group", volume.name);
                 self.zero_tail(intention.id, at.0, from, to);
@@ -599,7 +599,7 @@ impl Catalogue {
             }
             Ok(intention) => {
                 let volume = intention.volume();
-                let window = volume.member_of.as_ref().map(|w| (w.offset_bytes, w.offset_bytes + volume.size_bytes));
+                let window = volume.window();
                 let deleting = Deleting {
                     name,
                     storage: volume.spec().name,
@@ -710,6 +710,18 @@ impl Catalogue {
         }
     }
 
+    /// Why volume `name` of `size_bytes` cannot be created (or join a group), if it cannot.
+    fn creation_refusal(&self, name: &str, size_bytes: u64) -> Option<String> {
+        if let Some(reason) = &self.broken {
+            return Some(format!("volume operations are off: the catalog cannot be read ({reason})"));
+        }
+        let exports = self.handle.exports();
+        if exports.iter().any(|e| e.name == name || e.group.as_deref() == Some(name)) {
+            return Some(format!("a volume named {name} exists"));
+        }
+        catalog::check_name(name).and_then(|()| catalog::check_size(size_bytes)).err()
+    }
+
     /// `starfish volume create NAME SIZE --group GROUP`: checks, then the prepare (every live
     /// element has room for the group's storage volume to grow by the new member), then the
     /// intention (see `catalog::IntentionLog::intend_join`).
@@ -720,20 +732,11 @@ impl Catalogue {
         group: String,
         reply: oneshot::Sender<Result<Value, String>>,
     ) {
-        if let Some(reason) = &self.broken {
-            let _ = reply.send(Err(format!("volume operations are off: the catalog cannot be read ({reason})")));
-            return;
-        }
-        let exports = self.handle.exports();
-        let taken = exports.iter().any(|e| e.name == name || e.group.as_deref() == Some(name.as_str()));
-        if taken {
-            let _ = reply.send(Err(format!("a volume named {name} exists")));
-            return;
-        }
-        if let Err(reason) = catalog::check_name(&name).and_then(|()| catalog::check_size(size_bytes)) {
+        if let Some(reason) = self.creation_refusal(&name, size_bytes) {
             let _ = reply.send(Err(reason));
             return;
         }
+        let exports = self.handle.exports();
         let Some((index, members_end)) = group_storage(&exports, &group) else {
             let _ = reply.send(Err(format!(
                 "no consistency group {group} (see starfish status): groups are declared at start-up (--group NAME:VOL,VOL), and a volume created while running may join one"
@@ -749,9 +752,12 @@ impl Catalogue {
         // Prepare: the elements count the growth of the group's storage volume (where the
         // member will lie is decided when its intention is logged; this is where it would lie
         // now).
-        let align = starfish_core::groups::MEMBER_ALIGN_BYTES;
-        let after = members_end.max(self.log.catalog().group_end(&group, &storage, |_| false));
-        let grown = (after.div_ceil(align) * align).saturating_add(size_bytes).max(storage_bytes);
+        let window = self.log.catalog().join_window(&group, &storage, members_end, size_bytes, |_| false);
+        let Some((_, needs)) = window else {
+            let _ = reply.send(Err(catalog::group_too_large(&group)));
+            return;
+        };
+        let grown = needs.max(storage_bytes);
         let spec = proto::VolumeSpec { name: storage.clone(), size_bytes: grown, clone_of: None, at_least: true };
         let (handle, checked) = (self.handle.clone(), self.checked.clone());
         let join = Some((group, storage, members_end));
@@ -794,16 +800,7 @@ impl Catalogue {
         clone_of: Option<String>,
         reply: oneshot::Sender<Result<Value, String>>,
     ) {
-        if let Some(reason) = &self.broken {
-            let _ = reply.send(Err(format!("volume operations are off: the catalog cannot be read ({reason})")));
-            return;
-        }
-        let taken = self.handle.exports().iter().any(|e| e.name == name || e.group.as_deref() == Some(name.as_str()));
-        if taken {
-            let _ = reply.send(Err(format!("a volume named {name} exists")));
-            return;
-        }
-        if let Err(reason) = catalog::check_name(&name).and_then(|()| catalog::check_size(size_bytes)) {
+        if let Some(reason) = self.creation_refusal(&name, size_bytes) {
             let _ = reply.send(Err(reason));
             return;
         }
@@ -983,7 +980,7 @@ impl Catalogue {
     async fn execute_delete(&mut self, intention: Intention) {
         let volume = intention.volume();
         let storage = volume.spec().name;
-        let window = volume.member_of.as_ref().map(|w| (w.offset_bytes, w.offset_bytes + volume.size_bytes));
+        let window = volume.window();
         let removed = match window {
             Some(_) => self.handle.leave_group(volume.name.clone()).await,
             None => self.handle.remove_volumes(vec![storage.clone()]).await.map(|ids| ids[0]),

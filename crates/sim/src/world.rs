@@ -4061,30 +4061,20 @@ impl World {
                 }
             }
         }
+        let c = &mut self.created[z.created];
+        let name = c.name.clone();
         if leaving {
-            let c = &mut self.created[z.created];
             c.delete_acked = true;
             self.report.volumes_deleted += 1;
-            let name = c.name.clone();
             self.trace(|| format!("volume {name} left the group (acknowledged)"));
-            self.maybe_crash_mid_op();
-            let now = self.now;
-            let host = self.host.as_mut().expect("checked");
-            host.zeroing = None;
-            host.creating = false;
-            if let Some(log) = host.catalog.as_mut() {
-                log.finish(now, z.intention, true);
-            }
-            return self.catalog_step();
+        } else {
+            let size_bytes = z.from_sector * SECTOR_BYTES;
+            c.resize_intention = None;
+            c.shrink_to = None;
+            c.resize_acked_bytes = size_bytes;
+            self.report.volumes_shrunk += 1;
+            self.trace(|| format!("volume {name} shrunk to {size_bytes} (acknowledged)"));
         }
-        let c = &mut self.created[z.created];
-        let size_bytes = z.from_sector * SECTOR_BYTES;
-        c.resize_intention = None;
-        c.shrink_to = None;
-        c.resize_acked_bytes = size_bytes;
-        self.report.volumes_shrunk += 1;
-        let name = c.name.clone();
-        self.trace(|| format!("volume {name} shrunk to {size_bytes} (acknowledged)"));
         self.maybe_crash_mid_op();
         let now = self.now;
         let host = self.host.as_mut().expect("checked");
