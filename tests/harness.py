@@ -272,11 +272,22 @@ def wait_listening(process, port, timeout=START_TIMEOUT):
 # The StarFish cluster
 
 
+# The element whose data lives in memory (tmpfs): its commits run on its actor, the others'
+# on their committer threads, so every cluster test runs both ways side by side.
+MEMORY_ELEMENT = "near"
+MEMORY_DIR = "/dev/shm"
+
+
 class Element:
-    def __init__(self, name, workdir, extra=()):
+    def __init__(self, name, workdir, extra=(), memory=False):
         self.name = name
         self.port = free_port()
-        self.data = os.path.join(workdir, f"element-{name}")
+        if memory and os.path.isdir(MEMORY_DIR):
+            self.memory_dir = tempfile.mkdtemp(prefix=f"starfish-test-element-{name}-", dir=MEMORY_DIR)
+            self.data = os.path.join(self.memory_dir, "data")
+        else:
+            self.memory_dir = None
+            self.data = os.path.join(workdir, f"element-{name}")
         os.makedirs(self.data, exist_ok=True)
         self.process = Process(
             f"element-{name}",
@@ -329,7 +340,8 @@ class Cluster:
                  "--client", "admin", "--nbd-client", "nbdclient"], timeout=60)
             self.host_extra += ["--tls-dir", os.path.join(self.certs, "host")]
         self.elements = {
-            name: Element(name, workdir, ["--tls-dir", os.path.join(self.certs, name)] if tls else [])
+            name: Element(name, workdir, ["--tls-dir", os.path.join(self.certs, name)] if tls else [],
+                          memory=name == MEMORY_ELEMENT)
             for name in ELEMENT_NAMES
         }
         self.nbd_port = free_port()
@@ -441,13 +453,17 @@ class Cluster:
         return complaints
 
     def destroy(self):
-        """Kills everything still running (teardown); never raises."""
+        """Kills everything still running (teardown) and removes the data kept in memory;
+        never raises."""
         for process in [self.host] + [e.process for e in self.elements.values()]:
             try:
                 process.kill9()
             except Exception:  # noqa: BLE001 - teardown must go on
                 pass
             process.reap_group()
+        for element in self.elements.values():
+            if element.memory_dir:
+                remove_workdir(element.memory_dir)
 
     # -- observation
 

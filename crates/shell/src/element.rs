@@ -185,14 +185,16 @@ async fn serve(
     let (inputs, input_rx) = mpsc::channel::<Input>(ACTOR_QUEUE_MAX);
     let (jobs, job_rx) = std::sync::mpsc::channel::<StorageJob>();
     let (out_of_space, mut out_of_space_rx) = tokio::sync::watch::channel(false);
+    let out_of_space = Arc::new(out_of_space);
     let committer = {
-        let (store, inputs) = (store.clone(), inputs.clone());
+        let (store, inputs, out_of_space) = (store.clone(), inputs.clone(), out_of_space.clone());
         std::thread::Builder::new()
             .name("committer".into())
-            .spawn(move || run_committer(&store, job_rx, inputs, out_of_space))?
+            .spawn(move || run_committer(&store, job_rx, inputs, &out_of_space))?
     };
     let peers = Peers { links: HashMap::new(), tls: options.tls.clone() };
-    let mut actor = tokio::spawn(run_actor(core, store.clone(), input_rx, inputs.clone(), jobs, peers));
+    let storage = Storage { store: store.clone(), jobs, out_of_space };
+    let mut actor = tokio::spawn(run_actor(core, storage, input_rx, inputs.clone(), peers));
     tracing::info!(listen = %options.listen, data = %options.data.display(), epoch = %store.epoch(), "element serving");
     let sessions = Arc::new(tokio::sync::Semaphore::new(SESSIONS_MAX));
     let receiving = Arc::new(tokio::sync::Semaphore::new(RECEIVING_BYTES_MAX));
@@ -338,44 +340,49 @@ fn run_committer(
     store: &Store,
     jobs: std::sync::mpsc::Receiver<StorageJob>,
     inputs: mpsc::Sender<Input>,
-    out_of_space: tokio::sync::watch::Sender<bool>,
+    out_of_space: &tokio::sync::watch::Sender<bool>,
 ) {
-    let mut storage = store;
     while let Ok(job) = jobs.recv() {
-        let done = match job {
-            StorageJob::AdoptEpoch(epoch, host) => {
-                StorageDone::AdoptEpoch(ElementStorage::adopt_epoch(&mut storage, epoch, host))
-            }
-            StorageJob::Commit(batch) => {
-                let result = ElementStorage::commit(&mut storage, &batch);
-                if let Err(e) = &result {
-                    tracing::error!(error = %e, "commit failed");
-                }
-                StorageDone::Commit(result)
-            }
-            StorageJob::RemoveVolumes(volumes) => {
-                let result = volumes.iter().try_for_each(|v| ElementStorage::remove_volume(&mut storage, *v));
-                if let Err(e) = &result {
-                    tracing::error!(error = %e, "volume removal failed");
-                }
-                StorageDone::RemoveVolumes(result)
-            }
-            StorageJob::ResizeVolumes(volumes) => {
-                let result = volumes
-                    .iter()
-                    .try_for_each(|(v, size_bytes)| ElementStorage::resize_volume(&mut storage, *v, *size_bytes));
-                if let Err(e) = &result {
-                    tracing::error!(error = %e, "volume resize failed");
-                }
-                StorageDone::ResizeVolumes(result)
-            }
-        };
+        let done = run_job(store, job);
         if inputs.blocking_send(Input::Storage(done)).is_err() {
             return;
         }
         report_damage(store, &inputs);
         if store.failed_for_space() {
             let _ = out_of_space.send(true);
+        }
+    }
+}
+
+/// Carry out one storage job, on the committer thread or, for a store in memory, on the actor.
+fn run_job(store: &Store, job: StorageJob) -> StorageDone {
+    let mut storage = store;
+    match job {
+        StorageJob::AdoptEpoch(epoch, host) => {
+            StorageDone::AdoptEpoch(ElementStorage::adopt_epoch(&mut storage, epoch, host))
+        }
+        StorageJob::Commit(batch) => {
+            let result = ElementStorage::commit(&mut storage, &batch);
+            if let Err(e) = &result {
+                tracing::error!(error = %e, "commit failed");
+            }
+            StorageDone::Commit(result)
+        }
+        StorageJob::RemoveVolumes(volumes) => {
+            let result = volumes.iter().try_for_each(|v| ElementStorage::remove_volume(&mut storage, *v));
+            if let Err(e) = &result {
+                tracing::error!(error = %e, "volume removal failed");
+            }
+            StorageDone::RemoveVolumes(result)
+        }
+        StorageJob::ResizeVolumes(volumes) => {
+            let result = volumes
+                .iter()
+                .try_for_each(|(v, size_bytes)| ElementStorage::resize_volume(&mut storage, *v, *size_bytes));
+            if let Err(e) = &result {
+                tracing::error!(error = %e, "volume resize failed");
+            }
+            StorageDone::ResizeVolumes(result)
         }
     }
 }
@@ -393,12 +400,23 @@ struct Peers {
     tls: Option<TlsContext>,
 }
 
+/// Where the actor's storage jobs go: the committer thread, or, for a store in memory, the
+/// actor itself (a thread hand-off each way costs more than such a commit; docs/benchmarks.md).
+struct Storage {
+    store: Arc<Store>,
+    jobs: std::sync::mpsc::Sender<StorageJob>,
+    out_of_space: Arc<tokio::sync::watch::Sender<bool>>,
+}
+
+/// Inputs the actor takes in one turn before carrying out what they asked for: those that
+/// arrived while a commit ran then share the next one.
+const INPUTS_PER_TURN_MAX: usize = 64;
+
 async fn run_actor(
     mut core: ElementCore,
-    store: Arc<Store>,
+    storage: Storage,
     mut input_rx: mpsc::Receiver<Input>,
     inputs: mpsc::Sender<Input>,
-    jobs: std::sync::mpsc::Sender<StorageJob>,
     mut peers: Peers,
 ) {
     let origin = Instant::now();
@@ -413,7 +431,7 @@ async fn run_actor(
                     Ok(input) => input,
                     Err(_) => {
                         core.handle_timeout(now());
-                        carry_out(now(), &mut core, &store, &inputs, &jobs, &mut writers, &mut peers);
+                        carry_out(now(), &mut core, &storage, &inputs, &mut writers, &mut peers);
                         continue;
                     }
                 }
@@ -421,49 +439,62 @@ async fn run_actor(
             None => input_rx.recv().await,
         };
         let Some(input) = input else { return };
-        let t = now();
-        match input {
-            Input::Opened { session, role, writer } => {
-                writers.insert(session, writer);
-                core.handle_session_opened(t, session, role);
-            }
-            Input::Message { session, message } => core.handle_host_message(t, session, message),
-            Input::Closed { session } => {
-                writers.remove(&session);
-                core.handle_session_closed(t, session);
-            }
-            Input::VolumesEnsured { session, result } => core.handle_volumes_ensured(t, session, result),
-            Input::VolumesChecked { session, request_id, result } => {
-                core.handle_volumes_checked(t, session, request_id, result)
-            }
-            Input::Storage(done) => core.handle_storage_done(t, done),
-            Input::PeerMessage { peer, message } => core.handle_peer_message(t, peer, message),
-            Input::PeerClosed { peer, reason } => {
-                peers.links.remove(&peer);
-                core.handle_peer_closed(t, peer, reason);
-            }
-            Input::CopyProgress { volume, message } => core.handle_copy_progress(t, volume, message),
-            Input::CopyDone { volume, session_volume, info, result } => {
-                core.handle_copy_done(t, volume, session_volume, info, result)
-            }
-            Input::Damaged { volume } => core.handle_volume_damaged(t, volume),
+        handle_input(now(), &mut core, input, &mut writers, &mut peers);
+        for _ in 1..INPUTS_PER_TURN_MAX {
+            let Ok(input) = input_rx.try_recv() else { break };
+            handle_input(now(), &mut core, input, &mut writers, &mut peers);
         }
         if core.poll_timeout().is_some_and(|at| at <= now()) {
             core.handle_timeout(now());
         }
-        carry_out(now(), &mut core, &store, &inputs, &jobs, &mut writers, &mut peers);
+        carry_out(now(), &mut core, &storage, &inputs, &mut writers, &mut peers);
+    }
+}
+
+fn handle_input(
+    t: Time,
+    core: &mut ElementCore,
+    input: Input,
+    writers: &mut HashMap<SessionId, mpsc::UnboundedSender<ElementMessage>>,
+    peers: &mut Peers,
+) {
+    match input {
+        Input::Opened { session, role, writer } => {
+            writers.insert(session, writer);
+            core.handle_session_opened(t, session, role);
+        }
+        Input::Message { session, message } => core.handle_host_message(t, session, message),
+        Input::Closed { session } => {
+            writers.remove(&session);
+            core.handle_session_closed(t, session);
+        }
+        Input::VolumesEnsured { session, result } => core.handle_volumes_ensured(t, session, result),
+        Input::VolumesChecked { session, request_id, result } => {
+            core.handle_volumes_checked(t, session, request_id, result)
+        }
+        Input::Storage(done) => core.handle_storage_done(t, done),
+        Input::PeerMessage { peer, message } => core.handle_peer_message(t, peer, message),
+        Input::PeerClosed { peer, reason } => {
+            peers.links.remove(&peer);
+            core.handle_peer_closed(t, peer, reason);
+        }
+        Input::CopyProgress { volume, message } => core.handle_copy_progress(t, volume, message),
+        Input::CopyDone { volume, session_volume, info, result } => {
+            core.handle_copy_done(t, volume, session_volume, info, result)
+        }
+        Input::Damaged { volume } => core.handle_volume_damaged(t, volume),
     }
 }
 
 fn carry_out(
     now: Time,
     core: &mut ElementCore,
-    store: &Arc<Store>,
+    storage: &Storage,
     inputs: &mpsc::Sender<Input>,
-    jobs: &std::sync::mpsc::Sender<StorageJob>,
     writers: &mut HashMap<SessionId, mpsc::UnboundedSender<ElementMessage>>,
     peers: &mut Peers,
 ) {
+    let store = &storage.store;
     while let Some(action) = core.poll_action() {
         match action {
             ElementAction::Send { session, message } => {
@@ -498,8 +529,20 @@ fn carry_out(
                     let _ = inputs.blocking_send(Input::VolumesChecked { session, request_id, result });
                 });
             }
+            // The core has one storage job out at a time, so the committer is idle now and
+            // running this one here keeps the order.
+            ElementAction::Storage(job) if store.in_memory() => {
+                let done = run_job(store, job);
+                core.handle_storage_done(now, done);
+                for damaged in ElementStorage::take_damaged(&&**store) {
+                    core.handle_volume_damaged(now, damaged);
+                }
+                if store.failed_for_space() {
+                    let _ = storage.out_of_space.send(true);
+                }
+            }
             ElementAction::Storage(job) => {
-                jobs.send(job).expect("the committer thread outlives the actor");
+                storage.jobs.send(job).expect("the committer thread outlives the actor");
             }
             ElementAction::Serve { session, volume, request } => {
                 let Some(writer) = writers.get(&session) else { continue };

@@ -71,6 +71,8 @@ pub struct Store {
     /// How [`Store::try_read_checked`] reads without waiting for the disk: one of the
     /// `NON_BLOCKING_*` values (off once the file system said it cannot tell).
     non_blocking_reads: AtomicU8,
+    /// The file system holds everything in memory (tmpfs, ramfs): see [`Store::in_memory`].
+    in_memory: bool,
     /// Snapshots the store holds (commits look for the newest snapshots only if there are);
     /// counted up by `create_volume_locked`, down by `snapshot::forget_removed`.
     snapshot_count: AtomicUsize,
@@ -460,6 +462,7 @@ impl Store {
                 .spawn(move || checkpoint::run(&shared, images, partial_spare))
                 .map_err(io_error("start the checkpoint thread for", dir))?
         };
+        let reads = sys::non_blocking_reads(dir);
         Ok(Store {
             options,
             _lock: lock_file,
@@ -472,11 +475,12 @@ impl Store {
             reclaim,
             reclaimer: Some(reclaimer),
             checkpointer: Some(checkpointer),
-            non_blocking_reads: AtomicU8::new(match sys::non_blocking_reads(dir) {
+            non_blocking_reads: AtomicU8::new(match reads {
                 Ok(sys::NonBlockingReads::Always) => NON_BLOCKING_ALWAYS,
                 Ok(sys::NonBlockingReads::PageCacheOnly) => NON_BLOCKING_PAGE_CACHE,
                 Err(_) => NON_BLOCKING_OFF,
             }),
+            in_memory: matches!(reads, Ok(sys::NonBlockingReads::Always)),
             snapshot_count: AtomicUsize::new(snapshot_count),
         })
     }
@@ -488,6 +492,13 @@ impl Store {
     /// Why the store failed, if it did: it takes no more changes until it is reopened.
     pub fn failure(&self) -> Option<String> {
         lock(&self.shared.failure).clone()
+    }
+
+    /// The store's file system holds everything in memory (tmpfs, ramfs): a commit never
+    /// waits for a disk (its `fdatasync` returns at once), so a caller that must not block on
+    /// I/O (the element's actor) may run it itself instead of handing it to a thread.
+    pub fn in_memory(&self) -> bool {
+        self.in_memory
     }
 
     /// The store failed because its file system ran out of space: once space is freed,

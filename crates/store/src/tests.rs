@@ -1719,7 +1719,8 @@ fn the_host_elements_checksums_are_checked_stored_and_read_back() {
 }
 
 /// What a read that may not wait for the disk returns, on a file system that keeps files in
-/// memory (tmpfs: always at once) and on one that does not (the page cache decides).
+/// memory (tmpfs: always at once, and commits run on the caller) and on one that does not (the
+/// page cache decides).
 #[test]
 fn reads_that_may_not_wait_return_what_memory_holds_and_nothing_else() {
     let mut places = vec![std::env::temp_dir()];
@@ -1731,6 +1732,8 @@ fn reads_that_may_not_wait_return_what_memory_holds_and_nothing_else() {
         let mut dir = TempDir::new("nowait-reads");
         dir.0 = place.join(dir.0.file_name().expect("a name"));
         let store = Store::open(&dir.0, StoreOptions::default()).expect("open");
+        // Commits may run where nothing may block only where reads may too: in memory.
+        assert_eq!(store.in_memory(), reads == crate::sys::NonBlockingReads::Always, "{reads:?}");
         let volume = store.ensure_volume("vol", 1 << 20).expect("create");
         let op = write_op(4096 + 512, 16384, 3);
         store.commit(&[(volume, record(1, op))]).expect("commit");
