@@ -408,6 +408,34 @@ struct Storage {
     out_of_space: Arc<tokio::sync::watch::Sender<bool>>,
 }
 
+/// The most bytes a commit the actor runs itself may touch (a store in memory). A larger one
+/// goes to the committer thread: the actor is never kept from its other inputs (heartbeats,
+/// reads) by more than about a tenth of a millisecond of copying, and a large write's copies
+/// run beside the receipt of the next one.
+const ACTOR_COMMIT_BYTES_MAX: u64 = 256 * 1024;
+
+/// Whether the actor runs `job` itself: only for a store in memory (no job then waits for a
+/// disk), and only a small one: an epoch adoption, or a commit of at most
+/// `ACTOR_COMMIT_BYTES_MAX` bytes of writes, trims and zeroes and no snapshot deletion (which
+/// may hand over many blocks). Removing or resizing volumes frees memory page by page: the
+/// committer thread.
+fn runs_on_actor(store: &Store, job: &StorageJob) -> bool {
+    if !store.in_memory() {
+        return false;
+    }
+    match job {
+        StorageJob::AdoptEpoch(..) => true,
+        StorageJob::Commit(batch) => batch
+            .iter()
+            .try_fold(0u64, |sum, (_, record)| match record.op {
+                proto::Op::SnapshotDelete { .. } => None,
+                ref op => sum.checked_add(op.length_bytes()),
+            })
+            .is_some_and(|bytes| bytes <= ACTOR_COMMIT_BYTES_MAX),
+        StorageJob::RemoveVolumes(_) | StorageJob::ResizeVolumes(_) => false,
+    }
+}
+
 /// Inputs the actor takes in one turn before carrying out what they asked for: those that
 /// arrived while a commit ran then share the next one.
 const INPUTS_PER_TURN_MAX: usize = 64;
@@ -531,7 +559,7 @@ fn carry_out(
             }
             // The core has one storage job out at a time, so the committer is idle now and
             // running this one here keeps the order.
-            ElementAction::Storage(job) if store.in_memory() => {
+            ElementAction::Storage(job) if runs_on_actor(store, &job) => {
                 let done = run_job(store, job);
                 core.handle_storage_done(now, done);
                 for damaged in ElementStorage::take_damaged(&&**store) {
