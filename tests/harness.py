@@ -18,6 +18,7 @@ import socket
 import struct
 import subprocess
 import tempfile
+import threading
 import time
 
 import nbd
@@ -836,6 +837,38 @@ def remove_workdir(path):
     if os.environ.get("STARFISH_TEST_KEEP"):
         return
     shutil.rmtree(path, ignore_errors=True)
+
+
+def during_counter_writes(cluster, first, second, action):
+    """Runs `action()` while a writer writes an increasing counter (8 bytes, repeated over
+    4 KiB) to block 0 of export `first` and then, once that is acknowledged, to block 0 of
+    `second`: a point of one order holds `second`'s counter ≤ `first`'s ≤ `second`'s + 1. At
+    least 20 writes come before the action and 20 after it. Returns what the action returned
+    and the last counter written."""
+    stop, written = threading.Event(), []
+
+    def writer():
+        with Client(cluster.uri(first)) as one, Client(cluster.uri(second)) as other:
+            k = 0
+            while not stop.is_set() and k < 100000:
+                k += 1
+                block = k.to_bytes(8, "little") * 512
+                one.pwrite(block, 0)
+                other.pwrite(block, 0)
+                written.append(k)
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    try:
+        wait_until(lambda: len(written) >= 20, 30, "the writer to get going")
+        result = action()
+        after = len(written)
+        wait_until(lambda: len(written) >= after + 20, 30, "more writes after the action")
+    finally:
+        stop.set()
+        thread.join(timeout=60)
+    assert not thread.is_alive(), "the counter writer did not stop"
+    return result, written[-1]
 
 
 # ---------------------------------------------------------------------------

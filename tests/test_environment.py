@@ -245,11 +245,14 @@ def unmount(path):
 
 
 @pytest.mark.time_limit(300)
-def test_an_element_whose_disk_fills_up_rejoins_by_itself_once_space_is_freed(make_cluster, workdir):
-    """`far` keeps its data on a small file system that a filler file has
-    almost filled. Writes go on (Q=2 with local and near); far runs out of
+@pytest.mark.parametrize("write_bytes", [2 * harness.MiB, 128 * 1024], ids=["2MiB", "128KiB"])
+def test_an_element_whose_disk_fills_up_rejoins_by_itself_once_space_is_freed(make_cluster, workdir, write_bytes):
+    """`far` keeps its data on a small file system (a tmpfs) that a filler file
+    has almost filled. Writes go on (Q=2 with local and near); far runs out of
     space, stays alive, refuses with a clear reason, and rejoins without a
-    restart once the filler is deleted; the three replicas end identical."""
+    restart once the filler is deleted; the three replicas end identical.
+    Commits of 2 MiB writes run on far's committer thread; most of those of
+    128 KiB writes on its actor (a small commit of a store in memory)."""
     if os.geteuid() != 0:
         pytest.skip("mounting a tmpfs needs root")
     cluster = make_cluster(start=False, volumes=[("vol0", "1GiB")])
@@ -268,9 +271,9 @@ def test_an_element_whose_disk_fills_up_rejoins_by_itself_once_space_is_freed(ma
             f.write(b"\xff" * (free - 24 * harness.MiB))
         written = []
         with Client(cluster.uri()) as client:
-            for i in range(48):  # 96 MiB: more than far has room for
-                block = harness.random_bytes(2 * harness.MiB, seed=100 + i)
-                client.pwrite(block, i * 2 * harness.MiB)
+            for i in range(96 * harness.MiB // write_bytes):  # 96 MiB: more than far has room for
+                block = harness.random_bytes(write_bytes, seed=100 + i)
+                client.pwrite(block, i * write_bytes)
                 written.append(block)
             client.flush()
         status = cluster.wait_status(
@@ -285,7 +288,7 @@ def test_an_element_whose_disk_fills_up_rejoins_by_itself_once_space_is_freed(ma
         assert far.process.alive()
         with Client(cluster.uri()) as client:
             for i, block in enumerate(written):
-                assert client.pread(len(block), i * 2 * harness.MiB) == block
+                assert client.pread(len(block), i * write_bytes) == block
         digests_agree(cluster)
     finally:
         cluster.destroy()

@@ -5,7 +5,6 @@ too. It survives restarts of every process; its deletion zeroes its window; a ho
 killed at each step of a join or of a member's deletion finishes it when it starts again."""
 
 import json
-import threading
 
 import pytest
 
@@ -52,33 +51,13 @@ def test_a_volume_joins_a_group_shares_its_order_and_its_snapshots_and_survives_
     assert read(cluster, "b", 0, 5 * MiB) == b"\x62" * (5 * MiB)
     # One order: a writer that writes a counter to a, then (acknowledged) to the new member, is
     # caught by the group's snapshot between two writes.
-    stop, written = threading.Event(), []
-
-    def writer():
-        with Client(cluster.uri("a")) as a, Client(cluster.uri("log")) as log:
-            k = 0
-            while not stop.is_set() and k < 100000:
-                k += 1
-                block = k.to_bytes(8, "little") * 512
-                a.pwrite(block, 0)
-                log.pwrite(block, 0)
-                written.append(k)
-
-    thread = threading.Thread(target=writer)
-    thread.start()
-    try:
-        harness.wait_until(lambda: len(written) >= 20, 30, "the writer to get going")
-        taken = json.loads(snapshot_cmd(cluster, "create", "--group", "g", "s1", "--json").stdout)
-        after = len(written)
-        harness.wait_until(lambda: len(written) >= after + 20, 30, "more writes after the snapshot")
-    finally:
-        stop.set()
-        thread.join(timeout=60)
+    taken, last = harness.during_counter_writes(
+        cluster, "a", "log", lambda: json.loads(snapshot_cmd(cluster, "create", "--group", "g", "s1", "--json").stdout))
     assert sorted(taken["exports"]) == ["a@s1", "b@s1", "log@s1"], taken
     counters = {m: int.from_bytes(read(cluster, f"{m}@s1", 0, 4096)[:8], "little") for m in ("a", "log")}
     print(f"the snapshot holds counter {counters['a']} in a and {counters['log']} in the joined member")
     assert counters["log"] <= counters["a"] <= counters["log"] + 1, f"not one point of the group's order: {counters}"
-    assert 0 < counters["a"] < written[-1]
+    assert 0 < counters["a"] < last
     # A second member joins after the snapshot: past it, and not in it.
     join(cluster, "idx", "1MiB")
     run(["qemu-io", "-f", "raw", "-c", "write -P 0x69 0 1M", cluster.uri("idx")])

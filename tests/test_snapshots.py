@@ -285,38 +285,16 @@ def test_a_consistency_groups_snapshot_takes_all_its_volumes_at_one_point(make_c
                            host_extra=["--group", "g:a,b"])
     run(["qemu-io", "-f", "raw", "-c", "write -P 0x61 1M 2M", cluster.uri("a")])
     run(["qemu-io", "-f", "raw", "-c", "write -P 0x62 4096 1M", cluster.uri("b")])
-    import threading
-    stop = threading.Event()
-    written = []
-
-    def writer():
-        with Client(cluster.uri("a")) as a, Client(cluster.uri("b")) as b:
-            k = 0
-            while not stop.is_set() and k < 100000:
-                k += 1
-                block = k.to_bytes(8, "little") * 512
-                a.pwrite(block, 0)
-                b.pwrite(block, 0)
-                written.append(k)
-
-    thread = threading.Thread(target=writer)
-    thread.start()
-    try:
-        harness.wait_until(lambda: len(written) >= 20, 30, "the writer to get going")
-        doc = json.loads(snapshot_cmd(cluster, "create", "--group", "g", "s1", "--json").stdout)
-        after = len(written)
-        harness.wait_until(lambda: len(written) >= after + 20, 30, "more writes after the snapshot")
-    finally:
-        stop.set()
-        thread.join(timeout=60)
+    doc, last = harness.during_counter_writes(
+        cluster, "a", "b", lambda: json.loads(snapshot_cmd(cluster, "create", "--group", "g", "s1", "--json").stdout))
     assert doc["exports"] == ["a@s1", "b@s1"] and doc["volume"] == "g", doc
     counters = {}
     for member in ("a", "b"):
         with Client(cluster.uri(f"{member}@s1")) as client:
             counters[member] = int.from_bytes(client.pread(4096, 0)[:8], "little")
-    print(f"the snapshot holds counter {counters['a']} in a and {counters['b']} in b; the writer reached {written[-1]}")
+    print(f"the snapshot holds counter {counters['a']} in a and {counters['b']} in b; the writer reached {last}")
     assert counters["b"] <= counters["a"] <= counters["b"] + 1, f"not one point of the group's stream: {counters}"
-    assert 0 < counters["a"] < written[-1], "taken while the writer ran"
+    assert 0 < counters["a"] < last, "taken while the writer ran"
     a0 = os.path.join(workdir, "a.raw")
     with Client(cluster.uri("a@s1")) as client:
         image = client.pread(8 * MiB, 0)

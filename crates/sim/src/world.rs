@@ -422,6 +422,13 @@ struct Created {
 }
 
 impl Created {
+    /// Served again: a deletion asked for and never logged (or undone) leaves it. Its volume.
+    fn kept(&mut self) -> usize {
+        self.deleting = false;
+        self.delete_intention = None;
+        self.volume
+    }
+
     /// A created volume with nothing under way: neither a clone nor a joined member.
     fn new(name: String, storage: String, volume: usize, acked: bool, intention: u64) -> Created {
         Created {
@@ -3579,12 +3586,8 @@ impl World {
             for (name, spec) in &serve {
                 let storage = volumes.iter().position(|v| v.name == spec.name).expect("served");
                 let v = match self.created.iter_mut().find(|c| c.storage == spec.name) {
-                    Some(c) => {
-                        // A deletion asked for and never logged: the volume stays.
-                        c.deleting = false;
-                        c.delete_intention = None;
-                        c.volume
-                    }
+                    // A deletion asked for and never logged: the volume stays.
+                    Some(c) => c.kept(),
                     None => {
                         // Logged by a host element that crashed before executing it.
                         let v = self.add_hosts_volume(storage);
@@ -3609,12 +3612,8 @@ impl World {
             for m in &members {
                 let storage = volumes.iter().position(|v| v.name == m.storage).expect("served");
                 let v = match self.created.iter_mut().find(|c| c.member_of.is_some() && c.name == m.name) {
-                    Some(c) => {
-                        // A deletion asked for and never logged: the member stays.
-                        c.deleting = false;
-                        c.delete_intention = None;
-                        c.volume
-                    }
+                    // A deletion asked for and never logged: the member stays.
+                    Some(c) => c.kept(),
                     None => {
                         // Logged by a host element that crashed before executing it: listed
                         // now, it must be served from now on (as if acknowledged).
@@ -4161,9 +4160,7 @@ impl World {
     /// A deletion was undone: its volume is served again.
     fn deletion_undone(&mut self, storage: &str) {
         if let Some(c) = self.created.iter_mut().find(|c| c.storage == storage) {
-            c.deleting = false;
-            c.delete_intention = None;
-            let v = c.volume;
+            let v = c.kept();
             self.served[v] = true;
         }
     }
