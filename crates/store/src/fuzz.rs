@@ -22,6 +22,7 @@ fn options() -> StoreOptions {
         replay_log_bytes: 512 * 1024,
         overcommit: true,
         map_memory_bytes_max: 64 << 20,
+        log_grow_step_bytes: crate::LOG_GROW_STEP_BYTES,
     }
 }
 

@@ -34,6 +34,8 @@ pub const SEGMENT_HEADER_BYTES: usize = 40;
 /// Zeroes written after a batch that ends inside the file (preallocated space), so the end of
 /// the log reads as zeroes, never as the stale bytes of a recycled segment.
 const END_MARK: [u8; BATCH_HEADER_BYTES] = [0; BATCH_HEADER_BYTES];
+/// Zeroes appended to grow a segment ahead of its log, in pieces of this size.
+static GROW_ZEROES: [u8; 64 * 1024] = [0; 64 * 1024];
 
 const BATCH_MAGIC: u32 = u32::from_le_bytes(*b"SFLB");
 pub const BATCH_HEADER_BYTES: usize = 40;
@@ -790,6 +792,8 @@ enum Part {
     Scratch(Range<usize>),
     Data(Bytes),
     EndMark,
+    /// Zeroes that grow the file (at most `GROW_ZEROES.len()` bytes each).
+    Zeroes(usize),
 }
 
 /// Appends batches to the live segment.
@@ -802,6 +806,9 @@ pub struct LogWriter {
     /// Size of the file. Past `position` it holds zeroes or a recycled segment's bytes that
     /// appends overwrite, which is cheaper to sync than growing the file.
     pub file_bytes: u64,
+    /// When a batch must grow the file, grow it to a multiple of this (zeroes after the batch);
+    /// 0: grow it to the batch's end only. See [`crate::LOG_GROW_STEP_BYTES`].
+    pub grow_step_bytes: u64,
     /// Written with the segment's first batch.
     header: [u8; SEGMENT_HEADER_BYTES],
     scratch: Vec<u8>,
@@ -825,6 +832,7 @@ impl LogWriter {
             file,
             position,
             file_bytes,
+            grow_step_bytes: 0,
             header: segment_header(segment, previous.0, previous.1),
             scratch: Vec::new(),
             parts: Vec::new(),
@@ -903,12 +911,25 @@ impl LogWriter {
             let header = batch_header(self.segment, batch_start, batch_bytes - BATCH_HEADER_BYTES as u64, count);
             self.scratch[batch_header_at..batch_header_at + BATCH_HEADER_BYTES].copy_from_slice(&header);
             let batch_end = batch_start + batch_bytes;
-            // Inside preallocated space, mark the end of the log with zeroes (they are
-            // overwritten by the next batch), so recovery never reads stale bytes there as
-            // the remains of a torn batch.
-            let end_mark = batch_end < self.file_bytes;
-            if end_mark {
+            // Room for the sync mark and an end mark after the batch.
+            let wanted_end = batch_end + 2 * BATCH_HEADER_BYTES as u64;
+            let mut tail_bytes = 0;
+            if self.grow_step_bytes > 0 && wanted_end > self.file_bytes {
+                // Grow by zeroes: the next commits overwrite them, which syncs cheaper.
+                let grown = wanted_end.div_ceil(self.grow_step_bytes) * self.grow_step_bytes;
+                tail_bytes = grown - batch_end;
+                let mut left = tail_bytes as usize;
+                while left > 0 {
+                    let piece = left.min(GROW_ZEROES.len());
+                    self.parts.push(Part::Zeroes(piece));
+                    left -= piece;
+                }
+            } else if batch_end < self.file_bytes {
+                // Inside preallocated space, mark the end of the log with zeroes (they are
+                // overwritten by the next batch), so recovery never reads stale bytes there as
+                // the remains of a torn batch.
                 self.parts.push(Part::EndMark);
+                tail_bytes = END_MARK.len() as u64;
             }
             let slices: Vec<&[u8]> = self
                 .parts
@@ -917,19 +938,16 @@ impl LogWriter {
                     Part::Scratch(range) => &self.scratch[range.clone()],
                     Part::Data(bytes) => &bytes[..],
                     Part::EndMark => &END_MARK[..],
+                    Part::Zeroes(bytes) => &GROW_ZEROES[..*bytes],
                 })
                 .collect();
-            debug_assert_eq!(
-                slices.iter().map(|s| s.len() as u64).sum::<u64>(),
-                batch_end - write_start + if end_mark { END_MARK.len() as u64 } else { 0 }
-            );
+            debug_assert_eq!(slices.iter().map(|s| s.len() as u64).sum::<u64>(), batch_end - write_start + tail_bytes);
             sys::write_all_vectored_at(&self.file, &slices, write_start).map_err(io_error("write log", &self.path))?;
             // One sync per batch: a later batch must never be durable before an earlier one,
             // or a crash could leave a valid batch after a torn one (read as corruption).
             self.file.sync_data().map_err(io_error("sync log", &self.path))?;
             self.position = batch_end;
-            let written_end = batch_end + if end_mark { END_MARK.len() as u64 } else { 0 };
-            self.file_bytes = self.file_bytes.max(written_end);
+            self.file_bytes = self.file_bytes.max(batch_end + tail_bytes);
         }
         self.write_sync_mark();
         Ok(positions)

@@ -439,6 +439,11 @@ impl Store {
             checkpointer: Checkpointer::new(log_start, live, log_files.free),
         });
         shared.trim_replay_log(log_start);
+        let reads = sys::non_blocking_reads(dir);
+        let mut writer = writer;
+        if !matches!(reads, Ok(sys::NonBlockingReads::Always)) {
+            writer.grow_step_bytes = options.log_grow_step();
+        }
         let committer = Arc::new(Mutex::new(Committer { log: writer, dirty, unflushed_bytes, spare_requested: false }));
         let reclaimer = {
             let (reclaim, committer, volumes, shared) =
@@ -462,7 +467,6 @@ impl Store {
                 .spawn(move || checkpoint::run(&shared, images, partial_spare))
                 .map_err(io_error("start the checkpoint thread for", dir))?
         };
-        let reads = sys::non_blocking_reads(dir);
         Ok(Store {
             options,
             _lock: lock_file,

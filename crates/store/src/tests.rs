@@ -326,6 +326,27 @@ fn removed_volumes_free_their_space_and_stay_removed() {
 }
 
 #[test]
+fn a_new_log_segment_on_a_disk_grows_in_steps_of_zeroes() {
+    let mut f = Fixture::new("grow", 1 << 20, StoreOptions::default());
+    if f.store().in_memory() {
+        return; // The temporary directory is on tmpfs: segments grow as written there.
+    }
+    let segment = f.live_segment();
+    f.commit(&[Op::write(0, Bytes::from(pattern(1, 4096)))]);
+    let grown = fs::metadata(&segment).expect("stat").len();
+    assert_eq!(grown, crate::LOG_GROW_STEP_BYTES, "one step holds the first record");
+    for i in 0..80u64 {
+        f.commit(&[Op::write(i * 4096 % (1 << 20), Bytes::from(pattern(i + 2, 4096)))]);
+    }
+    let grown = fs::metadata(&segment).expect("stat").len();
+    assert!(grown > crate::LOG_GROW_STEP_BYTES && grown % crate::LOG_GROW_STEP_BYTES == 0, "{grown} bytes");
+    f.check();
+    // The zeroes past the log read as its end: nothing lost, nothing torn.
+    f.reopen();
+    f.check();
+}
+
+#[test]
 fn reads_racing_commits_see_one_whole_version_and_never_a_false_checksum_error() {
     // Each commit rewrites the same 16 blocks with one repeated byte, the sequence's low byte;
     // a reader running all the while must see every block of a read from one commit no
@@ -782,12 +803,18 @@ fn reopening_returns_the_same_data() {
 const SYNC_MARK_BYTES: u64 = log::BATCH_HEADER_BYTES as u64;
 
 /// Where the next batch goes: the end of the live segment's file, less its sync mark.
+/// Options for tests that find the end of the log by the live segment's length (to cut or
+/// damage its tail): segments grow to the end of each batch, no zeroes after it.
+fn exact_growth() -> StoreOptions {
+    StoreOptions { log_grow_step_bytes: 0, ..StoreOptions::default() }
+}
+
 fn log_end(segment: &Path) -> u64 {
     fs::metadata(segment).expect("stat").len() - SYNC_MARK_BYTES
 }
 
 fn store_with_last_batch(name: &str, last: Op) -> (Fixture, PathBuf, Vec<u8>, u64) {
-    let mut f = Fixture::new(name, 16 * BLOCK_BYTES, StoreOptions::default());
+    let mut f = Fixture::new(name, 16 * BLOCK_BYTES, exact_growth());
     f.commit(&[write_op(0, 4096, 1), write_op(512, 1024, 2)]);
     f.commit(&[trim_op(1024, 512), write_op(BLOCK_BYTES, 4096, 3)]);
     let segment = f.live_segment();
@@ -883,7 +910,7 @@ fn repair_keeps_what_is_intact_and_marks_the_volumes_for_a_repair() {
 
 #[test]
 fn damage_in_the_middle_of_the_log_refuses_to_open() {
-    let mut f = Fixture::new("middle", 16 * BLOCK_BYTES, StoreOptions::default());
+    let mut f = Fixture::new("middle", 16 * BLOCK_BYTES, exact_growth());
     f.commit(&[write_op(0, 4096, 1)]);
     let segment = f.live_segment();
     let second = log_end(&segment);
@@ -1191,7 +1218,7 @@ fn commits_go_on_during_a_checkpoint_and_wait_only_at_the_lag_bound() {
 
 #[test]
 fn a_sealed_segment_must_hold_its_whole_log() {
-    let mut f = Fixture::new("sealed", 1 << 20, StoreOptions::default());
+    let mut f = Fixture::new("sealed", 1 << 20, exact_growth());
     f.commit(&[write_op(0, 4096, 1)]);
     f.store().checkpoint().expect("first checkpoint");
     let meta = fs::read(f.dir.0.join("meta")).expect("read meta");
@@ -1232,7 +1259,7 @@ fn a_sealed_segment_must_hold_its_whole_log() {
 fn stale_batches_after_the_end_of_the_log_are_never_read_as_records() {
     // A recycled segment file still holds the batches of the segment it was: valid ones, of
     // another segment id. Past the end of the log they must read as its end.
-    let mut f = Fixture::new("stale", 1 << 20, StoreOptions::default());
+    let mut f = Fixture::new("stale", 1 << 20, exact_growth());
     f.commit(&[write_op(0, 4096, 1), write_op(4096, 8192, 2)]);
     f.commit(&[write_op(40 * BLOCK_BYTES, 4096, 3)]);
     let old = f.live_segment();
@@ -1262,7 +1289,7 @@ fn stale_batches_after_the_end_of_the_log_are_never_read_as_records() {
 
 #[test]
 fn a_first_batch_without_its_segment_header_never_comes_back() {
-    let mut f = Fixture::new("headerless", 1 << 20, StoreOptions::default());
+    let mut f = Fixture::new("headerless", 1 << 20, exact_growth());
     f.commit(&[write_op(0, 4096, 1)]);
     f.store().checkpoint().expect("checkpoint");
     let segment = f.live_segment();

@@ -262,7 +262,7 @@ fn a_snapshot_is_read_only_and_answers_only_reads() {
 
 #[test]
 fn a_snapshot_whose_record_a_crash_lost_is_removed_at_open() {
-    let mut f = Fixture::new("snapshot-lost-record", 64 * BLOCK_BYTES, StoreOptions::default());
+    let mut f = Fixture::new("snapshot-lost-record", 64 * BLOCK_BYTES, super::exact_growth());
     f.commit(&[write_op(0, 4096, 1)]);
     let segment = f.live_segment();
     let before = log_end(&segment);
@@ -431,7 +431,7 @@ fn a_snapshot_deleted_by_a_record_is_gone_even_if_a_crash_cut_its_deletion_short
 #[test]
 fn repair_removes_snapshots_it_cannot_vouch_for() {
     // A damaged snapshot's block map: the snapshot goes, its volume stays whole.
-    let mut f = Fixture::new("snapshot-map-damage", 64 * BLOCK_BYTES, StoreOptions::default());
+    let mut f = Fixture::new("snapshot-map-damage", 64 * BLOCK_BYTES, super::exact_growth());
     f.commit(&[write_op(0, 65536, 1)]);
     take(&mut f, 1);
     f.commit(&[write_op(0, 8192, 2)]);
@@ -451,7 +451,7 @@ fn repair_removes_snapshots_it_cannot_vouch_for() {
     assert_eq!(fs::read_dir(f.dir.0.join("volumes")).expect("list").count(), 2, "its files are gone");
 
     // A log truncated by repair may have lost preserving records: the volume's snapshots go.
-    let mut f = Fixture::new("snapshot-log-damage", 64 * BLOCK_BYTES, StoreOptions::default());
+    let mut f = Fixture::new("snapshot-log-damage", 64 * BLOCK_BYTES, super::exact_growth());
     f.commit(&[write_op(0, 65536, 1)]);
     take(&mut f, 1);
     f.commit(&[write_op(0, 8192, 2)]);
