@@ -65,6 +65,10 @@ pub struct HostConfig {
     /// Answer reads only under the read lease (see `lease_held`). Off only in the simulator's
     /// deliberately broken variant (`--broken no-read-lease`), which its checkers must catch.
     pub read_lease: bool,
+    /// Bound the reads out at each element (`limits::READ_WINDOW_MS`). Off only in the
+    /// simulator's deliberately broken variant (`--broken unbounded-reads`), which its checkers
+    /// must catch (a lease lost behind a backlog of read replies).
+    pub read_window: bool,
     /// Scrub every volume this often (0: never by itself), at most this fast.
     pub scrub_interval_ms: u64,
     pub scrub_rate_bytes_per_s: u64,
@@ -99,6 +103,7 @@ impl HostConfig {
             raise_epoch: true,
             admin: String::new(),
             read_lease: true,
+            read_window: true,
             scrub_interval_ms: limits::SCRUB_INTERVAL_MS_DEFAULT,
             scrub_rate_bytes_per_s: limits::SCRUB_RATE_BYTES_PER_S_DEFAULT,
             scrub_repair: true,
@@ -538,6 +543,17 @@ struct ElementRuntime {
     /// The element promised (in a pong of our epoch) to welcome no other host element's epoch
     /// before this, on our clock with the margin taken off.
     lease_until: Time,
+    /// Reply bytes of the reads out at it (`PendingRead::reply_bytes`).
+    read_bytes_out: u64,
+    /// What its read replies delivered, bytes per second, a moving average; `None` before the
+    /// first measure. A reply took its link from when it was sent or the reply before it
+    /// arrived, whichever is later (reads out all along), to its arrival; replies that arrive
+    /// together are measured together, over at least `READ_RATE_SAMPLE_US_MIN`.
+    read_rate: Option<u64>,
+    /// When its last read reply arrived, while more reads were out.
+    last_read_reply: Option<Time>,
+    /// A measure under way: its start, and the reply bytes since.
+    read_sample: Option<(Time, u64)>,
     /// Per volume: a scrub found blocks where it differs from the other replicas; its next
     /// session repairs the volume by a full recovery.
     scrub_repair: Vec<bool>,
@@ -648,6 +664,18 @@ struct PendingRead {
     /// Elements that could not answer this snapshot read (one that does not hold the
     /// snapshot is asked no more, and not failed: its volume may be fine).
     tried: ElementSet,
+    /// When it was last sent to an element.
+    sent_at: Time,
+}
+
+impl PendingRead {
+    /// What its reply counts for in its element's read window.
+    fn reply_bytes(&self) -> u64 {
+        match self.kind {
+            ReadKind::Data { length_bytes } => length_bytes as u64,
+            ReadKind::BlockStatus { .. } => limits::BLOCK_STATUS_REPLY_BYTES,
+        }
+    }
 }
 
 /// A host request that arrived before the host element was ready.
@@ -678,6 +706,8 @@ struct Fetch {
 const FETCH_BYTES_MAX: u64 = proto::PAYLOAD_BYTES_MAX as u64 / 2;
 
 const READ_ATTEMPTS_MAX: u32 = 8;
+/// The shortest stretch an element's read rate is measured over.
+const READ_RATE_SAMPLE_US_MIN: u64 = 1_000;
 
 /// How often a starting host element raises its epoch before it gives up and counts the
 /// refusing elements as fenced: two host elements started together would otherwise take
@@ -726,7 +756,11 @@ pub struct HostCore {
     elements: Vec<ElementRuntime>,
     volumes: Vec<VolumeRuntime>,
     cache: ReadCache,
+    /// Reads out at elements, by request id: change through `reads_insert`/`reads_remove`,
+    /// which count each element's `read_bytes_out`.
     reads: HashMap<u64, PendingRead>,
+    /// Reads waiting for room in their element's window, oldest first.
+    reads_waiting: VecDeque<PendingRead>,
     fetches: HashMap<u64, Fetch>,
     /// Volume checks under way (`check_volumes`), by request id: the token, the elements not
     /// answered yet, and the refusals so far.
@@ -855,6 +889,10 @@ impl HostCore {
                 owner_absent_ms: 0,
                 follows_ours: false,
                 lease_until: Time(0),
+                read_bytes_out: 0,
+                read_rate: None,
+                last_read_reply: None,
+                read_sample: None,
                 scrub_repair: vec![false; volume_count],
                 weak_through: vec![Sequence::ZERO; volume_count],
                 session_volumes: 0,
@@ -901,6 +939,7 @@ impl HostCore {
             elements,
             volumes,
             reads: HashMap::new(),
+            reads_waiting: VecDeque::new(),
             fetches: HashMap::new(),
             checks: BTreeMap::new(),
             deferred: Vec::new(),
@@ -1208,10 +1247,12 @@ impl HostCore {
             ElementMessage::Applied { volume, sequence } => self.on_applied(now, element, volume, sequence),
             ElementMessage::Received { volume, sequence } => self.on_weak_ack(now, element, volume, sequence),
             ElementMessage::ReadReply { request_id, applied_sequence, result } => {
-                self.on_read_reply(now, element, request_id, applied_sequence, ReadResult::Data(result))
+                self.on_read_reply(now, element, request_id, applied_sequence, ReadResult::Data(result));
+                self.dispatch_waiting_reads(now);
             }
             ElementMessage::BlockStatusReply { request_id, applied_sequence, result } => {
-                self.on_read_reply(now, element, request_id, applied_sequence, ReadResult::Extents(result))
+                self.on_read_reply(now, element, request_id, applied_sequence, ReadResult::Extents(result));
+                self.dispatch_waiting_reads(now);
             }
             ElementMessage::ScrubReply { request_id, result } => self.on_scrub_reply(now, element, request_id, result),
             ElementMessage::Pong { epoch, .. } if epoch > self.epoch => self.on_epoch_refused(now, element, epoch),
@@ -1410,7 +1451,11 @@ impl HostCore {
         }
         let mut reads: Vec<(u64, PendingRead)> = self.reads.drain().collect();
         reads.sort_unstable_by_key(|(id, _)| *id);
-        for (_, read) in reads {
+        for e in &mut self.elements {
+            (e.read_bytes_out, e.last_read_reply, e.read_sample) = (0, None, None);
+        }
+        let waiting = std::mem::take(&mut self.reads_waiting);
+        for read in reads.into_iter().map(|(_, read)| read).chain(waiting) {
             let reply = match read.kind {
                 ReadKind::Data { .. } => Reply::Read(Err(HostError::Unavailable)),
                 ReadKind::BlockStatus { .. } => Reply::BlockStatus(Err(HostError::Unavailable)),
@@ -1688,7 +1733,7 @@ impl HostCore {
             }
             // A read an element answers after removing the volume would fail that element.
             let volume = VolumeId(i as u32);
-            if self.reads.values().any(|r| r.volume == volume) {
+            if self.reads.values().chain(&self.reads_waiting).any(|r| r.volume == volume) {
                 return Err(format!("volume {name} has reads under way; stop its clients first"));
             }
             if ids.contains(&VolumeId(i as u32)) {
@@ -2547,9 +2592,13 @@ impl HostCore {
             self.reads.iter().filter(|(_, r)| r.element == element).map(|(id, _)| *id).collect();
         stranded.sort_unstable(); // HashMap order is random per process; replays must not be.
         for id in stranded {
-            let read = self.reads.remove(&id).expect("listed above");
+            let read = self.reads_remove(id).expect("listed above");
             self.dispatch_read(now, read);
         }
+        let e = &mut self.elements[element.0 as usize];
+        debug_assert_eq!(e.read_bytes_out, 0, "every read out at it was taken back");
+        (e.last_read_reply, e.read_sample) = (None, None);
+        self.dispatch_waiting_reads(now);
         let mut fetches: Vec<u64> =
             self.fetches.iter().filter(|(_, f)| f.element == element).map(|(id, _)| *id).collect();
         fetches.sort_unstable();
@@ -2952,6 +3001,7 @@ impl HostCore {
             attempts: 0,
             snapshot,
             tried: ElementSet::default(),
+            sent_at: now,
         };
         self.dispatch_read(now, read);
     }
@@ -3002,6 +3052,7 @@ impl HostCore {
             attempts: 0,
             snapshot,
             tried: ElementSet::default(),
+            sent_at: now,
         };
         self.dispatch_read(now, read);
     }
@@ -3021,23 +3072,59 @@ impl HostCore {
             .map(|(i, _)| ElementId(i as u8))
     }
 
-    fn dispatch_read(&mut self, _now: Time, mut read: PendingRead) {
-        read.attempts += 1;
+    /// Send a read to the closest element that can answer it, after the reads waiting before
+    /// it; it waits if that element's window is full (`limits::READ_WINDOW_MS`).
+    fn dispatch_read(&mut self, now: Time, read: PendingRead) {
+        if !self.reads_waiting.is_empty() {
+            return self.reads_waiting.push_back(read);
+        }
+        if let Some(read) = self.send_read(now, read) {
+            self.reads_waiting.push_back(read);
+        }
+    }
+
+    /// Send the waiting reads, oldest first, while their elements have room.
+    fn dispatch_waiting_reads(&mut self, now: Time) {
+        while let Some(read) = self.reads_waiting.pop_front() {
+            if let Some(read) = self.send_read(now, read) {
+                self.reads_waiting.push_front(read);
+                break;
+            }
+        }
+    }
+
+    /// The most reply bytes of reads out at element `e` (see `limits::READ_WINDOW_MS`).
+    fn read_window_bytes(&self, e: ElementId) -> u64 {
+        let measured = self.elements[e.0 as usize].read_rate.unwrap_or(0) * limits::READ_WINDOW_MS / 1000;
+        measured.max(limits::READ_WINDOW_BYTES_MIN)
+    }
+
+    /// Send `read` to the closest element that can answer it (or fail it if none can); give
+    /// it back if that element's window has no room for it.
+    #[must_use]
+    fn send_read(&mut self, now: Time, mut read: PendingRead) -> Option<PendingRead> {
         let closest = match read.snapshot {
             None => self.closest_in_sync(),
             Some(_) => self.closest_in_sync_but(read.tried),
         };
         let element = match closest {
-            Some(e) if read.attempts <= READ_ATTEMPTS_MAX => e,
+            Some(e) if read.attempts < READ_ATTEMPTS_MAX => e,
             _ => {
                 let reply = match read.kind {
                     ReadKind::Data { .. } => Reply::Read(Err(HostError::Unavailable)),
                     ReadKind::BlockStatus { .. } => Reply::BlockStatus(Err(HostError::Unavailable)),
                 };
-                return self.reply(read.token, reply);
+                self.reply(read.token, reply);
+                return None;
             }
         };
+        let out = self.elements[element.0 as usize].read_bytes_out;
+        if self.config.read_window && out > 0 && out + read.reply_bytes() > self.read_window_bytes(element) {
+            return Some(read);
+        }
+        read.attempts += 1;
         read.element = element;
+        read.sent_at = now;
         let request_id = self.next_request_id;
         self.next_request_id += 1;
         let message = match read.kind {
@@ -3056,27 +3143,56 @@ impl HostCore {
                 snapshot: read.snapshot,
             },
         };
-        self.reads.insert(request_id, read);
+        self.reads_insert(request_id, read);
         let mut to = ElementSet::default();
         to.insert(element);
         self.emit(Action::Send { to, message });
+        None
+    }
+
+    /// Note a read out at its element.
+    fn reads_insert(&mut self, request_id: u64, read: PendingRead) {
+        self.elements[read.element.0 as usize].read_bytes_out += read.reply_bytes();
+        self.reads.insert(request_id, read);
+    }
+
+    /// Take back a read out at its element.
+    fn reads_remove(&mut self, request_id: u64) -> Option<PendingRead> {
+        let read = self.reads.remove(&request_id)?;
+        let e = &mut self.elements[read.element.0 as usize];
+        e.read_bytes_out = e.read_bytes_out.checked_sub(read.reply_bytes()).expect("counted when sent");
+        Some(read)
     }
 
     fn on_read_reply(&mut self, now: Time, element: ElementId, request_id: u64, applied: Sequence, result: ReadResult) {
-        let Some(read) = self.reads.remove(&request_id) else {
+        let Some(read) = self.reads_remove(request_id) else {
             return; // Re-dispatched after this element failed.
         };
         if read.element != element {
-            self.reads.insert(request_id, read);
+            self.reads_insert(request_id, read);
             return self.fail_element(now, element, Failure::Protocol("reply to another element's read".into()), true);
         }
+        // What its link delivers (see `ElementRuntime::read_rate`).
+        let e = &mut self.elements[element.0 as usize];
+        let idle = e.read_bytes_out == 0;
+        let start = e.last_read_reply.map_or(read.sent_at, |t| t.max(read.sent_at));
+        let (since, bytes) = e.read_sample.take().unwrap_or((start, 0));
+        let bytes = bytes + read.reply_bytes();
+        let elapsed_us = now.0.saturating_sub(since.0);
+        if elapsed_us >= READ_RATE_SAMPLE_US_MIN || (idle && elapsed_us > 0) {
+            let sample = bytes * 1_000_000 / elapsed_us;
+            e.read_rate = Some(e.read_rate.map_or(sample, |rate| (rate * 7 + sample) / 8));
+        } else if !idle {
+            e.read_sample = Some((since, bytes));
+        }
+        e.last_read_reply = (!idle).then_some(now);
         if let Some(snapshot) = read.snapshot {
             return self.on_snapshot_read_reply(now, element, read, snapshot, result);
         }
         let vi = read.volume.0 as usize;
         let queue = &self.volumes[vi].queue;
         if applied > queue.last_sequence() {
-            self.reads.insert(request_id, read);
+            self.reads_insert(request_id, read);
             return self.fail_element(
                 now,
                 element,
@@ -3086,12 +3202,12 @@ impl HostCore {
         }
         match (read.kind, result) {
             (_, ReadResult::Data(Err(reason)) | ReadResult::Extents(Err(reason))) => {
-                self.reads.insert(request_id, read);
+                self.reads_insert(request_id, read);
                 self.fail_element(now, element, Failure::ReadFailed(reason), true);
             }
             (ReadKind::Data { length_bytes }, ReadResult::Data(Ok(ReadData { data, crcs }))) => {
                 if data.len() != length_bytes as usize {
-                    self.reads.insert(request_id, read);
+                    self.reads_insert(request_id, read);
                     return self.fail_element(now, element, Failure::Protocol("short read reply".into()), true);
                 }
                 // The checksums the element stored (computed when this host element received
@@ -3102,7 +3218,7 @@ impl HostCore {
                         read.offset_bytes / BLOCK_BYTES,
                         (read.offset_bytes + length_bytes as u64).div_ceil(BLOCK_BYTES),
                     );
-                    self.reads.insert(request_id, read);
+                    self.reads_insert(request_id, read);
                     self.fail_element(now, element, Failure::ReadChecksum(format!("volume {name}: {mismatch}")), true);
                     return self.scrub_range(now, vi, first, end);
                 }
@@ -3129,7 +3245,7 @@ impl HostCore {
                 self.answer_read(now, read.token, Reply::BlockStatus(Ok(extents)));
             }
             _ => {
-                self.reads.insert(request_id, read);
+                self.reads_insert(request_id, read);
                 self.fail_element(
                     now,
                     element,
@@ -3452,6 +3568,7 @@ impl HostCore {
     // ----- time -------------------------------------------------------------------------------
 
     pub fn handle_timeout(&mut self, now: Time) {
+        self.dispatch_waiting_reads(now);
         if !self.ready {
             if now >= self.started.plus_ms(self.config.startup_grace_ms) {
                 self.grace_over = true;
@@ -3638,6 +3755,11 @@ impl HostCore {
     /// Invariants that hold after every input (checked by tests and the simulator).
     pub fn assert_invariants(&self) {
         self.cache.assert_invariants();
+        for (i, e) in self.elements.iter().enumerate() {
+            let out: u64 =
+                self.reads.values().filter(|r| r.element == ElementId(i as u8)).map(PendingRead::reply_bytes).sum();
+            assert_eq!(e.read_bytes_out, out, "element {i}: its read window counts the reads out at it");
+        }
         let in_sync = self.in_sync_count();
         for (vi, v) in self.volumes.iter().enumerate() {
             v.queue.assert_invariants();

@@ -71,6 +71,15 @@ const _: () = assert!(REPLAY_FETCH_BYTES <= LOG_REPLY_BYTES_MAX);
 const _: () = assert!(REPLAY_STASH_BYTES_MAX >= 2 * PAYLOAD_BYTES_MAX as u64);
 const _: () = assert!(COMMIT_BATCH_BYTES_MAX >= PAYLOAD_BYTES_MAX as u64);
 
+/// Reads a host element has out at one element at most: what its replies delivered in this
+/// long, as last measured, and at least `READ_WINDOW_BYTES_MIN` (one read of any size may
+/// always be out). More wait at the host element: an element's pongs, which renew the read
+/// lease, never queue behind more than about this much of its replies.
+pub const READ_WINDOW_MS: u64 = 100;
+pub const READ_WINDOW_BYTES_MIN: u64 = 1024 * 1024;
+/// What a block-status reply counts for in that window.
+pub const BLOCK_STATUS_REPLY_BYTES: u64 = 4096;
+
 /// An element's read lease: after each pong it sends the host element it follows, it welcomes
 /// no other host element's epoch for this long (see ARCHITECTURE.md, "Failover").
 pub const LEASE_MS_DEFAULT: u64 = 500;

@@ -218,6 +218,10 @@ pub enum Broken {
     /// With `--groups --volume-ops`: a member that leaves the group (its deletion) keeps its
     /// data: a FLUSH stands in for the zeroing of its window.
     LeaveKeepsData,
+    /// The host element sends every read to its closest element at once, however many are out
+    /// there: that element's pongs queue behind its read replies, and the read lease lapses
+    /// (the liveness checker sees reads fail while Q elements are in sync).
+    UnboundedReads,
 }
 
 impl Broken {
@@ -241,6 +245,7 @@ impl Broken {
             "clone-starts-empty" => Some(Broken::CloneStartsEmpty),
             "join-split" => Some(Broken::JoinSplit),
             "leave-keeps-data" => Some(Broken::LeaveKeepsData),
+            "unbounded-reads" => Some(Broken::UnboundedReads),
             _ => None,
         }
     }
@@ -264,6 +269,7 @@ impl Broken {
             Broken::CloneStartsEmpty => "clone-starts-empty",
             Broken::JoinSplit => "join-split",
             Broken::LeaveKeepsData => "leave-keeps-data",
+            Broken::UnboundedReads => "unbounded-reads",
         }
     }
 }

@@ -1565,6 +1565,7 @@ impl World {
         config.host_id = proto::HostId(instance as u64);
         config.raise_epoch = self.o.broken != Broken::ClockEpochs;
         config.read_lease = self.o.broken != Broken::NoReadLease;
+        config.read_window = self.o.broken != Broken::UnboundedReads;
         config.scrub_repair = self.o.broken != Broken::NoScrubRepair;
         config.flush_waits_for_durable = self.o.broken != Broken::FlushBeforeDurable;
         if !self.o.ack.is_empty() {

@@ -543,3 +543,21 @@ fn a_volume_that_joins_a_group_shares_its_order_and_one_split_off_is_caught() {
     eprintln!("--broken leave-keeps-data: caught seeds {caught:?} of 17000..17200");
     assert!(caught.len() >= 8, "a member deleted with its data must be caught, got {caught:?}");
 }
+
+#[test]
+fn reads_out_at_an_element_are_bounded_so_its_pongs_keep_the_read_lease() {
+    // Seed 25 with groups and volume operations ends (one element failed for good) with a
+    // burst of verification reads, all to the closest element: unbounded, its pongs queue
+    // behind about 10 MiB of replies on its 100 Mb/s link, the read lease lapses and reads
+    // fail with two of Q=2 elements in sync (the liveness checker). Bounded by the host
+    // element's read window, the same schedule passes.
+    let mut o = SimOptions::new(25, 3, 2);
+    o.groups = true;
+    o.volume_ops = true;
+    let r = run(&o);
+    assert!(r.violations.is_empty(), "bounded reads: {:?} — replay: {}", r.violations.first(), r.replay);
+    o.broken = Broken::UnboundedReads;
+    let r = run(&o);
+    let lapsed = |v: &String| v.starts_with("liveness:") && v.contains("(Read) failed with Unavailable");
+    assert!(r.violations.iter().any(lapsed), "--broken unbounded-reads must be caught, got {:?}", r.violations);
+}

@@ -556,6 +556,70 @@ fn reads_go_to_the_closest_element_and_see_unapplied_writes() {
     assert_eq!(c.elements[1].data()[512], 1, "the element itself had not applied it");
 }
 
+/// Issue `count` reads of `len` bytes at once; the reads the host element sent straight away,
+/// per element (they are delivered too, as the cluster would).
+fn read_burst(c: &mut Cluster, count: u64, len: u32) -> (Vec<Token>, Vec<usize>) {
+    let tokens: Vec<Token> = (0..count)
+        .map(|i| {
+            let t = c.token();
+            c.core.handle_host_read(c.now, t, VOLUME, i * len as u64, len);
+            t
+        })
+        .collect();
+    let mut sent = vec![0; c.elements.len()];
+    while let Some(action) = c.core.poll_action() {
+        let Action::Send { to, message } = action else { panic!("only reads are sent: {action:?}") };
+        assert!(matches!(message, HostMessage::Read { .. }), "only reads are sent: {message:?}");
+        for e in to.iter() {
+            let element = e.0 as usize;
+            sent[element] += 1;
+            let session = c.elements[element].session.expect("connected");
+            c.deliveries.push_back(Delivery::ToElement { element, session, message: message.clone() });
+        }
+    }
+    (tokens, sent)
+}
+
+#[test]
+fn reads_out_at_an_element_stay_within_its_window_and_the_rest_follow_its_replies() {
+    let mut c = Cluster::new(3, 2);
+    c.write(0, 9, 4096);
+    // 24 reads of 128 KiB (3 MiB): before any reply has measured the link, 1 MiB goes out.
+    let (tokens, sent) = read_burst(&mut c, 24, 128 * 1024);
+    assert_eq!(sent.iter().sum::<usize>(), 8, "{sent:?}");
+    assert_eq!(sent.iter().filter(|n| **n > 0).count(), 1, "all to the closest element: {sent:?}");
+    c.run();
+    for (i, t) in tokens.iter().enumerate() {
+        let Some(Reply::Read(Ok(data))) = c.replies.remove(t) else { panic!("read {i} answered") };
+        assert_eq!(data[0], if i == 0 { 9 } else { 0 });
+    }
+    // One read larger than the window still goes out, alone.
+    let (tokens, sent) = read_burst(&mut c, 2, 2 * 1024 * 1024);
+    assert_eq!(sent.iter().sum::<usize>(), 1, "{sent:?}");
+    c.run();
+    assert!(tokens.iter().all(|t| matches!(c.replies.remove(t), Some(Reply::Read(Ok(_))))));
+}
+
+#[test]
+fn reads_waiting_for_a_failed_element_go_to_another() {
+    let mut c = Cluster::new(3, 2);
+    let (tokens, sent) = read_burst(&mut c, 24, 128 * 1024);
+    let busy = sent.iter().position(|n| *n > 0).expect("one element was sent reads");
+    c.crash(busy);
+    c.run();
+    for t in &tokens {
+        assert_eq!(c.replies.remove(t), Some(Reply::Read(Ok(Bytes::from(vec![0u8; 128 * 1024])))));
+    }
+}
+
+#[test]
+fn without_the_window_every_read_goes_out_at_once() {
+    // The simulator's `--broken unbounded-reads`.
+    let mut c = Cluster::with(3, 2, |cfg| cfg.read_window = false);
+    let (_, sent) = read_burst(&mut c, 24, 128 * 1024);
+    assert_eq!(sent.iter().sum::<usize>(), 24, "{sent:?}");
+}
+
 #[test]
 fn read_cache_serves_hits_without_elements() {
     let mut c = Cluster::with(3, 2, |cfg| cfg.read_cache_bytes = 1 << 20);
