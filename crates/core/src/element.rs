@@ -748,10 +748,13 @@ impl ElementCore {
         }
     }
 
-    /// Another host element's hello waits for the lease: no more promises meanwhile.
+    /// Another host element's hello waits for the lease: no more promises meanwhile. Nor while
+    /// a newer epoch is being adopted: the lease ran out (or there was none) and the element is
+    /// about to welcome it, so a promise now would be broken at once.
     fn lease_promise_ms(&self, session_epoch: Epoch) -> u64 {
+        let adopting = matches!(self.in_flight, Some(InFlight::AdoptEpoch { .. }));
         // A holder that released the element gets no promise again (its pings may still come).
-        if session_epoch == self.epoch && !self.hello_waits && !self.owner_released {
+        if session_epoch == self.epoch && !self.hello_waits && !self.owner_released && !adopting {
             self.config.lease_ms
         } else {
             0

@@ -886,6 +886,26 @@ fn a_newer_host_element_waits_for_the_read_lease_promised_to_the_holder() {
 }
 
 #[test]
+fn no_lease_is_promised_while_a_newer_epoch_is_being_adopted() {
+    // Found by the simulator (swarm seed 1644 of one build): the holder's ping arrived just
+    // after the lease had run out and a newer host element's epoch was being adopted; the pong
+    // promised a new lease, and the welcome broke it at once (the old host element answered a
+    // stale read from its cache while the new one had acknowledged a write).
+    let other = HostId(2);
+    let mut h = Harness::new(5, &[("a", 0, 0)]);
+    h.hello(1, 5, &["a"]);
+    h.settle();
+    h.advance_ms(LEASE_MS_DEFAULT);
+    h.hello_from(2, 7, other, &["a"]);
+    h.sent();
+    assert!(adopting(&h), "no lease runs: the newer epoch is adopted at once");
+    h.host(1, HostMessage::Ping { nonce: 1 });
+    assert_eq!(pong_lease(&h.sent(), 1), Some(0), "no promise the welcome would break");
+    let sent = h.settle();
+    assert!(sent.iter().any(|(s, m)| *s == 2 && matches!(m, ElementMessage::Welcome { .. })), "{sent:?}");
+}
+
+#[test]
 fn a_released_lease_lets_a_standby_in_at_once_and_says_the_owner_is_gone() {
     let other = HostId(2);
     let mut h = Harness::new(5, &[("a", 0, 0)]);
