@@ -237,10 +237,10 @@ fn rogue_element_sessions_change_nothing_and_without_the_role_check_are_caught()
     let summary = sweep("N=3 Q=2 rogue element sessions", &o, 16);
     assert!(summary.faults_total() > 16, "rogue sessions happened");
     o.broken = Broken::NoRoleCheck;
-    let reports = run_many(&o, 3_000, 16, 2);
+    let reports = run_many(&o, 3_000, 32, 2);
     let caught: Vec<u64> = reports.iter().filter(|r| !r.violations.is_empty()).map(|r| r.seed).collect();
-    eprintln!("--broken no-role-check: caught seeds {caught:?} of 3000..3016");
-    assert!(caught.len() >= 4, "a missing role check must be caught in several runs, got {caught:?}");
+    eprintln!("--broken no-role-check: caught seeds {caught:?} of 3000..3032");
+    assert!(caught.len() >= 6, "a missing role check must be caught in several runs, got {caught:?}");
 }
 
 /// Scrub (issue 13): a block that silently diverges on one element, checksum and all, is
@@ -342,20 +342,21 @@ fn volume_creations_are_failure_atomic_and_without_the_intention_log_are_caught(
 /// loss of the elements that counted (as the contract allows), on a volume deleted later. Seed
 /// 55 once read them back stale before the deletion and never counted them lost (the volume's
 /// history was checked only at the end, when it was gone): the checker now accounts a
-/// volume's acknowledged writes before its deletion is logged. Seed 850 is such a run since
-/// the takeover faults changed the runs (seed 55 deletes nothing now; `--trace` says "lost as
-/// allowed (before its volume's deletion)").
+/// volume's acknowledged writes before its deletion is logged. Seed 709 is such a run since
+/// the read window and the read cache's bypass changed the runs (seed 55 deletes nothing now,
+/// nor loses seed 850, the one before; `--trace` says "lost as allowed (before its volume's
+/// deletion)" five times).
 #[test]
 fn weakly_acknowledged_losses_on_a_deleted_volume_are_accounted_for() {
     use starfish_core::AckPolicy::{Durable, NetworkSync, Received};
-    let mut o = SimOptions::new(850, 3, 2);
+    let mut o = SimOptions::new(709, 3, 2);
     o.volume_ops = true;
     o.ack = vec![Received, NetworkSync, Durable];
     let r = run(&o);
-    assert!(r.violations.is_empty(), "seed 850: {:?} — replay: {}", r.violations, r.replay);
+    assert!(r.violations.is_empty(), "seed 709: {:?} — replay: {}", r.violations, r.replay);
     assert!(
         r.volumes_deleted > 0 && r.acked_writes_lost_weak > 0,
-        "seed 850 still loses weak writes of a deleted volume"
+        "seed 709 still loses weak writes of a deleted volume"
     );
     o.fault_phase_ms = 10_000;
     sweep("N=3 Q=2 volume ops, received, network-sync, durable", &o, 32);
