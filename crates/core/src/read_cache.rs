@@ -10,8 +10,8 @@ type Key = (VolumeId, u64);
 
 /// Writes and reads of at least this many bytes pass the cache by (a write takes its blocks out
 /// of it): large, mostly sequential transfers would each copy hundreds of blocks into it only
-/// to evict the small, hot ones (and a write's copies cost the host element about a tenth of
-/// its CPU at 1 MiB writes).
+/// to evict the small, hot ones (at 1 MiB writes the cache's own code took 6 % of the host
+/// element's samples, its blocks' allocations and copies some of the rest; docs/benchmarks.md).
 pub const READ_CACHE_BYPASS_BYTES: u64 = 128 * 1024;
 
 #[derive(Debug)]

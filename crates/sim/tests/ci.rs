@@ -343,9 +343,9 @@ fn volume_creations_are_failure_atomic_and_without_the_intention_log_are_caught(
 /// 55 once read them back stale before the deletion and never counted them lost (the volume's
 /// history was checked only at the end, when it was gone): the checker now accounts a
 /// volume's acknowledged writes before its deletion is logged. Seed 709 is such a run since
-/// the read window and the read cache's bypass changed the runs (seed 55 deletes nothing now,
-/// nor loses seed 850, the one before; `--trace` says "lost as allowed (before its volume's
-/// deletion)" five times).
+/// the read window, the read cache's bypass and the lease fix changed the runs (seed 55
+/// deletes nothing now, nor loses seed 850, the one before; `--trace` says "lost as allowed
+/// (before its volume's deletion)" five times).
 #[test]
 fn weakly_acknowledged_losses_on_a_deleted_volume_are_accounted_for() {
     use starfish_core::AckPolicy::{Durable, NetworkSync, Received};

@@ -50,17 +50,11 @@ use proto::{Sequence, BLOCK_BYTES, PAYLOAD_BYTES_MAX};
 
 /// A log segment that appends must grow (a new store's first segment, or one created while no
 /// spare was ready) grows by at least this many zeroes at a time on a disk, so most commits
-/// overwrite space the file already has: their `fdatasync` then writes data only, without a
-/// journal commit for the file's new size and blocks (a third less time for three elements
-/// syncing on one disk, measured with fio). Not on a file system in memory.
+/// overwrite space the file already has: their `fdatasync` then writes data only, not also the
+/// file's new size and blocks (a third less time for three elements syncing on one disk,
+/// measured with fio). Not on a file system in memory.
 pub const LOG_GROW_STEP_BYTES: u64 = 256 * 1024;
 
-impl StoreOptions {
-    /// The step a growing log segment takes ([`StoreOptions::log_grow_step_bytes`], bounded).
-    pub fn log_grow_step(&self) -> u64 {
-        self.log_grow_step_bytes.min(self.checkpoint_log_bytes / 16) / BLOCK_BYTES * BLOCK_BYTES
-    }
-}
 /// Default for [`StoreOptions::checkpoint_log_bytes`]: the live log segment stays around this
 /// size; each one filled starts a checkpoint in the background and a new segment.
 pub const CHECKPOINT_LOG_BYTES_DEFAULT: u64 = 64 * 1024 * 1024;
@@ -153,6 +147,13 @@ pub struct StoreOptions {
     /// sixteenth of `checkpoint_log_bytes`, in 4 KiB); 0: to the end of each batch. See
     /// [`LOG_GROW_STEP_BYTES`], the default. Not on a file system in memory.
     pub log_grow_step_bytes: u64,
+}
+
+impl StoreOptions {
+    /// The step a growing log segment takes ([`StoreOptions::log_grow_step_bytes`], bounded).
+    pub fn log_grow_step(&self) -> u64 {
+        self.log_grow_step_bytes.min(self.checkpoint_log_bytes / 16) / BLOCK_BYTES * BLOCK_BYTES
+    }
 }
 
 impl Default for StoreOptions {

@@ -397,7 +397,7 @@ impl Store {
         let previous =
             live.checked_sub(1).and_then(|previous| Some((previous, index.segment_bytes(previous)?))).unwrap_or((0, 0));
         let live_file_bytes = live_file.metadata().map_err(io_error("stat", &live_path))?.len();
-        let writer = LogWriter::new(live, live_path, live_file, live_end, live_file_bytes, previous);
+        let mut writer = LogWriter::new(live, live_path, live_file, live_end, live_file_bytes, previous);
 
         // A spare prepared for the next segment is kept; anything newer is left over from a
         // spare retargeted before a crash.
@@ -440,8 +440,8 @@ impl Store {
         });
         shared.trim_replay_log(log_start);
         let reads = sys::non_blocking_reads(dir);
-        let mut writer = writer;
-        if !matches!(reads, Ok(sys::NonBlockingReads::Always)) {
+        let in_memory = matches!(reads, Ok(sys::NonBlockingReads::Always));
+        if !in_memory {
             writer.grow_step_bytes = options.log_grow_step();
         }
         let committer = Arc::new(Mutex::new(Committer { log: writer, dirty, unflushed_bytes, spare_requested: false }));
@@ -484,7 +484,7 @@ impl Store {
                 Ok(sys::NonBlockingReads::PageCacheOnly) => NON_BLOCKING_PAGE_CACHE,
                 Err(_) => NON_BLOCKING_OFF,
             }),
-            in_memory: matches!(reads, Ok(sys::NonBlockingReads::Always)),
+            in_memory,
             snapshot_count: AtomicUsize::new(snapshot_count),
         })
     }

@@ -802,13 +802,13 @@ fn reopening_returns_the_same_data() {
 /// records), which the next batch overwrites.
 const SYNC_MARK_BYTES: u64 = log::BATCH_HEADER_BYTES as u64;
 
-/// Where the next batch goes: the end of the live segment's file, less its sync mark.
 /// Options for tests that find the end of the log by the live segment's length (to cut or
 /// damage its tail): segments grow to the end of each batch, no zeroes after it.
 fn exact_growth() -> StoreOptions {
     StoreOptions { log_grow_step_bytes: 0, ..StoreOptions::default() }
 }
 
+/// Where the next batch goes: the end of the live segment's file, less its sync mark.
 fn log_end(segment: &Path) -> u64 {
     fs::metadata(segment).expect("stat").len() - SYNC_MARK_BYTES
 }
