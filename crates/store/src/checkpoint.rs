@@ -121,6 +121,9 @@ pub struct Checkpointer {
     /// Tests hold it to stall checkpoints.
     #[cfg(test)]
     pub gate: Mutex<()>,
+    /// Tests: wake the thread each time the writer takes a spare, before it renames it.
+    #[cfg(test)]
+    pub wake_after_take: std::sync::atomic::AtomicBool,
 }
 
 impl Checkpointer {
@@ -131,6 +134,8 @@ impl Checkpointer {
             progress: Condvar::new(),
             #[cfg(test)]
             gate: Mutex::new(()),
+            #[cfg(test)]
+            wake_after_take: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -150,13 +155,29 @@ impl Checkpointer {
         Ok(())
     }
 
-    /// The spare prepared for segment `id`, if ready.
+    /// The spare prepared for segment `id`, if ready. Taking it makes `id` the live segment
+    /// at once: the writer renames the spare to its segment name after this returns, and a
+    /// thread woken in between must not prepare segment `id` again (it would rename a free
+    /// file over the spare, and the writer's rename would then give the segment's name to
+    /// that stale file while the records went into a file without a name).
     pub fn take_spare(&self, id: u64) -> Option<Spare> {
         let mut queue = lock(&self.queue);
-        match &queue.spare {
+        let taken = match &queue.spare {
             Some(spare) if spare.id == id => queue.spare.take(),
             _ => None,
+        };
+        if taken.is_some() {
+            queue.live_segment = id;
+            queue.spare_wanted = false;
         }
+        drop(queue);
+        #[cfg(test)]
+        if taken.is_some() && self.wake_after_take.load(std::sync::atomic::Ordering::Relaxed) {
+            // Tests: the thread wakes, and has time to act, before the writer renames.
+            self.wake.notify_all();
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        taken
     }
 
     pub fn set_live_segment(&self, id: u64) {

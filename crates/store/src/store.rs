@@ -1289,6 +1289,12 @@ impl Store {
         lock(&self.shared.checkpointer.gate)
     }
 
+    /// Wake the checkpointer each time the writer takes a spare, before it renames it (tests).
+    #[cfg(test)]
+    pub(crate) fn wake_checkpointer_after_spare_taken(&self) {
+        self.shared.checkpointer.wake_after_take.store(true, Ordering::Relaxed);
+    }
+
     /// `Err` if `volume` is a snapshot, which cannot do `what`.
     fn refuse_snapshot(&self, volume: &Volume, what: &'static str) -> Result<(), StoreError> {
         match volume.snapshot_of {
