@@ -268,6 +268,22 @@ impl Exports for BackendExports<'_> {
 
 /// Bytes read ahead from the socket at a time (beyond what the current message needs).
 const READ_CHUNK_BYTES: usize = 64 * 1024;
+/// A write payload smaller than this is copied out of the read buffer: kept in the host
+/// element's write queue, a slice of the buffer would keep the whole read chunk it came in
+/// allocated (at 4 KiB writes the queue's memory was twice its payloads; docs/benchmarks.md).
+const PAYLOAD_COPY_BYTES_BELOW: usize = 16 * 1024;
+
+/// Take a write's payload of `length` bytes off the front of `buffer`: a small one copied into
+/// its own allocation, a large one shared with the buffer (not copied).
+fn take_payload(buffer: &mut BytesMut, length: usize) -> Bytes {
+    if length < PAYLOAD_COPY_BYTES_BELOW {
+        let payload = Bytes::copy_from_slice(&buffer[..length]);
+        buffer.advance(length);
+        payload
+    } else {
+        buffer.split_to(length).freeze()
+    }
+}
 
 /// The reading and writing halves of a connection, plain or TLS.
 type Reader = Box<dyn AsyncRead + Send + Unpin>;
@@ -510,7 +526,7 @@ impl Connection {
                         if !self.fill(length).await? {
                             return Err(ConnectionError::RequestTruncated);
                         }
-                        Some(self.buffer.split_to(length).freeze())
+                        Some(take_payload(&mut self.buffer, length))
                     }
                 };
                 let job = RequestJob {
@@ -702,5 +718,30 @@ impl ReplyFailure {
     async fn wait(&self) -> io::Error {
         self.notify.notified().await;
         self.error.lock().expect("no panic while holding this lock").take().expect("reported before notified")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_small_payload_does_not_keep_its_read_chunk_and_a_large_one_is_not_copied() {
+        let mut buffer = BytesMut::with_capacity(READ_CHUNK_BYTES);
+        buffer.extend_from_slice(&[7; 2 * 4096]);
+        let small = take_payload(&mut buffer, 4096);
+        assert_eq!(small, Bytes::from(vec![7; 4096]));
+        buffer.clear();
+        assert!(buffer.try_reclaim(READ_CHUNK_BYTES), "the small payload shares the read chunk");
+
+        buffer.extend_from_slice(&[8; PAYLOAD_COPY_BYTES_BELOW + 512]);
+        let large = take_payload(&mut buffer, PAYLOAD_COPY_BYTES_BELOW);
+        assert_eq!(large.len(), PAYLOAD_COPY_BYTES_BELOW);
+        assert_eq!(buffer.len(), 512);
+        buffer.clear();
+        assert!(!buffer.try_reclaim(READ_CHUNK_BYTES), "the large payload was copied");
+        drop(large);
+        assert!(buffer.try_reclaim(READ_CHUNK_BYTES));
+        assert_eq!(small.len(), 4096);
     }
 }
