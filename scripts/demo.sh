@@ -17,5 +17,10 @@ if ! command -v protoc >/dev/null 2>&1 || [ ! -f /usr/include/google/protobuf/de
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
         protobuf-compiler libprotobuf-dev >/dev/null
 fi
+# The allocator, jemalloc, is built from its sources with make.
+if ! command -v make >/dev/null 2>&1; then
+    echo "make not found: installing Debian's make" >&2
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends make >/dev/null
+fi
 cargo build --release -q -p starfish
 exec target/release/starfish demo "$@"

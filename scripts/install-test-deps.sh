@@ -25,6 +25,7 @@ packages=(
     etcd-server
     protobuf-compiler
     libprotobuf-dev
+    make
 )
 
 missing=()

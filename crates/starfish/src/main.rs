@@ -461,7 +461,6 @@ fn demo_certificates(dir: &std::path::Path, elements: &[&str]) -> Result<()> {
 }
 
 fn main() {
-    memory::tune_malloc();
     let cli = Cli::parse();
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
@@ -492,7 +491,6 @@ fn run(cli: Cli) -> Result<()> {
             None => {
                 let options = element_options(args)?;
                 runtime()?.block_on(async {
-                    tokio::spawn(memory::trim_when_idle());
                     shell::element::run(options, shutdown_signal()).await?;
                     Ok(())
                 })
@@ -501,7 +499,6 @@ fn run(cli: Cli) -> Result<()> {
         Command::Host(args) => {
             let options = host_options(args)?;
             runtime()?.block_on(async {
-                tokio::spawn(memory::trim_when_idle());
                 shell::host::start(options).await?;
                 shutdown_signal().await;
                 tracing::info!("host element stopping");
