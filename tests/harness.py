@@ -20,6 +20,7 @@ import subprocess
 import tempfile
 import threading
 import time
+import urllib.request
 
 import nbd
 
@@ -1078,6 +1079,97 @@ class NetnsLink:
 
     def logs(self, lines=50):
         return [("link", tail_file(self.log_path, lines))]
+
+
+class LinkProxy:
+    """`starfish link` as a TCP proxy to an element (`delay_ms` one way, `rate_mbit` or
+    unlimited); `cut`, `heal` and `set` go to its stdin."""
+
+    def __init__(self, workdir, name, target_port, delay_ms, rate_mbit=None):
+        self.name = name
+        self.port = free_port()
+        self.log_path = os.path.join(workdir, f"link-{name}.log")
+        self.args = [
+            starfish_bin(), "link", "--listen", f"{LOCALHOST}:{self.port}",
+            "--target", f"{LOCALHOST}:{target_port}", "--delay-ms", str(delay_ms),
+        ] + (["--rate-mbit", str(rate_mbit)] if rate_mbit else [])
+        self.popen = None
+
+    def start(self):
+        with open(self.log_path, "ab") as log:
+            self.popen = subprocess.Popen(
+                self.args, stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        wait_until(lambda: self.port in listening_ports() or self.popen.poll() is not None,
+                           START_TIMEOUT, f"link proxy {self.name} listening")
+        assert self.popen.poll() is None, f"link proxy {self.name} exited:\n{tail_file(self.log_path)}"
+
+    def command(self, line):
+        assert self.popen.poll() is None, f"link proxy {self.name} exited:\n{tail_file(self.log_path)}"
+        self.popen.stdin.write(line.encode() + b"\n")
+        self.popen.stdin.flush()
+
+    def panicked(self):
+        with open(self.log_path, errors="replace") as f:
+            return "panicked" in f.read()
+
+    def restart(self):
+        self.destroy()
+        self.popen = None
+        self.start()
+
+    def destroy(self):
+        if self.popen is None:
+            return
+        if self.popen.poll() is None:
+            self.popen.kill()
+            self.popen.wait(timeout=STOP_TIMEOUT)
+        try:
+            self.popen.stdin.close()
+        except OSError:
+            pass
+        try:
+            os.killpg(self.popen.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+class LinkedCluster(Cluster):
+    """A Cluster whose host reaches some elements through link proxies: `links` maps an
+    element's name to the (one-way delay ms, rate Mbit/s or None) of its link."""
+
+    def __init__(self, workdir, links, **kwargs):
+        self.proxies = {}
+        super().__init__(workdir, **kwargs)
+        for name, (delay_ms, rate_mbit) in links.items():
+            self.proxies[name] = LinkProxy(workdir, name, self.elements[name].port, delay_ms, rate_mbit)
+        self.host.args = [str(a) for a in self.host_args()]
+
+    def host_args(self):
+        args = super().host_args()
+        for name, proxy in self.proxies.items():
+            element = self.elements[name]
+            i = args.index(f"{name}={element.address}")
+            args[i] = f"{name}={LOCALHOST}:{proxy.port}"
+        return args
+
+    def start(self):
+        for proxy in self.proxies.values():
+            proxy.start()
+        return super().start()
+
+    def destroy(self):
+        super().destroy()
+        for proxy in self.proxies.values():
+            proxy.destroy()
+
+    def logs(self, lines=150):
+        return super().logs(lines) + [(f"link-{n}", tail_file(p.log_path, 40)) for n, p in self.proxies.items()]
+
+    def fast_status(self):
+        """GET /status from the admin port (quicker than `starfish status`)."""
+        with urllib.request.urlopen(f"http://{self.admin}/status", timeout=5) as r:
+            return json.loads(r.read())
 
 
 def place_far_element_behind(cluster, link):

@@ -35,10 +35,8 @@ import os
 import random
 import shutil
 import signal
-import subprocess
 import threading
 import time
-import urllib.request
 
 import pytest
 
@@ -61,96 +59,6 @@ def sim_bin():
     if os.environ.get("STARFISH_BIN"):
         return os.path.join(os.path.dirname(os.environ["STARFISH_BIN"]), "sim")
     return os.path.join(harness.REPO, "target", "release", "sim")
-
-
-class LinkProxy:
-    """`starfish link` as a TCP proxy to an element; `cut`, `heal` and `set`
-    go to its stdin."""
-
-    def __init__(self, workdir, name, target_port, delay_ms):
-        self.name = name
-        self.port = harness.free_port()
-        self.log_path = os.path.join(workdir, f"link-{name}.log")
-        self.args = [
-            harness.starfish_bin(), "link", "--listen", f"{harness.LOCALHOST}:{self.port}",
-            "--target", f"{harness.LOCALHOST}:{target_port}", "--delay-ms", str(delay_ms),
-        ]
-        self.popen = None
-
-    def start(self):
-        with open(self.log_path, "ab") as log:
-            self.popen = subprocess.Popen(
-                self.args, stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-            )
-        harness.wait_until(lambda: self.port in harness.listening_ports() or self.popen.poll() is not None,
-                           harness.START_TIMEOUT, f"link proxy {self.name} listening")
-        assert self.popen.poll() is None, f"link proxy {self.name} exited:\n{harness.tail_file(self.log_path)}"
-
-    def command(self, line):
-        assert self.popen.poll() is None, f"link proxy {self.name} exited:\n{harness.tail_file(self.log_path)}"
-        self.popen.stdin.write(line.encode() + b"\n")
-        self.popen.stdin.flush()
-
-    def panicked(self):
-        with open(self.log_path, errors="replace") as f:
-            return "panicked" in f.read()
-
-    def restart(self):
-        self.destroy()
-        self.popen = None
-        self.start()
-
-    def destroy(self):
-        if self.popen is None:
-            return
-        if self.popen.poll() is None:
-            self.popen.kill()
-            self.popen.wait(timeout=harness.STOP_TIMEOUT)
-        try:
-            self.popen.stdin.close()
-        except OSError:
-            pass
-        try:
-            os.killpg(self.popen.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-
-
-class LinkedCluster(harness.Cluster):
-    """A Cluster whose host reaches some elements through link proxies."""
-
-    def __init__(self, workdir, **kwargs):
-        self.proxies = {}
-        super().__init__(workdir, **kwargs)
-        for delay, name in zip((1, 2), LINKED):
-            self.proxies[name] = LinkProxy(workdir, name, self.elements[name].port, delay)
-        self.host.args = [str(a) for a in self.host_args()]
-
-    def host_args(self):
-        args = super().host_args()
-        for name, proxy in self.proxies.items():
-            element = self.elements[name]
-            i = args.index(f"{name}={element.address}")
-            args[i] = f"{name}={harness.LOCALHOST}:{proxy.port}"
-        return args
-
-    def start(self):
-        for proxy in self.proxies.values():
-            proxy.start()
-        return super().start()
-
-    def destroy(self):
-        super().destroy()
-        for proxy in self.proxies.values():
-            proxy.destroy()
-
-    def logs(self, lines=150):
-        return super().logs(lines) + [(f"link-{n}", harness.tail_file(p.log_path, 40)) for n, p in self.proxies.items()]
-
-    def fast_status(self):
-        """GET /status from the admin port (quicker than `starfish status`)."""
-        with urllib.request.urlopen(f"http://{self.admin}/status", timeout=5) as r:
-            return json.loads(r.read())
 
 
 def element_of(status, name):
@@ -295,7 +203,8 @@ def linked_cluster(request, workdir):
     request.getfixturevalue("starfish_bin")
     directory = os.path.join(workdir, "cluster")
     os.makedirs(directory)
-    cluster = LinkedCluster(directory, volumes=(("vol0", str(VOLUME_BYTES)),))
+    links = {name: (delay_ms, None) for delay_ms, name in zip((1, 2), LINKED)}
+    cluster = harness.LinkedCluster(directory, links, volumes=(("vol0", str(VOLUME_BYTES)),))
     attach_logs(request, cluster)
     try:
         cluster.start()

@@ -5,6 +5,7 @@ serving everyone else — never an exit, a busy loop or unbounded growth."""
 import os
 import socket
 import struct
+import subprocess
 import time
 
 import pytest
@@ -159,3 +160,85 @@ def test_out_of_file_descriptors_every_port_waits_and_serves_again(make_cluster)
     cluster.host.kill9()
     cluster.host.reap_group()
     cluster.start_host()
+
+
+@pytest.fixture
+def thin_closest_link_cluster(request, workdir):
+    """The closest element (local) behind a thin link, 40 Mbit/s with no delay; near and far
+    behind 5 ms each way, at full speed. One volume of 32 MiB."""
+    from conftest import attach_logs, cluster_only
+    cluster_only()
+    request.getfixturevalue("starfish_bin")
+    directory = os.path.join(workdir, "cluster")
+    os.makedirs(directory)
+    links = {"local": (0, 40), "near": (5, None), "far": (5, None)}
+    cluster = harness.LinkedCluster(directory, links, volumes=(("vol0", "32MiB"),))
+    attach_logs(request, cluster)
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.destroy()
+
+
+@pytest.mark.time_limit(180)
+def test_reads_beyond_a_thin_closest_links_window_wait_and_every_element_stays_in_sync(thin_closest_link_cluster,
+                                                                                       workdir):
+    """The host element's read window (limits::READ_WINDOW_MS): nbdcopy sends 64 reads of 256 KiB
+    at once, all for the closest element, which sits behind a 5 MB/s link. The reply bytes out at
+    an element stay within what its link delivered in 100 ms (at least 1 MiB); the other reads
+    wait in the host element, as the status document and `starfish status` show; every read
+    returns the data, and no element leaves sync. (A build without the window sent all 64 at
+    once, 16 MiB for a 5 MB/s link, and fails here on the window.)"""
+    cluster = thin_closest_link_cluster
+    data = harness.random_bytes(32 * MiB, 17)
+    with Client(cluster.uri()) as client:
+        for offset in range(0, len(data), MiB):
+            client.pwrite(data[offset:offset + MiB], offset)
+
+    def settled(status):
+        """Every element holds the data, and local's round trip (measured through the writes'
+        backlog at first) is the shortest again."""
+        rtt = {e["name"]: e["rtt_ms"] or 1e9 for e in status["elements"]}
+        return harness.healthy(status) and all(e["lag"] == 0 for e in status["elements"]) and \
+            rtt["local"] < min(rtt["near"], rtt["far"])
+
+    cluster.wait_status(settled, 60, "every element holding the 32 MiB, local the closest")
+
+    copy = os.path.join(workdir, "copy.img")
+    reader = subprocess.Popen(["nbdcopy", "--requests=64", "--request-size=262144", cluster.uri(), copy],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    most_waiting, window_seen, printed_waiting, polls_waiting, failed, over_window = 0, False, 0, 0, set(), None
+    try:
+        deadline = time.monotonic() + 120
+        while reader.poll() is None and time.monotonic() < deadline:
+            status = cluster.fast_status()
+            waiting = status["reads_waiting"]["count"]
+            most_waiting = max(most_waiting, waiting)
+            polls_waiting += waiting > 0
+            for e in status["elements"]:
+                out, window = e["reads"]["out_bytes"], e["reads"]["window_bytes"] or 0
+                # One read of any size may always be out; these are 256 KiB.
+                over_window = over_window or (out > max(window, 256 * 1024) and e)
+                window_seen |= out > 0 and window >= MiB
+                if e["state"] != "in-sync":
+                    failed.add(e["name"])
+            if waiting > 0:
+                printed = harness.run([harness.starfish_bin(), "status", "--admin", cluster.admin]).stdout
+                printed_waiting += "reads waiting for an element's read window" in printed
+        output = reader.communicate(timeout=max(1, deadline - time.monotonic()))[0]
+    finally:
+        if reader.poll() is None:
+            reader.kill()
+            reader.wait()
+    print(f"most reads waiting {most_waiting}; {polls_waiting} polls saw some, `starfish status` printed them "
+          f"{printed_waiting} times")
+    assert reader.returncode == 0, output
+    assert not failed, f"elements left sync during the reads: {failed}"
+    assert not over_window, f"reads out beyond the window: {over_window}"
+    assert most_waiting > 0, "no read ever waited for the thin link's window"
+    assert window_seen and printed_waiting > 0
+    with open(copy, "rb") as f:
+        assert f.read() == data, "the reads returned other data"
+    status = cluster.fast_status()
+    assert status["reads_waiting"]["count"] == 0 and harness.healthy(status), status

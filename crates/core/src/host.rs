@@ -837,6 +837,13 @@ pub struct ElementStatus {
     pub ack_latency: LatencyHistogram,
     /// Its failures since this host element started, per kind (`Failure::kind`).
     pub failures: Vec<(&'static str, u64)>,
+    /// Reply bytes of the reads out at it.
+    pub reads_out_bytes: u64,
+    /// The most reply bytes of reads out at it at once (`limits::READ_WINDOW_MS` of its
+    /// measured rate, at least `limits::READ_WINDOW_BYTES_MIN`); `None` with the window off.
+    pub read_window_bytes: Option<u64>,
+    /// What its read replies delivered, bytes per second (`None` before the first measure).
+    pub read_rate_bytes_per_s: Option<u64>,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -849,6 +856,10 @@ pub struct HostStatus {
     pub read_cache_used_bytes: u64,
     pub read_cache_hits: u64,
     pub read_cache_misses: u64,
+    /// Reads waiting in the host element for room in an element's read window, and their
+    /// reply bytes.
+    pub reads_waiting: u64,
+    pub reads_waiting_bytes: u64,
 }
 
 impl HostCore {
@@ -3675,7 +3686,8 @@ impl HostCore {
             .elements
             .iter()
             .zip(&self.config.ack_policies)
-            .map(|(e, &ack_policy)| {
+            .enumerate()
+            .map(|(i, (e, &ack_policy))| {
                 let (state, reason) = match &e.state {
                     ElementState::InSync => ("in-sync", None),
                     ElementState::Recovering(_) => ("recovering", None),
@@ -3737,6 +3749,9 @@ impl HostCore {
                     last_recovery,
                     ack_latency: e.ack_latency.clone(),
                     failures: e.failures.iter().map(|(k, n)| (*k, *n)).collect(),
+                    reads_out_bytes: e.read_bytes_out,
+                    read_window_bytes: self.config.read_window.then(|| self.read_window_bytes(ElementId(i as u8))),
+                    read_rate_bytes_per_s: e.read_rate,
                 }
             })
             .collect();
@@ -3749,6 +3764,8 @@ impl HostCore {
             read_cache_used_bytes: self.cache.used_bytes(),
             read_cache_hits: self.cache.hits,
             read_cache_misses: self.cache.misses,
+            reads_waiting: self.reads_waiting.len() as u64,
+            reads_waiting_bytes: self.reads_waiting.iter().map(PendingRead::reply_bytes).sum(),
         }
     }
 

@@ -434,6 +434,11 @@ pub fn status_json(
                 "applied_sequence": applied,
                 "lag": e.lag,
                 "rtt_ms": e.rtt_us.map(|us| us as f64 / 1000.0),
+                "reads": {
+                    "out_bytes": e.reads_out_bytes,
+                    "window_bytes": e.read_window_bytes,
+                    "rate_bytes_per_s": e.read_rate_bytes_per_s,
+                },
             });
             if let Some(reason) = &e.reason {
                 o["reason"] = json!(reason);
@@ -502,6 +507,10 @@ pub fn status_json(
             "used_bytes": status.read_cache_used_bytes,
             "hits": status.read_cache_hits,
             "misses": status.read_cache_misses,
+        },
+        "reads_waiting": {
+            "count": status.reads_waiting,
+            "bytes": status.reads_waiting_bytes,
         },
     })
 }

@@ -404,6 +404,28 @@ fn register_status(
         recovering.iter().filter_map(|(l, r)| Some((l.clone(), r.copied_bytes? as i64))),
     );
 
+    gauge_family(
+        registry,
+        "element_reads_out",
+        "Reply bytes of the reads out at the element",
+        Some(Unit::Bytes),
+        status.elements.iter().map(|e| (element(&e.name), e.reads_out_bytes as i64)),
+    );
+    gauge_family(
+        registry,
+        "element_read_window",
+        "The most reply bytes of reads out at the element at once (what its replies delivered in 100 ms, at least 1 MiB)",
+        Some(Unit::Bytes),
+        status.elements.iter().filter_map(|e| Some((element(&e.name), e.read_window_bytes? as i64))),
+    );
+    let waiting = Gauge::<i64>::default();
+    waiting.set(status.reads_waiting as i64);
+    registry.register(
+        "reads_waiting",
+        "Reads waiting in the host element for room in an element's read window",
+        waiting,
+    );
+
     let hits = Counter::<u64>::default();
     hits.inc_by(status.read_cache_hits);
     registry.register("read_cache_hits", "Reads answered from the host element's read cache", hits);
@@ -474,6 +496,9 @@ mod tests {
         assert!(page.contains("starfish_element_ack_latency_seconds_bucket{le=\"0.0001\",element=\"b\"} 1"), "{page}");
         assert!(page.contains("starfish_element_ack_latency_seconds_count{element=\"a\"} 0"), "{page}");
         assert!(page.contains("starfish_element_failures_total{element=\"b\",reason=\"fenced\"} 2"), "{page}");
+        assert!(page.contains("starfish_element_read_window_bytes{element=\"a\"} 1048576"), "{page}");
+        assert!(page.contains("starfish_element_reads_out_bytes{element=\"c\"} 0"), "{page}");
+        assert!(page.contains("starfish_reads_waiting 0"), "{page}");
         let declared: Vec<&str> =
             page.lines().filter_map(|l| l.strip_prefix("# TYPE ")).filter_map(|l| l.split(' ').next()).collect();
         let dashboard: serde_json::Value =

@@ -1221,6 +1221,30 @@ fn print_status(doc: &serde_json::Value) {
             detail
         );
     }
+    // Reads held back by an element's read window (see `limits::READ_WINDOW_MS`): shown only
+    // while there are any.
+    let waiting = &doc["reads_waiting"];
+    let out: Vec<String> = doc["elements"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|e| e["reads"]["out_bytes"].as_u64().unwrap_or(0) > 0)
+        .map(|e| {
+            let window = e["reads"]["window_bytes"]
+                .as_u64()
+                .map_or(String::new(), |w| format!(" of a {} window", config::format_size_approx(w)));
+            let out = config::format_size_approx(e["reads"]["out_bytes"].as_u64().unwrap_or(0));
+            format!("{} {out}{window}", e["name"].as_str().unwrap_or("?"))
+        })
+        .collect();
+    if waiting["count"].as_u64().unwrap_or(0) > 0 {
+        println!(
+            "reads waiting for an element's read window: {} ({}); out: {}",
+            waiting["count"],
+            config::format_size_approx(waiting["bytes"].as_u64().unwrap_or(0)),
+            out.join(", ")
+        );
+    }
 }
 
 fn demo(args: DemoArgs) -> Result<()> {

@@ -588,7 +588,16 @@ fn reads_out_at_an_element_stay_within_its_window_and_the_rest_follow_its_replie
     let (tokens, sent) = read_burst(&mut c, 24, 128 * 1024);
     assert_eq!(sent.iter().sum::<usize>(), 8, "{sent:?}");
     assert_eq!(sent.iter().filter(|n| **n > 0).count(), 1, "all to the closest element: {sent:?}");
+    // `starfish status` shows the window, what is out in it, and what waits.
+    let busy = sent.iter().position(|n| *n > 0).expect("one element was sent reads");
+    let status = c.core.status(c.now);
+    assert_eq!((status.reads_waiting, status.reads_waiting_bytes), (16, 16 * 128 * 1024));
+    let e = &status.elements[busy];
+    assert_eq!((e.reads_out_bytes, e.read_window_bytes, e.read_rate_bytes_per_s), (1 << 20, Some(1 << 20), None));
+    assert!(status.elements.iter().enumerate().all(|(i, e)| i == busy || e.reads_out_bytes == 0));
     c.run();
+    let status = c.core.status(c.now);
+    assert_eq!((status.reads_waiting, status.elements[busy].reads_out_bytes), (0, 0));
     for (i, t) in tokens.iter().enumerate() {
         let Some(Reply::Read(Ok(data))) = c.replies.remove(t) else { panic!("read {i} answered") };
         assert_eq!(data[0], if i == 0 { 9 } else { 0 });
@@ -618,6 +627,9 @@ fn without_the_window_every_read_goes_out_at_once() {
     let mut c = Cluster::with(3, 2, |cfg| cfg.read_window = false);
     let (_, sent) = read_burst(&mut c, 24, 128 * 1024);
     assert_eq!(sent.iter().sum::<usize>(), 24, "{sent:?}");
+    let status = c.core.status(c.now);
+    assert_eq!(status.reads_waiting, 0);
+    assert!(status.elements.iter().all(|e| e.read_window_bytes.is_none()));
 }
 
 #[test]
