@@ -32,8 +32,12 @@ def frame(body):
     return struct.pack("<II", len(body), crc32c(body)) + body
 
 
-def hello(epoch, host, volumes=(("vol0", 1 << 30),)):
-    body = struct.pack("<BQQI", 1, epoch, host, len(volumes))
+# proto::WIRE_VERSION: first in a hello, after its tag.
+WIRE_VERSION = 1
+
+
+def hello(epoch, host, volumes=(("vol0", 1 << 30),), version=WIRE_VERSION):
+    body = struct.pack("<BHQQI", 1, version, epoch, host, len(volumes))
     for name, size in volumes:
         # A volume spec: name, size, and 0 (not a clone).
         body += text(name) + struct.pack("<QB", size, 0)
@@ -270,6 +274,24 @@ def test_strangers_and_wrong_roles_are_refused_at_the_element_and_nothing_is_wri
     assert not cluster.stop()
     digests = {name: e.verify()["volumes"][0]["digest"] for name, e in cluster.elements.items()}
     assert len(set(digests.values())) == 1, f"replicas differ after the attempts: {digests}"
+
+
+@pytest.mark.time_limit(120)
+def test_a_host_element_of_another_wire_version_is_refused_with_the_reason(cluster):
+    """A hello of another wire version (a host element of another StarFish release) is refused
+    with both versions named, before anything of it is acted on; the cluster serves on."""
+    near = cluster.elements["near"]
+    epoch = cluster.status()["epoch"]
+    for version in (WIRE_VERSION + 1, 0):
+        reason = refusal_reason(knock(near.address, hello(epoch + 5, 7, version=version), plain=True))
+        assert f"wire version {version}" in reason and f"this side version {WIRE_VERSION}" in reason, reason
+    log = harness.tail_file(near.process.log_path, 200)
+    assert f"wire version {WIRE_VERSION + 1}" in log, log[-2000:]
+    status = cluster.wait_healthy()
+    assert status["epoch"] == epoch, "the refused hello's epoch was not taken"
+    with Client(cluster.uri()) as client:
+        client.pwrite(b"\x33" * 4096, 0)
+        assert client.pread(4096, 0) == b"\x33" * 4096
 
 
 @pytest.mark.time_limit(180)

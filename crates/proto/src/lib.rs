@@ -14,7 +14,7 @@ pub use message::{
     decode_frame, encode_frame, encode_host_frame, BlockChunk, BlockCopy, BlockExtent, BlockSummary, Body, CloneBase,
     DecodeError, ElementMessage, FrameParts, HostMessage, Op, ReadData, Record, SnapshotRef, SnapshotSummary,
     VolumeSpec, VolumeState, COPY_CHUNK_BLOCKS_MAX, FRAME_BODY_BYTES_MAX, FRAME_DATA_SHARED_BYTES_MIN,
-    FRAME_HEADER_BYTES, SCRUB_CHUNK_BLOCKS_MAX,
+    FRAME_HEADER_BYTES, SCRUB_CHUNK_BLOCKS_MAX, WIRE_VERSION,
 };
 
 /// Largest payload of one write (and of one read reply). Matches the NBD maximum block size we

@@ -39,6 +39,23 @@ pub enum DecodeError {
     OutOfBounds { what: &'static str, value: u64 },
     #[error("field {0} is not valid UTF-8")]
     Utf8(&'static str),
+    #[error(
+        "the peer speaks StarFish wire version {peer} (in its {what}), this side version {WIRE_VERSION}: run one StarFish version on every host element and element"
+    )]
+    WireVersion { what: &'static str, peer: u16 },
+}
+
+/// The version of this protocol, first in a `Hello` and a `Welcome`: a peer of another version
+/// is refused with [`DecodeError::WireVersion`] before anything else of its messages is read.
+/// Raise it with every change to a message's encoding.
+pub const WIRE_VERSION: u16 = 1;
+
+/// Read a `Hello`'s or `Welcome`'s wire version; another than ours ends the decoding there.
+fn read_wire_version(r: &mut Reader, what: &'static str) -> Result<(), DecodeError> {
+    match r.u16(what)? {
+        WIRE_VERSION => Ok(()),
+        peer => Err(DecodeError::WireVersion { what, peer }),
+    }
 }
 
 /// A write-like operation, the unit that gets a sequence.
@@ -696,6 +713,10 @@ impl Reader {
         self.need(what, 1)?;
         Ok(self.body.get_u8())
     }
+    fn u16(&mut self, what: &'static str) -> Result<u16, DecodeError> {
+        self.need(what, 2)?;
+        Ok(self.body.get_u16_le())
+    }
     fn u32(&mut self, what: &'static str) -> Result<u32, DecodeError> {
         self.need(what, 4)?;
         Ok(self.body.get_u32_le())
@@ -930,6 +951,7 @@ impl Body for HostMessage {
         match self {
             HostMessage::Hello { epoch, host, volumes, admin, receipt_acks } => {
                 out.put_u8(HOST_HELLO);
+                out.put_u16_le(WIRE_VERSION);
                 out.put_u64_le(epoch.0);
                 out.put_u64_le(host.0);
                 put_volume_specs(out, volumes);
@@ -1038,6 +1060,7 @@ impl Body for HostMessage {
         let mut r = Reader { body };
         let message = match r.u8("host message tag")? {
             HOST_HELLO => {
+                read_wire_version(&mut r, "hello")?;
                 let epoch = Epoch(r.u64("hello epoch")?);
                 let host = HostId(r.u64("hello host")?);
                 let volumes = read_volume_specs(&mut r, "hello volume count")?;
@@ -1180,6 +1203,7 @@ impl Body for ElementMessage {
         match self {
             ElementMessage::Welcome { epoch, element_id, volumes } => {
                 out.put_u8(ELEMENT_WELCOME);
+                out.put_u16_le(WIRE_VERSION);
                 out.put_u64_le(epoch.0);
                 out.put_u64_le(*element_id);
                 put_volume_states(out, volumes);
@@ -1379,6 +1403,7 @@ impl Body for ElementMessage {
         let mut r = Reader { body };
         let message = match r.u8("element message tag")? {
             ELEMENT_WELCOME => {
+                read_wire_version(&mut r, "welcome")?;
                 let epoch = Epoch(r.u64("welcome epoch")?);
                 let element_id = r.u64("welcome element id")?;
                 let volumes = read_volume_states(&mut r, "welcome volume count")?;
@@ -1605,6 +1630,39 @@ mod tests {
         assert_eq!(decode_frame::<M>(&mut buf).expect("valid"), Some(m.clone()));
         assert_eq!(decode_frame::<M>(&mut buf).expect("valid"), Some(m));
         assert!(buf.is_empty());
+    }
+
+    #[test]
+    fn a_hello_or_welcome_of_another_wire_version_is_refused_with_both_versions_named() {
+        // Encode, then put `version` where the wire version goes (after the tag) and seal the
+        // frame's checksum again: what a peer of that version sends.
+        fn as_version<M: Body>(message: &M, version: u16) -> BytesMut {
+            let mut buf = BytesMut::new();
+            encode_frame(message, &mut buf);
+            buf[FRAME_HEADER_BYTES + 1..FRAME_HEADER_BYTES + 3].copy_from_slice(&version.to_le_bytes());
+            let crc = crc32c::crc32c(&buf[FRAME_HEADER_BYTES..]);
+            buf[4..8].copy_from_slice(&crc.to_le_bytes());
+            buf
+        }
+        let hello = HostMessage::Hello {
+            epoch: Epoch(3),
+            host: HostId(9),
+            volumes: vec![VolumeSpec { name: "vol0".into(), size_bytes: 1 << 30, clone_of: None, at_least: false }],
+            admin: String::new(),
+            receipt_acks: false,
+        };
+        let welcome = ElementMessage::Welcome { epoch: Epoch(3), element_id: 5, volumes: Vec::new() };
+        assert_eq!(
+            decode_frame::<HostMessage>(&mut as_version(&hello, WIRE_VERSION)).expect("ours"),
+            Some(hello.clone())
+        );
+        let error = decode_frame::<HostMessage>(&mut as_version(&hello, WIRE_VERSION + 1)).expect_err("another");
+        assert_eq!(error, DecodeError::WireVersion { what: "hello", peer: WIRE_VERSION + 1 });
+        let text = error.to_string();
+        assert!(text.contains(&format!("wire version {}", WIRE_VERSION + 1)), "{text}");
+        assert!(text.contains(&format!("this side version {WIRE_VERSION}")), "{text}");
+        let error = decode_frame::<ElementMessage>(&mut as_version(&welcome, 0)).expect_err("another");
+        assert_eq!(error, DecodeError::WireVersion { what: "welcome", peer: 0 });
     }
 
     #[test]

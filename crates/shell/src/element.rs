@@ -713,6 +713,9 @@ async fn serve_session(
     let opened = tokio::time::Instant::now();
     let (mut read_half, write_half) = tokio::io::split(stream);
     let (writer, mut reply_rx) = mpsc::unbounded_channel::<ElementMessage>();
+    // A peer of another wire version is told why before the session ends (a weak sender: the
+    // writer ends when the core drops its sender, as on a refusal).
+    let refuse = writer.downgrade();
     if inputs.send(Input::Opened { session, role, writer }).await.is_err() {
         return "element stopping".into();
     }
@@ -742,6 +745,16 @@ async fn serve_session(
             let message = match decode_frame::<HostMessage>(&mut buf) {
                 Ok(Some(m)) => m,
                 Ok(None) => break,
+                Err(e @ proto::DecodeError::WireVersion { .. }) => {
+                    if let Some(writer) = refuse.upgrade() {
+                        let _ = writer.send(ElementMessage::Refused {
+                            reason: e.to_string(),
+                            epoch: None,
+                            owner_absent_ms: 0,
+                        });
+                    }
+                    break 'session e.to_string();
+                }
                 Err(e) => break 'session format!("bad frame: {e}"),
             };
             first_message = false;
