@@ -127,6 +127,27 @@ def make_cluster(request, workdir):
 
 
 @pytest.fixture
+def make_linked_cluster(request, workdir):
+    """Returns a function that builds and starts a harness.LinkedCluster (the links, then
+    Cluster's keyword arguments); every cluster it built is destroyed at teardown."""
+    cluster_only()
+    request.getfixturevalue("starfish_bin")
+    clusters = []
+
+    def make(links, **kwargs):
+        directory = os.path.join(workdir, f"linked{len(clusters)}")
+        os.makedirs(directory)
+        cluster = harness.LinkedCluster(directory, links, **kwargs)
+        clusters.append(cluster)
+        attach_logs(request, cluster)
+        return cluster.start()
+
+    yield make
+    for cluster in clusters:
+        cluster.destroy()
+
+
+@pytest.fixture
 def cluster(make_cluster):
     """A started, healthy cluster: elements local/near/far, Q=2, vol0 of 1 GiB."""
     return make_cluster()

@@ -42,7 +42,6 @@ import pytest
 
 import harness
 import history_recorder
-from conftest import attach_logs, cluster_only
 
 VOLUME_BYTES = 4 * harness.MiB
 WORKERS = 3
@@ -198,19 +197,9 @@ class Faults:
 
 
 @pytest.fixture
-def linked_cluster(request, workdir):
-    cluster_only()
-    request.getfixturevalue("starfish_bin")
-    directory = os.path.join(workdir, "cluster")
-    os.makedirs(directory)
+def linked_cluster(make_linked_cluster):
     links = {name: (delay_ms, None) for delay_ms, name in zip((1, 2), LINKED)}
-    cluster = harness.LinkedCluster(directory, links, volumes=(("vol0", str(VOLUME_BYTES)),))
-    attach_logs(request, cluster)
-    try:
-        cluster.start()
-        yield cluster
-    finally:
-        cluster.destroy()
+    return make_linked_cluster(links, volumes=(("vol0", str(VOLUME_BYTES)),))
 
 
 def keep_failed_history(path):

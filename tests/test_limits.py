@@ -163,22 +163,11 @@ def test_out_of_file_descriptors_every_port_waits_and_serves_again(make_cluster)
 
 
 @pytest.fixture
-def thin_closest_link_cluster(request, workdir):
+def thin_closest_link_cluster(make_linked_cluster):
     """The closest element (local) behind a thin link, 40 Mbit/s with no delay; near and far
     behind 5 ms each way, at full speed. One volume of 32 MiB."""
-    from conftest import attach_logs, cluster_only
-    cluster_only()
-    request.getfixturevalue("starfish_bin")
-    directory = os.path.join(workdir, "cluster")
-    os.makedirs(directory)
     links = {"local": (0, 40), "near": (5, None), "far": (5, None)}
-    cluster = harness.LinkedCluster(directory, links, volumes=(("vol0", "32MiB"),))
-    attach_logs(request, cluster)
-    try:
-        cluster.start()
-        yield cluster
-    finally:
-        cluster.destroy()
+    return make_linked_cluster(links, volumes=(("vol0", "32MiB"),))
 
 
 @pytest.mark.time_limit(180)
