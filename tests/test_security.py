@@ -279,12 +279,18 @@ def test_strangers_and_wrong_roles_are_refused_at_the_element_and_nothing_is_wri
 @pytest.mark.time_limit(120)
 def test_a_host_element_of_another_wire_version_is_refused_with_the_reason(cluster):
     """A hello of another wire version (a host element of another StarFish release) is refused
-    with both versions named, before anything of it is acted on; the cluster serves on."""
+    with both versions named, before anything of it is acted on, and so is a standby's observe;
+    the cluster serves on."""
     near = cluster.elements["near"]
     epoch = cluster.status()["epoch"]
     for version in (WIRE_VERSION + 1, 0):
         reason = refusal_reason(knock(near.address, hello(epoch + 5, 7, version=version), plain=True))
         assert f"wire version {version}" in reason and f"this side version {WIRE_VERSION}" in reason, reason
+    # A standby's question, which needs no session, carries the version too.
+    observed = knock(near.address, frame(struct.pack("<BHQ", 10, WIRE_VERSION, 1)), plain=True)
+    assert observed is not None and observed[0] == 13, f"an observe of our version: {observed!r}"
+    reason = refusal_reason(knock(near.address, frame(struct.pack("<BHQ", 10, WIRE_VERSION + 1, 1)), plain=True))
+    assert f"wire version {WIRE_VERSION + 1} (in its observe)" in reason, reason
     log = harness.tail_file(near.process.log_path, 200)
     assert f"wire version {WIRE_VERSION + 1}" in log, log[-2000:]
     status = cluster.wait_healthy()

@@ -45,12 +45,13 @@ pub enum DecodeError {
     WireVersion { what: &'static str, peer: u16 },
 }
 
-/// The version of this protocol, first in a `Hello` and a `Welcome`: a peer of another version
+/// The version of this protocol, first in the messages that open a session (`Hello`, `Welcome`)
+/// or stand alone (a standby's `Observe`, `Observed`): a peer of another version
 /// is refused with [`DecodeError::WireVersion`] before anything else of its messages is read.
 /// Raise it with every change to a message's encoding.
 pub const WIRE_VERSION: u16 = 1;
 
-/// Read a `Hello`'s or `Welcome`'s wire version; another than ours ends the decoding there.
+/// Read a message's wire version; another than ours ends the decoding there.
 fn read_wire_version(r: &mut Reader, what: &'static str) -> Result<(), DecodeError> {
     match r.u16(what)? {
         WIRE_VERSION => Ok(()),
@@ -1005,6 +1006,7 @@ impl Body for HostMessage {
             }
             HostMessage::Observe { nonce } => {
                 out.put_u8(HOST_OBSERVE);
+                out.put_u16_le(WIRE_VERSION);
                 out.put_u64_le(*nonce);
             }
             HostMessage::Release => out.put_u8(HOST_RELEASE),
@@ -1092,7 +1094,10 @@ impl Body for HostMessage {
                 snapshot: read_snapshot_ref(&mut r)?,
             },
             HOST_PING => HostMessage::Ping { nonce: r.u64("ping nonce")? },
-            HOST_OBSERVE => HostMessage::Observe { nonce: r.u64("observe nonce")? },
+            HOST_OBSERVE => {
+                read_wire_version(&mut r, "observe")?;
+                HostMessage::Observe { nonce: r.u64("observe nonce")? }
+            }
             HOST_RELEASE => HostMessage::Release,
             HOST_FETCH_LOG => HostMessage::FetchLog {
                 request_id: r.u64("fetch log request id")?,
@@ -1297,6 +1302,7 @@ impl Body for ElementMessage {
             }
             ElementMessage::Observed { nonce, epoch, holder, holder_admin, owner_absent_ms } => {
                 out.put_u8(ELEMENT_OBSERVED);
+                out.put_u16_le(WIRE_VERSION);
                 out.put_u64_le(*nonce);
                 out.put_u64_le(epoch.0);
                 out.put_u64_le(holder.0);
@@ -1486,7 +1492,10 @@ impl Body for ElementMessage {
                 lease_ms: r.u32("pong lease")?,
             },
             ELEMENT_OBSERVED => ElementMessage::Observed {
-                nonce: r.u64("observed nonce")?,
+                nonce: {
+                    read_wire_version(&mut r, "observed")?;
+                    r.u64("observed nonce")?
+                },
                 epoch: Epoch(r.u64("observed epoch")?),
                 holder: HostId(r.u64("observed holder")?),
                 holder_admin: r.string("observed holder admin", ADDRESS_BYTES_MAX)?,
@@ -1633,7 +1642,7 @@ mod tests {
     }
 
     #[test]
-    fn a_hello_or_welcome_of_another_wire_version_is_refused_with_both_versions_named() {
+    fn a_session_opened_or_observed_by_another_wire_version_is_refused_with_both_versions_named() {
         // Encode, then put `version` where the wire version goes (after the tag) and seal the
         // frame's checksum again: what a peer of that version sends.
         fn as_version<M: Body>(message: &M, version: u16) -> BytesMut {
@@ -1663,6 +1672,23 @@ mod tests {
         assert!(text.contains(&format!("this side version {WIRE_VERSION}")), "{text}");
         let error = decode_frame::<ElementMessage>(&mut as_version(&welcome, 0)).expect_err("another");
         assert_eq!(error, DecodeError::WireVersion { what: "welcome", peer: 0 });
+        // A standby's question and its answer stand alone, without a session: they carry it too.
+        let observe = HostMessage::Observe { nonce: 4 };
+        assert_eq!(
+            decode_frame::<HostMessage>(&mut as_version(&observe, WIRE_VERSION)).expect("ours"),
+            Some(observe.clone())
+        );
+        let error = decode_frame::<HostMessage>(&mut as_version(&observe, 7)).expect_err("another");
+        assert_eq!(error, DecodeError::WireVersion { what: "observe", peer: 7 });
+        let observed = ElementMessage::Observed {
+            nonce: 4,
+            epoch: Epoch(2),
+            holder: HostId(1),
+            holder_admin: String::new(),
+            owner_absent_ms: 0,
+        };
+        let error = decode_frame::<ElementMessage>(&mut as_version(&observed, 7)).expect_err("another");
+        assert_eq!(error, DecodeError::WireVersion { what: "observed", peer: 7 });
     }
 
     #[test]

@@ -555,8 +555,12 @@ async fn observe(node: std::sync::Weak<Node>, index: usize, address: SocketAddr)
                 )
                 .await
                 .map_err(|_| "no answer".to_string())??;
-                let ElementMessage::Observed { epoch, holder, holder_admin, owner_absent_ms, .. } = answer else {
-                    return Err::<(), String>("unexpected answer to Observe".into());
+                let (epoch, holder, holder_admin, owner_absent_ms) = match answer {
+                    ElementMessage::Observed { epoch, holder, holder_admin, owner_absent_ms, .. } => {
+                        (epoch, holder, holder_admin, owner_absent_ms)
+                    }
+                    ElementMessage::Refused { reason, .. } => return Err(format!("refused: {reason}")),
+                    _ => return Err::<(), String>("unexpected answer to Observe".into()),
                 };
                 let Some(node) = node.upgrade() else { return Ok(()) };
                 {
