@@ -1222,8 +1222,11 @@ fn print_status(doc: &serde_json::Value) {
         );
     }
     // Reads held back by an element's read window (see `limits::READ_WINDOW_MS`): shown only
-    // while there are any.
+    // while there are any, with what is out at each element that has reads out.
     let waiting = &doc["reads_waiting"];
+    if waiting["count"].as_u64().unwrap_or(0) == 0 {
+        return;
+    }
     let out: Vec<String> = doc["elements"]
         .as_array()
         .into_iter()
@@ -1237,14 +1240,12 @@ fn print_status(doc: &serde_json::Value) {
             format!("{} {out}{window}", e["name"].as_str().unwrap_or("?"))
         })
         .collect();
-    if waiting["count"].as_u64().unwrap_or(0) > 0 {
-        println!(
-            "reads waiting for an element's read window: {} ({}); out: {}",
-            waiting["count"],
-            config::format_size_approx(waiting["bytes"].as_u64().unwrap_or(0)),
-            out.join(", ")
-        );
-    }
+    println!(
+        "reads waiting for an element's read window: {} ({}); out: {}",
+        waiting["count"],
+        config::format_size_approx(waiting["bytes"].as_u64().unwrap_or(0)),
+        out.join(", ")
+    );
 }
 
 fn demo(args: DemoArgs) -> Result<()> {
