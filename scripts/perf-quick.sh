@@ -3,7 +3,8 @@
 # engine runs 4 KiB random writes at QD1 and QD16, 4 KiB random reads at QD16 and 1 MiB
 # sequential writes at QD16 (RUNTIME s each, default 8) against each system of SYSTEMS, one
 # after the other in one run, and prints the CPU time (user+system, from /proc) the head and
-# the replicas spent per 4 KiB write, 4 KiB read and 1 MiB write at QD16:
+# the replicas spent per 4 KiB write, 4 KiB read and 1 MiB write at QD16 (and the minor page
+# faults they took per 1 MiB write):
 #   starfish     three elements with their data on tmpfs and a host element on loopback (Q=2,
 #                one 1 GiB volume); head = host element, replicas = the three elements
 #   qemu-quorum  QEMU's quorum driver (qemu-nbd, vote-threshold 2, read-pattern fifo, TCP_NODELAY
@@ -41,6 +42,7 @@ wait_port() {
 }
 rss() { awk '/^VmRSS/ {r = $2} /^VmHWM/ {h = $2} END {printf "%d (%d)", r / 1024, h / 1024}' "/proc/$1/status"; }
 cpu() { local t=0 p; for p in "$@"; do t=$((t + $(awk '{print $14 + $15}' "/proc/$p/stat"))); done; echo "$t"; }
+faults() { local t=0 p; for p in "$@"; do t=$((t + $(awk '{print $10}' "/proc/$p/stat"))); done; echo "$t"; }
 job() { # uri rw bs qd: one fio run; prints "rw bs qdN: IOPS (mean µs) MB/s", the I/Os done to $DIR/ios
     fio --name=quick --ioengine=nbd --uri="$1" --rw="$2" --bs="$3" --iodepth="$4" \
         --size=1g --time_based --runtime="$RUNTIME" --output-format=json 2>/dev/null |
@@ -74,8 +76,15 @@ suite() { # label uri head-pid replica-pids...
     per_op "4 KiB read at QD16" "$h0" "$(cpu "$head")" "$e0" "$(cpu "$@")"
     h0=$(cpu "$head")
     e0=$(cpu "$@")
+    local hf0 ef0 ios
+    hf0=$(faults "$head")
+    ef0=$(faults "$@")
     job "$uri" write 1m 16
     per_op "1 MiB write at QD16" "$h0" "$(cpu "$head")" "$e0" "$(cpu "$@")"
+    ios=$(cat "$DIR/ios")
+    if [[ "$ios" =~ ^[0-9]+$ ]] && ((ios > 0)); then
+        echo "  minor page faults per 1 MiB write at QD16: head $((($(faults "$head") - hf0) / ios)), replicas $((($(faults "$@") - ef0) / ios))"
+    fi
     local p replicas=()
     for p in "$@"; do replicas+=("$(rss "$p")"); done
     echo "  resident memory after the suite (peak): head $(rss "$head") MiB, replicas ${replicas[*]} MiB"

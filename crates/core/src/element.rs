@@ -1218,9 +1218,13 @@ impl ElementCore {
             _ => {}
         }
         let sequence = record.sequence;
+        // A receipt counts toward the write quorum (the `received` ack policy): only for data
+        // that matches its piece checksums (the frame's checksum does not cover a large write's
+        // data; the store refuses a damaged record with a fault).
+        let receipt = self.sessions.get(&session).is_some_and(|s| s.receipt_acks) && record.op.check_data().is_ok();
         let commit = Commit { session, session_volume, session_epoch, volume, record, replayed: false };
         self.jobs.push_back(Job::Commit(commit));
-        if self.sessions.get(&session).is_some_and(|s| s.receipt_acks) {
+        if receipt {
             self.send(session, ElementMessage::Received { volume: session_volume, sequence });
         }
         self.pump_storage();

@@ -80,6 +80,46 @@ pub fn check_pieces(offset_bytes: u64, data: &[u8], crcs: &[u32]) -> Result<(), 
     Ok(())
 }
 
+/// crc32c of what `crc` covers followed by `data` at `offset_bytes`, from `crcs` (one per
+/// piece, as [`piece_crcs`] gives them) without reading the data of whole-block pieces: for
+/// those, crc32c(A‖B) = shift₄ₖ(crc32c(A)) ⊕ crc32c(B), where shift₄ₖ, feeding 4096 zero bytes
+/// through the register, is linear and is applied by four table look-ups. A partial piece
+/// (an unaligned write's first or last) is read. Equals `crc32c_append(crc, data)` when `crcs`
+/// are the data's piece checksums; otherwise it is the checksum of the data those pieces
+/// describe, so a frame checksum computed this way vouches for the pieces and the bytes around
+/// them, and the data must then be checked against its pieces ([`check_pieces`]) before it is
+/// used. With a checksum count that does not fit the pieces, every byte is read.
+pub fn crc_append_pieces(crc: u32, offset_bytes: u64, data: &[u8], crcs: &[u32]) -> u32 {
+    if crcs.len() != piece_count(offset_bytes, data.len() as u64) {
+        return crc32c::crc32c_append(crc, data);
+    }
+    let shift = block_shift_tables();
+    piece_ranges(offset_bytes, data.len()).zip(crcs).fold(crc, |crc, (range, &piece)| {
+        if range.len() == BLOCK_BYTES as usize {
+            let [b0, b1, b2, b3] = crc.to_le_bytes();
+            shift[0][b0 as usize] ^ shift[1][b1 as usize] ^ shift[2][b2 as usize] ^ shift[3][b3 as usize] ^ piece
+        } else {
+            crc32c::crc32c_append(crc, &data[range])
+        }
+    })
+}
+
+/// shift₄ₖ by bytes: `tables[k][b]` is shift₄ₖ of `b << 8k`.
+fn block_shift_tables() -> &'static [[u32; 256]; 4] {
+    static TABLES: std::sync::OnceLock<Box<[[u32; 256]; 4]>> = std::sync::OnceLock::new();
+    TABLES.get_or_init(|| {
+        // crc32c_combine(x, 0, n) is shift by n bytes of x: linear, so one call per bit.
+        let bit: Vec<u32> = (0..32).map(|i| crc32c::crc32c_combine(1 << i, 0, BLOCK_BYTES as usize)).collect();
+        let mut tables = Box::new([[0u32; 256]; 4]);
+        for (k, table) in tables.iter_mut().enumerate() {
+            for (b, entry) in table.iter_mut().enumerate() {
+                *entry = (0..8).filter(|j| b & (1 << j) != 0).fold(0, |acc, j| acc ^ bit[8 * k + j]);
+            }
+        }
+        tables
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -103,6 +143,31 @@ mod tests {
         assert_eq!(crcs.len(), 3);
         assert_eq!(crcs[1], crc32c::crc32c(&data[4096..8192]));
         assert_eq!(check_pieces(4096, &data, &crcs), Ok(()));
+    }
+
+    #[test]
+    fn the_checksum_over_pieces_is_the_checksum_over_their_data() {
+        let data: Vec<u8> = (0..40_000u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+        for (offset, length) in [(0u64, 4096usize), (8192, 32_768), (4096 - 512, 20_000), (100, 7), (512, 40_000 - 512)]
+        {
+            let part = &data[..length];
+            let crcs = piece_crcs(offset, part);
+            for seed in [0u32, 0xdead_beef, crc32c::crc32c(b"a frame's head")] {
+                assert_eq!(
+                    crc_append_pieces(seed, offset, part, &crcs),
+                    crc32c::crc32c_append(seed, part),
+                    "{offset} {length}"
+                );
+            }
+        }
+        // Whole blocks are not read: the result follows the checksums, not the data.
+        let mut changed = data[..8192].to_vec();
+        let crcs = piece_crcs(0, &changed);
+        changed[10] ^= 1;
+        assert_eq!(crc_append_pieces(0, 0, &changed, &crcs), crc32c::crc32c(&data[..8192]));
+        let mut wrong = crcs.clone();
+        wrong[1] ^= 1;
+        assert_ne!(crc_append_pieces(0, 0, &changed, &wrong), crc32c::crc32c(&data[..8192]));
     }
 
     #[test]

@@ -13,3 +13,20 @@
 
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
+/// jemalloc's options, read before `main` (the environment's `_RJEM_MALLOC_CONF` comes after
+/// them and wins): `oversize_threshold:0` keeps extents of 8 MiB and more under the same
+/// decay as the rest. By default jemalloc purges such an extent the moment it is freed, and
+/// it coalesces freed neighbours first: the 1 MiB buffers the data path allocates and frees
+/// at large writes merged into 8–10 MiB extents that went back to the kernel at once, so every
+/// NBD payload and frame read into memory took a page fault and a page clearing per 4 KiB
+/// (86k faults in 4 s and 13 % of the host element's samples at 1 MiB writes QD16; 14k faults
+/// with this option; docs/benchmarks.md).
+#[repr(transparent)]
+pub struct MallocConf(*const std::ffi::c_char);
+
+// SAFETY: the pointer is to a static C string, never written.
+unsafe impl Sync for MallocConf {}
+
+#[export_name = "_rjem_malloc_conf"]
+pub static MALLOC_CONF: MallocConf = MallocConf(c"oversize_threshold:0".as_ptr());

@@ -1190,3 +1190,40 @@ fn a_hello_older_than_one_being_taken_creates_nothing() {
     assert!(sent.iter().any(|(s, m)| *s == 1 && matches!(m, ElementMessage::Welcome { .. })), "{sent:?}");
     assert_eq!(h.core.epoch(), Epoch(7));
 }
+
+#[test]
+fn a_receipt_is_acknowledged_only_for_data_that_matches_its_pieces() {
+    // A large write's frame checksum does not cover its data (proto's `body_crc`): a receipt,
+    // which counts toward the write quorum under the `received` policy, checks it first.
+    let mut h = Harness::new(1, &[("a", 0, 0)]);
+    h.core.handle_session_opened(h.now, SessionId(1), SessionRole::Host);
+    let hello = HostMessage::Hello {
+        epoch: Epoch(1),
+        host: HOST,
+        volumes: vec![spec("a")],
+        admin: String::new(),
+        receipt_acks: true,
+    };
+    h.host(1, hello);
+    h.actions();
+    let info = VolumeInfo { applied: Sequence::ZERO, applied_epoch: Epoch(0), copying: false, repair: false };
+    h.core.handle_volumes_ensured(h.now, SessionId(1), Ok(vec![(LocalVolume(0), info)]));
+    h.settle();
+    h.host(1, HostMessage::Apply(record(0, 1, 1)));
+    let mut damaged = record(0, 1, 2);
+    if let Op::Write { data, .. } = &mut damaged.op {
+        let mut bytes = data.to_vec();
+        bytes[7] ^= 1;
+        *data = Bytes::from(bytes);
+    }
+    h.host(1, HostMessage::Apply(damaged));
+    let received: Vec<Sequence> = h
+        .sent()
+        .into_iter()
+        .filter_map(|(_, m)| match m {
+            ElementMessage::Received { sequence, .. } => Some(sequence),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(received, vec![Sequence(1)]);
+}
