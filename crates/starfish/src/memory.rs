@@ -15,13 +15,16 @@
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 /// jemalloc's options, read before `main` (the environment's `_RJEM_MALLOC_CONF` comes after
-/// them and wins): `oversize_threshold:0` keeps extents of 8 MiB and more under the same
-/// decay as the rest. By default jemalloc purges such an extent the moment it is freed, and
-/// it coalesces freed neighbours first: the 1 MiB buffers the data path allocates and frees
+/// them and wins): `oversize_threshold` at 32 MiB, the largest payload, instead of 8 MiB.
+/// jemalloc purges an extent of that size or more the moment it is freed, and it coalesces
+/// freed neighbours first: at the default the 1 MiB buffers the data path allocates and frees
 /// at large writes merged into 8–10 MiB extents that went back to the kernel at once, so every
 /// NBD payload and frame read into memory took a page fault and a page clearing per 4 KiB
-/// (86k faults in 4 s and 13 % of the host element's samples at 1 MiB writes QD16; 14k faults
-/// with this option; docs/benchmarks.md).
+/// (host element at 1 MiB writes QD16: 33–86 faults per write and 13 % of its samples; 5 with
+/// 32 MiB). Not higher (0 turns the threshold off): a maximal frame's buffer is still purged
+/// when freed, so what strangers' stalled maximal frames leave held stays within the element's
+/// bound on frames arriving (with 0, 311–373 MiB against 249 MiB under sixteen of them;
+/// docs/benchmarks.md).
 #[repr(transparent)]
 pub struct MallocConf(*const std::ffi::c_char);
 
@@ -29,4 +32,4 @@ pub struct MallocConf(*const std::ffi::c_char);
 unsafe impl Sync for MallocConf {}
 
 #[export_name = "_rjem_malloc_conf"]
-pub static MALLOC_CONF: MallocConf = MallocConf(c"oversize_threshold:0".as_ptr());
+pub static MALLOC_CONF: MallocConf = MallocConf(c"oversize_threshold:33554432".as_ptr());
