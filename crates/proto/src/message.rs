@@ -597,7 +597,9 @@ pub fn encode_host_frame(message: &HostMessage) -> FrameParts {
     assert!(body_len <= FRAME_BODY_BYTES_MAX as usize, "encoded an oversized frame");
     // Over the data by its piece checksums (the frame decoder does the same; the element's
     // store checks the data against them): no pass over the data here.
-    let crc = crate::pieces::crc_append_pieces(crc32c::crc32c(&head[FRAME_HEADER_BYTES..]), *offset_bytes, data, crcs);
+    debug_assert_eq!(head.len() - FRAME_HEADER_BYTES, APPLY_WRITE_DATA_AT, "the decoder finds the data there");
+    let crc = crc32c::crc32c(&head[FRAME_HEADER_BYTES..]);
+    let crc = crate::pieces::crc_append_pieces(crc, *offset_bytes, data, crcs.iter().copied());
     let crc = crc32c::crc32c_append(crc, &tail);
     head[0..4].copy_from_slice(&(body_len as u32).to_le_bytes());
     head[4..8].copy_from_slice(&crc.to_le_bytes());
@@ -826,6 +828,26 @@ fn put_record_head(out: &mut BytesMut, volume: VolumeId, epoch: Epoch, sequence:
     out.put_u64_le(sequence.0);
 }
 
+/// Where an `Apply` body's write data starts: its tag, `put_record_head`, `put_write_head`.
+const APPLY_WRITE_DATA_AT: usize = 1 + (4 + 8 + 8) + (1 + 8 + 4);
+
+/// The body of an `Apply` of a write of [`FRAME_DATA_SHARED_BYTES_MIN`] bytes or more, as far
+/// as its unchecked fields say: its offset, where its data ends and its piece checksums'
+/// bytes. `None` for any other body, or one whose lengths do not fit in it.
+fn large_write_layout(body: &[u8]) -> Option<(u64, usize, &[u8])> {
+    const OP_AT: usize = 1 + (4 + 8 + 8);
+    if body.first() != Some(&HOST_APPLY) || body.get(OP_AT) != Some(&OP_WRITE) {
+        return None;
+    }
+    let u32_at = |at: usize| Some(u32::from_le_bytes(body.get(at..at + 4)?.try_into().expect("4 bytes")));
+    let offset_bytes = u64::from_le_bytes(body.get(OP_AT + 1..OP_AT + 9)?.try_into().expect("8 bytes"));
+    let data_bytes = u32_at(OP_AT + 9)? as usize;
+    let data_end = APPLY_WRITE_DATA_AT + data_bytes;
+    let crcs_at = data_end + 4;
+    let crcs = body.get(crcs_at..crcs_at.checked_add(4 * u32_at(data_end)? as usize)?)?;
+    (data_bytes >= FRAME_DATA_SHARED_BYTES_MIN).then_some((offset_bytes, data_end, crcs))
+}
+
 /// A write's fields before its data: the data itself, then its piece checksums, follow.
 fn put_write_head(out: &mut BytesMut, offset_bytes: u64, data_bytes: usize) {
     out.put_u8(OP_WRITE);
@@ -964,29 +986,10 @@ impl Body for HostMessage {
     /// each side (docs/benchmarks.md). Anything else, or a body whose fields do not describe a
     /// write, is read whole.
     fn body_crc(body: &[u8]) -> u32 {
-        // `HOST_APPLY`, the record's head (`put_record_head`), then `put_write_head`.
-        const OP_AT: usize = 1 + 4 + 8 + 8;
-        const DATA_AT: usize = OP_AT + 1 + 8 + 4;
-        let u32_at = |at: usize| body.get(at..at + 4).map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes")));
-        let write = (body.first() == Some(&HOST_APPLY) && body.get(OP_AT) == Some(&OP_WRITE))
-            .then(|| {
-                let offset_bytes = u64::from_le_bytes(body.get(OP_AT + 1..OP_AT + 9)?.try_into().expect("8 bytes"));
-                let data_end = DATA_AT.checked_add(u32_at(OP_AT + 9)? as usize)?;
-                let count = u32_at(data_end)? as usize;
-                let crcs_at = data_end + 4;
-                let crcs_end = crcs_at.checked_add(count.checked_mul(4)?)?;
-                (data_end - DATA_AT >= FRAME_DATA_SHARED_BYTES_MIN && crcs_end <= body.len()).then_some((
-                    offset_bytes,
-                    data_end,
-                    crcs_at,
-                    count,
-                ))
-            })
-            .flatten();
-        let Some((offset_bytes, data_end, crcs_at, count)) = write else { return crc32c::crc32c(body) };
-        let crcs: Vec<u32> = (0..count).map(|i| u32_at(crcs_at + 4 * i).expect("inside the body")).collect();
-        let head = crc32c::crc32c(&body[..DATA_AT]);
-        let crc = crate::pieces::crc_append_pieces(head, offset_bytes, &body[DATA_AT..data_end], &crcs);
+        let Some((offset_bytes, data_end, crcs)) = large_write_layout(body) else { return crc32c::crc32c(body) };
+        let crcs = crcs.chunks_exact(4).map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes")));
+        let crc = crc32c::crc32c(&body[..APPLY_WRITE_DATA_AT]);
+        let crc = crate::pieces::crc_append_pieces(crc, offset_bytes, &body[APPLY_WRITE_DATA_AT..data_end], crcs);
         crc32c::crc32c_append(crc, &body[data_end..])
     }
 

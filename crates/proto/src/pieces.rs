@@ -89,12 +89,12 @@ pub fn check_pieces(offset_bytes: u64, data: &[u8], crcs: &[u32]) -> Result<(), 
 /// describe, so a frame checksum computed this way vouches for the pieces and the bytes around
 /// them, and the data must then be checked against its pieces ([`check_pieces`]) before it is
 /// used. With a checksum count that does not fit the pieces, every byte is read.
-pub fn crc_append_pieces(crc: u32, offset_bytes: u64, data: &[u8], crcs: &[u32]) -> u32 {
+pub fn crc_append_pieces(crc: u32, offset_bytes: u64, data: &[u8], crcs: impl ExactSizeIterator<Item = u32>) -> u32 {
     if crcs.len() != piece_count(offset_bytes, data.len() as u64) {
         return crc32c::crc32c_append(crc, data);
     }
     let shift = block_shift_tables();
-    piece_ranges(offset_bytes, data.len()).zip(crcs).fold(crc, |crc, (range, &piece)| {
+    piece_ranges(offset_bytes, data.len()).zip(crcs).fold(crc, |crc, (range, piece)| {
         if range.len() == BLOCK_BYTES as usize {
             let [b0, b1, b2, b3] = crc.to_le_bytes();
             shift[0][b0 as usize] ^ shift[1][b1 as usize] ^ shift[2][b2 as usize] ^ shift[3][b3 as usize] ^ piece
@@ -154,7 +154,7 @@ mod tests {
             let crcs = piece_crcs(offset, part);
             for seed in [0u32, 0xdead_beef, crc32c::crc32c(b"a frame's head")] {
                 assert_eq!(
-                    crc_append_pieces(seed, offset, part, &crcs),
+                    crc_append_pieces(seed, offset, part, crcs.iter().copied()),
                     crc32c::crc32c_append(seed, part),
                     "{offset} {length}"
                 );
@@ -164,10 +164,10 @@ mod tests {
         let mut changed = data[..8192].to_vec();
         let crcs = piece_crcs(0, &changed);
         changed[10] ^= 1;
-        assert_eq!(crc_append_pieces(0, 0, &changed, &crcs), crc32c::crc32c(&data[..8192]));
+        assert_eq!(crc_append_pieces(0, 0, &changed, crcs.iter().copied()), crc32c::crc32c(&data[..8192]));
         let mut wrong = crcs.clone();
         wrong[1] ^= 1;
-        assert_ne!(crc_append_pieces(0, 0, &changed, &wrong), crc32c::crc32c(&data[..8192]));
+        assert_ne!(crc_append_pieces(0, 0, &changed, wrong.into_iter()), crc32c::crc32c(&data[..8192]));
     }
 
     #[test]

@@ -20,8 +20,8 @@ static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 /// freed neighbours first: at the default the 1 MiB buffers the data path allocates and frees
 /// at large writes merged into 8–10 MiB extents that went back to the kernel at once, so every
 /// NBD payload and frame read into memory took a page fault and a page clearing per 4 KiB
-/// (host element at 1 MiB writes QD16: 33–86 faults per write and 13 % of its samples; 5 with
-/// 32 MiB). Not higher (0 turns the threshold off): a maximal frame's buffer is still purged
+/// (host element at 1 MiB writes QD16: 33–101 faults per write in our runs, and 13 % of its
+/// samples; 5–13 with 32 MiB). Not higher (0 turns the threshold off): a maximal frame's buffer is still purged
 /// when freed, so what strangers' stalled maximal frames leave held stays within the element's
 /// bound on frames arriving (with 0, 311–373 MiB against 249 MiB under sixteen of them;
 /// docs/benchmarks.md).
