@@ -17,6 +17,15 @@ pub use message::{
     FRAME_HEADER_BYTES, SCRUB_CHUNK_BLOCKS_MAX, WIRE_VERSION,
 };
 
+/// crc32c (Castagnoli, as iSCSI uses it) of `data`: the checksum of blocks, pieces and frames.
+/// Equal to `crc32c::crc32c`; computed by `crc-fast`, which folds with carry-less multiplication
+/// (AVX-512 VPCLMULQDQ where the CPU has it) beside the CRC instruction: about 1.6 times as fast
+/// on 4 KiB pieces on our test machine. Appending and combining stay with the `crc32c` crate.
+#[inline]
+pub fn crc32c(data: &[u8]) -> u32 {
+    crc_fast::crc32_iscsi(data)
+}
+
 /// Largest payload of one write (and of one read reply). Matches the NBD maximum block size we
 /// advertise, so one NBD request is always one record (atomic across replicas).
 pub const PAYLOAD_BYTES_MAX: u32 = 32 * 1024 * 1024;
@@ -30,3 +39,19 @@ pub const SECTOR_BYTES: u64 = 512;
 const _: () = assert!(BLOCK_BYTES % SECTOR_BYTES == 0);
 const _: () = assert!(PAYLOAD_BYTES_MAX as u64 % BLOCK_BYTES == 0);
 const _: () = assert!((FRAME_BODY_BYTES_MAX as u64) > PAYLOAD_BYTES_MAX as u64 + 4096);
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn crc32c_is_the_castagnoli_checksum_at_every_length_and_alignment() {
+        let data: Vec<u8> = (0..70_000u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 11) as u8).collect();
+        assert_eq!(super::crc32c(b"123456789"), 0xe306_9283);
+        assert_eq!(super::crc32c(&[]), 0);
+        for start in [0usize, 1, 3, 7, 8, 63, 64, 4095] {
+            for length in (0..300).chain([511, 512, 4096, 4097, 8191, 65_536]) {
+                let part = &data[start..start + length];
+                assert_eq!(super::crc32c(part), crc32c::crc32c(part), "{start} {length}");
+            }
+        }
+    }
+}

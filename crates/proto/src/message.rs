@@ -517,7 +517,7 @@ pub trait Body: Sized {
     /// message type may compute without reading all of it (a large write's data:
     /// [`HostMessage`]'s).
     fn body_crc(body: &[u8]) -> u32 {
-        crc32c::crc32c(body)
+        crate::crc32c(body)
     }
 }
 
@@ -529,7 +529,7 @@ pub fn encode_frame<M: Body>(message: &M, out: &mut BytesMut) {
     message.encode_body(out);
     let body_len = out.len() - start - FRAME_HEADER_BYTES;
     assert!(body_len <= FRAME_BODY_BYTES_MAX as usize, "encoded an oversized frame");
-    let crc = crc32c::crc32c(&out[start + FRAME_HEADER_BYTES..]);
+    let crc = crate::crc32c(&out[start + FRAME_HEADER_BYTES..]);
     out[start..start + 4].copy_from_slice(&(body_len as u32).to_le_bytes());
     out[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
 }
@@ -598,7 +598,7 @@ pub fn encode_host_frame(message: &HostMessage) -> FrameParts {
     // Over the data by its piece checksums (the frame decoder does the same; the element's
     // store checks the data against them): no pass over the data here.
     debug_assert_eq!(head.len() - FRAME_HEADER_BYTES, APPLY_WRITE_DATA_AT, "the decoder finds the data there");
-    let crc = crc32c::crc32c(&head[FRAME_HEADER_BYTES..]);
+    let crc = crate::crc32c(&head[FRAME_HEADER_BYTES..]);
     let crc = crate::pieces::crc_append_pieces(crc, *offset_bytes, data, crcs.iter().copied());
     let crc = crc32c::crc32c_append(crc, &tail);
     head[0..4].copy_from_slice(&(body_len as u32).to_le_bytes());
@@ -986,7 +986,7 @@ impl Body for HostMessage {
     /// each side (docs/benchmarks.md). Anything else, or a body whose fields do not describe a
     /// write, is read whole.
     fn body_crc(body: &[u8]) -> u32 {
-        let Some((offset_bytes, data_end, crcs)) = large_write_layout(body) else { return crc32c::crc32c(body) };
+        let Some((offset_bytes, data_end, crcs)) = large_write_layout(body) else { return crate::crc32c(body) };
         let crcs = crcs.chunks_exact(4).map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes")));
         let crc = crc32c::crc32c(&body[..APPLY_WRITE_DATA_AT]);
         let crc = crate::pieces::crc_append_pieces(crc, offset_bytes, &body[APPLY_WRITE_DATA_AT..data_end], crcs);

@@ -33,7 +33,7 @@ pub fn piece_ranges(offset_bytes: u64, length_bytes: usize) -> impl Iterator<Ite
 
 /// crc32c of each piece of `data` at `offset_bytes`.
 pub fn piece_crcs(offset_bytes: u64, data: &[u8]) -> Vec<u32> {
-    piece_ranges(offset_bytes, data.len()).map(|r| crc32c::crc32c(&data[r])).collect()
+    piece_ranges(offset_bytes, data.len()).map(|r| crate::crc32c(&data[r])).collect()
 }
 
 /// A piece whose data does not match its checksum.
@@ -69,7 +69,7 @@ pub fn check_pieces(offset_bytes: u64, data: &[u8], crcs: &[u32]) -> Result<(), 
     }
     let mut expected = crcs.iter();
     for range in piece_ranges(offset_bytes, data.len()) {
-        let actual = crc32c::crc32c(&data[range.clone()]);
+        let actual = crate::crc32c(&data[range.clone()]);
         let at = offset_bytes + range.start as u64;
         match expected.next() {
             Some(&crc) if crc == actual => {}

@@ -302,7 +302,7 @@ impl LogRecord {
         let crcs: Vec<u32> = (0..blocks as usize).map(|i| u32_at(RECORD_HEADER_BYTES as usize + 4 * i)).collect();
         let data = payload.slice(table_end as usize..);
         for (i, block) in data.chunks_exact(BLOCK_BYTES as usize).enumerate() {
-            let actual = crc32c::crc32c(block);
+            let actual = proto::crc32c(block);
             if actual != crcs[i] {
                 return Err(format!("block {i} of the record fails its checksum"));
             }

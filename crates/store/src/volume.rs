@@ -296,7 +296,7 @@ impl Volume {
                     .map_err(io_error("read volume data", &self.data_path))?;
                 for (i, content) in run.chunks_exact(BLOCK_BYTES as usize).enumerate() {
                     let b = block + i as u64;
-                    let actual = crc32c::crc32c(content);
+                    let actual = proto::crc32c(content);
                     if actual != map.crc(b) {
                         return Err(self.checksum_error(b, map.crc(b), actual));
                     }
@@ -354,7 +354,7 @@ impl Volume {
                     }
                 }
             }
-            let actual = crc32c::crc32c(content);
+            let actual = proto::crc32c(content);
             if actual != *crc {
                 return Err(self.checksum_error(b, *crc, actual));
             }
@@ -407,7 +407,7 @@ impl Volume {
                         .map_err(io_error("read volume data", &self.data_path))?;
                     for (i, content) in run.chunks_exact(BLOCK_BYTES as usize).enumerate() {
                         let b = block + i as u64;
-                        let actual = crc32c::crc32c(content);
+                        let actual = proto::crc32c(content);
                         if actual != map.crc(b) {
                             tracing::warn!(error = %self.checksum_error(b, map.crc(b), actual), "verify");
                             blocks_corrupt += 1;

@@ -185,7 +185,7 @@ impl Store {
                 v.data
                     .read_exact_at(&mut content, b * BLOCK_BYTES)
                     .map_err(io_error("read volume data", &v.data_path))?;
-                if crc32c::crc32c(&content) != summary.crc {
+                if proto::crc32c(&content) != summary.crc {
                     tracing::warn!(volume = %v.name, block = b, "repair: block fails its checksum; fetching it from the source");
                     summary.crc = !summary.crc;
                     summary.sequence = Sequence(u64::MAX);
@@ -400,7 +400,7 @@ impl Store {
                         .write_all_at(content, b * BLOCK_BYTES)
                         .map_err(io_error("write volume data", &v.data_path));
                     self.guard(result)?;
-                    state.map.set_written(b, copy.sequence, crc32c::crc32c(content));
+                    state.map.set_written(b, copy.sequence, proto::crc32c(content));
                 }
                 None => {
                     state.map.set_holes(b..b + 1, copy.sequence);

@@ -414,7 +414,7 @@ impl Store {
             sequence = at;
             for (i, is_allocated) in found.iter().map(|f| f.allocated).enumerate() {
                 let content = &out[i * BLOCK_BYTES as usize..(i + 1) * BLOCK_BYTES as usize];
-                let crc = if is_allocated { crc32c::crc32c(content) } else { zero_block_crc() };
+                let crc = if is_allocated { proto::crc32c(content) } else { zero_block_crc() };
                 digest = digest.wrapping_add(block_digest(block + i as u64, crc));
                 allocated += is_allocated as u64;
             }
@@ -642,7 +642,7 @@ fn current_blocks(
     if touched || span.end - span.start > PRESERVE_RECORD_BLOCKS_MAX || volume.clone_base().is_some() {
         return blocks
             .iter()
-            .map(|&b| Ok(base_content(volume, i, b, accepted, through)?.map(|c| (c.clone(), crc32c::crc32c(&c)))))
+            .map(|&b| Ok(base_content(volume, i, b, accepted, through)?.map(|c| (c.clone(), proto::crc32c(&c)))))
             .collect();
     }
     let state = volume.live_state()?;
