@@ -16,36 +16,40 @@ fi
 PATH="$PATH:/usr/local/sbin:/usr/sbin:/sbin"
 export PATH
 
-echo "== installing test dependencies"
+# Each stage's heading says how long the run has taken so far, so a slow stage shows in CI's log.
+stage() { echo "== [$((SECONDS / 60))m$((SECONDS % 60))s] $*"; }
+
+stage "installing test dependencies"
 bash scripts/install-test-deps.sh
 
-echo "== cargo fmt --check"
+stage "cargo fmt --check"
 cargo fmt --all --check
 rustfmt --check --edition 2021 fuzz/fuzz_targets/*.rs
 
-echo "== cargo clippy --workspace --all-targets -- -D warnings"
+stage "cargo clippy --workspace --all-targets -- -D warnings"
 # Release profile: shares its dependency builds with the build and tests below.
 cargo clippy --release --workspace --all-targets -- -D warnings
 
-echo "== cargo build --release --workspace"
+stage "cargo build --release --workspace"
 cargo build --release --workspace
 
-echo "== cargo test --release --workspace"
+stage "cargo test --release --workspace"
 cargo test --release --workspace
 
-echo "== fuzz targets, 8 s each (bash scripts/fuzz.sh SECONDS for longer runs)"
+stage "fuzz targets, 8 s each (bash scripts/fuzz.sh SECONDS for longer runs)"
 bash scripts/fuzz.sh 8
 
 target_dir="${CARGO_TARGET_DIR:-$repo/target}"
 export STARFISH_BIN="${STARFISH_BIN:-$target_dir/release/starfish}"
 
-echo "== pytest tests/ (STARFISH_BIN=$STARFISH_BIN)"
+stage "pytest tests/ (STARFISH_BIN=$STARFISH_BIN)"
 # Debian's python3 has the libnbd bindings (module `nbd`). Each test has its
 # own time limit; this bounds the whole run, with SIGINT first so pytest still
 # tears down (stops processes, unmounts, detaches loop devices).
 status=0
 timeout -s INT -k 60 "${STARFISH_TEST_TIMEOUT:-1200}" \
     /usr/bin/python3 -m pytest -q -p no:cacheprovider -rfEs --durations=15 tests/ "$@" || status=$?
+stage "done (pytest status $status)"
 if [[ $status -eq 5 ]]; then
     echo "pytest collected no tests" >&2
 fi
