@@ -988,7 +988,7 @@ impl Body for HostMessage {
     fn body_crc(body: &[u8]) -> u32 {
         let Some((offset_bytes, data_end, crcs)) = large_write_layout(body) else { return crate::crc32c(body) };
         let crcs = crcs.chunks_exact(4).map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes")));
-        let crc = crc32c::crc32c(&body[..APPLY_WRITE_DATA_AT]);
+        let crc = crate::crc32c(&body[..APPLY_WRITE_DATA_AT]);
         let crc = crate::pieces::crc_append_pieces(crc, offset_bytes, &body[APPLY_WRITE_DATA_AT..data_end], crcs);
         crc32c::crc32c_append(crc, &body[data_end..])
     }

@@ -149,7 +149,9 @@ impl Geometry {
         let end = offset_bytes + length_bytes;
         let first = offset_bytes / BLOCK_BYTES;
         let last = (end - 1) / BLOCK_BYTES;
-        let head_partial = offset_bytes % BLOCK_BYTES != 0 || end < (first + 1) * BLOCK_BYTES;
+        // `end - first block's start < a block`, not `end < (first + 1) * BLOCK_BYTES`: that
+        // overflows for a range in the last block below 2^64 (a damaged record; found by fuzzing).
+        let head_partial = offset_bytes % BLOCK_BYTES != 0 || end - first * BLOCK_BYTES < BLOCK_BYTES;
         let tail_partial = last != first && end % BLOCK_BYTES != 0;
         Some(Geometry { first, last, head_partial, tail_partial })
     }
@@ -976,6 +978,18 @@ impl LogWriter {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn geometry_of_a_range_in_the_last_block_below_2_to_the_64_does_not_overflow() {
+        let last_block_start = u64::MAX / BLOCK_BYTES * BLOCK_BYTES;
+        let g = Geometry::of(last_block_start, 9).expect("not empty");
+        assert_eq!(
+            (g.first, g.last, g.head_partial, g.tail_partial),
+            (u64::MAX / BLOCK_BYTES, u64::MAX / BLOCK_BYTES, true, false)
+        );
+        let g = Geometry::of(last_block_start - BLOCK_BYTES, BLOCK_BYTES).expect("not empty");
+        assert!(!g.head_partial && !g.tail_partial);
+    }
 
     #[test]
     fn geometry_of_ranges() {
