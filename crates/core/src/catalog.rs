@@ -690,7 +690,7 @@ impl Catalog {
         let mut out = Vec::with_capacity(HEADER_BYTES + body.len());
         out.extend_from_slice(MAGIC);
         out.extend_from_slice(&(body.len() as u32).to_le_bytes());
-        out.extend_from_slice(&crc32c::crc32c(&body).to_le_bytes());
+        out.extend_from_slice(&proto::crc32c(&body).to_le_bytes());
         out.extend_from_slice(&body);
         let padded = (out.len() as u64).div_ceil(BLOCK_BYTES) * BLOCK_BYTES;
         out.resize(padded as usize, 0);
@@ -727,7 +727,7 @@ impl Catalog {
         let body_len = u32::from_le_bytes(bytes[8..12].try_into().expect("4 bytes")) as usize;
         let crc = u32::from_le_bytes(bytes[12..16].try_into().expect("4 bytes"));
         let body = &bytes[HEADER_BYTES..HEADER_BYTES + body_len];
-        if crc32c::crc32c(body) != crc {
+        if proto::crc32c(body) != crc {
             return Err("the catalog document fails its checksum".into());
         }
         let v1 = &bytes[..8] == MAGIC_V1;

@@ -413,7 +413,7 @@ fn record_digest(op: &proto::Op) -> u32 {
     head[0] = kind;
     head[1..9].copy_from_slice(&offset.to_le_bytes());
     head[9..17].copy_from_slice(&length.to_le_bytes());
-    crcs.iter().fold(crc32c::crc32c(&head), |digest, crc| crc32c::crc32c_append(digest, &crc.to_le_bytes()))
+    crcs.iter().fold(proto::crc32c(&head), |digest, crc| crc32c::crc32c_append(digest, &crc.to_le_bytes()))
 }
 
 #[derive(Debug, Default)]

@@ -803,7 +803,7 @@ impl ElementStorage for MemStorage {
                 let start = (b * BLOCK_BYTES) as usize;
                 BlockSummary {
                     sequence: v.changed[b as usize],
-                    crc: crc32c::crc32c(&v.data[start..start + BLOCK_BYTES as usize]),
+                    crc: proto::crc32c(&v.data[start..start + BLOCK_BYTES as usize]),
                     allocated: v.allocated[b as usize],
                 }
             })

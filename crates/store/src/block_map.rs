@@ -37,7 +37,7 @@ const ALLOCATED_BIT: u64 = 1 << 63;
 /// crc32c of a block of zeroes: the checksum of every hole.
 pub fn zero_block_crc() -> u32 {
     static CRC: OnceLock<u32> = OnceLock::new();
-    *CRC.get_or_init(|| crc32c::crc32c(&[0u8; BLOCK_BYTES as usize]))
+    *CRC.get_or_init(|| proto::crc32c(&[0u8; BLOCK_BYTES as usize]))
 }
 
 /// The map of one volume, one entry per block, as a struct of arrays (12 bytes per block).
@@ -373,7 +373,7 @@ fn slot_offset(chunk: u64, slot: u8) -> u64 {
 }
 
 fn slot_crc(slot: &[u8]) -> u32 {
-    crc32c::crc32c_append(crc32c::crc32c(&slot[0..8]), &slot[12..])
+    crc32c::crc32c_append(proto::crc32c(&slot[0..8]), &slot[12..])
 }
 
 fn header_bytes(volume_number: u32, size_bytes: u64) -> Vec<u8> {
@@ -384,7 +384,7 @@ fn header_bytes(volume_number: u32, size_bytes: u64) -> Vec<u8> {
     header[16..24].copy_from_slice(&size_bytes.to_le_bytes());
     header[24..32].copy_from_slice(&(size_bytes / BLOCK_BYTES).to_le_bytes());
     header[32..36].copy_from_slice(&(MAP_CHUNK_BLOCKS as u32).to_le_bytes());
-    let crc = crc32c::crc32c(&header[0..36]);
+    let crc = proto::crc32c(&header[0..36]);
     header[36..40].copy_from_slice(&crc.to_le_bytes());
     header
 }

@@ -47,7 +47,7 @@ pub(crate) fn fuzz_record(payload: &[u8]) {
     let table_end = (payload.len() >= header)
         .then(|| header as u64 + 4 * u32::from_le_bytes(payload[4..8].try_into().expect("4")) as u64)
         .filter(|end| *end <= payload.len() as u64);
-    let crc = table_end.map_or(0, |end| crc32c::crc32c(&payload[..end as usize]));
+    let crc = table_end.map_or(0, |end| proto::crc32c(&payload[..end as usize]));
     if let Ok(record) = LogRecord::decode(Bytes::copy_from_slice(payload), crc) {
         let mut head = Vec::new();
         record.encode_head(&mut head);
@@ -267,7 +267,7 @@ impl LogRecord {
             scratch.extend_from_slice(&crc.to_le_bytes());
         }
         let payload_bytes = self.frame_bytes() - RECORD_FRAME_BYTES;
-        let crc = crc32c::crc32c(&scratch[start + RECORD_FRAME_BYTES as usize..]);
+        let crc = proto::crc32c(&scratch[start + RECORD_FRAME_BYTES as usize..]);
         scratch[start..start + 4].copy_from_slice(&(payload_bytes as u32).to_le_bytes());
         scratch[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
     }
@@ -284,7 +284,7 @@ impl LogRecord {
         if payload.len() as u64 != table_end + blocks * BLOCK_BYTES {
             return Err(format!("record of {} bytes cannot hold {blocks} blocks", payload.len()));
         }
-        let actual = crc32c::crc32c(&payload[..table_end as usize]);
+        let actual = proto::crc32c(&payload[..table_end as usize]);
         if actual != crc {
             return Err(format!("record checksum mismatch: frame has {crc:#010x}, record {actual:#010x}"));
         }
@@ -406,7 +406,7 @@ pub fn segment_header(segment: u64, previous: u64, previous_end: u64) -> [u8; SE
     header[8..16].copy_from_slice(&segment.to_le_bytes());
     header[16..24].copy_from_slice(&previous.to_le_bytes());
     header[24..32].copy_from_slice(&previous_end.to_le_bytes());
-    let crc = crc32c::crc32c(&header[8..]);
+    let crc = proto::crc32c(&header[8..]);
     header[4..8].copy_from_slice(&crc.to_le_bytes());
     header
 }
@@ -423,7 +423,7 @@ pub fn read_segment_header(file: &File, path: &Path, segment: u64) -> Result<Opt
     let u32_at = |at: usize| u32::from_le_bytes(header[at..at + 4].try_into().expect("4"));
     let u64_at = |at: usize| u64::from_le_bytes(header[at..at + 8].try_into().expect("8"));
     let valid = u32_at(0) == SEGMENT_MAGIC
-        && crc32c::crc32c(&header[8..]) == u32_at(4)
+        && proto::crc32c(&header[8..]) == u32_at(4)
         && u64_at(8) == segment
         && u64_at(32) == 0;
     Ok(valid.then(|| (u64_at(16), u64_at(24))))
@@ -456,7 +456,7 @@ fn batch_header(segment: u64, offset: u64, body_bytes: u64, records: u32) -> [u8
     header[16..24].copy_from_slice(&offset.to_le_bytes());
     header[24..32].copy_from_slice(&body_bytes.to_le_bytes());
     header[32..36].copy_from_slice(&records.to_le_bytes());
-    let crc = crc32c::crc32c(&header[8..]);
+    let crc = proto::crc32c(&header[8..]);
     header[4..8].copy_from_slice(&crc.to_le_bytes());
     header
 }
@@ -472,7 +472,7 @@ fn parse_batch_header(header: &[u8], segment: u64, offset: u64) -> Result<(u64, 
     if u32_at(0) != BATCH_MAGIC {
         return Err("no batch header (bad magic)".into());
     }
-    if crc32c::crc32c(&header[8..BATCH_HEADER_BYTES]) != u32_at(4) {
+    if proto::crc32c(&header[8..BATCH_HEADER_BYTES]) != u32_at(4) {
         return Err("batch header checksum mismatch".into());
     }
     if u64_at(8) != segment || u64_at(16) != offset {
@@ -1010,7 +1010,7 @@ mod tests {
 
     fn sample_records() -> Vec<LogRecord> {
         let block = |seed: u8| Bytes::from(vec![seed; BLOCK_BYTES as usize]);
-        let crc = |b: &Bytes| crc32c::crc32c(b);
+        let crc = |b: &Bytes| proto::crc32c(b);
         let (a, b) = (block(1), block(2));
         vec![
             LogRecord {

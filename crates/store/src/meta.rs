@@ -118,8 +118,8 @@ impl Meta {
         out.extend_from_slice(&META_MAGIC);
         out.extend_from_slice(&META_VERSION.to_le_bytes());
         out.extend_from_slice(&(body.len() as u32).to_le_bytes());
-        out.extend_from_slice(&crc32c::crc32c(&body).to_le_bytes());
-        let header_crc = crc32c::crc32c(&out[0..20]);
+        out.extend_from_slice(&proto::crc32c(&body).to_le_bytes());
+        let header_crc = proto::crc32c(&out[0..20]);
         out.extend_from_slice(&header_crc.to_le_bytes());
         out.extend_from_slice(&body);
         out
@@ -133,7 +133,7 @@ impl Meta {
             return Err("bad magic".into());
         }
         let u32_at = |b: &[u8], at: usize| u32::from_le_bytes(b[at..at + 4].try_into().expect("4"));
-        if crc32c::crc32c(&bytes[0..20]) != u32_at(bytes, 20) {
+        if proto::crc32c(&bytes[0..20]) != u32_at(bytes, 20) {
             return Err("header checksum mismatch".into());
         }
         let version = u32_at(bytes, 8);
@@ -145,7 +145,7 @@ impl Meta {
         if body.len() != body_len {
             return Err(format!("body of {} bytes, header says {body_len}", body.len()));
         }
-        if crc32c::crc32c(body) != u32_at(bytes, 16) {
+        if proto::crc32c(body) != u32_at(bytes, 16) {
             return Err("body checksum mismatch".into());
         }
         let mut reader = Reader { bytes: body };

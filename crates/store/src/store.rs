@@ -1956,7 +1956,7 @@ fn read_verified(
 fn piece_crcs(offset_bytes: u64, data: &[u8], block_crc: impl Fn(usize) -> u32) -> Vec<u32> {
     proto::pieces::piece_ranges(offset_bytes, data.len())
         .enumerate()
-        .map(|(i, range)| if range.len() == BLOCK_BYTES as usize { block_crc(i) } else { crc32c::crc32c(&data[range]) })
+        .map(|(i, range)| if range.len() == BLOCK_BYTES as usize { block_crc(i) } else { proto::crc32c(&data[range]) })
         .collect()
 }
 
@@ -2033,8 +2033,8 @@ fn prepare(
                 .iter()
                 .enumerate()
                 .map(|(k, &crc)| match k {
-                    0 if g.head_partial => crc32c::crc32c(pieces.first().expect("a head piece")),
-                    k if k == last_piece && g.tail_partial => crc32c::crc32c(pieces.last().expect("a tail piece")),
+                    0 if g.head_partial => proto::crc32c(pieces.first().expect("a head piece")),
+                    k if k == last_piece && g.tail_partial => proto::crc32c(pieces.last().expect("a tail piece")),
                     _ => crc,
                 })
                 .collect();
@@ -2051,7 +2051,7 @@ fn prepare(
                         if merged.iter().all(|b| *b == 0) {
                             None
                         } else {
-                            let crc = crc32c::crc32c(&merged);
+                            let crc = proto::crc32c(&merged);
                             Some((merged.freeze(), crc))
                         }
                     }

@@ -69,7 +69,7 @@ impl CopyState {
         out[32..40].copy_from_slice(&self.base_epoch.0.to_le_bytes());
         out[40..48].copy_from_slice(&self.cursor_block.to_le_bytes());
         out[12] = self.verify as u8;
-        let crc = crc32c::crc32c(&out[12..]);
+        let crc = proto::crc32c(&out[12..]);
         out[8..12].copy_from_slice(&crc.to_le_bytes());
         out
     }
@@ -84,7 +84,7 @@ impl CopyState {
             _ => return Err("bad magic".into()),
         };
         let stored = u32::from_le_bytes(bytes[8..12].try_into().expect("4"));
-        let actual = crc32c::crc32c(&bytes[covered..]);
+        let actual = proto::crc32c(&bytes[covered..]);
         if stored != actual {
             return Err(format!("checksum mismatch: stored {stored:#010x}, content {actual:#010x}"));
         }
