@@ -14,6 +14,7 @@ packages=(
     postmark
     e2fsprogs
     python3-pytest
+    python3-pytest-xdist
     python3-libnbd
     python3-prometheus-client
     python3-websocket

@@ -46,9 +46,13 @@ stage "pytest tests/ (STARFISH_BIN=$STARFISH_BIN)"
 # Debian's python3 has the libnbd bindings (module `nbd`). Each test has its
 # own time limit; this bounds the whole run, with SIGINT first so pytest still
 # tears down (stops processes, unmounts, detaches loop devices).
+# Two workers (pytest-xdist): the tests spend most of their time waiting on processes (about a
+# quarter of two CPUs busy with one worker), so two at once halve the stage. Each worker draws
+# ports from its own range (harness.free_port). STARFISH_TEST_WORKERS=0 runs them one by one.
 status=0
 timeout -s INT -k 60 "${STARFISH_TEST_TIMEOUT:-1200}" \
-    /usr/bin/python3 -m pytest -q -p no:cacheprovider -rfEs --durations=15 tests/ "$@" || status=$?
+    /usr/bin/python3 -m pytest -q -p no:cacheprovider -rfEs --durations=15 \
+    -n "${STARFISH_TEST_WORKERS:-2}" tests/ "$@" || status=$?
 stage "done (pytest status $status)"
 if [[ $status -eq 5 ]]; then
     echo "pytest collected no tests" >&2

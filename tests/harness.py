@@ -57,13 +57,25 @@ def reference_mode():
 _handed_out = set()
 
 
+def _port_range():
+    """This process's share of 20000..32000. Under pytest-xdist each worker draws from its
+    own slice, so two workers never hand out the same port between checking it and the
+    process they start binding it."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or "1")
+    index = int(worker[2:]) if worker.startswith("gw") and worker[2:].isdigit() else 0
+    width = 12000 // max(count, 1)
+    return 20000 + index * width, 20000 + (index + 1) * width
+
+
 def free_port():
     """A TCP port on 127.0.0.1 that nothing listens on, below the kernel's
     ephemeral range (so client sockets do not take it meanwhile) and never
     handed out twice in one test run."""
     rng = random.Random()
+    low, high = _port_range()
     for _ in range(1000):
-        port = rng.randrange(20000, 32000)
+        port = rng.randrange(low, high)
         if port in _handed_out:
             continue
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -73,7 +85,7 @@ def free_port():
                 continue
         _handed_out.add(port)
         return port
-    raise RuntimeError("no free TCP port found in 20000..32000")
+    raise RuntimeError(f"no free TCP port found in {low}..{high}")
 
 
 def listening_ports():

@@ -371,6 +371,16 @@ def test_a_bad_block_is_never_served_and_is_repaired_from_a_peer(make_cluster):
     digests_agree(cluster)
 
 
+def applied_everywhere(name, volume="vol0"):
+    """A status predicate: element `name` has applied (made durable) every write the host
+    element acknowledged on `volume`."""
+    def check(status):
+        acked = harness.volume_status(status, volume)["acked_sequence"]
+        element = next(e for e in status["elements"] if e["name"] == name)
+        return element["applied_sequence"].get(volume, -1) >= acked
+    return check
+
+
 def newest_batch(data_dir):
     """(path, body offset, body length) of the newest batch of records in the
     live log segment of a stopped element (batches: 40-byte header, magic
@@ -403,6 +413,9 @@ def test_a_bit_flip_in_the_newest_log_batch_is_caught_and_repaired(make_cluster)
         for i in range(8):
             client.pwrite(data[i * 65536:(i + 1) * 65536], i * 65536)
         client.flush()
+    # The flush needs two elements: far may still be committing its last batch, which a kill
+    # would then leave as a torn tail (no sync mark after it). Wait for far's acknowledgement.
+    cluster.wait_status(applied_everywhere("far"), 30, "far acknowledged every write")
     far = cluster.elements["far"]
     cluster.kill_element("far")
     segment, body, length = newest_batch(far.data)
