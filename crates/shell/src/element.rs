@@ -778,8 +778,18 @@ async fn serve_session(
                 }
             }
         }
-        if buf.capacity() - buf.len() < 64 * 1024 {
-            buf.reserve(256 * 1024);
+        match arriving {
+            // Room for the rest of a large frame at once: its start is copied at most once
+            // (growing 256 KiB at a time copied it at every growth), and the frame ends where the
+            // room does, so no growth near its end copies all of it again.
+            Some(length) => {
+                let rest = (proto::FRAME_HEADER_BYTES + length).saturating_sub(buf.len());
+                if buf.capacity() - buf.len() < rest {
+                    buf.reserve(rest);
+                }
+            }
+            None if buf.capacity() - buf.len() < 64 * 1024 => buf.reserve(256 * 1024),
+            None => {}
         }
         // How long the next read may take: the first message comes soon, and a frame that
         // started keeps coming; between frames a session may be idle (a paced replay, say).
