@@ -606,8 +606,8 @@ pub fn encode_host_frame(message: &HostMessage) -> FrameParts {
     FrameParts { head: head.freeze(), data: data.clone(), tail: tail.freeze() }
 }
 
-/// Take one complete frame off the front of `buf`, if there is one. `Ok(None)` means "need
-/// more bytes"; an error means the stream is unusable and the connection must be closed.
+/// The volumes of a `Hello`, `AddVolumes` or `CheckVolumes`: their count, then each one's name,
+/// size and kind (0 new, 2 at least this size, 1 a clone: then its base volume and snapshot).
 fn put_volume_specs(out: &mut BytesMut, volumes: &[VolumeSpec]) {
     out.put_u32_le(volumes.len() as u32);
     for v in volumes {
@@ -687,6 +687,8 @@ fn read_volume_states(r: &mut Reader, what: &'static str) -> Result<Vec<VolumeSt
     Ok(volumes)
 }
 
+/// Take one complete frame off the front of `buf`, if there is one. `Ok(None)` means "need
+/// more bytes"; an error means the stream is unusable and the connection must be closed.
 pub fn decode_frame<M: Body>(buf: &mut BytesMut) -> Result<Option<M>, DecodeError> {
     if buf.len() < FRAME_HEADER_BYTES {
         return Ok(None);
