@@ -509,6 +509,24 @@ class Cluster:
     def wait_healthy(self, timeout=START_TIMEOUT):
         return self.wait_status(healthy, timeout, "all elements in-sync and every volume read-write")
 
+    def wait_caught_up(self, names=ELEMENT_NAMES, timeout=60):
+        """Waits until the named elements are in sync and have applied (made durable) every
+        write the host element acknowledged, on every volume; returns that status."""
+
+        def caught_up(status):
+            by_name = {e["name"]: e for e in status["elements"]}
+            return all(
+                volume["mode"] == "read-write"
+                and all(
+                    by_name[name]["state"] == "in-sync"
+                    and by_name[name]["applied_sequence"].get(volume["name"]) == volume["acked_sequence"]
+                    for name in names
+                )
+                for volume in status["volumes"]
+            )
+
+        return self.wait_status(caught_up, timeout, f"{', '.join(names)} to apply every acknowledged write")
+
     def element_state(self, status, name):
         for element in status["elements"]:
             if element["name"] == name:

@@ -324,16 +324,6 @@ def refused_then_repaired(cluster, name, action):
     return element.process.log()
 
 
-def holds_every_write(name, volume="vol0"):
-    """A status predicate: element `name` has applied (made durable) every write the host
-    element acknowledged on `volume`."""
-    def check(status):
-        acked = harness.volume_status(status, volume)["acked_sequence"]
-        element = next(e for e in status["elements"] if e["name"] == name)
-        return element["applied_sequence"].get(volume, -1) >= acked
-    return check
-
-
 @pytest.mark.time_limit(240)
 def test_a_bad_block_is_never_served_and_is_repaired_from_a_peer(make_cluster):
     """One byte of `near`'s data file flips while it is stopped. Reads that
@@ -347,8 +337,7 @@ def test_a_bad_block_is_never_served_and_is_repaired_from_a_peer(make_cluster):
     with Client(cluster.uri()) as client:
         client.pwrite(data, 0)
         client.flush()
-    # A graceful stop checkpoints what near committed: wait until that is every write.
-    cluster.wait_status(holds_every_write("near"), 30, "near acknowledged every write")
+    cluster.wait_caught_up(("near",))  # a graceful stop keeps only what near committed
     near = cluster.elements["near"]
     assert near.process.stop()[0] == 0
     path = os.path.join(near.data, "volumes", "0.data")
@@ -416,8 +405,8 @@ def test_a_bit_flip_in_the_newest_log_batch_is_caught_and_repaired(make_cluster)
             client.pwrite(data[i * 65536:(i + 1) * 65536], i * 65536)
         client.flush()
     # The flush needs two elements: far may still be committing its last batch, which a kill
-    # would then leave as a torn tail (no sync mark after it). Wait for far's acknowledgement.
-    cluster.wait_status(holds_every_write("far"), 30, "far acknowledged every write")
+    # would then leave as a torn tail (no sync mark after it).
+    cluster.wait_caught_up(("far",))
     far = cluster.elements["far"]
     cluster.kill_element("far")
     segment, body, length = newest_batch(far.data)
@@ -440,8 +429,7 @@ def test_a_damaged_block_map_is_rebuilt_by_repair(make_cluster):
     with Client(cluster.uri()) as client:
         client.pwrite(data, 0)
         client.flush()
-    # A graceful stop checkpoints what near committed: wait until that is every write.
-    cluster.wait_status(holds_every_write("near"), 30, "near acknowledged every write")
+    cluster.wait_caught_up(("near",))  # a graceful stop keeps only what near committed
     near = cluster.elements["near"]
     assert near.process.stop()[0] == 0
     path = os.path.join(near.data, "volumes", "0.map")
@@ -464,8 +452,7 @@ def test_a_partial_write_into_a_bad_block_repairs_instead_of_looping(make_cluste
     with Client(cluster.uri()) as client:
         client.pwrite(bytes(data), 0)
         client.flush()
-    # A graceful stop checkpoints what near committed: wait until that is every write.
-    cluster.wait_status(holds_every_write("near"), 30, "near acknowledged every write")
+    cluster.wait_caught_up(("near",))  # a graceful stop keeps only what near committed
     near = cluster.elements["near"]
     assert near.process.stop()[0] == 0
     path = os.path.join(near.data, "volumes", "0.data")

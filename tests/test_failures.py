@@ -41,19 +41,6 @@ def digests_agree(cluster):
     return reports
 
 
-def wait_caught_up(cluster, timeout=60):
-    """Every element has applied every acknowledged write of every volume."""
-
-    def caught_up(status):
-        for volume in status["volumes"]:
-            for element in status["elements"]:
-                if element["applied_sequence"].get(volume["name"]) != volume["acked_sequence"]:
-                    return False
-        return harness.healthy(status)
-
-    return cluster.wait_status(caught_up, timeout, "every element to apply every acknowledged write")
-
-
 def combined_log(workdir, writers):
     path = os.path.join(workdir, "writes.log")
     with open(path, "w") as out:
@@ -107,7 +94,7 @@ def test_kill9_elements_under_write_load(cluster, workdir):
     assert not write_log.failed, f"writes failed with one element down: {write_log.failed[:10]}"
     check_region(uri, write_log)
 
-    status = wait_caught_up(cluster)
+    status = cluster.wait_caught_up()
     acked = volume_status(status)["acked_sequence"]
     reports = digests_agree(cluster)
     for report in reports.values():
@@ -144,7 +131,7 @@ def test_kill9_element_then_quick_recovery(cluster, workdir, victim):
     assert not write_log.failed, write_log.failed[:10]
     check_region(uri, write_log)
 
-    status = wait_caught_up(cluster)
+    status = cluster.wait_caught_up()
     acked = volume_status(status)["acked_sequence"]
     reports = digests_agree(cluster)
     for report in reports.values():
@@ -171,7 +158,7 @@ def test_frozen_element_does_not_stall_writes(cluster, workdir):
     write_log = combined_log(workdir, [writer])
     assert not write_log.failed, write_log.failed[:10]
     check_region(uri, write_log)
-    wait_caught_up(cluster, timeout=90)
+    cluster.wait_caught_up(timeout=90)
     digests_agree(cluster)
 
 
@@ -225,7 +212,7 @@ def test_two_elements_down_read_only_then_read_write(cluster):
         assert client.pread(4 * MiB, 0) == data[:4096] + b"\xa5" * 4096 + data[8192:]
 
     cluster.restart_element("far")
-    wait_caught_up(cluster, timeout=90)
+    cluster.wait_caught_up(timeout=90)
     digests_agree(cluster)
 
 
@@ -255,7 +242,7 @@ def test_host_restart_keeps_data(cluster, stop_signal):
             assert bytes(client.pread(len(block), offset)) == block, f"acknowledged write at {offset} lost"
         client.pwrite(b"\x77" * 4096, 0)
         assert client.pread(4096, 0) == b"\x77" * 4096
-    status = wait_caught_up(cluster)
+    status = cluster.wait_caught_up()
     assert volume_status(status)["acked_sequence"] > acked_before
     digests_agree(cluster)
 
@@ -292,7 +279,7 @@ def crash_and_check(cluster, workdir, kill, sizes):
         code = writer2.finish()
         assert code == 0, f"writer exit {code}\n{writer2.output()}"
     check_region(uri, combined_log(workdir, [writer, writer2]))
-    wait_caught_up(cluster)
+    cluster.wait_caught_up()
     digests_agree(cluster)
 
 
@@ -364,5 +351,5 @@ def test_kill9_element_under_large_writes(make_cluster, workdir):
     write_log = combined_log(workdir, [writer])
     assert not write_log.failed, write_log.failed[:10]
     check_region(uri, write_log)
-    wait_caught_up(cluster, timeout=90)
+    cluster.wait_caught_up(timeout=90)
     digests_agree(cluster)

@@ -64,17 +64,6 @@ def element_of(status, name):
     return next(e for e in status["elements"] if e["name"] == name)
 
 
-def caught_up(status):
-    """Every element in sync and holding every acknowledged write."""
-    if not harness.healthy(status):
-        return False
-    for volume in status["volumes"]:
-        for element in status["elements"]:
-            if element["applied_sequence"].get(volume["name"]) != volume["acked_sequence"]:
-                return False
-    return True
-
-
 class Faults:
     """The fault schedule, run in its own thread; `log` says what happened
     when (seconds since the start)."""
@@ -275,7 +264,7 @@ def test_fault_history_checked_by_the_simulator(linked_cluster, workdir):
     errors = [f"{w.name}: {w.error}" for w in workers if w.error]
     assert not errors, errors
 
-    status = cluster.wait_status(caught_up, 60, "every element to apply every acknowledged write")
+    status = cluster.wait_caught_up()
     acked_sequence = harness.volume_status(status)["acked_sequence"]
     history_recorder.read_back(history, cluster.uri(), VOLUME_BYTES)
     history.save()

@@ -139,7 +139,7 @@ def verify_all(cluster, workdir, uri, load, *others):
     assert log.done
     assert not log.failed, f"writes failed: {log.failed[:10]}"
     check_writes(uri, log, *others)
-    wait_caught_up(cluster)
+    cluster.wait_caught_up()
     stop_and_compare(cluster)
 
 
@@ -192,22 +192,6 @@ def back_in_sync(name):
 def recovering_samples(samples, name):
     return [(t, element_of(s, name)["recovery"], extra) for t, s, extra in samples
             if element_of(s, name)["state"] == "recovering" and "recovery" in element_of(s, name)]
-
-
-def wait_caught_up(cluster, names=harness.ELEMENT_NAMES, timeout=60):
-    """The named elements are in sync and have applied every acknowledged write."""
-
-    def caught_up(status):
-        for volume in status["volumes"]:
-            if volume["mode"] != "read-write":
-                return False
-            for name in names:
-                element = element_of(status, name)
-                if element["state"] != "in-sync" or element["applied_sequence"][volume["name"]] != volume["acked_sequence"]:
-                    return False
-        return True
-
-    return cluster.wait_status(caught_up, timeout, f"{', '.join(names)} to apply every acknowledged write")
 
 
 def stop_and_compare(cluster, identical=harness.ELEMENT_NAMES):
@@ -297,7 +281,7 @@ def test_kill9_element_quick_recovery(cluster, workdir):
     assert log.done
     assert not log.failed, f"writes failed with one element down: {log.failed[:10]}"
     check_writes(uri, log)
-    wait_caught_up(cluster)
+    cluster.wait_caught_up()
     stop_and_compare(cluster)
 
 
@@ -752,7 +736,7 @@ def test_replay_source_killed_mid_replay(make_cluster, workdir, quorum):
         bad = [line for line in log.failed if int(line.split()[2]) not in (errno.EPERM, errno.EIO)]
         assert not bad, f"writes failed otherwise than EPERM/EIO: {bad[:10]}"
     check_writes(uri, log, burst)
-    wait_caught_up(cluster)
+    cluster.wait_caught_up()
     stop_and_compare(cluster)
 
 
@@ -795,5 +779,5 @@ def test_host_restart_while_an_element_is_down(cluster, workdir):
     failed_after_restart = [line for line in log.failed if int(line.split()[1]) > first.max_generation]
     assert not failed_after_restart, f"writes failed after the host restart: {failed_after_restart[:10]}"
     check_writes(uri, log)
-    wait_caught_up(cluster)
+    cluster.wait_caught_up()
     stop_and_compare(cluster)
