@@ -18,12 +18,13 @@
 
 use std::{
     fs::{self, File, OpenOptions},
+    ops::Range,
     os::unix::fs::FileExt,
     path::PathBuf,
     sync::{Arc, Condvar, Mutex},
 };
 
-use proto::{Epoch, Sequence};
+use proto::{Epoch, Sequence, BLOCK_BYTES};
 
 use crate::{
     block_map::{merge_chunks, ChunkImages, PendingSlots, SLOT_BYTES},
@@ -107,8 +108,8 @@ struct Queue {
     spare: Option<Spare>,
     /// Files of segments dropped from the replay log, to recycle as spares.
     free: Vec<PathBuf>,
-    /// Volumes (by index) whose data file writeback is to be started.
-    writeback: Vec<(usize, Arc<Volume>)>,
+    /// Volumes (by index) whose data file writeback is to be started, and over which blocks.
+    writeback: Vec<(usize, Arc<Volume>, Range<u64>)>,
     closing: bool,
 }
 
@@ -188,11 +189,13 @@ impl Checkpointer {
         self.wake.notify_all();
     }
 
-    /// Start the writeback of a volume's data file (`sync_file_range`, not waited for).
-    pub fn start_writeback(&self, index: usize, volume: &Arc<Volume>) {
+    /// Start the writeback of a volume's data file over `blocks` (`sync_file_range`, not
+    /// waited for).
+    pub fn start_writeback(&self, index: usize, volume: &Arc<Volume>, blocks: Range<u64>) {
         let mut queue = lock(&self.queue);
-        if queue.writeback.iter().all(|(i, _)| *i != index) {
-            queue.writeback.push((index, volume.clone()));
+        match queue.writeback.iter_mut().find(|(i, _, _)| *i == index) {
+            Some((_, _, queued)) => *queued = queued.start.min(blocks.start)..queued.end.max(blocks.end),
+            None => queue.writeback.push((index, volume.clone(), blocks)),
         }
         drop(queue);
         self.wake.notify_all();
@@ -254,7 +257,7 @@ impl Checkpointer {
 
 enum Work {
     Job(CheckpointJob),
-    Writeback(Vec<(usize, Arc<Volume>)>),
+    Writeback(Vec<(usize, Arc<Volume>, Range<u64>)>),
     Spare(u64),
 }
 
@@ -313,9 +316,11 @@ pub fn run(shared: &Shared, mut images: Vec<ChunkImages>, mut partial: Option<Pa
                 checkpointer.progress.notify_all();
             }
             Work::Writeback(volumes) => {
-                for (_, volume) in volumes {
+                for (_, volume, blocks) in volumes {
                     // A failed write shows again in the checkpoint's fdatasync.
-                    if let Err(error) = sys::start_writeback(&volume.data, 0, 0) {
+                    let offset = blocks.start * BLOCK_BYTES;
+                    let length = (blocks.end - blocks.start) * BLOCK_BYTES;
+                    if let Err(error) = sys::start_writeback(&volume.data, offset, length) {
                         tracing::warn!(path = %volume.data_path.display(), %error, "cannot start writeback");
                     }
                 }

@@ -202,6 +202,23 @@ impl LogRecord {
         }
     }
 
+    /// The blocks this record writes to the data file, first to last (`None` if it writes
+    /// none: holes are not written).
+    pub fn written_blocks(&self) -> Option<Range<u64>> {
+        match &self.change {
+            Change::Nothing => None,
+            Change::Blocks { first_block, crcs, .. } => {
+                (!crcs.is_empty()).then(|| *first_block..first_block + crcs.len() as u64)
+            }
+            Change::Zero { head, tail, .. } => {
+                let mut written = [head, tail].into_iter().flatten().filter(|e| e.content.is_some()).map(|e| e.block);
+                let first = written.next()?;
+                let last = written.last().unwrap_or(first);
+                Some(first..last + 1)
+            }
+        }
+    }
+
     /// Bytes of the record in the log, frame included.
     pub fn frame_bytes(&self) -> u64 {
         let blocks = self.logged_crcs().count() as u64;

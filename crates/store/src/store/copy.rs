@@ -401,6 +401,7 @@ impl Store {
                         .map_err(io_error("write volume data", &v.data_path));
                     self.guard(result)?;
                     state.map.set_written(b, copy.sequence, proto::crc32c(content));
+                    committer.unflushed[i].add(b..b + 1, BLOCK_BYTES);
                 }
                 None => {
                     state.map.set_holes(b..b + 1, copy.sequence);
@@ -408,7 +409,6 @@ impl Store {
                 }
             }
             committer.dirty[i].mark_dirty(b..b + 1);
-            committer.unflushed_bytes[i] += BLOCK_BYTES;
         }
         drop(state);
         for b in holes {

@@ -605,7 +605,7 @@ impl Store {
             state.map = crate::block_map::BlockMap::new(0).expect("an empty map");
         }
         committer.dirty[index] = crate::block_map::DirtyChunks::for_blocks(0);
-        committer.unflushed_bytes[index] = 0;
+        committer.unflushed[index] = super::Unflushed::default();
         *super::lock(&volume.copy) = None;
         if volume.snapshot_of.is_some() {
             self.snapshot_count.fetch_sub(1, Ordering::AcqRel);
