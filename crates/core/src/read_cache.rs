@@ -29,7 +29,7 @@ struct Slot {
 }
 
 /// Every operation is O(1) per block: a hash index from block to slot, and the slots linked
-/// from the most to the least recently used (two B-trees before: 8–9 % of the host element's
+/// from the most to the least recently used (two B-trees before: about 8 % of the host element's
 /// samples at random 4 KiB reads; docs/benchmarks.md).
 #[derive(Debug)]
 pub struct ReadCache {

@@ -108,7 +108,7 @@ struct Queue {
     spare: Option<Spare>,
     /// Files of segments dropped from the replay log, to recycle as spares.
     free: Vec<PathBuf>,
-    /// Volumes (by index) whose data file writeback is to be started, and over which blocks.
+    /// Spans of volumes' data files (volume by index) whose writeback is to be started.
     writeback: Vec<(usize, Arc<Volume>, Range<u64>)>,
     closing: bool,
 }
@@ -193,7 +193,13 @@ impl Checkpointer {
     /// waited for).
     pub fn start_writeback(&self, index: usize, volume: &Arc<Volume>, blocks: Range<u64>) {
         let mut queue = lock(&self.queue);
-        match queue.writeback.iter_mut().find(|(i, _, _)| *i == index) {
+        // Merge only spans that touch: a union of distant ones would take in the scattered
+        // blocks between them, the very writeback the committer chose not to start.
+        let touching = queue
+            .writeback
+            .iter_mut()
+            .find(|(i, _, queued)| *i == index && queued.start <= blocks.end && blocks.start <= queued.end);
+        match touching {
             Some((_, _, queued)) => *queued = queued.start.min(blocks.start)..queued.end.max(blocks.end),
             None => queue.writeback.push((index, volume.clone(), blocks)),
         }
