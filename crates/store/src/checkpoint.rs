@@ -193,16 +193,7 @@ impl Checkpointer {
     /// waited for).
     pub fn start_writeback(&self, index: usize, volume: &Arc<Volume>, blocks: Range<u64>) {
         let mut queue = lock(&self.queue);
-        // Merge only spans that touch: a union of distant ones would take in the scattered
-        // blocks between them, the very writeback the committer chose not to start.
-        let touching = queue
-            .writeback
-            .iter_mut()
-            .find(|(i, _, queued)| *i == index && queued.start <= blocks.end && blocks.start <= queued.end);
-        match touching {
-            Some((_, _, queued)) => *queued = queued.start.min(blocks.start)..queued.end.max(blocks.end),
-            None => queue.writeback.push((index, volume.clone(), blocks)),
-        }
+        queue_span(&mut queue.writeback, index, || volume.clone(), blocks);
         drop(queue);
         self.wake.notify_all();
     }
@@ -258,6 +249,23 @@ impl Checkpointer {
         if let Err(error) = fs::remove_file(&path) {
             tracing::warn!(segment = %path.display(), %error, "cannot remove a log segment");
         }
+    }
+}
+
+/// Queue the writeback of `blocks` of volume `index`, merged into a queued span of that volume
+/// only where the two touch or overlap: a union of distant spans would take in the scattered
+/// blocks between them, the very writeback the committer chose not to start.
+fn queue_span<V>(
+    spans: &mut Vec<(usize, V, Range<u64>)>,
+    index: usize,
+    volume: impl FnOnce() -> V,
+    blocks: Range<u64>,
+) {
+    let touching =
+        spans.iter_mut().find(|(i, _, queued)| *i == index && queued.start <= blocks.end && blocks.start <= queued.end);
+    match touching {
+        Some((_, _, queued)) => *queued = queued.start.min(blocks.start)..queued.end.max(blocks.end),
+        None => spans.push((index, volume(), blocks)),
     }
 }
 
@@ -495,4 +503,28 @@ fn prepare_spare(shared: &Shared, id: u64, partial: &mut Option<PartialSpare>) -
         *partial = Some(PartialSpare { spare });
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::queue_span;
+
+    #[test]
+    fn writeback_spans_merge_only_where_they_touch() {
+        let mut spans: Vec<(usize, (), std::ops::Range<u64>)> = Vec::new();
+        queue_span(&mut spans, 0, || (), 0..2048);
+        // Following on: one span.
+        queue_span(&mut spans, 0, || (), 2048..4096);
+        // Overlapping: still one.
+        queue_span(&mut spans, 0, || (), 1000..3000);
+        // Far away: a span of its own, not the union 0..200_000.
+        queue_span(&mut spans, 0, || (), 100_000..102_048);
+        // The same blocks of another volume: separate.
+        queue_span(&mut spans, 1, || (), 0..2048);
+        // Touching the far span from below: merged into it.
+        queue_span(&mut spans, 0, || (), 98_000..100_000);
+        let mut got: Vec<_> = spans.iter().map(|(i, _, r)| (*i, r.clone())).collect();
+        got.sort_by_key(|(i, r)| (*i, r.start));
+        assert_eq!(got, vec![(0, 0..4096), (0, 98_000..102_048), (1, 0..2048)]);
+    }
 }
