@@ -311,10 +311,12 @@ pub fn run(shared: &Shared, mut images: Vec<ChunkImages>, mut partial: Option<Pa
         match work {
             Work::Job(job) => {
                 let log_start = job.log_start;
+                let started = std::time::Instant::now();
                 let result = shared.check_failure().and_then(|()| run_job(shared, &mut images, job));
                 match &result {
                     Ok(()) => {
-                        tracing::debug!(log_start, "checkpoint committed");
+                        let took_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+                        tracing::debug!(log_start, took_ms, "checkpoint committed");
                         shared.trim_replay_log(log_start);
                     }
                     Err(error) => shared.fail(error),

@@ -506,6 +506,16 @@ impl Store {
         self.in_memory
     }
 
+    /// The most bytes of a data file one write of an apply covers: [`crate::WRITE_WINDOW_BYTES`],
+    /// but unbounded for a store in memory, whose file system keeps no block buffers to walk.
+    fn write_window_bytes(&self) -> u64 {
+        if self.in_memory {
+            1 << 63
+        } else {
+            crate::WRITE_WINDOW_BYTES
+        }
+    }
+
     /// The store failed because its file system ran out of space: once space is freed,
     /// reopening it (which replays the log) brings it back.
     pub fn failed_for_space(&self) -> bool {
@@ -1389,6 +1399,7 @@ impl Committer {
         // Lock each volume once per run of its records, so readers wait only for its own
         // applies.
         let mut locked: Option<(usize, RwLockWriteGuard<'_, VolumeState>)> = None;
+        let window = store.write_window_bytes();
         let mut k = 0;
         while k < records.len() {
             let i = indices[k];
@@ -1401,9 +1412,9 @@ impl Committer {
             let run_end = block_run_end(&indices, &records, k);
             if run_end - k > 1 {
                 let run: Vec<&LogRecord> = records[k..run_end].iter().collect();
-                volumes[i].apply_run(state, &mut self.dirty[i], &run)?;
+                volumes[i].apply_run(state, &mut self.dirty[i], &run, window)?;
             } else {
-                let new_holes = volumes[i].apply(state, &mut self.dirty[i], &records[k])?;
+                let new_holes = volumes[i].apply(state, &mut self.dirty[i], &records[k], window)?;
                 if !new_holes.is_empty() {
                     holes.push((i, new_holes));
                 }
@@ -1689,7 +1700,7 @@ fn replay_segment(
             deleted_snapshots.push((volume.number, record.offset_bytes));
         }
         // The holes need no reclaiming here: `open` queues every volume whole.
-        volume.apply(&mut state, &mut dirty[i], &record)?;
+        volume.apply(&mut state, &mut dirty[i], &record, crate::WRITE_WINDOW_BYTES)?;
         epoch = epoch.max(record.epoch);
         Ok(())
     })?;

@@ -54,6 +54,46 @@ pub fn write_all_vectored_at(file: &File, bufs: &[&[u8]], mut offset: u64) -> io
     Ok(())
 }
 
+/// [`write_all_vectored_at`] one aligned `window` of the file at a time: no single write
+/// crosses a multiple of `window` bytes (a power of two).
+pub fn write_all_vectored_at_windowed(file: &File, bufs: &[&[u8]], offset: u64, window: u64) -> io::Result<()> {
+    for_each_window(bufs, offset, window, |pieces, at| write_all_vectored_at(file, pieces, at))
+}
+
+/// Cut `bufs`, laid back to back from file offset `offset`, at every multiple of `window` (a
+/// power of two), and hand each window's pieces in order to `write` with their file offset.
+fn for_each_window(
+    bufs: &[&[u8]],
+    offset: u64,
+    window: u64,
+    mut write: impl FnMut(&[&[u8]], u64) -> io::Result<()>,
+) -> io::Result<()> {
+    assert!(window.is_power_of_two(), "a write window is a power of two");
+    let mut pieces: Vec<&[u8]> = Vec::new();
+    let mut pieces_at = offset; // file offset of pieces[0]
+    let mut at = offset; // file offset after the last piece
+    for buf in bufs {
+        let mut rest = *buf;
+        while !rest.is_empty() {
+            let window_end = (at | (window - 1)) + 1;
+            let room = usize::try_from(window_end - at).unwrap_or(usize::MAX);
+            let (piece, after) = rest.split_at(rest.len().min(room));
+            pieces.push(piece);
+            rest = after;
+            at += piece.len() as u64;
+            if at == window_end {
+                write(&pieces, pieces_at)?;
+                pieces.clear();
+                pieces_at = at;
+            }
+        }
+    }
+    if !pieces.is_empty() {
+        write(&pieces, pieces_at)?;
+    }
+    Ok(())
+}
+
 /// How reads of a store's data files may be made without blocking the caller on a disk.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum NonBlockingReads {
@@ -245,5 +285,44 @@ pub fn start_writeback(file: &File, offset: u64, length: u64) -> io::Result<()> 
         Ok(())
     } else {
         Err(io::Error::last_os_error())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::for_each_window;
+
+    #[test]
+    fn windowed_writes_never_cross_a_window_and_keep_every_byte_in_place() {
+        let data: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+        // Buffers of awkward sizes, starting at aligned and unaligned offsets.
+        for (offset, sizes) in [
+            (0u64, vec![65_536usize]),
+            (4096, vec![4096; 40]),
+            (65_536 - 4096, vec![8192, 100_000, 1, 4095]),
+            (1_000_000, vec![200_000]),
+            (7, vec![3, 65_536, 65_529]),
+        ] {
+            let mut bufs = Vec::new();
+            let mut used = 0;
+            for size in &sizes {
+                bufs.push(&data[used..used + size]);
+                used += size;
+            }
+            let mut next = offset;
+            let mut seen = Vec::new();
+            for_each_window(&bufs, offset, 65_536, |pieces, at| {
+                let bytes: u64 = pieces.iter().map(|p| p.len() as u64).sum();
+                assert_eq!(at, next, "windows follow each other");
+                assert!(bytes > 0, "no empty write");
+                assert_eq!(at / 65_536, (at + bytes - 1) / 65_536, "a write within one window");
+                pieces.iter().for_each(|p| seen.extend_from_slice(p));
+                next = at + bytes;
+                Ok(())
+            })
+            .unwrap();
+            assert_eq!(seen, data[..used], "every byte, in order");
+            assert_eq!(next, offset + used as u64);
+        }
     }
 }

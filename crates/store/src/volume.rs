@@ -179,24 +179,29 @@ impl Volume {
         }
     }
 
-    /// Apply a durable record that follows `state.applied`. Returns the blocks that became
+    /// Apply a durable record that follows `state.applied`, its blocks written one aligned
+    /// `window` of the file at a time. Returns the blocks that became
     /// holes: their file space is still to be reclaimed (see `reclaim`).
     pub fn apply(
         &self,
         state: &mut VolumeState,
         chunks: &mut DirtyChunks,
         record: &LogRecord,
+        window: u64,
     ) -> Result<Range<u64>, StoreError> {
-        self.apply_written(state, chunks, record, false)
+        self.apply_written(state, chunks, record, Some(window))
     }
 
     /// Write the blocks of consecutive block-writing records (whose blocks follow each other)
-    /// with one `pwritev`, then apply them. The caller holds `state` for writing.
+    /// with one `pwritev` per aligned `window` of the file (see
+    /// [`crate::WRITE_WINDOW_BYTES`]), then apply them. The caller holds `state` for
+    /// writing.
     pub fn apply_run(
         &self,
         state: &mut VolumeState,
         chunks: &mut DirtyChunks,
         records: &[&LogRecord],
+        window: u64,
     ) -> Result<(), StoreError> {
         let mut slices: Vec<&[u8]> = Vec::new();
         let mut start = None;
@@ -215,22 +220,23 @@ impl Volume {
         let Some(start) = start else {
             return Ok(());
         };
-        sys::write_all_vectored_at(&self.data, &slices, start * BLOCK_BYTES)
+        sys::write_all_vectored_at_windowed(&self.data, &slices, start * BLOCK_BYTES, window)
             .map_err(io_error("write volume data", &self.data_path))?;
         for record in records {
-            let holes = self.apply_written(state, chunks, record, true)?;
+            let holes = self.apply_written(state, chunks, record, None)?;
             debug_assert!(holes.is_empty());
         }
         Ok(())
     }
 
-    /// `apply`; with `blocks_written`, a record's carried blocks are already in the data file.
+    /// `apply`, a record's carried blocks written one `write_window` at a time; `None`: they are
+    /// already in the data file.
     fn apply_written(
         &self,
         state: &mut VolumeState,
         chunks: &mut DirtyChunks,
         record: &LogRecord,
-        blocks_written: bool,
+        write_window: Option<u64>,
     ) -> Result<Range<u64>, StoreError> {
         assert_eq!(record.sequence, state.applied.next(), "volume {}: records apply in sequence order", self.name);
         let sequence = record.sequence;
@@ -238,9 +244,9 @@ impl Volume {
         match &record.change {
             Change::Nothing => {}
             Change::Blocks { first_block, pieces, crcs } => {
-                if !blocks_written {
+                if let Some(window) = write_window {
                     let slices: Vec<&[u8]> = pieces.iter().map(|p| &p[..]).collect();
-                    sys::write_all_vectored_at(&self.data, &slices, first_block * BLOCK_BYTES)
+                    sys::write_all_vectored_at_windowed(&self.data, &slices, first_block * BLOCK_BYTES, window)
                         .map_err(io_error("write volume data", &self.data_path))?;
                 }
                 for (i, crc) in crcs.iter().enumerate() {
