@@ -288,6 +288,23 @@ pub fn start_writeback(file: &File, offset: u64, length: u64) -> io::Result<()> 
     }
 }
 
+/// Write back the dirty pages of `file` over `offset..offset + length` and wait for them
+/// (`sync_file_range` with `WAIT_BEFORE | WRITE | WAIT_AFTER`; the file's metadata and the
+/// device cache are left to a later `fdatasync`). An error it returns is not returned again
+/// by a later `fdatasync` of the same open file: treat it as that `fdatasync`'s.
+pub fn write_back(file: &File, offset: u64, length: u64) -> io::Result<()> {
+    let offset = libc::off64_t::try_from(offset).expect("file offsets stay below 2^63");
+    let length = libc::off64_t::try_from(length).expect("lengths stay below 2^63");
+    let flags = libc::SYNC_FILE_RANGE_WAIT_BEFORE | libc::SYNC_FILE_RANGE_WRITE | libc::SYNC_FILE_RANGE_WAIT_AFTER;
+    // SAFETY: plain system call on an owned descriptor.
+    let result = unsafe { libc::sync_file_range(file.as_raw_fd(), offset, length, flags) };
+    if result == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::for_each_window;
