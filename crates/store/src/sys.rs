@@ -277,15 +277,7 @@ pub fn next_hole(file: &File, offset: u64) -> io::Result<u64> {
 /// Start writing back the dirty pages of a range without waiting for it
 /// (`sync_file_range(SYNC_FILE_RANGE_WRITE)`), so a later `fdatasync` has less to do.
 pub fn start_writeback(file: &File, offset: u64, length: u64) -> io::Result<()> {
-    let offset = libc::off64_t::try_from(offset).expect("file offsets stay below 2^63");
-    let length = libc::off64_t::try_from(length).expect("lengths stay below 2^63");
-    // SAFETY: plain system call on an owned descriptor.
-    let result = unsafe { libc::sync_file_range(file.as_raw_fd(), offset, length, libc::SYNC_FILE_RANGE_WRITE) };
-    if result == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
-    }
+    sync_file_range(file, offset, length, libc::SYNC_FILE_RANGE_WRITE)
 }
 
 /// Write back the dirty pages of `file` over `offset..offset + length` and wait for them
@@ -293,9 +285,13 @@ pub fn start_writeback(file: &File, offset: u64, length: u64) -> io::Result<()> 
 /// device cache are left to a later `fdatasync`). An error it returns is not returned again
 /// by a later `fdatasync` of the same open file: treat it as that `fdatasync`'s.
 pub fn write_back(file: &File, offset: u64, length: u64) -> io::Result<()> {
+    let flags = libc::SYNC_FILE_RANGE_WAIT_BEFORE | libc::SYNC_FILE_RANGE_WRITE | libc::SYNC_FILE_RANGE_WAIT_AFTER;
+    sync_file_range(file, offset, length, flags)
+}
+
+fn sync_file_range(file: &File, offset: u64, length: u64, flags: libc::c_uint) -> io::Result<()> {
     let offset = libc::off64_t::try_from(offset).expect("file offsets stay below 2^63");
     let length = libc::off64_t::try_from(length).expect("lengths stay below 2^63");
-    let flags = libc::SYNC_FILE_RANGE_WAIT_BEFORE | libc::SYNC_FILE_RANGE_WRITE | libc::SYNC_FILE_RANGE_WAIT_AFTER;
     // SAFETY: plain system call on an owned descriptor.
     let result = unsafe { libc::sync_file_range(file.as_raw_fd(), offset, length, flags) };
     if result == 0 {
