@@ -131,6 +131,9 @@ pub struct Checkpointer {
     /// Tests: wake the thread each time the writer takes a spare, before it renames it.
     #[cfg(test)]
     pub wake_after_take: std::sync::atomic::AtomicBool,
+    /// Tests: a checkpoint's write-back steps fail as a failing device would make them.
+    #[cfg(test)]
+    pub fail_write_back: std::sync::atomic::AtomicBool,
 }
 
 impl Checkpointer {
@@ -143,6 +146,8 @@ impl Checkpointer {
             gate: Mutex::new(()),
             #[cfg(test)]
             wake_after_take: std::sync::atomic::AtomicBool::new(false),
+            #[cfg(test)]
+            fail_write_back: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -393,8 +398,15 @@ fn run_job(shared: &Shared, images: &mut Vec<ChunkImages>, job: CheckpointJob) -
             let length = (last + 1 - first) * MAP_CHUNK_BLOCKS * BLOCK_BYTES;
             // An error fails the checkpoint as the fdatasync's would: having been reported here,
             // it would not be reported again by the fdatasync.
-            sys::write_back(&volume.data, offset, length)
-                .map_err(io_error("write back volume data", &volume.data_path))?;
+            #[cfg(test)]
+            let result = if shared.checkpointer.fail_write_back.load(std::sync::atomic::Ordering::Relaxed) {
+                Err(std::io::Error::from_raw_os_error(libc::EIO))
+            } else {
+                sys::write_back(&volume.data, offset, length)
+            };
+            #[cfg(not(test))]
+            let result = sys::write_back(&volume.data, offset, length);
+            result.map_err(io_error("write back volume data", &volume.data_path))?;
         }
         volume.data.sync_data().map_err(io_error("sync volume data", &volume.data_path))?;
         let chunk_images = &images[seal.index];

@@ -1300,6 +1300,12 @@ impl Store {
         lock(&self.shared.checkpointer.gate)
     }
 
+    /// Make every write-back step of a checkpoint fail with EIO from now on (tests).
+    #[cfg(test)]
+    pub(crate) fn fail_checkpoint_write_back(&self) {
+        self.shared.checkpointer.fail_write_back.store(true, Ordering::Relaxed);
+    }
+
     /// Wake the checkpointer each time the writer takes a spare, before it renames it (tests).
     #[cfg(test)]
     pub(crate) fn wake_checkpointer_after_spare_taken(&self) {

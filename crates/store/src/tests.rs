@@ -1217,6 +1217,39 @@ fn commits_go_on_during_a_checkpoint_and_wait_only_at_the_lag_bound() {
 }
 
 #[test]
+fn a_failed_write_back_fails_the_checkpoint_and_keeps_the_log() {
+    // A checkpoint writes the data files back in steps before it syncs them. A step's error
+    // is reported once only (the file's error cursor moves on), so it must fail the
+    // checkpoint as the sync's own error would: a checkpoint committed over data that never
+    // reached the disk would trim the log records that still hold it.
+    let mut f = Fixture::new("write-back-error", 1 << 20, small_options());
+    for sequence in 1..=5 {
+        f.commit(&[block_write(sequence)]);
+    }
+    f.store().checkpoint().expect("a checkpoint on a healthy disk");
+    let log_start = meta_log_start(&f.dir.0);
+    for sequence in 6..=12 {
+        f.commit(&[block_write(sequence)]);
+    }
+    f.store().fail_checkpoint_write_back();
+    let error = f.store().checkpoint().expect_err("the write-back step failed");
+    assert!(error.to_string().contains("write back volume data"), "{error}");
+    assert_eq!(meta_log_start(&f.dir.0), log_start, "the failed checkpoint committed nothing");
+    let volume = f.volume;
+    let refused = f.store().commit(&[(volume, record(13, block_write(13)))]);
+    assert!(refused.is_err(), "a failed store accepts no more changes");
+    let records = f.store().log_records(volume, Sequence(5), 1 << 20).expect("the log is kept");
+    assert_eq!(records.len(), 7);
+
+    f.reopen();
+    f.check();
+    f.store().checkpoint().expect("the reopened store checkpoints");
+    assert!(meta_log_start(&f.dir.0) > log_start);
+    f.reopen();
+    f.check();
+}
+
+#[test]
 fn a_sealed_segment_must_hold_its_whole_log() {
     let mut f = Fixture::new("sealed", 1 << 20, exact_growth());
     f.commit(&[write_op(0, 4096, 1)]);
