@@ -284,13 +284,19 @@ impl Store {
             rename_to_segment(dir, *id, &segment.path)?;
             segment.path = log::segment_path(dir, *id);
         }
+        let reads = sys::non_blocking_reads(dir);
+        let in_memory = matches!(reads, Ok(sys::NonBlockingReads::Always));
         let mut log_epoch = Epoch(0);
         let mut live_end = 0;
         let mut deleted_snapshots = Vec::new();
         for &id in &chain {
             let sealed_end = (id < live).then(|| found[&(id + 1)].header.expect("segments of the chain are written").1);
             let segment = &found[&id];
-            let replay = Replay { volumes: &volumes, next_volume_number: meta.next_volume_number };
+            let replay = Replay {
+                volumes: &volumes,
+                next_volume_number: meta.next_volume_number,
+                write_window: write_window_bytes(in_memory),
+            };
             let (end, epoch) =
                 replay_segment(id, segment, sealed_end, &replay, &mut dirty, &mut index, &mut deleted_snapshots)?;
             log_epoch = log_epoch.max(epoch);
@@ -440,8 +446,6 @@ impl Store {
             checkpointer: Checkpointer::new(log_start, live, log_files.free),
         });
         shared.trim_replay_log(log_start);
-        let reads = sys::non_blocking_reads(dir);
-        let in_memory = matches!(reads, Ok(sys::NonBlockingReads::Always));
         if !in_memory {
             writer.grow_step_bytes = options.log_grow_step();
         }
@@ -506,14 +510,9 @@ impl Store {
         self.in_memory
     }
 
-    /// The most bytes of a data file one write of an apply covers: [`crate::WRITE_WINDOW_BYTES`],
-    /// but unbounded for a store in memory, whose file system keeps no block buffers to walk.
+    /// The most bytes of a data file one write of an apply covers (see [`write_window_bytes`]).
     fn write_window_bytes(&self) -> u64 {
-        if self.in_memory {
-            1 << 63
-        } else {
-            crate::WRITE_WINDOW_BYTES
-        }
+        write_window_bytes(self.in_memory)
     }
 
     /// The store failed because its file system ran out of space: once space is freed,
@@ -1658,6 +1657,19 @@ struct Replay<'a> {
     volumes: &'a [Arc<Volume>],
     /// Numbers below it without a volume: volumes removed after their records were logged.
     next_volume_number: u32,
+    /// See [`write_window_bytes`].
+    write_window: u64,
+}
+
+/// The most bytes of a data file one write of an apply covers, in commits and in replay alike:
+/// [`crate::WRITE_WINDOW_BYTES`], but unbounded for a store in memory, whose file system keeps
+/// no block buffers to walk.
+fn write_window_bytes(in_memory: bool) -> u64 {
+    if in_memory {
+        1 << 63
+    } else {
+        crate::WRITE_WINDOW_BYTES
+    }
 }
 
 /// Replay one segment written since the checkpoint: apply every valid batch. A sealed segment
@@ -1706,7 +1718,7 @@ fn replay_segment(
             deleted_snapshots.push((volume.number, record.offset_bytes));
         }
         // The holes need no reclaiming here: `open` queues every volume whole.
-        volume.apply(&mut state, &mut dirty[i], &record, crate::WRITE_WINDOW_BYTES)?;
+        volume.apply(&mut state, &mut dirty[i], &record, replay.write_window)?;
         epoch = epoch.max(record.epoch);
         Ok(())
     })?;

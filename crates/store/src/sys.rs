@@ -69,6 +69,15 @@ fn for_each_window(
     mut write: impl FnMut(&[&[u8]], u64) -> io::Result<()>,
 ) -> io::Result<()> {
     assert!(window.is_power_of_two(), "a write window is a power of two");
+    let total: u64 = bufs.iter().map(|buf| buf.len() as u64).sum();
+    if total == 0 {
+        return Ok(());
+    }
+    // Offsets and lengths stay below 2^63: no overflow.
+    if offset / window == (offset + total - 1) / window {
+        // Within one window (any write of a store in memory): as it is, nothing to cut.
+        return write(bufs, offset);
+    }
     let mut pieces: Vec<&[u8]> = Vec::new();
     let mut pieces_at = offset; // file offset of pieces[0]
     let mut at = offset; // file offset after the last piece
@@ -315,6 +324,9 @@ mod tests {
             (65_536 - 4096, vec![8192, 100_000, 1, 4095]),
             (1_000_000, vec![200_000]),
             (7, vec![3, 65_536, 65_529]),
+            (8192, vec![4096, 0, 4096]),
+            (65_536 - 4096, vec![4096]),
+            (100, vec![]),
         ] {
             let mut bufs = Vec::new();
             let mut used = 0;
@@ -336,6 +348,16 @@ mod tests {
             .unwrap();
             assert_eq!(seen, data[..used], "every byte, in order");
             assert_eq!(next, offset + used as u64);
+
+            // An unbounded window (a store in memory): one write of everything, or none.
+            let mut calls = 0;
+            for_each_window(&bufs, offset, 1 << 63, |pieces, at| {
+                assert_eq!((at, pieces.concat()), (offset, data[..used].to_vec()));
+                calls += 1;
+                Ok(())
+            })
+            .unwrap();
+            assert_eq!(calls, usize::from(used > 0));
         }
     }
 }
