@@ -2,10 +2,10 @@
 # What the durable cluster asks of the disk, next to what the disk does alone, in one run
 # (issue 16; figures in docs/benchmarks.md). On the disk that holds DATA (default /var/tmp):
 #   1. fio alone, O_DIRECT, QD16: 4 KiB random writes (RUNTIME s) and 1 MiB sequential writes
-#      (RUNTIME/2 s) into a 2 GiB file: what the disk does without us;
+#      (half as long) into a 2 GiB file: what the disk does without us;
 #   2. three elements and a host element on loopback (Q=2, one 1 GiB volume filled once with
 #      1 MiB writes, as the peer suite's prefill does), then fio's nbd engine: 4 KiB random
-#      writes QD16 (RUNTIME s) and 1 MiB sequential writes QD16 (RUNTIME/2 s). For each, from
+#      writes QD16 (RUNTIME s) and 1 MiB sequential writes QD16 (half as long). For each, from
 #      /proc/diskstats and /proc/stat over the job: device writes and bytes per client write,
 #      device writes and flushes a second, and how busy both CPUs were.
 #   bash scripts/durable-floor.sh              # DATA=/var/tmp RUNTIME=20 BASE_PORT=10980
@@ -14,20 +14,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SF=${SF:-$PWD/target/release/starfish}
+SFE=$SF
 DATA=${DATA:-/var/tmp}
 RUNTIME=${RUNTIME:-20}
 BASE=${BASE_PORT:-10980}
 DIR=$(mktemp -d "$DATA/starfish-durable-floor.XXXXXX")
-PIDS=()
-stop() {
-    local p
-    for p in "$@"; do kill "$p" 2>/dev/null || true; done
-    for p in "$@"; do while kill -0 "$p" 2>/dev/null; do sleep 0.1; done; done
-}
-cleanup() {
-    stop "${PIDS[@]}"
-    rm -rf "$DIR"
-}
+source scripts/lib/cluster.sh
 trap cleanup EXIT
 
 source=$(df --output=source "$DATA" | tail -1)
@@ -68,31 +60,14 @@ fallocate -l 2G "$DIR/alone.img"
 common=(--name=alone "--filename=$DIR/alone.img" --ioengine=libaio --direct=1 --iodepth=16 --size=2g --time_based)
 measure "the disk alone, O_DIRECT 4 KiB random writes QD16" 4096 "${common[@]}" --rw=randwrite --bs=4k "--runtime=$RUNTIME"
 measure "the disk alone, O_DIRECT 1 MiB sequential writes QD16" 1048576 "${common[@]}" --rw=write --bs=1m \
-    "--runtime=$((RUNTIME / 2))"
+    "--runtime=$(((RUNTIME + 1) / 2))"
 rm -f "$DIR/alone.img"
 
-replicas=()
-for i in 1 2 3; do
-    "$SF" element --listen "127.0.0.1:$((BASE + i))" --data "$DIR/e$i" >"$DIR/e$i.log" 2>&1 &
-    PIDS+=($!)
-    replicas+=($!)
-done
-sleep 1
-"$SF" host --nbd "127.0.0.1:$BASE" --admin "127.0.0.1:$((BASE + 4))" --element "local=127.0.0.1:$((BASE + 1))" \
-    --element "near=127.0.0.1:$((BASE + 2))" --element "far=127.0.0.1:$((BASE + 3))" --quorum 2 --volume vol0:1GiB \
-    >"$DIR/host.log" 2>&1 &
-PIDS+=($!)
-ready=false
-for _ in $(seq 100); do "$SF" status --admin "127.0.0.1:$((BASE + 4))" >/dev/null 2>&1 && ready=true && break; sleep 0.1; done
-if ! $ready; then
-    echo "the host element did not come up: $DIR/host.log" >&2
-    cat "$DIR/host.log" >&2
-    exit 1
-fi
+start_cluster
 nbd=(--name=starfish --ioengine=nbd "--uri=nbd://127.0.0.1:$BASE/vol0" --size=1g)
 fio "${nbd[@]}" --rw=write --bs=1m --iodepth=16 >/dev/null 2>&1
 sleep 2
 measure "StarFish durable, 4 KiB random writes QD16" 4096 "${nbd[@]}" --rw=randwrite --bs=4k --iodepth=16 \
     --time_based "--runtime=$RUNTIME"
 measure "StarFish durable, 1 MiB sequential writes QD16" 1048576 "${nbd[@]}" --rw=write --bs=1m --iodepth=16 \
-    --time_based "--runtime=$((RUNTIME / 2))"
+    --time_based "--runtime=$(((RUNTIME + 1) / 2))"

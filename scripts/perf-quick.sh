@@ -23,16 +23,7 @@ SYSTEMS=${SYSTEMS:-starfish qemu-quorum}
 RUNTIME=${RUNTIME:-8}
 BASE=${BASE_PORT:-10960}
 DIR=$(mktemp -d /dev/shm/starfish-perf-quick.XXXXXX)
-PIDS=()
-stop() {
-    local p
-    for p in "$@"; do kill "$p" 2>/dev/null || true; done
-    for p in "$@"; do while kill -0 "$p" 2>/dev/null; do sleep 0.1; done; done
-}
-cleanup() {
-    stop "${PIDS[@]}"
-    rm -rf "$DIR"
-}
+source scripts/lib/cluster.sh
 trap cleanup EXIT
 wait_port() {
     local _
@@ -96,21 +87,9 @@ suite() { # label uri head-pid replica-pids...
     echo "  resident memory after the suite (peak): head $(rss "$head") MiB, replicas ${replicas[*]} MiB"
 }
 run_starfish() {
-    local i replicas=() host
-    for i in 1 2 3; do
-        "$SFE" element --listen "127.0.0.1:$((BASE + i))" --data "$DIR/e$i" >"$DIR/e$i.log" 2>&1 &
-        PIDS+=($!)
-        replicas+=($!)
-    done
-    sleep 1
-    "$SF" host --nbd "127.0.0.1:$BASE" --admin "127.0.0.1:$((BASE + 4))" --element "local=127.0.0.1:$((BASE + 1))" \
-        --element "near=127.0.0.1:$((BASE + 2))" --element "far=127.0.0.1:$((BASE + 3))" --quorum 2 --volume vol0:1GiB \
-        >"$DIR/host.log" 2>&1 &
-    host=$!
-    PIDS+=("$host")
-    for _ in $(seq 100); do "$SF" status --admin "127.0.0.1:$((BASE + 4))" >/dev/null 2>&1 && break; sleep 0.1; done
-    suite "starfish (elements on tmpfs)" "nbd://127.0.0.1:$BASE/vol0" "$host" "${replicas[@]}"
-    stop "$host" "${replicas[@]}"
+    start_cluster
+    suite "starfish (elements on tmpfs)" "nbd://127.0.0.1:$BASE/vol0" "$HOST" "${REPLICAS[@]}"
+    stop "$HOST" "${REPLICAS[@]}"
     rm -rf "$DIR"/e?
 }
 run_qemu_quorum() {
