@@ -399,14 +399,12 @@ fn run_job(shared: &Shared, images: &mut Vec<ChunkImages>, job: CheckpointJob) -
             // An error fails the checkpoint as the fdatasync's would: having been reported here,
             // it would not be reported again by the fdatasync.
             #[cfg(test)]
-            let result = if shared.checkpointer.fail_write_back.load(std::sync::atomic::Ordering::Relaxed) {
-                Err(std::io::Error::from_raw_os_error(libc::EIO))
-            } else {
-                sys::write_back(&volume.data, offset, length)
-            };
-            #[cfg(not(test))]
-            let result = sys::write_back(&volume.data, offset, length);
-            result.map_err(io_error("write back volume data", &volume.data_path))?;
+            if shared.checkpointer.fail_write_back.load(std::sync::atomic::Ordering::Relaxed) {
+                let error = std::io::Error::from_raw_os_error(libc::EIO);
+                return Err(io_error("write back volume data", &volume.data_path)(error));
+            }
+            sys::write_back(&volume.data, offset, length)
+                .map_err(io_error("write back volume data", &volume.data_path))?;
         }
         volume.data.sync_data().map_err(io_error("sync volume data", &volume.data_path))?;
         let chunk_images = &images[seal.index];
