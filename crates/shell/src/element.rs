@@ -711,6 +711,7 @@ async fn serve_session(
     receiving: Arc<tokio::sync::Semaphore>,
 ) -> String {
     let opened = tokio::time::Instant::now();
+    let mut low_water = crate::low_water::LowWater::of(&stream);
     let (mut read_half, write_half) = tokio::io::split(stream);
     let (writer, mut reply_rx) = mpsc::unbounded_channel::<ElementMessage>();
     // A peer of another wire version is told why before the session ends (a weak sender: the
@@ -791,6 +792,10 @@ async fn serve_session(
             None if buf.capacity() - buf.len() < 64 * 1024 => buf.reserve(256 * 1024),
             None => {}
         }
+        let missing = (buf.len() >= proto::FRAME_HEADER_BYTES)
+            .then(|| u32::from_le_bytes(buf[..4].try_into().expect("4 bytes")) as usize)
+            .map_or(0, |length| (proto::FRAME_HEADER_BYTES + length).saturating_sub(buf.len()));
+        low_water.expect(missing);
         // How long the next read may take: the first message comes soon, and a frame that
         // started keeps coming; between frames a session may be idle (a paced replay, say).
         let limit = if first_message {

@@ -316,6 +316,7 @@ async fn serve_connection(
         Ok(outcome) => outcome?,
         Err(_elapsed) => return Err(ConnectionError::HandshakeTimeout(options.handshake_timeout)),
     };
+    let low_water = crate::low_water::LowWater::of(&stream);
     let (reader, writer) = split(stream);
     let transmission = match outcome {
         HandshakeOutcome::Transmission(transmission) => transmission,
@@ -337,6 +338,7 @@ async fn serve_connection(
         transmission: Arc::new(transmission),
         backend,
         reader,
+        low_water,
         buffer,
         writer: Arc::new(Mutex::new(writer)),
         reply_failed: Arc::new(ReplyFailure::default()),
@@ -411,6 +413,7 @@ struct Connection {
     transmission: Arc<Transmission>,
     backend: Arc<dyn Backend>,
     reader: Reader,
+    low_water: crate::low_water::LowWater,
     /// Received bytes not yet consumed (read ahead of the current message).
     buffer: BytesMut,
     writer: Arc<Mutex<Writer>>,
@@ -547,6 +550,7 @@ impl Connection {
     /// connection cleanly before sending any of them.
     async fn fill(&mut self, wanted: usize) -> Result<bool, ConnectionError> {
         while self.buffer.len() < wanted {
+            self.low_water.expect(wanted - self.buffer.len());
             self.buffer.reserve((wanted - self.buffer.len()).max(READ_CHUNK_BYTES));
             // Between requests a client may be idle as long as it likes; inside one it may not.
             let started = !self.buffer.is_empty() || wanted > REQUEST_HEADER_BYTES;
