@@ -550,11 +550,10 @@ impl Connection {
     /// connection cleanly before sending any of them.
     async fn fill(&mut self, wanted: usize) -> Result<bool, ConnectionError> {
         while self.buffer.len() < wanted {
-            self.low_water.expect(wanted - self.buffer.len());
             self.buffer.reserve((wanted - self.buffer.len()).max(READ_CHUNK_BYTES));
             // Between requests a client may be idle as long as it likes; inside one it may not.
             let started = !self.buffer.is_empty() || wanted > REQUEST_HEADER_BYTES;
-            if self.read_more(started).await? == 0 {
+            if self.read_more(started, wanted - self.buffer.len()).await? == 0 {
                 if self.buffer.is_empty() {
                     return Ok(false);
                 }
@@ -575,14 +574,18 @@ impl Connection {
                 return Ok(());
             }
             self.buffer.reserve(READ_CHUNK_BYTES);
-            if self.read_more(true).await? == 0 {
+            if self.read_more(true, remaining).await? == 0 {
                 return Err(ConnectionError::RequestTruncated);
             }
         }
     }
 
     /// One read into the buffer; inside a request (`started`) bounded by the stall timeout.
-    async fn read_more(&mut self, started: bool) -> Result<usize, ConnectionError> {
+    /// `missing`: the bytes of the request the client still sends without waiting for a reply,
+    /// the socket's wake-up mark (`low_water`; a mark left from an earlier request could wait
+    /// for bytes that never come).
+    async fn read_more(&mut self, started: bool, missing: usize) -> Result<usize, ConnectionError> {
+        self.low_water.expect(missing);
         if !started {
             return Ok(self.reader.read_buf(&mut self.buffer).await?);
         }

@@ -837,6 +837,43 @@ fn clients_vanishing_mid_request_leave_others_alone() {
     assert_eq!(messages.iter().filter(|line| line.contains("during the handshake")).count(), 1, "{lines:?}");
 }
 
+const ENOSPC: u32 = 28;
+
+/// A refused write's payload is drained after large writes of several sizes, its end sent
+/// late: every reply comes and the connection stays in business. Large payloads set the
+/// socket's wake-up mark (`low_water`); every read sets it first, the drain's too, so no mark
+/// left from a large payload waits for bytes that never come. (With the drain's read not
+/// setting it, this test still passed: a large payload's reads are sized to it, so the
+/// refused write's header was never read along with its end.)
+#[test]
+fn a_refused_write_after_a_large_one_is_drained_and_answered() {
+    let server = Server::standard();
+    let mut client = RawClient::connect(server.port);
+    let size = client.handshake("vol");
+    let mut handle = 0;
+    for (round, kib) in [1024usize, 200, 3000, 500, 2048].into_iter().enumerate() {
+        let data = pseudo_random_bytes(11 + round as u64, kib * 1024);
+        let mut bytes = Vec::new();
+        for _ in 0..2 {
+            handle += 1;
+            bytes.extend_from_slice(&client.request(0, CMD_WRITE, handle, 0, data.len() as u32));
+            bytes.extend_from_slice(&data);
+        }
+        bytes.extend_from_slice(&client.request(0, CMD_WRITE, handle + 1, size, 64 * 1024));
+        bytes.extend_from_slice(&[0xee; 100]);
+        client.stream.write_all(&bytes).unwrap();
+        std::thread::sleep(Duration::from_millis(100));
+        client.stream.write_all(&[0xee; 64 * 1024 - 100]).unwrap();
+        // Requests run concurrently: their replies come in any order.
+        let mut replies = [client.read_reply(), client.read_reply(), client.read_reply()];
+        replies.sort_by_key(|&(_, handle)| handle);
+        assert_eq!(replies, [(0, handle - 1), (0, handle), (ENOSPC, handle + 1)], "round {round}");
+        handle += 1;
+        assert!(server.backend.contents("vol")[..data.len()] == data[..], "round {round}: the large write differs");
+    }
+    client.round_trip(handle + 1);
+}
+
 #[test]
 fn stalled_handshake_times_out() {
     let backend = MemoryBackend::new(&[("vol", MIB, "")]);
