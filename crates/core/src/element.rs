@@ -1197,6 +1197,11 @@ impl ElementCore {
             self.volumes[volume.0 as usize].recovery = Recovery::Streaming;
         }
         let v = &mut self.volumes[volume.0 as usize];
+        if v.copy_interrupted {
+            // An interrupted copy resumes before the volume takes records: superseded, as
+            // during the copy (and no receipt for what is not stored).
+            return;
+        }
         match &mut v.recovery {
             // The copy rebuilds the volume; the host element sends nothing until it is done,
             // and what was on its way from before is superseded.
@@ -1368,6 +1373,12 @@ impl ElementCore {
             if v.repair {
                 // Storage takes no records until the repair; the session that sent it had a
                 // fault when the damage was found, and the host element sends no more.
+                continue;
+            }
+            if v.copy_interrupted || matches!(v.recovery, Recovery::Copying { .. }) {
+                // A full recovery rebuilds the volume (under way, or interrupted and to be
+                // resumed): records queued before it began are superseded, as `on_apply` drops
+                // those that come during it. Not a gap to refuse.
                 continue;
             }
             let (applied, applied_epoch) = running.entry(commit.volume).or_insert((v.applied, v.applied_epoch));

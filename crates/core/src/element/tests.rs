@@ -840,6 +840,47 @@ fn copy_orders_run_one_at_a_time() {
     )));
 }
 
+/// Records queued behind a commit when a copy is ordered are superseded by the copy, not
+/// refused: a fault then would fail the element in the middle of its full recovery (CI saw
+/// records refused with a gap after a copy resumed, 2026-11-29).
+#[test]
+fn records_queued_before_a_copy_are_superseded_not_refused() {
+    let mut h = Harness::new(1, &[("a", 0, 0)]);
+    h.hello(1, 1, &["a"]);
+    h.settle();
+    h.host(1, HostMessage::Apply(record(0, 1, 1)));
+    assert_eq!(h.sent(), vec![]);
+    assert!(matches!(&h.storage, Some(StorageJob::Commit(_))));
+    // Queued behind the commit in flight: one that follows, one after a gap.
+    h.host(1, HostMessage::Apply(record(0, 1, 2)));
+    h.host(1, HostMessage::Apply(record(0, 1, 9)));
+    h.host(1, HostMessage::Copy { volume: VolumeId(0), source: "peer".into(), rate_bytes_per_s: 0 });
+    assert!(h.actions().iter().any(|a| matches!(a, ElementAction::StartCopy { .. })));
+    let sent = h.settle();
+    assert!(!sent.iter().any(|(_, m)| is_fault(m, "")), "{sent:?}");
+    assert_eq!(sent, vec![(1, applied(0, 1))], "only the commit that was under way is acknowledged");
+    assert_eq!(h.held[0].0, Sequence(1), "nothing was stored after the copy began");
+}
+
+/// An element restarted in the middle of a copy takes no records before the copy resumes, and
+/// sends no receipt for them.
+#[test]
+fn an_interrupted_copy_takes_no_records_before_it_resumes() {
+    let info = VolumeInfo { applied: Sequence(5), applied_epoch: Epoch(1), copying: true, repair: false };
+    let mut core = ElementCore::new(ElementConfig::default(), Epoch(1), HOST, vec![(spec("a"), info)]);
+    core.handle_timeout(Time(0));
+    let mut h =
+        Harness { core, now: Time(1_000_000), storage: None, held: vec![(Sequence(5), Epoch(1))], pending: Vec::new() };
+    h.hello(1, 1, &["a"]);
+    h.settle();
+    h.host(1, HostMessage::Apply(record(0, 1, 9)));
+    h.host(1, HostMessage::Apply(record(0, 1, 10)));
+    let sent = h.settle();
+    assert!(h.storage.is_none());
+    assert!(!sent.iter().any(|(_, m)| is_fault(m, "") || matches!(m, ElementMessage::Applied { .. })), "{sent:?}");
+    assert_eq!(h.held[0].0, Sequence(5));
+}
+
 // ----- read lease and takeover ------------------------------------------------------------------
 
 fn pong_lease(sent: &[(u64, ElementMessage)], session: u64) -> Option<u32> {
