@@ -378,6 +378,12 @@ struct Volume {
 }
 
 impl Volume {
+    /// A full recovery rebuilds the volume: under way, or interrupted and to be resumed. It
+    /// takes no records meanwhile (the copy supersedes them).
+    fn rebuilding(&self) -> bool {
+        self.copy_interrupted || matches!(self.recovery, Recovery::Copying { .. })
+    }
+
     /// A local volume no session may name (a snapshot storage numbers among volumes): held
     /// like a removed one.
     fn placeholder() -> Volume {
@@ -1117,7 +1123,7 @@ impl ElementCore {
         }
         let v = &self.volumes[local.0 as usize];
         let size_bytes = v.spec.size_bytes;
-        if v.copy_interrupted || matches!(v.recovery, Recovery::Copying { .. }) {
+        if v.rebuilding() {
             VolumeState {
                 applied_sequence: Sequence::ZERO,
                 applied_epoch: Epoch(0),
@@ -1197,15 +1203,12 @@ impl ElementCore {
             self.volumes[volume.0 as usize].recovery = Recovery::Streaming;
         }
         let v = &mut self.volumes[volume.0 as usize];
-        if v.copy_interrupted {
-            // An interrupted copy resumes before the volume takes records: superseded, as
-            // during the copy (and no receipt for what is not stored).
+        if v.rebuilding() {
+            // The copy rebuilds the volume; the host element sends nothing until it is done,
+            // and what was on its way from before is superseded (no receipt for it either).
             return;
         }
         match &mut v.recovery {
-            // The copy rebuilds the volume; the host element sends nothing until it is done,
-            // and what was on its way from before is superseded.
-            Recovery::Copying { .. } => return,
             Recovery::Replaying(r) if record.sequence > r.through => {
                 r.seen = r.seen.max(record.sequence);
                 let bytes = record.op.payload_bytes();
@@ -1375,10 +1378,9 @@ impl ElementCore {
                 // fault when the damage was found, and the host element sends no more.
                 continue;
             }
-            if v.copy_interrupted || matches!(v.recovery, Recovery::Copying { .. }) {
-                // A full recovery rebuilds the volume (under way, or interrupted and to be
-                // resumed): records queued before it began are superseded, as `on_apply` drops
-                // those that come during it. Not a gap to refuse.
+            if v.rebuilding() {
+                // Queued before the copy began: superseded, as `on_apply` drops those that
+                // come during it. Not a gap to refuse.
                 continue;
             }
             let (applied, applied_epoch) = running.entry(commit.volume).or_insert((v.applied, v.applied_epoch));
@@ -2033,7 +2035,7 @@ impl ElementCore {
         // A volume no session names (a snapshot storage numbered among volumes) is not
         // repaired on its own.
         let Some(v) = self.volumes.get_mut(vi).filter(|v| !v.removed) else { return };
-        if v.repair || v.copy_interrupted || matches!(v.recovery, Recovery::Copying { .. }) {
+        if v.repair || v.rebuilding() {
             // A copy under way or due rebuilds the volume anyway.
             return;
         }

@@ -763,10 +763,11 @@ async fn serve_session(
                 break 'session "element stopping".to_string();
             }
         }
+        // The length of the frame being received, once its header is in.
+        let length = (buf.len() >= proto::FRAME_HEADER_BYTES)
+            .then(|| u32::from_le_bytes(buf[..4].try_into().expect("4 bytes")) as usize);
         // A large frame arriving: count it before reading more of it.
-        let arriving = (buf.len() >= proto::FRAME_HEADER_BYTES)
-            .then(|| u32::from_le_bytes(buf[..4].try_into().expect("4 bytes")) as usize)
-            .filter(|&length| length > LARGE_FRAME_BYTES);
+        let arriving = length.filter(|&length| length > LARGE_FRAME_BYTES);
         if large.as_ref().map(|(length, _)| *length) != arriving {
             large = None;
             if let Some(length) = arriving {
@@ -792,10 +793,7 @@ async fn serve_session(
             None if buf.capacity() - buf.len() < 64 * 1024 => buf.reserve(256 * 1024),
             None => {}
         }
-        let missing = (buf.len() >= proto::FRAME_HEADER_BYTES)
-            .then(|| u32::from_le_bytes(buf[..4].try_into().expect("4 bytes")) as usize)
-            .map_or(0, |length| (proto::FRAME_HEADER_BYTES + length).saturating_sub(buf.len()));
-        low_water.expect(missing);
+        low_water.expect(length.map_or(0, |length| (proto::FRAME_HEADER_BYTES + length).saturating_sub(buf.len())));
         // How long the next read may take: the first message comes soon, and a frame that
         // started keeps coming; between frames a session may be idle (a paced replay, say).
         let limit = if first_message {
