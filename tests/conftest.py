@@ -8,6 +8,9 @@ Environment:
                                 nbdkit's memory plugin (harness self-check);
                                 cluster-only tests are skipped
     STARFISH_TEST_KEEP          keep the temporary directories (for debugging)
+    STARFISH_FAILED_LOGS        where a failed test's whole process logs are
+                                copied (default target/failed-test-logs): the
+                                report shows only their tails
 """
 
 import os
@@ -60,6 +63,31 @@ def pytest_runtest_makereport(item, call):
                 report.sections.append((f"log of {name} ({report.when})", text))
         except Exception as e:  # noqa: BLE001 - a report must not fail
             report.sections.append(("logs", f"could not read logs: {e}"))
+    kept = keep_whole_logs(item, report.when)
+    if kept:
+        report.sections.append(("whole logs", f"copied to {kept}"))
+
+
+def keep_whole_logs(item, when):
+    """Copies the whole log files of a failed test's processes (the report holds their
+    tails, which a long run of one message can fill) to a directory that outlives the test's
+    temporary one; returns that directory, or None if there was nothing to copy."""
+    files = []
+    for source in getattr(item, "_starfish_log_sources", []):
+        files += getattr(source, "log_files", lambda: [])()
+    if not files:
+        return None
+    root = os.environ.get("STARFISH_FAILED_LOGS") or os.path.join(harness.REPO, "target", "failed-test-logs")
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in item.nodeid)
+    directory = os.path.join(root, f"{safe}-{when}")
+    try:
+        os.makedirs(directory, exist_ok=True)
+        for name, path in files:
+            if os.path.isfile(path):
+                shutil.copyfile(path, os.path.join(directory, f"{name}.log"))
+    except OSError as e:
+        return f"(could not copy: {e})"
+    return directory
 
 
 def attach_logs(request, source):

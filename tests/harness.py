@@ -539,6 +539,10 @@ class Cluster:
             parts.append((process.name, tail_file(process.log_path, lines)))
         return parts
 
+    def log_files(self):
+        """(name, path) of every process's whole log, kept when a test fails."""
+        return [(p.name, p.log_path) for p in [self.host] + [e.process for e in self.elements.values()]]
+
 
 class HostDied(Exception):
     pass
@@ -1195,6 +1199,9 @@ class LinkedCluster(Cluster):
 
     def logs(self, lines=150):
         return super().logs(lines) + [(f"link-{n}", tail_file(p.log_path, 40)) for n, p in self.proxies.items()]
+
+    def log_files(self):
+        return super().log_files() + [(f"link-{n}", p.log_path) for n, p in self.proxies.items()]
 
     def fast_status(self):
         """GET /status from the admin port (quicker than `starfish status`)."""
