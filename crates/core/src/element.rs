@@ -448,6 +448,9 @@ struct Session {
     volumes: Vec<LocalVolume>,
 }
 
+/// A record refused at commit: its session, volume, sequence, whether a replay brought it, why.
+type RefusedRecord = (SessionId, LocalVolume, Sequence, bool, Refusal, String);
+
 #[derive(Debug)]
 struct Commit {
     session: SessionId,
@@ -1350,7 +1353,7 @@ impl ElementCore {
         let mut bytes = 0u64;
         // Per volume touched: (applied, epoch) as of the records accepted so far.
         let mut running: BTreeMap<LocalVolume, (Sequence, Epoch)> = BTreeMap::new();
-        let mut refused: Vec<(SessionId, LocalVolume, Sequence, bool, Refusal, String)> = Vec::new();
+        let mut refused: Vec<RefusedRecord> = Vec::new();
         while records.len() < self.config.commit_batch_records_max && bytes < self.config.commit_batch_bytes_max {
             let Some(Job::Commit(_)) = self.jobs.front() else { break };
             let Some(Job::Commit(commit)) = self.jobs.pop_front() else { unreachable!() };
@@ -1430,15 +1433,7 @@ impl ElementCore {
             }
             records.push(commit);
         }
-        for (session, volume, sequence, replayed, refusal, reason) in refused {
-            let name = self.volume_label(volume);
-            self.log(
-                LogLevel::Warn,
-                format!("session {}: record {sequence} of volume {name} refused: {reason}", session.0),
-            );
-            self.emit(ElementAction::Refused { session, volume, sequence, refusal, replayed });
-            self.send(session, ElementMessage::Fault { reason });
-        }
+        self.report_refused(refused);
         if records.is_empty() {
             // Only duplicates: acknowledge what is applied.
             self.send_acks(&acks);
@@ -1453,6 +1448,29 @@ impl ElementCore {
         for &(session, session_volume, volume) in acks {
             let sequence = self.volumes[volume.0 as usize].applied;
             self.send(session, ElementMessage::Applied { volume: session_volume, sequence });
+        }
+    }
+
+    /// Tell each session whose records were refused: one fault, which fails the session, so
+    /// the rest of a burst (a gap refuses every record after it) is logged as a count.
+    fn report_refused(&mut self, refused: Vec<RefusedRecord>) {
+        let mut faulted: Vec<(SessionId, usize)> = Vec::new();
+        for (session, volume, sequence, replayed, refusal, reason) in refused {
+            self.emit(ElementAction::Refused { session, volume, sequence, refusal, replayed });
+            if let Some((_, more)) = faulted.iter_mut().find(|(s, _)| *s == session) {
+                *more += 1;
+                continue;
+            }
+            faulted.push((session, 0));
+            let name = self.volume_label(volume);
+            self.log(
+                LogLevel::Warn,
+                format!("session {}: record {sequence} of volume {name} refused: {reason}", session.0),
+            );
+            self.send(session, ElementMessage::Fault { reason });
+        }
+        for (session, more) in faulted.into_iter().filter(|(_, more)| *more > 0) {
+            self.log(LogLevel::Warn, format!("session {}: {more} more records of the batch refused", session.0));
         }
     }
 
@@ -1499,24 +1517,15 @@ impl ElementCore {
                         }
                         recent.push_back((c.record.sequence, c.record.epoch, record_digest(&c.record.op)));
                     }
-                    for (index, reason) in &done.rejected {
-                        let c = &records[*index];
-                        let (session, volume, sequence, replayed) =
-                            (c.session, c.volume, c.record.sequence, c.replayed);
-                        let name = self.volume_label(volume);
-                        self.log(
-                            LogLevel::Warn,
-                            format!("session {}: record {sequence} of volume {name} refused: {reason}", session.0),
-                        );
-                        self.emit(ElementAction::Refused {
-                            session,
-                            volume,
-                            sequence,
-                            refusal: Refusal::Storage,
-                            replayed,
-                        });
-                        self.send(session, ElementMessage::Fault { reason: reason.clone() });
-                    }
+                    let refused = done
+                        .rejected
+                        .iter()
+                        .map(|(index, reason)| {
+                            let c = &records[*index];
+                            (c.session, c.volume, c.record.sequence, c.replayed, Refusal::Storage, reason.clone())
+                        })
+                        .collect();
+                    self.report_refused(refused);
                     self.send_acks(&acks);
                     self.after_applied();
                 }

@@ -1296,6 +1296,9 @@ impl HostCore {
             ElementMessage::Blocks { .. } => {
                 self.fail_element(now, element, Failure::Protocol("unsolicited blocks".into()), true)
             }
+            // Failed in this session already (its end asked for): the first reason stands, and a
+            // burst of faults (one per refused record) counts as the one failure it is.
+            ElementMessage::Fault { .. } if self.elements[element.0 as usize].closing() => {}
             ElementMessage::Fault { reason } => self.fail_element(now, element, Failure::Fault(reason), true),
             ElementMessage::Observed { .. } => {
                 self.fail_element(now, element, Failure::Protocol("unsolicited observation".into()), true)

@@ -1268,3 +1268,23 @@ fn a_receipt_is_acknowledged_only_for_data_that_matches_its_pieces() {
         .collect();
     assert_eq!(received, vec![Sequence(1)]);
 }
+
+/// A gap refuses every record after it: the session hears one fault (which fails it), not one
+/// per record (the host element counted each as another failure, and the log of a CI failure
+/// of 2026-11-29 was nothing but them).
+#[test]
+fn a_burst_of_refused_records_is_one_fault() {
+    let mut h = Harness::new(1, &[("a", 3, 1)]);
+    h.hello(1, 1, &["a"]);
+    h.settle();
+    h.host(1, HostMessage::Apply(record(0, 1, 4)));
+    // Queued behind the commit in flight, all after a gap.
+    for sequence in 6..10 {
+        h.host(1, HostMessage::Apply(record(0, 1, sequence)));
+    }
+    let sent = h.settle();
+    let faults = sent.iter().filter(|(s, m)| *s == 1 && is_fault(m, "leaves a gap")).count();
+    assert_eq!(faults, 1, "{sent:?}");
+    assert!(sent.contains(&(1, applied(0, 4))), "{sent:?}");
+    assert_eq!(h.core.applied(LocalVolume(0)), Sequence(4));
+}

@@ -1861,3 +1861,18 @@ fn a_groups_storage_volume_held_larger_is_adopted_and_grown_everywhere() {
     }
     assert!(c.core.status(c.now).elements.iter().all(|e| e.state == "in-sync"), "no element failed on the way");
 }
+
+/// Faults that follow the one that failed an element in its session (an element refuses a
+/// burst of records one by one) count as that one failure, and its reason stands.
+#[test]
+fn faults_after_the_first_in_a_session_count_as_one_failure() {
+    let mut c = Cluster::new(3, 2);
+    for n in 0..3 {
+        let reason = format!("fault number {n}");
+        c.core.handle_element_message(c.now, ElementId(1), ElementMessage::Fault { reason });
+    }
+    let status = c.core.status(c.now);
+    let e = &status.elements[1];
+    assert_eq!(e.failures, vec![("fault", 1)], "{e:?}");
+    assert!(e.reason.as_deref().unwrap_or("").contains("fault number 0"), "{e:?}");
+}
