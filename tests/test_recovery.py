@@ -634,6 +634,56 @@ def test_full_recovery_resumes_after_a_kill(make_cluster, workdir, victim):
     verify_all(cluster, workdir, uri, load, burst, fill_log)
 
 
+@pytest.mark.time_limit(240)
+def test_full_recovery_converges_through_repeated_kills_of_the_target(make_cluster, workdir):
+    """The element a paced full recovery rebuilds is killed (-9) three times in its copy, at
+    different points (before its first cursor save, later, and again after a resume), and
+    restarted each time. Each restart goes on with a full recovery (never a replay or a quick
+    one: its volume holds no consistent content), the last one ends in sync, and all three
+    replicas end identical with every acknowledged write. Same set-up as the test above."""
+    cluster = make_cluster_with_replay_log(
+        make_cluster, "128MiB", quorum=1, host_extra=["--write-queue", SMALL_QUEUE, "--recovery-rate", "40MiB"]
+    )
+    uri = cluster.uri()
+    fill_offset, fill_blocks = 512 * MiB, 65536  # 256 MiB
+    light = dict(max_blocks=1, inflight=1)
+    with LoadWriter(workdir, uri, REGION_BLOCKS, 94, name="load", offset=LOAD_OFFSET, **light) as load:
+        load.wait_acks(300)
+        with LoadWriter(workdir, uri, fill_blocks, 95, name="fill", offset=fill_offset, **BURST) as fill:
+            acked = AckedBytes(fill.log_path)
+            wait_until(lambda: acked() >= 256 * MiB or not fill.process.alive(), 120, "256 MiB of fill writes")
+            assert fill.finish() == 0, fill.output()
+        fill_log = harness.WriteLog(fill.log_path, fill_offset, fill_blocks)
+        burst = write_burst(workdir, uri, 100, seed=96)
+        kill_and_wait_out(cluster, "far")
+        data = cluster.elements["far"].data
+        harness.shutil.rmtree(data)
+        harness.os.makedirs(data)
+        cluster.restart_element("far")
+        samples = []
+        # Bytes copied since the restart before each kill (a cursor is saved every 64 MiB or
+        # 2 s, so the first kills come before any save of their pass).
+        for point in [8, 40, 24]:
+            def copied_enough(s, point=point):
+                r = element_of(s, "far").get("recovery") or {}
+                return copying(s) and r.get("copied_bytes", 0) >= point * MiB
+
+            status, more = watch(cluster, copied_enough, 90, f"far {point} MiB into a full recovery's copy",
+                                 interval=0.05)
+            samples += more
+            print(f"killed at: {element_of(status, 'far')['recovery']}")
+            cluster.kill_element("far", signal.SIGKILL)
+            cluster.restart_element("far")
+        status, after = watch(cluster, full_recovery_done(), 150, "far back in sync after the last kill",
+                              on_sample=lambda s: load.acks())
+        samples += after
+        print(f"far: {element_of(status, 'far')['last_recovery']}; timeline: {timeline(samples, 'far')}")
+        load.wait_acks(200, what="acknowledged writes after the kills")
+        code = load.finish()
+        assert code == 0, f"writer exit {code}\n{load.output()}"
+    verify_all(cluster, workdir, uri, load, burst, fill_log)
+
+
 @pytest.mark.time_limit(180)
 @pytest.mark.parametrize("quorum", [1, 2], ids=["Q1", "Q2"])
 def test_replay_source_killed_mid_replay(make_cluster, workdir, quorum):
