@@ -3314,7 +3314,17 @@ impl HostCore {
         }
         let welcomed: Vec<usize> = (0..self.elements.len()).filter(|&i| self.elements[i].welcome.is_some()).collect();
         let grace_over = self.grace_over || now >= self.started.plus_ms(self.config.startup_grace_ms);
-        let enough = welcomed.len() == self.elements.len() || (grace_over && welcomed.len() >= self.start_minimum());
+        // The start-up set meets every write quorum, so it holds every acknowledged write:
+        // only if its members hold their volumes. One whose full recovery was interrupted
+        // holds nothing consistent of that volume (it says `copying`), however recently it
+        // acknowledged writes: it counts for no volume it is copying.
+        let holding = |vi: usize| {
+            welcomed.iter().filter(|&&i| !self.elements[i].welcome.as_ref().expect("welcomed")[vi].copying).count()
+        };
+        let enough = welcomed.len() == self.elements.len()
+            || (grace_over
+                && welcomed.len() >= self.start_minimum()
+                && (0..self.volumes.len()).all(|vi| holding(vi) >= self.start_minimum()));
         if !enough {
             return;
         }
@@ -3334,12 +3344,15 @@ impl HostCore {
                 .max_by_key(|(i, s)| (s.applied_epoch, s.applied_sequence, std::cmp::Reverse(*i)))
                 .map(|(i, s)| (*i, s.applied_sequence, s.applied_epoch))
                 .expect("at least one welcomed element");
+            // One being copied holds nothing to bring level: the copy does (and a fetch from
+            // sequence 1 would outrun every replay log).
             let low = states
                 .iter()
+                .filter(|(_, s)| !s.copying)
                 .map(|(_, s)| s.applied_sequence)
                 .filter(|&s| s <= top)
                 .min()
-                .expect("the source itself qualifies");
+                .unwrap_or(top);
             let v = &mut self.volumes[vi];
             if low < top {
                 // One record more than needed, so the epoch at `low` is known and a diverged

@@ -1876,3 +1876,58 @@ fn faults_after_the_first_in_a_session_count_as_one_failure() {
     assert_eq!(e.failures, vec![("fault", 1)], "{e:?}");
     assert!(e.reason.as_deref().unwrap_or("").contains("fault number 0"), "{e:?}");
 }
+
+fn welcome(applied: u64, copying: bool) -> ElementMessage {
+    ElementMessage::Welcome {
+        epoch: Epoch(6),
+        element_id: 0,
+        volumes: vec![VolumeState {
+            applied_sequence: if copying { Sequence::ZERO } else { Sequence(applied) },
+            applied_epoch: if copying { Epoch(0) } else { Epoch(6) },
+            copying,
+            repair: false,
+            size_bytes: SIZE,
+        }],
+    }
+}
+
+/// The start-up set meets every write quorum only if its members hold their volumes: an
+/// element whose full recovery was interrupted (`copying`) holds none of the writes it
+/// acknowledged before its copy began, so it does not count. The simulator found the loss
+/// (swarm seed 273): a repair whose copy failed, and a host element that started with it and
+/// an element behind, without the one that held the newest acknowledged writes.
+#[test]
+fn a_starting_host_element_does_not_count_an_element_being_copied() {
+    let mut config = HostConfig::new(
+        Epoch(7),
+        2,
+        (0..3).map(|i| format!("e{i}")).collect(),
+        vec![VolumeSpec { name: "vol0".into(), size_bytes: SIZE, clone_of: None, at_least: false }],
+    );
+    config.element_addresses = (0..3).map(|i| format!("e{i}")).collect();
+    let grace_ms = config.startup_grace_ms;
+    let mut core = HostCore::new(config, Time(0));
+    for i in 0..3 {
+        core.handle_element_connected(Time(0), ElementId(i));
+    }
+    core.handle_element_message(Time(0), ElementId(0), welcome(5, false));
+    core.handle_element_message(Time(0), ElementId(1), welcome(9, true));
+    let fetches = |core: &mut HostCore| {
+        let mut to = Vec::new();
+        while let Some(action) = core.poll_action() {
+            if let Action::Send { to: set, message: HostMessage::FetchLog { after, .. } } = action {
+                to.extend(set.iter().map(|e| (e.0, after)));
+            }
+        }
+        to
+    };
+    fetches(&mut core);
+    let after_grace = Time(grace_ms * 1000 + 1);
+    core.handle_timeout(after_grace);
+    assert_eq!(fetches(&mut core), vec![], "two welcomed, but one of them holds nothing of vol0: no start");
+    assert!(!core.status(after_grace).ready);
+    // The one that holds the newest writes comes: the sequence goes on from it, and what e0
+    // misses is fetched from it (nothing from the one being copied).
+    core.handle_element_message(after_grace, ElementId(2), welcome(9, false));
+    assert_eq!(fetches(&mut core), vec![(2, Sequence(4))]);
+}
