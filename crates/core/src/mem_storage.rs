@@ -130,6 +130,14 @@ pub struct MemStorage {
     /// Broken variant `clone-starts-empty`: a clone is created empty, as if its snapshot
     /// were not named (the simulator's clone checker must catch it).
     pub clones_start_empty: bool,
+    /// Volumes whose full-recovery copy began and was not installed, as the store's copy
+    /// state file: they take no records and report `copying` (a crash keeps the mark).
+    copying: BTreeSet<usize>,
+    /// Copies interrupted (failed, or cut by a crash) so far.
+    pub copies_interrupted: u64,
+    /// Broken variant: a crash forgets the copy state (the volume reports what it held before
+    /// the copy, although a part of its blocks was overwritten by copied ones).
+    pub forget_copy_state: bool,
 }
 
 impl MemStorage {
@@ -157,6 +165,9 @@ impl MemStorage {
             applied_behind_another_volume: 0,
             snapshots_share_live: false,
             clones_start_empty: false,
+            copying: BTreeSet::new(),
+            copies_interrupted: 0,
+            forget_copy_state: false,
         }
     }
 
@@ -234,6 +245,36 @@ impl MemStorage {
         v.log.clear();
         v.log_bytes = 0;
         self.repairs.borrow_mut().remove(&vi);
+        self.copying.remove(&vi);
+    }
+
+    /// A full recovery's copy of volume `vi` begins (the store's `begin_copy`): until a copy
+    /// is installed, the volume holds nothing consistent.
+    pub fn begin_copy(&mut self, vi: usize) {
+        self.copying.insert(vi);
+    }
+
+    /// Whether a copy of volume `vi` began and was not installed.
+    pub fn copying(&self, vi: usize) -> bool {
+        self.copying.contains(&vi)
+    }
+
+    /// A copy under way stops (it failed, or the process died): the real store's volume then
+    /// holds the blocks copied so far over its old ones, a mix of two states that no replica
+    /// ever held. Modelled as every allocated block altered, so that a replica taken back as
+    /// if it held its old content is seen to differ.
+    pub fn interrupt_copy(&mut self, vi: usize) {
+        if !self.copying.contains(&vi) {
+            return;
+        }
+        self.copies_interrupted += 1;
+        let v = &mut self.vols[vi];
+        for (block, data) in v.data.chunks_mut(BLOCK_BYTES as usize).enumerate() {
+            if v.allocated[block] {
+                // Not 0xee throughout (the checker's mark of what no host element wrote).
+                data.iter_mut().for_each(|b| *b ^= 0x5a);
+            }
+        }
     }
 
     /// How long the sync of what is written takes.
@@ -335,6 +376,15 @@ impl MemStorage {
             }
             Some(Unsynced::Epoch(..)) | None => {}
         }
+        for vi in self.copying.clone() {
+            self.interrupt_copy(vi);
+        }
+        if self.forget_copy_state {
+            // The store keeps a repair's mark in the same copy state file: gone with it.
+            for vi in std::mem::take(&mut self.copying) {
+                self.repairs.borrow_mut().remove(&vi);
+            }
+        }
     }
 
     /// A block of volume `vi` failed its checksum: the volume becomes a repair.
@@ -418,7 +468,7 @@ impl MemStorage {
     /// real source's verified read does).
     pub fn copy_volume(&self, vi: usize) -> Result<VolumeCopy, String> {
         // As the store's `copy_chunk`: a volume being copied or repaired here is no source.
-        if self.repairing(vi) {
+        if self.repairing(vi) || self.copying(vi) {
             return Err(format!("volume {} is being recovered here: no source for a copy", self.vols[vi].name));
         }
         if let Some((_, b)) = self.corrupt_blocks.iter().find(|(v, _)| *v == vi) {
@@ -476,6 +526,7 @@ impl MemStorage {
         self.corrupt_blocks.retain(|(w, _)| *w != vi);
         self.corrupt_log.retain(|(w, _)| *w != vi);
         self.repairs.borrow_mut().remove(&vi);
+        self.copying.remove(&vi);
         if self.vols[vi].applied_epoch() > self.epoch {
             self.epoch = self.vols[vi].applied_epoch();
             self.holder = HostId(0);
@@ -639,7 +690,8 @@ impl ElementStorage for MemStorage {
     fn info(&self, volume: LocalVolume) -> VolumeInfo {
         let v = &self.vols[volume.0 as usize];
         let repair = self.repairing(volume.0 as usize);
-        VolumeInfo { applied: v.applied(), applied_epoch: v.applied_epoch(), copying: false, repair }
+        let copying = self.copying(volume.0 as usize);
+        VolumeInfo { applied: v.applied(), applied_epoch: v.applied_epoch(), copying, repair }
     }
 
     /// As `Store::commit`, except that the accepted records are only written here: they are
@@ -655,7 +707,8 @@ impl ElementStorage for MemStorage {
         for (index, (volume, record)) in batch.iter().enumerate() {
             let vi = volume.0 as usize;
             let (applied, epoch) = running[vi];
-            if record.sequence <= applied || self.repairing(vi) {
+            // As the store: a volume being repaired or copied skips records (superseded).
+            if record.sequence <= applied || self.repairing(vi) || self.copying(vi) {
                 continue;
             }
             let refusal = if self.fencing && record.epoch < epoch {

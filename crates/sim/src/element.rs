@@ -114,6 +114,7 @@ impl Element {
         let mut storage = MemStorage::new(largest, fsync_us, replay_log_bytes, fencing);
         storage.snapshots_share_live = broken == Broken::SnapshotSharesLive;
         storage.clones_start_empty = broken == Broken::CloneStartsEmpty;
+        storage.forget_copy_state = broken == Broken::ForgetCopyState;
         for v in volumes {
             storage.add_volume(v.name.clone(), v.size_bytes);
         }
@@ -266,6 +267,8 @@ impl Element {
     pub fn copy_failed(&mut self, now: Time, rng: &mut Rng, volume: VolumeId, reason: String, out: &mut Vec<Out>) {
         let Some(session_volume) = self.copies.remove(&volume.0) else { return };
         let local = LocalVolume(volume.0);
+        // What it copied so far stays over its old blocks, and the copy state with it.
+        self.storage.interrupt_copy(volume.0 as usize);
         let info = self.storage.info(local);
         self.core.handle_copy_done(now, local, session_volume, info, Err(reason));
         self.drain(now, rng, out);

@@ -222,6 +222,10 @@ pub enum Broken {
     /// there: that element's pongs queue behind its read replies, and the read lease lapses
     /// (the liveness checker sees reads fail while Q elements are in sync).
     UnboundedReads,
+    /// An element that dies in the middle of a full recovery's copy forgets, once restarted,
+    /// that the copy began: it reports the volume as it was before, although copied
+    /// blocks overwrote a part of it, and is taken back by a quick or replay recovery.
+    ForgetCopyState,
 }
 
 impl Broken {
@@ -246,6 +250,7 @@ impl Broken {
             "join-split" => Some(Broken::JoinSplit),
             "leave-keeps-data" => Some(Broken::LeaveKeepsData),
             "unbounded-reads" => Some(Broken::UnboundedReads),
+            "forget-copy-state" => Some(Broken::ForgetCopyState),
             _ => None,
         }
     }
@@ -270,6 +275,7 @@ impl Broken {
             Broken::JoinSplit => "join-split",
             Broken::LeaveKeepsData => "leave-keeps-data",
             Broken::UnboundedReads => "unbounded-reads",
+            Broken::ForgetCopyState => "forget-copy-state",
         }
     }
 }

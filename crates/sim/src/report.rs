@@ -36,6 +36,8 @@ pub struct RunReport {
     pub elements_needing_recovery: u64,
     pub torn_records: u64,
     pub unsynced_records_lost: u64,
+    /// Full-recovery copies that stopped part-way (failed, or cut by a crash).
+    pub copies_interrupted: u64,
     /// Records elements applied with an epoch older than another volume's last record there
     /// (what the old store-wide fencing refused).
     pub records_applied_behind_another_volume: u64,
@@ -109,6 +111,8 @@ pub struct Summary {
     pub elements_needing_recovery: u64,
     pub torn_records: u64,
     pub unsynced_records_lost: u64,
+    /// Full-recovery copies that stopped part-way (failed, or cut by a crash).
+    pub copies_interrupted: u64,
     pub records_applied_behind_another_volume: u64,
     pub past_deadline_ms_max: u64,
     pub scrubs_done: u64,
@@ -157,6 +161,7 @@ impl Summary {
         self.epoch_raises += r.epoch_raises;
         self.elements_needing_recovery += r.elements_needing_recovery;
         self.torn_records += r.torn_records;
+        self.copies_interrupted += r.copies_interrupted;
         self.unsynced_records_lost += r.unsynced_records_lost;
         self.records_applied_behind_another_volume += r.records_applied_behind_another_volume;
         self.past_deadline_ms_max = self.past_deadline_ms_max.max(r.past_deadline_ms_max);
@@ -210,8 +215,8 @@ impl Summary {
         }
         let _ = writeln!(
             s,
-            "  (records lost unsynced at crashes: {}, torn: {})",
-            self.unsynced_records_lost, self.torn_records
+            "  (records lost unsynced at crashes: {}, torn: {}; full-recovery copies interrupted: {})",
+            self.unsynced_records_lost, self.torn_records, self.copies_interrupted
         );
         let _ = writeln!(
             s,
@@ -291,8 +296,8 @@ impl Summary {
         s.push_str("},");
         let _ = write!(
             s,
-            "\"requests\":{},\"writes_acked\":{},\"reads_checked\":{},\"host_element_starts\":{},\"elements_needing_recovery\":{},\"unsynced_records_lost\":{},\"torn_records\":{},\"records_applied_behind_another_volume\":{},\"simulated_seconds\":{:.3},\"events\":{},\"past_deadline_ms_max\":{},\"group_states_checked\":{},\"volumes_created\":{},\"volumes_deleted\":{},\"volumes_resized\":{},\"volumes_shrunk\":{},\"snapshots_taken\":{},\"snapshots_deleted\":{},\"snapshot_reads_checked\":{},",
-            self.requests, self.writes_acked, self.reads_checked, self.host_starts, self.elements_needing_recovery, self.unsynced_records_lost, self.torn_records, self.records_applied_behind_another_volume, self.sim_ms as f64 / 1000.0, self.events, self.past_deadline_ms_max, self.group_states_checked, self.volumes_created, self.volumes_deleted, self.volumes_resized, self.volumes_shrunk, self.snapshots_taken, self.snapshots_deleted, self.snapshot_reads_checked
+            "\"requests\":{},\"writes_acked\":{},\"reads_checked\":{},\"host_element_starts\":{},\"elements_needing_recovery\":{},\"unsynced_records_lost\":{},\"torn_records\":{},\"copies_interrupted\":{},\"records_applied_behind_another_volume\":{},\"simulated_seconds\":{:.3},\"events\":{},\"past_deadline_ms_max\":{},\"group_states_checked\":{},\"volumes_created\":{},\"volumes_deleted\":{},\"volumes_resized\":{},\"volumes_shrunk\":{},\"snapshots_taken\":{},\"snapshots_deleted\":{},\"snapshot_reads_checked\":{},",
+            self.requests, self.writes_acked, self.reads_checked, self.host_starts, self.elements_needing_recovery, self.unsynced_records_lost, self.torn_records, self.copies_interrupted, self.records_applied_behind_another_volume, self.sim_ms as f64 / 1000.0, self.events, self.past_deadline_ms_max, self.group_states_checked, self.volumes_created, self.volumes_deleted, self.volumes_resized, self.volumes_shrunk, self.snapshots_taken, self.snapshots_deleted, self.snapshot_reads_checked
         );
         s.push_str("\"failures\":[");
         let failures: Vec<String> = self

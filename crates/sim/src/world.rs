@@ -789,6 +789,7 @@ impl World {
         self.report.writes_acked =
             self.model.ops().filter(|(_, op)| op.kind.write_like() && op.outcome == Outcome::Ok).count() as u64;
         self.report.torn_records = self.elements.iter().map(|e| e.storage.torn_records).sum();
+        self.report.copies_interrupted = self.elements.iter().map(|e| e.storage.copies_interrupted).sum();
         self.report.unsynced_records_lost = self.elements.iter().map(|e| e.storage.unsynced_lost).sum();
         self.report.records_applied_behind_another_volume =
             self.elements.iter().map(|e| e.storage.applied_behind_another_volume).sum();
@@ -1483,7 +1484,12 @@ impl World {
             let name = &self.elements[from].storage.vols[volume.0 as usize].name;
             let source = self.elements[to].storage.vols.iter().position(|v| &v.name == name && !v.removed);
             let result = match (message, source) {
-                (ElementMessage::Welcome { .. }, Some(vi)) => self.elements[to].storage.copy_volume(vi),
+                (ElementMessage::Welcome { .. }, Some(vi)) => {
+                    // As the copy task: the copy state is on the target's disk once the source
+                    // answered, before the first block comes.
+                    self.elements[from].storage.begin_copy(volume.0 as usize);
+                    self.elements[to].storage.copy_volume(vi)
+                }
                 (ElementMessage::Welcome { .. }, None) => Err(format!("peer holds no volume {name}")),
                 (ElementMessage::Refused { reason, .. }, _) => Err(format!("peer refused: {reason}")),
                 _ => return,
