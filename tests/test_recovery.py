@@ -570,6 +570,34 @@ def test_full_recovery_of_a_wiped_element(make_cluster, workdir):
     verify_all(cluster, workdir, uri, load, burst)
 
 
+def paced_copy_cluster(make_cluster):
+    """The cluster of the tests that interrupt a full recovery: Q=1 (writable while the
+    copy's source is down), 128 MiB replay logs, a small write queue, copies paced at
+    40 MiB/s."""
+    return make_cluster_with_replay_log(
+        make_cluster, "128MiB", quorum=1, host_extra=["--write-queue", SMALL_QUEUE, "--recovery-rate", "40MiB"]
+    )
+
+
+def wipe_far_after_a_fill(cluster, workdir, uri, fill_seed, burst_seed):
+    """256 MiB of fill writes and a 100 MiB burst (more history than the replay logs hold),
+    then far killed, its data wiped and restarted: it needs a full recovery. Returns the fill's
+    write log and the burst, for `verify_all`."""
+    fill_offset, fill_blocks = 512 * MiB, 65536  # 256 MiB
+    with LoadWriter(workdir, uri, fill_blocks, fill_seed, name="fill", offset=fill_offset, **BURST) as fill:
+        acked = AckedBytes(fill.log_path)
+        wait_until(lambda: acked() >= 256 * MiB or not fill.process.alive(), 120, "256 MiB of fill writes")
+        assert fill.finish() == 0, fill.output()
+    fill_log = harness.WriteLog(fill.log_path, fill_offset, fill_blocks)
+    burst = write_burst(workdir, uri, 100, seed=burst_seed)
+    kill_and_wait_out(cluster, "far")
+    data = cluster.elements["far"].data
+    harness.shutil.rmtree(data)
+    harness.os.makedirs(data)
+    cluster.restart_element("far")
+    return fill_log, burst
+
+
 @pytest.mark.time_limit(180)
 @pytest.mark.parametrize("victim", ["target", "source"])
 def test_full_recovery_resumes_after_a_kill(make_cluster, workdir, victim):
@@ -582,25 +610,12 @@ def test_full_recovery_resumes_after_a_kill(make_cluster, workdir, victim):
     replay it all), about 380 MiB of it live data (the copy at 40 MiB/s takes
     seconds), a light load meanwhile (one 4 KiB write at a time), whose writes
     during the copy the replay logs still hold after it."""
-    cluster = make_cluster_with_replay_log(
-        make_cluster, "128MiB", quorum=1, host_extra=["--write-queue", SMALL_QUEUE, "--recovery-rate", "40MiB"]
-    )
+    cluster = paced_copy_cluster(make_cluster)
     uri = cluster.uri()
-    fill_offset, fill_blocks = 512 * MiB, 65536  # 256 MiB
     light = dict(max_blocks=1, inflight=1)
     with LoadWriter(workdir, uri, REGION_BLOCKS, 91, name="load", offset=LOAD_OFFSET, **light) as load:
         load.wait_acks(300)
-        with LoadWriter(workdir, uri, fill_blocks, 93, name="fill", offset=fill_offset, **BURST) as fill:
-            acked = AckedBytes(fill.log_path)
-            wait_until(lambda: acked() >= 256 * MiB or not fill.process.alive(), 120, "256 MiB of fill writes")
-            assert fill.finish() == 0, fill.output()
-        fill_log = harness.WriteLog(fill.log_path, fill_offset, fill_blocks)
-        burst = write_burst(workdir, uri, 100, seed=92)
-        kill_and_wait_out(cluster, "far")
-        data = cluster.elements["far"].data
-        harness.shutil.rmtree(data)
-        harness.os.makedirs(data)
-        cluster.restart_element("far")
+        fill_log, burst = wipe_far_after_a_fill(cluster, workdir, uri, 93, 92)
         # The target is killed after its first cursor save (every 64 MiB), the source early.
         enough = (72 if victim == "target" else 24) * MiB
 
@@ -641,25 +656,12 @@ def test_full_recovery_converges_through_repeated_kills_of_the_target(make_clust
     restarted each time. Each restart goes on with a full recovery (never a replay or a quick
     one: its volume holds no consistent content), the last one ends in sync, and all three
     replicas end identical with every acknowledged write. Same set-up as the test above."""
-    cluster = make_cluster_with_replay_log(
-        make_cluster, "128MiB", quorum=1, host_extra=["--write-queue", SMALL_QUEUE, "--recovery-rate", "40MiB"]
-    )
+    cluster = paced_copy_cluster(make_cluster)
     uri = cluster.uri()
-    fill_offset, fill_blocks = 512 * MiB, 65536  # 256 MiB
     light = dict(max_blocks=1, inflight=1)
     with LoadWriter(workdir, uri, REGION_BLOCKS, 94, name="load", offset=LOAD_OFFSET, **light) as load:
         load.wait_acks(300)
-        with LoadWriter(workdir, uri, fill_blocks, 95, name="fill", offset=fill_offset, **BURST) as fill:
-            acked = AckedBytes(fill.log_path)
-            wait_until(lambda: acked() >= 256 * MiB or not fill.process.alive(), 120, "256 MiB of fill writes")
-            assert fill.finish() == 0, fill.output()
-        fill_log = harness.WriteLog(fill.log_path, fill_offset, fill_blocks)
-        burst = write_burst(workdir, uri, 100, seed=96)
-        kill_and_wait_out(cluster, "far")
-        data = cluster.elements["far"].data
-        harness.shutil.rmtree(data)
-        harness.os.makedirs(data)
-        cluster.restart_element("far")
+        fill_log, burst = wipe_far_after_a_fill(cluster, workdir, uri, 95, 96)
         samples = []
         # Bytes copied since the restart before each kill (a cursor is saved every 64 MiB or
         # 2 s, so the first kills come before any save of their pass).

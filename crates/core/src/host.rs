@@ -385,6 +385,9 @@ pub enum Event {
     /// Not ready when the start-up timeout passed: held requests failed.
     StartupTimedOut {
         welcomed: usize,
+        /// Of those, the ones being copied (a full recovery interrupted): they hold nothing
+        /// of a volume they copy, so they do not count for it.
+        copying: usize,
     },
     /// Starting, an element followed an epoch at least as new as ours: ours is now `to`.
     EpochRaised {
@@ -3604,7 +3607,12 @@ impl HostCore {
         }
         if !self.ready && !self.hold_expired && now >= self.started.plus_ms(self.config.startup_timeout_ms) {
             self.hold_expired = true;
-            self.emit(Action::Event(Event::StartupTimedOut { welcomed: self.welcomed_count() }));
+            let copying = self
+                .elements
+                .iter()
+                .filter(|e| e.welcome.as_ref().is_some_and(|w| w.iter().any(|s| s.copying)))
+                .count();
+            self.emit(Action::Event(Event::StartupTimedOut { welcomed: self.welcomed_count(), copying }));
             for request in std::mem::take(&mut self.deferred) {
                 self.fail_held(request);
             }

@@ -871,11 +871,12 @@ fn log_event(core: &HostCore, names: &[String], event: Event) {
             seen = %seen,
             "a majority of elements follow a newer host element's epoch: this host element was taken over and serves nothing more (every request fails with EIO); stop it"
         ),
-        Event::StartupTimedOut { welcomed } => tracing::error!(
+        Event::StartupTimedOut { welcomed, copying } => tracing::error!(
             welcomed,
+            being_copied = copying,
             needed = core.start_minimum(),
             timeout_ms = core.config().startup_timeout_ms,
-            "volumes UNAVAILABLE: too few elements answered within the start-up timeout; requests fail with EIO until they do"
+            "volumes UNAVAILABLE: too few elements that hold the volumes answered within the start-up timeout (one being copied holds nothing it acknowledged); requests fail with EIO until they do"
         ),
         Event::ScrubDone { volume, status } => {
             let f = &status.findings;

@@ -1034,7 +1034,7 @@ fn requests_are_held_only_for_the_startup_timeout() {
     c.advance_ms(limits::STARTUP_TIMEOUT_MS_DEFAULT);
     assert_eq!(c.replies.remove(&held), Some(Reply::Read(Err(HostError::Unavailable))));
     assert_eq!(c.mode(), VolumeMode::Unavailable);
-    assert!(c.events.iter().any(|e| matches!(e, Event::StartupTimedOut { welcomed: 0 })));
+    assert!(c.events.iter().any(|e| matches!(e, Event::StartupTimedOut { welcomed: 0, .. })));
     // Later requests fail at once, until the elements answer.
     let t = c.write(0, 1, 4096);
     assert_eq!(c.replies[&t], Reply::Done(Err(HostError::Unavailable)));
