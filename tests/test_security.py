@@ -33,7 +33,7 @@ def frame(body):
 
 
 # proto::WIRE_VERSION: first in a hello, after its tag.
-WIRE_VERSION = 1
+WIRE_VERSION = 2
 
 
 def hello(epoch, host, volumes=(("vol0", 1 << 30),), version=WIRE_VERSION):

@@ -79,6 +79,11 @@ pub struct HostConfig {
     /// A FLUSH waits until Q elements hold every earlier write durably. Off only in the
     /// simulator's deliberately broken variant (`--broken flush-before-durable`).
     pub flush_waits_for_durable: bool,
+    /// A host element that becomes ready appends a beginning record (`Op::Begin`) to every
+    /// volume, and answers reads of the volume once Q elements hold it durably. Off only in
+    /// the simulator's deliberately broken variant (`--broken no-begin`), which its checkers
+    /// must catch.
+    pub begin_records: bool,
 }
 
 impl HostConfig {
@@ -108,6 +113,7 @@ impl HostConfig {
             scrub_rate_bytes_per_s: limits::SCRUB_RATE_BYTES_PER_S_DEFAULT,
             scrub_repair: true,
             flush_waits_for_durable: true,
+            begin_records: true,
         }
     }
 
@@ -382,6 +388,17 @@ pub enum Event {
         ours: Epoch,
         seen: Epoch,
     },
+    /// With ack policies weaker than durable, fewer than Q elements held this host element's
+    /// beginning record of `volume` (at `sequence`) durably when the start-up timeout passed:
+    /// its `reads` held reads, and later ones, are served all the same. Until Q hold it, a
+    /// later start without those that do may bring back a weakly acknowledged write that this
+    /// host element's start did without (and reads now do not show).
+    BeginNotHeld {
+        volume: VolumeId,
+        sequence: Sequence,
+        held: usize,
+        reads: usize,
+    },
     /// Not ready when the start-up timeout passed: held requests failed.
     StartupTimedOut {
         welcomed: usize,
@@ -618,6 +635,10 @@ struct VolumeRuntime {
     /// Grown while running (`resize_volume`): the elements known to hold the new size, until
     /// Q that count do (then `None`, and `Event::VolumeResized` told).
     resizing: Option<ElementSet>,
+    /// The sequence of this host element's beginning record (`Op::Begin`), appended when it
+    /// became ready, and when: with weaker ack policies, reads of the volume wait until Q
+    /// elements hold it durably (see `reads_wait_for_begin`).
+    begin: Option<(Sequence, Time)>,
 }
 
 #[derive(Clone, Copy, Debug, Default)]
@@ -644,6 +665,7 @@ impl VolumeRuntime {
             creating: None,
             removed: None,
             resizing: None,
+            begin: None,
         }
     }
 }
@@ -688,6 +710,17 @@ enum Deferred {
     Write { token: Token, volume: VolumeId, op: Op },
     Flush { token: Token, volume: VolumeId },
     BlockStatus { token: Token, volume: VolumeId, snapshot: Option<SnapshotRef>, offset_bytes: u64, length_bytes: u64 },
+}
+
+impl Deferred {
+    fn volume(&self) -> VolumeId {
+        match self {
+            Deferred::Read { volume, .. }
+            | Deferred::Write { volume, .. }
+            | Deferred::Flush { volume, .. }
+            | Deferred::BlockStatus { volume, .. } => *volume,
+        }
+    }
 }
 
 /// Start-up reconciliation: records fetched from the most advanced element so the others can
@@ -769,6 +802,9 @@ pub struct HostCore {
     /// answered yet, and the refusals so far.
     checks: BTreeMap<u64, (Token, ElementSet, Vec<String>)>,
     deferred: Vec<Deferred>,
+    /// Reads and block-status requests of volumes whose beginning record is not yet held
+    /// durably by Q elements, oldest first.
+    held_reads: Vec<Deferred>,
     /// Read replies waiting for the read lease, with their deadline.
     lease_waiting: VecDeque<(Token, Reply, Time)>,
     next_request_id: u64,
@@ -778,6 +814,9 @@ pub struct HostCore {
     /// Some counting element counts before it stores a write (`received`, `network-sync`):
     /// a FLUSH then waits for durable copies after the writes' answers.
     weak_acks: bool,
+    /// Beginning records are appended, and ack policies weaker than durable count: reads of
+    /// a volume wait for its beginning record (`reads_wait_for_begin`).
+    begin_guards_reads: bool,
     actions: VecDeque<Action>,
 }
 
@@ -921,8 +960,9 @@ impl HostCore {
                 counting.insert(ElementId(i as u8));
             }
         }
-        let weak_acks = config.flush_waits_for_durable
-            && config.ack_policies.iter().any(|p| p.counts_toward_quorum() && !p.needs_durable());
+        let weak_policies = config.ack_policies.iter().any(|p| p.counts_toward_quorum() && !p.needs_durable());
+        let weak_acks = config.flush_waits_for_durable && weak_policies;
+        let begin_guards_reads = config.begin_records && weak_policies;
         let volumes = config
             .volumes
             .iter()
@@ -957,11 +997,13 @@ impl HostCore {
             fetches: HashMap::new(),
             checks: BTreeMap::new(),
             deferred: Vec::new(),
+            held_reads: Vec::new(),
             lease_waiting: VecDeque::new(),
             next_request_id: 1,
             scrubs_started: 0,
             counting,
             weak_acks,
+            begin_guards_reads,
             actions: VecDeque::new(),
         }
     }
@@ -1096,6 +1138,9 @@ impl HostCore {
             if let Some(since) = v.blocked_since {
                 consider(since.plus_ms(self.config.throttle_timeout_ms));
             }
+            if let (true, Some((_, since))) = (self.begin_guards_reads, v.begin) {
+                consider(since.plus_ms(self.config.startup_timeout_ms));
+            }
         }
         if let Some((_, _, deadline)) = self.lease_waiting.front() {
             consider(*deadline);
@@ -1177,6 +1222,7 @@ impl HostCore {
             volumes: self.config.volumes.clone(),
             admin: self.config.admin.clone(),
             receipt_acks: self.config.ack_policies[element.0 as usize] == AckPolicy::Received,
+            peer: false,
         };
         let mut to = ElementSet::default();
         to.insert(element);
@@ -1482,7 +1528,8 @@ impl HostCore {
         for (token, reply, _) in std::mem::take(&mut self.lease_waiting) {
             replies.push((token, unavailable_like(&reply)));
         }
-        for request in std::mem::take(&mut self.deferred) {
+        let held = std::mem::take(&mut self.held_reads);
+        for request in std::mem::take(&mut self.deferred).into_iter().chain(held) {
             let (token, reply) = match request {
                 Deferred::Read { token, .. } => (token, Reply::Read(Err(HostError::Unavailable))),
                 Deferred::Write { token, .. } | Deferred::Flush { token, .. } => {
@@ -2845,6 +2892,7 @@ impl HostCore {
             self.reply(token, reply);
         }
         self.admit_writes(now, volume);
+        self.release_held_reads(now, volume);
     }
 
     /// Whether an entry may leave the queue: answered, and applied by every live element the
@@ -2889,15 +2937,17 @@ impl HostCore {
             let pending = self.volumes[vi].admission.pop_front().expect("front exists");
             // Progress: the throttle clock measures only time blocked without any.
             self.volumes[vi].blocked_since = None;
-            self.accept_write(now, volume, pending);
+            self.accept_record(now, volume, pending.op, HostReply::Waiting(pending.token));
         }
     }
 
-    fn accept_write(&mut self, now: Time, volume: VolumeId, pending: PendingWrite) {
+    /// Give the operation the volume's next sequence, queue it and send it to every element
+    /// the queue streams to.
+    fn accept_record(&mut self, now: Time, volume: VolumeId, op: Op, host_reply: HostReply) {
         let vi = volume.0 as usize;
         let v = &mut self.volumes[vi];
         let sequence = v.queue.last_sequence().next();
-        let record = Record { volume, epoch: self.epoch, sequence, op: pending.op };
+        let record = Record { volume, epoch: self.epoch, sequence, op };
         self.cache.apply(volume, &record.op);
         let mut to = ElementSet::default();
         for (i, e) in self.elements.iter_mut().enumerate() {
@@ -2913,8 +2963,9 @@ impl HostCore {
             record: record.clone(),
             acked_by: ElementSet::default(),
             weak_by: ElementSet::default(),
-            host_reply: HostReply::Waiting(pending.token),
-            assigned_at: Some(now),
+            // Acknowledgement latency is timed for host writes only.
+            assigned_at: matches!(host_reply, HostReply::Waiting(_)).then_some(now),
+            host_reply,
         });
         if !to.is_empty() {
             self.emit(Action::Send { to, message: HostMessage::Apply(record) });
@@ -2936,6 +2987,7 @@ impl HostCore {
     pub fn handle_host_write(&mut self, now: Time, token: Token, volume: VolumeId, op: Op) {
         self.check_range(volume, op.offset_bytes(), op.length_bytes());
         assert!(op.payload_bytes() <= proto::PAYLOAD_BYTES_MAX as u64, "NBD layer bounds writes");
+        assert!(op != Op::Begin, "a beginning is appended by the host core only");
         if !self.ready || self.superseded.is_some() {
             return self.hold(Deferred::Write { token, volume, op });
         }
@@ -3001,6 +3053,9 @@ impl HostCore {
         if !self.ready || self.superseded.is_some() {
             return self.hold(Deferred::Read { token, volume, snapshot, offset_bytes, length_bytes });
         }
+        if self.reads_wait_for_begin(volume.0 as usize, now) {
+            return self.held_reads.push(Deferred::Read { token, volume, snapshot, offset_bytes, length_bytes });
+        }
         if length_bytes == 0 {
             return self.reply(token, Reply::Read(Ok(Bytes::new())));
         }
@@ -3059,6 +3114,9 @@ impl HostCore {
         self.check_range(volume, offset_bytes, length_bytes);
         if !self.ready || self.superseded.is_some() {
             return self.hold(Deferred::BlockStatus { token, volume, snapshot, offset_bytes, length_bytes });
+        }
+        if self.reads_wait_for_begin(volume.0 as usize, now) {
+            return self.held_reads.push(Deferred::BlockStatus { token, volume, snapshot, offset_bytes, length_bytes });
         }
         let read = PendingRead {
             token,
@@ -3447,7 +3505,8 @@ impl HostCore {
         let complete = expected > fetch.through;
         let cost: u64 = valid.iter().map(|r| r.op.payload_bytes() + limits::WRITE_QUEUE_ENTRY_OVERHEAD_BYTES).sum();
         let v = &mut self.volumes[vi];
-        if complete && cost <= self.config.write_queue_bytes {
+        // Room is left for the beginning record that follows (`append_begin`).
+        if complete && cost + limits::WRITE_QUEUE_ENTRY_OVERHEAD_BYTES <= self.config.write_queue_bytes {
             for record in valid {
                 let mut acked_by = ElementSet::default();
                 for (i, e) in self.elements.iter().enumerate() {
@@ -3581,17 +3640,88 @@ impl HostCore {
             }
         }
         self.after_membership_change(now);
-        for request in std::mem::take(&mut self.deferred) {
-            match request {
-                Deferred::Read { token, volume, snapshot, offset_bytes, length_bytes } => {
-                    self.read_request(now, token, volume, snapshot, offset_bytes, length_bytes)
-                }
-                Deferred::Write { token, volume, op } => self.handle_host_write(now, token, volume, op),
-                Deferred::Flush { token, volume } => self.handle_host_flush(now, token, volume),
-                Deferred::BlockStatus { token, volume, snapshot, offset_bytes, length_bytes } => {
-                    self.block_status_request(now, token, volume, snapshot, offset_bytes, length_bytes)
-                }
+        if self.config.begin_records {
+            for vi in 0..self.volumes.len() {
+                self.append_begin(now, VolumeId(vi as u32));
             }
+        }
+        for request in std::mem::take(&mut self.deferred) {
+            self.run_deferred(now, request);
+        }
+    }
+
+    fn run_deferred(&mut self, now: Time, request: Deferred) {
+        match request {
+            Deferred::Read { token, volume, snapshot, offset_bytes, length_bytes } => {
+                self.read_request(now, token, volume, snapshot, offset_bytes, length_bytes)
+            }
+            Deferred::Write { token, volume, op } => self.handle_host_write(now, token, volume, op),
+            Deferred::Flush { token, volume } => self.handle_host_flush(now, token, volume),
+            Deferred::BlockStatus { token, volume, snapshot, offset_bytes, length_bytes } => {
+                self.block_status_request(now, token, volume, snapshot, offset_bytes, length_bytes)
+            }
+        }
+    }
+
+    /// Append this host element's beginning record to the volume, after every record it
+    /// started from (bug 7 in docs/testing.md). A start chooses the history whose last record
+    /// has the newest epoch, then the longest: once Q elements hold this record, every later
+    /// start sees this host element's history as newer than any tail of an older epoch that
+    /// its own start did without (a write acknowledged under a weaker ack policy by an element
+    /// then absent), so such a tail is diverged, never rolled forward, and what this host
+    /// element serves is never undone. Reads of the volume wait until then.
+    fn append_begin(&mut self, now: Time, volume: VolumeId) {
+        let vi = volume.0 as usize;
+        let v = &mut self.volumes[vi];
+        if v.spec.size_bytes == 0 || v.removed.is_some() {
+            return; // A placeholder: no element holds it.
+        }
+        // The start-up roll-forward leaves room for it (`finish_fetch`).
+        assert!(v.queue.fits(limits::WRITE_QUEUE_ENTRY_OVERHEAD_BYTES), "no room for the beginning record");
+        v.begin = Some((v.queue.last_sequence().next(), now));
+        // Owed to no host request: resolved once it is held like any write.
+        self.accept_record(now, volume, Op::Begin, HostReply::Done);
+    }
+
+    /// Whether reads of volume `vi` wait for this host element's beginning record: with ack
+    /// policies weaker than durable, until Q elements hold it durably, for at most the
+    /// start-up timeout. Only a weakly acknowledged write can be missing from a start's
+    /// history (a durable one is on every start-up set), so only then can a later start
+    /// bring back what this one served reads without. Past the timeout the volume is read as
+    /// it is (readable below quorum), with a warning (`Event::BeginNotHeld`).
+    fn reads_wait_for_begin(&self, vi: usize, now: Time) -> bool {
+        let v = &self.volumes[vi];
+        if !self.begin_guards_reads || v.removed.is_some() {
+            return false;
+        }
+        let Some((at, since)) = v.begin else { return false };
+        if now >= since.plus_ms(self.config.startup_timeout_ms) {
+            return false;
+        }
+        // Gone from the queue: every live element applied it first, Q at least (the queue
+        // makes room only while the volume takes writes).
+        v.queue.get(at).is_some_and(|entry| entry.acked_by.len() < self.config.quorum)
+    }
+
+    /// Serve the reads held for the volume's beginning record once they need not wait.
+    fn release_held_reads(&mut self, now: Time, volume: VolumeId) {
+        let vi = volume.0 as usize;
+        let Some((sequence, _)) = self.volumes[vi].begin else { return };
+        if self.reads_wait_for_begin(vi, now) {
+            return;
+        }
+        let v = &self.volumes[vi];
+        let held = v.queue.get(sequence).map_or(self.config.quorum, |entry| entry.acked_by.len());
+        if self.begin_guards_reads && v.removed.is_none() && held < self.config.quorum {
+            let reads = self.held_reads.iter().filter(|r| r.volume() == volume).count();
+            self.emit(Action::Event(Event::BeginNotHeld { volume, sequence, held, reads }));
+        }
+        self.volumes[vi].begin = None;
+        let (mine, rest): (Vec<Deferred>, Vec<Deferred>) =
+            std::mem::take(&mut self.held_reads).into_iter().partition(|r| r.volume() == volume);
+        self.held_reads = rest;
+        for request in mine {
+            self.run_deferred(now, request);
         }
     }
 
@@ -3647,6 +3777,9 @@ impl HostCore {
         }
         if !self.lease_waiting.is_empty() {
             self.settle_lease_waiting(now);
+        }
+        for vi in 0..self.volumes.len() {
+            self.release_held_reads(now, VolumeId(vi as u32));
         }
         self.pump_scrubs(now);
         for vi in 0..self.volumes.len() {
@@ -3802,6 +3935,11 @@ impl HostCore {
             assert_eq!(e.read_bytes_out, out, "element {i}: its read window counts the reads out at it");
         }
         let in_sync = self.in_sync_count();
+        for held in &self.held_reads {
+            let v = &self.volumes[held.volume().0 as usize];
+            assert!(v.begin.is_some(), "reads are held only for a beginning not yet held by Q");
+            assert!(matches!(held, Deferred::Read { .. } | Deferred::BlockStatus { .. }), "only reads wait for it");
+        }
         for (vi, v) in self.volumes.iter().enumerate() {
             v.queue.assert_invariants();
             assert!(v.host_acked <= v.host_resolved);

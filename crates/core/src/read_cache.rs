@@ -221,7 +221,7 @@ impl ReadCache {
         let end = end_bytes.div_ceil(BLOCK_BYTES);
         match op {
             Op::Trim { .. } | Op::WriteZeroes { .. } => self.remove_range(volume, first, end),
-            Op::Snapshot { .. } | Op::SnapshotDelete { .. } => {}
+            Op::Snapshot { .. } | Op::SnapshotDelete { .. } | Op::Begin => {}
             Op::Write { data, .. } if data.len() as u64 >= READ_CACHE_BYPASS_BYTES => {
                 self.remove_range(volume, first, end)
             }

@@ -178,8 +178,8 @@ impl WriteQueue {
                     dst.copy_from_slice(&src[(start - op_start) as usize..(end - op_start) as usize])
                 }
                 Op::Trim { .. } | Op::WriteZeroes { .. } => dst.fill(0),
-                Op::Snapshot { .. } | Op::SnapshotDelete { .. } => {
-                    unreachable!("a snapshot has no bytes, so none overlap")
+                Op::Snapshot { .. } | Op::SnapshotDelete { .. } | Op::Begin => {
+                    unreachable!("a record that changes no block has no bytes, so none overlap")
                 }
             }
             changed = true;

@@ -49,7 +49,7 @@ pub enum DecodeError {
 /// or stand alone (a standby's `Observe`, `Observed`): a peer of another version
 /// is refused with [`DecodeError::WireVersion`] before anything else of its messages is read.
 /// Raise it with every change to a message's encoding.
-pub const WIRE_VERSION: u16 = 1;
+pub const WIRE_VERSION: u16 = 2;
 
 /// Read a message's wire version; another than ours ends the decoding there.
 fn read_wire_version(r: &mut Reader, what: &'static str) -> Result<(), DecodeError> {
@@ -89,6 +89,13 @@ pub enum Op {
     SnapshotDelete {
         id: u64,
     },
+    /// The host element of the record's epoch began serving the volume here, after every
+    /// record it started from. It changes no block. Because a start's history is chosen by
+    /// the epoch of its last record first, this record makes the history that follows the
+    /// newest host element's: a longer tail of an older epoch that its start did without
+    /// (writes acknowledged under a weaker ack policy by an element then absent) is seen as
+    /// diverged at a later start, never rolled forward.
+    Begin,
 }
 
 impl Op {
@@ -111,7 +118,7 @@ impl Op {
             Op::Write { offset_bytes, .. } | Op::Trim { offset_bytes, .. } | Op::WriteZeroes { offset_bytes, .. } => {
                 *offset_bytes
             }
-            Op::Snapshot { .. } | Op::SnapshotDelete { .. } => 0,
+            Op::Snapshot { .. } | Op::SnapshotDelete { .. } | Op::Begin => 0,
         }
     }
 
@@ -119,7 +126,7 @@ impl Op {
         match self {
             Op::Write { data, .. } => data.len() as u64,
             Op::Trim { length_bytes, .. } | Op::WriteZeroes { length_bytes, .. } => *length_bytes,
-            Op::Snapshot { .. } | Op::SnapshotDelete { .. } => 0,
+            Op::Snapshot { .. } | Op::SnapshotDelete { .. } | Op::Begin => 0,
         }
     }
 
@@ -279,6 +286,9 @@ pub enum HostMessage {
         /// Acknowledge each record as it arrives, before it is durable (`Received`): the host
         /// element counts this element's writes under the `received` ack policy.
         receipt_acks: bool,
+        /// Said by a peer element (a replay's or a copy's session), not by the host element
+        /// itself: its session never replaces, nor is replaced by, the host element's own.
+        peer: bool,
     },
     /// Apply one record; the element answers `Applied` once it is durable and applied.
     Apply(Record),
@@ -862,6 +872,7 @@ const OP_TRIM: u8 = 2;
 const OP_WRITE_ZEROES: u8 = 3;
 const OP_SNAPSHOT: u8 = 4;
 const OP_SNAPSHOT_DELETE: u8 = 5;
+const OP_BEGIN: u8 = 6;
 
 /// `u8 0`, or `u8 1, u64 id, u64 taken_at`.
 fn put_snapshot_ref(out: &mut BytesMut, snapshot: &Option<SnapshotRef>) {
@@ -911,6 +922,7 @@ impl Record {
                 out.put_u8(OP_SNAPSHOT_DELETE);
                 out.put_u64_le(*id);
             }
+            Op::Begin => out.put_u8(OP_BEGIN),
         }
     }
 
@@ -939,6 +951,7 @@ impl Record {
             }
             OP_SNAPSHOT => Op::Snapshot { id: r.u64("snapshot id")? },
             OP_SNAPSHOT_DELETE => Op::SnapshotDelete { id: r.u64("snapshot id")? },
+            OP_BEGIN => Op::Begin,
             tag => return Err(DecodeError::UnknownTag(tag)),
         };
         if op.offset_bytes().checked_add(op.length_bytes()).is_none() {
@@ -997,14 +1010,14 @@ impl Body for HostMessage {
 
     fn encode_body(&self, out: &mut BytesMut) {
         match self {
-            HostMessage::Hello { epoch, host, volumes, admin, receipt_acks } => {
+            HostMessage::Hello { epoch, host, volumes, admin, receipt_acks, peer } => {
                 out.put_u8(HOST_HELLO);
                 out.put_u16_le(WIRE_VERSION);
                 out.put_u64_le(epoch.0);
                 out.put_u64_le(host.0);
                 put_volume_specs(out, volumes);
                 put_bytes(out, truncate_to(admin, ADDRESS_BYTES_MAX).as_bytes());
-                out.put_u8(*receipt_acks as u8);
+                out.put_u8(*receipt_acks as u8 | (*peer as u8) << 1);
             }
             HostMessage::AddVolumes { volumes } => {
                 out.put_u8(HOST_ADD_VOLUMES);
@@ -1114,12 +1127,12 @@ impl Body for HostMessage {
                 let host = HostId(r.u64("hello host")?);
                 let volumes = read_volume_specs(&mut r, "hello volume count")?;
                 let admin = r.string("hello admin address", ADDRESS_BYTES_MAX)?;
-                let receipt_acks = match r.u8("hello flags")? {
-                    0 => false,
-                    1 => true,
-                    flags => return Err(DecodeError::OutOfBounds { what: "hello flags", value: flags as u64 }),
-                };
-                HostMessage::Hello { epoch, host, volumes, admin, receipt_acks }
+                let flags = r.u8("hello flags")?;
+                if flags > 3 {
+                    return Err(DecodeError::OutOfBounds { what: "hello flags", value: flags as u64 });
+                }
+                let (receipt_acks, peer) = (flags & 1 != 0, flags & 2 != 0);
+                HostMessage::Hello { epoch, host, volumes, admin, receipt_acks, peer }
             }
             HOST_APPLY => HostMessage::Apply(Record::read(&mut r)?),
             HOST_READ => {
@@ -1706,6 +1719,7 @@ mod tests {
             volumes: vec![VolumeSpec { name: "vol0".into(), size_bytes: 1 << 30, clone_of: None, at_least: false }],
             admin: String::new(),
             receipt_acks: false,
+            peer: false,
         };
         let welcome = ElementMessage::Welcome { epoch: Epoch(3), element_id: 5, volumes: Vec::new() };
         assert_eq!(
@@ -1810,6 +1824,7 @@ mod tests {
             volumes: vec![VolumeSpec { name: "vol0".into(), size_bytes: 1 << 30, clone_of: None, at_least: false }],
             admin: "127.0.0.1:7190".into(),
             receipt_acks: true,
+            peer: true,
         });
         for op in [
             Op::write(4096, Bytes::from_static(b"hello world")),
@@ -1818,6 +1833,7 @@ mod tests {
             Op::WriteZeroes { offset_bytes: 512, length_bytes: 1024 },
             Op::Snapshot { id: 7 },
             Op::SnapshotDelete { id: 7 },
+            Op::Begin,
         ] {
             round_trip(HostMessage::Apply(Record { volume: VolumeId(1), epoch: Epoch(2), sequence: Sequence(77), op }));
         }

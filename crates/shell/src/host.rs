@@ -871,6 +871,14 @@ fn log_event(core: &HostCore, names: &[String], event: Event) {
             seen = %seen,
             "a majority of elements follow a newer host element's epoch: this host element was taken over and serves nothing more (every request fails with EIO); stop it"
         ),
+        Event::BeginNotHeld { volume, sequence, held, reads } => tracing::warn!(
+            volume = volume_name(volume),
+            sequence = %sequence,
+            held,
+            quorum = core.config().quorum,
+            reads,
+            "reads served although fewer than Q elements hold this host element's beginning record: with ack policies weaker than durable, a later start without them could bring back a weakly acknowledged write that reads now do not show"
+        ),
         Event::StartupTimedOut { welcomed, copying } => tracing::error!(
             welcomed,
             being_copied = copying,
@@ -1149,6 +1157,8 @@ impl HostBackend {
             }
             // Only the catalog task sends these, not NBD.
             Request::Write(op @ (Op::Snapshot { .. } | Op::SnapshotDelete { .. })) => Request::Write(op),
+            // Only the host core appends beginnings.
+            Request::Write(Op::Begin) => return None,
             Request::Write(Op::WriteZeroes { offset_bytes, length_bytes }) => {
                 Request::Write(Op::WriteZeroes { offset_bytes: base + offset_bytes, length_bytes })
             }

@@ -226,6 +226,10 @@ pub enum Broken {
     /// that the copy began: it reports the volume as it was before, although copied
     /// blocks overwrote a part of it, and is taken back by a quick or replay recovery.
     ForgetCopyState,
+    /// A host element that becomes ready appends no beginning record and serves reads at
+    /// once: a later start can roll forward a tail of an older epoch that this one's start
+    /// did without (a weakly acknowledged write), after this one served reads without it.
+    NoBegin,
 }
 
 impl Broken {
@@ -251,6 +255,7 @@ impl Broken {
             "leave-keeps-data" => Some(Broken::LeaveKeepsData),
             "unbounded-reads" => Some(Broken::UnboundedReads),
             "forget-copy-state" => Some(Broken::ForgetCopyState),
+            "no-begin" => Some(Broken::NoBegin),
             _ => None,
         }
     }
@@ -276,6 +281,7 @@ impl Broken {
             Broken::LeaveKeepsData => "leave-keeps-data",
             Broken::UnboundedReads => "unbounded-reads",
             Broken::ForgetCopyState => "forget-copy-state",
+            Broken::NoBegin => "no-begin",
         }
     }
 }

@@ -5,7 +5,7 @@
 //! drawn from the seed, and the checkers.
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap, HashMap, VecDeque};
+use std::collections::{BTreeMap, BinaryHeap, HashMap, HashSet, VecDeque};
 
 use bytes::Bytes;
 use proto::{ElementMessage, Epoch, HostMessage, Op, Record, Sequence, VolumeId, VolumeSpec};
@@ -513,6 +513,8 @@ pub struct World {
     phase: Phase,
     /// (volume, epoch, sequence) → request id. Looked up only, never iterated.
     sequences: HashMap<(usize, u64, u64), u64>,
+    /// The beginnings host elements appended (`Op::Begin`): (storage volume, epoch, sequence).
+    begins: HashSet<(usize, u64, u64)>,
     /// Epoch → the host element instance that acknowledged a write in it: never two.
     ack_owner: HashMap<u64, u32>,
     final_requests: Vec<u64>,
@@ -680,6 +682,7 @@ impl World {
             instances: 0,
             phase: Phase::Faults,
             sequences: HashMap::new(),
+            begins: HashSet::new(),
             ack_owner: HashMap::new(),
             standby: None,
             coordinator_key: None,
@@ -1302,6 +1305,7 @@ impl World {
                         volumes: vec![spec],
                         admin: String::new(),
                         receipt_acks: false,
+                        peer: true,
                     };
                     self.connect_peer(element, PeerId(0), &source, hello, Some(CopyFetch { session, volume }));
                 }
@@ -1423,6 +1427,7 @@ impl World {
             volumes: specs.clone(),
             admin: String::new(),
             receipt_acks: false,
+            peer: true,
         };
         let writes: Vec<HostMessage> = (1..=3)
             .map(|k| {
@@ -1434,8 +1439,14 @@ impl World {
                 })
             })
             .collect();
-        let same =
-            HostMessage::Hello { epoch, host: holder, volumes: specs, admin: String::new(), receipt_acks: false };
+        let same = HostMessage::Hello {
+            epoch,
+            host: holder,
+            volumes: specs,
+            admin: String::new(),
+            receipt_acks: false,
+            peer: true,
+        };
         let script: Vec<HostMessage> =
             if self.rng_fault.chance(0.5) { vec![newer] } else { std::iter::once(same).chain(writes).collect() };
         {
@@ -1574,6 +1585,7 @@ impl World {
         config.read_window = self.o.broken != Broken::UnboundedReads;
         config.scrub_repair = self.o.broken != Broken::NoScrubRepair;
         config.flush_waits_for_durable = self.o.broken != Broken::FlushBeforeDurable;
+        config.begin_records = self.o.broken != Broken::NoBegin;
         if !self.o.ack.is_empty() {
             config.ack_policies = self.o.ack.clone();
         }
@@ -1989,7 +2001,7 @@ impl World {
         }
         let sv = self.storage_key(v);
         let key = (sv, record.epoch.0, record.sequence.0);
-        if self.sequences.contains_key(&key) {
+        if self.sequences.contains_key(&key) || self.begins.contains(&key) {
             return;
         }
         let host = self.host.as_mut().expect("sends come from a host");
@@ -1999,6 +2011,22 @@ impl World {
                 record.sequence, record.epoch
             );
             return self.violation(message);
+        }
+        if record.op == Op::Begin {
+            // A host element's beginning: right after the history it became ready with
+            // (`Event::Ready`), owed to no request.
+            if host.next_sequence[v] < record.sequence.0 {
+                let message = format!(
+                    "the host element began volume {v} at sequence {}, after {} that no request had",
+                    record.sequence, host.next_sequence[v]
+                );
+                return self.violation(message);
+            }
+            if host.next_sequence[v] == record.sequence.0 {
+                host.next_sequence[v] += 1;
+            }
+            self.begins.insert(key);
+            return;
         }
         while host.next_sequence[v] <= record.sequence.0 {
             let id = loop {
@@ -2030,6 +2058,11 @@ impl World {
             Op::WriteZeroes { .. } => OpKind::Zero,
             Op::Snapshot { .. } => OpKind::Snapshot,
             Op::SnapshotDelete { .. } => OpKind::SnapshotDelete,
+            Op::Begin => {
+                let message =
+                    format!("volume {v} sequence {} carries a beginning, but request #{id} had it", record.sequence);
+                return self.violation(message);
+            }
         };
         // A snapshot's record names its snapshot, not a range.
         let same_range = match record.op {
@@ -4543,6 +4576,7 @@ fn brief_host(m: &HostMessage) -> String {
                 Op::WriteZeroes { .. } => "zero",
                 Op::Snapshot { .. } => "snapshot",
                 Op::SnapshotDelete { .. } => "snapshot-delete",
+                Op::Begin => "begin",
             },
             r.op.offset_bytes(),
             r.op.length_bytes()

@@ -76,13 +76,15 @@ pub enum Kind {
     Snapshot = 4,
     /// A snapshot deleted at this sequence (`Op::SnapshotDelete`), its id kept the same way.
     SnapshotDelete = 5,
+    /// A host element began serving the volume here (`Op::Begin`): offset and length 0.
+    Begin = 6,
 }
 
 impl Kind {
-    /// A snapshot's creation or deletion: its "offset" is the snapshot's id, and it changes no
-    /// block of its volume.
-    pub fn is_snapshot(self) -> bool {
-        matches!(self, Kind::Snapshot | Kind::SnapshotDelete)
+    /// A snapshot's creation or deletion (its "offset" is the snapshot's id) or a beginning:
+    /// it changes no block of its volume, and its length is 0.
+    pub fn changes_no_block(self) -> bool {
+        matches!(self, Kind::Snapshot | Kind::SnapshotDelete | Kind::Begin)
     }
 
     fn from_u8(value: u8) -> Option<Kind> {
@@ -92,6 +94,7 @@ impl Kind {
             3 => Some(Kind::WriteZeroes),
             4 => Some(Kind::Snapshot),
             5 => Some(Kind::SnapshotDelete),
+            6 => Some(Kind::Begin),
             _ => None,
         }
     }
@@ -262,6 +265,7 @@ impl LogRecord {
             Kind::WriteZeroes => Op::WriteZeroes { offset_bytes: self.offset_bytes, length_bytes: self.length_bytes },
             Kind::Snapshot => Op::Snapshot { id: self.offset_bytes },
             Kind::SnapshotDelete => Op::SnapshotDelete { id: self.offset_bytes },
+            Kind::Begin => Op::Begin,
         };
         Record { volume: VolumeId(0), epoch: self.epoch, sequence: self.sequence, op }
     }
@@ -326,8 +330,11 @@ impl LogRecord {
                 return Err(format!("block {i} of the record fails its checksum"));
             }
         }
-        if kind.is_snapshot() && length_bytes != 0 {
-            return Err(format!("snapshot record of {length_bytes} bytes"));
+        if kind.changes_no_block() && length_bytes != 0 {
+            return Err(format!("record of kind {} (no block changes) of {length_bytes} bytes", kind as u8));
+        }
+        if kind == Kind::Begin && offset_bytes != 0 {
+            return Err(format!("beginning record with offset {offset_bytes}"));
         }
         let geometry = Geometry::of(offset_bytes, length_bytes);
         let change = match (kind, geometry) {

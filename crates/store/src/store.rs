@@ -1710,7 +1710,7 @@ fn replay_segment(
                 record.sequence, volume.name, state.applied
             )));
         }
-        if !record.kind.is_snapshot() && volume.check_range(record.offset_bytes, record.length_bytes).is_err() {
+        if !record.kind.changes_no_block() && volume.check_range(record.offset_bytes, record.length_bytes).is_err() {
             return Err(corrupt(format!("record of sequence {} ends past volume {:?}", record.sequence, volume.name)));
         }
         add_to_index(index, &record, offset, frame);
@@ -2050,8 +2050,9 @@ fn prepare(
         // The snapshot's id goes where other records keep their offset.
         Op::Snapshot { id } => (Kind::Snapshot, *id, 0),
         Op::SnapshotDelete { id } => (Kind::SnapshotDelete, *id, 0),
+        Op::Begin => (Kind::Begin, 0, 0),
     };
-    if kind.is_snapshot() {
+    if kind.changes_no_block() {
         return Ok(LogRecord {
             volume_number: volume.number,
             epoch: record.epoch,

@@ -503,6 +503,20 @@ fn trimming_a_whole_gibibyte_punches_holes() {
 // ---------------------------------------------------------------------------------------------
 
 #[test]
+fn a_beginning_changes_no_block_and_is_kept_in_the_log_and_through_a_reopen() {
+    let mut f = Fixture::new("begin", 1 << 20, small_options());
+    f.commit(&[write_op(0, 8192, 1), Op::Begin, write_op(4096, 4096, 2)]);
+    f.check();
+    let ops = |f: &Fixture| -> Vec<Op> {
+        f.store().log_records(f.volume, Sequence::ZERO, u64::MAX).expect("log").into_iter().map(|r| r.op).collect()
+    };
+    assert_eq!(ops(&f)[1], Op::Begin, "served to peers as it came");
+    f.reopen();
+    f.check();
+    assert_eq!(ops(&f)[1], Op::Begin, "replayed from the log");
+}
+
+#[test]
 fn duplicates_are_skipped_and_gaps_rejected() {
     let mut f = Fixture::new("sequence", 1 << 20, StoreOptions::default());
     f.commit(&[write_op(0, 4096, 1), write_op(4096, 4096, 2)]);
