@@ -375,6 +375,8 @@ struct Volume {
     recent: VecDeque<(Sequence, Epoch, u32)>,
     /// Removed (its storage is gone); its local number stays taken until the element restarts.
     removed: bool,
+    /// The host element's session whose records or recovery orders it followed last.
+    followed: Option<SessionId>,
 }
 
 impl Volume {
@@ -395,6 +397,7 @@ impl Volume {
             repair: false,
             recovery: Recovery::Streaming,
             recent: VecDeque::new(),
+            followed: None,
             removed: true,
         }
     }
@@ -444,19 +447,9 @@ struct Session {
     admin: String,
     /// Its hello asked for `Received` as each record arrives.
     receipt_acks: bool,
-    /// Its hello was a peer element's (`Hello.peer`).
-    peer: bool,
     deferred: VecDeque<HostMessage>,
     /// Session volume number → local volume.
     volumes: Vec<LocalVolume>,
-}
-
-impl Session {
-    /// A host element's own session (not a peer element's replay or copy session): by its
-    /// certificate's role, or without authentication by its hello.
-    fn is_host_elements_own(&self) -> bool {
-        self.role != SessionRole::Element && !self.peer
-    }
 }
 
 /// A record refused at commit: its session, volume, sequence, whether a replay brought it, why.
@@ -594,6 +587,7 @@ impl ElementCore {
                 repair: info.repair,
                 recovery: Recovery::Streaming,
                 recent: VecDeque::new(),
+                followed: None,
             })
             .collect();
         ElementCore {
@@ -736,30 +730,21 @@ impl ElementCore {
         assert!(previous.is_none(), "session ids are not reused");
     }
 
-    /// A host element opens a new session to an element only once it has closed the one
-    /// before (a reconnect): a session of the same host element at an epoch no newer than the
-    /// one just welcomed is over, whatever is still on its way through it. Closed here, so
-    /// that its late orders (a copy ordered before the reconnect, arriving over a slow link
-    /// after the new session brought the volume in sync) are not carried out under the new
-    /// session's stream (found with swarm seed 650 of `--volume-ops`).
-    fn close_sessions_replaced_by(&mut self, session: SessionId, host: HostId, epoch: Epoch) {
-        let mut replaced: Vec<SessionId> = self
-            .sessions
-            .iter()
-            .filter(|(id, s)| {
-                **id != session && s.is_host_elements_own() && s.host == host && s.epoch.is_some_and(|e| e <= epoch)
-            })
-            .map(|(id, _)| *id)
-            .collect();
-        replaced.sort_unstable();
-        for old in replaced {
-            self.log(
-                LogLevel::Info,
-                format!("session {}: replaced by session {} of the same host element", old.0, session.0),
-            );
-            self.emit(ElementAction::Close { session: old });
-            self.close_session(old);
-        }
+    /// Why a recovery order of `session` for `volume` comes too late, if it does: the volume
+    /// has since followed a newer session of the same host element, at an epoch no older. A
+    /// host element opens a new session only after closing the old one (a reconnect), so an
+    /// order still on its way through the old one (a copy arriving over a slow link after the
+    /// new session had the volume copied and in sync again) would rebuild the volume under the
+    /// new session's stream and drop its records (found with swarm seed 650 of `--volume-ops`).
+    fn order_superseded(&self, session: SessionId, volume: LocalVolume) -> Option<String> {
+        let newer = self.volumes[volume.0 as usize].followed.filter(|&s| s > session)?;
+        let (old, new) = (self.sessions.get(&session)?, self.sessions.get(&newer)?);
+        (new.host == old.host && new.epoch >= old.epoch).then(|| {
+            format!(
+                "superseded: volume {:?} follows a newer session of this host element",
+                self.volumes[volume.0 as usize].spec.name
+            )
+        })
     }
 
     pub fn handle_session_closed(&mut self, now: Time, session: SessionId) {
@@ -885,13 +870,12 @@ impl ElementCore {
             return;
         }
         let Some(session_epoch) = state.epoch else {
-            let HostMessage::Hello { epoch, host, volumes, admin, receipt_acks, peer } = message else {
+            let HostMessage::Hello { epoch, host, volumes, admin, receipt_acks } = message else {
                 return self.refuse(session, "protocol: request before hello".into());
             };
             state.host = host;
             state.admin = admin;
             state.receipt_acks = receipt_acks;
-            state.peer = peer;
             // A hello that cannot be welcomed creates nothing. Otherwise the epoch is compared
             // again when the hello's turn comes, after the volumes exist.
             if let Some(reason) = self.epoch_refusal(epoch, host) {
@@ -937,6 +921,7 @@ impl ElementCore {
             }
             HostMessage::Apply(record) => {
                 let Some(volume) = self.local(session, record.volume) else { return };
+                self.volumes[volume.0 as usize].followed = Some(session);
                 self.on_apply(session, session_epoch, volume, record);
             }
             // They wait until the element has applied `min_applied` (a snapshot exists here once
@@ -990,6 +975,11 @@ impl ElementCore {
             }
             HostMessage::Recover { volume: session_volume, source, after, through, rate_bytes_per_s } => {
                 let Some(volume) = self.local(session, session_volume) else { return };
+                if let Some(reason) = self.order_superseded(session, volume) {
+                    let result = Err(reason);
+                    return self.send(session, ElementMessage::RecoveryDone { volume: session_volume, result });
+                }
+                self.volumes[volume.0 as usize].followed = Some(session);
                 self.start_replay(
                     session,
                     session_epoch,
@@ -1003,6 +993,11 @@ impl ElementCore {
             }
             HostMessage::Copy { volume: session_volume, source, rate_bytes_per_s } => {
                 let Some(volume) = self.local(session, session_volume) else { return };
+                if let Some(reason) = self.order_superseded(session, volume) {
+                    return self
+                        .send(session, ElementMessage::CopyDone { volume: session_volume, result: Err(reason) });
+                }
+                self.volumes[volume.0 as usize].followed = Some(session);
                 let order = CopyOrder { session, session_volume, source, rate_bytes_per_s };
                 self.order_copy(volume, order);
             }
@@ -1144,6 +1139,7 @@ impl ElementCore {
                     repair: info.repair,
                     recovery: Recovery::Streaming,
                     recent: VecDeque::new(),
+                    followed: None,
                     removed: false,
                 });
             }
@@ -1213,11 +1209,6 @@ impl ElementCore {
         let Some(state) = self.sessions.get_mut(&session) else { return };
         state.epoch = Some(epoch);
         state.hello_pending = false;
-        let (host, own) = (state.host, state.is_host_elements_own());
-        if own {
-            self.close_sessions_replaced_by(session, host, epoch);
-        }
-        let Some(state) = self.sessions.get_mut(&session) else { return };
         if epoch == self.epoch {
             self.holder_admin = state.admin.clone();
             self.owner_released = false;
@@ -1756,7 +1747,6 @@ impl ElementCore {
                 volumes: vec![spec],
                 admin: String::new(),
                 receipt_acks: false,
-                peer: true,
             },
         });
     }

@@ -1222,7 +1222,6 @@ impl HostCore {
             volumes: self.config.volumes.clone(),
             admin: self.config.admin.clone(),
             receipt_acks: self.config.ack_policies[element.0 as usize] == AckPolicy::Received,
-            peer: false,
         };
         let mut to = ElementSet::default();
         to.insert(element);

@@ -286,9 +286,6 @@ pub enum HostMessage {
         /// Acknowledge each record as it arrives, before it is durable (`Received`): the host
         /// element counts this element's writes under the `received` ack policy.
         receipt_acks: bool,
-        /// Said by a peer element (a replay's or a copy's session), not by the host element
-        /// itself: its session never replaces, nor is replaced by, the host element's own.
-        peer: bool,
     },
     /// Apply one record; the element answers `Applied` once it is durable and applied.
     Apply(Record),
@@ -1010,14 +1007,14 @@ impl Body for HostMessage {
 
     fn encode_body(&self, out: &mut BytesMut) {
         match self {
-            HostMessage::Hello { epoch, host, volumes, admin, receipt_acks, peer } => {
+            HostMessage::Hello { epoch, host, volumes, admin, receipt_acks } => {
                 out.put_u8(HOST_HELLO);
                 out.put_u16_le(WIRE_VERSION);
                 out.put_u64_le(epoch.0);
                 out.put_u64_le(host.0);
                 put_volume_specs(out, volumes);
                 put_bytes(out, truncate_to(admin, ADDRESS_BYTES_MAX).as_bytes());
-                out.put_u8(*receipt_acks as u8 | (*peer as u8) << 1);
+                out.put_u8(*receipt_acks as u8);
             }
             HostMessage::AddVolumes { volumes } => {
                 out.put_u8(HOST_ADD_VOLUMES);
@@ -1127,12 +1124,12 @@ impl Body for HostMessage {
                 let host = HostId(r.u64("hello host")?);
                 let volumes = read_volume_specs(&mut r, "hello volume count")?;
                 let admin = r.string("hello admin address", ADDRESS_BYTES_MAX)?;
-                let flags = r.u8("hello flags")?;
-                if flags > 3 {
-                    return Err(DecodeError::OutOfBounds { what: "hello flags", value: flags as u64 });
-                }
-                let (receipt_acks, peer) = (flags & 1 != 0, flags & 2 != 0);
-                HostMessage::Hello { epoch, host, volumes, admin, receipt_acks, peer }
+                let receipt_acks = match r.u8("hello flags")? {
+                    0 => false,
+                    1 => true,
+                    flags => return Err(DecodeError::OutOfBounds { what: "hello flags", value: flags as u64 }),
+                };
+                HostMessage::Hello { epoch, host, volumes, admin, receipt_acks }
             }
             HOST_APPLY => HostMessage::Apply(Record::read(&mut r)?),
             HOST_READ => {
@@ -1719,7 +1716,6 @@ mod tests {
             volumes: vec![VolumeSpec { name: "vol0".into(), size_bytes: 1 << 30, clone_of: None, at_least: false }],
             admin: String::new(),
             receipt_acks: false,
-            peer: false,
         };
         let welcome = ElementMessage::Welcome { epoch: Epoch(3), element_id: 5, volumes: Vec::new() };
         assert_eq!(
@@ -1824,7 +1820,6 @@ mod tests {
             volumes: vec![VolumeSpec { name: "vol0".into(), size_bytes: 1 << 30, clone_of: None, at_least: false }],
             admin: "127.0.0.1:7190".into(),
             receipt_acks: true,
-            peer: true,
         });
         for op in [
             Op::write(4096, Bytes::from_static(b"hello world")),

@@ -917,14 +917,7 @@ pub(crate) async fn connect_peer(
     let mut buf = BytesMut::with_capacity(1 << 20);
     send_frame(
         &mut stream,
-        &HostMessage::Hello {
-            epoch,
-            host,
-            volumes: vec![spec.clone()],
-            admin: String::new(),
-            receipt_acks: false,
-            peer: true,
-        },
+        &HostMessage::Hello { epoch, host, volumes: vec![spec.clone()], admin: String::new(), receipt_acks: false },
     )
     .await?;
     match recv_frame::<ElementMessage>(&mut stream, &mut buf).await? {

@@ -97,6 +97,8 @@ pub struct Element {
     broken: Broken,
     /// Ack-before-sync variant: per volume, the newest sequence received in order.
     received_through: Vec<Sequence>,
+    /// Volumes found damaged (a block failing its checksum) so far: each turns a repair.
+    pub damage_found: u64,
 }
 
 impl Element {
@@ -136,6 +138,7 @@ impl Element {
             refused: BTreeSet::new(),
             broken,
             received_through: vec![Sequence::ZERO; volumes.len()],
+            damage_found: 0,
         }
     }
 
@@ -226,14 +229,20 @@ impl Element {
         self.drain(now, rng, out);
     }
 
+    /// Tell the core of the volumes storage found damaged.
+    fn report_damage(&mut self, now: Time) {
+        for damaged in self.storage.take_damaged() {
+            self.damage_found += 1;
+            self.core.handle_volume_damaged(now, damaged);
+        }
+    }
+
     /// The fdatasync of the storage job under way completed: the core hears of it now.
     pub fn sync_done(&mut self, now: Time, rng: &mut Rng, out: &mut Vec<Out>) {
         self.storage.sync();
         let done = self.storage_done.take().expect("a sync completes a storage job");
         self.core.handle_storage_done(now, done);
-        for damaged in self.storage.take_damaged() {
-            self.core.handle_volume_damaged(now, damaged);
-        }
+        self.report_damage(now);
         self.drain(now, rng, out);
     }
 
@@ -344,9 +353,7 @@ impl Element {
                 }
                 ElementAction::Serve { session, volume, request } => {
                     let message = starfish_core::serve(&self.storage, volume, request);
-                    for damaged in self.storage.take_damaged() {
-                        self.core.handle_volume_damaged(now, damaged);
-                    }
+                    self.report_damage(now);
                     let bytes = match &message {
                         ElementMessage::ReadReply { result: Ok(read), .. } => read.data.len() as u64,
                         ElementMessage::LogRecords { result: Ok(records), .. } => {

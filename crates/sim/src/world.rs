@@ -528,6 +528,10 @@ pub struct World {
     in_sync_at_quiet: usize,
     /// Of those, the ones whose ack policy counts toward the quorum.
     counting_in_sync_at_quiet: usize,
+    /// Per element, whether it was in sync and counted toward Q when every fault had healed,
+    /// and how many damaged volumes it had found by then (a bad block injected during the
+    /// faults may surface only at a final request's read).
+    counting_at_quiet: Vec<(bool, u64)>,
     /// Per element, the newest reason the core gave for failing it.
     last_failure: Vec<Option<Failure>>,
     /// Per element, the kind of the recovery under way (to say how a diverged one got in).
@@ -693,6 +697,7 @@ impl World {
             weak_flushed: std::collections::BTreeSet::new(),
             in_sync_at_quiet: 0,
             counting_in_sync_at_quiet: 0,
+            counting_at_quiet: Vec::new(),
             last_failure: vec![None; n],
             recovery_kind: vec![None; n],
             sectors_per_volume,
@@ -1305,7 +1310,6 @@ impl World {
                         volumes: vec![spec],
                         admin: String::new(),
                         receipt_acks: false,
-                        peer: true,
                     };
                     self.connect_peer(element, PeerId(0), &source, hello, Some(CopyFetch { session, volume }));
                 }
@@ -1427,7 +1431,6 @@ impl World {
             volumes: specs.clone(),
             admin: String::new(),
             receipt_acks: false,
-            peer: true,
         };
         let writes: Vec<HostMessage> = (1..=3)
             .map(|k| {
@@ -1439,14 +1442,8 @@ impl World {
                 })
             })
             .collect();
-        let same = HostMessage::Hello {
-            epoch,
-            host: holder,
-            volumes: specs,
-            admin: String::new(),
-            receipt_acks: false,
-            peer: true,
-        };
+        let same =
+            HostMessage::Hello { epoch, host: holder, volumes: specs, admin: String::new(), receipt_acks: false };
         let script: Vec<HostMessage> =
             if self.rng_fault.chance(0.5) { vec![newer] } else { std::iter::once(same).chain(writes).collect() };
         {
@@ -3043,6 +3040,12 @@ impl World {
         }
         let mut in_sync = 0;
         let mut counting_in_sync = 0;
+        self.counting_at_quiet = status
+            .elements
+            .iter()
+            .zip(&self.elements)
+            .map(|(s, e)| (s.state == "in-sync" && s.ack_policy.counts_toward_quorum(), e.damage_found))
+            .collect();
         for (e, s) in status.elements.iter().enumerate() {
             match s.state {
                 "in-sync" => {
@@ -3145,13 +3148,28 @@ impl World {
     fn end_final(&mut self) {
         self.phase = Phase::Done;
         let quorum = self.o.quorum;
+        // A bad block injected during the faults and found only by a final request turns its
+        // element a repair: it counts no more (with a local-sync element, one such is enough
+        // to leave fewer than Q that count).
+        let surfaced = self
+            .counting_at_quiet
+            .iter()
+            .zip(&self.elements)
+            .filter(|((counted, found), e)| *counted && e.damage_found > *found)
+            .count();
+        if surfaced > 0 {
+            self.report
+                .notes
+                .push(format!("{surfaced} element(s) in sync found a bad block during the final requests"));
+        }
+        let counting_in_sync = self.counting_in_sync_at_quiet - surfaced;
         for id in self.final_requests.clone() {
             let op = self.model.op(id).clone();
             // A read needs the read lease of enough elements to meet any newer host element's
             // start-up set; the in-sync ones give it.
             let lease_minimum = self.host.as_ref().map_or(quorum, |h| h.core.lease_minimum());
             // Writes need Q in-sync elements that count (local-sync ones never do).
-            let expected = self.counting_in_sync_at_quiet >= quorum
+            let expected = counting_in_sync >= quorum
                 || (op.kind == OpKind::Read && self.in_sync_at_quiet >= lease_minimum.max(1));
             if op.outcome == Outcome::Pending {
                 self.violation(format!(

@@ -1123,7 +1123,6 @@ fn a_running_host_element_takes_back_an_element_whose_epoch_owner_is_gone() {
             volumes: vec![VolumeSpec { name: "vol0".into(), size_bytes: SIZE, clone_of: None, at_least: false }],
             admin: String::new(),
             receipt_acks: false,
-            peer: false,
         },
     );
     c.run();
@@ -1165,7 +1164,6 @@ fn a_host_element_taken_over_by_a_majority_serves_nothing() {
                 volumes: vec![VolumeSpec { name: "vol0".into(), size_bytes: SIZE, clone_of: None, at_least: false }],
                 admin: String::new(),
                 receipt_acks: false,
-                peer: false,
             },
         );
         c.run();
