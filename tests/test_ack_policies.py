@@ -126,3 +126,69 @@ def test_flushed_writes_survive_kill_9_of_everything_under_received_policies(mak
     with Client(cluster.uri()) as c:
         for offset, data in blocks.items():
             assert c.pread(4096, offset) == data, f"flushed block at {offset} lost"
+
+
+def element_of(status, name):
+    return next(e for e in status["elements"] if e["name"] == name)
+
+
+@pytest.mark.time_limit(240)
+def test_a_weak_write_a_start_did_without_stays_out_after_its_holder_returns(make_cluster):
+    # Bug 7 (docs/testing.md) with real processes, through two host element starts. A write is
+    # acknowledged by local (durable) and far (network-sync: on the wire, never stored) and
+    # reaches no other element. A start without local does without it, as the weaker promise
+    # allows, and reads the older data. A later start with local back must not bring the write
+    # back: that start's beginning record is newer than local's longer history.
+    cluster = make_cluster(volumes=(("vol0", "64MiB"),), ack={"far": "network-sync"})
+    older, weak = random_bytes(4096, 71), random_bytes(4096, 72)
+    with Client(cluster.uri()) as c:
+        c.pwrite(older, 0)
+        c.flush()
+    cluster.wait_caught_up()
+    assert harness.volume_status(cluster.status())["beginning"] is None, "held by Q at once"
+
+    stopped(cluster, "near", "far")
+    try:
+        h, cookie = pending_write(cluster.uri(), weak, 0)
+        answered = completes_within(h, cookie, 5)
+    finally:
+        # Gone with what their sockets held: neither stores the write.
+        cluster.kill_element("near")
+        cluster.kill_element("far")
+    assert answered, "local (durable) and far (network-sync) answer the write"
+    h.shutdown()
+    cluster.host.kill9()
+    cluster.kill_element("local")
+
+    # The first start: near and far only.
+    cluster.restart_element("near")
+    cluster.restart_element("far")
+    cluster.start_host(ready=False)
+    cluster.wait_status(
+        lambda s: harness.volume_status(s)["mode"] == "read-write"
+        and all(element_of(s, n)["state"] == "in-sync" for n in ("near", "far")),
+        60,
+        "the host element read-write with near and far",
+    )
+    with Client(cluster.uri()) as c:
+        assert c.pread(4096, 0) == older, "a start without local does without the weak write"
+    cluster.wait_status(lambda s: harness.volume_status(s)["beginning"] is None, 30, "the beginning held by Q")
+    cluster.host.kill9()
+
+    # The second start: local is back, holding the longer history of the older epoch.
+    cluster.restart_element("local")
+    cluster.start_host(ready=False)
+    cluster.wait_healthy(timeout=120)
+    with Client(cluster.uri()) as c:
+        for _ in range(3):
+            assert c.pread(4096, 0) == older, "the write the first start did without came back"
+    status = cluster.status()
+    assert element_of(status, "local")["last_recovery"] is not None, "local's diverged tail was recovered over"
+    cluster.stop_host()
+    for name in ("local", "near", "far"):
+        cluster.kill_element(name, signal.SIGTERM)
+    held = {
+        name: {v["name"]: (v["applied_sequence"], v["digest"]) for v in cluster.elements[name].verify()["volumes"]}
+        for name in ("local", "near", "far")
+    }
+    assert held["local"] == held["near"] == held["far"], f"replicas differ: {held}"

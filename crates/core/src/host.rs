@@ -635,10 +635,21 @@ struct VolumeRuntime {
     /// Grown while running (`resize_volume`): the elements known to hold the new size, until
     /// Q that count do (then `None`, and `Event::VolumeResized` told).
     resizing: Option<ElementSet>,
-    /// The sequence of this host element's beginning record (`Op::Begin`), appended when it
-    /// became ready, and when: with weaker ack policies, reads of the volume wait until Q
-    /// elements hold it durably (see `reads_wait_for_begin`).
-    begin: Option<(Sequence, Time)>,
+    /// This host element's beginning record (`Op::Begin`), appended when it became ready:
+    /// with weaker ack policies, reads of the volume wait until Q elements hold it durably (see
+    /// `reads_wait_for_begin`). Kept until they do, or until it matters no more.
+    begin: Option<Beginning>,
+}
+
+/// A volume's beginning record, not yet known to be held by Q elements.
+#[derive(Clone, Copy, Debug)]
+struct Beginning {
+    sequence: Sequence,
+    /// When it was appended.
+    since: Time,
+    /// The start-up timeout passed with fewer than Q holders: reads no longer wait for it,
+    /// and `Event::BeginNotHeld` was told.
+    overdue: bool,
 }
 
 #[derive(Clone, Copy, Debug, Default)]
@@ -833,6 +844,22 @@ pub struct VolumeStatus {
     pub writes_waiting: usize,
     /// The last scrubs since this host element started (oldest first, the running one last).
     pub scrubs: Vec<ScrubStatus>,
+    /// This host element's beginning record, while fewer than Q elements hold it durably and
+    /// that matters (ack policies weaker than durable; see `Event::BeginNotHeld`).
+    pub beginning: Option<BeginningStatus>,
+}
+
+/// A volume's beginning record not yet held by Q elements.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BeginningStatus {
+    pub sequence: Sequence,
+    /// Elements that hold it durably.
+    pub held_by: usize,
+    /// Whether reads of the volume wait for it (else the start-up timeout passed and reads
+    /// are served all the same).
+    pub reads_wait: bool,
+    /// Reads and block-status requests waiting for it now.
+    pub reads_held: usize,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -1138,8 +1165,10 @@ impl HostCore {
             if let Some(since) = v.blocked_since {
                 consider(since.plus_ms(self.config.throttle_timeout_ms));
             }
-            if let (true, Some((_, since))) = (self.begin_guards_reads, v.begin) {
-                consider(since.plus_ms(self.config.startup_timeout_ms));
+            if let (true, Some(b)) = (self.begin_guards_reads, v.begin) {
+                if !b.overdue {
+                    consider(b.since.plus_ms(self.config.startup_timeout_ms));
+                }
             }
         }
         if let Some((_, _, deadline)) = self.lease_waiting.front() {
@@ -3677,45 +3706,53 @@ impl HostCore {
         }
         // The start-up roll-forward leaves room for it (`finish_fetch`).
         assert!(v.queue.fits(limits::WRITE_QUEUE_ENTRY_OVERHEAD_BYTES), "no room for the beginning record");
-        v.begin = Some((v.queue.last_sequence().next(), now));
+        v.begin = Some(Beginning { sequence: v.queue.last_sequence().next(), since: now, overdue: false });
         // Owed to no host request: resolved once it is held like any write.
         self.accept_record(now, volume, Op::Begin, HostReply::Done);
     }
 
-    /// Whether reads of volume `vi` wait for this host element's beginning record: with ack
-    /// policies weaker than durable, until Q elements hold it durably, for at most the
-    /// start-up timeout. Only a weakly acknowledged write can be missing from a start's
-    /// history (a durable one is on every start-up set), so only then can a later start
-    /// bring back what this one served reads without. Past the timeout the volume is read as
-    /// it is (readable below quorum), with a warning (`Event::BeginNotHeld`).
-    fn reads_wait_for_begin(&self, vi: usize, now: Time) -> bool {
+    /// How many elements hold volume `vi`'s beginning record durably, while that matters:
+    /// with ack policies weaker than durable, until Q do. Only a weakly acknowledged write can
+    /// be missing from a start's history (a durable one is on every start-up set), so only
+    /// then can a later start bring back what this one served reads without.
+    fn begin_holders(&self, vi: usize) -> Option<usize> {
         let v = &self.volumes[vi];
         if !self.begin_guards_reads || v.removed.is_some() {
-            return false;
-        }
-        let Some((at, since)) = v.begin else { return false };
-        if now >= since.plus_ms(self.config.startup_timeout_ms) {
-            return false;
+            return None;
         }
         // Gone from the queue: every live element applied it first, Q at least (the queue
         // makes room only while the volume takes writes).
-        v.queue.get(at).is_some_and(|entry| entry.acked_by.len() < self.config.quorum)
+        let held = v.queue.get(v.begin?.sequence)?.acked_by.len();
+        (held < self.config.quorum).then_some(held)
     }
 
-    /// Serve the reads held for the volume's beginning record once they need not wait.
+    /// Whether reads of volume `vi` wait for this host element's beginning record: while
+    /// fewer than Q elements hold it (`begin_holders`), for at most the start-up timeout.
+    /// Past it the volume is read as it is (readable below quorum), with a warning
+    /// (`Event::BeginNotHeld`).
+    fn reads_wait_for_begin(&self, vi: usize, now: Time) -> bool {
+        let Some(b) = self.volumes[vi].begin else { return false };
+        !b.overdue && now < b.since.plus_ms(self.config.startup_timeout_ms) && self.begin_holders(vi).is_some()
+    }
+
+    /// Serve the reads held for the volume's beginning record once they need not wait, and
+    /// forget the record once it matters no more.
     fn release_held_reads(&mut self, now: Time, volume: VolumeId) {
         let vi = volume.0 as usize;
-        let Some((sequence, _)) = self.volumes[vi].begin else { return };
-        if self.reads_wait_for_begin(vi, now) {
+        let Some(b) = self.volumes[vi].begin else { return };
+        match self.begin_holders(vi) {
+            None => self.volumes[vi].begin = None,
+            Some(_) if self.reads_wait_for_begin(vi, now) => return,
+            Some(held) if !b.overdue => {
+                let reads = self.held_reads.iter().filter(|r| r.volume() == volume).count();
+                self.emit(Action::Event(Event::BeginNotHeld { volume, sequence: b.sequence, held, reads }));
+                self.volumes[vi].begin = Some(Beginning { overdue: true, ..b });
+            }
+            Some(_) => {}
+        }
+        if !self.held_reads.iter().any(|r| r.volume() == volume) {
             return;
         }
-        let v = &self.volumes[vi];
-        let held = v.queue.get(sequence).map_or(self.config.quorum, |entry| entry.acked_by.len());
-        if self.begin_guards_reads && v.removed.is_none() && held < self.config.quorum {
-            let reads = self.held_reads.iter().filter(|r| r.volume() == volume).count();
-            self.emit(Action::Event(Event::BeginNotHeld { volume, sequence, held, reads }));
-        }
-        self.volumes[vi].begin = None;
         let (mine, rest): (Vec<Deferred>, Vec<Deferred>) =
             std::mem::take(&mut self.held_reads).into_iter().partition(|r| r.volume() == volume);
         self.held_reads = rest;
@@ -3836,6 +3873,12 @@ impl HostCore {
                 write_queue_oldest: v.queue.first_sequence(),
                 writes_waiting: v.admission.len(),
                 scrubs: self.scrub_statuses(now, vi),
+                beginning: self.begin_holders(vi).zip(v.begin).map(|(held_by, b)| BeginningStatus {
+                    sequence: b.sequence,
+                    held_by,
+                    reads_wait: self.reads_wait_for_begin(vi, now),
+                    reads_held: self.held_reads.iter().filter(|r| r.volume().0 as usize == vi).count(),
+                }),
             })
             .collect();
         let elements = self
@@ -3936,7 +3979,10 @@ impl HostCore {
         let in_sync = self.in_sync_count();
         for held in &self.held_reads {
             let v = &self.volumes[held.volume().0 as usize];
-            assert!(v.begin.is_some(), "reads are held only for a beginning not yet held by Q");
+            assert!(
+                v.begin.is_some_and(|b| !b.overdue),
+                "reads are held only for a beginning not yet held by Q, and not past the timeout"
+            );
             assert!(matches!(held, Deferred::Read { .. } | Deferred::BlockStatus { .. }), "only reads wait for it");
         }
         for (vi, v) in self.volumes.iter().enumerate() {

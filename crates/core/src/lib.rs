@@ -27,8 +27,8 @@ pub use element::{
 };
 pub use failure::Failure;
 pub use host::{
-    start_minimum_of, Action, ElementStatus, Event, HostConfig, HostCore, HostError, HostStatus, RecoveryKind,
-    RecoveryStatus, Reply, ScrubFindings, ScrubReason, ScrubStatus, VolumeMode, VolumeStatus,
+    start_minimum_of, Action, BeginningStatus, ElementStatus, Event, HostConfig, HostCore, HostError, HostStatus,
+    RecoveryKind, RecoveryStatus, Reply, ScrubFindings, ScrubReason, ScrubStatus, VolumeMode, VolumeStatus,
 };
 pub use read_cache::ReadCache;
 pub use storage::{serve, try_serve, ElementStorage};

@@ -376,6 +376,12 @@ pub fn status_json(
                 "writes_waiting": v.writes_waiting,
                 "scrub": v.scrubs.last().map(scrub_json),
                 "scrubs": v.scrubs.iter().map(scrub_json).collect::<Vec<_>>(),
+                "beginning": v.beginning.map(|b| json!({
+                    "sequence": b.sequence.0,
+                    "held_by": b.held_by,
+                    "reads_wait": b.reads_wait,
+                    "reads_held": b.reads_held,
+                })),
             })
         })
         .collect();

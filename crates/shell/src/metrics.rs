@@ -298,6 +298,20 @@ fn register_status(
         None,
         per_export(&|v| v.writes_waiting as i64),
     );
+    gauge_family(
+        registry,
+        "volume_beginning_unheld",
+        "1 while fewer than Q elements hold this host element's beginning record of the volume (weaker ack policies)",
+        None,
+        per_export(&|v| i64::from(v.beginning.is_some())),
+    );
+    gauge_family(
+        registry,
+        "volume_reads_held_for_beginning",
+        "Reads waiting until Q elements hold the volume's beginning record",
+        None,
+        per_export(&|v| v.beginning.map_or(0, |b| b.reads_held as i64)),
+    );
     let connections = exports
         .iter()
         .map(|e| (VolumeLabels { volume: e.name.clone() }, clients.get(&e.name).copied().unwrap_or(0) as i64));

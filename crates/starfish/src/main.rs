@@ -1147,6 +1147,18 @@ fn print_status(doc: &serde_json::Value) {
                 / v["write_queue_capacity_bytes"].as_f64().unwrap_or(1.0).max(1.0),
             v["group"].as_str().map_or(String::new(), |g| format!("  group {g} (its sequence and queue)")),
         );
+        let b = &v["beginning"];
+        if b.is_object() {
+            let reads = if b["reads_wait"] == true {
+                format!("{} reads wait for it", b["reads_held"])
+            } else {
+                "reads no longer wait (start-up timeout passed)".to_string()
+            };
+            println!(
+                "  beginning (sequence {}) held by {} of {} elements needed; {reads}",
+                b["sequence"], b["held_by"], doc["quorum"]
+            );
+        }
         let s = &v["scrub"];
         if s.is_object() {
             let (done, total) = (s["done_bytes"].as_u64().unwrap_or(0), s["total_bytes"].as_u64().unwrap_or(0));

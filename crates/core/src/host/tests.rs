@@ -1393,11 +1393,15 @@ fn with_weaker_ack_policies_reads_wait_until_q_elements_hold_the_beginning() {
     let mut c = started_with_beginning_unstored([AckPolicy::Durable, AckPolicy::Received, AckPolicy::Durable]);
     let token = c.send_read(0, 1);
     assert!(!c.replies.contains_key(&token), "e1's receipt is not a durable copy");
+    let waiting = BeginningStatus { sequence: Sequence(3), held_by: 0, reads_wait: true, reads_held: 1 };
+    assert_eq!(c.core.status(c.now).volumes[0].beginning, Some(waiting), "the status says what reads wait for");
     c.release(0);
     assert!(!c.replies.contains_key(&token), "one durable copy is not Q");
+    assert_eq!(c.core.status(c.now).volumes[0].beginning, Some(BeginningStatus { held_by: 1, ..waiting }));
     c.release(1);
     assert_eq!(c.replies.remove(&token), Some(Reply::Read(Ok(Bytes::from(vec![1u8])))));
     assert!(!c.events.iter().any(|e| matches!(e, Event::BeginNotHeld { .. })));
+    assert_eq!(c.core.status(c.now).volumes[0].beginning, None, "held by Q: nothing to show");
 }
 
 #[test]
@@ -1415,6 +1419,14 @@ fn held_reads_are_served_with_a_warning_after_the_start_up_timeout() {
         [&Event::BeginNotHeld { volume: VOLUME, sequence: Sequence(3), held: 1, reads: 1 }],
         "told once, with what was held"
     );
+    // The status keeps showing it, with reads served, until Q hold it.
+    let overdue = BeginningStatus { sequence: Sequence(3), held_by: 1, reads_wait: false, reads_held: 0 };
+    assert_eq!(c.core.status(c.now).volumes[0].beginning, Some(overdue));
+    let later = c.send_read(0, 1);
+    assert_eq!(c.replies.remove(&later), Some(Reply::Read(Ok(Bytes::from(vec![1u8])))), "not held any more");
+    c.release(1);
+    assert_eq!(c.core.status(c.now).volumes[0].beginning, None);
+    assert_eq!(c.events.iter().filter(|e| matches!(e, Event::BeginNotHeld { .. })).count(), 1, "told once");
 }
 
 #[test]
@@ -1424,6 +1436,7 @@ fn with_durable_ack_policies_reads_do_not_wait_for_the_beginning() {
     let mut c = started_with_beginning_unstored([AckPolicy::Durable; 3]);
     let token = c.send_read(0, 1);
     assert_eq!(c.replies.remove(&token), Some(Reply::Read(Ok(Bytes::from(vec![1u8])))));
+    assert_eq!(c.core.status(c.now).volumes[0].beginning, None, "nothing waits for it");
 }
 
 #[test]
