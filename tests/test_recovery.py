@@ -366,6 +366,15 @@ def test_paced_replay_shows_progress(make_cluster, workdir):
         page.open(f"http://{cluster.admin}/")
         page.wait(ELEMENTS_SHOWN + " === 'local:in-sync near:in-sync far:in-sync'", 15, "three elements in sync")
         page.wait("document.querySelector('#volumes tr[data-volume=vol0]')?.dataset.mode === 'read-write'", 5, "vol0")
+        assert page.eval("document.querySelector('#volumes [data-beginning]') === null"), "durable policies: no wait"
+        # A beginning record fewer than Q hold (weaker ack policies only; real elements hold it
+        # within milliseconds, so the page's row is rendered from a status of that state).
+        row = ("volumeRow({name: 'v', mode: 'read-write', size_bytes: 4096, acked_sequence: 3,"
+               " write_queue_used_bytes: 0, write_queue_capacity_bytes: 1, writes_waiting: 0,"
+               " beginning: {sequence: 3, held_by: %d, reads_wait: %s, reads_held: 2}})"
+               ".querySelector('[data-beginning]').textContent")
+        assert page.eval(row % (1, "true")) == "beginning held by 1, 2 reads wait"
+        assert page.eval(row % (0, "false")) == "beginning held by 0, reads no longer wait"
         page.eval("window.sameDocument = true")
         load.wait_acks(300)
         # Under load, each element's acknowledgement latency of the last second is shown.

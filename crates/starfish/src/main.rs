@@ -1096,6 +1096,23 @@ fn scrub(args: ScrubArgs) -> Result<()> {
     Ok(())
 }
 
+/// `starfish status`'s line for a volume's beginning record that fewer than Q elements hold
+/// (`beginning` in the status document; `None` when it is `null`).
+fn beginning_line(b: &serde_json::Value, quorum: &serde_json::Value) -> Option<String> {
+    if !b.is_object() {
+        return None;
+    }
+    let reads = if b["reads_wait"] == true {
+        format!("{} reads wait for it", b["reads_held"])
+    } else {
+        "reads no longer wait (start-up timeout passed)".to_string()
+    };
+    Some(format!(
+        "  beginning (sequence {}) held by {} of {quorum} elements needed; {reads}",
+        b["sequence"], b["held_by"]
+    ))
+}
+
 fn print_status(doc: &serde_json::Value) {
     if doc["role"] == "standby" {
         let active = match doc["active"].as_object() {
@@ -1147,17 +1164,8 @@ fn print_status(doc: &serde_json::Value) {
                 / v["write_queue_capacity_bytes"].as_f64().unwrap_or(1.0).max(1.0),
             v["group"].as_str().map_or(String::new(), |g| format!("  group {g} (its sequence and queue)")),
         );
-        let b = &v["beginning"];
-        if b.is_object() {
-            let reads = if b["reads_wait"] == true {
-                format!("{} reads wait for it", b["reads_held"])
-            } else {
-                "reads no longer wait (start-up timeout passed)".to_string()
-            };
-            println!(
-                "  beginning (sequence {}) held by {} of {} elements needed; {reads}",
-                b["sequence"], b["held_by"], doc["quorum"]
-            );
+        if let Some(line) = beginning_line(&v["beginning"], &doc["quorum"]) {
+            println!("{line}");
         }
         let s = &v["scrub"];
         if s.is_object() {
@@ -1378,4 +1386,25 @@ fn demo(args: DemoArgs) -> Result<()> {
         let _ = std::fs::remove_dir_all(&data);
     }
     result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_beginning_fewer_than_q_hold_gets_a_line_under_its_volume() {
+        let quorum = serde_json::json!(2);
+        assert_eq!(beginning_line(&serde_json::Value::Null, &quorum), None);
+        let waiting = serde_json::json!({"sequence": 7, "held_by": 1, "reads_wait": true, "reads_held": 3});
+        assert_eq!(
+            beginning_line(&waiting, &quorum).as_deref(),
+            Some("  beginning (sequence 7) held by 1 of 2 elements needed; 3 reads wait for it")
+        );
+        let overdue = serde_json::json!({"sequence": 7, "held_by": 0, "reads_wait": false, "reads_held": 0});
+        assert_eq!(
+            beginning_line(&overdue, &quorum).as_deref(),
+            Some("  beginning (sequence 7) held by 0 of 2 elements needed; reads no longer wait (start-up timeout passed)")
+        );
+    }
 }
