@@ -348,11 +348,22 @@ fn scrub_json(s: &starfish_core::ScrubStatus) -> Value {
     })
 }
 
+/// A volume's `beginning` in the status document: `null`, or the record fewer than Q hold.
+pub fn beginning_json(beginning: Option<starfish_core::BeginningStatus>) -> Value {
+    beginning.map_or(Value::Null, |b| {
+        json!({
+            "sequence": b.sequence.0,
+            "held_by": b.held_by,
+            "reads_wait": b.reads_wait,
+            "reads_held": b.reads_held,
+        })
+    })
+}
+
 /// The status document; field names are part of the CLI contract (`starfish status --json`).
-/// The status document. `exports`: the volumes exported over NBD (`HostConfig::exported`,
-/// never empty); a consistency group's
-/// member is reported with its group's state (mode, sequences, write queue, scrubs: they are
-/// the group's), and the groups are listed under `groups`.
+/// `exports`: the volumes exported over NBD (`HostConfig::exported`, never empty); a
+/// consistency group's member is reported with its group's state (mode, sequences, write
+/// queue, scrubs: they are the group's), and the groups are listed under `groups`.
 pub fn status_json(
     status: &HostStatus,
     addresses: &[String],
@@ -376,12 +387,7 @@ pub fn status_json(
                 "writes_waiting": v.writes_waiting,
                 "scrub": v.scrubs.last().map(scrub_json),
                 "scrubs": v.scrubs.iter().map(scrub_json).collect::<Vec<_>>(),
-                "beginning": v.beginning.map(|b| json!({
-                    "sequence": b.sequence.0,
-                    "held_by": b.held_by,
-                    "reads_wait": b.reads_wait,
-                    "reads_held": b.reads_held,
-                })),
+                "beginning": beginning_json(v.beginning),
             })
         })
         .collect();

@@ -1394,14 +1394,21 @@ mod tests {
 
     #[test]
     fn a_beginning_fewer_than_q_hold_gets_a_line_under_its_volume() {
+        // As the host element's admin server writes it.
+        let json = |b| shell::admin::beginning_json(Some(b));
         let quorum = serde_json::json!(2);
-        assert_eq!(beginning_line(&serde_json::Value::Null, &quorum), None);
-        let waiting = serde_json::json!({"sequence": 7, "held_by": 1, "reads_wait": true, "reads_held": 3});
+        assert_eq!(beginning_line(&shell::admin::beginning_json(None), &quorum), None);
+        let waiting = starfish_core::BeginningStatus {
+            sequence: proto::Sequence(7),
+            held_by: 1,
+            reads_wait: true,
+            reads_held: 3,
+        };
         assert_eq!(
-            beginning_line(&waiting, &quorum).as_deref(),
+            beginning_line(&json(waiting), &quorum).as_deref(),
             Some("  beginning (sequence 7) held by 1 of 2 elements needed; 3 reads wait for it")
         );
-        let overdue = serde_json::json!({"sequence": 7, "held_by": 0, "reads_wait": false, "reads_held": 0});
+        let overdue = json(starfish_core::BeginningStatus { held_by: 0, reads_wait: false, reads_held: 0, ..waiting });
         assert_eq!(
             beginning_line(&overdue, &quorum).as_deref(),
             Some("  beginning (sequence 7) held by 0 of 2 elements needed; reads no longer wait (start-up timeout passed)")
