@@ -555,6 +555,13 @@ def volume_status(status, name="vol0"):
     raise AssertionError(f"volume {name} missing from status: {status}")
 
 
+def element_of(status, name):
+    for element in status["elements"]:
+        if element["name"] == name:
+            return element
+    raise AssertionError(f"element {name} missing from status: {status}")
+
+
 def healthy(status):
     return all(e["state"] == "in-sync" for e in status["elements"]) and all(
         v["mode"] == "read-write" for v in status["volumes"]

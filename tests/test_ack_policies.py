@@ -14,7 +14,7 @@ import nbd
 import pytest
 
 import harness
-from harness import Client, random_bytes
+from harness import Client, element_of, random_bytes
 
 
 def pending_write(uri, data, offset):
@@ -126,10 +126,6 @@ def test_flushed_writes_survive_kill_9_of_everything_under_received_policies(mak
     with Client(cluster.uri()) as c:
         for offset, data in blocks.items():
             assert c.pread(4096, offset) == data, f"flushed block at {offset} lost"
-
-
-def element_of(status, name):
-    return next(e for e in status["elements"] if e["name"] == name)
 
 
 @pytest.mark.time_limit(240)

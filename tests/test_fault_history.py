@@ -41,6 +41,7 @@ import time
 import pytest
 
 import harness
+from harness import element_of
 import history_recorder
 
 VOLUME_BYTES = 4 * harness.MiB
@@ -58,10 +59,6 @@ def sim_bin():
     if os.environ.get("STARFISH_BIN"):
         return os.path.join(os.path.dirname(os.environ["STARFISH_BIN"]), "sim")
     return os.path.join(harness.REPO, "target", "release", "sim")
-
-
-def element_of(status, name):
-    return next(e for e in status["elements"] if e["name"] == name)
 
 
 class Faults:

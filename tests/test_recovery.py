@@ -27,7 +27,7 @@ import pytest
 
 import harness
 from browser import Browser
-from harness import MiB, Client, LoadWriter, volume_status, wait_until
+from harness import MiB, Client, LoadWriter, element_of, volume_status, wait_until
 
 REGION_BLOCKS = 16384  # 64 MiB of 4 KiB blocks per writer region
 LOAD_OFFSET = 0
@@ -75,13 +75,6 @@ class AckedBytes:
             elif parts[0] == b"A":
                 self.bytes += self.spans.pop(parts[1]) * harness.BLOCK
         return self.bytes
-
-
-def element_of(status, name):
-    for element in status["elements"]:
-        if element["name"] == name:
-            return element
-    raise AssertionError(f"element {name} missing from status: {status}")
 
 
 def applied(status, name, volume="vol0"):

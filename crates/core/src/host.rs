@@ -635,9 +635,10 @@ struct VolumeRuntime {
     /// Grown while running (`resize_volume`): the elements known to hold the new size, until
     /// Q that count do (then `None`, and `Event::VolumeResized` told).
     resizing: Option<ElementSet>,
-    /// This host element's beginning record (`Op::Begin`), appended when it became ready:
-    /// with weaker ack policies, reads of the volume wait until Q elements hold it durably (see
-    /// `reads_wait_for_begin`). Kept until they do, or until it matters no more.
+    /// This host element's beginning record (`Op::Begin`), appended when it became ready, with
+    /// ack policies weaker than durable (`begin_guards_reads`; else `None`): reads of the
+    /// volume wait until Q elements hold it durably (see `reads_wait_for_begin`). Kept until
+    /// they do, or until it matters no more.
     begin: Option<Beginning>,
 }
 
@@ -1165,10 +1166,8 @@ impl HostCore {
             if let Some(since) = v.blocked_since {
                 consider(since.plus_ms(self.config.throttle_timeout_ms));
             }
-            if let (true, Some(b)) = (self.begin_guards_reads, v.begin) {
-                if !b.overdue {
-                    consider(b.since.plus_ms(self.config.startup_timeout_ms));
-                }
+            if let Some(b) = v.begin.filter(|b| !b.overdue) {
+                consider(b.since.plus_ms(self.config.startup_timeout_ms));
             }
         }
         if let Some((_, _, deadline)) = self.lease_waiting.front() {
@@ -3706,18 +3705,22 @@ impl HostCore {
         }
         // The start-up roll-forward leaves room for it (`finish_fetch`).
         assert!(v.queue.fits(limits::WRITE_QUEUE_ENTRY_OVERHEAD_BYTES), "no room for the beginning record");
-        v.begin = Some(Beginning { sequence: v.queue.last_sequence().next(), since: now, overdue: false });
+        // Reads wait for it only with weaker ack policies; with durable ones nothing needs it.
+        if self.begin_guards_reads {
+            v.begin = Some(Beginning { sequence: v.queue.last_sequence().next(), since: now, overdue: false });
+        }
         // Owed to no host request: resolved once it is held like any write.
         self.accept_record(now, volume, Op::Begin, HostReply::Done);
     }
 
     /// How many elements hold volume `vi`'s beginning record durably, while that matters:
-    /// with ack policies weaker than durable, until Q do. Only a weakly acknowledged write can
-    /// be missing from a start's history (a durable one is on every start-up set), so only
-    /// then can a later start bring back what this one served reads without.
+    /// with ack policies weaker than durable (only then is `begin` set), until Q do. Only a
+    /// weakly acknowledged write can be missing from a start's history (a durable one is on
+    /// every start-up set), so only then can a later start bring back what this one served
+    /// reads without.
     fn begin_holders(&self, vi: usize) -> Option<usize> {
         let v = &self.volumes[vi];
-        if !self.begin_guards_reads || v.removed.is_some() {
+        if v.removed.is_some() {
             return None;
         }
         // Gone from the queue: every live element applied it first, Q at least (the queue
