@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # A quick look at the data path's speed and CPU cost on this machine (issue 16): fio's nbd
-# engine runs 4 KiB random writes at QD1 and QD16, 4 KiB random reads at QD16 and 1 MiB
-# sequential writes at QD16 (RUNTIME s each, default 8) against each system of SYSTEMS, one
-# after the other in one run, and prints the CPU time (user+system, from /proc) the head and
-# the replicas spent per 4 KiB write, 4 KiB read and 1 MiB write at QD16 (and the minor page
-# faults they took per 1 MiB write):
+# engine runs 4 KiB random writes at QD1 and QD16, 4 KiB random reads at QD16, 1 MiB
+# sequential writes at QD16 and 1 MiB sequential reads at QD1 and QD16 (RUNTIME s each, default
+# 8) against each system of SYSTEMS, one after the other in one run, and prints the CPU time
+# (user+system, from /proc) the head and the replicas spent per 4 KiB write, 4 KiB read, 1 MiB
+# write and 1 MiB read (and the minor page faults they took per 1 MiB write and read):
 #   starfish     three elements with their data on tmpfs and a host element on loopback (Q=2,
 #                one 1 GiB volume); head = host element, replicas = the three elements
 #   qemu-quorum  QEMU's quorum driver (qemu-nbd, vote-threshold 2, read-pattern fifo, TCP_NODELAY
@@ -82,6 +82,19 @@ suite() { # label uri head-pid replica-pids...
     if [[ "$ios" =~ ^[0-9]+$ ]] && ((ios > 0)); then
         echo "  minor page faults per 1 MiB write at QD16: head $((($(faults "$head") - hf0) / ios)), replicas $((($(faults "$@") - ef0) / ios))"
     fi
+    local qd
+    for qd in 1 16; do
+        h0=$(cpu "$head")
+        e0=$(cpu "$@")
+        hf0=$(faults "$head")
+        ef0=$(faults "$@")
+        job "$uri" read 1m "$qd"
+        per_op "1 MiB read at QD$qd" "$h0" "$(cpu "$head")" "$e0" "$(cpu "$@")"
+        ios=$(cat "$DIR/ios")
+        if [[ "$ios" =~ ^[0-9]+$ ]] && ((ios > 0)); then
+            echo "  minor page faults per 1 MiB read at QD$qd: head $((($(faults "$head") - hf0) / ios)), replicas $((($(faults "$@") - ef0) / ios))"
+        fi
+    done
     local p replicas=()
     for p in "$@"; do replicas+=("$(rss "$p")"); done
     echo "  resident memory after the suite (peak): head $(rss "$head") MiB, replicas ${replicas[*]} MiB"

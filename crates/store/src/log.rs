@@ -560,7 +560,7 @@ pub fn scan_segment(
         if limit - body_start < body_bytes {
             return torn(format!("batch of {body_bytes} bytes runs past the end of the segment"), false);
         }
-        let mut body = BytesMut::zeroed(body_bytes as usize);
+        let mut body = crate::zeroed_buffer(body_bytes as usize);
         file.read_exact_at(&mut body, body_start).map_err(io_error("read log", path))?;
         let body = body.freeze();
         let mut decoded = Vec::with_capacity(records as usize);
@@ -619,7 +619,7 @@ pub fn find_batch_after(file: &File, path: &Path, segment: u64, from: u64) -> Re
 
 /// Read one record back from a segment (for peer recovery), verifying every checksum.
 pub fn read_record(file: &File, path: &Path, offset: u64, frame: u32) -> Result<LogRecord, StoreError> {
-    let mut bytes = BytesMut::zeroed(frame as usize);
+    let mut bytes = crate::zeroed_buffer(frame as usize);
     file.read_exact_at(&mut bytes, offset).map_err(io_error("read log", path))?;
     let bytes = bytes.freeze();
     let corrupt = |reason: String| StoreError::CorruptLog { path: path.to_path_buf(), offset, reason };

@@ -1165,7 +1165,7 @@ impl Store {
             return Ok((Attempt::Done, Some((applied, ReadData { data: Bytes::new(), crcs: Vec::new() }))));
         };
         let count = geometry.last - geometry.first + 1;
-        let mut buffer = BytesMut::zeroed((count * BLOCK_BYTES) as usize);
+        let mut buffer = crate::zeroed_buffer((count * BLOCK_BYTES) as usize);
         let (applied, map) = match read_verified(&volume, geometry.first, count, &mut buffer, non_blocking)? {
             (Attempt::Done, read) => read,
             (attempt, _) => return Ok((attempt, None)),
@@ -1201,7 +1201,7 @@ impl Store {
             let (applied, _, summaries, _) = self.clone_summaries(&v, first, end - first)?;
             return Ok((applied, summaries));
         }
-        let mut buffer = vec![0u8; ((end - first) * BLOCK_BYTES) as usize];
+        let mut buffer = crate::zeroed_buffer(((end - first) * BLOCK_BYTES) as usize);
         let (_, (applied, map)) = read_verified(&v, first, end - first, &mut buffer, None)?;
         let summaries =
             map.entries.iter().map(|&(allocated, crc, sequence)| BlockSummary { sequence, crc, allocated }).collect();

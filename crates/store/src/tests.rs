@@ -1836,6 +1836,38 @@ fn the_host_elements_checksums_are_checked_stored_and_read_back() {
     assert!(f.store().scrub_chunk(f.volume, 257, 1).is_err(), "a chunk past the end is refused");
 }
 
+/// A read across runs of written blocks and holes reads each run with one system call and still
+/// checks every block: the content is what was written, and rot in the middle of a run is
+/// found at its own block, by reads that may wait and by reads that may not.
+#[test]
+fn a_read_across_runs_and_holes_checks_every_block_of_each_run() {
+    let mut f = Fixture::new("read-runs", 1 << 20, StoreOptions::default());
+    // Blocks 0..3 and 5..9 written, 3..5 and 9..12 holes.
+    f.commit(&[write_op(0, 9 * 4096, 5), trim_op(3 * 4096, 2 * 4096)]);
+    let expected = &f.model.bytes[..12 * 4096];
+    let (_, read) = f.store().read_checked(f.volume, 0, 12 * 4096).expect("read");
+    assert_eq!(&read.data[..], expected);
+    let at_once = f.store().try_read_checked(f.volume, 0, 12 * 4096).expect("no error");
+    if let Some((_, at_once)) = at_once {
+        assert_eq!(&at_once.data[..], expected);
+    }
+    // An unaligned read starting and ending inside runs.
+    let (_, read) = f.store().read_checked(f.volume, 2 * 4096 + 100, 5 * 4096).expect("read");
+    assert_eq!(&read.data[..], &expected[2 * 4096 + 100..7 * 4096 + 100]);
+    let file = fs::OpenOptions::new().write(true).open(f.dir.0.join("volumes/0.data")).expect("open data");
+    file.write_all_at(b"rot", 7 * BLOCK_BYTES + 9).expect("damage");
+    let error = f.store().read_checked(f.volume, 0, 12 * 4096).expect_err("rot is found");
+    assert!(matches!(error, StoreError::BlockChecksum { block: 7, .. }), "{error}");
+    if let Err(error) = f.store().try_read_checked(f.volume, 0, 12 * 4096) {
+        assert!(matches!(error, StoreError::BlockChecksum { block: 7, .. }), "{error}");
+    } else {
+        assert_eq!(f.store().try_read_checked(f.volume, 0, 12 * 4096).expect("no error"), None, "rot read as data");
+    }
+    // Blocks before the rot in the same run still read.
+    let (_, read) = f.store().read_checked(f.volume, 5 * 4096, 2 * 4096).expect("read");
+    assert_eq!(&read.data[..], &expected[5 * 4096..7 * 4096]);
+}
+
 /// What a read that may not wait for the disk returns, on a file system that keeps files in
 /// memory (tmpfs: always at once, and commits run on the caller) and on one that does not (the
 /// page cache decides).

@@ -340,19 +340,26 @@ impl Volume {
         non_blocking: Option<sys::NonBlockingReads>,
     ) -> Result<Attempt, StoreError> {
         debug_assert_eq!(out.len() as u64 % BLOCK_BYTES, 0);
-        for (i, (allocated, crc, _)) in map.entries.iter().enumerate() {
-            if !allocated {
+        let block_bytes = BLOCK_BYTES as usize;
+        let entries = &map.entries;
+        let mut i = 0;
+        while i < entries.len() {
+            if !entries[i].0 {
+                i += 1;
                 continue;
             }
-            let b = map.first + i as u64;
-            let content = &mut out[i * BLOCK_BYTES as usize..(i + 1) * BLOCK_BYTES as usize];
+            // A run of allocated blocks is read with one system call, then checked block by
+            // block: a 1 MiB read was 256 `pread`s.
+            let run_end = entries[i..].iter().position(|entry| !entry.0).map_or(entries.len(), |n| i + n);
+            let offset = (map.first + i as u64) * BLOCK_BYTES;
+            let run = &mut out[i * block_bytes..run_end * block_bytes];
             let read_error = io_error("read volume data", &self.data_path);
             match non_blocking {
                 None | Some(sys::NonBlockingReads::Always) => {
-                    self.data.read_exact_at(content, b * BLOCK_BYTES).map_err(read_error)?
+                    self.data.read_exact_at(run, offset).map_err(read_error)?
                 }
                 Some(sys::NonBlockingReads::PageCacheOnly) => {
-                    match sys::read_exact_at_cached(&self.data, content, b * BLOCK_BYTES) {
+                    match sys::read_exact_at_cached(&self.data, run, offset) {
                         Ok(true) => {}
                         Ok(false) => return Ok(Attempt::WouldBlock),
                         Err(e) if e.kind() == std::io::ErrorKind::Unsupported => return Ok(Attempt::Unsupported),
@@ -360,10 +367,14 @@ impl Volume {
                     }
                 }
             }
-            let actual = proto::crc32c(content);
-            if actual != *crc {
-                return Err(self.checksum_error(b, *crc, actual));
+            for (k, content) in run.chunks_exact(block_bytes).enumerate() {
+                let crc = entries[i + k].1;
+                let actual = proto::crc32c(content);
+                if actual != crc {
+                    return Err(self.checksum_error(map.first + (i + k) as u64, crc, actual));
+                }
             }
+            i = run_end;
         }
         Ok(Attempt::Done)
     }

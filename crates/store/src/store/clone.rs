@@ -263,7 +263,7 @@ impl Store {
             return Ok((sequence, ReadData { data: Bytes::new(), crcs: Vec::new() }));
         };
         let count = geometry.last - geometry.first + 1;
-        let mut buffer = BytesMut::zeroed((count * BLOCK_BYTES) as usize);
+        let mut buffer = crate::zeroed_buffer((count * BLOCK_BYTES) as usize);
         let (sequence, _, found) = self.read_chain(volume, geometry.first, count, &mut buffer)?;
         let skip = (offset_bytes - geometry.first * BLOCK_BYTES) as usize;
         let data = buffer.freeze().slice(skip..skip + length_bytes as usize);
@@ -280,7 +280,7 @@ impl Store {
         first: u64,
         count: u64,
     ) -> Result<(Sequence, Epoch, Vec<BlockSummary>, Bytes), StoreError> {
-        let mut buffer = BytesMut::zeroed((count * BLOCK_BYTES) as usize);
+        let mut buffer = crate::zeroed_buffer((count * BLOCK_BYTES) as usize);
         let (applied, epoch, found) = self.read_chain(clone, first, count, &mut buffer)?;
         let summaries =
             found.iter().map(|f| BlockSummary { sequence: f.sequence, crc: f.crc, allocated: f.allocated }).collect();

@@ -280,7 +280,7 @@ impl Store {
             while end < have.len() && map.is_allocated(first + end as u64) && differs(end) {
                 end += 1;
             }
-            let mut buffer = vec![0u8; (end - i) * BLOCK_BYTES as usize];
+            let mut buffer = crate::zeroed_buffer((end - i) * BLOCK_BYTES as usize);
             v.read_blocks(map, b, &mut buffer)?;
             let buffer = bytes::Bytes::from(buffer);
             for k in i..end {

@@ -24,7 +24,7 @@ use std::collections::{HashMap, HashSet};
 use std::ops::Range;
 use std::sync::{atomic::Ordering, Arc, MutexGuard, RwLockReadGuard};
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use proto::{
     BlockChunk, BlockCopy, BlockExtent, BlockSummary, Epoch, Sequence, BLOCK_BYTES, COPY_CHUNK_BLOCKS_MAX,
     PAYLOAD_BYTES_MAX,
@@ -291,7 +291,7 @@ impl Store {
             return Err(StoreError::PayloadTooLarge { volume: snap.name.clone(), length_bytes: count * BLOCK_BYTES });
         }
         snap.check_range(first * BLOCK_BYTES, count * BLOCK_BYTES)?;
-        let mut buffer = vec![0u8; (count * BLOCK_BYTES) as usize];
+        let mut buffer = crate::zeroed_buffer((count * BLOCK_BYTES) as usize);
         let entries = self.read_snapshot_blocks(snap, first, count, &mut buffer)?;
         let buffer = Bytes::from(buffer);
         let mut blocks = Vec::new();
@@ -646,7 +646,7 @@ fn current_blocks(
             .collect();
     }
     let state = volume.live_state()?;
-    let mut buffer = BytesMut::zeroed(((span.end - span.start) * BLOCK_BYTES) as usize);
+    let mut buffer = crate::zeroed_buffer(((span.end - span.start) * BLOCK_BYTES) as usize);
     volume.read_blocks(&state.map, span.start, &mut buffer)?;
     let buffer = buffer.freeze();
     Ok(blocks
