@@ -11,10 +11,10 @@ pub mod pieces;
 
 pub use ids::{Epoch, HostId, Sequence, VolumeId};
 pub use message::{
-    decode_frame, encode_frame, encode_host_frame, BlockChunk, BlockCopy, BlockExtent, BlockSummary, Body, CloneBase,
-    DecodeError, ElementMessage, FrameParts, HostMessage, Op, ReadData, Record, SnapshotRef, SnapshotSummary,
-    VolumeSpec, VolumeState, COPY_CHUNK_BLOCKS_MAX, FRAME_BODY_BYTES_MAX, FRAME_DATA_SHARED_BYTES_MIN,
-    FRAME_HEADER_BYTES, SCRUB_CHUNK_BLOCKS_MAX, WIRE_VERSION,
+    decode_frame, encode_block_read_reply, encode_frame, encode_host_frame, BlockChunk, BlockCopy, BlockExtent,
+    BlockSummary, Body, CloneBase, DecodeError, ElementMessage, FrameParts, HostMessage, Op, ReadData, Record,
+    SnapshotRef, SnapshotSummary, VolumeSpec, VolumeState, COPY_CHUNK_BLOCKS_MAX, FRAME_BODY_BYTES_MAX,
+    FRAME_DATA_SHARED_BYTES_MIN, FRAME_HEADER_BYTES, SCRUB_CHUNK_BLOCKS_MAX, WIRE_VERSION,
 };
 
 /// crc32c (Castagnoli, as iSCSI uses it) of `data`: the checksum of blocks, pieces and frames.

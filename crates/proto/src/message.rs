@@ -857,6 +857,67 @@ fn large_write_layout(body: &[u8]) -> Option<(u64, usize, &[u8])> {
     (data_bytes >= FRAME_DATA_SHARED_BYTES_MIN).then_some((offset_bytes, data_end, crcs))
 }
 
+/// Where a successful `ReadReply` body's data starts: its tag, request id, applied sequence,
+/// result and the data's length.
+const READ_REPLY_DATA_AT: usize = 1 + 8 + 8 + 1 + 4;
+
+/// The body of a successful `ReadReply` of whole blocks, as far as its unchecked fields say:
+/// where its data ends and its checksums' bytes. Whole blocks means [`FRAME_DATA_SHARED_BYTES_MIN`]
+/// bytes or more, a multiple of the block size, and one checksum per block. A reply does not
+/// carry its read's offset, but such a reply's pieces do not depend on it: a read of whole
+/// blocks that does not start on a block boundary has one piece more than it has blocks.
+/// `None` for any other body, or one whose lengths do not fit in it.
+fn block_read_reply_layout(body: &[u8]) -> Option<(usize, &[u8])> {
+    if body.first() != Some(&ELEMENT_READ_REPLY) || body.get(READ_REPLY_DATA_AT - 5) != Some(&RESULT_OK) {
+        return None;
+    }
+    let u32_at = |at: usize| Some(u32::from_le_bytes(body.get(at..at.checked_add(4)?)?.try_into().expect("4 bytes")));
+    let data_bytes = u32_at(READ_REPLY_DATA_AT - 4)? as usize;
+    let data_end = READ_REPLY_DATA_AT.checked_add(data_bytes)?;
+    let count = u32_at(data_end)? as usize;
+    let crcs = body.get(data_end + 4..(data_end + 4).checked_add(count.checked_mul(4)?)?)?;
+    let whole_blocks = data_bytes >= FRAME_DATA_SHARED_BYTES_MIN
+        && data_bytes % BLOCK_BYTES as usize == 0
+        && count == data_bytes / BLOCK_BYTES as usize;
+    whole_blocks.then_some((data_end, crcs))
+}
+
+/// The frame of a successful read reply of whole blocks ([`block_read_reply_layout`]), its
+/// data not copied, and its checksum computed from the blocks' checksums without reading the
+/// data (the element's store just checked the data against them). The same bytes as
+/// [`encode_frame`] gives. `None` for any other message: encode it with `encode_frame`.
+pub fn encode_block_read_reply(message: &ElementMessage) -> Option<FrameParts> {
+    let ElementMessage::ReadReply { request_id, applied_sequence, result: Ok(ReadData { data, crcs }) } = message
+    else {
+        return None;
+    };
+    let whole_blocks = data.len() >= FRAME_DATA_SHARED_BYTES_MIN
+        && data.len() % BLOCK_BYTES as usize == 0
+        && crcs.len() == data.len() / BLOCK_BYTES as usize;
+    if !whole_blocks {
+        return None;
+    }
+    let mut head = BytesMut::with_capacity(FRAME_HEADER_BYTES + READ_REPLY_DATA_AT);
+    head.put_u32_le(0);
+    head.put_u32_le(0);
+    head.put_u8(ELEMENT_READ_REPLY);
+    head.put_u64_le(*request_id);
+    head.put_u64_le(applied_sequence.0);
+    head.put_u8(RESULT_OK);
+    head.put_u32_le(u32::try_from(data.len()).expect("bounded by the payload"));
+    debug_assert_eq!(head.len() - FRAME_HEADER_BYTES, READ_REPLY_DATA_AT, "the decoder finds the data there");
+    let mut tail = BytesMut::with_capacity(4 + 4 * crcs.len());
+    put_crcs(&mut tail, crcs);
+    let body_len = head.len() - FRAME_HEADER_BYTES + data.len() + tail.len();
+    assert!(body_len <= FRAME_BODY_BYTES_MAX as usize, "encoded an oversized frame");
+    let crc = crate::crc32c(&head[FRAME_HEADER_BYTES..]);
+    let crc = crate::pieces::crc_append_pieces(crc, 0, data, crcs.iter().copied());
+    let crc = crc32c::crc32c_append(crc, &tail);
+    head[0..4].copy_from_slice(&(body_len as u32).to_le_bytes());
+    head[4..8].copy_from_slice(&crc.to_le_bytes());
+    Some(FrameParts { head: head.freeze(), data: data.clone(), tail: tail.freeze() })
+}
+
 /// A write's fields before its data: the data itself, then its piece checksums, follow.
 fn put_write_head(out: &mut BytesMut, offset_bytes: u64, data_bytes: usize) {
     out.put_u8(OP_WRITE);
@@ -1261,6 +1322,19 @@ const RESULT_OK: u8 = 0;
 const RESULT_ERR: u8 = 1;
 
 impl Body for ElementMessage {
+    /// A read reply of whole blocks ([`block_read_reply_layout`]) is checked by its blocks'
+    /// checksums, not read: the frame's checksum vouches for everything but the data, and the
+    /// host element checks the data against those checksums before it uses it (a damaged one
+    /// fails the element's session and has the blocks scrubbed, as a damaged frame failed it).
+    /// Anything else is read whole.
+    fn body_crc(body: &[u8]) -> u32 {
+        let Some((data_end, crcs)) = block_read_reply_layout(body) else { return crate::crc32c(body) };
+        let crcs = crcs.chunks_exact(4).map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes")));
+        let crc = crate::crc32c(&body[..READ_REPLY_DATA_AT]);
+        let crc = crate::pieces::crc_append_pieces(crc, 0, &body[READ_REPLY_DATA_AT..data_end], crcs);
+        crc32c::crc32c_append(crc, &body[data_end..])
+    }
+
     fn encode_body(&self, out: &mut BytesMut) {
         match self {
             ElementMessage::Welcome { epoch, element_id, volumes } => {
@@ -2053,6 +2127,73 @@ mod tests {
         let mut damaged = whole.clone();
         damaged[data_at - 1] = 0xff;
         assert!(decode_frame::<HostMessage>(&mut damaged).is_err());
+    }
+
+    #[test]
+    fn a_read_reply_of_whole_blocks_is_framed_without_copying_or_reading_its_data() {
+        let reply = |offset: u64, length: usize| {
+            let data = Bytes::from((0..length).map(|b| (b % 251) as u8).collect::<Vec<u8>>());
+            let read = ReadData::computed(offset, data);
+            ElementMessage::ReadReply { request_id: 9, applied_sequence: Sequence(41), result: Ok(read) }
+        };
+        let block = BLOCK_BYTES as usize;
+        // Whole blocks from 16 KiB up are framed in pieces, the same bytes as in one piece.
+        for (offset, length, in_pieces) in [
+            (0u64, 1usize << 20, true),
+            (8192, FRAME_DATA_SHARED_BYTES_MIN, true),
+            (0, FRAME_DATA_SHARED_BYTES_MIN - block, false),
+            (512, 1 << 20, false),
+            (0, (1 << 20) - 512, false),
+            (512, (1 << 20) - 512, false),
+        ] {
+            let message = reply(offset, length);
+            let mut whole = BytesMut::new();
+            encode_frame(&message, &mut whole);
+            let parts = encode_block_read_reply(&message);
+            assert_eq!(parts.is_some(), in_pieces, "{length} bytes at {offset}");
+            if let Some(parts) = parts {
+                let joined: Vec<u8> = parts.pieces().flat_map(|p| p.iter().copied()).collect();
+                assert_eq!(joined, &whole[..], "{length} bytes at {offset}");
+                let ElementMessage::ReadReply { result: Ok(read), .. } = &message else { unreachable!("a reply") };
+                assert_eq!(parts.data.as_ptr(), read.data.as_ptr(), "the data is not copied");
+            }
+            let mut buf = whole.clone();
+            assert_eq!(decode_frame::<ElementMessage>(&mut buf).expect("valid"), Some(message));
+            // Whether or not its data is read for the frame's checksum, a frame damaged
+            // anywhere else is refused.
+            for at in [FRAME_HEADER_BYTES + 2, FRAME_HEADER_BYTES + READ_REPLY_DATA_AT - 1, whole.len() - 3] {
+                let mut damaged = whole.clone();
+                damaged[at] ^= 0x10;
+                assert!(decode_frame::<ElementMessage>(&mut damaged).is_err(), "{length} bytes at {offset}, byte {at}");
+            }
+            // Damaged data: refused by the frame when the frame reads it; otherwise the frame
+            // holds and the data fails its blocks' checksums, which the host element checks.
+            let mut damaged = whole.clone();
+            damaged[FRAME_HEADER_BYTES + READ_REPLY_DATA_AT + 5000] ^= 0x10;
+            match decode_frame::<ElementMessage>(&mut damaged) {
+                Ok(Some(ElementMessage::ReadReply { result: Ok(read), .. })) => {
+                    assert!(in_pieces, "{length} bytes at {offset}: damaged data passed a frame that reads it");
+                    let mismatch = crate::pieces::check_pieces(offset, &read.data, &read.crcs).expect_err("damaged");
+                    assert_eq!(mismatch.offset_bytes, offset + 4096);
+                }
+                other => assert!(
+                    !in_pieces && matches!(other, Err(DecodeError::Checksum { .. })),
+                    "{length} bytes at {offset}: {other:?}"
+                ),
+            }
+        }
+        // Not a reply of data: no pieces.
+        let failed =
+            ElementMessage::ReadReply { request_id: 1, applied_sequence: Sequence(1), result: Err("no".into()) };
+        assert!(encode_block_read_reply(&failed).is_none());
+        // A checksum count that does not fit whole blocks reads the data.
+        let ElementMessage::ReadReply { result: Ok(mut read), .. } = reply(0, 1 << 20) else { unreachable!("a reply") };
+        read.crcs.pop();
+        let odd = ElementMessage::ReadReply { request_id: 2, applied_sequence: Sequence(2), result: Ok(read) };
+        assert!(encode_block_read_reply(&odd).is_none());
+        let mut whole = BytesMut::new();
+        encode_frame(&odd, &mut whole);
+        assert_eq!(decode_frame::<ElementMessage>(&mut whole).expect("valid"), Some(odd));
     }
 
     #[test]

@@ -703,6 +703,24 @@ async fn run_peer(
     let _ = inputs.send(Input::PeerClosed { peer, reason }).await;
 }
 
+/// Write one frame to a session: a read reply of whole blocks in pieces, its data neither
+/// copied nor read again (`proto::encode_block_read_reply`); anything else encoded into `buf`.
+async fn write_reply<W: tokio::io::AsyncWrite + Unpin>(
+    out: &mut BufWriter<W>,
+    buf: &mut BytesMut,
+    message: &ElementMessage,
+) -> std::io::Result<()> {
+    if let Some(parts) = proto::encode_block_read_reply(message) {
+        for piece in parts.pieces() {
+            out.write_all(piece).await?;
+        }
+        return Ok(());
+    }
+    buf.clear();
+    encode_frame(message, buf);
+    out.write_all(buf).await
+}
+
 async fn serve_session(
     stream: Stream,
     session: SessionId,
@@ -724,13 +742,9 @@ async fn serve_session(
         let mut out = BufWriter::with_capacity(256 * 1024, write_half);
         let mut buf = BytesMut::new();
         while let Some(message) = reply_rx.recv().await {
-            buf.clear();
-            encode_frame(&message, &mut buf);
-            out.write_all(&buf).await?;
+            write_reply(&mut out, &mut buf, &message).await?;
             while let Ok(message) = reply_rx.try_recv() {
-                buf.clear();
-                encode_frame(&message, &mut buf);
-                out.write_all(&buf).await?;
+                write_reply(&mut out, &mut buf, &message).await?;
             }
             out.flush().await?;
         }
