@@ -292,4 +292,38 @@ mod tests {
         feed.publish(None, Some(s(1000)));
         assert!(!rx.has_changed().expect("the feed lives"));
     }
+
+    /// The page's volume row reads a volume's `beginning` by the field names the admin server
+    /// writes (`admin::beginning_json`). The browser test renders a row of that shape made by
+    /// hand (no real cluster holds a beginning fewer than Q hold for long enough to look), so a
+    /// field renamed on one side only would pass it; it fails here.
+    #[test]
+    fn the_page_reads_the_beginning_fields_the_admin_server_writes() {
+        let written = crate::admin::beginning_json(Some(starfish_core::BeginningStatus {
+            sequence: proto::Sequence(7),
+            held_by: 1,
+            reads_wait: true,
+            reads_held: 2,
+        }));
+        let written = written.as_object().expect("an object");
+        let start = PAGE_HTML.find("const b = v.beginning;").expect("the page shows a volume's beginning");
+        let code = &PAGE_HTML[start..];
+        let code = &code[..code.find("return el(").expect("then the row")];
+        let identifier = |c: char| c.is_ascii_alphanumeric() || c == '_';
+        let read: std::collections::BTreeSet<&str> = code
+            .match_indices("b.")
+            .filter(|(i, _)| !code[..*i].ends_with(identifier))
+            .map(|(i, _)| {
+                let field = &code[i + 2..];
+                &field[..field.find(|c: char| !identifier(c)).unwrap_or(field.len())]
+            })
+            .collect();
+        assert!(read.len() >= 3, "the row reads the beginning's fields: {read:?}");
+        for field in read {
+            assert!(
+                written.contains_key(field),
+                "the page reads beginning.{field}, which the admin server does not write"
+            );
+        }
+    }
 }
