@@ -876,10 +876,15 @@ fn block_read_reply_layout(body: &[u8]) -> Option<(usize, &[u8])> {
     let data_end = READ_REPLY_DATA_AT.checked_add(data_bytes)?;
     let count = u32_at(data_end)? as usize;
     let crcs = body.get(data_end + 4..(data_end + 4).checked_add(count.checked_mul(4)?)?)?;
-    let whole_blocks = data_bytes >= FRAME_DATA_SHARED_BYTES_MIN
+    whole_blocks(data_bytes, count).then_some((data_end, crcs))
+}
+
+/// Whether a read reply of `data_bytes` with `checksums` piece checksums is one of whole
+/// blocks whose frame is checked by them ([`block_read_reply_layout`]).
+fn whole_blocks(data_bytes: usize, checksums: usize) -> bool {
+    data_bytes >= FRAME_DATA_SHARED_BYTES_MIN
         && data_bytes % BLOCK_BYTES as usize == 0
-        && count == data_bytes / BLOCK_BYTES as usize;
-    whole_blocks.then_some((data_end, crcs))
+        && checksums == data_bytes / BLOCK_BYTES as usize
 }
 
 /// The frame of a successful read reply of whole blocks ([`block_read_reply_layout`]), its
@@ -891,10 +896,7 @@ pub fn encode_block_read_reply(message: &ElementMessage) -> Option<FrameParts> {
     else {
         return None;
     };
-    let whole_blocks = data.len() >= FRAME_DATA_SHARED_BYTES_MIN
-        && data.len() % BLOCK_BYTES as usize == 0
-        && crcs.len() == data.len() / BLOCK_BYTES as usize;
-    if !whole_blocks {
+    if !whole_blocks(data.len(), crcs.len()) {
         return None;
     }
     let mut head = BytesMut::with_capacity(FRAME_HEADER_BYTES + READ_REPLY_DATA_AT);
