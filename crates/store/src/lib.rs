@@ -45,9 +45,10 @@ pub fn sys_available_bytes(dir: &std::path::Path) -> std::io::Result<u64> {
 use proto::{Sequence, BLOCK_BYTES, PAYLOAD_BYTES_MAX};
 
 /// A buffer of `len` zero bytes for a read to fill, zeroed by writing the zeroes.
-/// `BytesMut::zeroed` asks the allocator for zeroed memory, and jemalloc zeroes a reused large
-/// extent by handing its pages back to the kernel (`MADV_DONTNEED`): every page of every large
-/// read's buffer then faulted in afresh, 256 faults per 1 MiB read on an element (`perf record -e
+/// `BytesMut::zeroed` asks the allocator for zeroed memory, and jemalloc gives a large one as
+/// pages the kernel must fault in afresh (it zeroes memory by giving pages back,
+/// `madvise(MADV_DONTNEED)`, or hands out pages it gave back before): every page of every large
+/// read's buffer faulted, 256 faults per 1 MiB read on an element (`perf record -e
 /// page-faults`). Writing the zeroes into pages the process already has costs less.
 pub(crate) fn zeroed_buffer(len: usize) -> bytes::BytesMut {
     let mut buffer = bytes::BytesMut::with_capacity(len);
