@@ -300,13 +300,7 @@ impl Volume {
                 self.data
                     .read_exact_at(run, block * BLOCK_BYTES)
                     .map_err(io_error("read volume data", &self.data_path))?;
-                for (i, content) in run.chunks_exact(BLOCK_BYTES as usize).enumerate() {
-                    let b = block + i as u64;
-                    let actual = proto::crc32c(content);
-                    if actual != map.crc(b) {
-                        return Err(self.checksum_error(b, map.crc(b), actual));
-                    }
-                }
+                self.check_run(block, run, |b| map.crc(b))?;
             }
             block = run_end;
         }
@@ -367,16 +361,23 @@ impl Volume {
                     }
                 }
             }
-            for (k, content) in run.chunks_exact(block_bytes).enumerate() {
-                let crc = entries[i + k].1;
-                let actual = proto::crc32c(content);
-                if actual != crc {
-                    return Err(self.checksum_error(map.first + (i + k) as u64, crc, actual));
-                }
-            }
+            self.check_run(map.first + i as u64, run, |b| entries[(b - map.first) as usize].1)?;
             i = run_end;
         }
         Ok(Attempt::Done)
+    }
+
+    /// Check each block of `run`, read from block `first` on, against its checksum (`crc` of
+    /// its block number).
+    fn check_run(&self, first: u64, run: &[u8], crc: impl Fn(u64) -> u32) -> Result<(), StoreError> {
+        for (i, content) in run.chunks_exact(BLOCK_BYTES as usize).enumerate() {
+            let b = first + i as u64;
+            let actual = proto::crc32c(content);
+            if actual != crc(b) {
+                return Err(self.checksum_error(b, crc(b), actual));
+            }
+        }
+        Ok(())
     }
 
     fn checksum_error(&self, block: u64, expected: u32, actual: u32) -> StoreError {
