@@ -1245,3 +1245,138 @@ def start_far_behind(cluster, far_address):
 
     wait_until(reachable, 30, "the far element listening behind the link")
     cluster.start_host()
+
+
+class TamperingProxy:
+    """A TCP proxy in front of one element that relays both ways and can damage one read
+    reply on its way back, as a faulty NIC, switch or memory on the path would: `arm(where)`
+    flips one bit of the next successful read reply of at least `READ_BYTES_MIN` bytes, in its
+    data (`where="data"`: the frame's checksum, made from the blocks' checksums, still
+    matches) or in its block checksums (`where="checksums"`: the frame's checksum no longer
+    does). Proxies built with one `TamperingProxy.Shared` damage one reply between them.
+
+    It reads the element's side as frames (8-byte header: body length, crc32c; then the
+    body), so it fits plain TCP only, not TLS. Threads are daemons; `destroy` closes every
+    socket."""
+
+    READ_BYTES_MIN = 64 * KiB
+    _ELEMENT_READ_REPLY = 4
+    _RESULT_OK = 0
+    _DATA_AT = 1 + 8 + 8 + 1 + 4  # tag, request id, applied sequence, result, data length
+    _FRAME_BODY_MAX = 64 * MiB  # beyond any frame: the stream is not ours, relay it as it is
+
+    class Shared:
+        def __init__(self):
+            self.lock = threading.Lock()
+            self.where = None
+            self.damaged = []  # (proxy name, where, data length) of each damaged reply
+
+        def arm(self, where):
+            assert where in ("data", "checksums"), where
+            with self.lock:
+                self.where = where
+
+        def take(self):
+            with self.lock:
+                where, self.where = self.where, None
+                return where
+
+    def __init__(self, name, target_port, shared):
+        self.name = name
+        self.target_port = target_port
+        self.shared = shared
+        self.listener = socket.create_server((LOCALHOST, 0))
+        self.port = self.listener.getsockname()[1]
+        self.sockets = []
+        self.closed = False
+        threading.Thread(target=self._accept, name=f"tamper-{name}", daemon=True).start()
+
+    @property
+    def address(self):
+        return f"{LOCALHOST}:{self.port}"
+
+    def _accept(self):
+        while not self.closed:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            try:
+                upstream = socket.create_connection((LOCALHOST, self.target_port), timeout=5)
+                upstream.settimeout(None)
+            except OSError:
+                client.close()
+                continue
+            for s in (client, upstream):
+                s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self.sockets += [client, upstream]
+            threading.Thread(target=self._relay, args=(client, upstream), daemon=True).start()
+            threading.Thread(target=self._frames, args=(upstream, client), daemon=True).start()
+
+    @staticmethod
+    def _close_both(a, b):
+        for s in (a, b):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def _relay(self, source, sink):
+        try:
+            while chunk := source.recv(256 * KiB):
+                sink.sendall(chunk)
+        except OSError:
+            pass
+        self._close_both(source, sink)
+
+    @staticmethod
+    def _read_exactly(source, n):
+        parts, left = [], n
+        while left:
+            chunk = source.recv(min(left, 1 * MiB))
+            if not chunk:
+                return None
+            parts.append(chunk)
+            left -= len(chunk)
+        return b"".join(parts)
+
+    def _frames(self, source, sink):
+        try:
+            while (header := self._read_exactly(source, 8)) is not None:
+                length = struct.unpack_from("<I", header)[0]
+                if length > self._FRAME_BODY_MAX:
+                    sink.sendall(header)
+                    return self._relay(source, sink)
+                body = self._read_exactly(source, length)
+                if body is None:
+                    break
+                sink.sendall(header + self._maybe_damage(bytearray(body)))
+        except OSError:
+            pass
+        self._close_both(source, sink)
+
+    def _maybe_damage(self, body):
+        at = self._DATA_AT
+        if len(body) < at or body[0] != self._ELEMENT_READ_REPLY or body[at - 5] != self._RESULT_OK:
+            return bytes(body)
+        data_bytes = struct.unpack_from("<I", body, at - 4)[0]
+        if data_bytes < self.READ_BYTES_MIN or len(body) < at + data_bytes + 8:
+            return bytes(body)
+        where = self.shared.take()
+        if where == "data":
+            body[at + data_bytes // 2] ^= 0x10
+        elif where == "checksums":
+            body[at + data_bytes + 4] ^= 0x10  # the first block's checksum
+        if where:
+            with self.shared.lock:
+                self.shared.damaged.append((self.name, where, data_bytes))
+        return bytes(body)
+
+    def destroy(self):
+        self.closed = True
+        for s in [self.listener] + self.sockets:
+            try:
+                s.shutdown(socket.SHUT_RDWR)  # wakes the threads blocked on it
+            except OSError:
+                pass
+            s.close()

@@ -123,3 +123,69 @@ def test_a_scheduled_scrub_under_writes_reports_no_false_difference(make_cluster
     assert report["repaired"] == [], report
     # Nothing was failed by the scrub: every element is still in sync.
     assert harness.healthy(cluster.status())
+
+
+def failures(cluster, element, reason):
+    """The host element's count of `element`'s failures for `reason` (`GET /metrics`)."""
+    with urllib.request.urlopen(f"http://{cluster.admin}/metrics", timeout=30) as answer:
+        metrics = answer.read().decode()
+    for line in metrics.splitlines():
+        if (line.startswith("starfish_element_failures_total{") and f'element="{element}"' in line
+                and f'reason="{reason}"' in line):
+            return int(float(line.rsplit(" ", 1)[1]))
+    return 0
+
+
+@pytest.mark.time_limit(180)
+@pytest.mark.parametrize("where", ["data", "checksums"])
+def test_a_read_reply_damaged_on_the_way_is_read_again_from_another_element(make_cluster, where):
+    """A 1 MiB read reply loses a bit between an element and the host element (a proxy in
+    front of each element damages the first such reply after it is armed). In its data: the
+    frame's checksum, made from the blocks' checksums, still matches, and the host element's
+    check of the data against the blocks' checksums catches it (`read_checksum`), reads
+    again from another element and scrubs what it read. In its block checksums: the frame's
+    checksum does not match, and the session is dropped and redone. Either way the NBD client
+    gets what it wrote, the element comes back in sync, and the replicas agree."""
+    cluster = make_cluster(start=False, volumes=(("vol0", "64MiB"),))
+    shared = harness.TamperingProxy.Shared()
+    proxies = {name: harness.TamperingProxy(name, e.port, shared) for name, e in cluster.elements.items()}
+    try:
+        cluster.addresses = {name: p.address for name, p in proxies.items()}
+        cluster.host.args = [str(a) for a in cluster.host_args()]
+        cluster.start()
+        data = random_bytes(MIB, 11)
+        with Client(cluster.uri()) as c:
+            c.pwrite(data, 8 * MIB)
+            c.flush()
+            cluster.wait_caught_up()
+            shared.arm(where)
+            assert c.pread(MIB, 8 * MIB) == data, "the host element answered with damaged data"
+            assert [(w, n) for _, w, n in shared.damaged] == [(where, MIB)], shared.damaged
+            damaged = shared.damaged[0][0]
+
+            with open(cluster.host.log_path, errors="replace") as f:
+                log = f.read()
+            if where == "data":
+                assert "read data damaged on the way" in log, harness.tail(log)
+                assert failures(cluster, damaged, "read_checksum") == 1
+
+                def scrubbed(status):
+                    done = [s for s in harness.volume_status(status)["scrubs"]
+                            if s["reason"] == "read-checksum" and not s["running"]]
+                    return done[-1] if done else None
+
+                report = scrubbed(cluster.wait_status(scrubbed, 60, "the scrub of the damaged read to finish"))
+                assert (report["total_bytes"], report["blocks_mismatched"]) == (MIB, 0), report
+            else:
+                assert "frame checksum mismatch" in log, harness.tail(log)
+                assert failures(cluster, damaged, "connection_lost") >= 1
+                assert failures(cluster, damaged, "read_checksum") == 0
+
+            cluster.wait_caught_up()
+            assert c.pread(MIB, 8 * MIB) == data, "the data changed after the damaged read"
+        assert cluster.stop() == []
+        digests = {name: element.verify()["volumes"][0]["digest"] for name, element in cluster.elements.items()}
+        assert len(set(digests.values())) == 1, f"replicas differ: {digests}"
+    finally:
+        for proxy in proxies.values():
+            proxy.destroy()
