@@ -44,7 +44,8 @@ pub fn sys_available_bytes(dir: &std::path::Path) -> std::io::Result<u64> {
 
 use proto::{Sequence, BLOCK_BYTES, PAYLOAD_BYTES_MAX};
 
-/// A buffer of `len` zero bytes for a read to fill, zeroed by writing the zeroes.
+/// A buffer of `len` zero bytes for a log read to fill, zeroed by writing the zeroes (a volume
+/// read writes every byte of its buffer and zeroes nothing first: `Volume::read_blocks_into`).
 /// `BytesMut::zeroed` asks the allocator for zeroed memory, and jemalloc gives a large one as
 /// pages the kernel must fault in afresh (it zeroes memory by giving pages back,
 /// `madvise(MADV_DONTNEED)`, or hands out pages it gave back before): every page of every large

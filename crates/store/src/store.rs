@@ -1165,11 +1165,16 @@ impl Store {
             return Ok((Attempt::Done, Some((applied, ReadData { data: Bytes::new(), crcs: Vec::new() }))));
         };
         let count = geometry.last - geometry.first + 1;
-        let mut buffer = crate::zeroed_buffer((count * BLOCK_BYTES) as usize);
-        let (applied, map) = match read_verified(&volume, geometry.first, count, &mut buffer, non_blocking)? {
-            (Attempt::Done, read) => read,
-            (attempt, _) => return Ok((attempt, None)),
-        };
+        let len = (count * BLOCK_BYTES) as usize;
+        let mut buffer = BytesMut::with_capacity(len);
+        let (applied, map) =
+            match read_verified(&volume, geometry.first, count, &mut buffer.spare_capacity_mut()[..len], non_blocking)?
+            {
+                (Attempt::Done, read) => read,
+                (attempt, _) => return Ok((attempt, None)),
+            };
+        // SAFETY: a read that is `Done` wrote every byte of the first `len` (`read_verified`).
+        unsafe { buffer.set_len(len) };
         let skip = (offset_bytes - geometry.first * BLOCK_BYTES) as usize;
         let data = buffer.freeze().slice(skip..skip + length_bytes as usize);
         let crcs = piece_crcs(offset_bytes, &data, |i| map.entries[i].1);
@@ -1201,8 +1206,9 @@ impl Store {
             let (applied, _, summaries, _) = self.clone_summaries(&v, first, end - first)?;
             return Ok((applied, summaries));
         }
-        let mut buffer = crate::zeroed_buffer(((end - first) * BLOCK_BYTES) as usize);
-        let (_, (applied, map)) = read_verified(&v, first, end - first, &mut buffer, None)?;
+        let len = ((end - first) * BLOCK_BYTES) as usize;
+        let mut buffer = Vec::with_capacity(len);
+        let (_, (applied, map)) = read_verified(&v, first, end - first, &mut buffer.spare_capacity_mut()[..len], None)?;
         let summaries =
             map.entries.iter().map(|&(allocated, crc, sequence)| BlockSummary { sequence, crc, allocated }).collect();
         Ok((applied, summaries))
@@ -1984,8 +1990,9 @@ fn remove_segments(segments: Vec<log::Segment>) {
     }
 }
 
-/// Read blocks `first..first + count` of `volume` into `buffer` (zeroes for holes), each
-/// checked against its stored checksum, with the block map entries and applied sequence they
+/// Read blocks `first..first + count` of `volume` into `buffer` (zeroes for holes; it need not
+/// be initialized, and every byte of it is written when the read is `Done`), each checked
+/// against its stored checksum, with the block map entries and applied sequence they
 /// reflect. The disk read runs without the volume lock, so that a slow read never delays a
 /// commit's apply; a commit that changed a block under it shows as a checksum mismatch with a
 /// newer applied sequence, and the read is tried again (the last time under the lock). A
@@ -1994,13 +2001,11 @@ fn read_verified(
     volume: &Volume,
     first: u64,
     count: u64,
-    buffer: &mut [u8],
+    buffer: &mut [std::mem::MaybeUninit<u8>],
     non_blocking: Option<sys::NonBlockingReads>,
 ) -> Result<(Attempt, (Sequence, MapSlice)), StoreError> {
-    let read = |map: &MapSlice, buffer: &mut [u8]| match non_blocking {
-        None => volume.read_blocks_unlocked(map, buffer).map(|()| Attempt::Done),
-        Some(reads) => volume.try_read_blocks_unlocked(map, buffer, reads),
-    };
+    let read =
+        |map: &MapSlice, buffer: &mut [std::mem::MaybeUninit<u8>]| volume.read_blocks_into(map, buffer, non_blocking);
     let mut attempt = 0;
     loop {
         attempt += 1;
@@ -2017,7 +2022,6 @@ fn read_verified(
                 if volume.live_state()?.applied == applied {
                     return Err(e);
                 }
-                buffer.fill(0);
             }
             Err(e) => return Err(e),
         }

@@ -4,6 +4,7 @@
 use std::{
     fs::File,
     io,
+    mem::MaybeUninit,
     os::fd::AsRawFd,
     path::Path,
     sync::atomic::{AtomicBool, Ordering},
@@ -134,20 +135,53 @@ pub fn non_blocking_reads(dir: &Path) -> io::Result<NonBlockingReads> {
     })
 }
 
-/// Fill `buf` from `offset` only from what the page cache holds (`RWF_NOWAIT`): `Ok(false)` if
-/// part of it would have to come from the disk (what was read meanwhile is garbage then).
-/// A file system that cannot tell answers `Unsupported`.
-pub fn read_exact_at_cached(file: &File, mut buf: &mut [u8], mut offset: u64) -> io::Result<bool> {
-    while !buf.is_empty() {
-        let iovec = libc::iovec { iov_base: buf.as_mut_ptr() as *mut libc::c_void, iov_len: buf.len() };
-        let offset_os = libc::off_t::try_from(offset).expect("file offsets stay below 2^63");
-        // SAFETY: the iovec points into `buf`, borrowed mutably for the duration of the call.
+/// Fill `buf` from `offset` with `pread`s, and return it, every byte now written. A buffer read
+/// into need not be zeroed first (a 1 MiB read's zeroing was 9 % of an element's CPU).
+pub fn read_exact_at_uninit<'a>(file: &File, buf: &'a mut [MaybeUninit<u8>], offset: u64) -> io::Result<&'a mut [u8]> {
+    let mut done = 0;
+    while done < buf.len() {
+        let rest = &mut buf[done..];
+        let offset_os = libc::off_t::try_from(offset + done as u64).expect("file offsets stay below 2^63");
+        // SAFETY: pread writes at most `rest.len()` bytes into `rest`, borrowed mutably for the
+        // call (`MaybeUninit<u8>` is laid out as `u8`).
+        let read =
+            unsafe { libc::pread(file.as_raw_fd(), rest.as_mut_ptr() as *mut libc::c_void, rest.len(), offset_os) };
+        if read < 0 {
+            let error = io::Error::last_os_error();
+            if error.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(error);
+        }
+        if read == 0 {
+            return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "read past the end of the file"));
+        }
+        done += read as usize;
+    }
+    // SAFETY: the reads above wrote every byte of `buf`.
+    Ok(unsafe { assume_init(buf) })
+}
+
+/// As [`read_exact_at_uninit`], only from what the page cache holds (`RWF_NOWAIT`): `Ok(None)`
+/// if part of it would have to come from the disk. A file system that cannot tell answers
+/// `Unsupported`.
+pub fn read_exact_at_cached<'a>(
+    file: &File,
+    buf: &'a mut [MaybeUninit<u8>],
+    offset: u64,
+) -> io::Result<Option<&'a mut [u8]>> {
+    let mut done = 0;
+    while done < buf.len() {
+        let rest = &mut buf[done..];
+        let iovec = libc::iovec { iov_base: rest.as_mut_ptr() as *mut libc::c_void, iov_len: rest.len() };
+        let offset_os = libc::off_t::try_from(offset + done as u64).expect("file offsets stay below 2^63");
+        // SAFETY: the iovec points into `rest`, borrowed mutably for the duration of the call.
         let read = unsafe { libc::preadv2(file.as_raw_fd(), &iovec, 1, offset_os, libc::RWF_NOWAIT) };
         if read < 0 {
             let error = io::Error::last_os_error();
             match error.raw_os_error() {
                 Some(libc::EINTR) => continue,
-                Some(libc::EAGAIN) => return Ok(false),
+                Some(libc::EAGAIN) => return Ok(None),
                 Some(libc::EOPNOTSUPP) => return Err(io::Error::new(io::ErrorKind::Unsupported, error)),
                 _ => return Err(error),
             }
@@ -155,11 +189,36 @@ pub fn read_exact_at_cached(file: &File, mut buf: &mut [u8], mut offset: u64) ->
         if read == 0 {
             return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "read past the end of the file"));
         }
-        let read = read as usize;
-        buf = &mut buf[read..];
-        offset += read as u64;
+        done += read as usize;
     }
-    Ok(true)
+    // SAFETY: the reads above wrote every byte of `buf`.
+    Ok(Some(unsafe { assume_init(buf) }))
+}
+
+/// `buf` with zeroes written into every byte.
+pub fn zero_uninit(buf: &mut [MaybeUninit<u8>]) -> &mut [u8] {
+    // SAFETY: `buf` is borrowed mutably and `write_bytes` writes all `buf.len()` bytes of it.
+    unsafe {
+        std::ptr::write_bytes(buf.as_mut_ptr(), 0, buf.len());
+        assume_init(buf)
+    }
+}
+
+/// `buf` viewed as possibly uninitialized, to be filled by [`read_exact_at_uninit`],
+/// [`read_exact_at_cached`] and [`zero_uninit`].
+///
+/// # Safety
+/// The caller writes only initialized bytes through the result (those three functions do).
+pub unsafe fn as_uninit(buf: &mut [u8]) -> &mut [MaybeUninit<u8>] {
+    // SAFETY: `MaybeUninit<u8>` is laid out as `u8`; the caller keeps every byte initialized.
+    unsafe { &mut *(buf as *mut [u8] as *mut [MaybeUninit<u8>]) }
+}
+
+/// # Safety
+/// Every byte of `buf` has been written.
+unsafe fn assume_init(buf: &mut [MaybeUninit<u8>]) -> &mut [u8] {
+    // SAFETY: the caller promises every byte is initialized; `MaybeUninit<u8>` is laid out as `u8`.
+    unsafe { &mut *(buf as *mut [MaybeUninit<u8>] as *mut [u8]) }
 }
 
 /// Deallocate `length` bytes at `offset` (they read back as zeroes) without changing the file
@@ -312,7 +371,40 @@ fn sync_file_range(file: &File, offset: u64, length: u64, flags: libc::c_uint) -
 
 #[cfg(test)]
 mod tests {
-    use super::for_each_window;
+    use std::{io::Write, mem::MaybeUninit};
+
+    use super::{for_each_window, read_exact_at_cached, read_exact_at_uninit, zero_uninit};
+
+    /// Reads into buffers that hold garbage give exactly the file's bytes, in memory or not;
+    /// a read past the end is an error; zeroing writes every byte.
+    #[test]
+    fn reads_into_unzeroed_buffers_give_the_files_bytes_and_nothing_else() {
+        let data: Vec<u8> = (0..200_000u32).map(|i| (i % 253) as u8).collect();
+        let mut file = tempfile_in(std::env::temp_dir());
+        file.write_all(&data).unwrap();
+        let garbage = |n: usize| vec![MaybeUninit::new(0xa5u8); n];
+        for (offset, len) in [(0u64, 200_000usize), (4096, 65_536), (199_999, 1), (7, 0)] {
+            let mut buf = garbage(len);
+            let read = read_exact_at_uninit(&file, &mut buf, offset).expect("read");
+            assert_eq!(read, &data[offset as usize..offset as usize + len]);
+            let mut buf = garbage(len);
+            // The page cache holds what was just written; a file system may not tell.
+            if let Ok(Some(read)) = read_exact_at_cached(&file, &mut buf, offset) {
+                assert_eq!(read, &data[offset as usize..offset as usize + len]);
+            }
+        }
+        let mut buf = garbage(10);
+        let error = read_exact_at_uninit(&file, &mut buf, 199_995).expect_err("past the end");
+        assert_eq!(error.kind(), std::io::ErrorKind::UnexpectedEof);
+        assert_eq!(zero_uninit(&mut garbage(5000)), &[0u8; 5000][..]);
+    }
+
+    fn tempfile_in(dir: std::path::PathBuf) -> std::fs::File {
+        let path = dir.join(format!("starfish-sys-test-{}-{:?}", std::process::id(), std::thread::current().id()));
+        let file = std::fs::OpenOptions::new().read(true).write(true).create_new(true).open(&path).expect("create");
+        std::fs::remove_file(&path).expect("unlink");
+        file
+    }
 
     #[test]
     fn windowed_writes_never_cross_a_window_and_keep_every_byte_in_place() {

@@ -1,7 +1,7 @@
 //! One volume: its sparse data file and in-memory block map. Applying a logged record only
 //! writes whole blocks and punches holes; every block read is checked against the block map.
 
-use std::{fs::File, ops::Range, os::unix::fs::FileExt, path::PathBuf, sync::RwLock};
+use std::{fs::File, mem::MaybeUninit, ops::Range, os::unix::fs::FileExt, path::PathBuf, sync::RwLock};
 
 use proto::{BlockExtent, Epoch, Sequence, BLOCK_BYTES};
 
@@ -311,56 +311,64 @@ impl Volume {
     /// volume lock, without holding it: a record applied meanwhile can make a block fail its
     /// (old) checksum, which the caller tells from real damage by the applied sequence.
     pub fn read_blocks_unlocked(&self, map: &MapSlice, out: &mut [u8]) -> Result<(), StoreError> {
+        // SAFETY: `read_map_blocks` writes only what it read and zeroes.
+        let out = unsafe { sys::as_uninit(out) };
         match self.read_map_blocks(map, out, None)? {
             Attempt::Done => Ok(()),
             Attempt::WouldBlock | Attempt::Unsupported => unreachable!("a blocking read always reads"),
         }
     }
 
-    /// As [`Volume::read_blocks_unlocked`], never waiting for the disk (`reads` says how).
-    pub fn try_read_blocks_unlocked(
+    /// As [`Volume::read_blocks_unlocked`] into a buffer that need not be initialized, waiting
+    /// for the disk (`reads` `None`) or not: when it is `Done`, every byte of `out` is written
+    /// (holes as zeroes).
+    pub fn read_blocks_into(
         &self,
         map: &MapSlice,
-        out: &mut [u8],
-        reads: sys::NonBlockingReads,
+        out: &mut [MaybeUninit<u8>],
+        reads: Option<sys::NonBlockingReads>,
     ) -> Result<Attempt, StoreError> {
-        self.read_map_blocks(map, out, Some(reads))
+        self.read_map_blocks(map, out, reads)
     }
 
+    /// Every byte of `out` written, runs of allocated blocks read and checked, holes zeroed, or
+    /// `WouldBlock` / `Unsupported` (then `out` holds garbage).
     fn read_map_blocks(
         &self,
         map: &MapSlice,
-        out: &mut [u8],
+        out: &mut [MaybeUninit<u8>],
         non_blocking: Option<sys::NonBlockingReads>,
     ) -> Result<Attempt, StoreError> {
-        debug_assert_eq!(out.len() as u64 % BLOCK_BYTES, 0);
         let block_bytes = BLOCK_BYTES as usize;
+        assert_eq!(out.len(), map.entries.len() * block_bytes, "a whole block of room per map entry");
         let entries = &map.entries;
         let mut i = 0;
         while i < entries.len() {
-            if !entries[i].0 {
-                i += 1;
+            // A run of allocated blocks is read with one system call, then checked block by
+            // block (a 1 MiB read was 256 `pread`s); a run of holes is zeroed.
+            let allocated = entries[i].0;
+            let run_end = entries[i..].iter().position(|entry| entry.0 != allocated).map_or(entries.len(), |n| i + n);
+            let run = &mut out[i * block_bytes..run_end * block_bytes];
+            if !allocated {
+                sys::zero_uninit(run);
+                i = run_end;
                 continue;
             }
-            // A run of allocated blocks is read with one system call, then checked block by
-            // block: a 1 MiB read was 256 `pread`s.
-            let run_end = entries[i..].iter().position(|entry| !entry.0).map_or(entries.len(), |n| i + n);
             let offset = (map.first + i as u64) * BLOCK_BYTES;
-            let run = &mut out[i * block_bytes..run_end * block_bytes];
             let read_error = io_error("read volume data", &self.data_path);
-            match non_blocking {
+            let run = match non_blocking {
                 None | Some(sys::NonBlockingReads::Always) => {
-                    self.data.read_exact_at(run, offset).map_err(read_error)?
+                    sys::read_exact_at_uninit(&self.data, run, offset).map_err(read_error)?
                 }
                 Some(sys::NonBlockingReads::PageCacheOnly) => {
                     match sys::read_exact_at_cached(&self.data, run, offset) {
-                        Ok(true) => {}
-                        Ok(false) => return Ok(Attempt::WouldBlock),
+                        Ok(Some(run)) => run,
+                        Ok(None) => return Ok(Attempt::WouldBlock),
                         Err(e) if e.kind() == std::io::ErrorKind::Unsupported => return Ok(Attempt::Unsupported),
                         Err(e) => return Err(read_error(e)),
                     }
                 }
-            }
+            };
             self.check_run(map.first + i as u64, run, |b| entries[(b - map.first) as usize].1)?;
             i = run_end;
         }
