@@ -79,8 +79,11 @@ pub trait ElementStorage {
     fn snapshot(&self, volume: LocalVolume, id: u64) -> Option<LocalVolume>;
 }
 
-/// Reads up to this size may be answered by [`try_serve`] where the request arrived.
-pub const SERVE_AT_ONCE_BYTES_MAX: u32 = 128 * 1024;
+/// Reads up to this size may be answered by [`try_serve`] where the request arrived. A 2 MiB
+/// read of memory takes a few hundred microseconds; sending 1 MiB reads to a blocking thread
+/// and back was slower for them and, on tmpfs, for the writes beside them (docs/benchmarks.md,
+/// "large reads answered by the element's actor").
+pub const SERVE_AT_ONCE_BYTES_MAX: u32 = 2 * 1024 * 1024;
 
 /// Answer a small `Read` at once if storage can without waiting for a disk (the data is in
 /// memory): the same answer [`serve`] gives, or `None` (then `serve` it where waiting is fine).

@@ -574,8 +574,8 @@ fn carry_out(
             }
             ElementAction::Serve { session, volume, request } => {
                 let Some(writer) = writers.get(&session) else { continue };
-                // A small read of data in memory is answered here: handing it to a blocking
-                // thread and back costs more than the read (docs/benchmarks.md).
+                // A read of up to 2 MiB of data in memory is answered here: handing it to a
+                // blocking thread and back costs more than the read (docs/benchmarks.md).
                 if let Some(reply) = starfish_core::try_serve(&&**store, volume, &request) {
                     // Only a failed read (a block failing its checksum) can have found damage.
                     let failed = matches!(&reply, ElementMessage::ReadReply { result: Err(_), .. });
