@@ -598,19 +598,42 @@ pub fn encode_host_frame(message: &HostMessage) -> FrameParts {
     head.put_u8(HOST_APPLY);
     put_record_head(&mut head, *volume, *epoch, *sequence);
     put_write_head(&mut head, *offset_bytes, data.len());
+    // The element's store checks the data against its piece checksums.
+    debug_assert_eq!(head.len() - FRAME_HEADER_BYTES, APPLY_WRITE_DATA_AT, "the decoder finds the data there");
+    frame_around_data(head, *offset_bytes, data, crcs)
+}
+
+/// A frame in three pieces: `head` (room for the frame header, then the body up to the data),
+/// the data (shared, not copied), then the count and piece checksums of the data read at
+/// `offset_bytes`. The frame's checksum runs over the data by those checksums
+/// ([`body_crc_by_pieces`], as the decoder's does): no pass over the data here.
+fn frame_around_data(mut head: BytesMut, offset_bytes: u64, data: &Bytes, crcs: &[u32]) -> FrameParts {
     let mut tail = BytesMut::with_capacity(4 + 4 * crcs.len());
     put_crcs(&mut tail, crcs);
     let body_len = head.len() - FRAME_HEADER_BYTES + data.len() + tail.len();
     assert!(body_len <= FRAME_BODY_BYTES_MAX as usize, "encoded an oversized frame");
-    // Over the data by its piece checksums (the frame decoder does the same; the element's
-    // store checks the data against them): no pass over the data here.
-    debug_assert_eq!(head.len() - FRAME_HEADER_BYTES, APPLY_WRITE_DATA_AT, "the decoder finds the data there");
-    let crc = crate::crc32c(&head[FRAME_HEADER_BYTES..]);
-    let crc = crate::pieces::crc_append_pieces(crc, *offset_bytes, data, crcs.iter().copied());
-    let crc = crc32c::crc32c_append(crc, &tail);
+    let crc = body_crc_by_pieces(&head[FRAME_HEADER_BYTES..], offset_bytes, data, crcs.iter().copied(), &tail);
     head[0..4].copy_from_slice(&(body_len as u32).to_le_bytes());
     head[4..8].copy_from_slice(&crc.to_le_bytes());
     FrameParts { head: head.freeze(), data: data.clone(), tail: tail.freeze() }
+}
+
+/// The checksum of a body made of `head`, `data` (read at `offset_bytes`) and `tail`, the data
+/// taken by its piece checksums `crcs` instead of being read ([`crate::pieces`]).
+fn body_crc_by_pieces(
+    head: &[u8],
+    offset_bytes: u64,
+    data: &[u8],
+    crcs: impl ExactSizeIterator<Item = u32>,
+    tail: &[u8],
+) -> u32 {
+    let crc = crate::pieces::crc_append_pieces(crate::crc32c(head), offset_bytes, data, crcs);
+    crc32c::crc32c_append(crc, tail)
+}
+
+/// The piece checksums stored little-endian in `bytes`.
+fn crcs_in(bytes: &[u8]) -> impl ExactSizeIterator<Item = u32> + '_ {
+    bytes.chunks_exact(4).map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes")))
 }
 
 /// The volumes of a `Hello`, `AddVolumes` or `CheckVolumes`: their count, then each one's name,
@@ -908,16 +931,7 @@ pub fn encode_block_read_reply(message: &ElementMessage) -> Option<FrameParts> {
     head.put_u8(RESULT_OK);
     head.put_u32_le(u32::try_from(data.len()).expect("bounded by the payload"));
     debug_assert_eq!(head.len() - FRAME_HEADER_BYTES, READ_REPLY_DATA_AT, "the decoder finds the data there");
-    let mut tail = BytesMut::with_capacity(4 + 4 * crcs.len());
-    put_crcs(&mut tail, crcs);
-    let body_len = head.len() - FRAME_HEADER_BYTES + data.len() + tail.len();
-    assert!(body_len <= FRAME_BODY_BYTES_MAX as usize, "encoded an oversized frame");
-    let crc = crate::crc32c(&head[FRAME_HEADER_BYTES..]);
-    let crc = crate::pieces::crc_append_pieces(crc, 0, data, crcs.iter().copied());
-    let crc = crc32c::crc32c_append(crc, &tail);
-    head[0..4].copy_from_slice(&(body_len as u32).to_le_bytes());
-    head[4..8].copy_from_slice(&crc.to_le_bytes());
-    Some(FrameParts { head: head.freeze(), data: data.clone(), tail: tail.freeze() })
+    Some(frame_around_data(head, 0, data, crcs))
 }
 
 /// A write's fields before its data: the data itself, then its piece checksums, follow.
@@ -1062,10 +1076,9 @@ impl Body for HostMessage {
     /// write, is read whole.
     fn body_crc(body: &[u8]) -> u32 {
         let Some((offset_bytes, data_end, crcs)) = large_write_layout(body) else { return crate::crc32c(body) };
-        let crcs = crcs.chunks_exact(4).map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes")));
-        let crc = crate::crc32c(&body[..APPLY_WRITE_DATA_AT]);
-        let crc = crate::pieces::crc_append_pieces(crc, offset_bytes, &body[APPLY_WRITE_DATA_AT..data_end], crcs);
-        crc32c::crc32c_append(crc, &body[data_end..])
+        let (head, data, tail) =
+            (&body[..APPLY_WRITE_DATA_AT], &body[APPLY_WRITE_DATA_AT..data_end], &body[data_end..]);
+        body_crc_by_pieces(head, offset_bytes, data, crcs_in(crcs), tail)
     }
 
     fn encode_body(&self, out: &mut BytesMut) {
@@ -1331,10 +1344,8 @@ impl Body for ElementMessage {
     /// Anything else is read whole.
     fn body_crc(body: &[u8]) -> u32 {
         let Some((data_end, crcs)) = block_read_reply_layout(body) else { return crate::crc32c(body) };
-        let crcs = crcs.chunks_exact(4).map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes")));
-        let crc = crate::crc32c(&body[..READ_REPLY_DATA_AT]);
-        let crc = crate::pieces::crc_append_pieces(crc, 0, &body[READ_REPLY_DATA_AT..data_end], crcs);
-        crc32c::crc32c_append(crc, &body[data_end..])
+        let (head, data, tail) = (&body[..READ_REPLY_DATA_AT], &body[READ_REPLY_DATA_AT..data_end], &body[data_end..]);
+        body_crc_by_pieces(head, 0, data, crcs_in(crcs), tail)
     }
 
     fn encode_body(&self, out: &mut BytesMut) {

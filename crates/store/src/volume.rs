@@ -286,25 +286,12 @@ impl Volume {
         Ok(holes)
     }
 
-    /// Fill `out` (zeroed, whole blocks) with the content of the blocks from `first`,
-    /// verifying every allocated block against its checksum. Holes are not read.
+    /// Fill `out` (whole blocks) with the content of the blocks from `first`, verifying every
+    /// allocated block against its checksum; holes are written as zeroes. The caller holds the
+    /// volume lock that `map` is under.
     pub fn read_blocks(&self, map: &BlockMap, first: u64, out: &mut [u8]) -> Result<(), StoreError> {
         debug_assert_eq!(out.len() as u64 % BLOCK_BYTES, 0);
-        let end = first + out.len() as u64 / BLOCK_BYTES;
-        let mut block = first;
-        while block < end {
-            let run_end = map.run_end(block, end);
-            if map.is_allocated(block) {
-                let run =
-                    &mut out[((block - first) * BLOCK_BYTES) as usize..((run_end - first) * BLOCK_BYTES) as usize];
-                self.data
-                    .read_exact_at(run, block * BLOCK_BYTES)
-                    .map_err(io_error("read volume data", &self.data_path))?;
-                self.check_run(block, run, |b| map.crc(b))?;
-            }
-            block = run_end;
-        }
-        Ok(())
+        self.read_blocks_unlocked(&MapSlice::of(map, first, out.len() as u64 / BLOCK_BYTES), out)
     }
 
     /// As [`Volume::read_blocks`], against a copy of the block map's entries taken under the
