@@ -1247,17 +1247,81 @@ def start_far_behind(cluster, far_address):
     cluster.start_host()
 
 
+class Relay:
+    """A TCP relay on 127.0.0.1 to `target` (host, port): one element behind a second address.
+    `answers(source, sink)` carries the target's side back to the client (default: the bytes as
+    they come); it ends by shutting both down (`Relay.shut`). Threads are daemons; `close()`
+    ends every connection."""
+
+    def __init__(self, target, answers=None):
+        self.target = target
+        self.answers = answers or self.pump
+        self.listener = socket.create_server((LOCALHOST, 0))
+        self.port = self.listener.getsockname()[1]
+        self.sockets = []
+        self.lock = threading.Lock()
+        self.closed = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    @property
+    def address(self):
+        return f"{LOCALHOST}:{self.port}"
+
+    def _accept(self):
+        while not self.closed:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            try:
+                upstream = socket.create_connection(self.target, timeout=5)
+                upstream.settimeout(None)
+            except OSError:
+                client.close()
+                continue
+            for s in (client, upstream):
+                s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            with self.lock:
+                self.sockets += [client, upstream]
+            threading.Thread(target=self.pump, args=(client, upstream), daemon=True).start()
+            threading.Thread(target=self.answers, args=(upstream, client), daemon=True).start()
+
+    @staticmethod
+    def shut(*sockets):
+        for s in sockets:
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    @classmethod
+    def pump(cls, source, sink):
+        try:
+            while chunk := source.recv(256 * KiB):
+                sink.sendall(chunk)
+        except OSError:
+            pass
+        cls.shut(source, sink)
+
+    def close(self):
+        self.closed = True
+        with self.lock:
+            sockets = [self.listener] + self.sockets
+        for s in sockets:
+            self.shut(s)  # wakes the threads blocked on it
+            s.close()
+
+
 class TamperingProxy:
-    """A TCP proxy in front of one element that relays both ways and can damage one read
-    reply on its way back, as a faulty NIC, switch or memory on the path would: `arm(where)`
-    flips one bit of the next successful read reply of at least `READ_BYTES_MIN` bytes, in its
-    data (`where="data"`: the frame's checksum, made from the blocks' checksums, still
-    matches) or in its block checksums (`where="checksums"`: the frame's checksum no longer
-    does). Proxies built with one `TamperingProxy.Shared` damage one reply between them.
+    """A `Relay` in front of one element that can damage one read reply on its way back, as a
+    faulty NIC, switch or memory on the path would: `Shared.arm(where)` flips one bit of the
+    next successful read reply of at least `READ_BYTES_MIN` bytes, in its data
+    (`where="data"`: the frame's checksum, made from the blocks' checksums, still matches) or in
+    its block checksums (`where="checksums"`: the frame's checksum no longer does). Proxies
+    built with one `TamperingProxy.Shared` damage one reply between them.
 
     It reads the element's side as frames (8-byte header: body length, crc32c; then the
-    body), so it fits plain TCP only, not TLS. Threads are daemons; `destroy` closes every
-    socket."""
+    body), so it fits plain TCP only, not TLS."""
 
     READ_BYTES_MIN = 64 * KiB
     _ELEMENT_READ_REPLY = 4
@@ -1283,51 +1347,12 @@ class TamperingProxy:
 
     def __init__(self, name, target_port, shared):
         self.name = name
-        self.target_port = target_port
         self.shared = shared
-        self.listener = socket.create_server((LOCALHOST, 0))
-        self.port = self.listener.getsockname()[1]
-        self.sockets = []
-        self.closed = False
-        threading.Thread(target=self._accept, name=f"tamper-{name}", daemon=True).start()
+        self.relay = Relay((LOCALHOST, target_port), answers=self._frames)
 
     @property
     def address(self):
-        return f"{LOCALHOST}:{self.port}"
-
-    def _accept(self):
-        while not self.closed:
-            try:
-                client, _ = self.listener.accept()
-            except OSError:
-                return
-            try:
-                upstream = socket.create_connection((LOCALHOST, self.target_port), timeout=5)
-                upstream.settimeout(None)
-            except OSError:
-                client.close()
-                continue
-            for s in (client, upstream):
-                s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            self.sockets += [client, upstream]
-            threading.Thread(target=self._relay, args=(client, upstream), daemon=True).start()
-            threading.Thread(target=self._frames, args=(upstream, client), daemon=True).start()
-
-    @staticmethod
-    def _close_both(a, b):
-        for s in (a, b):
-            try:
-                s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-
-    def _relay(self, source, sink):
-        try:
-            while chunk := source.recv(256 * KiB):
-                sink.sendall(chunk)
-        except OSError:
-            pass
-        self._close_both(source, sink)
+        return self.relay.address
 
     @staticmethod
     def _read_exactly(source, n):
@@ -1346,14 +1371,14 @@ class TamperingProxy:
                 length = struct.unpack_from("<I", header)[0]
                 if length > self._FRAME_BODY_MAX:
                     sink.sendall(header)
-                    return self._relay(source, sink)
+                    return Relay.pump(source, sink)
                 body = self._read_exactly(source, length)
                 if body is None:
                     break
                 sink.sendall(header + self._maybe_damage(bytearray(body)))
         except OSError:
             pass
-        self._close_both(source, sink)
+        Relay.shut(source, sink)
 
     def _maybe_damage(self, body):
         at = self._DATA_AT
@@ -1373,10 +1398,4 @@ class TamperingProxy:
         return bytes(body)
 
     def destroy(self):
-        self.closed = True
-        for s in [self.listener] + self.sockets:
-            try:
-                s.shutdown(socket.SHUT_RDWR)  # wakes the threads blocked on it
-            except OSError:
-                pass
-            s.close()
+        self.relay.close()

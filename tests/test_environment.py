@@ -6,8 +6,6 @@ for the elements, and an element whose disk fills up."""
 import errno
 import json
 import os
-import socket
-import threading
 import time
 
 import pytest
@@ -15,60 +13,6 @@ import pytest
 import harness
 from harness import Client, Process, run, wait_until
 from test_failures import digests_agree
-
-
-class Relay:
-    """A TCP relay on 127.0.0.1 to `target` (host, port): the same element
-    behind a second address. Stops (closing every connection) on close()."""
-
-    def __init__(self, target):
-        self.target = target
-        self.listener = socket.create_server((harness.LOCALHOST, 0))
-        self.port = self.listener.getsockname()[1]
-        self.sockets = []
-        self.lock = threading.Lock()
-        self.closed = False
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    @property
-    def address(self):
-        return f"{harness.LOCALHOST}:{self.port}"
-
-    def _accept(self):
-        while not self.closed:
-            try:
-                client, _ = self.listener.accept()
-                upstream = socket.create_connection(self.target, timeout=5)
-            except OSError:
-                continue
-            with self.lock:
-                self.sockets += [client, upstream]
-            for a, b in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
-
-    @staticmethod
-    def _pump(a, b):
-        try:
-            while True:
-                data = a.recv(1 << 16)
-                if not data:
-                    break
-                b.sendall(data)
-        except OSError:
-            pass
-        finally:
-            for s in (a, b):
-                try:
-                    s.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
-
-    def close(self):
-        self.closed = True
-        self.listener.close()
-        with self.lock:
-            for s in self.sockets:
-                s.close()
 
 
 def element_status(status, name):
@@ -87,7 +31,7 @@ def test_the_same_element_under_two_names_counts_once(make_cluster):
     cluster = make_cluster(start=False)
     for element in cluster.elements.values():
         element.start()
-    relay = Relay((harness.LOCALHOST, cluster.elements["local"].port))
+    relay = harness.Relay((harness.LOCALHOST, cluster.elements["local"].port))
     try:
         cluster.host_extra = ["--element", f"twin={relay.address}"]
         cluster.host.args = cluster.host_args()
