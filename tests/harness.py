@@ -1321,7 +1321,10 @@ class TamperingProxy:
     built with one `TamperingProxy.Shared` damage one reply between them.
 
     It reads the element's side as frames (8-byte header: body length, crc32c; then the
-    body), so it fits plain TCP only, not TLS."""
+    body). With `tls`, it reads it as TLS records instead (5-byte header: content type,
+    version, length; then the sealed record), and `Shared.arm("tls")` flips one bit in the
+    middle of the next record of application data of at least `TLS_RECORD_BYTES_MIN` bytes:
+    such records carry large read replies, since the element's other messages are small."""
 
     READ_BYTES_MIN = 64 * KiB
     _ELEMENT_READ_REPLY = 4
@@ -1336,7 +1339,7 @@ class TamperingProxy:
             self.damaged = []  # (proxy name, where, data length) of each damaged reply
 
         def arm(self, where):
-            assert where in ("data", "checksums"), where
+            assert where in ("data", "checksums", "tls"), where
             with self.lock:
                 self.where = where
 
@@ -1345,10 +1348,13 @@ class TamperingProxy:
                 where, self.where = self.where, None
                 return where
 
-    def __init__(self, name, target_port, shared):
+    TLS_RECORD_BYTES_MIN = 8 * KiB
+    _TLS_APPLICATION_DATA = 23
+
+    def __init__(self, name, target_port, shared, tls=False):
         self.name = name
         self.shared = shared
-        self.relay = Relay((LOCALHOST, target_port), answers=self._frames)
+        self.relay = Relay((LOCALHOST, target_port), answers=self._records if tls else self._frames)
 
     @property
     def address(self):
@@ -1376,6 +1382,25 @@ class TamperingProxy:
                 if body is None:
                     break
                 sink.sendall(header + self._maybe_damage(bytearray(body)))
+        except OSError:
+            pass
+        Relay.shut(source, sink)
+
+    def _records(self, source, sink):
+        try:
+            while (header := self._read_exactly(source, 5)) is not None:
+                kind, length = header[0], struct.unpack_from(">H", header, 3)[0]
+                record = self._read_exactly(source, length)
+                if record is None:
+                    break
+                if kind == self._TLS_APPLICATION_DATA and length >= self.TLS_RECORD_BYTES_MIN:
+                    where = self.shared.take()
+                    if where == "tls":
+                        record = bytearray(record)
+                        record[length // 2] ^= 0x10
+                        with self.shared.lock:
+                            self.shared.damaged.append((self.name, where, length))
+                sink.sendall(header + bytes(record))
         except OSError:
             pass
         Relay.shut(source, sink)

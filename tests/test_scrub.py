@@ -137,18 +137,21 @@ def failures(cluster, element, reason):
 
 
 @pytest.mark.time_limit(180)
-@pytest.mark.parametrize("where", ["data", "checksums"])
+@pytest.mark.parametrize("where", ["data", "checksums", "tls"])
 def test_a_read_reply_damaged_on_the_way_is_read_again_from_another_element(make_cluster, where):
     """A 1 MiB read reply loses a bit between an element and the host element (a proxy in
     front of each element damages the first such reply after it is armed). In its data: the
     frame's checksum, made from the blocks' checksums, still matches, and the host element's
     check of the data against the blocks' checksums catches it (`read_checksum`), reads
     again from another element and scrubs what it read. In its block checksums: the frame's
-    checksum does not match, and the session is dropped and redone. Either way the NBD client
-    gets what it wrote, the element comes back in sync, and the replicas agree."""
-    cluster = make_cluster(start=False, volumes=(("vol0", "64MiB"),))
+    checksum does not match, and the session is dropped and redone. On a TLS session (`tls`:
+    a bit of one sealed record of the reply): TLS refuses the record, and the session is
+    dropped and redone. Either way the NBD client gets what it wrote, the element comes back
+    in sync, and the replicas agree."""
+    tls = where == "tls"
+    cluster = make_cluster(start=False, volumes=(("vol0", "64MiB"),), tls=tls)
     shared = harness.TamperingProxy.Shared()
-    proxies = {name: harness.TamperingProxy(name, e.port, shared) for name, e in cluster.elements.items()}
+    proxies = {name: harness.TamperingProxy(name, e.port, shared, tls=tls) for name, e in cluster.elements.items()}
     try:
         cluster.addresses = {name: p.address for name, p in proxies.items()}
         cluster.host.args = [str(a) for a in cluster.host_args()]
@@ -160,7 +163,11 @@ def test_a_read_reply_damaged_on_the_way_is_read_again_from_another_element(make
             cluster.wait_caught_up()
             shared.arm(where)
             assert c.pread(MIB, 8 * MIB) == data, "the host element answered with damaged data"
-            assert [(w, n) for _, w, n in shared.damaged] == [(where, MIB)], shared.damaged
+            damage = [(w, n) for _, w, n in shared.damaged]
+            if tls:
+                assert [w for w, _ in damage] == [where] and damage[0][1] >= proxies["local"].TLS_RECORD_BYTES_MIN, damage
+            else:
+                assert damage == [(where, MIB)], damage
             damaged = shared.damaged[0][0]
 
             with open(cluster.host.log_path, errors="replace") as f:
@@ -177,7 +184,7 @@ def test_a_read_reply_damaged_on_the_way_is_read_again_from_another_element(make
                 report = scrubbed(cluster.wait_status(scrubbed, 60, "the scrub of the damaged read to finish"))
                 assert (report["total_bytes"], report["blocks_mismatched"]) == (MIB, 0), report
             else:
-                assert "frame checksum mismatch" in log, harness.tail(log)
+                assert ("cannot decrypt peer's message" if tls else "frame checksum mismatch") in log, harness.tail(log)
                 assert failures(cluster, damaged, "connection_lost") >= 1
                 assert failures(cluster, damaged, "read_checksum") == 0
 
