@@ -332,7 +332,7 @@ class Cluster:
     NBD. Logs go to files in `workdir`; `logs()` gathers their tails."""
 
     def __init__(self, workdir, volumes=(("vol0", "1GiB"),), quorum=2, host_extra=(), use_config=False, tls=False,
-                 ack=None, far_links=None, addresses=None):
+                 ack=None, far_links=None, addresses=None, element_extra=()):
         self.workdir = workdir
         # Ack policy per element name ("received", "network-sync", …); the rest are durable.
         self.ack = dict(ack or {})
@@ -353,8 +353,10 @@ class Cluster:
             run([starfish_bin(), "certs", "init", self.certs, "--host", "host", "--element", *ELEMENT_NAMES,
                  "--client", "admin", "--nbd-client", "nbdclient"], timeout=60)
             self.host_extra += ["--tls-dir", os.path.join(self.certs, "host")]
+        # `element_extra`: more arguments for every element (`--placed-writes`, say).
         self.elements = {
-            name: Element(name, workdir, ["--tls-dir", os.path.join(self.certs, name)] if tls else [],
+            name: Element(name, workdir,
+                          (["--tls-dir", os.path.join(self.certs, name)] if tls else []) + list(element_extra),
                           memory=name == MEMORY_ELEMENT)
             for name in ELEMENT_NAMES
         }

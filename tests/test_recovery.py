@@ -835,3 +835,64 @@ def test_host_restart_while_an_element_is_down(cluster, workdir):
     check_writes(uri, log)
     cluster.wait_caught_up()
     stop_and_compare(cluster)
+
+
+def log_bytes(element):
+    """Bytes the element's log files take on their file system."""
+    log_dir = os.path.join(element.data, "log")
+    return sum(os.stat(os.path.join(log_dir, n)).st_blocks * 512 for n in os.listdir(log_dir))
+
+
+@pytest.mark.time_limit(240)
+def test_placed_writes_are_written_once_and_replayed_from_the_data_file(make_cluster):
+    """Elements started with `--placed-writes` take large writes into holes into their data
+    files and log only the blocks' checksums: a 64 MiB first fill leaves each element's log
+    far smaller than what was written. An element down while more is written into holes,
+    past the write queue, catches up by replay: its peer reads those writes back from its
+    data file. Once such a write's blocks are written again, the log no longer serves it, and
+    an element down across that catches up by a full recovery (the cost the option names).
+    The replicas end identical each time."""
+    cluster = make_cluster(volumes=(("vol0", "256MiB"),), host_extra=["--write-queue", SMALL_QUEUE],
+                           element_extra=["--placed-writes"])
+    fill = harness.random_bytes(64 * MiB, seed=51)
+    with Client(cluster.uri()) as client:
+        for at in range(0, len(fill), MiB):
+            client.pwrite(fill[at:at + MiB], at)
+        client.flush()
+    cluster.wait_caught_up()
+    sizes = {name: log_bytes(element) for name, element in cluster.elements.items()}
+    assert all(size < 16 * MiB for size in sizes.values()), f"logs after a 64 MiB fill: {sizes}"
+
+    # Into holes while far is down, past the write queue: replay, from a peer's data file.
+    more = harness.random_bytes(64 * MiB, seed=52)
+    kill_and_wait_out(cluster, "far")
+    with Client(cluster.uri()) as client:
+        for at in range(0, len(more), MiB):
+            client.pwrite(more[at:at + MiB], 64 * MiB + at)
+        client.flush()
+    assert gap_left_the_queue(cluster.status(), "far"), "setup: far's gap is still in the write queue"
+    cluster.restart_element("far")
+    status, samples = watch(cluster, back_in_sync("far"), 90, "far back in sync")
+    last = element_of(status, "far")["last_recovery"]
+    assert last["kind"] == "replay", f"last_recovery {last}; timeline: {timeline(samples, 'far')}"
+
+    # The same, but the blocks are written again before far is back: a full recovery.
+    kill_and_wait_out(cluster, "far")
+    with Client(cluster.uri()) as client:
+        for at in range(0, len(more), MiB):
+            client.pwrite(more[at:at + MiB], 128 * MiB + at)
+        client.pwrite(fill[:MiB], 128 * MiB + 4096)
+        client.flush()
+    assert gap_left_the_queue(cluster.status(), "far"), "setup: far's gap is still in the write queue"
+    cluster.restart_element("far")
+    status, samples = watch(cluster, back_in_sync("far"), 90, "far back in sync")
+    last = element_of(status, "far")["last_recovery"]
+    assert last["kind"] == "full", f"last_recovery {last}; timeline: {timeline(samples, 'far')}"
+    with Client(cluster.uri()) as client:
+        def read(length, offset):
+            return b"".join(client.pread(MiB, offset + at) for at in range(0, length, MiB))
+
+        assert read(64 * MiB, 0) == fill
+        assert read(64 * MiB, 64 * MiB) == more
+        assert read(MiB, 128 * MiB + 4096) == fill[:MiB]
+    stop_and_compare(cluster)

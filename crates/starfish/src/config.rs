@@ -246,6 +246,8 @@ pub struct ElementFile {
     /// Bytes of recent writes kept for peers' replay recovery, e.g. "256MiB".
     pub replay_log: Option<String>,
     pub overcommit: Option<bool>,
+    /// Write large writes into holes once (`store::StoreOptions::placed_writes`).
+    pub placed_writes: Option<bool>,
     /// Directory with the cluster CA and this element's certificate and key.
     pub tls_dir: Option<PathBuf>,
     /// Serve plain TCP beyond loopback (only on a network protected otherwise).
@@ -266,6 +268,7 @@ impl ElementFile {
             store.replay_log_bytes = parse_size(size).map_err(anyhow::Error::msg).context("replay log")?;
         }
         store.overcommit = self.overcommit.unwrap_or(false);
+        store.placed_writes = self.placed_writes.unwrap_or(false);
         Ok(shell::element::ElementOptions {
             listen,
             data,

@@ -85,6 +85,11 @@ struct ElementArgs {
     /// writes fail with "no space left" when it fills). Default: such a volume is refused.
     #[arg(long)]
     overcommit: bool,
+    /// Write large writes into holes once (a volume's first fill: about twice as fast, half
+    /// the disk bytes), at a cost: a lagging peer that needs such a write after its blocks
+    /// were written again recovers by a full recovery instead of a replay.
+    #[arg(long)]
+    placed_writes: bool,
     /// Directory with the cluster CA and this element's certificate and key (`starfish certs
     /// init`): only host elements and elements of the cluster are served, peers over TLS.
     #[arg(long)]
@@ -552,6 +557,9 @@ fn element_options(args: ElementArgs) -> Result<ElementOptions> {
     }
     if args.overcommit {
         file.overcommit = Some(true);
+    }
+    if args.placed_writes {
+        file.placed_writes = Some(true);
     }
     if args.tls_dir.is_some() {
         file.tls_dir = args.tls_dir;

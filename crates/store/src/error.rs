@@ -69,6 +69,11 @@ pub enum StoreError {
         match oldest { Some(s) => s.to_string(), None => "none".to_string() }
     )]
     NotInReplayLog { volume: String, sequence: Sequence, oldest: Option<Sequence> },
+    #[error(
+        "volume {volume:?}: blocks of the placed write of sequence {sequence} were written again \
+         since, and its data is kept only in the data file: the log cannot serve it"
+    )]
+    PlacedRewritten { volume: String, sequence: Sequence },
     #[error("the store failed earlier and accepts no more changes until reopened: {reason}")]
     Failed { reason: String },
 }

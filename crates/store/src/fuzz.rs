@@ -23,6 +23,7 @@ fn options() -> StoreOptions {
         overcommit: true,
         map_memory_bytes_max: 64 << 20,
         log_grow_step_bytes: crate::LOG_GROW_STEP_BYTES,
+        placed_writes: true,
     }
 }
 
@@ -39,6 +40,8 @@ fn template() -> &'static Path {
         let a = store.ensure_volume("a", 1 << 20).expect("volume a");
         let b = store.ensure_volume("b", 96 * 1024).expect("volume b");
         let op = |i: u64| match i % 4 {
+            // A placed write (into holes, logged without its data), after the checkpoint.
+            0 if i == 16 => Op::write(768 * 1024, Bytes::from(vec![i as u8; crate::PLACED_WRITE_BYTES_MIN as usize])),
             0 => Op::write((i * 12_288) % (1 << 20), Bytes::from(vec![i as u8; 8192])),
             1 => Op::write((i * 512) % 65_536, Bytes::from(vec![!(i as u8); 1536])),
             2 => Op::WriteZeroes { offset_bytes: (i * 1024) % 65_536, length_bytes: 6144 },

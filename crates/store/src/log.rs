@@ -54,7 +54,9 @@ pub(crate) fn fuzz_record(payload: &[u8]) {
         let end = table_end.expect("an accepted record has its table") as usize;
         assert_eq!(&head[RECORD_FRAME_BYTES as usize..], &payload[..end]);
         assert_eq!(record.frame_bytes(), RECORD_FRAME_BYTES + payload.len() as u64);
-        let _ = record.to_record();
+        if !record.is_placed() {
+            let _ = record.to_record();
+        }
     }
 }
 
@@ -65,6 +67,10 @@ pub const RECORD_HEADER_BYTES: u64 = 44;
 
 const FLAG_HEAD: u8 = 1;
 const FLAG_TAIL: u8 = 2;
+/// A write of whole blocks whose data is not in the log: it was written into the volume's data
+/// file, over blocks that held no content, and synced before the record was logged (see
+/// [`Change::Blocks`]'s `placed`). The record carries the checksum table only.
+const FLAG_PLACED: u8 = 4;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kind {
@@ -120,7 +126,12 @@ pub enum Change {
     Nothing,
     /// Blocks `first_block..first_block + crcs.len()` get the content of `pieces`, back to back
     /// (every piece is whole blocks).
-    Blocks { first_block: u64, pieces: Vec<Bytes>, crcs: Vec<u32> },
+    ///
+    /// `placed`: the data went into the volume's data file before the record was logged, and
+    /// the log holds only the checksums (a *placed write*: whole blocks that were holes, see
+    /// `Store::commit`). A placed record read back from the log has no `pieces`; applying it
+    /// writes nothing.
+    Blocks { first_block: u64, pieces: Vec<Bytes>, crcs: Vec<u32>, placed: bool },
     /// The range reads as zeroes: whole blocks become holes; a partially covered edge block
     /// gets its merged content, or becomes a hole if that content is all zeroes.
     Zero { head: Option<Edge>, whole: Range<u64>, tail: Option<Edge> },
@@ -172,14 +183,21 @@ impl LogRecord {
                 (if edge_content(head).is_some() { FLAG_HEAD } else { 0 })
                     | (if edge_content(tail).is_some() { FLAG_TAIL } else { 0 })
             }
+            Change::Blocks { placed: true, .. } => FLAG_PLACED,
             _ => 0,
         }
+    }
+
+    /// A placed write (see [`Change::Blocks`]): its data is in the data file, not in the log.
+    pub fn is_placed(&self) -> bool {
+        matches!(self.change, Change::Blocks { placed: true, .. })
     }
 
     /// The data carried in the log after the checksum table: whole blocks, back to back.
     fn logged_pieces(&self) -> impl Iterator<Item = &Bytes> {
         let (pieces, head, tail): (&[Bytes], _, _) = match &self.change {
             Change::Nothing => (&[], None, None),
+            Change::Blocks { placed: true, .. } => (&[], None, None),
             Change::Blocks { pieces, .. } => (pieces, None, None),
             Change::Zero { head, tail, .. } => (&[], edge_content(head), edge_content(tail)),
         };
@@ -196,20 +214,21 @@ impl LogRecord {
         crcs.iter().copied().chain(head.map(|(_, c)| *c)).chain(tail.map(|(_, c)| *c))
     }
 
-    /// Bytes this record writes to the data file.
+    /// Bytes this record writes to the data file when applied (none for a placed write:
+    /// its data was written and synced before it was logged).
     pub fn written_bytes(&self) -> u64 {
         match &self.change {
-            Change::Nothing => 0,
+            Change::Nothing | Change::Blocks { placed: true, .. } => 0,
             Change::Blocks { crcs, .. } => crcs.len() as u64 * BLOCK_BYTES,
             Change::Zero { .. } => self.logged_crcs().count() as u64 * BLOCK_BYTES,
         }
     }
 
-    /// The blocks this record writes to the data file, first to last (`None` if it writes
-    /// none: holes are not written).
+    /// The blocks this record writes to the data file when applied, first to last (`None` if
+    /// it writes none: holes are not written, nor are a placed write's blocks).
     pub fn written_blocks(&self) -> Option<Range<u64>> {
         match &self.change {
-            Change::Nothing => None,
+            Change::Nothing | Change::Blocks { placed: true, .. } => None,
             Change::Blocks { first_block, crcs, .. } => {
                 (!crcs.is_empty()).then(|| *first_block..first_block + crcs.len() as u64)
             }
@@ -225,11 +244,17 @@ impl LogRecord {
     /// Bytes of the record in the log, frame included.
     pub fn frame_bytes(&self) -> u64 {
         let blocks = self.logged_crcs().count() as u64;
-        RECORD_FRAME_BYTES + RECORD_HEADER_BYTES + blocks * (4 + BLOCK_BYTES)
+        let data_blocks = if self.is_placed() { 0 } else { blocks };
+        RECORD_FRAME_BYTES + RECORD_HEADER_BYTES + blocks * 4 + data_blocks * BLOCK_BYTES
     }
 
     /// The record as the host element sent it (with `volume` zero: the caller sets its own).
+    /// A placed write read back from the log needs its data first (`Store::log_records`).
     pub fn to_record(&self) -> Record {
+        assert!(
+            !matches!(&self.change, Change::Blocks { placed: true, pieces, .. } if pieces.is_empty()),
+            "a placed write read from the log gets its data before it is sent"
+        );
         let op = match self.kind {
             Kind::Write => {
                 let data = match &self.change {
@@ -302,7 +327,9 @@ impl LogRecord {
         let u64_at = |at: usize| u64::from_le_bytes(payload[at..at + 8].try_into().expect("8"));
         let blocks = u32_at(4) as u64;
         let table_end = RECORD_HEADER_BYTES + 4 * blocks;
-        if payload.len() as u64 != table_end + blocks * BLOCK_BYTES {
+        let placed = payload[41] & FLAG_PLACED != 0;
+        let data_blocks = if placed { 0 } else { blocks };
+        if payload.len() as u64 != table_end + data_blocks * BLOCK_BYTES {
             return Err(format!("record of {} bytes cannot hold {blocks} blocks", payload.len()));
         }
         let actual = proto::crc32c(&payload[..table_end as usize]);
@@ -345,10 +372,14 @@ impl LogRecord {
                 Change::Nothing
             }
             (Kind::Write, Some(g)) => {
-                if flags != 0 || blocks != g.last - g.first + 1 {
+                if flags & !FLAG_PLACED != 0 || blocks != g.last - g.first + 1 {
                     return Err(format!("write covering blocks {}..={} carries {blocks} blocks", g.first, g.last));
                 }
-                Change::Blocks { first_block: g.first, pieces: vec![data], crcs }
+                if placed && (g.head_partial || g.tail_partial) {
+                    return Err("a placed write covers partial blocks".into());
+                }
+                let pieces = if placed { Vec::new() } else { vec![data] };
+                Change::Blocks { first_block: g.first, pieces, crcs, placed }
             }
             (_, Some(g)) => {
                 let head_logged = flags & FLAG_HEAD != 0;
@@ -1048,6 +1079,7 @@ mod tests {
                     first_block: 1,
                     pieces: vec![a.clone(), b.clone()],
                     crcs: vec![crc(&a), crc(&b)],
+                    placed: false,
                 },
             },
             LogRecord {
@@ -1073,6 +1105,21 @@ mod tests {
                 change: Change::Nothing,
             },
         ]
+    }
+
+    /// A placed write of blocks 2 and 3 (its data in the data file, only checksums logged).
+    fn placed_sample() -> LogRecord {
+        let a = Bytes::from(vec![7u8; 2 * BLOCK_BYTES as usize]);
+        let crcs = vec![proto::crc32c(&a[..4096]), proto::crc32c(&a[4096..])];
+        LogRecord {
+            volume_number: 1,
+            epoch: Epoch(3),
+            sequence: Sequence(12),
+            kind: Kind::Write,
+            offset_bytes: 2 * BLOCK_BYTES,
+            length_bytes: 2 * BLOCK_BYTES,
+            change: Change::Blocks { first_block: 2, pieces: vec![a], crcs, placed: true },
+        }
     }
 
     fn encode(record: &LogRecord) -> Vec<u8> {
@@ -1130,6 +1177,43 @@ mod tests {
     }
 
     #[test]
+    fn a_placed_write_is_logged_with_its_checksums_only() {
+        let record = placed_sample();
+        let bytes = encode(&record);
+        assert_eq!(bytes.len() as u64, RECORD_FRAME_BYTES + RECORD_HEADER_BYTES + 2 * 4);
+        let decoded = decode(&bytes).expect("decodes");
+        assert!(decoded.is_placed());
+        let Change::Blocks { first_block, pieces, crcs, placed: true } = &decoded.change else { panic!("placed") };
+        let Change::Blocks { crcs: logged_crcs, .. } = &record.change else { panic!("blocks") };
+        assert_eq!((*first_block, pieces.len(), crcs), (2, 0, logged_crcs));
+        assert_eq!(encode(&decoded), bytes);
+        assert_eq!((decoded.written_blocks(), decoded.written_bytes()), (None, 0));
+
+        // The flag is refused where it does not belong: with the data after the table, on a
+        // write of partial blocks, on a trim.
+        let refit = |mut bytes: Vec<u8>, change: &dyn Fn(&mut Vec<u8>)| {
+            change(&mut bytes);
+            let payload = &bytes[RECORD_FRAME_BYTES as usize..];
+            let table_end = (RECORD_HEADER_BYTES + 4 * u64::from(u32::from_le_bytes(payload[4..8].try_into().unwrap())))
+                .min(payload.len() as u64) as usize;
+            let (length, crc) = (payload.len() as u32, proto::crc32c(&payload[..table_end]));
+            bytes[..4].copy_from_slice(&length.to_le_bytes());
+            bytes[4..8].copy_from_slice(&crc.to_le_bytes());
+            decode(&bytes)
+        };
+        let with_data = refit(bytes.clone(), &|b| b.extend_from_slice(&[7; 2 * BLOCK_BYTES as usize]));
+        assert!(with_data.is_err(), "{with_data:?}");
+        let header = RECORD_FRAME_BYTES as usize;
+        let partial = refit(bytes.clone(), &|b| {
+            b[header + 24..header + 32].copy_from_slice(&(8192u64 + 512).to_le_bytes());
+            b[header + 32..header + 40].copy_from_slice(&(8192u64 - 512).to_le_bytes());
+        });
+        assert_eq!(partial.err().as_deref(), Some("a placed write covers partial blocks"));
+        let trim = refit(bytes.clone(), &|b| b[header + 40] = Kind::Trim as u8);
+        assert!(trim.is_err(), "{trim:?}");
+    }
+
+    #[test]
     fn damaged_records_are_refused_never_panic() {
         let mut state = 0x2545_f491_4f6c_dd1du64;
         let mut next = move || {
@@ -1138,7 +1222,7 @@ mod tests {
             state ^= state << 17;
             state
         };
-        for record in sample_records() {
+        for record in sample_records().into_iter().chain([placed_sample()]) {
             let bytes = encode(&record);
             // Every single-bit flip of the headers and checksums is caught.
             let checked = (RECORD_FRAME_BYTES + RECORD_HEADER_BYTES) as usize + 4 * record.logged_crcs().count();

@@ -26,8 +26,8 @@ use crate::{
     sys,
     volume::{Attempt, MapSlice, Volume, VolumeState},
     CommitOutcome, Rejected, StoreError, StoreOptions, VolumeDigest, VolumeHandle, CHECKPOINT_LAG_SEGMENTS_MAX,
-    CHECKPOINT_LOG_BYTES_MAX, CHECKPOINT_LOG_BYTES_MIN, LOCK_WAIT_MS, RECLAIM_PUNCH_BYTES_MAX, RECLAIM_SCAN_BLOCKS_MAX,
-    VOLUMES_MAX, VOLUME_BYTES_MAX, VOLUME_NAME_BYTES_MAX, WRITEBACK_KICK_BYTES,
+    CHECKPOINT_LOG_BYTES_MAX, CHECKPOINT_LOG_BYTES_MIN, LOCK_WAIT_MS, PLACED_WRITE_BYTES_MIN, RECLAIM_PUNCH_BYTES_MAX,
+    RECLAIM_SCAN_BLOCKS_MAX, VOLUMES_MAX, VOLUME_BYTES_MAX, VOLUME_NAME_BYTES_MAX, WRITEBACK_KICK_BYTES,
 };
 
 mod clone;
@@ -1017,6 +1017,18 @@ impl Store {
                 running_epoch = running_epoch.max(record.epoch);
                 continue;
             }
+            // A placed write's blocks are changed by no later record of the same commit: a
+            // commit written as several log batches may lose its later batches in a power
+            // failure, and such a record's apply would have overwritten the placed data. The
+            // records before it are committed first.
+            if let Some(g) = log::Geometry::of(record.op.offset_bytes(), record.op.length_bytes()) {
+                let blocks = g.first..g.last + 1;
+                if overlaps(&accepted, i, &blocks, true) {
+                    let result = committer.commit_prepared(self, &volumes, std::mem::take(&mut accepted));
+                    self.guard(result)?;
+                    preserving = snapshot::Preserving::default();
+                }
+            }
             // A clone reads the blocks it does not own through its base snapshot's chain: a
             // record needs it to merge a partial block, and its snapshot to preserve one. A
             // write of whole blocks to a clone without snapshots (the common case) does not.
@@ -1032,7 +1044,10 @@ impl Store {
                 _ => Vec::new(),
             };
             match prepare(&volume, i, record, &accepted, &through) {
-                Ok(prepared) => {
+                Ok(mut prepared) => {
+                    if self.options.placed_writes && !newest.contains_key(&i) && volume.clone_base().is_none() {
+                        place_if_holes(&volume, &mut prepared, &accepted, i);
+                    }
                     if let Some(&s) = newest.get(&i) {
                         let result = self.preserve(
                             &mut committer,
@@ -1256,9 +1271,24 @@ impl Store {
                 StoreError::NotInReplayLog { volume: volume.name.clone(), sequence: after.next(), oldest }
             })?;
         let mut records = Vec::with_capacity(locations.len());
+        // The locations fit `max_bytes` as logged; a placed write's data, read from the data
+        // file, counts too.
+        let mut bytes = 0;
         for location in locations {
-            let record = log::read_record(&location.file, &location.path, location.offset, location.frame)?;
+            let mut record = log::read_record(&location.file, &location.path, location.offset, location.frame)?;
             assert_eq!(record.volume_number, volume.number, "the log index points at this volume's records");
+            bytes += u64::from(location.frame) + if record.is_placed() { record.length_bytes } else { 0 };
+            if !records.is_empty() && bytes > max_bytes {
+                break;
+            }
+            if record.is_placed() && !placed_data(&volume, &mut record)? {
+                // Served up to the record before: the caller asks again from there, and is
+                // told why no further.
+                if records.is_empty() {
+                    return Err(StoreError::PlacedRewritten { volume: volume.name.clone(), sequence: record.sequence });
+                }
+                break;
+            }
             records.push(record.to_record());
         }
         Ok(records)
@@ -1399,6 +1429,27 @@ impl Committer {
     ) -> Result<(), StoreError> {
         let (indices, records): (Vec<usize>, Vec<LogRecord>) = accepted.into_iter().unzip();
         let mut holes = Vec::new();
+        // Placed writes: their data goes into the data files, durably, before their records
+        // are logged. Under the commit lock: nothing else writes or punches the data files.
+        let mut placed: Vec<usize> = Vec::new();
+        let window = store.write_window_bytes();
+        for (&i, record) in indices.iter().zip(&records) {
+            if let Change::Blocks { first_block, pieces, placed: true, .. } = &record.change {
+                let volume = &volumes[i];
+                let slices: Vec<&[u8]> = pieces.iter().map(|p| &p[..]).collect();
+                sys::write_all_vectored_at_windowed(&volume.data, &slices, first_block * BLOCK_BYTES, window)
+                    .map_err(io_error("write volume data", &volume.data_path))?;
+                if !placed.contains(&i) {
+                    placed.push(i);
+                }
+            }
+        }
+        if !store.in_memory() {
+            for &i in &placed {
+                let volume = &volumes[i];
+                volume.data.sync_data().map_err(io_error("sync volume data", &volume.data_path))?;
+            }
+        }
         let positions = self.log.append(&records)?;
         {
             let mut index = lock(&store.shared.log_index);
@@ -1410,7 +1461,6 @@ impl Committer {
         // Lock each volume once per run of its records, so readers wait only for its own
         // applies.
         let mut locked: Option<(usize, RwLockWriteGuard<'_, VolumeState>)> = None;
-        let window = store.write_window_bytes();
         let mut k = 0;
         while k < records.len() {
             let i = indices[k];
@@ -1559,11 +1609,68 @@ fn reclaim_slice(
     true
 }
 
+/// Give a placed write read from the log its data, from the data file: `false` if a later
+/// record has changed one of its blocks since (the data file no longer holds its data).
+fn placed_data(volume: &Volume, record: &mut LogRecord) -> Result<bool, StoreError> {
+    let Change::Blocks { first_block, pieces, crcs, placed } = &mut record.change else {
+        unreachable!("a placed write changes blocks")
+    };
+    let state = volume.live_state()?;
+    let blocks = *first_block..*first_block + crcs.len() as u64;
+    if blocks.clone().any(|b| state.map.sequence(b) != record.sequence || !state.map.is_allocated(b)) {
+        return Ok(false);
+    }
+    let mut data = BytesMut::zeroed((blocks.end - blocks.start) as usize * BLOCK_BYTES as usize);
+    // Checked against the map's checksums, which are the record's: no later record changed them.
+    volume.read_blocks(&state.map, blocks.start, &mut data)?;
+    *pieces = vec![data.freeze()];
+    *placed = false;
+    Ok(true)
+}
+
+/// Whether a record of volume `i` among `accepted` (only placed writes if `placed_only`)
+/// changes a block of `blocks`.
+fn overlaps(accepted: &[(usize, LogRecord)], i: usize, blocks: &Range<u64>, placed_only: bool) -> bool {
+    accepted.iter().any(|(v, r)| {
+        *v == i
+            && (!placed_only || r.is_placed())
+            && r.blocks_changed().is_some_and(|b| b.start < blocks.end && blocks.start < b.end)
+    })
+}
+
+/// Make `record` a placed write (its data written into the data file before it is logged,
+/// the log holding only its checksums; see [`Change::Blocks`]) if that is safe and pays: a
+/// write of whole blocks of at least [`PLACED_WRITE_BYTES_MIN`], all of them holes, none of
+/// them changed by a record accepted before it in this commit. The caller has checked that
+/// the volume has no snapshot (whose copy-before-write reads old content through the log) and
+/// is no clone (whose holes may read through its base).
+///
+/// Writing where the map says hole overwrites no content: a hole reads as zeroes whatever its
+/// file holds. Until the record is durable, a crash leaves the blocks holes; once it is, its
+/// data is in the file (synced first), and replay only sets the map.
+fn place_if_holes(volume: &Volume, record: &mut LogRecord, accepted: &[(usize, LogRecord)], i: usize) {
+    let Change::Blocks { first_block, crcs, placed, .. } = &mut record.change else {
+        return;
+    };
+    let blocks = *first_block..*first_block + crcs.len() as u64;
+    let whole = record.offset_bytes % BLOCK_BYTES == 0 && record.length_bytes % BLOCK_BYTES == 0;
+    if !whole || record.length_bytes < PLACED_WRITE_BYTES_MIN || overlaps(accepted, i, &blocks, false) {
+        return;
+    }
+    let state = volume.state.read().expect("volume lock");
+    let map = &state.map;
+    if !map.is_allocated(blocks.start) && map.run_end(blocks.start, blocks.end) == blocks.end {
+        *placed = true;
+    }
+}
+
 /// End of the run of records from `k` that write blocks of one volume, each starting where the
 /// previous one ends (at least `k + 1`).
 fn block_run_end(indices: &[usize], records: &[LogRecord], k: usize) -> usize {
     let block_end = |record: &LogRecord| match &record.change {
-        Change::Blocks { first_block, crcs, .. } => Some((*first_block, first_block + crcs.len() as u64)),
+        Change::Blocks { first_block, crcs, placed: false, .. } => {
+            Some((*first_block, first_block + crcs.len() as u64))
+        }
         _ => None,
     };
     let Some((_, mut end)) = block_end(&records[k]) else {
@@ -2117,7 +2224,7 @@ fn prepare(
                     _ => crc,
                 })
                 .collect();
-            Change::Blocks { first_block: g.first, pieces, crcs }
+            Change::Blocks { first_block: g.first, pieces, crcs, placed: false }
         }
         (Some(g), _) => {
             let end = offset_bytes + length_bytes;
@@ -2210,7 +2317,7 @@ impl LogRecord {
     fn content_of(&self, block: u64) -> Option<Option<Bytes>> {
         match &self.change {
             Change::Nothing => None,
-            Change::Blocks { first_block, pieces, crcs } => {
+            Change::Blocks { first_block, pieces, crcs, .. } => {
                 if block < *first_block || block >= first_block + crcs.len() as u64 {
                     return None;
                 }

@@ -17,6 +17,7 @@ use bytes::Bytes;
 use proto::{BlockExtent, Epoch, Op, Record, Sequence, VolumeId, BLOCK_BYTES, PAYLOAD_BYTES_MAX};
 
 mod clones;
+mod placed;
 mod snapshots;
 
 use crate::{
@@ -1513,14 +1514,19 @@ fn crash_child() {
 
 /// The body of a crash child (if this process is one): commit `op(s)` for every next
 /// sequence, in batches of 1 to 7, report each commit, and call `between` after each.
-fn run_crash_child(op: fn(u64) -> Op, mut between: impl FnMut(&Store, VolumeHandle)) {
+fn run_crash_child(op: fn(u64) -> Op, between: impl FnMut(&Store, VolumeHandle)) {
+    run_crash_child_with(small_options(), op, between);
+}
+
+/// [`run_crash_child`] with the store opened with `options`.
+fn run_crash_child_with(options: StoreOptions, op: fn(u64) -> Op, mut between: impl FnMut(&Store, VolumeHandle)) {
     let Ok(dir) = std::env::var(CRASH_CHILD_ENV) else {
         return;
     };
     if let Ok(delay) = std::env::var(CRASH_CHILD_DELAY_ENV) {
         crate::checkpoint::CHECKPOINT_DELAY_MS.store(delay.parse().expect("child: delay"), Ordering::Relaxed);
     }
-    let store = Store::open(Path::new(&dir), small_options()).expect("child: open");
+    let store = Store::open(Path::new(&dir), options).expect("child: open");
     let volume = store.ensure_volume("vol", CRASH_VOLUME_BYTES).expect("child: volume");
     let mut applied = store.applied_sequence(volume).0;
     let mut stdout = std::io::stdout();

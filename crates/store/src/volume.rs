@@ -207,8 +207,8 @@ impl Volume {
         let mut start = None;
         let mut next = 0;
         for record in records {
-            let Change::Blocks { first_block, pieces, crcs } = &record.change else {
-                unreachable!("a run holds block writes only")
+            let Change::Blocks { first_block, pieces, crcs, placed: false } = &record.change else {
+                unreachable!("a run holds block writes that are not placed only")
             };
             if start.is_some() {
                 assert_eq!(next, *first_block, "the blocks of a run follow each other");
@@ -243,8 +243,10 @@ impl Volume {
         let mut holes = 0..0;
         match &record.change {
             Change::Nothing => {}
-            Change::Blocks { first_block, pieces, crcs } => {
-                if let Some(window) = write_window {
+            Change::Blocks { first_block, pieces, crcs, placed } => {
+                // A placed write's data is in the file already (written and synced before
+                // its record was logged).
+                if let (Some(window), false) = (write_window, *placed) {
                     let slices: Vec<&[u8]> = pieces.iter().map(|p| &p[..]).collect();
                     sys::write_all_vectored_at_windowed(&self.data, &slices, first_block * BLOCK_BYTES, window)
                         .map_err(io_error("write volume data", &self.data_path))?;

@@ -89,7 +89,7 @@ fn snapshot_name(parent: &str, id: u64) -> String {
 
 impl LogRecord {
     /// The blocks this record changes, if any.
-    fn blocks_changed(&self) -> Option<Range<u64>> {
+    pub(crate) fn blocks_changed(&self) -> Option<Range<u64>> {
         match &self.change {
             Change::Nothing => None,
             Change::Blocks { first_block, crcs, .. } => Some(*first_block..first_block + crcs.len() as u64),
@@ -190,7 +190,7 @@ impl Store {
                 } else {
                     let (pieces, crcs) = contents[k..k + n].iter_mut().map(|c| c.take().expect("data")).unzip();
                     preserving.bytes += n as u64 * BLOCK_BYTES;
-                    Change::Blocks { first_block, pieces, crcs }
+                    Change::Blocks { first_block, pieces, crcs, placed: false }
                 };
                 let sequence = preserving
                     .sequences

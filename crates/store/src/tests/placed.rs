@@ -1,0 +1,193 @@
+//! Placed writes: a large write of whole blocks that were holes goes into the data file first
+//! and is logged without its data (`store::place_if_holes`). Against the byte-array model, and
+//! through the log: what is logged, what replay rebuilds, what peer replay can still serve.
+
+use super::*;
+use crate::PLACED_WRITE_BYTES_MIN;
+
+const MIB: u64 = 1 << 20;
+
+/// A store that places large writes into holes.
+fn placing() -> StoreOptions {
+    StoreOptions { placed_writes: true, ..StoreOptions::default() }
+}
+
+/// Every record of the store's log segments, in order, as logged: (segment, offset, record).
+fn logged_records(f: &Fixture) -> Vec<(u64, u64, log::LogRecord)> {
+    let mut records = Vec::new();
+    for id in f.store().log_segments() {
+        let path = log::segment_path(&f.dir.0, id);
+        let file = fs::File::open(&path).expect("open segment");
+        log::scan_segment(&file, &path, id, None, |offset, _, record| {
+            records.push((id, offset, record));
+            Ok(())
+        })
+        .expect("scan segment");
+    }
+    records
+}
+
+/// The logged record of `sequence`: whether it is placed, and its bytes in the log.
+fn logged(f: &Fixture, sequence: u64) -> (bool, u64) {
+    let records = logged_records(f);
+    let (_, _, record) =
+        records.iter().find(|(_, _, r)| r.sequence == Sequence(sequence)).expect("the record is in the log");
+    (record.is_placed(), record.frame_bytes())
+}
+
+/// Whether the records of `a` and `a + 1` were logged in one batch (back to back).
+fn one_batch(f: &Fixture, a: u64) -> bool {
+    let records = logged_records(f);
+    let at = |s: u64| records.iter().find(|(_, _, r)| r.sequence == Sequence(s)).expect("the record is in the log");
+    let ((segment_a, offset_a, record_a), (segment_b, offset_b, _)) = (at(a), at(a + 1));
+    segment_a == segment_b && offset_a + record_a.frame_bytes() == *offset_b
+}
+
+#[test]
+fn a_large_write_into_holes_is_logged_without_its_data_and_replayed() {
+    let mut f = Fixture::new("placed", 4 * MIB, placing());
+    f.commit(&[write_op(MIB, MIB as usize, 1)]);
+    let (placed, frame_bytes) = logged(&f, 1);
+    assert!(placed, "a 1 MiB write into holes is placed");
+    assert!(frame_bytes < 4096, "its record holds its checksums only: {frame_bytes} bytes");
+    f.check();
+
+    // Replay sets the map from the record; the data is in the data file.
+    f.reopen();
+    f.check();
+    assert_eq!(f.store().verify(f.volume).expect("verify").blocks_corrupt, 0);
+
+    // Peer replay reads its data back from the data file.
+    let records = f.store().log_records(f.volume, Sequence(0), 64 * MIB).expect("log records");
+    assert_eq!(records.len(), 1);
+    assert_eq!(records[0].op, write_op(MIB, MIB as usize, 1));
+}
+
+#[test]
+fn writes_over_data_small_writes_and_unaligned_writes_keep_their_data_in_the_log() {
+    let mut f = Fixture::new("not-placed", 4 * MIB, placing());
+    let min = PLACED_WRITE_BYTES_MIN as usize;
+    f.commit(&[write_op(0, MIB as usize, 1)]);
+    f.commit(&[write_op(0, MIB as usize, 2)]); // over data
+    f.commit(&[write_op(2 * MIB, min - 4096, 3)]); // too small
+    f.commit(&[write_op(3 * MIB + 512, min, 4)]); // unaligned
+    f.commit(&[write_op(2 * MIB + 128 * 1024, min, 5)]); // partly over data (sequence 3's)
+    f.commit(&[write_op(2 * MIB + 512 * 1024, min, 6)]); // holes: placed
+    let placed: Vec<bool> = (1..=6).map(|s| logged(&f, s).0).collect();
+    assert_eq!(placed, [true, false, false, false, false, true]);
+    f.check();
+    f.reopen();
+    f.check();
+}
+
+#[test]
+fn a_trim_makes_blocks_holes_again_and_a_write_there_is_placed() {
+    let mut f = Fixture::new("placed-after-trim", 4 * MIB, placing());
+    f.commit(&[write_op(0, MIB as usize, 1)]);
+    f.commit(&[trim_op(0, MIB)]);
+    f.store().reclaim();
+    f.commit(&[write_op(0, MIB as usize, 3)]);
+    assert!(logged(&f, 3).0, "the write into trimmed blocks is placed");
+    f.check();
+    f.reopen();
+    f.check();
+    assert_eq!(f.store().verify(f.volume).expect("verify").blocks_corrupt, 0);
+}
+
+#[test]
+fn a_later_record_of_the_same_commit_over_a_placed_write_is_committed_after_it() {
+    // A commit written as several log batches may lose its later batches in a power failure;
+    // a later record of the same commit over the placed blocks would then have overwritten
+    // the placed data without being logged. So it goes into a commit of its own.
+    let mut f = Fixture::new("placed-then-overwritten", 4 * MIB, placing());
+    f.commit(&[write_op(0, MIB as usize, 1), write_op(4096 + 512, 8192, 2), write_op(2 * MIB, MIB as usize, 3)]);
+    let placed: Vec<bool> = (1..=3).map(|s| logged(&f, s).0).collect();
+    // The third is placed too: the records before it (the first two, committed on their own)
+    // do not touch its blocks.
+    assert_eq!(placed, [true, false, true]);
+    assert!(!one_batch(&f, 1), "the record over the placed write is logged in a commit of its own");
+    assert!(one_batch(&f, 2), "the records after it share a commit");
+    f.check();
+    f.reopen();
+    f.check();
+    assert_eq!(f.store().verify(f.volume).expect("verify").blocks_corrupt, 0);
+}
+
+#[test]
+fn a_placed_write_whose_blocks_were_written_again_is_not_served_by_the_log() {
+    let mut f = Fixture::new("placed-rewritten", 4 * MIB, placing());
+    f.commit(&[write_op(0, MIB as usize, 1)]);
+    f.commit(&[write_op(2 * MIB, MIB as usize, 2)]);
+    f.commit(&[write_op(2 * MIB + 8192, 4096, 3)]);
+    // Sequence 1 is served, with its data; sequence 2's data is no longer in the data file
+    // alone, so the reply stops before it.
+    let records = f.store().log_records(f.volume, Sequence(0), 64 * MIB).expect("log records");
+    assert_eq!(records.iter().map(|r| r.sequence.0).collect::<Vec<_>>(), [1]);
+    assert_eq!(records[0].op, write_op(0, MIB as usize, 1));
+    match f.store().log_records(f.volume, Sequence(1), 64 * MIB) {
+        Err(StoreError::PlacedRewritten { sequence, .. }) => assert_eq!(sequence, Sequence(2)),
+        other => panic!("expected the placed write to be refused: {other:?}"),
+    }
+    // After it, the log serves on.
+    let records = f.store().log_records(f.volume, Sequence(2), 64 * MIB).expect("log records");
+    assert_eq!(records.iter().map(|r| r.sequence.0).collect::<Vec<_>>(), [3]);
+}
+
+#[test]
+fn log_records_count_a_placed_writes_data_against_the_reply_size() {
+    let mut f = Fixture::new("placed-reply-size", 8 * MIB, placing());
+    for s in 0..4 {
+        f.commit(&[write_op(s * MIB, MIB as usize, s + 1)]);
+    }
+    let sequences = |after: u64, max_bytes: u64| -> Vec<u64> {
+        let records = f.store().log_records(f.volume, Sequence(after), max_bytes).expect("log records");
+        records.iter().map(|r| r.sequence.0).collect()
+    };
+    // At least one record, however small the reply; then as many as fit.
+    assert_eq!(sequences(0, 4096), [1]);
+    assert_eq!(sequences(0, 2 * MIB + 8192), [1, 2]);
+    assert_eq!(sequences(2, 64 * MIB), [3, 4]);
+}
+
+/// The operation of sequence `sequence` in the placed-write crash test: on a volume of eight
+/// 256 KiB slots, whole-slot writes (placed when the slot is a hole), whole-slot trims that
+/// make slots holes again, and small writes and zeroes over them.
+fn placed_crash_op(sequence: u64) -> Op {
+    let h = pattern(sequence, 8);
+    let slot_bytes = PLACED_WRITE_BYTES_MIN;
+    let slot = h[0] as u64 % (CRASH_VOLUME_BYTES / slot_bytes);
+    match h[1] % 8 {
+        0..=2 => write_op(slot * slot_bytes, slot_bytes as usize, sequence),
+        3 | 4 => trim_op(slot * slot_bytes, slot_bytes),
+        5 => zeroes_op(slot * slot_bytes + 4096, 8192),
+        _ => write_op(slot * slot_bytes + h[2] as u64 * 512, 4096, sequence),
+    }
+}
+
+#[test]
+fn placed_crash_child() {
+    run_crash_child_with(StoreOptions { placed_writes: true, ..small_options() }, placed_crash_op, |_, _| {});
+}
+
+#[test]
+fn every_returned_commit_with_placed_writes_survives_kill_9() {
+    kill_9_rounds_of("kill-9-placed", "tests::placed::placed_crash_child", 0, 6, |store, volume, applied, round| {
+        let mut model = Model::new(CRASH_VOLUME_BYTES);
+        for s in 1..=applied {
+            model.apply(&placed_crash_op(s));
+        }
+        let (_, data) = store.read(volume, 0, CRASH_VOLUME_BYTES as u32).expect("read");
+        assert!(data == model.bytes, "round {round}: content differs from the model at {applied}");
+        let (_, extents) = store.block_status(volume, 0, CRASH_VOLUME_BYTES).expect("status");
+        assert_eq!(extents, model.extents(0, CRASH_VOLUME_BYTES), "round {round}");
+    });
+}
+
+#[test]
+fn without_the_option_a_large_write_into_holes_keeps_its_data_in_the_log() {
+    let mut f = Fixture::new("placed-off", 4 * MIB, StoreOptions::default());
+    f.commit(&[write_op(MIB, MIB as usize, 1)]);
+    let (placed, frame_bytes) = logged(&f, 1);
+    assert!(!placed && frame_bytes > MIB, "placed {placed}, {frame_bytes} bytes in the log");
+    f.check();
+}
