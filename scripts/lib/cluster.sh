@@ -12,13 +12,14 @@ cleanup() {
     stop "${PIDS[@]}"
     rm -rf "$DIR"
 }
-start_cluster() { # three elements (data in $DIR/e1..3, ports BASE+1..3) and a host element (NBD on
-    # BASE, admin on BASE+4, Q=2, volume vol0 of 1 GiB); sets HOST and REPLICAS; fails if the
-    # host element does not answer within 10 s
+start_cluster() { # three elements (data in $DIR/e1..3, ports BASE+1..3, more arguments from the
+    # array ELEMENT_ARGS if set) and a host element (NBD on BASE, admin on BASE+4, Q=2, volume
+    # vol0 of 1 GiB); sets HOST and REPLICAS; fails if the host element does not answer within 10 s
     local i _
     REPLICAS=()
     for i in 1 2 3; do
-        "$SFE" element --listen "127.0.0.1:$((BASE + i))" --data "$DIR/e$i" >"$DIR/e$i.log" 2>&1 &
+        "$SFE" element --listen "127.0.0.1:$((BASE + i))" --data "$DIR/e$i" ${ELEMENT_ARGS[@]+"${ELEMENT_ARGS[@]}"} \
+            >"$DIR/e$i.log" 2>&1 &
         PIDS+=($!)
         REPLICAS+=($!)
     done

@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# A volume's first fill (issue 16; figures in docs/benchmarks.md): a fresh cluster (three
+# elements with their data in DATA, a host element on loopback, Q=2, one 1 GiB volume) is
+# written once end to end with 1 MiB sequential writes at QD (fio's nbd engine), as an image
+# copied into a new volume is: with the elements' default settings, then with
+# `--placed-writes`, alternating, ROUNDS times each, in one run. Prints the client's MB/s, the
+# CPU per 1 MiB write of the host element and of the three elements (user+system from /proc),
+# and the bytes the disk under DATA wrote per client byte (`-` on a file system in memory).
+#   bash scripts/first-fill.sh                       # DATA=/dev/shm QD=16 ROUNDS=1 BASE_PORT=11020
+#   DATA=/var/tmp QD=1 ROUNDS=2 bash scripts/first-fill.sh
+# Builds nothing: uses target/release/starfish (or SF=). The machine is shared and noisy:
+# compare within one run.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+SF=${SF:-$PWD/target/release/starfish}
+SFE=$SF
+DATA=${DATA:-/dev/shm}
+QD=${QD:-16}
+ROUNDS=${ROUNDS:-1}
+BASE=${BASE_PORT:-11020}
+DIR=$(mktemp -d "$DATA/starfish-first-fill.XXXXXX")
+source scripts/lib/cluster.sh
+trap cleanup EXIT
+
+source=$(df --output=source "$DATA" | tail -1)
+device=$(basename "$(readlink -f "$source" 2>/dev/null || echo "$source")")
+sectors() { awk -v d="$device" '$3 == d {print $10; found = 1} END {if (!found) print "-"}' /proc/diskstats; }
+cpu() { local t=0 p; for p in "$@"; do t=$((t + $(awk '{print $14 + $15}' "/proc/$p/stat"))); done; echo "$t"; }
+
+fill() { # label element-arguments...: one fresh cluster, one fill, one line
+    local label=$1 tick_us h0 e0 s0 h1 e1 s1 result mbps ios bytes per_byte=-
+    shift
+    ELEMENT_ARGS=("$@")
+    PIDS=()
+    rm -rf "${DIR:?}"/*
+    start_cluster
+    tick_us=$((1000000 / $(getconf CLK_TCK)))
+    h0=$(cpu "$HOST") e0=$(cpu "${REPLICAS[@]}") s0=$(sectors)
+    result=$(fio --name=fill --ioengine=nbd --uri="nbd://127.0.0.1:$BASE/vol0" --rw=write --bs=1m \
+        --iodepth="$QD" --size=1g --output-format=json 2>/dev/null | /usr/bin/python3 -c "
+import json, sys
+text = sys.stdin.read(); j = json.loads(text[text.index('{'):])['jobs'][0]['write']
+print(round(j['bw'] * 1024 / 1e6), j['total_ios'], j['io_bytes'])")
+    h1=$(cpu "$HOST") e1=$(cpu "${REPLICAS[@]}") s1=$(sectors)
+    read -r mbps ios bytes <<<"$result"
+    if [[ "$s0" != - ]]; then
+        per_byte=$(/usr/bin/python3 -c "print(f'{($s1 - $s0) * 512 / $bytes:.2f}')")
+    fi
+    printf '%-16s QD%-3s %5s MB/s  CPU per 1 MiB write: host element %5s µs, elements %5s µs  disk bytes per client byte %s\n' \
+        "$label" "$QD" "$mbps" $(((h1 - h0) * tick_us / ios)) $(((e1 - e0) * tick_us / ios)) "$per_byte"
+    stop "${PIDS[@]}"
+}
+
+for _ in $(seq "$ROUNDS"); do
+    fill default
+    fill placed-writes --placed-writes
+done
