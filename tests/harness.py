@@ -317,6 +317,11 @@ class Element:
         self.process.start()
         wait_listening(self.process, self.port)
 
+    def log_bytes(self):
+        """Bytes the element's log files take on their file system."""
+        log_dir = os.path.join(self.data, "log")
+        return sum(os.stat(os.path.join(log_dir, n)).st_blocks * 512 for n in os.listdir(log_dir))
+
     def verify(self):
         """`starfish element verify --json` of this (stopped) element."""
         assert not self.process.alive(), f"element {self.name} must be stopped before verify"

@@ -8,7 +8,7 @@ import pytest
 
 import harness
 from conftest import require_tools
-from harness import Client, run
+from harness import Client, MiB, run
 
 
 def view(cluster):
@@ -90,7 +90,7 @@ def test_element_and_host_take_every_setting_from_their_files_tls_included(make_
         path = os.path.join(workdir, f"{element.name}.toml")
         with open(path, "w") as f:
             f.write(f'listen = "{element.address}"\ndata = "{element.data}"\nreplay_log = "64MiB"\n'
-                    f'tls_dir = "{os.path.join(cluster.certs, element.name)}"\n')
+                    f'placed_writes = true\ntls_dir = "{os.path.join(cluster.certs, element.name)}"\n')
         element.process.args = [harness.starfish_bin(), "element", "--config", path]
     # The host element's TLS directory comes from its file only.
     cluster.host_extra = []
@@ -101,6 +101,14 @@ def test_element_and_host_take_every_setting_from_their_files_tls_included(make_
     with Client(cluster.uri()) as client:
         client.pwrite(b"\x5a" * 8192, 0)
         assert client.pread(8192, 0) == b"\x5a" * 8192
+        # `placed_writes`: large writes into holes leave the logs small.
+        for at in range(4):
+            client.pwrite(bytes([at + 1]) * MiB, (at + 1) * MiB)
+        client.flush()
+        assert client.pread(MiB, 4 * MiB) == b"\x04" * MiB
+    cluster.wait_caught_up()
+    sizes = {name: element.log_bytes() for name, element in cluster.elements.items()}
+    assert all(size < 2 * MiB for size in sizes.values()), f"logs after 4 MiB of placed writes: {sizes}"
     # A bad element file is refused with the reason.
     bad = os.path.join(workdir, "bad-element.toml")
     with open(bad, "w") as f:

@@ -837,12 +837,6 @@ def test_host_restart_while_an_element_is_down(cluster, workdir):
     stop_and_compare(cluster)
 
 
-def log_bytes(element):
-    """Bytes the element's log files take on their file system."""
-    log_dir = os.path.join(element.data, "log")
-    return sum(os.stat(os.path.join(log_dir, n)).st_blocks * 512 for n in os.listdir(log_dir))
-
-
 @pytest.mark.time_limit(240)
 def test_placed_writes_are_written_once_and_replayed_from_the_data_file(make_cluster):
     """Elements started with `--placed-writes` take large writes into holes into their data
@@ -860,7 +854,7 @@ def test_placed_writes_are_written_once_and_replayed_from_the_data_file(make_clu
             client.pwrite(fill[at:at + MiB], at)
         client.flush()
     cluster.wait_caught_up()
-    sizes = {name: log_bytes(element) for name, element in cluster.elements.items()}
+    sizes = {name: element.log_bytes() for name, element in cluster.elements.items()}
     assert all(size < 16 * MiB for size in sizes.values()), f"logs after a 64 MiB fill: {sizes}"
 
     # Into holes while far is down, past the write queue: replay, from a peer's data file.

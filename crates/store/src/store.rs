@@ -26,8 +26,9 @@ use crate::{
     sys,
     volume::{Attempt, MapSlice, Volume, VolumeState},
     CommitOutcome, Rejected, StoreError, StoreOptions, VolumeDigest, VolumeHandle, CHECKPOINT_LAG_SEGMENTS_MAX,
-    CHECKPOINT_LOG_BYTES_MAX, CHECKPOINT_LOG_BYTES_MIN, LOCK_WAIT_MS, PLACED_WRITE_BYTES_MIN, RECLAIM_PUNCH_BYTES_MAX,
-    RECLAIM_SCAN_BLOCKS_MAX, VOLUMES_MAX, VOLUME_BYTES_MAX, VOLUME_NAME_BYTES_MAX, WRITEBACK_KICK_BYTES,
+    CHECKPOINT_LOG_BYTES_MAX, CHECKPOINT_LOG_BYTES_MIN, LOCK_WAIT_MS, PLACED_WRITE_BYTES_MIN,
+    PLACED_WRITE_UNFLUSHED_BYTES_MAX, RECLAIM_PUNCH_BYTES_MAX, RECLAIM_SCAN_BLOCKS_MAX, VOLUMES_MAX, VOLUME_BYTES_MAX,
+    VOLUME_NAME_BYTES_MAX, WRITEBACK_KICK_BYTES,
 };
 
 mod clone;
@@ -137,6 +138,9 @@ struct Committer {
     unflushed: Vec<Unflushed>,
     /// The checkpointer was asked to prepare the segment after the live one.
     spare_requested: bool,
+    /// Log start of the newest checkpoint handed to the checkpointer: once it is committed,
+    /// the data files hold nothing unsynced from before its seal (`Unflushed::sealed`).
+    sealed_log_start: u64,
 }
 
 pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -449,7 +453,13 @@ impl Store {
         if !in_memory {
             writer.grow_step_bytes = options.log_grow_step();
         }
-        let committer = Arc::new(Mutex::new(Committer { log: writer, dirty, unflushed, spare_requested: false }));
+        let committer = Arc::new(Mutex::new(Committer {
+            log: writer,
+            dirty,
+            unflushed,
+            spare_requested: false,
+            sealed_log_start: 0,
+        }));
         let reclaimer = {
             let (reclaim, committer, volumes, shared) =
                 (reclaim.clone(), committer.clone(), volumes.clone(), shared.clone());
@@ -1045,7 +1055,12 @@ impl Store {
             };
             match prepare(&volume, i, record, &accepted, &through) {
                 Ok(mut prepared) => {
-                    if self.options.placed_writes && !newest.contains_key(&i) && volume.clone_base().is_none() {
+                    // On a disk, not while the data file holds much unsynced: a placed write syncs
+                    // the whole file, and small writes beside it would wait for all of that.
+                    let quiet = self.in_memory
+                        || committer.unsynced_bytes(i, &self.shared.checkpointer) <= PLACED_WRITE_UNFLUSHED_BYTES_MAX;
+                    if self.options.placed_writes && quiet && !newest.contains_key(&i) && volume.clone_base().is_none()
+                    {
                         place_if_holes(&volume, &mut prepared, &accepted, i);
                     }
                     if let Some(&s) = newest.get(&i) {
@@ -1385,9 +1400,16 @@ impl Store {
 /// thousands of small writes in the device queue at once, and every log `fdatasync` on that
 /// device waits behind them (4 KiB random writes at QD16 on a disk the three elements share:
 /// p99 3.0–4.0× the mean with it, 2.6–2.9× without; docs/benchmarks.md).
+///
+/// It also counts what was written and not yet synced by a checkpoint: since the last seal
+/// (`since_seal`), and before it, until the checkpoint of that seal is committed (`sealed`). A
+/// placed write's `fdatasync` of the data file would have to write about that much first (see
+/// [`PLACED_WRITE_UNFLUSHED_BYTES_MAX`]).
 #[derive(Default)]
 struct Unflushed {
     bytes: u64,
+    since_seal: u64,
+    sealed: u64,
     /// First to last block written since.
     blocks: Option<Range<u64>>,
 }
@@ -1402,6 +1424,7 @@ impl Unflushed {
     /// `bytes` were written to the data file within `written`.
     fn add(&mut self, written: Range<u64>, bytes: u64) {
         self.bytes += bytes;
+        self.since_seal += bytes;
         self.blocks = Some(match self.blocks.take() {
             Some(blocks) => blocks.start.min(written.start)..blocks.end.max(written.end),
             None => written,
@@ -1421,6 +1444,16 @@ impl Unflushed {
 }
 
 impl Committer {
+    /// Bytes applied to volume `i`'s data file that no committed checkpoint has synced yet.
+    fn unsynced_bytes(&mut self, i: usize, checkpointer: &Checkpointer) -> u64 {
+        if checkpointer.committed_log_start() >= self.sealed_log_start {
+            for unflushed in &mut self.unflushed {
+                unflushed.sealed = 0;
+            }
+        }
+        self.unflushed[i].sealed + self.unflushed[i].since_seal
+    }
+
     fn commit_prepared(
         &mut self,
         store: &Store,
@@ -1546,7 +1579,11 @@ impl Committer {
                 })
                 .collect(),
         };
+        self.sealed_log_start = job.log_start;
         checkpointer.enqueue(job);
+        for unflushed in &mut self.unflushed {
+            unflushed.sealed += std::mem::take(&mut unflushed.since_seal);
+        }
         shared.trim_replay_log(checkpointer.committed_log_start());
         Ok(())
     }
