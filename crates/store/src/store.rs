@@ -1057,9 +1057,12 @@ impl Store {
                 Ok(mut prepared) => {
                     // On a disk, not while the data file holds much unsynced: a placed write syncs
                     // the whole file, and small writes beside it would wait for all of that.
-                    let quiet = self.in_memory
-                        || committer.unsynced_bytes(i, &self.shared.checkpointer) <= PLACED_WRITE_UNFLUSHED_BYTES_MAX;
-                    if self.options.placed_writes && quiet && !newest.contains_key(&i) && volume.clone_base().is_none()
+                    if self.options.placed_writes
+                        && !newest.contains_key(&i)
+                        && volume.clone_base().is_none()
+                        && (self.in_memory
+                            || committer.unsynced_bytes(i, &self.shared.checkpointer)
+                                <= PLACED_WRITE_UNFLUSHED_BYTES_MAX)
                     {
                         place_if_holes(&volume, &mut prepared, &accepted, i);
                     }
