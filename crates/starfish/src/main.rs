@@ -85,8 +85,8 @@ struct ElementArgs {
     /// writes fail with "no space left" when it fills). Default: such a volume is refused.
     #[arg(long)]
     overcommit: bool,
-    /// Write large writes into holes once (a volume's first fill: about twice as fast, half
-    /// the disk bytes), at a cost: a lagging peer that needs such a write after its blocks
+    /// Write large writes into holes once (a volume's first fill: up to about twice as fast,
+    /// half the disk bytes), at a cost: a lagging peer that needs such a write after its blocks
     /// were written again recovers by a full recovery instead of a replay.
     #[arg(long)]
     placed_writes: bool,

@@ -184,7 +184,7 @@ pub struct StoreOptions {
     pub log_grow_step_bytes: u64,
     /// Write large writes into holes once (*placed writes*, [`PLACED_WRITE_BYTES_MIN`]): their
     /// data into the data file, synced, before a record of their checksums only is logged.
-    /// About twice as fast a first fill of a volume, and half the bytes on the disk. The cost:
+    /// Up to about twice as fast a first fill of a volume, and half the bytes on the disk. The cost:
     /// once such a write's blocks are written again, the log can no longer serve it to a
     /// lagging peer (`StoreError::PlacedRewritten`), which then recovers by a full recovery
     /// instead of a replay. Off by default.
