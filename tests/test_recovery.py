@@ -857,31 +857,33 @@ def test_placed_writes_are_written_once_and_replayed_from_the_data_file(make_clu
     sizes = {name: element.log_bytes() for name, element in cluster.elements.items()}
     assert all(size < 16 * MiB for size in sizes.values()), f"logs after a 64 MiB fill: {sizes}"
 
-    # Into holes while far is down, past the write queue: replay, from a peer's data file.
+    def far_down_while(write):
+        """`write(client)` while far is down, past the write queue; far's recovery then."""
+        kill_and_wait_out(cluster, "far")
+        with Client(cluster.uri()) as client:
+            write(client)
+            client.flush()
+        assert gap_left_the_queue(cluster.status(), "far"), "setup: far's gap is still in the write queue"
+        cluster.restart_element("far")
+        status, samples = watch(cluster, back_in_sync("far"), 90, "far back in sync")
+        return element_of(status, "far")["last_recovery"], timeline(samples, "far")
+
+    def write_more(client, at):
+        for piece in range(0, len(more), MiB):
+            client.pwrite(more[piece:piece + MiB], at + piece)
+
+    # Into holes while far is down: replay, from a peer's data file.
     more = harness.random_bytes(64 * MiB, seed=52)
-    kill_and_wait_out(cluster, "far")
-    with Client(cluster.uri()) as client:
-        for at in range(0, len(more), MiB):
-            client.pwrite(more[at:at + MiB], 64 * MiB + at)
-        client.flush()
-    assert gap_left_the_queue(cluster.status(), "far"), "setup: far's gap is still in the write queue"
-    cluster.restart_element("far")
-    status, samples = watch(cluster, back_in_sync("far"), 90, "far back in sync")
-    last = element_of(status, "far")["last_recovery"]
-    assert last["kind"] == "replay", f"last_recovery {last}; timeline: {timeline(samples, 'far')}"
+    last, seen = far_down_while(lambda client: write_more(client, 64 * MiB))
+    assert last["kind"] == "replay", f"last_recovery {last}; timeline: {seen}"
 
     # The same, but the blocks are written again before far is back: a full recovery.
-    kill_and_wait_out(cluster, "far")
-    with Client(cluster.uri()) as client:
-        for at in range(0, len(more), MiB):
-            client.pwrite(more[at:at + MiB], 128 * MiB + at)
+    def write_more_twice(client):
+        write_more(client, 128 * MiB)
         client.pwrite(fill[:MiB], 128 * MiB + 4096)
-        client.flush()
-    assert gap_left_the_queue(cluster.status(), "far"), "setup: far's gap is still in the write queue"
-    cluster.restart_element("far")
-    status, samples = watch(cluster, back_in_sync("far"), 90, "far back in sync")
-    last = element_of(status, "far")["last_recovery"]
-    assert last["kind"] == "full", f"last_recovery {last}; timeline: {timeline(samples, 'far')}"
+
+    last, seen = far_down_while(write_more_twice)
+    assert last["kind"] == "full", f"last_recovery {last}; timeline: {seen}"
     with Client(cluster.uri()) as client:
         def read(length, offset):
             return b"".join(client.pread(MiB, offset + at) for at in range(0, length, MiB))
