@@ -86,8 +86,9 @@ struct ElementArgs {
     #[arg(long)]
     overcommit: bool,
     /// Write large writes into holes once (a volume's first fill: up to about twice as fast,
-    /// half the disk bytes), at a cost: a lagging peer that needs such a write after its blocks
-    /// were written again recovers by a full recovery instead of a replay.
+    /// half the disk bytes), at a cost: small writes beside them wait longer on a disk, and
+    /// writing such a write's blocks again soon after first copies their data into the log
+    /// (for lagging peers' replay).
     #[arg(long)]
     placed_writes: bool,
     /// Directory with the cluster CA and this element's certificate and key (`starfish certs

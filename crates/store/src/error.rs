@@ -71,7 +71,7 @@ pub enum StoreError {
     NotInReplayLog { volume: String, sequence: Sequence, oldest: Option<Sequence> },
     #[error(
         "volume {volume:?}: blocks of the placed write of sequence {sequence} were written again \
-         since, and its data is kept only in the data file: the log cannot serve it"
+         since, and no copy of their data was kept in the log: the log cannot serve it"
     )]
     PlacedRewritten { volume: String, sequence: Sequence },
     #[error("the store failed earlier and accepts no more changes until reopened: {reason}")]

@@ -42,6 +42,8 @@ fn template() -> &'static Path {
         let op = |i: u64| match i % 4 {
             // A placed write (into holes, logged without its data), after the checkpoint.
             0 if i == 16 => Op::write(768 * 1024, Bytes::from(vec![i as u8; crate::PLACED_WRITE_BYTES_MIN as usize])),
+            // Over two of its blocks: a copy of their placed data is logged first.
+            0 if i == 20 => Op::write(768 * 1024 + 4096, Bytes::from(vec![i as u8; 8192])),
             0 => Op::write((i * 12_288) % (1 << 20), Bytes::from(vec![i as u8; 8192])),
             1 => Op::write((i * 512) % 65_536, Bytes::from(vec![!(i as u8); 1536])),
             2 => Op::WriteZeroes { offset_bytes: (i * 1024) % 65_536, length_bytes: 6144 },
@@ -56,6 +58,9 @@ fn template() -> &'static Path {
                 store.checkpoint().expect("checkpoint");
             }
         }
+        // The placed write is served whole, two of its blocks from the copy of their data.
+        let served = store.log_records(a, Sequence(15), 1 << 20).expect("the template's log serves");
+        assert_eq!(served[0].op, op(16), "the template's placed write is served as written");
         drop(store);
         dir
     })
@@ -117,6 +122,8 @@ pub fn open_damaged(damage: &[u8]) {
         for (name, _) in store.volumes() {
             if let Some(volume) = store.volume(&name) {
                 let _ = store.verify(volume);
+                // What a lagging peer would be served (a placed write from its copies too).
+                let _ = store.log_records(volume, Sequence(0), 4 << 20);
             }
         }
     }

@@ -168,8 +168,9 @@ pub struct StoreOptions {
     /// the block maps) once the live log segment holds this many bytes.
     pub checkpoint_log_bytes: u64,
     /// Keep closed log segments (the replay log, served to recovering peers through
-    /// [`Store::log_records`]) up to this many bytes of their files; older segments are
-    /// recycled or deleted (never one a committed checkpoint does not cover yet).
+    /// [`Store::log_records`]) up to this many bytes of their files, a placed write's data
+    /// counted as if it were in them; older segments are recycled or deleted (never one a
+    /// committed checkpoint does not cover yet).
     pub replay_log_bytes: u64,
     /// Create volumes whose sizes add up to more than the file system can hold (thin
     /// provisioning: a write then fails with "no space left" when the disk fills). Off by
@@ -184,10 +185,12 @@ pub struct StoreOptions {
     pub log_grow_step_bytes: u64,
     /// Write large writes into holes once (*placed writes*, [`PLACED_WRITE_BYTES_MIN`]): their
     /// data into the data file, synced, before a record of their checksums only is logged.
-    /// Up to about twice as fast a first fill of a volume, and half the bytes on the disk. The cost:
-    /// once such a write's blocks are written again, the log can no longer serve it to a
-    /// lagging peer (`StoreError::PlacedRewritten`), which then recovers by a full recovery
-    /// instead of a replay. Off by default.
+    /// Up to about twice as fast a first fill of a volume, and half the bytes on the disk. The
+    /// costs: on a disk, small writes beside them wait longer (a placed write syncs its data
+    /// file); and a write over blocks of a placed write still in the replay log first logs a
+    /// copy of their data (a copy record, so that `Store::log_records` can still
+    /// serve the placed write to a lagging peer), which the replay log's budget bounds. Off by
+    /// default.
     pub placed_writes: bool,
 }
 

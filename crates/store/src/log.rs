@@ -54,7 +54,7 @@ pub(crate) fn fuzz_record(payload: &[u8]) {
         let end = table_end.expect("an accepted record has its table") as usize;
         assert_eq!(&head[RECORD_FRAME_BYTES as usize..], &payload[..end]);
         assert_eq!(record.frame_bytes(), RECORD_FRAME_BYTES + payload.len() as u64);
-        if !record.is_placed() {
+        if !record.is_placed() && record.kind != Kind::PlacedCopy {
             let _ = record.to_record();
         }
     }
@@ -84,6 +84,12 @@ pub enum Kind {
     SnapshotDelete = 5,
     /// A host element began serving the volume here (`Op::Begin`): offset and length 0.
     Begin = 6,
+    /// The data of the placed write of this sequence (an earlier record of the same volume)
+    /// for some of its blocks, logged just before a later record changes them in the data
+    /// file, so that `Store::log_records` can still serve the placed write to a lagging peer
+    /// (see `Store::commit`). Whole blocks, like a write; it changes no block when replayed,
+    /// and is indexed by the placed write's sequence, apart from the volume's records.
+    PlacedCopy = 7,
 }
 
 impl Kind {
@@ -101,6 +107,7 @@ impl Kind {
             4 => Some(Kind::Snapshot),
             5 => Some(Kind::SnapshotDelete),
             6 => Some(Kind::Begin),
+            7 => Some(Kind::PlacedCopy),
             _ => None,
         }
     }
@@ -291,6 +298,7 @@ impl LogRecord {
             Kind::Snapshot => Op::Snapshot { id: self.offset_bytes },
             Kind::SnapshotDelete => Op::SnapshotDelete { id: self.offset_bytes },
             Kind::Begin => Op::Begin,
+            Kind::PlacedCopy => unreachable!("a placed write's copy is served as part of its write"),
         };
         Record { volume: VolumeId(0), epoch: self.epoch, sequence: self.sequence, op }
     }
@@ -363,6 +371,9 @@ impl LogRecord {
         if kind == Kind::Begin && offset_bytes != 0 {
             return Err(format!("beginning record with offset {offset_bytes}"));
         }
+        if kind == Kind::PlacedCopy && length_bytes == 0 {
+            return Err("an empty copy of placed data".into());
+        }
         let geometry = Geometry::of(offset_bytes, length_bytes);
         let change = match (kind, geometry) {
             (_, None) => {
@@ -370,6 +381,15 @@ impl LogRecord {
                     return Err("empty operation carries blocks".into());
                 }
                 Change::Nothing
+            }
+            (Kind::PlacedCopy, Some(g)) => {
+                if flags != 0 || g.head_partial || g.tail_partial || blocks != g.last - g.first + 1 {
+                    return Err(format!(
+                        "copy of placed data covering blocks {}..={} (flags {flags:#x}) carries {blocks} whole blocks",
+                        g.first, g.last
+                    ));
+                }
+                Change::Blocks { first_block: g.first, pieces: vec![data], crcs, placed: false }
             }
             (Kind::Write, Some(g)) => {
                 if flags & !FLAG_PLACED != 0 || blocks != g.last - g.first + 1 {
@@ -678,6 +698,14 @@ pub struct Segment {
     /// Per volume number: its first sequence in this segment and `(offset, frame bytes)` of
     /// each record, consecutive sequences.
     runs: HashMap<u32, Run>,
+    /// Per volume number: the sequences of its placed writes in this segment.
+    placed: HashMap<u32, Vec<Sequence>>,
+    /// Data bytes of the placed writes in this segment (in the data files, not in the log).
+    placed_bytes: u64,
+    /// Per (volume number, sequence of a placed write): `(offset, frame bytes)` of the copies
+    /// of its data in this segment ([`Kind::PlacedCopy`]). A copy is never older than its
+    /// placed write, so it is dropped with or after it.
+    copies: HashMap<(u32, Sequence), Vec<(u64, u32)>>,
 }
 
 struct Run {
@@ -719,7 +747,17 @@ impl LogIndex {
         if let Some(last) = self.segments.back() {
             assert!(last.id < id, "segments are indexed in order");
         }
-        self.segments.push_back(Segment { id, path, file, bytes, disk_bytes: 0, runs: HashMap::new() });
+        self.segments.push_back(Segment {
+            id,
+            path,
+            file,
+            bytes,
+            disk_bytes: 0,
+            runs: HashMap::new(),
+            placed: HashMap::new(),
+            placed_bytes: 0,
+            copies: HashMap::new(),
+        });
     }
 
     /// The newest segment was sealed: its log ends at `bytes`, its file holds `disk_bytes`.
@@ -761,6 +799,48 @@ impl LogIndex {
         Ok(())
     }
 
+    /// Index a record of the newest segment: [`LogIndex::add`] for the volume's own records
+    /// (placed writes noted as such), [`Kind::PlacedCopy`] apart, under its placed write.
+    pub fn add_record(&mut self, record: &LogRecord, offset: u64, frame: u32) -> Result<(), Discontinuity> {
+        let newest = self.segments.len() - 1;
+        let segment = &mut self.segments[newest];
+        let key = (record.volume_number, record.sequence);
+        if record.kind == Kind::PlacedCopy {
+            segment.bytes = segment.bytes.max(offset + frame as u64);
+            segment.copies.entry(key).or_default().push((offset, frame));
+            return Ok(());
+        }
+        self.add(record.volume_number, record.sequence, offset, frame)?;
+        if record.is_placed() {
+            let segment = &mut self.segments[newest];
+            segment.placed.entry(record.volume_number).or_default().push(record.sequence);
+            segment.placed_bytes += record.length_bytes;
+        }
+        Ok(())
+    }
+
+    /// Whether the retained log holds any placed write of `volume`.
+    pub fn holds_placed(&self, volume: u32) -> bool {
+        self.segments.iter().any(|s| s.placed.contains_key(&volume))
+    }
+
+    /// Whether record `sequence` of `volume` is a placed write the retained log holds.
+    pub fn is_placed(&self, volume: u32, sequence: Sequence) -> bool {
+        self.segments.iter().any(|s| s.placed.get(&volume).is_some_and(|list| list.binary_search(&sequence).is_ok()))
+    }
+
+    /// The copies of placed write `sequence` of `volume`'s data ([`Kind::PlacedCopy`]), oldest
+    /// first.
+    pub fn placed_copies(&self, volume: u32, sequence: Sequence) -> Vec<RecordLocation> {
+        let mut out = Vec::new();
+        for segment in &self.segments {
+            for &(offset, frame) in segment.copies.get(&(volume, sequence)).into_iter().flatten() {
+                out.push(RecordLocation { file: segment.file.clone(), path: segment.path.clone(), offset, frame });
+            }
+        }
+        out
+    }
+
     pub fn set_newest_bytes(&mut self, bytes: u64) {
         self.segments.back_mut().expect("the live segment is indexed").bytes = bytes;
     }
@@ -783,20 +863,27 @@ impl LogIndex {
         self.segments.iter().rev().skip(1).map(|s| s.bytes.max(s.disk_bytes)).sum()
     }
 
+    /// What the closed segments hold for peers: their disk bytes, and the data of their placed
+    /// writes, which `Store::log_records` serves from the data files (so that the replay log's
+    /// budget bounds the history it serves, and the copies of placed data it keeps, alike).
+    pub fn closed_replay_bytes(&self) -> u64 {
+        self.closed_bytes() + self.segments.iter().rev().skip(1).map(|s| s.placed_bytes).sum::<u64>()
+    }
+
     /// Drop the oldest closed segments older than `before` (the checkpoint's first segment:
-    /// the newer ones are still needed for crash recovery) until the closed ones fit in
-    /// `budget` bytes.
+    /// the newer ones are still needed for crash recovery) until what the closed ones hold
+    /// fits in `budget` bytes ([`LogIndex::closed_replay_bytes`]).
     pub fn trim_to(&mut self, budget: u64, before: u64) -> Vec<Segment> {
         let mut dropped = Vec::new();
-        while self.segments.len() > 1 && self.segments[0].id < before && self.closed_bytes() > budget {
+        while self.segments.len() > 1 && self.segments[0].id < before && self.closed_replay_bytes() > budget {
             dropped.push(self.segments.pop_front().expect("len > 1"));
         }
         dropped
     }
 
-    /// Whether any indexed segment holds records of `volume`.
+    /// Whether any indexed segment holds records of `volume` (copies of placed data included).
     pub fn holds_volume(&self, volume: u32) -> bool {
-        self.segments.iter().any(|s| s.runs.contains_key(&volume))
+        self.segments.iter().any(|s| s.runs.contains_key(&volume) || s.copies.keys().any(|(v, _)| *v == volume))
     }
 
     pub fn segment_ids(&self) -> Vec<u64> {
@@ -1122,6 +1209,22 @@ mod tests {
         }
     }
 
+    /// A copy of `placed_sample`'s data, as logged before a later record changes its blocks.
+    fn copy_sample() -> LogRecord {
+        let LogRecord { change: Change::Blocks { first_block, pieces, crcs, .. }, .. } = placed_sample() else {
+            unreachable!("the sample is a placed write")
+        };
+        LogRecord {
+            volume_number: 1,
+            epoch: Epoch(4),
+            sequence: Sequence(12),
+            kind: Kind::PlacedCopy,
+            offset_bytes: 2 * BLOCK_BYTES,
+            length_bytes: 2 * BLOCK_BYTES,
+            change: Change::Blocks { first_block, pieces, crcs, placed: false },
+        }
+    }
+
     fn encode(record: &LogRecord) -> Vec<u8> {
         let mut bytes = Vec::new();
         record.encode_head(&mut bytes);
@@ -1214,6 +1317,42 @@ mod tests {
     }
 
     #[test]
+    fn a_copy_of_placed_data_carries_whole_blocks_and_changes_none() {
+        let record = copy_sample();
+        let bytes = encode(&record);
+        assert_eq!(bytes.len() as u64, RECORD_FRAME_BYTES + RECORD_HEADER_BYTES + 2 * 4 + 2 * BLOCK_BYTES);
+        let decoded = decode(&bytes).expect("decodes");
+        assert_eq!((decoded.kind, decoded.sequence, decoded.is_placed()), (Kind::PlacedCopy, Sequence(12), false));
+        let Change::Blocks { first_block, pieces, .. } = &decoded.change else { panic!("blocks") };
+        assert_eq!((*first_block, pieces.concat()), (2, vec![7u8; 2 * BLOCK_BYTES as usize]));
+        assert_eq!(encode(&decoded), bytes);
+        assert_eq!(decoded.blocks_changed(), None, "it keeps data for peers and changes nothing");
+
+        // Partial blocks, flags and an empty range are refused.
+        let header = RECORD_FRAME_BYTES as usize;
+        let refit = |mut bytes: Vec<u8>, change: &dyn Fn(&mut Vec<u8>)| {
+            change(&mut bytes);
+            let payload = &bytes[RECORD_FRAME_BYTES as usize..];
+            let table_end = (RECORD_HEADER_BYTES + 4 * u64::from(u32::from_le_bytes(payload[4..8].try_into().unwrap())))
+                .min(payload.len() as u64) as usize;
+            let (length, crc) = (payload.len() as u32, proto::crc32c(&payload[..table_end]));
+            bytes[..4].copy_from_slice(&length.to_le_bytes());
+            bytes[4..8].copy_from_slice(&crc.to_le_bytes());
+            decode(&bytes)
+        };
+        let partial =
+            refit(bytes.clone(), &|b| b[header + 24..header + 32].copy_from_slice(&(8192u64 + 512).to_le_bytes()));
+        assert!(partial.is_err(), "{partial:?}");
+        let flagged = refit(bytes.clone(), &|b| b[header + 41] = FLAG_PLACED);
+        assert!(flagged.is_err(), "{flagged:?}");
+        let empty = refit(bytes[..header + RECORD_HEADER_BYTES as usize].to_vec(), &|b| {
+            b[header + 4..header + 8].copy_from_slice(&0u32.to_le_bytes());
+            b[header + 32..header + 40].copy_from_slice(&0u64.to_le_bytes());
+        });
+        assert_eq!(empty.err().as_deref(), Some("an empty copy of placed data"));
+    }
+
+    #[test]
     fn damaged_records_are_refused_never_panic() {
         let mut state = 0x2545_f491_4f6c_dd1du64;
         let mut next = move || {
@@ -1222,7 +1361,7 @@ mod tests {
             state ^= state << 17;
             state
         };
-        for record in sample_records().into_iter().chain([placed_sample()]) {
+        for record in sample_records().into_iter().chain([placed_sample(), copy_sample()]) {
             let bytes = encode(&record);
             // Every single-bit flip of the headers and checksums is caught.
             let checked = (RECORD_FRAME_BYTES + RECORD_HEADER_BYTES) as usize + 4 * record.logged_crcs().count();

@@ -21,7 +21,9 @@ const META_MAGIC: [u8; 8] = *b"SFSTMETA";
 /// itself is as in version 5 (read the same).
 /// 7: the log may hold placed writes (write records flagged 4, without their data), which
 /// older builds do not read; the file itself is as in version 5 (read the same).
-const META_VERSION: u32 = 7;
+/// 8: the log may hold copies of placed writes' data (kind 7), which older builds do not read;
+/// the file itself is as in version 5 (read the same).
+const META_VERSION: u32 = 8;
 const META_VERSION_OLDEST: u32 = 2;
 const META_HEADER_BYTES: usize = 24;
 const META_VOLUME_BYTES_MIN: usize = 4 + 4 + 8 + 8 + 8 + 2;

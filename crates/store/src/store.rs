@@ -1078,6 +1078,8 @@ impl Store {
                         );
                         self.guard(result)?;
                     }
+                    let copies = self.copies_of_placed_data(&volume, i, &prepared, &accepted);
+                    accepted.extend(self.guard(copies)?.into_iter().map(|copy| (i, copy)));
                     *applied = record.sequence;
                     *volume_epoch = record.epoch;
                     running_epoch = running_epoch.max(record.epoch);
@@ -1299,7 +1301,7 @@ impl Store {
             if !records.is_empty() && bytes > max_bytes {
                 break;
             }
-            if record.is_placed() && !placed_data(&volume, &mut record)? {
+            if record.is_placed() && !self.placed_data(&volume, &mut record)? {
                 // Served up to the record before: the caller asks again from there, and is
                 // told why no further.
                 if records.is_empty() {
@@ -1500,6 +1502,11 @@ impl Committer {
         let mut k = 0;
         while k < records.len() {
             let i = indices[k];
+            if records[k].kind == Kind::PlacedCopy {
+                // Kept for peers only: the blocks are left as they are.
+                k += 1;
+                continue;
+            }
             if locked.as_ref().map(|(l, _)| *l) != Some(i) {
                 drop(locked.take());
                 locked = Some((i, volumes[i].state.write().expect("volume lock")));
@@ -1649,23 +1656,170 @@ fn reclaim_slice(
     true
 }
 
-/// Give a placed write read from the log its data, from the data file: `false` if a later
-/// record has changed one of its blocks since (the data file no longer holds its data).
-fn placed_data(volume: &Volume, record: &mut LogRecord) -> Result<bool, StoreError> {
-    let Change::Blocks { first_block, pieces, crcs, placed } = &mut record.change else {
-        unreachable!("a placed write changes blocks")
-    };
-    let state = volume.live_state()?;
-    let blocks = *first_block..*first_block + crcs.len() as u64;
-    if blocks.clone().any(|b| state.map.sequence(b) != record.sequence || !state.map.is_allocated(b)) {
-        return Ok(false);
+impl Store {
+    /// Give a placed write read from the log its data: from the data file for the blocks that
+    /// still hold it (their map sequence is still the record's), from the copies logged before
+    /// later records changed the others ([`Kind::PlacedCopy`], see
+    /// [`Store::copies_of_placed_data`]). `false` if a block's data is in neither: a copy
+    /// that could not be made (its read failed), or blocks past the end of a volume shrunk
+    /// since.
+    fn placed_data(&self, volume: &Volume, record: &mut LogRecord) -> Result<bool, StoreError> {
+        let (sequence, number) = (record.sequence, volume.number);
+        let Change::Blocks { first_block, pieces, crcs, placed } = &mut record.change else {
+            unreachable!("a placed write changes blocks")
+        };
+        let blocks = *first_block..*first_block + crcs.len() as u64;
+        let mut data = BytesMut::zeroed((blocks.end - blocks.start) as usize * BLOCK_BYTES as usize);
+        let at = |b: u64| ((b - blocks.start) * BLOCK_BYTES) as usize;
+        let mut missing: Vec<u64> = Vec::new();
+        {
+            let state = volume.live_state()?;
+            if blocks.end > volume.blocks() {
+                return Ok(false);
+            }
+            let holds = |b: u64| state.map.is_allocated(b) && state.map.sequence(b) == sequence;
+            let mut b = blocks.start;
+            while b < blocks.end {
+                let held = holds(b);
+                let end = (b + 1..blocks.end).find(|&k| holds(k) != held).unwrap_or(blocks.end);
+                if held {
+                    // Checked against the map's checksums, which are the record's.
+                    volume.read_blocks(&state.map, b, &mut data[at(b)..at(end)])?;
+                } else {
+                    missing.extend(b..end);
+                }
+                b = end;
+            }
+        }
+        if !missing.is_empty() {
+            // Each copy was indexed before the record that changed its blocks was applied,
+            // so before the map said so above.
+            let locations = lock(&self.shared.log_index).placed_copies(number, sequence);
+            for location in locations {
+                let copy = log::read_record(&location.file, &location.path, location.offset, location.frame)?;
+                let Change::Blocks { first_block: from, pieces: copied, crcs: copied_crcs, .. } = &copy.change else {
+                    unreachable!("a copy of placed data carries blocks")
+                };
+                let copied_blocks = *from..from + copied_crcs.len() as u64;
+                let content = &copied[0];
+                missing.retain(|&b| {
+                    if !copied_blocks.contains(&b) {
+                        return true;
+                    }
+                    let k = (b - from) as usize;
+                    if copied_crcs[k] != crcs[(b - blocks.start) as usize] {
+                        // Not this write's data: never made so (its blocks held this write's
+                        // sequence when copied); left missing.
+                        tracing::warn!(volume = %volume.name, %sequence, block = b, "a copy of placed data does not match the placed write's checksum");
+                        return true;
+                    }
+                    let source = k * BLOCK_BYTES as usize;
+                    data[at(b)..at(b) + BLOCK_BYTES as usize].copy_from_slice(&content[source..source + BLOCK_BYTES as usize]);
+                    false
+                });
+                if missing.is_empty() {
+                    break;
+                }
+            }
+            if !missing.is_empty() {
+                return Ok(false);
+            }
+        }
+        *pieces = vec![data.freeze()];
+        *placed = false;
+        Ok(true)
     }
-    let mut data = BytesMut::zeroed((blocks.end - blocks.start) as usize * BLOCK_BYTES as usize);
-    // Checked against the map's checksums, which are the record's: no later record changed them.
-    volume.read_blocks(&state.map, blocks.start, &mut data)?;
-    *pieces = vec![data.freeze()];
-    *placed = false;
-    Ok(true)
+
+    /// Copies of the data of placed writes still in the replay log that `record` (of volume
+    /// `i`, not yet accepted) is about to change in the data file, to log just before it
+    /// ([`Kind::PlacedCopy`]). A placed write's data is nowhere else: `log_records` serves it
+    /// to lagging peers from the data file while its blocks hold it, then from these copies,
+    /// so that a replay need not become a full recovery. Blocks a copy accepted earlier in the
+    /// same commit already keeps are left out. Empty unless the replay log holds a placed
+    /// write of the volume. The caller holds the commit lock: the blocks do not change
+    /// meanwhile. A block that cannot be read is left out, with a warning (a peer that needs it
+    /// then recovers in full).
+    fn copies_of_placed_data(
+        &self,
+        volume: &Volume,
+        i: usize,
+        record: &LogRecord,
+        accepted: &[(usize, LogRecord)],
+    ) -> Result<Vec<LogRecord>, StoreError> {
+        let Some(changed) = record.blocks_changed() else { return Ok(Vec::new()) };
+        if !lock(&self.shared.log_index).holds_placed(volume.number) {
+            return Ok(Vec::new());
+        }
+        // Runs of allocated blocks last written by one record, with its sequence.
+        let mut runs: Vec<(Range<u64>, Sequence)> = Vec::new();
+        {
+            let state = volume.live_state()?;
+            let map = &state.map;
+            let mut b = changed.start;
+            while b < changed.end {
+                if !map.is_allocated(b) {
+                    b += 1;
+                    continue;
+                }
+                let s = map.sequence(b);
+                let end =
+                    (b + 1..changed.end).find(|&k| !map.is_allocated(k) || map.sequence(k) != s).unwrap_or(changed.end);
+                runs.push((b..end, s));
+                b = end;
+            }
+        }
+        {
+            let index = lock(&self.shared.log_index);
+            runs.retain(|(_, s)| index.is_placed(volume.number, *s));
+        }
+        let kept = |s: Sequence, b: u64| {
+            accepted.iter().any(|(v, r)| {
+                *v == i
+                    && r.kind == Kind::PlacedCopy
+                    && r.sequence == s
+                    && r.offset_bytes / BLOCK_BYTES <= b
+                    && b < (r.offset_bytes + r.length_bytes) / BLOCK_BYTES
+            })
+        };
+        let mut copies = Vec::new();
+        for (run, s) in runs {
+            let mut b = run.start;
+            while b < run.end {
+                if kept(s, b) {
+                    b += 1;
+                    continue;
+                }
+                let end = (b + 1..run.end).find(|&k| kept(s, k)).unwrap_or(run.end);
+                let state = volume.live_state()?;
+                let mut data = crate::zeroed_buffer(((end - b) * BLOCK_BYTES) as usize);
+                match volume.read_blocks(&state.map, b, &mut data) {
+                    Ok(()) => copies.push(LogRecord {
+                        volume_number: volume.number,
+                        epoch: record.epoch,
+                        sequence: s,
+                        kind: Kind::PlacedCopy,
+                        offset_bytes: b * BLOCK_BYTES,
+                        length_bytes: (end - b) * BLOCK_BYTES,
+                        change: Change::Blocks {
+                            first_block: b,
+                            pieces: vec![data.freeze()],
+                            crcs: (b..end).map(|k| state.map.crc(k)).collect(),
+                            placed: false,
+                        },
+                    }),
+                    Err(error) => tracing::warn!(
+                        volume = %volume.name,
+                        sequence = %s,
+                        blocks = ?(b..end),
+                        %error,
+                        "cannot keep a placed write's data before it is overwritten: a peer that needs it recovers in full"
+                    ),
+                }
+                b = end;
+            }
+        }
+        Ok(copies)
+    }
 }
 
 /// Whether a record of volume `i` among `accepted` (only placed writes if `placed_only`)
@@ -1708,7 +1862,7 @@ fn place_if_holes(volume: &Volume, record: &mut LogRecord, accepted: &[(usize, L
 /// previous one ends (at least `k + 1`).
 fn block_run_end(indices: &[usize], records: &[LogRecord], k: usize) -> usize {
     let block_end = |record: &LogRecord| match &record.change {
-        Change::Blocks { first_block, crcs, placed: false, .. } => {
+        Change::Blocks { first_block, crcs, placed: false, .. } if record.kind != Kind::PlacedCopy => {
             Some((*first_block, first_block + crcs.len() as u64))
         }
         _ => None,
@@ -1730,7 +1884,7 @@ fn block_run_end(indices: &[usize], records: &[LogRecord], k: usize) -> usize {
 /// Index a record of the newest segment. If the older segments do not lead up to it (some
 /// were lost or damaged), they cannot serve a continuous history and are forgotten.
 fn add_to_index(index: &mut LogIndex, record: &LogRecord, offset: u64, frame: u32) {
-    if let Err(discontinuity) = index.add(record.volume_number, record.sequence, offset, frame) {
+    if let Err(discontinuity) = index.add_record(record, offset, frame) {
         assert!(discontinuity.at_segment_start, "records of a segment are consecutive: {discontinuity:?}");
         let dropped = index.drop_older_than_newest();
         tracing::warn!(
@@ -1741,9 +1895,7 @@ fn add_to_index(index: &mut LogIndex, record: &LogRecord, offset: u64, frame: u3
             "the replay log does not lead up to the live log; forgetting its older segments"
         );
         remove_segments(dropped);
-        index
-            .add(record.volume_number, record.sequence, offset, frame)
-            .expect("the first record of a volume in the only segment always fits");
+        index.add_record(record, offset, frame).expect("the first record of a volume in the only segment always fits");
     }
 }
 
@@ -1856,6 +2008,15 @@ fn replay_segment(
             return Err(corrupt(format!("record for unknown volume number {}", record.volume_number)));
         };
         let volume = &volumes[i];
+        if record.kind == Kind::PlacedCopy {
+            // Data of an earlier placed write, kept for peers: nothing to apply. Past the end
+            // of a volume shrunk since, it serves no one.
+            if volume.check_range(record.offset_bytes, record.length_bytes).is_ok() {
+                add_to_index(index, &record, offset, frame);
+            }
+            epoch = epoch.max(record.epoch);
+            return Ok(());
+        }
         let mut state = volume.state.write().expect("volume lock");
         if record.sequence != state.applied.next() {
             return Err(corrupt(format!(
@@ -2079,7 +2240,7 @@ fn index_closed_segment(
         Ok((0, Some(log::Torn { offset: 0, reason: "no valid segment header".into(), clean: false })))
     } else {
         log::scan_segment(&file, &path, id, sealed_end, |offset, frame, record| {
-            match index.add(record.volume_number, record.sequence, offset, frame) {
+            match index.add_record(&record, offset, frame) {
                 Ok(()) => Ok(()),
                 Err(discontinuity) if discontinuity.at_segment_start => {
                     let dropped = index.drop_older_than_newest();
@@ -2090,7 +2251,7 @@ fn index_closed_segment(
                         "replay log segments do not follow each other; forgetting the older ones"
                     );
                     remove_segments(dropped);
-                    index.add(record.volume_number, record.sequence, offset, frame).expect("fits after the drop");
+                    index.add_record(&record, offset, frame).expect("fits after the drop");
                     Ok(())
                 }
                 Err(discontinuity) => Err(StoreError::CorruptLog {
@@ -2355,6 +2516,9 @@ impl LogRecord {
     /// The content this record leaves in `block`: `None` if it does not touch it,
     /// `Some(None)` if it leaves a hole.
     fn content_of(&self, block: u64) -> Option<Option<Bytes>> {
+        if self.kind == Kind::PlacedCopy {
+            return None; // It keeps data for peers and changes nothing.
+        }
         match &self.change {
             Change::Nothing => None,
             Change::Blocks { first_block, pieces, crcs, .. } => {

@@ -90,6 +90,9 @@ fn snapshot_name(parent: &str, id: u64) -> String {
 impl LogRecord {
     /// The blocks this record changes, if any.
     pub(crate) fn blocks_changed(&self) -> Option<Range<u64>> {
+        if self.kind == Kind::PlacedCopy {
+            return None; // It keeps data for peers and changes nothing.
+        }
         match &self.change {
             Change::Nothing => None,
             Change::Blocks { first_block, crcs, .. } => Some(*first_block..first_block + crcs.len() as u64),

@@ -116,24 +116,111 @@ fn a_later_record_of_the_same_commit_over_a_placed_write_is_committed_after_it()
     assert_eq!(f.store().verify(f.volume).expect("verify").blocks_corrupt, 0);
 }
 
-#[test]
-fn a_placed_write_whose_blocks_were_written_again_is_not_served_by_the_log() {
-    let mut f = Fixture::new("placed-rewritten", 4 * MIB, placing());
-    f.commit(&[write_op(0, MIB as usize, 1)]);
-    f.commit(&[write_op(2 * MIB, MIB as usize, 2)]);
-    f.commit(&[write_op(2 * MIB + 8192, 4096, 3)]);
-    // Sequence 1 is served, with its data; sequence 2's data is no longer in the data file
-    // alone, so the reply stops before it.
-    let records = f.store().log_records(f.volume, Sequence(0), 64 * MIB).expect("log records");
-    assert_eq!(records.iter().map(|r| r.sequence.0).collect::<Vec<_>>(), [1]);
-    assert_eq!(records[0].op, write_op(0, MIB as usize, 1));
-    match f.store().log_records(f.volume, Sequence(1), 64 * MIB) {
-        Err(StoreError::PlacedRewritten { sequence, .. }) => assert_eq!(sequence, Sequence(2)),
-        other => panic!("expected the placed write to be refused: {other:?}"),
+/// The copies of placed data in the log ([`log::Kind::PlacedCopy`]): (placed write's
+/// sequence, first block, blocks).
+fn copies(f: &Fixture) -> Vec<(u64, u64, u64)> {
+    logged_records(f)
+        .into_iter()
+        .filter(|(_, _, r)| r.kind == log::Kind::PlacedCopy)
+        .map(|(_, _, r)| (r.sequence.0, r.offset_bytes / 4096, r.length_bytes / 4096))
+        .collect()
+}
+
+/// Every record the log serves after `after`, checked against `op(sequence)`, the operation
+/// committed; returns their sequences.
+fn served(store: &Store, volume: VolumeHandle, after: u64, op: impl Fn(u64) -> Op) -> Vec<u64> {
+    let mut sequences = Vec::new();
+    let mut after = Sequence(after);
+    loop {
+        let records = store.log_records(volume, after, 2 * MIB).expect("log records");
+        let Some(last) = records.last() else { return sequences };
+        after = last.sequence;
+        for r in records {
+            assert!(r.op == op(r.sequence.0), "record {} is served as it was committed", r.sequence);
+            sequences.push(r.sequence.0);
+        }
     }
-    // After it, the log serves on.
-    let records = f.store().log_records(f.volume, Sequence(2), 64 * MIB).expect("log records");
-    assert_eq!(records.iter().map(|r| r.sequence.0).collect::<Vec<_>>(), [3]);
+}
+
+#[test]
+fn a_placed_write_whose_blocks_are_written_again_is_still_served_whole_from_copies_of_its_data() {
+    let mut f = Fixture::new("placed-rewritten", 4 * MIB, placing());
+    let ops = [
+        write_op(0, MIB as usize, 1),
+        write_op(2 * MIB, MIB as usize, 2),
+        write_op(2 * MIB + 8192 + 512, 4096, 3), // over blocks 514 and 515 of sequence 2
+        trim_op(2 * MIB + 64 * 1024, 16 * 1024), // blocks 528..532
+        write_op(2 * MIB, 256 * 1024, 5),        // blocks 512..576: 514, 515 and 528..532 no longer sequence 2's
+        zeroes_op(2 * MIB + 512 * 1024 + 100, 5000), // blocks 640 and 641, partly
+    ];
+    let op = |s: u64| ops[s as usize - 1].clone();
+    for s in 1..=ops.len() as u64 {
+        f.commit(&[op(s)]);
+    }
+    f.check();
+    // Sequence 2's data was copied into the log just before each record that changed some of
+    // its blocks, and only the blocks that still held it.
+    assert_eq!(copies(&f), [(2, 514, 2), (2, 528, 4), (2, 512, 2), (2, 516, 12), (2, 532, 44), (2, 640, 2)]);
+    assert_eq!(served(f.store(), f.volume, 0, op), [1, 2, 3, 4, 5, 6]);
+    // Found again after a restart, and from the replay log's closed segments.
+    f.reopen();
+    assert_eq!(served(f.store(), f.volume, 1, op), [2, 3, 4, 5, 6]);
+    f.store().checkpoint().expect("checkpoint");
+    f.commit(&[write_op(2 * MIB + 768 * 1024, 4096, 7)]);
+    let op = |s: u64| if s == 7 { write_op(2 * MIB + 768 * 1024, 4096, 7) } else { ops[s as usize - 1].clone() };
+    f.reopen();
+    assert_eq!(served(f.store(), f.volume, 1, op), [2, 3, 4, 5, 6, 7]);
+    f.check();
+}
+
+#[test]
+fn records_of_one_commit_over_a_placed_write_copy_each_block_once() {
+    let mut f = Fixture::new("placed-copied-once", 4 * MIB, placing());
+    f.commit(&[write_op(0, MIB as usize, 1)]);
+    let ops = [write_op(0, MIB as usize, 1), write_op(4096, 8192, 2), write_op(8192, 8192, 3), trim_op(0, 16384)];
+    f.commit(&[ops[1].clone(), ops[2].clone(), ops[3].clone()]);
+    assert_eq!(copies(&f), [(1, 1, 2), (1, 3, 1), (1, 0, 1)]);
+    assert_eq!(served(f.store(), f.volume, 0, |s| ops[s as usize - 1].clone()), [1, 2, 3, 4]);
+    f.check();
+    f.reopen();
+    f.check();
+}
+
+#[test]
+fn a_placed_write_no_longer_in_the_replay_log_is_not_copied() {
+    let options = StoreOptions { replay_log_bytes: 0, ..placing() };
+    let mut f = Fixture::new("placed-forgotten", 4 * MIB, options);
+    f.commit(&[write_op(0, MIB as usize, 1)]);
+    for s in 2..=3 {
+        f.store().checkpoint().expect("checkpoint");
+        f.commit(&[write_op(2 * MIB, 4096, s)]);
+    }
+    f.store().checkpoint().expect("checkpoint");
+    assert!(matches!(f.store().log_records(f.volume, Sequence(0), MIB), Err(StoreError::NotInReplayLog { .. })));
+    f.commit(&[write_op(0, 4096, 4)]);
+    assert_eq!(copies(&f), []);
+    f.check();
+}
+
+#[test]
+fn the_replay_log_budget_counts_a_placed_writes_data() {
+    // Eight segments of a few KiB each, each with a placed write of 1 MiB: as data, 8 MiB,
+    // twice the budget, so the older half is dropped (by their files alone, none would be).
+    let options =
+        StoreOptions { checkpoint_log_bytes: CHECKPOINT_LOG_BYTES_MIN, replay_log_bytes: 4 * MIB, ..placing() };
+    let mut f = Fixture::new("placed-budget", 8 * MIB, options);
+    for s in 1..=8 {
+        f.commit(&[write_op((s - 1) * MIB, MIB as usize, s)]);
+        f.store().checkpoint().expect("checkpoint");
+    }
+    let oldest = match f.store().log_records(f.volume, Sequence(0), MIB) {
+        Err(StoreError::NotInReplayLog { oldest: Some(oldest), .. }) => oldest.0,
+        Ok(records) => panic!("expected the oldest placed writes dropped, got {} records", records.len()),
+        Err(error) => panic!("expected the oldest placed writes dropped: {error}"),
+    };
+    assert!((4..=6).contains(&oldest), "oldest held {oldest}");
+    let sequences = served(f.store(), f.volume, oldest - 1, |s| write_op((s - 1) * MIB, MIB as usize, s));
+    assert_eq!(sequences, (oldest..=8).collect::<Vec<_>>());
 }
 
 #[test]
@@ -183,6 +270,15 @@ fn every_returned_commit_with_placed_writes_survives_kill_9() {
         assert!(data == model.bytes, "round {round}: content differs from the model at {applied}");
         let (_, extents) = store.block_status(volume, 0, CRASH_VOLUME_BYTES).expect("status");
         assert_eq!(extents, model.extents(0, CRASH_VOLUME_BYTES), "round {round}");
+        // Every record the replay log holds is served as it was committed, placed writes
+        // whose blocks were written again included.
+        let after = match store.log_records(volume, Sequence(0), 4096) {
+            Ok(_) => 0,
+            Err(StoreError::NotInReplayLog { oldest: Some(oldest), .. }) => oldest.0 - 1,
+            Err(error) => panic!("round {round}: {error}"),
+        };
+        let sequences = served(store, volume, after, placed_crash_op);
+        assert_eq!(sequences, (after + 1..=applied).collect::<Vec<_>>(), "round {round}");
     });
 }
 
