@@ -6,8 +6,12 @@
 # `--placed-writes`, alternating, ROUNDS times each, in one run. Prints the client's MB/s, the
 # CPU per 1 MiB write of the host element and of the three elements (user+system from /proc),
 # and the bytes the disk under DATA wrote per client byte (`-` on a file system in memory).
+# With THEN="RW BS QD SECONDS" (fio's rw, block size, depth, run time), each fill is followed by
+# that job over the filled volume, and a second line gives its IOPS, MB/s, CPU per operation and
+# disk bytes written: what comes right after a fill.
 #   bash scripts/first-fill.sh                       # DATA=/dev/shm QD=16 ROUNDS=1 BASE_PORT=11020
 #   DATA=/var/tmp QD=1 ROUNDS=2 bash scripts/first-fill.sh
+#   DATA=/var/tmp THEN="randwrite 4k 16 8" ROUNDS=2 bash scripts/first-fill.sh
 # Builds nothing: uses target/release/starfish (or SF=). The machine is shared and noisy:
 # compare within one run.
 set -euo pipefail
@@ -48,7 +52,28 @@ print(round(j['bw'] * 1024 / 1e6), j['total_ios'], j['io_bytes'])")
     fi
     printf '%-16s QD%-3s %5s MB/s  CPU per 1 MiB write: host element %5s µs, elements %5s µs  disk bytes per client byte %s\n' \
         "$label" "$QD" "$mbps" $(((h1 - h0) * tick_us / ios)) $(((e1 - e0) * tick_us / ios)) "$per_byte"
+    if [[ -n "${THEN:-}" ]]; then
+        then_job "$label"
+    fi
     stop "${PIDS[@]}"
+}
+
+then_job() { # label: the THEN job on the running cluster, one line
+    local rw bs qd seconds h0 e0 s0 h1 e1 s1 iops mbps ios written=-
+    read -r rw bs qd seconds <<<"$THEN"
+    h0=$(cpu "$HOST") e0=$(cpu "${REPLICAS[@]}") s0=$(sectors)
+    read -r iops mbps ios < <(fio --name=then --ioengine=nbd --uri="nbd://127.0.0.1:$BASE/vol0" --rw="$rw" --bs="$bs" \
+        --iodepth="$qd" --size=1g --time_based --runtime="$seconds" --output-format=json 2>/dev/null | /usr/bin/python3 -c "
+import json, sys
+text = sys.stdin.read(); j = json.loads(text[text.index('{'):])['jobs'][0]
+k = j['read'] if j['read']['total_ios'] else j['write']
+print(round(k['iops']), round(k['bw'] * 1024 / 1e6), k['total_ios'])")
+    h1=$(cpu "$HOST") e1=$(cpu "${REPLICAS[@]}") s1=$(sectors)
+    if [[ "$s0" != - ]]; then
+        written="$(((s1 - s0) * 512 / 1000000)) MB"
+    fi
+    printf '%-16s then %s %s QD%s: %6s IOPS %5s MB/s  CPU per op: host element %5s µs, elements %5s µs  disk written %s\n' \
+        "$1" "$rw" "$bs" "$qd" "$iops" "$mbps" $(((h1 - h0) * tick_us / ios)) $(((e1 - e0) * tick_us / ios)) "$written"
 }
 
 for _ in $(seq "$ROUNDS"); do
