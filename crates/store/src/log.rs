@@ -1225,6 +1225,19 @@ mod tests {
         }
     }
 
+    /// `bytes` (an encoded record) changed by `change`, its frame's length and checksum made
+    /// to fit again, decoded: what the decoder says of the change itself.
+    fn refit(mut bytes: Vec<u8>, change: &dyn Fn(&mut Vec<u8>)) -> Result<LogRecord, String> {
+        change(&mut bytes);
+        let payload = &bytes[RECORD_FRAME_BYTES as usize..];
+        let table_end = (RECORD_HEADER_BYTES + 4 * u64::from(u32::from_le_bytes(payload[4..8].try_into().unwrap())))
+            .min(payload.len() as u64) as usize;
+        let (length, crc) = (payload.len() as u32, proto::crc32c(&payload[..table_end]));
+        bytes[..4].copy_from_slice(&length.to_le_bytes());
+        bytes[4..8].copy_from_slice(&crc.to_le_bytes());
+        decode(&bytes)
+    }
+
     fn encode(record: &LogRecord) -> Vec<u8> {
         let mut bytes = Vec::new();
         record.encode_head(&mut bytes);
@@ -1294,16 +1307,6 @@ mod tests {
 
         // The flag is refused where it does not belong: with the data after the table, on a
         // write of partial blocks, on a trim.
-        let refit = |mut bytes: Vec<u8>, change: &dyn Fn(&mut Vec<u8>)| {
-            change(&mut bytes);
-            let payload = &bytes[RECORD_FRAME_BYTES as usize..];
-            let table_end = (RECORD_HEADER_BYTES + 4 * u64::from(u32::from_le_bytes(payload[4..8].try_into().unwrap())))
-                .min(payload.len() as u64) as usize;
-            let (length, crc) = (payload.len() as u32, proto::crc32c(&payload[..table_end]));
-            bytes[..4].copy_from_slice(&length.to_le_bytes());
-            bytes[4..8].copy_from_slice(&crc.to_le_bytes());
-            decode(&bytes)
-        };
         let with_data = refit(bytes.clone(), &|b| b.extend_from_slice(&[7; 2 * BLOCK_BYTES as usize]));
         assert!(with_data.is_err(), "{with_data:?}");
         let header = RECORD_FRAME_BYTES as usize;
@@ -1330,16 +1333,6 @@ mod tests {
 
         // Partial blocks, flags and an empty range are refused.
         let header = RECORD_FRAME_BYTES as usize;
-        let refit = |mut bytes: Vec<u8>, change: &dyn Fn(&mut Vec<u8>)| {
-            change(&mut bytes);
-            let payload = &bytes[RECORD_FRAME_BYTES as usize..];
-            let table_end = (RECORD_HEADER_BYTES + 4 * u64::from(u32::from_le_bytes(payload[4..8].try_into().unwrap())))
-                .min(payload.len() as u64) as usize;
-            let (length, crc) = (payload.len() as u32, proto::crc32c(&payload[..table_end]));
-            bytes[..4].copy_from_slice(&length.to_le_bytes());
-            bytes[4..8].copy_from_slice(&crc.to_le_bytes());
-            decode(&bytes)
-        };
         let partial =
             refit(bytes.clone(), &|b| b[header + 24..header + 32].copy_from_slice(&(8192u64 + 512).to_le_bytes()));
         assert!(partial.is_err(), "{partial:?}");

@@ -187,6 +187,47 @@ fn records_of_one_commit_over_a_placed_write_copy_each_block_once() {
 }
 
 #[test]
+fn a_write_over_a_placed_write_after_a_snapshot_keeps_its_data_for_both() {
+    // No write is placed while the volume has a snapshot; one placed before it is preserved
+    // for the snapshot and copied for peers by the same overwrite.
+    let mut f = Fixture::new("placed-then-snapshot", 4 * MIB, placing());
+    let ops = [write_op(0, MIB as usize, 1), Op::Snapshot { id: 1 }, write_op(8192, 4096, 3)];
+    for op in &ops {
+        f.commit(std::slice::from_ref(op));
+    }
+    assert_eq!(copies(&f), [(1, 2, 1)]);
+    for reopened in [false, true] {
+        if reopened {
+            f.reopen();
+        }
+        f.check();
+        let snapshot = f.store().snapshot(f.volume, 1).expect("snapshot 1");
+        let (_, data) = f.store().read(snapshot, 0, MIB as u32).expect("read the snapshot");
+        assert!(data == pattern(1, MIB as usize), "the snapshot holds the placed write's data");
+        assert_eq!(served(f.store(), f.volume, 0, |s| ops[s as usize - 1].clone()), [1, 2, 3]);
+    }
+}
+
+#[test]
+fn placed_data_that_fails_its_checksum_is_not_copied_and_peers_are_told_so() {
+    let mut f = Fixture::new("placed-damaged", 4 * MIB, placing());
+    f.commit(&[write_op(0, MIB as usize, 1)]);
+    let data = fs::OpenOptions::new().write(true).open(f.dir.0.join("volumes/0.data")).expect("open data");
+    data.write_all_at(&[0xa5; 4096], 3 * BLOCK_BYTES).expect("garble block 3");
+    drop(data);
+    // The write over blocks 2 and 3 goes through; their copy cannot be made.
+    f.commit(&[write_op(2 * BLOCK_BYTES, 8192, 2)]);
+    assert_eq!(copies(&f), []);
+    match f.store().log_records(f.volume, Sequence(0), 2 * MIB) {
+        Err(StoreError::PlacedRewritten { sequence, .. }) => assert_eq!(sequence, Sequence(1)),
+        Ok(records) => panic!("expected the placed write refused, got {} records", records.len()),
+        Err(error) => panic!("expected the placed write refused: {error}"),
+    }
+    assert_eq!(served(f.store(), f.volume, 1, |_| write_op(2 * BLOCK_BYTES, 8192, 2)), [2]);
+    f.check();
+}
+
+#[test]
 fn a_placed_write_no_longer_in_the_replay_log_is_not_copied() {
     let options = StoreOptions { replay_log_bytes: 0, ..placing() };
     let mut f = Fixture::new("placed-forgotten", 4 * MIB, options);
