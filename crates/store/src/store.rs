@@ -1661,8 +1661,7 @@ impl Store {
     /// still hold it (their map sequence is still the record's), from the copies logged before
     /// later records changed the others ([`Kind::PlacedCopy`], see
     /// [`Store::copies_of_placed_data`]). `false` if a block's data is in neither: a copy
-    /// that could not be made (its read failed), or blocks past the end of a volume shrunk
-    /// since.
+    /// that could not be made (its read failed).
     fn placed_data(&self, volume: &Volume, record: &mut LogRecord) -> Result<bool, StoreError> {
         let (sequence, number) = (record.sequence, volume.number);
         let Change::Blocks { first_block, pieces, crcs, placed } = &mut record.change else {
@@ -1675,6 +1674,7 @@ impl Store {
         {
             let state = volume.live_state()?;
             if blocks.end > volume.blocks() {
+                // Never written so (volumes only grow): refused, not a panic on the map.
                 return Ok(false);
             }
             let holds = |b: u64| state.map.is_allocated(b) && state.map.sequence(b) == sequence;
@@ -2009,11 +2009,12 @@ fn replay_segment(
         };
         let volume = &volumes[i];
         if record.kind == Kind::PlacedCopy {
-            // Data of an earlier placed write, kept for peers: nothing to apply. Past the end
-            // of a volume shrunk since, it serves no one.
-            if volume.check_range(record.offset_bytes, record.length_bytes).is_ok() {
-                add_to_index(index, &record, offset, frame);
+            // Data of an earlier placed write, kept for peers: nothing to apply. Volumes only
+            // grow, so one past the end is damage, as for any record.
+            if volume.check_range(record.offset_bytes, record.length_bytes).is_err() {
+                return Err(corrupt(format!("copy of placed data ends past volume {:?}", volume.name)));
             }
+            add_to_index(index, &record, offset, frame);
             epoch = epoch.max(record.epoch);
             return Ok(());
         }
