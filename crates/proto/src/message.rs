@@ -730,7 +730,14 @@ pub fn decode_frame<M: Body>(buf: &mut BytesMut) -> Result<Option<M>, DecodeErro
     }
     let frame_len = FRAME_HEADER_BYTES + body_len as usize;
     if buf.len() < frame_len {
-        buf.reserve(frame_len - buf.len());
+        if buf.capacity() < frame_len {
+            // Room for the whole frame in a new buffer, the bytes received so far copied in.
+            // `reserve` could grow the old one by `realloc`, which copies its whole
+            // allocation, not just those bytes: 256 KiB per large frame.
+            let mut room = BytesMut::with_capacity(frame_len);
+            room.extend_from_slice(buf);
+            *buf = room;
+        }
         return Ok(None);
     }
     buf.advance(FRAME_HEADER_BYTES);
