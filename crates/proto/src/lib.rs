@@ -9,6 +9,8 @@ mod ids;
 mod message;
 pub mod pieces;
 
+use bytes::BytesMut;
+
 pub use ids::{Epoch, HostId, Sequence, VolumeId};
 pub use message::{
     decode_frame, encode_block_read_reply, encode_frame, encode_host_frame, BlockChunk, BlockCopy, BlockExtent,
@@ -24,6 +26,19 @@ pub use message::{
 #[inline]
 pub fn crc32c(data: &[u8]) -> u32 {
     crc_fast::crc32_iscsi(data)
+}
+
+/// Makes `buf` able to hold `total` bytes, those it holds included. When it must grow, the
+/// bytes it holds are copied into a new buffer of exactly that room: `BytesMut::reserve` may
+/// grow by `realloc`, which copies the old buffer's whole allocation (its 256 KiB of receive
+/// room, say), not just the bytes held, and for a large frame or payload that copy is pure loss.
+pub fn room_for(buf: &mut BytesMut, total: usize) {
+    if buf.capacity() >= total {
+        return;
+    }
+    let mut room = BytesMut::with_capacity(total);
+    room.extend_from_slice(buf);
+    *buf = room;
 }
 
 /// Largest payload of one write (and of one read reply). Matches the NBD maximum block size we

@@ -717,8 +717,14 @@ fn read_volume_states(r: &mut Reader, what: &'static str) -> Result<Vec<VolumeSt
     Ok(volumes)
 }
 
+/// Room a frame's receive buffer gets beyond the frame, for the start of the next one: the
+/// readers keep 64 KiB of room free, and must not grow the buffer near a large frame's end (a
+/// growth there copied nearly all of the frame).
+const ROOM_AFTER_FRAME_BYTES: usize = 64 * 1024;
+
 /// Take one complete frame off the front of `buf`, if there is one. `Ok(None)` means "need
-/// more bytes"; an error means the stream is unusable and the connection must be closed.
+/// more bytes" (and `buf` then has room for the whole frame); an error means the stream is
+/// unusable and the connection must be closed.
 pub fn decode_frame<M: Body>(buf: &mut BytesMut) -> Result<Option<M>, DecodeError> {
     if buf.len() < FRAME_HEADER_BYTES {
         return Ok(None);
@@ -730,14 +736,7 @@ pub fn decode_frame<M: Body>(buf: &mut BytesMut) -> Result<Option<M>, DecodeErro
     }
     let frame_len = FRAME_HEADER_BYTES + body_len as usize;
     if buf.len() < frame_len {
-        if buf.capacity() < frame_len {
-            // Room for the whole frame in a new buffer, the bytes received so far copied in.
-            // `reserve` could grow the old one by `realloc`, which copies its whole
-            // allocation, not just those bytes: 256 KiB per large frame.
-            let mut room = BytesMut::with_capacity(frame_len);
-            room.extend_from_slice(buf);
-            *buf = room;
-        }
+        crate::room_for(buf, frame_len + ROOM_AFTER_FRAME_BYTES);
         return Ok(None);
     }
     buf.advance(FRAME_HEADER_BYTES);
@@ -1871,6 +1870,50 @@ mod tests {
             assert_eq!(&parts.head[..], &whole[..]);
             assert!(parts.data.is_empty() && parts.tail.is_empty());
         }
+    }
+
+    #[test]
+    fn a_frame_arriving_in_reads_gets_room_for_all_of_it_once() {
+        let data = Bytes::from((0..(1usize << 20)).map(|b| (b * 13 % 251) as u8).collect::<Vec<u8>>());
+        let first = HostMessage::Apply(Record {
+            volume: VolumeId(1),
+            epoch: Epoch(2),
+            sequence: Sequence(3),
+            op: Op::write(0, data.clone()),
+        });
+        let second = HostMessage::Ping { nonce: 9 };
+        let mut stream = BytesMut::new();
+        encode_frame(&first, &mut stream);
+        let first_len = stream.len();
+        encode_frame(&second, &mut stream);
+        // A reader as the shells have one: a 256 KiB buffer, reads of odd sizes into its room.
+        let mut buf = BytesMut::with_capacity(256 * 1024);
+        let (mut at, mut moved, mut decoded) = (0, 0, Vec::new());
+        loop {
+            let before = buf.as_ptr();
+            match decode_frame::<HostMessage>(&mut buf).expect("valid") {
+                Some(message) => decoded.push(message),
+                None if at == stream.len() => break,
+                None => {
+                    moved += usize::from(buf.as_ptr() != before);
+                    if decoded.is_empty() && buf.len() >= FRAME_HEADER_BYTES {
+                        assert!(buf.capacity() >= first_len + ROOM_AFTER_FRAME_BYTES, "room for the frame and more");
+                    }
+                    let take = (buf.capacity() - buf.len()).min(stream.len() - at).min(70_001);
+                    buf.extend_from_slice(&stream[at..at + take]);
+                    at += take;
+                }
+            }
+        }
+        assert_eq!(decoded, vec![first, second]);
+        assert_eq!(moved, 1, "the buffer moved once, at the large frame's header");
+        // `room_for` keeps the bytes held and makes exactly the room asked for.
+        let mut small = BytesMut::from(&b"held"[..]);
+        crate::room_for(&mut small, 10_000);
+        assert_eq!((&small[..], small.capacity() >= 10_000), (&b"held"[..], true));
+        let before = small.as_ptr();
+        crate::room_for(&mut small, 5_000);
+        assert_eq!(small.as_ptr(), before, "no growth when the room is there");
     }
 
     #[test]

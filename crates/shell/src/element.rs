@@ -794,18 +794,10 @@ async fn serve_session(
                 }
             }
         }
-        match arriving {
-            // Room for the rest of a large frame at once: its start is copied at most once
-            // (growing 256 KiB at a time copied it at every growth), and the frame ends where the
-            // room does, so no growth near its end copies all of it again.
-            Some(length) => {
-                let rest = (proto::FRAME_HEADER_BYTES + length).saturating_sub(buf.len());
-                if buf.capacity() - buf.len() < rest {
-                    buf.reserve(rest);
-                }
-            }
-            None if buf.capacity() - buf.len() < 64 * 1024 => buf.reserve(256 * 1024),
-            None => {}
+        // A frame whose header is in has room for all of it and 64 KiB more (`decode_frame`
+        // made it, copying its start at most once); between frames, keep 64 KiB of room.
+        if buf.capacity() - buf.len() < 64 * 1024 {
+            buf.reserve(256 * 1024);
         }
         low_water.expect(length.map_or(0, |length| (proto::FRAME_HEADER_BYTES + length).saturating_sub(buf.len())));
         // How long the next read may take: the first message comes soon, and a frame that

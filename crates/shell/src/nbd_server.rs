@@ -550,7 +550,13 @@ impl Connection {
     /// connection cleanly before sending any of them.
     async fn fill(&mut self, wanted: usize) -> Result<bool, ConnectionError> {
         while self.buffer.len() < wanted {
-            self.buffer.reserve((wanted - self.buffer.len()).max(READ_CHUNK_BYTES));
+            if wanted > READ_CHUNK_BYTES {
+                // A large payload: room for all of it, without copying the old room (and no
+                // growth near its end).
+                proto::room_for(&mut self.buffer, wanted);
+            } else {
+                self.buffer.reserve((wanted - self.buffer.len()).max(READ_CHUNK_BYTES));
+            }
             // Between requests a client may be idle as long as it likes; inside one it may not.
             let started = !self.buffer.is_empty() || wanted > REQUEST_HEADER_BYTES;
             if self.read_more(started, wanted - self.buffer.len()).await? == 0 {
