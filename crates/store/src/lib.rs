@@ -165,7 +165,10 @@ const _: fn() = || {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct StoreOptions {
     /// Checkpoint (start a new log segment; in the background sync the data files and persist
-    /// the block maps) once the live log segment holds this many bytes.
+    /// the block maps) once the live log segment holds this many bytes, or a little less: each
+    /// segment is sealed somewhere between three quarters of this and all of it, drawn from
+    /// the element's identity and the segment, so that replicas receiving the same writes do
+    /// not checkpoint in step.
     pub checkpoint_log_bytes: u64,
     /// Keep closed log segments (the replay log, served to recovering peers through
     /// [`Store::log_records`]) up to this many bytes of their files, a placed write's data
