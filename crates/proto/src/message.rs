@@ -717,14 +717,14 @@ fn read_volume_states(r: &mut Reader, what: &'static str) -> Result<Vec<VolumeSt
     Ok(volumes)
 }
 
-/// Room a frame's receive buffer gets beyond the frame, for the start of the next one: the
-/// readers keep 64 KiB of room free, and must not grow the buffer near a large frame's end (a
-/// growth there copied nearly all of the frame).
+/// Room a frame that outgrew its receive buffer gets beyond its end, for the start of the next
+/// one: the readers keep 64 KiB of room free, and must not grow the buffer near a large frame's
+/// end (a growth there copied nearly all of the frame).
 const ROOM_AFTER_FRAME_BYTES: usize = 64 * 1024;
 
 /// Take one complete frame off the front of `buf`, if there is one. `Ok(None)` means "need
-/// more bytes" (and `buf` then has room for the whole frame); an error means the stream is
-/// unusable and the connection must be closed.
+/// more bytes" (and `buf` then has room for the whole frame, grown without `realloc`); an error
+/// means the stream is unusable and the connection must be closed.
 pub fn decode_frame<M: Body>(buf: &mut BytesMut) -> Result<Option<M>, DecodeError> {
     if buf.len() < FRAME_HEADER_BYTES {
         return Ok(None);
@@ -736,7 +736,11 @@ pub fn decode_frame<M: Body>(buf: &mut BytesMut) -> Result<Option<M>, DecodeErro
     }
     let frame_len = FRAME_HEADER_BYTES + body_len as usize;
     if buf.len() < frame_len {
-        crate::room_for(buf, frame_len + ROOM_AFTER_FRAME_BYTES);
+        // A frame larger than the room left gets new room for all of it and then some; one
+        // that fits (most small frames) is read into the room there is.
+        if buf.capacity() < frame_len {
+            crate::room_for(buf, frame_len + ROOM_AFTER_FRAME_BYTES);
+        }
         return Ok(None);
     }
     buf.advance(FRAME_HEADER_BYTES);
@@ -1907,6 +1911,43 @@ mod tests {
         }
         assert_eq!(decoded, vec![first, second]);
         assert_eq!(moved, 1, "the buffer moved once, at the large frame's header");
+        // Small frames that fit the room there is are read into it, even when one straddles
+        // two reads: `decode_frame` moves no buffer for them.
+        let mut stream = BytesMut::new();
+        let small: Vec<HostMessage> = (0..100u64)
+            .map(|i| {
+                let data = Bytes::from(vec![i as u8; 4096]);
+                HostMessage::Apply(Record {
+                    volume: VolumeId(1),
+                    epoch: Epoch(2),
+                    sequence: Sequence(i),
+                    op: Op::write(0, data),
+                })
+            })
+            .collect();
+        for message in &small {
+            encode_frame(message, &mut stream);
+        }
+        let mut buf = BytesMut::with_capacity(256 * 1024);
+        let (mut at, mut moved, mut decoded) = (0, 0, Vec::new());
+        loop {
+            let before = buf.as_ptr();
+            match decode_frame::<HostMessage>(&mut buf).expect("valid") {
+                Some(message) => decoded.push(message),
+                None if at == stream.len() => break,
+                None => {
+                    moved += usize::from(buf.as_ptr() != before);
+                    if buf.capacity() - buf.len() < 64 * 1024 {
+                        buf.reserve(256 * 1024);
+                    }
+                    let take = (buf.capacity() - buf.len()).min(stream.len() - at).min(10_001);
+                    buf.extend_from_slice(&stream[at..at + take]);
+                    at += take;
+                }
+            }
+        }
+        assert_eq!(decoded, small);
+        assert_eq!(moved, 0, "no new room for small frames");
         // `room_for` keeps the bytes held and makes exactly the room asked for.
         let mut small = BytesMut::from(&b"held"[..]);
         crate::room_for(&mut small, 10_000);

@@ -794,8 +794,9 @@ async fn serve_session(
                 }
             }
         }
-        // A frame whose header is in has room for all of it and 64 KiB more (`decode_frame`
-        // made it, copying its start at most once); between frames, keep 64 KiB of room.
+        // A frame whose header is in has room for all of it (`decode_frame` made it, copying its
+        // start at most once, and 64 KiB more when the frame outgrew the buffer); between
+        // frames, and beside small ones, keep 64 KiB of room.
         if buf.capacity() - buf.len() < 64 * 1024 {
             buf.reserve(256 * 1024);
         }
