@@ -1876,56 +1876,16 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_frame_arriving_in_reads_gets_room_for_all_of_it_once() {
-        let data = Bytes::from((0..(1usize << 20)).map(|b| (b * 13 % 251) as u8).collect::<Vec<u8>>());
-        let first = HostMessage::Apply(Record {
-            volume: VolumeId(1),
-            epoch: Epoch(2),
-            sequence: Sequence(3),
-            op: Op::write(0, data.clone()),
-        });
-        let second = HostMessage::Ping { nonce: 9 };
+    /// Reads `messages`, framed, as the shells' readers do: a 256 KiB buffer that keeps 64 KiB of
+    /// room, reads of at most `read` bytes into it. Returns what was decoded and how often
+    /// `decode_frame` moved the buffer; `check` sees the buffer after each "need more bytes".
+    fn read_framed(
+        messages: &[HostMessage],
+        read: usize,
+        mut check: impl FnMut(&BytesMut),
+    ) -> (Vec<HostMessage>, usize) {
         let mut stream = BytesMut::new();
-        encode_frame(&first, &mut stream);
-        let first_len = stream.len();
-        encode_frame(&second, &mut stream);
-        // A reader as the shells have one: a 256 KiB buffer, reads of odd sizes into its room.
-        let mut buf = BytesMut::with_capacity(256 * 1024);
-        let (mut at, mut moved, mut decoded) = (0, 0, Vec::new());
-        loop {
-            let before = buf.as_ptr();
-            match decode_frame::<HostMessage>(&mut buf).expect("valid") {
-                Some(message) => decoded.push(message),
-                None if at == stream.len() => break,
-                None => {
-                    moved += usize::from(buf.as_ptr() != before);
-                    if decoded.is_empty() && buf.len() >= FRAME_HEADER_BYTES {
-                        assert!(buf.capacity() >= first_len + ROOM_AFTER_FRAME_BYTES, "room for the frame and more");
-                    }
-                    let take = (buf.capacity() - buf.len()).min(stream.len() - at).min(70_001);
-                    buf.extend_from_slice(&stream[at..at + take]);
-                    at += take;
-                }
-            }
-        }
-        assert_eq!(decoded, vec![first, second]);
-        assert_eq!(moved, 1, "the buffer moved once, at the large frame's header");
-        // Small frames that fit the room there is are read into it, even when one straddles
-        // two reads: `decode_frame` moves no buffer for them.
-        let mut stream = BytesMut::new();
-        let small: Vec<HostMessage> = (0..100u64)
-            .map(|i| {
-                let data = Bytes::from(vec![i as u8; 4096]);
-                HostMessage::Apply(Record {
-                    volume: VolumeId(1),
-                    epoch: Epoch(2),
-                    sequence: Sequence(i),
-                    op: Op::write(0, data),
-                })
-            })
-            .collect();
-        for message in &small {
+        for message in messages {
             encode_frame(message, &mut stream);
         }
         let mut buf = BytesMut::with_capacity(256 * 1024);
@@ -1934,18 +1894,47 @@ mod tests {
             let before = buf.as_ptr();
             match decode_frame::<HostMessage>(&mut buf).expect("valid") {
                 Some(message) => decoded.push(message),
-                None if at == stream.len() => break,
+                None if at == stream.len() => return (decoded, moved),
                 None => {
                     moved += usize::from(buf.as_ptr() != before);
+                    check(&buf);
                     if buf.capacity() - buf.len() < 64 * 1024 {
                         buf.reserve(256 * 1024);
                     }
-                    let take = (buf.capacity() - buf.len()).min(stream.len() - at).min(10_001);
+                    let take = (buf.capacity() - buf.len()).min(stream.len() - at).min(read);
                     buf.extend_from_slice(&stream[at..at + take]);
                     at += take;
                 }
             }
         }
+    }
+
+    fn write_message(sequence: u64, data: Bytes) -> HostMessage {
+        HostMessage::Apply(Record {
+            volume: VolumeId(1),
+            epoch: Epoch(2),
+            sequence: Sequence(sequence),
+            op: Op::write(0, data),
+        })
+    }
+
+    #[test]
+    fn a_frame_arriving_in_reads_gets_room_for_all_of_it_once() {
+        let data = Bytes::from((0..(1usize << 20)).map(|b| (b * 13 % 251) as u8).collect::<Vec<u8>>());
+        let large = vec![write_message(3, data), HostMessage::Ping { nonce: 9 }];
+        let mut frame = BytesMut::new();
+        encode_frame(&large[0], &mut frame);
+        let (decoded, moved) = read_framed(&large, 70_001, |buf| {
+            if buf.len() >= FRAME_HEADER_BYTES && buf.len() < frame.len() && buf[..8] == frame[..8] {
+                assert!(buf.capacity() >= frame.len() + ROOM_AFTER_FRAME_BYTES, "room for the frame and more");
+            }
+        });
+        assert_eq!(decoded, large);
+        assert_eq!(moved, 1, "the buffer moved once, at the large frame's header");
+        // Small frames that fit the room there is are read into it, even when one straddles
+        // two reads: `decode_frame` moves no buffer for them.
+        let small: Vec<HostMessage> = (0..100u64).map(|i| write_message(i, Bytes::from(vec![i as u8; 4096]))).collect();
+        let (decoded, moved) = read_framed(&small, 10_001, |_| {});
         assert_eq!(decoded, small);
         assert_eq!(moved, 0, "no new room for small frames");
         // `room_for` keeps the bytes held and makes exactly the room asked for.
