@@ -28,6 +28,17 @@ pub fn crc32c(data: &[u8]) -> u32 {
     crc_fast::crc32_iscsi(data)
 }
 
+/// splitmix64: a fixed mix of a 64-bit value into a well-spread one. Ours, so that what is
+/// drawn from it (the simulator's seeds, a store's segment seal sizes) is the same whatever the
+/// versions of outside crates.
+pub fn splitmix64(mut x: u64) -> u64 {
+    x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    let mut z = x;
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
 /// Makes `buf` able to hold `total` bytes, those it holds included. When it must grow, the
 /// bytes it holds are copied into a new buffer of exactly that room: `BytesMut::reserve` may
 /// grow by `realloc`, which copies the old buffer's whole allocation (its 256 KiB of receive
@@ -57,6 +68,13 @@ const _: () = assert!((FRAME_BODY_BYTES_MAX as u64) > PAYLOAD_BYTES_MAX as u64 +
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn splitmix64_is_the_published_mix() {
+        // The first outputs of the reference generator seeded with 0 (Vigna's splitmix64.c).
+        assert_eq!(super::splitmix64(0), 0xE220_A839_7B1D_CDAF);
+        assert_eq!(super::splitmix64(0x9E37_79B9_7F4A_7C15), 0x6E78_9E6A_A1B9_65F4);
+    }
+
     #[test]
     fn crc32c_is_the_castagnoli_checksum_at_every_length_and_alignment() {
         let data: Vec<u8> = (0..70_000u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 11) as u8).collect();

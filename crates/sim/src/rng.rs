@@ -1,13 +1,7 @@
 //! The simulator's only source of randomness: xoshiro256** seeded through splitmix64. Our own,
 //! so a seed replays the same run whatever the versions of outside crates.
 
-pub fn splitmix64(mut x: u64) -> u64 {
-    x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    let mut z = x;
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
+pub use proto::splitmix64;
 
 #[derive(Clone, Debug)]
 pub struct Rng {

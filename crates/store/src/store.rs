@@ -2136,13 +2136,8 @@ fn initialize(dir: &Path) -> Result<Meta, StoreError> {
 /// store seals the same segment at the same size every time.
 pub(crate) fn seal_bytes(options: &StoreOptions, element_id: u64, segment: u64) -> u64 {
     let spread = options.checkpoint_log_bytes / 4 / BLOCK_BYTES;
-    // splitmix64's finalizer over the two: neighbouring segments and elements draw apart.
-    let mut z = element_id ^ segment.wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^= z >> 31;
-    let below = if spread == 0 { 0 } else { z % (spread + 1) * BLOCK_BYTES };
-    options.checkpoint_log_bytes - below
+    let draw = proto::splitmix64(element_id ^ proto::splitmix64(segment));
+    options.checkpoint_log_bytes - draw % (spread + 1) * BLOCK_BYTES
 }
 
 /// A random, non-zero element identity.
