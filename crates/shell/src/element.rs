@@ -21,10 +21,11 @@ use starfish_core::{
     StorageDone, StorageJob, Time, VolumeInfo,
 };
 use store::{Store, StoreOptions};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufWriter};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 
+use crate::outgoing::Outgoing;
 use crate::tls::{PeerCertificate, Role, Stream, TlsContext};
 
 /// Sessions (host elements and peers' recoveries) served at once; more are refused with a log
@@ -703,22 +704,26 @@ async fn run_peer(
     let _ = inputs.send(Input::PeerClosed { peer, reason }).await;
 }
 
-/// Write one frame to a session: a read reply of whole blocks in pieces, its data neither
-/// copied nor read again (`proto::encode_block_read_reply`); anything else encoded into `buf`.
-async fn write_reply<W: tokio::io::AsyncWrite + Unpin>(
-    out: &mut BufWriter<W>,
-    buf: &mut BytesMut,
-    message: &ElementMessage,
-) -> std::io::Result<()> {
+/// An encoded reply of at least this many bytes is queued as it is, not copied.
+const REPLY_SHARED_BYTES_MIN: usize = 64 * 1024;
+
+/// Queue one frame for a session: a read reply of whole blocks in pieces, its data neither
+/// copied nor read again (`proto::encode_block_read_reply`); anything else encoded into `buf`
+/// (kept between replies, so that it is not grown again for each), then copied if small.
+fn queue_reply(queue: &mut Outgoing, buf: &mut BytesMut, message: &ElementMessage) {
     if let Some(parts) = proto::encode_block_read_reply(message) {
-        for piece in parts.pieces() {
-            out.write_all(piece).await?;
-        }
-        return Ok(());
+        parts.pieces().for_each(|piece| queue.push(piece));
+        return;
     }
     buf.clear();
     encode_frame(message, buf);
-    out.write_all(buf).await
+    let encoded = buf.len();
+    if encoded < REPLY_SHARED_BYTES_MIN {
+        queue.push_copy(buf);
+    } else {
+        queue.push(&buf.split().freeze());
+        buf.reserve(encoded);
+    }
 }
 
 async fn serve_session(
@@ -739,14 +744,16 @@ async fn serve_session(
         return "element stopping".into();
     }
     let mut writer_task = tokio::spawn(async move {
-        let mut out = BufWriter::with_capacity(256 * 1024, write_half);
+        let mut out = write_half;
+        let mut queue = Outgoing::new();
         let mut buf = BytesMut::new();
         while let Some(message) = reply_rx.recv().await {
-            write_reply(&mut out, &mut buf, &message).await?;
-            while let Ok(message) = reply_rx.try_recv() {
-                write_reply(&mut out, &mut buf, &message).await?;
+            queue_reply(&mut queue, &mut buf, &message);
+            while !queue.is_full() {
+                let Ok(message) = reply_rx.try_recv() else { break };
+                queue_reply(&mut queue, &mut buf, &message);
             }
-            out.flush().await?;
+            queue.write_to(&mut out).await?;
         }
         Ok::<(), std::io::Error>(())
     });

@@ -10,11 +10,12 @@ use bytes::{Bytes, BytesMut};
 use proto::{decode_frame, ElementMessage, Op};
 use starfish_core::{catalog, Reply};
 use starfish_core::{Action, ElementId, Event, HostConfig, HostCore, HostError, HostStatus, Time, Token};
-use tokio::io::{AsyncReadExt, AsyncWriteExt, BufWriter};
+use tokio::io::AsyncReadExt;
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::nbd_server::{self, Backend, BoxFuture, ExportInfo, Extent, ServerOptions};
+use crate::outgoing::Outgoing;
 
 /// Where the host element listens and which elements it uses.
 #[derive(Clone, Debug)]
@@ -1011,7 +1012,8 @@ async fn run_session(
     };
     let far_written = far.clone();
     let writer = async move {
-        let mut out = BufWriter::with_capacity(256 * 1024, write_half);
+        let mut out = write_half;
+        let mut queue = Outgoing::new();
         let mut sent: Vec<(proto::VolumeId, proto::Sequence)> = Vec::new();
         fn note(sent: &mut Vec<(proto::VolumeId, proto::Sequence)>, mark: Option<(proto::VolumeId, proto::Sequence)>) {
             if let Some((volume, sequence)) = mark {
@@ -1021,19 +1023,17 @@ async fn run_session(
                 }
             }
         }
-        // A piece at least as large as the buffer goes straight to the socket, uncopied.
+        // The frames waiting are written together: a large write's data shared, not copied,
+        // and sent in one call with its head and tail.
         while let Some((frame, mark)) = frames.recv().await {
-            for piece in frame.pieces() {
-                out.write_all(piece).await?;
-            }
+            frame.pieces().for_each(|piece| queue.push(piece));
             note(&mut sent, mark);
-            while let Ok((frame, mark)) = frames.try_recv() {
-                for piece in frame.pieces() {
-                    out.write_all(piece).await?;
-                }
+            while !queue.is_full() {
+                let Ok((frame, mark)) = frames.try_recv() else { break };
+                frame.pieces().for_each(|piece| queue.push(piece));
                 note(&mut sent, mark);
             }
-            out.flush().await?;
+            queue.write_to(&mut out).await?;
             if !sent.is_empty() {
                 let through = std::mem::take(&mut sent);
                 match &far_written {

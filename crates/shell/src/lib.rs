@@ -12,6 +12,7 @@ mod low_water;
 mod metrics;
 pub mod nbd_server;
 pub mod node;
+mod outgoing;
 mod status_page;
 pub mod tls;
 mod volumes;
