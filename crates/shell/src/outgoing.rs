@@ -5,8 +5,8 @@
 //! went out on its own, after the buffer was flushed. A 1 MiB write thus took three `sendto`s
 //! per element (its 42-byte head, its data, its 1 KiB of piece checksums), each a trip through
 //! loopback TCP to the element. Here small pieces are still gathered into one staging buffer,
-//! larger ones are kept as they are, shared,
-//! never copied, and [`Outgoing::write_to`] hands them all to the socket in vectored writes.
+//! larger ones are kept as they are, shared, never copied, and [`Outgoing::write_to`] hands
+//! them all to the socket in vectored writes.
 
 use std::io::IoSlice;
 
@@ -18,7 +18,7 @@ use tokio::io::{AsyncWrite, AsyncWriteExt};
 /// before; only the data of a large write, or of a large read reply, is a piece of its own.
 const COPY_BYTES_MAX: usize = 16 * 1024;
 /// Once this much is queued, the writer should write it before taking more frames.
-pub const QUEUED_BYTES_MAX: usize = 256 * 1024;
+const QUEUED_BYTES_MAX: usize = 256 * 1024;
 /// ... or once this many pieces are (well below `IOV_MAX`, 1024 on Linux).
 const QUEUED_PIECES_MAX: usize = 256;
 /// Room the staging buffer is given at a time.
