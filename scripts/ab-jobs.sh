@@ -22,14 +22,6 @@ BASE=${BASE_PORT:-10980}
 DIR=$(mktemp -d "$DATA/starfish-ab-jobs.XXXXXX")
 source scripts/lib/cluster.sh
 trap cleanup EXIT
-cpu() { # pids...: their user + system ticks, summed
-    local t=0 p ticks
-    for p in "$@"; do
-        ticks=$(awk '{print $14 + $15}' "/proc/$p/stat")
-        t=$((t + ticks))
-    done
-    echo "$t"
-}
 job() { # rw bs qd: prints "IOPS mean-µs MB/s ios"
     fio --name=ab --ioengine=nbd --uri="nbd://127.0.0.1:$BASE/vol0" --rw="$1" --bs="$2" --iodepth="$3" \
         --size=1g --time_based --runtime="$RUNTIME" --output-format=json 2>/dev/null |

@@ -29,7 +29,6 @@ trap cleanup EXIT
 source=$(df --output=source "$DATA" | tail -1)
 device=$(basename "$(readlink -f "$source" 2>/dev/null || echo "$source")")
 sectors() { awk -v d="$device" '$3 == d {print $10; found = 1} END {if (!found) print "-"}' /proc/diskstats; }
-cpu() { local t=0 p; for p in "$@"; do t=$((t + $(awk '{print $14 + $15}' "/proc/$p/stat"))); done; echo "$t"; }
 
 fill() { # label element-arguments...: one fresh cluster, one fill, one line
     local label=$1 tick_us h0 e0 s0 h1 e1 s1 result mbps ios bytes per_byte=-

@@ -32,14 +32,6 @@ wait_port() {
     return 1
 }
 rss() { awk '/^VmRSS/ {r = $2} /^VmHWM/ {h = $2} END {printf "%d (%d)", r / 1024, h / 1024}' "/proc/$1/status"; }
-stat_sum() { # awk-expression pids...: the expression over /proc/PID/stat's fields, summed
-    local t=0 p expr=$1
-    shift
-    for p in "$@"; do t=$((t + $(awk "{print $expr}" "/proc/$p/stat"))); done
-    echo "$t"
-}
-cpu() { stat_sum '$14 + $15' "$@"; }  # user + system ticks
-faults() { stat_sum '$10' "$@"; }     # minor page faults
 job() { # uri rw bs qd: one fio run; prints "rw bs qdN: IOPS (mean µs) MB/s", the I/Os done to $DIR/ios
     fio --name=quick --ioengine=nbd --uri="$1" --rw="$2" --bs="$3" --iodepth="$4" \
         --size=1g --time_based --runtime="$RUNTIME" --output-format=json 2>/dev/null |

@@ -1,5 +1,6 @@
-# Sourced by the measurement scripts (perf-quick.sh, durable-floor.sh): the processes they start,
-# a StarFish cluster on loopback, and their cleanup. The sourcing script sets DIR (scratch
+# Sourced by the measurement scripts (perf-quick.sh, durable-floor.sh, first-fill.sh,
+# ab-jobs.sh): the processes they start, a StarFish cluster on loopback, the processes' CPU time
+# and page faults from /proc, and their cleanup. The sourcing script sets DIR (scratch
 # directory, removed at exit), BASE (first of five ports), SF (host element binary) and SFE
 # (element binary), then calls `trap cleanup EXIT`.
 PIDS=()
@@ -8,6 +9,17 @@ stop() { # pids...: TERM them and wait until each is gone
     for p in "$@"; do kill "$p" 2>/dev/null || true; done
     for p in "$@"; do while kill -0 "$p" 2>/dev/null; do sleep 0.1; done; done
 }
+stat_sum() { # awk-expression pids...: the expression over /proc/PID/stat's fields, summed
+    local t=0 p value expr=$1
+    shift
+    for p in "$@"; do
+        value=$(awk "{print $expr}" "/proc/$p/stat")
+        t=$((t + value))
+    done
+    echo "$t"
+}
+cpu() { stat_sum '$14 + $15' "$@"; }  # user + system ticks of these processes
+faults() { stat_sum '$10' "$@"; }     # their minor page faults
 cleanup() {
     stop "${PIDS[@]}"
     rm -rf "$DIR"

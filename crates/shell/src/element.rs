@@ -704,25 +704,16 @@ async fn run_peer(
     let _ = inputs.send(Input::PeerClosed { peer, reason }).await;
 }
 
-/// An encoded reply of at least this many bytes is queued as it is, not copied.
-const REPLY_SHARED_BYTES_MIN: usize = 64 * 1024;
-
 /// Queue one frame for a session: a read reply of whole blocks in pieces, its data neither
 /// copied nor read again (`proto::encode_block_read_reply`); anything else encoded into `buf`
-/// (kept between replies, so that it is not grown again for each), then copied if small.
+/// (kept between replies, so that it is not grown again for each).
 fn queue_reply(queue: &mut Outgoing, buf: &mut BytesMut, message: &ElementMessage) {
-    if let Some(parts) = proto::encode_block_read_reply(message) {
-        parts.pieces().for_each(|piece| queue.push(piece));
-        return;
-    }
-    buf.clear();
-    encode_frame(message, buf);
-    let encoded = buf.len();
-    if encoded < REPLY_SHARED_BYTES_MIN {
-        queue.push_copy(buf);
-    } else {
-        queue.push(&buf.split().freeze());
-        buf.reserve(encoded);
+    match proto::encode_block_read_reply(message) {
+        Some(parts) => parts.pieces().for_each(|piece| queue.push(piece)),
+        None => {
+            encode_frame(message, buf);
+            queue.push_encoded(buf);
+        }
     }
 }
 

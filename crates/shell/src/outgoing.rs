@@ -41,20 +41,29 @@ impl Outgoing {
 
     /// Queue a piece of a frame: copied if small, shared if not.
     pub fn push(&mut self, piece: &Bytes) {
-        if piece.is_empty() {
-            return;
-        }
         if piece.len() < COPY_BYTES_MAX {
-            self.staging_room(piece.len()).extend_from_slice(piece);
+            self.push_copy(piece);
         } else {
             self.cut();
             self.pieces.push(piece.clone());
+            self.queued_bytes += piece.len();
         }
-        self.queued_bytes += piece.len();
     }
 
-    /// Queue a copy of `bytes`.
-    pub fn push_copy(&mut self, bytes: &[u8]) {
+    /// Queue a frame encoded into `buf`, a buffer its writer keeps between frames: copied if
+    /// small; if not, its bytes are taken over and `buf` gets new room of that size for the next.
+    pub fn push_encoded(&mut self, buf: &mut BytesMut) {
+        let encoded = buf.len();
+        if encoded < COPY_BYTES_MAX {
+            self.push_copy(buf);
+            buf.clear();
+        } else {
+            self.push(&buf.split().freeze());
+            buf.reserve(encoded);
+        }
+    }
+
+    fn push_copy(&mut self, bytes: &[u8]) {
         self.staging_room(bytes.len()).extend_from_slice(bytes);
         self.queued_bytes += bytes.len();
     }
@@ -173,6 +182,7 @@ mod tests {
         for piece in [&head, &data, &tail] {
             outgoing.push(piece);
         }
+        assert!(!data.is_unique(), "the data is shared with the queue, not copied");
         assert!(outgoing.is_full(), "1 MiB queued asks to be written");
         let mut socket = Socket { received: Vec::new(), per_call: 0, calls: 0, flushes: 0 };
         outgoing.write_to(&mut socket).await.expect("write");
@@ -180,13 +190,12 @@ mod tests {
         assert_eq!(socket.flushes, 1);
         assert_eq!(socket.received, [&head[..], &data[..], &tail[..]].concat());
         assert!(outgoing.is_empty());
-        // The data was shared, not copied: the queue held the only other reference.
-        assert!(data.is_unique(), "the writer keeps no reference once written");
+        assert!(data.is_unique(), "the queue keeps no reference once written");
     }
 
     #[tokio::test]
     async fn frames_come_out_in_order_however_the_socket_takes_them() {
-        // Small pieces and copies (staged) and large pieces (shared), through
+        // Small pieces (staged), large pieces (shared) and encoded frames of both sizes, through
         // a socket that takes 1,000 bytes a call, over several rounds of the same queue.
         let mut expected = Vec::new();
         let mut outgoing = Outgoing::new();
@@ -200,9 +209,11 @@ mod tests {
                 outgoing.push(&piece);
                 expected.extend_from_slice(&piece);
                 if i % 5 == 0 {
-                    let copied = bytes([300, 90_000][i % 2], 9);
-                    outgoing.push_copy(&copied);
-                    expected.extend_from_slice(&copied);
+                    let encoded = bytes([300, 90_000][i % 2], 9);
+                    let mut buf = BytesMut::from(&encoded[..]);
+                    outgoing.push_encoded(&mut buf);
+                    assert!(buf.is_empty(), "the writer's buffer is ready for the next frame");
+                    expected.extend_from_slice(&encoded);
                 }
                 if outgoing.is_full() {
                     outgoing.write_to(&mut socket).await.expect("write");
