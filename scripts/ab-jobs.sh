@@ -6,7 +6,11 @@
 # latency, MB/s, and the CPU (user+system from /proc) the host element and the three elements
 # spent per I/O.
 #   A_BIN=/path/old/starfish [B_BIN=target/release/starfish] [A_LABEL=before] [B_LABEL=after]
-#   [JOBS="write 1m 1,write 1m 16"] [ROUNDS=3] [RUNTIME=6] [DATA=/dev/shm] bash scripts/ab-jobs.sh
+#   [A_SFE=... B_SFE=...] [JOBS="write 1m 1,write 1m 16"] [ROUNDS=3] [RUNTIME=6] [DATA=/dev/shm]
+#   bash scripts/ab-jobs.sh
+# A_SFE / B_SFE run the elements of that build with another binary (default: the build's own),
+# to compare host elements only. A "binary" may be a wrapper script that sets an environment
+# variable and `exec`s starfish (its PID stays the process's).
 # A job is "RW BS QD" (fio's --rw, --bs, --iodepth). DATA=/var/tmp puts the elements on the disk
 # (durable). Build A from another commit with
 #   git worktree add /tmp/a COMMIT && (cd /tmp/a && CARGO_TARGET_DIR=/tmp/a-target cargo build --release -p starfish)
@@ -35,8 +39,11 @@ tick_us=$((1000000 / $(getconf CLK_TCK)))
 IFS=, read -r -a jobs <<<"$JOBS"
 for round in $(seq "$ROUNDS"); do
     for build in A B; do
-        if [ $build = A ]; then SF=$A_BIN label=$A_LABEL; else SF=$B_BIN label=$B_LABEL; fi
-        SFE=$SF
+        if [ $build = A ]; then
+            SF=$A_BIN SFE=${A_SFE:-$A_BIN} label=$A_LABEL
+        else
+            SF=$B_BIN SFE=${B_SFE:-$B_BIN} label=$B_LABEL
+        fi
         start_cluster
         fio --name=fill --ioengine=nbd --uri="nbd://127.0.0.1:$BASE/vol0" --rw=write --bs=1m --iodepth=8 \
             --size=1g --output-format=terse >/dev/null 2>&1
