@@ -81,6 +81,12 @@ def test_bad_configuration_is_refused(make_cluster, workdir):
     local = cluster.elements["local"].address
     message = host_refuses(workdir, good + f'\n[[element]]\nname = "twin"\naddress = "{local}"\n')
     assert f"elements local and twin have the same address {local}" in message, message
+    # 256 volumes, the most a host element serves, leave no room for its catalog of volumes
+    # created while running (this was a panic at start).
+    more = 256 - good.count("[[volume]]")
+    many = "".join(f'\n[[volume]]\nname = "more{i}"\nsize = "1MiB"\n' for i in range(more))
+    message = host_refuses(workdir, good + many)
+    assert "need 1 to 255 volumes (one more is the catalog" in message, message
 
 
 @pytest.mark.time_limit(180)

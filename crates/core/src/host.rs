@@ -214,8 +214,15 @@ impl HostConfig {
                 self.quorum, self.quorum
             ));
         }
-        if self.volumes.is_empty() || self.volumes.len() > limits::VOLUMES_MAX {
-            return Err(format!("need 1 to {} volumes, got {}", limits::VOLUMES_MAX, self.volumes.len()));
+        // The host element serves the catalog of volumes created while running as one more
+        // storage volume (`catalog::CATALOG_VOLUME`, added at start): what an operator
+        // configures must leave it room.
+        let configured = self.volumes.iter().filter(|v| v.name != crate::catalog::CATALOG_VOLUME).count();
+        if configured == 0 || configured > limits::VOLUMES_MAX - 1 || self.volumes.len() > limits::VOLUMES_MAX {
+            return Err(format!(
+                "need 1 to {} volumes (one more is the catalog of volumes created while running), got {configured}",
+                limits::VOLUMES_MAX - 1
+            ));
         }
         for (i, v) in self.volumes.iter().enumerate() {
             if v.name.is_empty() || v.name.len() > 255 {

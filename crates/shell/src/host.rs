@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use proto::{decode_frame, ElementMessage, Op};
+use starfish_core::groups::ExportedVolume;
 use starfish_core::{catalog, Reply};
 use starfish_core::{Action, ElementId, Event, HostConfig, HostCore, HostError, HostStatus, Time, Token};
 use tokio::io::AsyncReadExt;
@@ -212,7 +213,39 @@ struct Session {
 
 /// The volumes exported over NBD, shared by the NBD server, the status and the catalog (which
 /// adds volumes created while running).
-pub(crate) type Exports = Arc<std::sync::RwLock<Vec<starfish_core::groups::ExportedVolume>>>;
+pub(crate) type Exports = Arc<std::sync::RwLock<ExportTable>>;
+
+/// The exports, in the core's order, and found by name: every NBD request looks its export
+/// up, and a host element may export many (each snapshot is an export of its own).
+pub(crate) struct ExportTable {
+    list: Vec<ExportedVolume>,
+    by_name: HashMap<String, usize>,
+}
+
+impl ExportTable {
+    pub(crate) fn new(list: Vec<ExportedVolume>) -> ExportTable {
+        let mut by_name = HashMap::with_capacity(list.len());
+        for (i, export) in list.iter().enumerate() {
+            // The first of two equal names wins, as a search from the front would have it.
+            by_name.entry(export.name.clone()).or_insert(i);
+        }
+        ExportTable { list, by_name }
+    }
+
+    pub(crate) fn get(&self, name: &str) -> Option<&ExportedVolume> {
+        self.by_name.get(name).map(|&i| &self.list[i])
+    }
+
+    pub(crate) fn list(&self) -> &[ExportedVolume] {
+        &self.list
+    }
+}
+
+/// What NBD serves from now on: what the core exports (the catalog's own volume is not among
+/// them).
+fn publish_exports(exports: &Exports, core: &HostCore) {
+    *exports.write().expect("exports lock") = ExportTable::new(core.config().exported());
+}
 
 /// NBD connections in the transmission phase, per export name.
 pub(crate) type Clients = Arc<std::sync::Mutex<HashMap<String, usize>>>;
@@ -252,8 +285,8 @@ impl HostHandle {
     }
 
     /// The volumes exported over NBD (with their groups).
-    pub fn exports(&self) -> Vec<starfish_core::groups::ExportedVolume> {
-        self.exports.read().expect("exports lock").clone()
+    pub fn exports(&self) -> Vec<ExportedVolume> {
+        self.exports.read().expect("exports lock").list().to_vec()
     }
 
     /// The metrics page (OpenMetrics text): what was measured, and the core's status now.
@@ -452,7 +485,7 @@ pub(crate) fn start_active(
     // The catalog of volumes created while running is a storage volume of its own, never
     // exported over NBD.
     let mut config = config;
-    let exports: Exports = Arc::new(std::sync::RwLock::new(config.exported()));
+    let exports: Exports = Arc::new(std::sync::RwLock::new(ExportTable::new(config.exported())));
     if !config.volumes.iter().any(|v| v.name == catalog::CATALOG_VOLUME) {
         config.exports = config.exported();
         config.volumes.push(proto::VolumeSpec {
@@ -643,7 +676,7 @@ async fn run_actor(
                                 volume_events.send(VolumeEvent::Removed { volume: *volume, everywhere: *everywhere });
                         }
                         Event::Restarted { .. } => {
-                            *exports.write().expect("exports lock") = core.config().exported();
+                            publish_exports(&exports, &core);
                             let _ = volume_events.send(VolumeEvent::Restarted { generation: core.takeovers() });
                         }
                         _ => {}
@@ -722,8 +755,7 @@ fn handle_input(
         }
         Input::AddVolumes { added, reply } => {
             let result = core.add_volumes(t, added);
-            // NBD serves what the core exports (the catalog's own volume is not among them).
-            *exports.write().expect("exports lock") = core.config().exported();
+            publish_exports(exports, core);
             let _ = reply.send(result);
         }
         Input::CheckVolumes { specs, reply } => {
@@ -734,37 +766,37 @@ fn handle_input(
         }
         Input::RestartWithVolumes { added, shrunk, joined, grown, reply } => {
             let result = core.restart_with_volumes(t, added, &shrunk, &joined, &grown);
-            *exports.write().expect("exports lock") = core.config().exported();
+            publish_exports(exports, core);
             let _ = reply.send(result);
         }
         Input::JoinGroup { member, reply } => {
             let result = core.join_group(t, member);
-            *exports.write().expect("exports lock") = core.config().exported();
+            publish_exports(exports, core);
             let _ = reply.send(result);
         }
         Input::LeaveGroup { name, reply } => {
             let result = core.leave_group(&name);
-            *exports.write().expect("exports lock") = core.config().exported();
+            publish_exports(exports, core);
             let _ = reply.send(result);
         }
         Input::RemoveVolumes { names, reply } => {
             let result = core.remove_volumes(t, names);
-            *exports.write().expect("exports lock") = core.config().exported();
+            publish_exports(exports, core);
             let _ = reply.send(result);
         }
         Input::ResizeVolume { name, storage_bytes, size_bytes, reply } => {
             let result = core.resize_volume(t, &name, storage_bytes, size_bytes);
-            *exports.write().expect("exports lock") = core.config().exported();
+            publish_exports(exports, core);
             let _ = reply.send(result);
         }
         Input::AddSnapshotExport { name, of, snapshot, size_bytes, reply } => {
             let result = core.add_snapshot_export(name, &of, snapshot, size_bytes);
-            *exports.write().expect("exports lock") = core.config().exported();
+            publish_exports(exports, core);
             let _ = reply.send(result);
         }
         Input::RemoveSnapshotExport { name, reply } => {
             core.remove_snapshot_export(&name);
-            *exports.write().expect("exports lock") = core.config().exported();
+            publish_exports(exports, core);
             let _ = reply.send(());
         }
         // Unwrapped (or dropped) by the actor.
@@ -1133,7 +1165,7 @@ impl HostBackend {
     /// that shrinks the export does (and before the zeroing of what lies past the new end).
     fn call(&self, export: &str, request: Request) -> Option<oneshot::Receiver<Reply>> {
         let exports = self.exports.read().expect("exports lock");
-        let e = exports.iter().find(|e| e.name == export)?;
+        let e = exports.get(export)?;
         let (offset_bytes, length_bytes) = match &request {
             Request::Read { offset_bytes, length_bytes, .. } => (*offset_bytes, *length_bytes as u64),
             Request::BlockStatus { offset_bytes, length_bytes, .. } => (*offset_bytes, *length_bytes),
@@ -1212,6 +1244,7 @@ impl Backend for HostBackend {
     fn exports(&self) -> Vec<ExportInfo> {
         let exports = self.exports.read().expect("exports lock");
         exports
+            .list()
             .iter()
             .map(|e| {
                 let description = match (&e.group, e.snapshot) {
@@ -1289,5 +1322,32 @@ impl Backend for HostBackend {
             }
         });
         self.timed(export, "block_status", 0, future)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn export(name: &str, volume: usize) -> ExportedVolume {
+        ExportedVolume { name: name.into(), group: None, volume, offset_bytes: 0, size_bytes: 4096, snapshot: None }
+    }
+
+    #[test]
+    fn exports_are_found_by_name_and_listed_in_order() {
+        let names: Vec<String> = (0..1000).map(|i| format!("vol{i}")).collect();
+        let table = ExportTable::new(names.iter().enumerate().map(|(i, n)| export(n, i)).collect());
+        for (i, name) in names.iter().enumerate() {
+            assert_eq!(table.get(name).map(|e| e.volume), Some(i), "{name}");
+        }
+        assert!(table.get("vol1000").is_none() && table.get("").is_none());
+        assert_eq!(table.list().iter().map(|e| e.name.as_str()).collect::<Vec<_>>(), names);
+    }
+
+    #[test]
+    fn of_two_exports_of_one_name_the_first_is_found() {
+        let table = ExportTable::new(vec![export("a", 0), export("b", 1), export("a", 2)]);
+        assert_eq!(table.get("a").map(|e| e.volume), Some(0));
+        assert_eq!(table.list().len(), 3);
     }
 }

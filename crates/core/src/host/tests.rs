@@ -1103,6 +1103,33 @@ fn two_elements_at_one_address_are_refused_by_validation() {
 }
 
 #[test]
+fn the_configured_volumes_leave_room_for_the_catalog() {
+    let volumes = |n: usize| -> Vec<VolumeSpec> {
+        (0..n)
+            .map(|i| VolumeSpec { name: format!("v{i}"), size_bytes: 1 << 20, clone_of: None, at_least: false })
+            .collect()
+    };
+    let config = |volumes| HostConfig::new(Epoch(1), 2, vec!["a".into(), "b".into(), "c".into()], volumes);
+    let most = limits::VOLUMES_MAX - 1;
+    config(volumes(most)).validate().expect("as many volumes as leave the catalog room");
+    let error = config(volumes(most + 1)).validate().expect_err("no room for the catalog");
+    assert!(error.contains(&format!("need 1 to {most} volumes")) && error.contains("catalog"), "{error}");
+    // The host element adds the catalog, not exported, as the shell's `start_active` does:
+    // valid, and a core starts on it.
+    let mut full = config(volumes(most));
+    full.exports = full.exported();
+    full.volumes.push(VolumeSpec {
+        name: crate::catalog::CATALOG_VOLUME.into(),
+        size_bytes: crate::catalog::CATALOG_VOLUME_BYTES,
+        clone_of: None,
+        at_least: false,
+    });
+    full.validate().expect("the operator's volumes and the catalog");
+    HostCore::new(full, Time(0));
+    assert!(config(Vec::new()).validate().is_err(), "no volume at all");
+}
+
+#[test]
 fn a_running_host_element_takes_back_an_element_whose_epoch_owner_is_gone() {
     // e2 took epoch 9 from a host element that then died before it was ready (it never
     // became ready, so it wrote nothing). The running host element (epoch 5) is refused by e2
