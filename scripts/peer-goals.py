@@ -34,10 +34,10 @@ COLUMNS = [
     ("sw1m_qd16", "1M write QD16", "MBps"),
 ]
 TMPFS_RATIO_MIN = 1.5
-DURABLE_QD1_MEAN_US_MAX = 250.0
+DURABLE_QD1_MEAN_US_MAX = 250
 DURABLE_QD16_P99_RATIO_MAX = 3.0
 DURABLE_QD16_DIRECT_RATIO_MIN = 0.5
-DURABLE_1M_MBPS_MIN = 600.0
+DURABLE_1M_MBPS_MIN = 600
 
 
 def load(path):
@@ -61,44 +61,41 @@ def median(rows, label, test, key):
     return statistics.median(values) if values else None
 
 
-def goal(name, figure, verdict, wanted):
-    return {"goal": name, "figure": figure, "wanted": wanted, "verdict": verdict}
+def judged(name, figure, *, at_least=None, at_most=None, digits=2):
+    """A goal: `figure` (None: its rows are missing) against its bound."""
+    wanted = f">= {at_least}" if at_least is not None else f"<= {at_most}"
+    if figure is None:
+        return {"goal": name, "figure": None, "wanted": wanted, "verdict": "missing"}
+    met = figure >= at_least if at_least is not None else figure <= at_most
+    shown = round(figure, digits) if digits else round(figure)
+    return {"goal": name, "figure": shown, "wanted": wanted, "verdict": "met" if met else "missed"}
+
+
+def ratio(ours, theirs):
+    return None if ours is None or not theirs else ours / theirs
 
 
 def judge(rows):
     """The goals, each with its figure (None where rows are missing) and verdict."""
-    goals = []
-    for test, name, key in COLUMNS:
-        ours, theirs = median(rows, TMPFS, test, key), median(rows, QUORUM, test, key)
-        if ours is None or not theirs:
-            goals.append(goal(f"tmpfs {name} / QEMU quorum", None, "missing", f">= {TMPFS_RATIO_MIN}"))
-        else:
-            ratio = ours / theirs
-            goals.append(goal(f"tmpfs {name} / QEMU quorum", round(ratio, 2),
-                              "met" if ratio >= TMPFS_RATIO_MIN else "missed", f">= {TMPFS_RATIO_MIN}"))
-    mean_qd1 = median(rows, DISK, "rw4k_qd1", "lat_mean_us")
-    goals.append(goal("durable 4K write QD1 mean (us)", None if mean_qd1 is None else round(mean_qd1),
-                      "missing" if mean_qd1 is None else ("met" if mean_qd1 <= DURABLE_QD1_MEAN_US_MAX else "missed"),
-                      f"<= {DURABLE_QD1_MEAN_US_MAX:.0f}"))
-    mean_qd16, p99_qd16 = median(rows, DISK, "rw4k_qd16", "lat_mean_us"), median(rows, DISK, "rw4k_qd16", "lat_p99_us")
-    if not mean_qd16 or p99_qd16 is None:
-        goals.append(goal("durable 4K write QD16 p99 / mean", None, "missing", f"<= {DURABLE_QD16_P99_RATIO_MAX}"))
-    else:
-        ratio = p99_qd16 / mean_qd16
-        goals.append(goal("durable 4K write QD16 p99 / mean", round(ratio, 2),
-                          "met" if ratio <= DURABLE_QD16_P99_RATIO_MAX else "missed", f"<= {DURABLE_QD16_P99_RATIO_MAX}"))
-    ours, direct = median(rows, DISK, "rw4k_qd16", "iops"), median(rows, DIRECT, "rw4k_qd16", "iops")
-    if ours is None or not direct:
-        goals.append(goal("durable 4K write QD16 / O_DIRECT export", None, "missing", f">= {DURABLE_QD16_DIRECT_RATIO_MIN}"))
-    else:
-        ratio = ours / direct
-        goals.append(goal("durable 4K write QD16 / O_DIRECT export", round(ratio, 2),
-                          "met" if ratio >= DURABLE_QD16_DIRECT_RATIO_MIN else "missed", f">= {DURABLE_QD16_DIRECT_RATIO_MIN}"))
+    goals = [
+        judged(f"tmpfs {name} / QEMU quorum", ratio(median(rows, TMPFS, test, key), median(rows, QUORUM, test, key)),
+               at_least=TMPFS_RATIO_MIN)
+        for test, name, key in COLUMNS
+    ]
+
+    def disk(test, key):
+        return median(rows, DISK, test, key)
+
+    goals.append(judged("durable 4K write QD1 mean (us)", disk("rw4k_qd1", "lat_mean_us"),
+                        at_most=DURABLE_QD1_MEAN_US_MAX, digits=0))
+    goals.append(judged("durable 4K write QD16 p99 / mean",
+                        ratio(disk("rw4k_qd16", "lat_p99_us"), disk("rw4k_qd16", "lat_mean_us")),
+                        at_most=DURABLE_QD16_P99_RATIO_MAX))
+    goals.append(judged("durable 4K write QD16 / O_DIRECT export",
+                        ratio(disk("rw4k_qd16", "iops"), median(rows, DIRECT, "rw4k_qd16", "iops")),
+                        at_least=DURABLE_QD16_DIRECT_RATIO_MIN))
     for test, name in (("sw1m_qd1", "1M write QD1"), ("sw1m_qd16", "1M write QD16")):
-        mbps = median(rows, DISK, test, "MBps")
-        goals.append(goal(f"durable {name} (MB/s)", None if mbps is None else round(mbps),
-                          "missing" if mbps is None else ("met" if mbps >= DURABLE_1M_MBPS_MIN else "missed"),
-                          f">= {DURABLE_1M_MBPS_MIN:.0f}"))
+        goals.append(judged(f"durable {name} (MB/s)", disk(test, "MBps"), at_least=DURABLE_1M_MBPS_MIN, digits=0))
     return goals
 
 
