@@ -216,9 +216,10 @@ impl HostConfig {
         }
         // The host element serves the catalog of volumes created while running as one more
         // storage volume (`catalog::CATALOG_VOLUME`, added at start): what an operator
-        // configures must leave it room.
+        // configures must leave it room (a second catalog is refused below, as any name
+        // configured twice).
         let configured = self.volumes.iter().filter(|v| v.name != crate::catalog::CATALOG_VOLUME).count();
-        if configured == 0 || configured > limits::VOLUMES_MAX - 1 || self.volumes.len() > limits::VOLUMES_MAX {
+        if configured == 0 || configured > limits::VOLUMES_MAX - 1 {
             return Err(format!(
                 "need 1 to {} volumes (one more is the catalog of volumes created while running), got {configured}",
                 limits::VOLUMES_MAX - 1
