@@ -21,9 +21,18 @@ static LOGGED_AT: std::sync::Mutex<Option<std::time::Instant>> = std::sync::Mute
 /// The next connection. A passing failure (out of file descriptors, say) is logged at most
 /// once a minute for the whole process, with a count, and accepting going on again once.
 pub(crate) async fn accept(listener: &TcpListener, what: &str) -> io::Result<(TcpStream, SocketAddr)> {
+    accept_with(|| listener.accept(), what).await
+}
+
+/// [`accept`] for any listener: `next` accepts one connection.
+pub(crate) async fn accept_with<T, F, Fut>(mut next: F, what: &str) -> io::Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = io::Result<T>>,
+{
     let mut failures = 0u64;
     loop {
-        match listener.accept().await {
+        match next().await {
             Ok(accepted) => {
                 if failures > 0 {
                     tracing::debug!(failures, "{what}: accepting connections again");

@@ -61,6 +61,9 @@ pub struct ElementOptions {
     pub tls: Option<TlsContext>,
     /// Serve plain TCP beyond loopback (`--insecure`).
     pub insecure: bool,
+    /// On a loopback address, listen on the local socket too (`crate::local_socket`);
+    /// `--no-local-socket` turns it off.
+    pub local_socket: bool,
 }
 
 /// What reaches the actor.
@@ -125,13 +128,15 @@ pub async fn run(options: ElementOptions, shutdown: impl std::future::Future<Out
         .map_err(|e| std::io::Error::new(e.kind(), format!("cannot listen on {}: {e}", options.listen)))?;
     // The far link: host elements that reach this element over a lossy long path open
     // sessions over UDP (FEC, see `far_link`) on the same port number.
-    let mut far = crate::far_link::FarListener::bind(listener.local_addr()?).await.map_err(|e| {
+    let far = crate::far_link::FarListener::bind(listener.local_addr()?).await.map_err(|e| {
         std::io::Error::new(e.kind(), format!("cannot listen for the far link on UDP {}: {e}", options.listen))
     })?;
+    let local = crate::local_socket::take(listener.local_addr()?, options.local_socket)?;
+    let mut listeners = Listeners { tcp: listener, far, local };
     tokio::pin!(shutdown);
     let mut next_session = 1u64;
     loop {
-        match serve(&listener, &mut far, store, &options, &mut next_session, &mut shutdown).await? {
+        match serve(&mut listeners, store, &options, &mut next_session, &mut shutdown).await? {
             Served::Stopped(store) => {
                 tracing::info!("element stopping: checkpoint");
                 return tokio::task::spawn_blocking(move || store.checkpoint())
@@ -140,7 +145,7 @@ pub async fn run(options: ElementOptions, shutdown: impl std::future::Future<Out
                     .map_err(|e| std::io::Error::other(format!("checkpoint at shutdown: {e}")));
             }
             Served::OutOfSpace(reason) => {
-                match reopen_when_space(&listener, &mut far, &options, &reason, &mut shutdown).await {
+                match reopen_when_space(&mut listeners, &options, &reason, &mut shutdown).await {
                     Some(reopened) => store = reopened,
                     None => return Ok(()),
                 }
@@ -165,8 +170,7 @@ enum Served {
 
 /// Serve sessions over one open store until shutdown, or until the store runs out of space.
 async fn serve(
-    listener: &TcpListener,
-    far: &mut crate::far_link::FarListener,
+    listeners: &mut Listeners,
     store: Arc<Store>,
     options: &ElementOptions,
     next_session: &mut u64,
@@ -201,15 +205,7 @@ async fn serve(
     let receiving = Arc::new(tokio::sync::Semaphore::new(RECEIVING_BYTES_MAX));
     let stopped = loop {
         let (stream, peer) = tokio::select! {
-            accepted = crate::accept::accept(listener, "element") => {
-                let (stream, peer) = accepted?;
-                let _ = stream.set_nodelay(true);
-                (Incoming::Tcp(stream), peer)
-            }
-            accepted = far.accept() => {
-                let (stream, peer) = accepted?;
-                (Incoming::Far(stream), peer)
-            }
+            accepted = listeners.accept() => accepted?,
             _ = shutdown.as_mut() => break true,
             _ = out_of_space_rx.changed() => break false,
         };
@@ -252,8 +248,7 @@ async fn serve(
 /// The store ran out of space: refuse every session with the reason until the file system
 /// has room again, then reopen the store (replaying its log). `None`: shut down meanwhile.
 async fn reopen_when_space(
-    listener: &TcpListener,
-    far: &mut crate::far_link::FarListener,
+    listeners: &mut Listeners,
     options: &ElementOptions,
     reason: &str,
     shutdown: &mut std::pin::Pin<&mut impl std::future::Future<Output = ()>>,
@@ -269,16 +264,10 @@ async fn reopen_when_space(
     loop {
         tokio::select! {
             _ = shutdown.as_mut() => return None,
-            accepted = crate::accept::accept(listener, "element") => {
+            accepted = listeners.accept() => {
                 if let Ok((stream, _)) = accepted {
                     let message = ElementMessage::Refused { reason: refusal.clone(), epoch: None, owner_absent_ms: 0 };
-                    tokio::spawn(refuse_connection(Incoming::Tcp(stream), options.tls.clone(), message));
-                }
-            }
-            accepted = far.accept() => {
-                if let Ok((stream, _)) = accepted {
-                    let message = ElementMessage::Refused { reason: refusal.clone(), epoch: None, owner_absent_ms: 0 };
-                    tokio::spawn(refuse_connection(Incoming::Far(stream), options.tls.clone(), message));
+                    tokio::spawn(refuse_connection(stream, options.tls.clone(), message));
                 }
             }
             _ = tick.tick() => {
@@ -299,26 +288,66 @@ async fn reopen_when_space(
     }
 }
 
-/// The TLS handshake of a session (if TLS is configured) and the role its certificate gives:
-/// only host elements and elements are served.
-/// A connection as accepted: over TCP, or a far-link session over UDP.
+/// A connection as accepted: over TCP, a far-link session over UDP, or over the local socket.
 enum Incoming {
     Tcp(TcpStream),
     Far(crate::far_link::FecStream),
+    Local(tokio::net::UnixStream),
 }
 
+/// Where an element takes connections: its TCP port, the far link on the same UDP port, and
+/// (on a loopback address) its local socket (`crate::local_socket`).
+struct Listeners {
+    tcp: TcpListener,
+    far: crate::far_link::FarListener,
+    local: Option<crate::local_socket::LocalSocket>,
+}
+
+impl Listeners {
+    /// The next connection, and who it came from (for logs).
+    async fn accept(&mut self) -> std::io::Result<(Incoming, String)> {
+        let local = async {
+            match &self.local {
+                Some(crate::local_socket::LocalSocket::Listening(local)) => {
+                    crate::accept::accept_with(|| local.accept(), "element local socket").await
+                }
+                _ => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            accepted = crate::accept::accept(&self.tcp, "element") => {
+                let (stream, peer) = accepted?;
+                let _ = stream.set_nodelay(true);
+                Ok((Incoming::Tcp(stream), peer.to_string()))
+            }
+            accepted = self.far.accept() => {
+                let (stream, peer) = accepted?;
+                Ok((Incoming::Far(stream), format!("far link {peer}")))
+            }
+            accepted = local => {
+                let (stream, _) = accepted?;
+                Ok((Incoming::Local(stream), "local socket".to_string()))
+            }
+        }
+    }
+}
+
+/// The TLS handshake of a session (if TLS is configured) and the role its certificate gives:
+/// only host elements and elements are served.
 async fn authenticate(stream: Incoming, tls: Option<&TlsContext>) -> Result<(Stream, SessionRole), String> {
     use crate::tls::Carrier;
     let Some(tls) = tls else {
         let stream = match stream {
             Incoming::Tcp(s) => s.plain(),
             Incoming::Far(s) => s.plain(),
+            Incoming::Local(s) => s.plain(),
         };
         return Ok((stream, SessionRole::Unauthenticated));
     };
     let (stream, identity) = match stream {
         Incoming::Tcp(s) => tls.accept(s, PeerCertificate::Required).await?,
         Incoming::Far(s) => tls.accept(s, PeerCertificate::Required).await?,
+        Incoming::Local(s) => tls.accept(s, PeerCertificate::Required).await?,
     };
     let identity = identity.ok_or("no client certificate")?;
     match identity.role {
@@ -676,7 +705,8 @@ async fn run_peer(
 ) {
     let reason = async {
         let address: SocketAddr = address.parse().map_err(|e| format!("bad peer address {address}: {e}"))?;
-        let mut stream = crate::tls::connect(address, tls.as_ref(), &[Role::Element], PEER_CONNECT_TIMEOUT).await?;
+        let mut stream =
+            crate::tls::connect_element(address, tls.as_ref(), &[Role::Element], PEER_CONNECT_TIMEOUT, true).await?;
         send_frame(&mut stream, &hello).await?;
         let mut buf = BytesMut::with_capacity(1 << 20);
         loop {
@@ -918,7 +948,7 @@ pub(crate) async fn connect_peer(
     tls: Option<&TlsContext>,
 ) -> Result<(Stream, BytesMut), String> {
     let address: SocketAddr = source.parse().map_err(|e| format!("bad peer address {source}: {e}"))?;
-    let mut stream = crate::tls::connect(address, tls, &[Role::Element], PEER_CONNECT_TIMEOUT).await?;
+    let mut stream = crate::tls::connect_element(address, tls, &[Role::Element], PEER_CONNECT_TIMEOUT, true).await?;
     let mut buf = BytesMut::with_capacity(1 << 20);
     send_frame(
         &mut stream,

@@ -39,6 +39,9 @@ pub struct HostOptions {
     pub insecure: bool,
     /// When the catalog's intentions are written (`--intention-log`).
     pub intention_log: starfish_core::catalog::LogPolicy,
+    /// Reach elements on this machine over their local socket when they have one
+    /// (`crate::local_socket`); `--no-local-socket` turns it off.
+    pub local_socket: bool,
 }
 
 /// How this host element shares the cluster with others (see `crate::node`).
@@ -247,6 +250,9 @@ fn publish_exports(exports: &Exports, core: &HostCore) {
     *exports.write().expect("exports lock") = ExportTable::new(core.config().exported());
 }
 
+/// How each element is reached now, in configuration order (see [`HostHandle::links`]).
+type Links = Arc<Vec<std::sync::Mutex<String>>>;
+
 /// NBD connections in the transmission phase, per export name.
 pub(crate) type Clients = Arc<std::sync::Mutex<HashMap<String, usize>>>;
 
@@ -255,7 +261,7 @@ pub(crate) type Clients = Arc<std::sync::Mutex<HashMap<String, usize>>>;
 pub struct HostHandle {
     inputs: mpsc::UnboundedSender<Input>,
     addresses: Arc<Vec<String>>,
-    links: Arc<Vec<String>>,
+    links: Links,
     exports: Exports,
     clients: Clients,
     metrics: crate::metrics::HostMetrics,
@@ -420,9 +426,10 @@ impl HostHandle {
         }
     }
 
-    /// How each element is reached ("tcp", or the far link's parameters), in configuration order.
-    pub fn links(&self) -> &[String] {
-        &self.links
+    /// How each element is reached ("tcp", "local socket", or the far link's parameters), in
+    /// configuration order: as its session now is, or as it will be tried.
+    pub fn links(&self) -> Vec<String> {
+        self.links.iter().map(|l| l.lock().expect("link lock").clone()).collect()
     }
 
     pub async fn status(&self) -> Option<HostStatus> {
@@ -481,7 +488,7 @@ pub(crate) fn start_active(
     let addresses = options.element_addresses.iter().map(|a| a.to_string()).collect();
     let far_links: Vec<_> =
         (0..options.element_addresses.len()).map(|i| options.element_links.get(i).copied().flatten()).collect();
-    let links = far_links.iter().map(|l| describe_link(l.as_ref())).collect();
+    let links: Links = Arc::new(far_links.iter().map(|l| std::sync::Mutex::new(describe_link(l.as_ref()))).collect());
     // The catalog of volumes created while running is a storage volume of its own, never
     // exported over NBD.
     let mut config = config;
@@ -502,7 +509,7 @@ pub(crate) fn start_active(
     let handle = HostHandle {
         inputs: inputs.clone(),
         addresses: Arc::new(addresses),
-        links: Arc::new(links),
+        links: links.clone(),
         exports: exports.clone(),
         clients: clients.clone(),
         metrics: metrics.clone(),
@@ -532,7 +539,8 @@ pub(crate) fn start_active(
     )));
     for (i, address) in options.element_addresses.iter().enumerate() {
         let tls = options.tls.clone();
-        tasks.push(tokio::spawn(run_element_link(ElementId(i as u8), *address, far_links[i], inputs.clone(), tls)));
+        let route = Route { address: *address, far: far_links[i], local: options.local_socket, links: links.clone() };
+        tasks.push(tokio::spawn(run_element_link(ElementId(i as u8), route, inputs.clone(), tls)));
     }
     let backend = Arc::new(HostBackend { inputs: inputs.clone(), exports, clients, metrics });
     let (drain, drain_rx) = tokio::sync::watch::channel(false);
@@ -960,8 +968,8 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// While a frame from an element is still arriving, its progress is told the core this often.
 const PROGRESS_EVERY: Duration = Duration::from_millis(500);
 
-/// Keep one session to an element: connect, pump frames both ways, reconnect with backoff.
-/// How an element is reached, for status: "tcp" or "udp-fec r=8 c=3 rate=100 Mbit/s".
+/// How an element is reached, for status: "tcp" or "udp-fec r=8 c=3 rate=100 Mbit/s" (and
+/// "local socket" once a session went over it).
 pub fn describe_link(far: Option<&crate::far_link::FarLinkOptions>) -> String {
     match far {
         None => "tcp".into(),
@@ -970,24 +978,45 @@ pub fn describe_link(far: Option<&crate::far_link::FarLinkOptions>) -> String {
     }
 }
 
-async fn run_element_link(
-    element: ElementId,
+/// How one element is reached: its address, over the far link or not, whether its local
+/// socket may be tried, and where the way its session went is told for status.
+struct Route {
     address: SocketAddr,
     far: Option<crate::far_link::FarLinkOptions>,
+    local: bool,
+    links: Links,
+}
+
+/// Keep one session to an element: connect, pump frames both ways, reconnect with backoff.
+async fn run_element_link(
+    element: ElementId,
+    route: Route,
     inputs: mpsc::UnboundedSender<Input>,
     tls: Option<crate::tls::TlsContext>,
 ) {
+    let Route { address, far, local, links } = route;
     let mut session_id = (element.0 as u64) << 48;
     let mut backoff = Duration::from_millis(50);
     loop {
         let expected = &[crate::tls::Role::Element];
         let connected = match far {
-            None => crate::tls::connect(address, tls.as_ref(), expected, CONNECT_TIMEOUT).await,
+            None => crate::tls::connect_element(address, tls.as_ref(), expected, CONNECT_TIMEOUT, local).await,
             Some(far) => crate::tls::connect_far(address, far, tls.as_ref(), expected, CONNECT_TIMEOUT).await,
         };
         match connected {
             Ok(stream) => {
                 session_id += 1;
+                let link = match stream.is_local() {
+                    true => "local socket".to_string(),
+                    false => describe_link(far.as_ref()),
+                };
+                if let Some(slot) = links.get(element.0 as usize) {
+                    let mut slot = slot.lock().expect("link lock");
+                    if *slot != link {
+                        tracing::info!(element = element.0, %address, %link, "element reached over {link}");
+                        *slot = link;
+                    }
+                }
                 let opened = tokio::time::Instant::now();
                 let (frames_tx, frames_rx) = mpsc::unbounded_channel();
                 let (close_tx, close_rx) = oneshot::channel();

@@ -8,6 +8,7 @@ mod copy;
 pub mod element;
 pub mod far_link;
 pub mod host;
+mod local_socket;
 mod low_water;
 mod metrics;
 pub mod nbd_server;

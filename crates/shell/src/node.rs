@@ -471,7 +471,7 @@ impl Node {
                 let mut doc = crate::admin::status_json(
                     &status,
                     handle.addresses(),
-                    handle.links(),
+                    &handle.links(),
                     &handle.exports(),
                     &handle.clients(),
                 );

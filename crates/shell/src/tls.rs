@@ -25,7 +25,7 @@ use rustls::{ClientConfig, DigitallySignedStruct, RootCertStore, ServerConfig, S
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::TcpStream;
+use tokio::net::{TcpStream, UnixStream};
 
 use crate::far_link::FecStream;
 
@@ -364,6 +364,9 @@ pub enum Stream {
     Tls(Box<tokio_rustls::TlsStream<TcpStream>>),
     Fec(FecStream),
     FecTls(Box<tokio_rustls::TlsStream<FecStream>>),
+    /// An element's local socket (`crate::local_socket`), reached from the same machine.
+    Local(UnixStream),
+    LocalTls(Box<tokio_rustls::TlsStream<UnixStream>>),
 }
 
 /// What a connection is carried over: TCP or a far-link session.
@@ -378,6 +381,15 @@ impl Carrier for TcpStream {
     }
     fn tls(stream: tokio_rustls::TlsStream<Self>) -> Stream {
         Stream::Tls(Box::new(stream))
+    }
+}
+
+impl Carrier for UnixStream {
+    fn plain(self) -> Stream {
+        Stream::Local(self)
+    }
+    fn tls(stream: tokio_rustls::TlsStream<Self>) -> Stream {
+        Stream::LocalTls(Box::new(stream))
     }
 }
 
@@ -399,6 +411,11 @@ impl Stream {
             _ => None,
         }
     }
+
+    /// Whether this stream is an element's local socket (`crate::local_socket`).
+    pub fn is_local(&self) -> bool {
+        matches!(self, Stream::Local(_) | Stream::LocalTls(_))
+    }
 }
 
 impl AsyncRead for Stream {
@@ -407,7 +424,9 @@ impl AsyncRead for Stream {
             Stream::Plain(stream) => Pin::new(stream).poll_read(cx, buf),
             Stream::Tls(stream) => Pin::new(stream.as_mut()).poll_read(cx, buf),
             Stream::Fec(stream) => Pin::new(stream).poll_read(cx, buf),
+            Stream::Local(stream) => Pin::new(stream).poll_read(cx, buf),
             Stream::FecTls(stream) => Pin::new(stream.as_mut()).poll_read(cx, buf),
+            Stream::LocalTls(stream) => Pin::new(stream.as_mut()).poll_read(cx, buf),
         }
     }
 }
@@ -418,7 +437,9 @@ impl AsyncWrite for Stream {
             Stream::Plain(stream) => Pin::new(stream).poll_write(cx, buf),
             Stream::Tls(stream) => Pin::new(stream.as_mut()).poll_write(cx, buf),
             Stream::Fec(stream) => Pin::new(stream).poll_write(cx, buf),
+            Stream::Local(stream) => Pin::new(stream).poll_write(cx, buf),
             Stream::FecTls(stream) => Pin::new(stream.as_mut()).poll_write(cx, buf),
+            Stream::LocalTls(stream) => Pin::new(stream.as_mut()).poll_write(cx, buf),
         }
     }
 
@@ -431,7 +452,9 @@ impl AsyncWrite for Stream {
             Stream::Plain(stream) => Pin::new(stream).poll_write_vectored(cx, bufs),
             Stream::Tls(stream) => Pin::new(stream.as_mut()).poll_write_vectored(cx, bufs),
             Stream::Fec(stream) => Pin::new(stream).poll_write_vectored(cx, bufs),
+            Stream::Local(stream) => Pin::new(stream).poll_write_vectored(cx, bufs),
             Stream::FecTls(stream) => Pin::new(stream.as_mut()).poll_write_vectored(cx, bufs),
+            Stream::LocalTls(stream) => Pin::new(stream.as_mut()).poll_write_vectored(cx, bufs),
         }
     }
 
@@ -440,7 +463,9 @@ impl AsyncWrite for Stream {
             Stream::Plain(stream) => stream.is_write_vectored(),
             Stream::Tls(stream) => stream.is_write_vectored(),
             Stream::Fec(stream) => stream.is_write_vectored(),
+            Stream::Local(stream) => stream.is_write_vectored(),
             Stream::FecTls(stream) => stream.is_write_vectored(),
+            Stream::LocalTls(stream) => stream.is_write_vectored(),
         }
     }
 
@@ -449,7 +474,9 @@ impl AsyncWrite for Stream {
             Stream::Plain(stream) => Pin::new(stream).poll_flush(cx),
             Stream::Tls(stream) => Pin::new(stream.as_mut()).poll_flush(cx),
             Stream::Fec(stream) => Pin::new(stream).poll_flush(cx),
+            Stream::Local(stream) => Pin::new(stream).poll_flush(cx),
             Stream::FecTls(stream) => Pin::new(stream.as_mut()).poll_flush(cx),
+            Stream::LocalTls(stream) => Pin::new(stream.as_mut()).poll_flush(cx),
         }
     }
 
@@ -458,7 +485,9 @@ impl AsyncWrite for Stream {
             Stream::Plain(stream) => Pin::new(stream).poll_shutdown(cx),
             Stream::Tls(stream) => Pin::new(stream.as_mut()).poll_shutdown(cx),
             Stream::Fec(stream) => Pin::new(stream).poll_shutdown(cx),
+            Stream::Local(stream) => Pin::new(stream).poll_shutdown(cx),
             Stream::FecTls(stream) => Pin::new(stream.as_mut()).poll_shutdown(cx),
+            Stream::LocalTls(stream) => Pin::new(stream.as_mut()).poll_shutdown(cx),
         }
     }
 }
@@ -478,6 +507,27 @@ pub async fn connect(
     let _ = stream.set_nodelay(true);
     match tls {
         None => Ok(Stream::Plain(stream)),
+        Some(tls) => tls.connect(stream, address, expected).await,
+    }
+}
+
+/// Connect to the element at `address` as [`connect`] does, but over its local socket
+/// (`crate::local_socket`) when `local` allows, the address is a loopback one and the element
+/// listens there; over TCP otherwise.
+pub async fn connect_element(
+    address: SocketAddr,
+    tls: Option<&TlsContext>,
+    expected: &[Role],
+    timeout: std::time::Duration,
+    local: bool,
+) -> Result<Stream, String> {
+    let stream = match local {
+        true => crate::local_socket::connect(address).await,
+        false => None,
+    };
+    let Some(stream) = stream else { return connect(address, tls, expected, timeout).await };
+    match tls {
+        None => Ok(Stream::Local(stream)),
         Some(tls) => tls.connect(stream, address, expected).await,
     }
 }

@@ -46,6 +46,8 @@ pub struct HostFile {
     pub nbd_tls_verify_peer: Option<bool>,
     /// Serve plain TCP beyond loopback (only on a network protected otherwise).
     pub insecure: Option<bool>,
+    /// Reach elements on this machine over their local socket (default true).
+    pub local_socket: Option<bool>,
     #[serde(default)]
     pub element: Vec<ElementEntry>,
     #[serde(default)]
@@ -233,6 +235,7 @@ impl HostFile {
             nbd_tls_verify_peer,
             insecure: self.insecure.unwrap_or(false),
             intention_log,
+            local_socket: self.local_socket.unwrap_or(true),
         })
     }
 }
@@ -252,6 +255,8 @@ pub struct ElementFile {
     pub tls_dir: Option<PathBuf>,
     /// Serve plain TCP beyond loopback (only on a network protected otherwise).
     pub insecure: Option<bool>,
+    /// On a loopback address, listen on the local socket too (default true).
+    pub local_socket: Option<bool>,
 }
 
 impl ElementFile {
@@ -275,6 +280,7 @@ impl ElementFile {
             store,
             tls: load_tls(self.tls_dir.as_deref())?,
             insecure: self.insecure.unwrap_or(false),
+            local_socket: self.local_socket.unwrap_or(true),
         })
     }
 }

@@ -98,6 +98,11 @@ struct ElementArgs {
     /// Serve plain TCP on an address beyond loopback (only on a network protected otherwise).
     #[arg(long)]
     insecure: bool,
+    /// Do not listen on the local socket (on a loopback address, host elements and elements on
+    /// this machine reach the element over a Unix socket named after it: about a quarter
+    /// cheaper a round trip than loopback TCP).
+    #[arg(long)]
+    no_local_socket: bool,
 }
 
 #[derive(Subcommand, Debug)]
@@ -202,6 +207,9 @@ struct HostArgs {
     /// Serve plain TCP on addresses beyond loopback (only on a network protected otherwise).
     #[arg(long)]
     insecure: bool,
+    /// Reach elements at loopback addresses over TCP only, never over their local socket.
+    #[arg(long)]
+    no_local_socket: bool,
 }
 
 #[derive(Args, Debug)]
@@ -568,6 +576,9 @@ fn element_options(args: ElementArgs) -> Result<ElementOptions> {
     if args.insecure {
         file.insecure = Some(true);
     }
+    if args.no_local_socket {
+        file.local_socket = Some(false);
+    }
     file.into_options()
 }
 
@@ -635,6 +646,9 @@ fn host_options(args: HostArgs) -> Result<HostOptions> {
     }
     if args.insecure {
         file.insecure = Some(true);
+    }
+    if args.no_local_socket {
+        file.local_socket = Some(false);
     }
     file.into_options()
 }
@@ -1305,6 +1319,7 @@ fn demo(args: DemoArgs) -> Result<()> {
                 store: StoreOptions::default(),
                 tls: load(name)?,
                 insecure: false,
+                local_socket: true,
             };
             tokio::spawn(async move {
                 if let Err(e) = shell::element::run(options, std::future::pending()).await {
