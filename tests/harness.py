@@ -248,6 +248,15 @@ class Process:
         return tail_file(self.log_path, lines)
 
 
+def assert_dropped(sock, what):
+    """Asserts that the far end closed `sock` (within the socket's timeout), then closes it."""
+    try:
+        assert sock.recv(65536) == b"", what
+    except ConnectionResetError:
+        pass
+    sock.close()
+
+
 def wait_until(predicate, timeout, what, interval=0.2):
     """Polls `predicate` until it returns a true value (returned) or `timeout`
     passes (AssertionError naming `what` and the last value or error)."""
