@@ -497,6 +497,24 @@ fn runtime() -> Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the runtime")
 }
 
+/// An element's runtime: one worker per two cores (at least one), unless `TOKIO_WORKER_THREADS`
+/// says otherwise. Its committer, checkpoint, reclaim and read threads, and the kernel's page
+/// cache and network work, take the rest; on two cores one worker cost less CPU per write and
+/// was level or faster in every column of the peer suite's jobs (docs/benchmarks.md, "elements
+/// on one worker per two cores").
+fn element_runtime() -> Result<tokio::runtime::Runtime> {
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if std::env::var_os("TOKIO_WORKER_THREADS").is_none() {
+        builder.worker_threads(element_workers(std::thread::available_parallelism().map_or(1, |n| n.get())));
+    }
+    builder.enable_all().build().context("starting the runtime")
+}
+
+/// The element's worker threads on a machine of `cores` cores.
+fn element_workers(cores: usize) -> usize {
+    (cores / 2).max(1)
+}
+
 fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Element(args) => match args.action {
@@ -504,7 +522,7 @@ fn run(cli: Cli) -> Result<()> {
             Some(ElementAction::Repair { data, json }) => repair(&data, json),
             None => {
                 let options = element_options(args)?;
-                runtime()?.block_on(async {
+                element_runtime()?.block_on(async {
                     shell::element::run(options, shutdown_signal()).await?;
                     Ok(())
                 })
@@ -1415,6 +1433,11 @@ fn demo(args: DemoArgs) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_element_has_one_worker_per_two_cores_and_at_least_one() {
+        assert_eq!([1, 2, 3, 4, 16, 64].map(element_workers), [1, 1, 1, 2, 8, 32]);
+    }
 
     #[test]
     fn a_beginning_fewer_than_q_hold_gets_a_line_under_its_volume() {
