@@ -55,35 +55,47 @@ pub fn take(address: SocketAddr, listen: bool) -> io::Result<Option<LocalSocket>
 
 /// Bind a socket to the abstract `name` without listening on it.
 fn hold(name: &str) -> io::Result<std::os::fd::OwnedFd> {
-    use std::os::fd::FromRawFd;
-    // SAFETY: plain socket calls on a descriptor this function owns from its creation; the
-    // address is a zeroed `sockaddr_un` whose path holds a NUL byte and then the name (checked
-    // to fit), and its length covers exactly those bytes.
-    unsafe {
-        let fd = libc::socket(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        let fd = std::os::fd::OwnedFd::from_raw_fd(fd);
-        let mut address: libc::sockaddr_un = std::mem::zeroed();
-        address.sun_family = libc::AF_UNIX as libc::sa_family_t;
-        if name.len() + 1 > address.sun_path.len() {
-            return Err(io::Error::new(io::ErrorKind::InvalidInput, "name too long for a Unix socket"));
-        }
-        for (i, byte) in name.bytes().enumerate() {
-            address.sun_path[i + 1] = byte as libc::c_char;
-        }
-        let length = std::mem::size_of::<libc::sa_family_t>() + 1 + name.len();
-        let bound = libc::bind(
+    let fd = unix_socket(0)?;
+    let (address, length) = abstract_address(name)?;
+    // SAFETY: `fd` is an open socket; `address` is a valid `sockaddr_un` of `length` bytes.
+    let bound = unsafe {
+        libc::bind(
             std::os::fd::AsRawFd::as_raw_fd(&fd),
             &address as *const libc::sockaddr_un as *const libc::sockaddr,
-            length as libc::socklen_t,
-        );
-        if bound != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(fd)
+            length,
+        )
+    };
+    if bound != 0 {
+        return Err(io::Error::last_os_error());
     }
+    Ok(fd)
+}
+
+/// A new Unix stream socket, close-on-exec, with `flags` (`SOCK_NONBLOCK`) too.
+fn unix_socket(flags: libc::c_int) -> io::Result<std::os::fd::OwnedFd> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: a plain system call; a descriptor it returns is owned by nobody else.
+    let fd = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC | flags, 0) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fd` was just opened and is owned here alone.
+    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) })
+}
+
+/// The `sockaddr_un` of the abstract `name` (its path a NUL byte, then the name) and its length.
+fn abstract_address(name: &str) -> io::Result<(libc::sockaddr_un, libc::socklen_t)> {
+    // SAFETY: all-zero bytes are a valid `sockaddr_un`.
+    let mut address: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    address.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    if name.len() + 1 > address.sun_path.len() {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, "name too long for a Unix socket"));
+    }
+    for (i, byte) in name.bytes().enumerate() {
+        address.sun_path[i + 1] = byte as libc::c_char;
+    }
+    let length = std::mem::size_of::<libc::sa_family_t>() + 1 + name.len();
+    Ok((address, length as libc::socklen_t))
 }
 
 /// Connect to the local socket of the element at `address`, if it is a loopback address and an
@@ -92,12 +104,23 @@ pub async fn connect(address: SocketAddr) -> Option<UnixStream> {
     if !address.ip().is_loopback() {
         return None;
     }
-    let at = std::os::unix::net::SocketAddr::from_abstract_name(name(address).as_bytes()).ok()?;
-    // A connect to a Unix socket does not wait for the far end (it fails at once if nothing
-    // listens, or the backlog is full); a blocking call is fine here.
-    let stream = std::os::unix::net::UnixStream::connect_addr(&at).ok()?;
-    stream.set_nonblocking(true).ok()?;
-    UnixStream::from_std(stream).ok()
+    // A non-blocking connect to a Unix socket finishes at once or fails at once: nothing
+    // listens (the name is free, or held without listening), or its backlog is full (an
+    // element that does not accept; TCP then tries, with its timeout).
+    let fd = unix_socket(libc::SOCK_NONBLOCK).ok()?;
+    let (at, length) = abstract_address(&name(address)).ok()?;
+    // SAFETY: `fd` is an open socket; `at` is a valid `sockaddr_un` of `length` bytes.
+    let connected = unsafe {
+        libc::connect(
+            std::os::fd::AsRawFd::as_raw_fd(&fd),
+            &at as *const libc::sockaddr_un as *const libc::sockaddr,
+            length,
+        )
+    };
+    if connected != 0 {
+        return None;
+    }
+    UnixStream::from_std(std::os::unix::net::UnixStream::from(fd)).ok()
 }
 
 #[cfg(test)]
@@ -122,6 +145,17 @@ mod tests {
         let mut stream = connect(address).await.expect("the local socket answers");
         stream.write_all(b"hello").await.unwrap();
         assert_eq!(&accepted.await.unwrap(), b"hello");
+    }
+
+    #[tokio::test]
+    async fn a_full_backlog_fails_the_connect_at_once_instead_of_waiting() {
+        let address = SocketAddr::new("127.0.0.1".parse().unwrap(), 1000 + (std::process::id() % 20000) as u16);
+        let held = hold(&name(address)).unwrap();
+        // SAFETY: an open, bound socket; a backlog of 0 queues one connection and refuses more.
+        assert_eq!(unsafe { libc::listen(std::os::fd::AsRawFd::as_raw_fd(&held), 0) }, 0);
+        let _queued = connect(address).await.expect("one connection is queued");
+        let refused = tokio::time::timeout(std::time::Duration::from_secs(5), connect(address)).await;
+        assert!(matches!(refused, Ok(None)), "a connect to a full backlog must fail at once");
     }
 
     #[tokio::test]
