@@ -56,19 +56,25 @@ pub fn take(address: SocketAddr, listen: bool) -> io::Result<Option<LocalSocket>
 /// Bind a socket to the abstract `name` without listening on it.
 fn hold(name: &str) -> io::Result<std::os::fd::OwnedFd> {
     let fd = unix_socket(0)?;
+    at_address(&fd, name, libc::bind)?;
+    Ok(fd)
+}
+
+/// `call` (`bind` or `connect`) for socket `fd` and the abstract `name`.
+fn at_address(
+    fd: &std::os::fd::OwnedFd,
+    name: &str,
+    call: unsafe extern "C" fn(libc::c_int, *const libc::sockaddr, libc::socklen_t) -> libc::c_int,
+) -> io::Result<()> {
     let (address, length) = abstract_address(name)?;
     // SAFETY: `fd` is an open socket; `address` is a valid `sockaddr_un` of `length` bytes.
-    let bound = unsafe {
-        libc::bind(
-            std::os::fd::AsRawFd::as_raw_fd(&fd),
-            &address as *const libc::sockaddr_un as *const libc::sockaddr,
-            length,
-        )
+    let done = unsafe {
+        call(std::os::fd::AsRawFd::as_raw_fd(fd), &address as *const libc::sockaddr_un as *const libc::sockaddr, length)
     };
-    if bound != 0 {
-        return Err(io::Error::last_os_error());
+    match done {
+        0 => Ok(()),
+        _ => Err(io::Error::last_os_error()),
     }
-    Ok(fd)
 }
 
 /// A new Unix stream socket, close-on-exec, with `flags` (`SOCK_NONBLOCK`) too.
@@ -108,18 +114,7 @@ pub async fn connect(address: SocketAddr) -> Option<UnixStream> {
     // listens (the name is free, or held without listening), or its backlog is full (an
     // element that does not accept; TCP then tries, with its timeout).
     let fd = unix_socket(libc::SOCK_NONBLOCK).ok()?;
-    let (at, length) = abstract_address(&name(address)).ok()?;
-    // SAFETY: `fd` is an open socket; `at` is a valid `sockaddr_un` of `length` bytes.
-    let connected = unsafe {
-        libc::connect(
-            std::os::fd::AsRawFd::as_raw_fd(&fd),
-            &at as *const libc::sockaddr_un as *const libc::sockaddr,
-            length,
-        )
-    };
-    if connected != 0 {
-        return None;
-    }
+    at_address(&fd, &name(address), libc::connect).ok()?;
     UnixStream::from_std(std::os::unix::net::UnixStream::from(fd)).ok()
 }
 
@@ -130,9 +125,8 @@ mod tests {
 
     #[tokio::test]
     async fn an_element_on_loopback_is_reached_over_its_local_socket() {
-        let address: SocketAddr = "127.0.0.1:1".parse().unwrap();
-        // Port 1 is not ours to bind over TCP, but the name is only a name: unique per test.
-        let address = SocketAddr::new(address.ip(), 40000 + (std::process::id() % 20000) as u16);
+        // No TCP port is bound: the name is only a name, made unique per test and process.
+        let address = SocketAddr::new("127.0.0.1".parse().unwrap(), 40000 + (std::process::id() % 20000) as u16);
         let Some(LocalSocket::Listening(listener)) = take(address, true).unwrap() else {
             panic!("a loopback address has a local socket")
         };

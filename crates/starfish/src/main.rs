@@ -500,8 +500,8 @@ fn runtime() -> Result<tokio::runtime::Runtime> {
 /// An element's runtime: one worker per two cores (at least one), unless `TOKIO_WORKER_THREADS`
 /// says otherwise. Its committer, checkpoint, reclaim and read threads, and the kernel's page
 /// cache and network work, take the rest; on two cores one worker cost less CPU per write and
-/// was level or faster in every column of the peer suite's jobs (docs/benchmarks.md, "elements
-/// on one worker per two cores").
+/// was level or faster in A/B rounds of every job of the peer suite (docs/benchmarks.md,
+/// "elements on one worker per two cores").
 fn element_runtime() -> Result<tokio::runtime::Runtime> {
     let mut builder = tokio::runtime::Builder::new_multi_thread();
     if std::env::var_os("TOKIO_WORKER_THREADS").is_none() {
