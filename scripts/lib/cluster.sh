@@ -1,4 +1,4 @@
-# Sourced by the measurement scripts (perf-quick.sh, durable-floor.sh, first-fill.sh,
+# Sourced by the measurement scripts (perf-quick.sh, durable-floor.sh, first-fill.sh, fill-beside-writes.sh,
 # ab-jobs.sh): the processes they start, a StarFish cluster on loopback, the processes' CPU time
 # and page faults from /proc, and their cleanup. The sourcing script sets DIR (scratch
 # directory, removed at exit), BASE (first of five ports), SF (host element binary) and SFE

@@ -75,14 +75,6 @@ pub const LOG_GROW_STEP_BYTES: u64 = 256 * 1024;
 /// the copy it saves.
 pub const PLACED_WRITE_BYTES_MIN: u64 = 256 * 1024;
 
-/// On a disk, a write is placed only while its volume's data file holds at most this many bytes
-/// of applied (logged) writes that no committed checkpoint has synced: a placed write syncs the
-/// whole data file first, and with more unsynced in it, that sync would make the small writes
-/// beside it wait (4 KiB writes at QD16 beside 1 MiB writes into holes: p99 13–15 ms without
-/// this rule, 9 ms with it, 6–8 ms without placed writes; docs/benchmarks.md). Placing resumes
-/// once the next checkpoint is committed.
-pub const PLACED_WRITE_UNFLUSHED_BYTES_MAX: u64 = 1024 * 1024;
-
 /// Default for [`StoreOptions::checkpoint_log_bytes`]: the live log segment stays around this
 /// size; each one filled starts a checkpoint in the background and a new segment.
 pub const CHECKPOINT_LOG_BYTES_DEFAULT: u64 = 64 * 1024 * 1024;

@@ -26,9 +26,8 @@ use crate::{
     sys,
     volume::{Attempt, MapSlice, Volume, VolumeState},
     CommitOutcome, Rejected, StoreError, StoreOptions, VolumeDigest, VolumeHandle, CHECKPOINT_LAG_SEGMENTS_MAX,
-    CHECKPOINT_LOG_BYTES_MAX, CHECKPOINT_LOG_BYTES_MIN, LOCK_WAIT_MS, PLACED_WRITE_BYTES_MIN,
-    PLACED_WRITE_UNFLUSHED_BYTES_MAX, RECLAIM_PUNCH_BYTES_MAX, RECLAIM_SCAN_BLOCKS_MAX, VOLUMES_MAX, VOLUME_BYTES_MAX,
-    VOLUME_NAME_BYTES_MAX, WRITEBACK_KICK_BYTES,
+    CHECKPOINT_LOG_BYTES_MAX, CHECKPOINT_LOG_BYTES_MIN, LOCK_WAIT_MS, PLACED_WRITE_BYTES_MIN, RECLAIM_PUNCH_BYTES_MAX,
+    RECLAIM_SCAN_BLOCKS_MAX, VOLUMES_MAX, VOLUME_BYTES_MAX, VOLUME_NAME_BYTES_MAX, WRITEBACK_KICK_BYTES,
 };
 
 mod clone;
@@ -138,9 +137,6 @@ struct Committer {
     unflushed: Vec<Unflushed>,
     /// The checkpointer was asked to prepare the segment after the live one.
     spare_requested: bool,
-    /// Log start of the newest checkpoint handed to the checkpointer: once it is committed,
-    /// the data files hold nothing unsynced from before its seal (`Unflushed::sealed`).
-    sealed_log_start: u64,
 }
 
 pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -453,13 +449,7 @@ impl Store {
         if !in_memory {
             writer.grow_step_bytes = options.log_grow_step();
         }
-        let committer = Arc::new(Mutex::new(Committer {
-            log: writer,
-            dirty,
-            unflushed,
-            spare_requested: false,
-            sealed_log_start: 0,
-        }));
+        let committer = Arc::new(Mutex::new(Committer { log: writer, dirty, unflushed, spare_requested: false }));
         let reclaimer = {
             let (reclaim, committer, volumes, shared) =
                 (reclaim.clone(), committer.clone(), volumes.clone(), shared.clone());
@@ -1055,15 +1045,7 @@ impl Store {
             };
             match prepare(&volume, i, record, &accepted, &through) {
                 Ok(mut prepared) => {
-                    // On a disk, not while the data file holds much unsynced: a placed write syncs
-                    // the whole file, and small writes beside it would wait for all of that.
-                    if self.options.placed_writes
-                        && !newest.contains_key(&i)
-                        && volume.clone_base().is_none()
-                        && (self.in_memory
-                            || committer.unsynced_bytes(i, &self.shared.checkpointer)
-                                <= PLACED_WRITE_UNFLUSHED_BYTES_MAX)
-                    {
+                    if self.options.placed_writes && !newest.contains_key(&i) && volume.clone_base().is_none() {
                         place_if_holes(&volume, &mut prepared, &accepted, i);
                     }
                     if let Some(&s) = newest.get(&i) {
@@ -1405,16 +1387,9 @@ impl Store {
 /// thousands of small writes in the device queue at once, and every log `fdatasync` on that
 /// device waits behind them (4 KiB random writes at QD16 on a disk the three elements share:
 /// p99 3.0–4.0× the mean with it, 2.6–2.9× without; docs/benchmarks.md).
-///
-/// It also counts what was written and not yet synced by a checkpoint: since the last seal
-/// (`since_seal`), and before it, until the checkpoint of that seal is committed (`sealed`). A
-/// placed write's `fdatasync` of the data file would have to write about that much first (see
-/// [`PLACED_WRITE_UNFLUSHED_BYTES_MAX`]).
 #[derive(Default)]
 struct Unflushed {
     bytes: u64,
-    since_seal: u64,
-    sealed: u64,
     /// First to last block written since.
     blocks: Option<Range<u64>>,
 }
@@ -1429,7 +1404,6 @@ impl Unflushed {
     /// `bytes` were written to the data file within `written`.
     fn add(&mut self, written: Range<u64>, bytes: u64) {
         self.bytes += bytes;
-        self.since_seal += bytes;
         self.blocks = Some(match self.blocks.take() {
             Some(blocks) => blocks.start.min(written.start)..blocks.end.max(written.end),
             None => written,
@@ -1449,16 +1423,6 @@ impl Unflushed {
 }
 
 impl Committer {
-    /// Bytes applied to volume `i`'s data file that no committed checkpoint has synced yet.
-    fn unsynced_bytes(&mut self, i: usize, checkpointer: &Checkpointer) -> u64 {
-        if checkpointer.committed_log_start() >= self.sealed_log_start {
-            for unflushed in &mut self.unflushed {
-                unflushed.sealed = 0;
-            }
-        }
-        self.unflushed[i].sealed + self.unflushed[i].since_seal
-    }
-
     fn commit_prepared(
         &mut self,
         store: &Store,
@@ -1469,23 +1433,26 @@ impl Committer {
         let mut holes = Vec::new();
         // Placed writes: their data goes into the data files, durably, before their records
         // are logged. Under the commit lock: nothing else writes or punches the data files.
-        let mut placed: Vec<usize> = Vec::new();
+        // Only their ranges are synced: an `fdatasync` of the data file would also write back
+        // what earlier applies left in its page cache, and the small writes of this commit would
+        // wait for all of that.
+        let mut placed: Vec<(usize, Range<u64>)> = Vec::new();
         let window = store.write_window_bytes();
         for (&i, record) in indices.iter().zip(&records) {
             if let Change::Blocks { first_block, pieces, placed: true, .. } = &record.change {
                 let volume = &volumes[i];
                 let slices: Vec<&[u8]> = pieces.iter().map(|p| &p[..]).collect();
-                sys::write_all_vectored_at_windowed(&volume.data, &slices, first_block * BLOCK_BYTES, window)
+                let offset = first_block * BLOCK_BYTES;
+                sys::write_all_vectored_at_windowed(&volume.data, &slices, offset, window)
                     .map_err(io_error("write volume data", &volume.data_path))?;
-                if !placed.contains(&i) {
-                    placed.push(i);
-                }
+                placed.push((i, offset..offset + record.length_bytes));
             }
         }
         if !store.in_memory() {
-            for &i in &placed {
+            for (i, range) in joined_ranges(placed) {
                 let volume = &volumes[i];
-                volume.data.sync_data().map_err(io_error("sync volume data", &volume.data_path))?;
+                sys::sync_data_range(&volume.data, range.start, range.end - range.start)
+                    .map_err(io_error("sync volume data", &volume.data_path))?;
             }
         }
         let positions = self.log.append(&records)?;
@@ -1589,11 +1556,7 @@ impl Committer {
                 })
                 .collect(),
         };
-        self.sealed_log_start = job.log_start;
         checkpointer.enqueue(job);
-        for unflushed in &mut self.unflushed {
-            unflushed.sealed += std::mem::take(&mut unflushed.since_seal);
-        }
         shared.trim_replay_log(checkpointer.committed_log_start());
         Ok(())
     }
@@ -1820,6 +1783,20 @@ impl Store {
         }
         Ok(copies)
     }
+}
+
+/// `ranges` of volumes' data files, sorted, with the ranges of one volume that touch or overlap
+/// joined (the placed writes of a sequential stream: one sync for them all).
+pub(crate) fn joined_ranges(mut ranges: Vec<(usize, Range<u64>)>) -> Vec<(usize, Range<u64>)> {
+    ranges.sort_by_key(|(i, range)| (*i, range.start));
+    let mut joined: Vec<(usize, Range<u64>)> = Vec::with_capacity(ranges.len());
+    for (i, range) in ranges {
+        match joined.last_mut() {
+            Some((last_i, last)) if *last_i == i && range.start <= last.end => last.end = last.end.max(range.end),
+            _ => joined.push((i, range)),
+        }
+    }
+    joined
 }
 
 /// Whether a record of volume `i` among `accepted` (only placed writes if `placed_only`)

@@ -72,9 +72,6 @@ fn writes_over_data_small_writes_and_unaligned_writes_keep_their_data_in_the_log
     f.commit(&[write_op(2 * MIB, min - 4096, 3)]); // too small
     f.commit(&[write_op(3 * MIB + 512, min, 4)]); // unaligned
     f.commit(&[write_op(2 * MIB + 128 * 1024, min, 5)]); // partly over data (sequence 3's)
-                                                         // (A checkpoint: the writes over data left more than `PLACED_WRITE_UNFLUSHED_BYTES_MAX`
-                                                         // unsynced in the data file, see the last test.)
-    f.store().checkpoint().expect("checkpoint");
     f.commit(&[write_op(2 * MIB + 512 * 1024, min, 6)]); // holes: placed
     let placed: Vec<bool> = (1..=6).map(|s| logged(&f, s).0).collect();
     assert_eq!(placed, [true, false, false, false, false, true]);
@@ -333,18 +330,23 @@ fn without_the_option_a_large_write_into_holes_keeps_its_data_in_the_log() {
 }
 
 #[test]
-fn on_a_disk_writes_into_holes_wait_for_a_checkpoint_once_the_data_file_holds_much_unsynced() {
+fn writes_into_holes_are_placed_however_much_the_data_file_holds_unsynced() {
+    // A placed write syncs its own range of the data file, not what earlier applies left in
+    // its page cache (`sys::sync_data_range`), so no amount of that holds placing back.
     let mut f = Fixture::new("placed-unsynced", 8 * MIB, placing());
     f.commit(&[write_op(0, 2 * MIB as usize, 1)]);
     f.commit(&[write_op(0, 2 * MIB as usize, 2)]); // over data: 2 MiB applied, unsynced
-    f.commit(&[write_op(4 * MIB, MIB as usize, 3)]);
-    f.store().checkpoint().expect("checkpoint");
-    f.commit(&[write_op(6 * MIB, MIB as usize, 4)]);
+    f.commit(&[write_op(4 * MIB, MIB as usize, 3), write_op(6 * MIB, MIB as usize, 4)]);
     let placed: Vec<bool> = (1..=4).map(|s| logged(&f, s).0).collect();
-    // In memory nothing waits for a sync of the data file: the third is placed too.
-    let in_memory = f.store().in_memory();
-    assert_eq!(placed, [true, false, in_memory, true], "in memory: {in_memory}");
+    assert_eq!(placed, [true, false, true, true]);
     f.check();
     f.reopen();
     f.check();
+}
+
+#[test]
+fn the_ranges_a_commit_syncs_are_joined_per_volume_where_they_touch() {
+    let ranges = vec![(1, 10..20), (0, 5..6), (1, 20..30), (1, 40..50), (0, 6..8), (1, 12..15)];
+    assert_eq!(crate::store::joined_ranges(ranges), vec![(0, 5..8), (1, 10..30), (1, 40..50)]);
+    assert_eq!(crate::store::joined_ranges(Vec::new()), Vec::new());
 }
