@@ -8,10 +8,13 @@
 # and the bytes the disk under DATA wrote per client byte (`-` on a file system in memory).
 # With THEN="RW BS QD SECONDS" (fio's rw, block size, depth, run time), each fill is followed by
 # that job over the filled volume, and a second line gives its IOPS, MB/s, CPU per operation and
-# disk bytes written: what comes right after a fill.
+# disk bytes written: what comes right after a fill. With AGE=N as well, N GiB of 1 MiB
+# overwrites at QD16 come between the fill and that job (unmeasured): what comes once the store
+# has aged.
 #   bash scripts/first-fill.sh                       # DATA=/dev/shm QD=16 ROUNDS=1 BASE_PORT=11020
 #   DATA=/var/tmp QD=1 ROUNDS=2 bash scripts/first-fill.sh
 #   DATA=/var/tmp THEN="randwrite 4k 16 8" ROUNDS=2 bash scripts/first-fill.sh
+#   DATA=/var/tmp AGE=2 THEN="write 1m 16 15" ROUNDS=2 bash scripts/first-fill.sh
 # Builds nothing: uses target/release/starfish (or SF=). The machine is shared and noisy:
 # compare within one run.
 set -euo pipefail
@@ -52,6 +55,10 @@ print(round(j['bw'] * 1024 / 1e6), j['total_ios'], j['io_bytes'])")
     printf '%-16s QD%-3s %5s MB/s  CPU per 1 MiB write: host element %5s µs, elements %5s µs  disk bytes per client byte %s\n' \
         "$label" "$QD" "$mbps" $(((h1 - h0) * tick_us / ios)) $(((e1 - e0) * tick_us / ios)) "$per_byte"
     if [[ -n "${THEN:-}" ]]; then
+        if [[ -n "${AGE:-}" ]]; then
+            fio --name=age --ioengine=nbd --uri="nbd://127.0.0.1:$BASE/vol0" --rw=write --bs=1m --iodepth=16 \
+                --size=1g --loops="$AGE" >/dev/null 2>&1
+        fi
         then_job "$label"
     fi
     stop "${PIDS[@]}"
