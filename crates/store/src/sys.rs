@@ -366,10 +366,10 @@ pub fn write_back(file: &File, offset: u64, length: u64) -> io::Result<()> {
 /// (`vfs_fsync_range`), and the page cache it syncs is the one `pwrite` filled. So the range is
 /// mapped only for that, and never touched. (POSIX promises `msync` only for changes made
 /// through the mapping; that it syncs writes made with `pwrite` too is Linux's behaviour, which
-/// this relies on, as it relies on Linux elsewhere.) The file must be open for reading and writing (a
-/// shared mapping of a file open for reading only is not shared for `msync`, which would then
-/// sync nothing): otherwise an error. An error it returns is not returned again by a later
-/// `fdatasync` of the same open file.
+/// this relies on, as it relies on Linux elsewhere.) The file must be open for reading and
+/// writing (a shared mapping of a file open for reading only is not shared for `msync`, which
+/// would then sync nothing): otherwise an error. An error it returns is not returned again by a
+/// later `fdatasync` of the same open file.
 pub fn sync_data_range(file: &File, offset: u64, length: u64) -> io::Result<()> {
     // SAFETY: plain system call on an owned descriptor.
     let flags = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GETFL) };
