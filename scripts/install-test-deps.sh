@@ -13,6 +13,8 @@ packages=(
     fio
     postmark
     e2fsprogs
+    xfsprogs
+    btrfs-progs
     python3-pytest
     python3-pytest-xdist
     python3-libnbd

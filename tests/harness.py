@@ -302,10 +302,13 @@ MEMORY_DIR = "/dev/shm"
 
 
 class Element:
-    def __init__(self, name, workdir, extra=(), memory=False):
+    def __init__(self, name, workdir, extra=(), memory=False, data_root=None):
         self.name = name
         self.port = free_port()
-        if memory and os.path.isdir(MEMORY_DIR):
+        if data_root:
+            self.memory_dir = None
+            self.data = os.path.join(data_root, f"element-{name}")
+        elif memory and os.path.isdir(MEMORY_DIR):
             self.memory_dir = tempfile.mkdtemp(prefix=f"starfish-test-element-{name}-", dir=MEMORY_DIR)
             self.data = os.path.join(self.memory_dir, "data")
         else:
@@ -346,7 +349,7 @@ class Cluster:
     NBD. Logs go to files in `workdir`; `logs()` gathers their tails."""
 
     def __init__(self, workdir, volumes=(("vol0", "1GiB"),), quorum=2, host_extra=(), use_config=False, tls=False,
-                 ack=None, far_links=None, addresses=None, element_extra=()):
+                 ack=None, far_links=None, addresses=None, element_extra=(), data_root=None):
         self.workdir = workdir
         # Ack policy per element name ("received", "network-sync", …); the rest are durable.
         self.ack = dict(ack or {})
@@ -368,10 +371,13 @@ class Cluster:
                  "--client", "admin", "--nbd-client", "nbdclient"], timeout=60)
             self.host_extra += ["--tls-dir", os.path.join(self.certs, "host")]
         # `element_extra`: more arguments for every element (`--placed-writes`, say).
+        # `data_root`: every element's data directory goes there (none in memory); a dict gives
+        # the directory per element name (the others as without it).
+        roots = data_root if isinstance(data_root, dict) else {name: data_root for name in ELEMENT_NAMES}
         self.elements = {
             name: Element(name, workdir,
                           (["--tls-dir", os.path.join(self.certs, name)] if tls else []) + list(element_extra),
-                          memory=name == MEMORY_ELEMENT)
+                          memory=name == MEMORY_ELEMENT, data_root=roots.get(name))
             for name in ELEMENT_NAMES
         }
         self.nbd_port = free_port()
@@ -1440,3 +1446,179 @@ class TamperingProxy:
 
     def destroy(self):
         self.relay.close()
+
+
+# ---------------------------------------------------------------------------
+# File systems on NBD exports: ext4 through nbdfuse and a loop device; a disk that loses
+# what it was not told to flush when its power goes
+
+
+def mounted(path):
+    path = os.path.realpath(path)
+    with open("/proc/self/mounts") as f:
+        return any(line.split()[1] == path for line in f)
+
+
+def abort_fuse(mountpoint):
+    """Last resort for a FUSE mount whose server hangs: abort the connection
+    through fusectl, so nothing stays stuck in the kernel."""
+    try:
+        minor = os.minor(os.stat(mountpoint).st_dev)
+        path = f"/sys/fs/fuse/connections/{minor}/abort"
+        if os.path.exists(path):
+            with open(path, "w") as f:
+                f.write("1")
+    except OSError:
+        pass
+
+
+def unmount(mountpoint, problems):
+    """Unmounts `mountpoint` if mounted; lazily if that fails (said in `problems`)."""
+    if mounted(mountpoint):
+        if run(["umount", mountpoint], timeout=60, check=False).returncode != 0:
+            problems.append(f"umount {mountpoint} failed; lazy unmount")
+            run(["umount", "-l", mountpoint], timeout=30, check=False)
+
+
+class Ext4OnNbd:
+    """nbdfuse + loop device (+ the ext4 a test puts on it), torn down in reverse on every path."""
+
+    def __init__(self, workdir, uri, size=GiB):
+        self.uri = uri
+        self.size = size
+        self.fuse_dir = os.path.join(workdir, "fuse")
+        self.disk = os.path.join(self.fuse_dir, "disk")
+        self.mountpoint = os.path.join(workdir, "fs")
+        self.pidfile = os.path.join(workdir, "nbdfuse.pid")
+        os.makedirs(self.fuse_dir)
+        os.makedirs(self.mountpoint)
+        self.nbdfuse = Process(
+            "nbdfuse", ["nbdfuse", "-P", self.pidfile, self.disk, uri], os.path.join(workdir, "nbdfuse.log")
+        )
+        self.loop = None
+
+    def attach(self):
+        self.nbdfuse.start()
+        wait_until(lambda: os.path.exists(self.pidfile) or not self.nbdfuse.alive(), 30, "nbdfuse to be ready")
+        assert self.nbdfuse.alive(), f"nbdfuse exited with {self.nbdfuse.returncode()}:\n{self.nbdfuse.log()}"
+        assert os.path.getsize(self.disk) == self.size
+        self.loop = run(["losetup", "--direct-io=on", "-f", "--show", self.disk], timeout=30).stdout.strip()
+        assert self.loop.startswith("/dev/loop"), self.loop
+
+    def logs(self):
+        return [(self.nbdfuse.name, self.nbdfuse.log())]
+
+    def teardown(self):
+        problems = []
+        unmount(self.mountpoint, problems)
+        if self.loop:
+            if run(["losetup", "-d", self.loop], timeout=30, check=False).returncode != 0:
+                problems.append(f"losetup -d {self.loop} failed")
+            self.loop = None
+        if mounted(self.fuse_dir):
+            if run(["fusermount3", "-u", self.fuse_dir], timeout=30, check=False).returncode != 0:
+                abort_fuse(self.fuse_dir)
+                run(["fusermount3", "-uz", self.fuse_dir], timeout=30, check=False)
+                problems.append("fusermount3 -u failed; aborted the FUSE connection")
+        code, killed = self.nbdfuse.stop(signal.SIGTERM, timeout=15)
+        if killed:
+            problems.append("nbdfuse had to be killed")
+        return problems
+
+
+class VolatileDisk:
+    """A disk with a volatile write cache, and a file system on it: a sparse image file
+    served by nbdkit's file plugin under its cache filter in writeback mode, so a write stays in
+    nbdkit's cache until the client flushes (a FLUSH, which the loop device sends for an
+    `fsync`), reached through nbdfuse and a loop device. Under the cache, nbdkit's pause filter:
+    `pause()` holds every request from then on, as a disk that stopped answering.
+
+    `power_cut()` kills nbdkit with SIGKILL: every write the disk had not been told to flush is
+    gone, and the image holds only what was flushed (and what the cache wrote back on its own,
+    as a real disk may). `power_on()` then tears down the dead stack and mounts the image
+    itself at the same place, as a machine finds its disk when the power comes back (the file
+    system replays its journal or log). `fs`: ext4, xfs or btrfs (each as its mkfs makes it).
+    Needs root, /dev/fuse, nbdkit, nbdfuse, losetup and the file system's mkfs."""
+
+    MKFS = {
+        # Inode tables and journal written by mkfs, not lazily through the volatile cache
+        # while the test runs.
+        "ext4": ["mkfs.ext4", "-q", "-F", "-E", "lazy_itable_init=0,lazy_journal_init=0"],
+        "xfs": ["mkfs.xfs", "-q", "-f"],
+        "btrfs": ["mkfs.btrfs", "-q", "-f"],
+    }
+
+    def __init__(self, workdir, fs="ext4", size=3 * GiB):
+        self.workdir = os.path.join(workdir, "volatile-disk")
+        os.makedirs(self.workdir)
+        self.fs = fs
+        self.size = size
+        self.image = os.path.join(self.workdir, "disk.img")
+        self.socket = os.path.join(self.workdir, "nbd.sock")
+        self.control = os.path.join(self.workdir, "pause.sock")
+        # The cache filter keeps its cache in a file under TMPDIR.
+        cache_dir = os.path.join(self.workdir, "cache")
+        os.makedirs(cache_dir)
+        self.nbdkit = Process(
+            "nbdkit",
+            ["nbdkit", "-f", "-U", self.socket, "--filter=pause", "--filter=cache", "file", self.image,
+             "cache=writeback", f"pause-control={self.control}"],
+            os.path.join(self.workdir, "nbdkit.log"),
+            env=dict(os.environ, TMPDIR=cache_dir),
+        )
+        self.stack = Ext4OnNbd(os.path.join(self.workdir, "stack"), f"nbd+unix:///?socket={self.socket}", size)
+        self.image_loop = None
+
+    @property
+    def mountpoint(self):
+        return self.stack.mountpoint
+
+    def start(self):
+        with open(self.image, "wb") as f:
+            f.truncate(self.size)
+        # Made on the image before it is served, so that mkfs's own writes are all on it.
+        run(self.MKFS[self.fs] + [self.image], timeout=120)
+        self.nbdkit.start()
+        wait_until(lambda: os.path.exists(self.socket) or not self.nbdkit.alive(), 30, "nbdkit to listen")
+        assert self.nbdkit.alive(), f"nbdkit exited with {self.nbdkit.returncode()}:\n{self.nbdkit.log()}"
+        self.stack.attach()
+        run(["mount", "-t", self.fs, self.stack.loop, self.mountpoint], timeout=60)
+        return self
+
+    def pause(self):
+        """Holds every request the disk gets from now on; returns once those before are done."""
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(30)
+            s.connect(self.control)
+            s.sendall(b"p")
+            assert s.recv(1) == b"P", "the pause filter did not confirm"
+
+    def power_cut(self):
+        self.nbdkit.kill9()
+
+    def power_on(self):
+        """After `power_cut()`: the image, as the cut left it, mounted where the file system was."""
+        assert not self.nbdkit.alive(), "power_on() after power_cut()"
+        problems = self.stack.teardown()
+        self.image_loop = run(["losetup", "-f", "--show", self.image], timeout=30).stdout.strip()
+        assert self.image_loop.startswith("/dev/loop"), self.image_loop
+        run(["mount", "-t", self.fs, self.image_loop, self.mountpoint], timeout=60)
+        return problems
+
+    def logs(self):
+        return [(self.nbdkit.name, self.nbdkit.log())] + self.stack.logs()
+
+    def teardown(self):
+        """Unmounts and detaches everything, stops nbdkit; returns a list of problems. Never raises."""
+        problems = []
+        try:
+            unmount(self.mountpoint, problems)
+            if self.image_loop:
+                if run(["losetup", "-d", self.image_loop], timeout=30, check=False).returncode != 0:
+                    problems.append(f"losetup -d {self.image_loop} failed")
+                self.image_loop = None
+            problems += self.stack.teardown()
+            self.nbdkit.stop(signal.SIGTERM, timeout=15)
+        except Exception as e:  # noqa: BLE001 - teardown must go on
+            problems.append(f"teardown: {e}")
+        return problems

@@ -5,7 +5,7 @@ at once, so each block's writes land in the order they were submitted), and
 logs every write when it is submitted and when it is acknowledged.
 
     python3 nbd_writer.py URI LOG --offset N --blocks N --seed N
-        [--inflight 16] [--max-blocks 4] [--max-seconds 120] [--stop-file PATH]
+        [--inflight 16] [--min-blocks 1] [--max-blocks 4] [--max-seconds 120] [--stop-file PATH]
 
 Log lines (flushed one by one, so a reader sees every acknowledgement):
     S <generation> <offset> <nblocks>      submitted
@@ -35,6 +35,7 @@ def main():
     parser.add_argument("--blocks", type=int, required=True)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--inflight", type=int, default=16)
+    parser.add_argument("--min-blocks", type=int, default=1)
     parser.add_argument("--max-blocks", type=int, default=4)
     parser.add_argument("--max-seconds", type=float, default=120)
     parser.add_argument("--stop-file")
@@ -73,7 +74,7 @@ def main():
 
     while not stopping() and not broken:
         while len(inflight) < args.inflight:
-            nblocks = rng.randint(1, args.max_blocks)
+            nblocks = rng.randint(args.min_blocks, args.max_blocks)
             index = rng.randrange(0, args.blocks - nblocks + 1)
             blocks = range(index, index + nblocks)
             if any(b in busy for b in blocks):

@@ -3,14 +3,12 @@ a loop device (direct I/O) turns it into a block device, ext4 goes on it,
 PostMark works it hard, and fsck finds it clean."""
 
 import os
-import signal
 import time
 
 import pytest
 
-import harness
 from conftest import attach_logs, require_tools
-from harness import run
+from harness import Ext4OnNbd, run
 
 POSTMARK_CONFIG = """set location {location}
 set number 500
@@ -23,75 +21,6 @@ set seed 42
 run
 quit
 """
-
-
-def mounted(path):
-    path = os.path.realpath(path)
-    with open("/proc/self/mounts") as f:
-        return any(line.split()[1] == path for line in f)
-
-
-def abort_fuse(mountpoint):
-    """Last resort for a FUSE mount whose server hangs: abort the connection
-    through fusectl, so nothing stays stuck in the kernel."""
-    try:
-        minor = os.minor(os.stat(mountpoint).st_dev)
-        path = f"/sys/fs/fuse/connections/{minor}/abort"
-        if os.path.exists(path):
-            with open(path, "w") as f:
-                f.write("1")
-    except OSError:
-        pass
-
-
-class Ext4OnNbd:
-    """nbdfuse + loop device + ext4, torn down in reverse on every path."""
-
-    def __init__(self, workdir, uri):
-        self.uri = uri
-        self.fuse_dir = os.path.join(workdir, "fuse")
-        self.disk = os.path.join(self.fuse_dir, "disk")
-        self.mountpoint = os.path.join(workdir, "fs")
-        self.pidfile = os.path.join(workdir, "nbdfuse.pid")
-        os.makedirs(self.fuse_dir)
-        os.makedirs(self.mountpoint)
-        self.nbdfuse = harness.Process(
-            "nbdfuse", ["nbdfuse", "-P", self.pidfile, self.disk, uri], os.path.join(workdir, "nbdfuse.log")
-        )
-        self.loop = None
-
-    def attach(self):
-        self.nbdfuse.start()
-        harness.wait_until(
-            lambda: os.path.exists(self.pidfile) or not self.nbdfuse.alive(), 30, "nbdfuse to be ready"
-        )
-        assert self.nbdfuse.alive(), f"nbdfuse exited with {self.nbdfuse.returncode()}:\n{self.nbdfuse.log()}"
-        assert os.path.getsize(self.disk) == harness.GiB
-        self.loop = run(["losetup", "--direct-io=on", "-f", "--show", self.disk], timeout=30).stdout.strip()
-        assert self.loop.startswith("/dev/loop"), self.loop
-
-    def logs(self):
-        return [(self.nbdfuse.name, self.nbdfuse.log())]
-
-    def teardown(self):
-        problems = []
-        if mounted(self.mountpoint):
-            if run(["umount", self.mountpoint], timeout=60, check=False).returncode != 0:
-                problems.append("umount failed; lazy unmount")
-                run(["umount", "-l", self.mountpoint], timeout=30, check=False)
-        if self.loop:
-            if run(["losetup", "-d", self.loop], timeout=30, check=False).returncode != 0:
-                problems.append(f"losetup -d {self.loop} failed")
-            self.loop = None
-        if mounted(self.fuse_dir):
-            if run(["fusermount3", "-u", self.fuse_dir], timeout=30, check=False).returncode != 0:
-                abort_fuse(self.fuse_dir)
-                run(["fusermount3", "-uz", self.fuse_dir], timeout=30, check=False)
-                problems.append("fusermount3 -u failed; aborted the FUSE connection")
-        code, killed = self.nbdfuse.stop(signal.SIGTERM, timeout=15)
-        if killed:
-            problems.append("nbdfuse had to be killed")
-        return problems
 
 
 @pytest.mark.time_limit(600)

@@ -41,13 +41,13 @@ def digests_agree(cluster):
     return reports
 
 
-def combined_log(workdir, writers):
+def combined_log(workdir, writers, blocks=REGION_BLOCKS):
     path = os.path.join(workdir, "writes.log")
     with open(path, "w") as out:
         for writer in writers:
             with open(writer.log_path) as f:
                 out.write(f.read())
-    return harness.WriteLog(path, 0, REGION_BLOCKS)
+    return harness.WriteLog(path, 0, blocks)
 
 
 def check_region(uri, write_log):

@@ -1,0 +1,179 @@
+"""Power loss, for real: the three elements keep their data on one ext4 file system whose disk
+loses every write it was not told to flush when the power goes (`harness.VolatileDisk`:
+nbdkit's cache filter in writeback mode under nbdfuse and a loop device). `kill -9` leaves the
+page cache alive, so it cannot tell a synced write from one that only reached memory; this can.
+
+The cut takes the whole machine: nbdkit first (the disk's cache is gone), then every StarFish
+process. The image is then mounted as found (ext4 replays its journal), the processes start on
+it, and every acknowledged write must read back (`durable`: on stable storage on Q elements
+before the host hears back), no request torn, the replicas equal in the end. Or the cut takes
+one element's machine only, while the other two go on: it comes back behind and catches up.
+
+The broken variant the check must catch: elements that acknowledge on receipt (`received`, a
+weaker promise by design) while the disk has stopped answering. Their acknowledgements go on,
+the cut loses those writes, and the same check reports them lost, while what a FLUSH covered
+before is still there, as that policy promises."""
+
+import os
+import signal
+
+import pytest
+
+import harness
+from conftest import attach_logs, require_tools
+from harness import MiB, Client, LoadWriter
+from test_failures import WRITE_SIZES, combined_log, digests_agree
+
+REGION_BLOCKS = 8192  # 32 MiB of 4 KiB blocks
+VOLUME = (("vol0", "512MiB"),)
+# Placed writes (`--placed-writes`): of 256 KiB to 2 MiB, at random over 256 MiB, so that most
+# of those written before the cut land in holes and are placed.
+PLACED_REGION_BLOCKS = 65536
+PLACED_WRITES = dict(min_blocks=64, max_blocks=512, inflight=4)
+# Small logs: three elements share a 3 GiB disk image.
+ELEMENT_EXTRA = ["--replay-log", "64MiB"]
+
+
+@pytest.fixture
+def volatile_disk(request, workdir):
+    """A started `harness.VolatileDisk` with the file system `request.param` (default ext4)."""
+    fs = getattr(request, "param", "ext4")
+    require_tools("nbdkit", "nbdfuse", "fusermount3", "losetup", f"mkfs.{fs}", "mount", "umount")
+    if not os.path.exists("/dev/fuse"):
+        pytest.skip("no /dev/fuse on this machine")
+    if os.geteuid() != 0:
+        pytest.skip("loop devices and mount need root")
+    disk = harness.VolatileDisk(workdir, fs)
+    attach_logs(request, disk)
+    clusters = []
+    try:
+        disk.start()
+        yield disk, clusters
+    finally:
+        # The processes first: none may hold the file system when it is unmounted.
+        for cluster in clusters:
+            cluster.destroy()
+        problems = disk.teardown()
+    assert not problems, problems
+
+
+def power_cut(disk, cluster):
+    """The machine loses power: the disk's cache, then every process (SIGKILL)."""
+    disk.power_cut()
+    for process in [cluster.host] + [e.process for e in cluster.elements.values()]:
+        process.send_signal(signal.SIGKILL)
+    for process in [cluster.host] + [e.process for e in cluster.elements.values()]:
+        process.wait(harness.STOP_TIMEOUT)
+
+
+def power_on(disk, cluster):
+    problems = disk.power_on()
+    assert not problems, problems
+    for element in cluster.elements.values():
+        element.start()
+    cluster.start_host()
+
+
+def region_problems(uri, write_log):
+    with Client(uri) as client:
+        return harness.check_stamped_region(client, write_log)
+
+
+@pytest.mark.time_limit(420)
+@pytest.mark.parametrize("volatile_disk", ["ext4", "xfs", "btrfs"], indirect=True)
+@pytest.mark.parametrize("sizes", ["small", "large", "placed"])
+def test_power_loss_keeps_every_acknowledged_write(volatile_disk, make_cluster, workdir, sizes):
+    """Writes under load, the power cut at a random moment. With `placed`, elements with
+    `--placed-writes` and writes of 256 KiB to 2 MiB, most of them into holes: their data goes
+    to the data files and is made durable by the ranged sync of those files, not by the log."""
+    disk, clusters = volatile_disk
+    placed = sizes == "placed"
+    extra = ELEMENT_EXTRA + (["--placed-writes"] if placed else [])
+    cluster = make_cluster(volumes=VOLUME, data_root=disk.mountpoint, element_extra=extra)
+    clusters.append(cluster)
+    uri = cluster.uri()
+    region, options = (PLACED_REGION_BLOCKS, PLACED_WRITES) if placed else (REGION_BLOCKS, WRITE_SIZES[sizes])
+    with LoadWriter(workdir, uri, region, seed=41, **options) as writer:
+        writer.wait_acks({"small": 600, "large": 12, "placed": 40}[sizes])
+        power_cut(disk, cluster)
+        writer.process.wait(60)  # its connection broke: it stops by itself
+    write_log = combined_log(workdir, [writer], region)
+    assert write_log.acked_count > 0
+    power_on(disk, cluster)
+
+    problems = region_problems(uri, write_log)
+    assert not problems, "\n".join(problems)
+
+    # The volume takes writes again, and every replica ends the same.
+    with LoadWriter(
+        workdir, uri, region, seed=42, name="writer2", first_generation=write_log.max_generation + 1, **options
+    ) as writer2:
+        writer2.wait_acks(200 if sizes == "small" else 6)
+        code = writer2.finish()
+        assert code == 0, f"writer exit {code}\n{writer2.output()}"
+    problems = region_problems(uri, combined_log(workdir, [writer, writer2], region))
+    assert not problems, "\n".join(problems)
+    cluster.wait_caught_up(timeout=90)
+    digests_agree(cluster)
+
+
+@pytest.mark.time_limit(420)
+@pytest.mark.parametrize("sizes", ["small", "large"])
+def test_an_element_that_loses_power_catches_up(volatile_disk, make_cluster, workdir, sizes):
+    """Only `local`'s machine loses power (its disk's cache, then the element) while writes go
+    on with the other two. It comes back on what its disk kept, behind by whatever it had not
+    synced, and catches up; every acknowledged write reads back and the replicas end equal."""
+    disk, clusters = volatile_disk
+    cluster = make_cluster(volumes=VOLUME, data_root={"local": disk.mountpoint}, element_extra=ELEMENT_EXTRA)
+    clusters.append(cluster)
+    uri = cluster.uri()
+    acks = 300 if sizes == "small" else 8
+    with LoadWriter(workdir, uri, REGION_BLOCKS, seed=45, **WRITE_SIZES[sizes]) as writer:
+        writer.wait_acks(acks)
+        disk.power_cut()
+        cluster.kill_element("local")
+        writer.wait_acks(acks, what="acknowledged writes with local off")
+        problems = disk.power_on()
+        assert not problems, problems
+        cluster.restart_element("local")
+        cluster.wait_healthy(timeout=120)
+        writer.wait_acks(acks, what="acknowledged writes after local came back")
+        code = writer.finish()
+        assert code == 0, f"writer exit {code}\n{writer.output()}"
+    write_log = combined_log(workdir, [writer])
+    assert not write_log.failed, f"writes failed with one element off: {write_log.failed[:10]}"
+    problems = region_problems(uri, write_log)
+    assert not problems, "\n".join(problems)
+    cluster.wait_caught_up(timeout=90)
+    digests_agree(cluster)
+
+
+@pytest.mark.time_limit(300)
+def test_power_loss_check_catches_writes_acknowledged_from_memory(volatile_disk, make_cluster, workdir):
+    """Every element acknowledges on receipt. The disk stops answering, the writer still gets
+    acknowledgements, then the power goes: the check must find acknowledged writes lost. What
+    a FLUSH covered before the disk stopped survives (the policy's promise)."""
+    disk, clusters = volatile_disk
+    cluster = make_cluster(volumes=VOLUME, data_root=disk.mountpoint, element_extra=ELEMENT_EXTRA,
+                           ack={name: "received" for name in harness.ELEMENT_NAMES})
+    clusters.append(cluster)
+    uri = cluster.uri()
+    flushed_at = 128 * MiB  # beyond the writer's region
+    flushed = harness.random_bytes(MiB, seed=43)
+    with Client(uri) as client:
+        client.pwrite(flushed, flushed_at)
+        client.flush()
+    with LoadWriter(workdir, uri, REGION_BLOCKS, seed=44, **WRITE_SIZES["small"]) as writer:
+        writer.wait_acks(300)
+        disk.pause()
+        writer.wait_acks(100, timeout=60, what="writes acknowledged from memory while the disk hangs")
+        power_cut(disk, cluster)
+        writer.process.wait(60)
+    write_log = combined_log(workdir, [writer], REGION_BLOCKS)
+    power_on(disk, cluster)
+
+    with Client(uri) as client:
+        assert client.pread(MiB, flushed_at) == flushed, "data a FLUSH covered was lost"
+    problems = region_problems(uri, write_log)
+    lost = [p for p in problems if "acknowledged" in p]
+    assert lost, f"a power cut after {write_log.acked_count} writes acknowledged from memory lost none of them"
