@@ -1459,11 +1459,13 @@ def mounted(path):
         return any(line.split()[1] == path for line in f)
 
 
-def abort_fuse(mountpoint):
+def abort_fuse(mountpoint, minor=None):
     """Last resort for a FUSE mount whose server hangs: abort the connection
-    through fusectl, so nothing stays stuck in the kernel."""
+    through fusectl, so nothing stays stuck in the kernel. `minor`: the mount's device
+    minor, if known (a `stat` of a hung mount may hang too)."""
     try:
-        minor = os.minor(os.stat(mountpoint).st_dev)
+        if minor is None:
+            minor = os.minor(os.stat(mountpoint).st_dev)
         path = f"/sys/fs/fuse/connections/{minor}/abort"
         if os.path.exists(path):
             with open(path, "w") as f:
@@ -1475,8 +1477,9 @@ def abort_fuse(mountpoint):
 def unmount(mountpoint, problems):
     """Unmounts `mountpoint` if mounted; lazily if that fails (said in `problems`)."""
     if mounted(mountpoint):
-        if run(["umount", mountpoint], timeout=60, check=False).returncode != 0:
-            problems.append(f"umount {mountpoint} failed; lazy unmount")
+        result = run(["umount", mountpoint], timeout=60, check=False)
+        if result.returncode != 0:
+            problems.append(f"umount {mountpoint} failed ({result.stderr.strip()}); lazy unmount")
             run(["umount", "-l", mountpoint], timeout=30, check=False)
 
 
@@ -1496,12 +1499,14 @@ class Ext4OnNbd:
             "nbdfuse", ["nbdfuse", "-P", self.pidfile, self.disk, uri], os.path.join(workdir, "nbdfuse.log")
         )
         self.loop = None
+        self.fuse_minor = None
 
     def attach(self):
         self.nbdfuse.start()
         wait_until(lambda: os.path.exists(self.pidfile) or not self.nbdfuse.alive(), 30, "nbdfuse to be ready")
         assert self.nbdfuse.alive(), f"nbdfuse exited with {self.nbdfuse.returncode()}:\n{self.nbdfuse.log()}"
         assert os.path.getsize(self.disk) == self.size
+        self.fuse_minor = os.minor(os.stat(self.fuse_dir).st_dev)
         self.loop = run(["losetup", "--direct-io=on", "-f", "--show", self.disk], timeout=30).stdout.strip()
         assert self.loop.startswith("/dev/loop"), self.loop
 
@@ -1577,7 +1582,16 @@ class VolatileDisk:
         with open(self.image, "wb") as f:
             f.truncate(self.size)
         # Made on the image before it is served, so that mkfs's own writes are all on it.
-        run(self.MKFS[self.fs] + [self.image], timeout=120)
+        # mkfs.btrfs looks at every mount first and gives up on a FUSE mount whose server is
+        # gone (another test's disk between its power cut and its teardown): try again then.
+        deadline = time.monotonic() + 60
+        while True:
+            result = run(self.MKFS[self.fs] + [self.image], timeout=120, check=False)
+            if result.returncode == 0:
+                break
+            if "Transport endpoint is not connected" not in result.stderr or time.monotonic() > deadline:
+                raise CommandFailed(f"exit {result.returncode}: {self.MKFS[self.fs][0]}\n{result.stderr}")
+            time.sleep(0.5)
         self.nbdkit.start()
         wait_until(lambda: os.path.exists(self.socket) or not self.nbdkit.alive(), 30, "nbdkit to listen")
         assert self.nbdkit.alive(), f"nbdkit exited with {self.nbdkit.returncode()}:\n{self.nbdkit.log()}"
@@ -1594,16 +1608,25 @@ class VolatileDisk:
             assert s.recv(1) == b"P", "the pause filter did not confirm"
 
     def power_cut(self):
+        """The disk loses its cache (nbdkit killed), and the path to it goes at once: the FUSE
+        connection is aborted and nbdfuse killed, so that every request still on its way fails
+        now. (Left to itself, nbdfuse 1.14 may die of an assertion on the broken connection,
+        and requests wait while it dumps core; a process in such a wait outlives SIGKILL.)"""
         self.nbdkit.kill9()
+        abort_fuse(self.stack.fuse_dir, self.stack.fuse_minor)
+        self.stack.nbdfuse.kill9()
 
     def power_on(self):
-        """After `power_cut()`: the image, as the cut left it, mounted where the file system was."""
+        """After `power_cut()` and once no process holds the file system: the image, as the cut
+        left it, mounted where the file system was. Raises if the dead stack would not go
+        cleanly (a second mount of the same file system would be refused or worse)."""
         assert not self.nbdkit.alive(), "power_on() after power_cut()"
         problems = self.stack.teardown()
+        if problems:
+            raise AssertionError(f"the dead disk did not go cleanly: {problems}")
         self.image_loop = run(["losetup", "-f", "--show", self.image], timeout=30).stdout.strip()
         assert self.image_loop.startswith("/dev/loop"), self.image_loop
         run(["mount", "-t", self.fs, self.image_loop, self.mountpoint], timeout=60)
-        return problems
 
     def logs(self):
         return [(self.nbdkit.name, self.nbdkit.log())] + self.stack.logs()
