@@ -1519,12 +1519,24 @@ class Ext4OnNbd:
         if self.loop:
             if run(["losetup", "-d", self.loop], timeout=30, check=False).returncode != 0:
                 problems.append(f"losetup -d {self.loop} failed")
+            else:
+                # The detach is deferred while anyone still has the device open (udev probing
+                # it after a change, say); until then it holds the FUSE file open.
+                backing = f"/sys/block/{os.path.basename(self.loop)}/loop/backing_file"
+                try:
+                    wait_until(lambda: not os.path.exists(backing), 30, f"{self.loop} to be detached")
+                except AssertionError as e:
+                    problems.append(str(e))
             self.loop = None
         if mounted(self.fuse_dir):
-            if run(["fusermount3", "-u", self.fuse_dir], timeout=30, check=False).returncode != 0:
-                abort_fuse(self.fuse_dir)
-                run(["fusermount3", "-uz", self.fuse_dir], timeout=30, check=False)
-                problems.append("fusermount3 -u failed; aborted the FUSE connection")
+            deadline = time.monotonic() + 10
+            while (result := run(["fusermount3", "-u", self.fuse_dir], timeout=30, check=False)).returncode != 0:
+                if time.monotonic() > deadline:
+                    abort_fuse(self.fuse_dir, self.fuse_minor)
+                    run(["fusermount3", "-uz", self.fuse_dir], timeout=30, check=False)
+                    problems.append(f"fusermount3 -u failed for 10 s ({result.stderr.strip()}); aborted the FUSE connection")
+                    break
+                time.sleep(0.2)
         code, killed = self.nbdfuse.stop(signal.SIGTERM, timeout=15)
         if killed:
             problems.append("nbdfuse had to be killed")

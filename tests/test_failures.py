@@ -268,18 +268,23 @@ def crash_and_check(cluster, workdir, kill, sizes):
     else:
         cluster.wait_healthy()
 
-    write_log = combined_log(workdir, [writer])
-    check_region(uri, write_log)
+    check_region(uri, combined_log(workdir, [writer]))
+    write_again_and_converge(cluster, workdir, writer, REGION_BLOCKS, 18, 300 if sizes == "small" else 10, options)
 
-    # The volume takes writes again, and every replica ends the same.
+
+def write_again_and_converge(cluster, workdir, first, blocks, seed, acks, options):
+    """After a crash and a check of what `first` wrote: the volume takes `acks` more writes,
+    every acknowledged write of both writers reads back, and every replica ends the same."""
+    uri = cluster.uri()
+    first_log = combined_log(workdir, [first], blocks)
     with LoadWriter(
-        workdir, uri, REGION_BLOCKS, seed=18, name="writer2", first_generation=write_log.max_generation + 1, **options
+        workdir, uri, blocks, seed=seed, name="writer2", first_generation=first_log.max_generation + 1, **options
     ) as writer2:
-        writer2.wait_acks(300 if sizes == "small" else 10)
+        writer2.wait_acks(acks)
         code = writer2.finish()
         assert code == 0, f"writer exit {code}\n{writer2.output()}"
-    check_region(uri, combined_log(workdir, [writer, writer2]))
-    cluster.wait_caught_up()
+    check_region(uri, combined_log(workdir, [first, writer2], blocks))
+    cluster.wait_caught_up(timeout=90)
     digests_agree(cluster)
 
 

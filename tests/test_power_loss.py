@@ -22,7 +22,7 @@ import pytest
 import harness
 from conftest import attach_logs, require_tools
 from harness import MiB, Client, LoadWriter
-from test_failures import WRITE_SIZES, combined_log, digests_agree
+from test_failures import WRITE_SIZES, check_region, combined_log, digests_agree, write_again_and_converge
 
 REGION_BLOCKS = 8192  # 32 MiB of 4 KiB blocks
 VOLUME = (("vol0", "512MiB"),)
@@ -101,20 +101,8 @@ def test_power_loss_keeps_every_acknowledged_write(volatile_disk, make_cluster, 
     assert write_log.acked_count > 0
     power_on(disk, cluster)
 
-    problems = region_problems(uri, write_log)
-    assert not problems, "\n".join(problems)
-
-    # The volume takes writes again, and every replica ends the same.
-    with LoadWriter(
-        workdir, uri, region, seed=42, name="writer2", first_generation=write_log.max_generation + 1, **options
-    ) as writer2:
-        writer2.wait_acks(200 if sizes == "small" else 6)
-        code = writer2.finish()
-        assert code == 0, f"writer exit {code}\n{writer2.output()}"
-    problems = region_problems(uri, combined_log(workdir, [writer, writer2], region))
-    assert not problems, "\n".join(problems)
-    cluster.wait_caught_up(timeout=90)
-    digests_agree(cluster)
+    check_region(uri, write_log)
+    write_again_and_converge(cluster, workdir, writer, region, 42, 200 if sizes == "small" else 6, options)
 
 
 @pytest.mark.time_limit(420)
@@ -141,8 +129,7 @@ def test_an_element_that_loses_power_catches_up(volatile_disk, make_cluster, wor
         assert code == 0, f"writer exit {code}\n{writer.output()}"
     write_log = combined_log(workdir, [writer])
     assert not write_log.failed, f"writes failed with one element off: {write_log.failed[:10]}"
-    problems = region_problems(uri, write_log)
-    assert not problems, "\n".join(problems)
+    check_region(uri, write_log)
     cluster.wait_caught_up(timeout=90)
     digests_agree(cluster)
 
