@@ -1,13 +1,15 @@
-"""Power loss, for real: the three elements keep their data on one ext4 file system whose disk
-loses every write it was not told to flush when the power goes (`harness.VolatileDisk`:
-nbdkit's cache filter in writeback mode under nbdfuse and a loop device). `kill -9` leaves the
-page cache alive, so it cannot tell a synced write from one that only reached memory; this can.
+"""Power loss, for real: the three elements keep their data on one file system (ext4, XFS or
+btrfs) whose disk loses every write it was not told to flush when the power goes
+(`harness.VolatileDisk`: nbdkit's cache filter in writeback mode under nbdfuse and a loop
+device). `kill -9` leaves the page cache alive, so it cannot tell a synced write from one that
+only reached memory; this can.
 
 The cut takes the whole machine: nbdkit first (the disk's cache is gone), then every StarFish
-process. The image is then mounted as found (ext4 replays its journal), the processes start on
-it, and every acknowledged write must read back (`durable`: on stable storage on Q elements
-before the host hears back), no request torn, the replicas equal in the end. Or the cut takes
-one element's machine only, while the other two go on: it comes back behind and catches up.
+process. The image is then mounted as found (the file system replays its journal), the
+processes start on it, and every acknowledged write must read back (`durable`: on stable
+storage on Q elements before the host hears back), no request torn, the replicas equal in the
+end. Or the cut takes one element's machine only, while the other two go on: it comes back
+behind and catches up.
 
 The broken variant the check must catch: elements that acknowledge on receipt (`received`, a
 weaker promise by design) while the disk has stopped answering. Their acknowledgements go on,
