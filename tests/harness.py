@@ -1547,7 +1547,7 @@ class VolatileDisk:
     """A disk with a volatile write cache, and a file system on it: a sparse image file
     served by nbdkit's file plugin under its cache filter in writeback mode, so a write stays in
     nbdkit's cache until the client flushes (a FLUSH, which the loop device sends for an
-    `fsync`), reached through nbdfuse and a loop device. Under the cache, nbdkit's pause filter:
+    `fsync`), reached through nbdfuse and a loop device. In front of the cache, nbdkit's pause filter:
     `pause()` holds every request from then on, as a disk that stopped answering.
 
     `power_cut()` kills nbdkit with SIGKILL: every write the disk had not been told to flush is
