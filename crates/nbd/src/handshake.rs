@@ -251,8 +251,9 @@ impl Handshake {
         }
     }
 
-    /// How the handshake ended, once it has. Send everything [`Handshake::poll_transmit`] gives
-    /// before acting on it.
+    /// How the handshake ended, once it has: it comes with the last reply. Send everything
+    /// [`Handshake::poll_transmit`] gives before reading requests (what must hold before the
+    /// client hears the end, such as counting the connection, goes before that send).
     pub fn poll_outcome(&mut self) -> Option<HandshakeOutcome> {
         self.outcome.take()
     }

@@ -311,8 +311,8 @@ async fn serve_connection(
 ) -> Result<ConnectionEnd, ConnectionError> {
     stream.set_nodelay(true)?;
     let mut buffer = BytesMut::with_capacity(READ_CHUNK_BYTES);
-    let handshake = handshake(Stream::Plain(stream), &mut buffer, backend.as_ref(), options);
-    let (stream, outcome) = match tokio::time::timeout(options.handshake_timeout, handshake).await {
+    let handshake = handshake(Stream::Plain(stream), &mut buffer, &backend, options);
+    let (stream, outcome, open) = match tokio::time::timeout(options.handshake_timeout, handshake).await {
         Ok(outcome) => outcome?,
         Err(_elapsed) => return Err(ConnectionError::HandshakeTimeout(options.handshake_timeout)),
     };
@@ -330,11 +330,9 @@ async fn serve_connection(
         block_status = transmission.block_status_enabled(),
         "nbd transmission phase"
     );
-    let export: Arc<str> = transmission.export().name.as_str().into();
-    backend.opened(&export);
-    let _open = OpenExport { backend: backend.clone(), export: export.clone() };
+    let open = open.expect("a connection entering transmission was counted");
     let mut connection = Connection {
-        export,
+        export: open.export.clone(),
         transmission: Arc::new(transmission),
         backend,
         reader,
@@ -349,25 +347,41 @@ async fn serve_connection(
         tasks: JoinSet::new(),
         drain: options.drain.clone(),
     };
-    connection.run().await
+    let end = connection.run().await;
+    drop(open);
+    end
 }
 
+/// Runs the handshake. A connection entering the transmission phase is counted
+/// (`Backend::opened`, the returned guard) before the client hears that the handshake ended, so
+/// that a client told its export is open is never missed by an `in use` check (a shrink, a
+/// delete).
 async fn handshake(
     mut stream: Stream,
     buffer: &mut BytesMut,
-    backend: &dyn Backend,
+    backend: &Arc<dyn Backend>,
     options: &ServerOptions,
-) -> Result<(Stream, HandshakeOutcome), ConnectionError> {
-    let exports = BackendExports(backend);
+) -> Result<(Stream, HandshakeOutcome, Option<OpenExport>), ConnectionError> {
+    let exports = BackendExports(backend.as_ref());
     let config = HandshakeConfig { multi_conn: options.multi_conn, tls: options.tls.is_some() };
     let mut handshake = Handshake::new(config);
     loop {
+        // The outcome comes with the last reply; count the connection before sending that.
+        let outcome = handshake.poll_outcome();
+        let open = match &outcome {
+            Some(HandshakeOutcome::Transmission(transmission)) => {
+                let export: Arc<str> = transmission.export().name.as_str().into();
+                backend.opened(&export);
+                Some(OpenExport { backend: backend.clone(), export })
+            }
+            _ => None,
+        };
         if let Some(output) = handshake.poll_transmit() {
             stream.write_all(&output).await?;
             stream.flush().await?;
         }
-        if let Some(outcome) = handshake.poll_outcome() {
-            return Ok((stream, outcome));
+        if let Some(outcome) = outcome {
+            return Ok((stream, outcome, open));
         }
         if handshake.wants_tls() {
             let tls = options.tls.as_ref().expect("STARTTLS is acknowledged only with TLS configured");

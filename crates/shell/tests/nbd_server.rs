@@ -39,6 +39,10 @@ struct MemoryBackend {
     in_flight: AtomicUsize,
     in_flight_max: AtomicUsize,
     writes_completed: AtomicUsize,
+    /// Connections in the transmission phase (`Backend::opened` less `Backend::closed`).
+    connections: AtomicUsize,
+    /// `Backend::opened` sleeps this long before counting (to widen a race).
+    open_delay: Mutex<Duration>,
 }
 
 impl MemoryBackend {
@@ -111,6 +115,16 @@ fn check_bounds(volume: &Volume, offset_bytes: u64, length_bytes: u64) {
 struct Shared(Arc<MemoryBackend>);
 
 impl Backend for Shared {
+    fn opened(&self, _export: &str) {
+        let delay = *self.0.open_delay.lock().unwrap();
+        std::thread::sleep(delay);
+        self.0.connections.fetch_add(1, Ordering::SeqCst);
+    }
+
+    fn closed(&self, _export: &str) {
+        self.0.connections.fetch_sub(1, Ordering::SeqCst);
+    }
+
     fn exports(&self) -> Vec<ExportInfo> {
         self.0.exports.clone()
     }
@@ -749,6 +763,28 @@ impl RawClient {
                 Err(error) if error.kind() == std::io::ErrorKind::ConnectionReset => return true,
                 Err(error) => panic!("the server did not close the connection: {error}"),
             }
+        }
+    }
+}
+
+/// What `starfish volume resize --shrink` and `volume delete` rely on: a client that has
+/// heard the handshake end is already counted as using its export (once a test saw a shrink
+/// pass while a libnbd client had just connected).
+#[test]
+fn a_connection_is_counted_before_its_client_hears_the_handshake_end() {
+    let server = Server::standard();
+    *server.backend.open_delay.lock().unwrap() = Duration::from_millis(200);
+    for round in 0..3 {
+        let mut client = RawClient::connect(server.port);
+        assert_eq!(client.handshake("vol"), 64 * MIB);
+        let counted = server.backend.connections.load(Ordering::SeqCst);
+        assert_eq!(counted, 1, "round {round}: the client is in transmission, the backend counts {counted}");
+        client.round_trip(round + 1);
+        drop(client);
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while server.backend.connections.load(Ordering::SeqCst) != 0 {
+            assert!(std::time::Instant::now() < deadline, "round {round}: a closed connection is still counted");
+            std::thread::sleep(Duration::from_millis(5));
         }
     }
 }
