@@ -1,15 +1,16 @@
-"""Power loss, for real: the three elements keep their data on one file system (ext4, XFS or
-btrfs) whose disk loses every write it was not told to flush when the power goes
-(`harness.VolatileDisk`: nbdkit's cache filter in writeback mode under nbdfuse and a loop
-device). `kill -9` leaves the page cache alive, so it cannot tell a synced write from one that
-only reached memory; this can.
+"""Power loss, for real: the three elements keep their data on one file system (ext4 with or
+without a journal, XFS or btrfs) whose disk loses every write it was not told to flush when
+the power goes (`harness.VolatileDisk`: nbdkit's cache filter in writeback mode under nbdfuse
+and a loop device). `kill -9` leaves the page cache alive, so it cannot tell a synced write
+from one that only reached memory; this can.
 
 The cut takes the whole machine: nbdkit first (the disk's cache is gone), then every StarFish
-process. The image is then mounted as found (the file system replays its journal), the
-processes start on it, and every acknowledged write must read back (`durable`: on stable
-storage on Q elements before the host hears back), no request torn, the replicas equal in the
-end. Or the cut takes one element's machine only, while the other two go on: it comes back
-behind and catches up.
+process. The image is then mounted as found (the file system replays its journal; ext4
+without a journal is repaired by `e2fsck -fy` first, as at boot), the processes start on it,
+and every acknowledged write must read back (`durable`: on stable storage on Q elements
+before the host hears back), no request torn, the replicas equal in the end. Or the cut
+takes one element's machine only, while the other two go on: it comes back behind and
+catches up.
 
 The broken variant the check must catch: elements that acknowledge on receipt (`received`, a
 weaker promise by design) while the disk has stopped answering. Their acknowledgements go on,
@@ -32,6 +33,9 @@ VOLUME = (("vol0", "512MiB"),)
 # of those written before the cut land in holes and are placed.
 PLACED_REGION_BLOCKS = 65536
 PLACED_WRITES = dict(min_blocks=64, max_blocks=512, inflight=4)
+# Small writes (1 to 4 blocks) acknowledged before the cut of the `checkpoints` load: about
+# 200 MiB of log per element, so about three 64 MiB segments sealed and checkpointed.
+CHECKPOINTS_ACKS = 20000
 # Small logs: three elements share a 3 GiB disk image.
 ELEMENT_EXTRA = ["--replay-log", "64MiB"]
 
@@ -40,7 +44,8 @@ ELEMENT_EXTRA = ["--replay-log", "64MiB"]
 def volatile_disk(request, workdir):
     """A started `harness.VolatileDisk` with the file system `request.param` (default ext4)."""
     fs = getattr(request, "param", "ext4")
-    require_tools("nbdkit", "nbdfuse", "fusermount3", "losetup", f"mkfs.{fs}", "mount", "umount")
+    mkfs = "mkfs." + fs.split("-")[0]
+    require_tools("nbdkit", "nbdfuse", "fusermount3", "losetup", mkfs, "e2fsck", "mount", "umount")
     if not os.path.exists("/dev/fuse"):
         pytest.skip("no /dev/fuse on this machine")
     if os.geteuid() != 0:
@@ -82,29 +87,38 @@ def region_problems(uri, write_log):
 
 
 @pytest.mark.time_limit(420)
-@pytest.mark.parametrize("volatile_disk", ["ext4", "xfs", "btrfs"], indirect=True)
-@pytest.mark.parametrize("sizes", ["small", "large", "placed"])
+@pytest.mark.parametrize("volatile_disk", ["ext4", "ext4-nojournal", "xfs", "btrfs"], indirect=True)
+@pytest.mark.parametrize("sizes", ["small", "large", "placed", "checkpoints"])
 def test_power_loss_keeps_every_acknowledged_write(volatile_disk, make_cluster, workdir, sizes):
     """Writes under load, the power cut at a random moment. With `placed`, elements with
     `--placed-writes` and writes of 256 KiB to 2 MiB, most of them into holes: their data goes
-    to the data files and is made durable by the ranged sync of those files, not by the log."""
+    to the data files and is made durable by the ranged sync of those files, not by the log.
+    With `checkpoints`, small writes for long enough that each element seals its log segment
+    and checkpoints about three times before the cut: what the log no longer holds must have
+    been made durable in the data files."""
     disk, clusters = volatile_disk
     placed = sizes == "placed"
     extra = ELEMENT_EXTRA + (["--placed-writes"] if placed else [])
     cluster = make_cluster(volumes=VOLUME, data_root=disk.mountpoint, element_extra=extra)
     clusters.append(cluster)
     uri = cluster.uri()
-    region, options = (PLACED_REGION_BLOCKS, PLACED_WRITES) if placed else (REGION_BLOCKS, WRITE_SIZES[sizes])
+    if placed:
+        region, options = PLACED_REGION_BLOCKS, PLACED_WRITES
+    else:
+        region, options = REGION_BLOCKS, WRITE_SIZES["small" if sizes == "checkpoints" else sizes]
     with LoadWriter(workdir, uri, region, seed=41, **options) as writer:
-        writer.wait_acks({"small": 600, "large": 12, "placed": 40}[sizes])
+        acks = {"small": 600, "large": 12, "placed": 40, "checkpoints": CHECKPOINTS_ACKS}[sizes]
+        writer.wait_acks(acks, timeout=300)
         power_cut(disk, cluster)
         writer.process.wait(60)  # its connection broke: it stops by itself
     write_log = combined_log(workdir, [writer], region)
     assert write_log.acked_count > 0
     power_on(disk, cluster)
+    if disk.fsck_output is not None:
+        print(disk.fsck_output)
 
     check_region(uri, write_log)
-    write_again_and_converge(cluster, workdir, writer, region, 42, 200 if sizes == "small" else 6, options)
+    write_again_and_converge(cluster, workdir, writer, region, 42, 6 if sizes in ("large", "placed") else 200, options)
 
 
 @pytest.mark.time_limit(420)
