@@ -10,7 +10,8 @@ without a journal is repaired by `e2fsck -fy` first, as at boot), the processes 
 and every acknowledged write must read back (`durable`: on stable storage on Q elements
 before the host hears back), no request torn, the replicas equal in the end. Or the cut
 takes one element's machine only, while the other two go on: it comes back behind and
-catches up.
+catches up. ext4 without a journal cannot keep that promise (`e2fsck` may clear a file an
+element synced): there the elements must warn, and what is served after the cut be right.
 
 The broken variant the check must catch: elements that acknowledge on receipt (`received`, a
 weaker promise by design) while the disk has stopped answering. Their acknowledgements go on,
@@ -36,6 +37,8 @@ PLACED_WRITES = dict(min_blocks=64, max_blocks=512, inflight=4)
 # Small writes (1 to 4 blocks) acknowledged before the cut of the `checkpoints` load: about
 # 200 MiB of log per element, so about three 64 MiB segments sealed and checkpointed.
 CHECKPOINTS_ACKS = 20000
+# What an element logs at start when its data directory is on ext4 without a journal.
+NO_JOURNAL_WARNING = "the data directory is on ext4 without a journal"
 # Small logs: three elements share a 3 GiB disk image.
 ELEMENT_EXTRA = ["--replay-log", "64MiB"]
 
@@ -74,6 +77,11 @@ def power_cut(disk, cluster):
         assert process.wait(harness.STOP_TIMEOUT) is not None, f"{process.name} outlived SIGKILL"
 
 
+def element_log(element):
+    with open(element.process.log_path, errors="replace") as f:
+        return f.read()
+
+
 def power_on(disk, cluster):
     disk.power_on()
     for element in cluster.elements.values():
@@ -87,7 +95,7 @@ def region_problems(uri, write_log):
 
 
 @pytest.mark.time_limit(420)
-@pytest.mark.parametrize("volatile_disk", ["ext4", "ext4-nojournal", "xfs", "btrfs"], indirect=True)
+@pytest.mark.parametrize("volatile_disk", ["ext4", "xfs", "btrfs"], indirect=True)
 @pytest.mark.parametrize("sizes", ["small", "large", "placed", "checkpoints"])
 def test_power_loss_keeps_every_acknowledged_write(volatile_disk, make_cluster, workdir, sizes):
     """Writes under load, the power cut at a random moment. With `placed`, elements with
@@ -101,6 +109,8 @@ def test_power_loss_keeps_every_acknowledged_write(volatile_disk, make_cluster, 
     extra = ELEMENT_EXTRA + (["--placed-writes"] if placed else [])
     cluster = make_cluster(volumes=VOLUME, data_root=disk.mountpoint, element_extra=extra)
     clusters.append(cluster)
+    for element in cluster.elements.values():
+        assert NO_JOURNAL_WARNING not in element_log(element), f"{element.name} warned on {disk.fs}"
     uri = cluster.uri()
     if placed:
         region, options = PLACED_REGION_BLOCKS, PLACED_WRITES
@@ -119,6 +129,54 @@ def test_power_loss_keeps_every_acknowledged_write(volatile_disk, make_cluster, 
 
     check_region(uri, write_log)
     write_again_and_converge(cluster, workdir, writer, region, 42, 6 if sizes in ("large", "placed") else 200, options)
+
+
+@pytest.mark.time_limit(420)
+@pytest.mark.parametrize("volatile_disk", ["ext4-nojournal"], indirect=True)
+@pytest.mark.parametrize("sizes", ["large", "checkpoints"])
+def test_on_ext4_without_a_journal_elements_warn_and_a_cut_serves_nothing_wrong(
+    volatile_disk, make_cluster, workdir, sizes
+):
+    """ext4 without a journal cannot keep the promise above: after a cut, `e2fsck` may clear a
+    whole file an element had synced, when another file's sync wrote its inode ahead of its
+    extent blocks (CI saw `0.map` lost so, and the element refuse to start). What must hold
+    there: every element warns at start; after the cut and `e2fsck -fy`, each element starts or
+    refuses saying what it cannot open; while a write quorum starts, every acknowledged write
+    reads back (the elements check every block they serve against its checksum), and with all
+    three the replicas converge."""
+    disk, clusters = volatile_disk
+    cluster = make_cluster(volumes=VOLUME, data_root=disk.mountpoint, element_extra=ELEMENT_EXTRA)
+    clusters.append(cluster)
+    for element in cluster.elements.values():
+        assert NO_JOURNAL_WARNING in element_log(element), f"{element.name} did not warn"
+    uri = cluster.uri()
+    options = WRITE_SIZES["small" if sizes == "checkpoints" else sizes]
+    with LoadWriter(workdir, uri, REGION_BLOCKS, seed=43, **options) as writer:
+        writer.wait_acks({"large": 12, "checkpoints": CHECKPOINTS_ACKS}[sizes], timeout=300)
+        power_cut(disk, cluster)
+        writer.process.wait(60)
+    write_log = combined_log(workdir, [writer], REGION_BLOCKS)
+    assert write_log.acked_count > 0
+    disk.power_on()
+    print(disk.fsck_output)
+    refused = {}
+    for name, element in cluster.elements.items():
+        try:
+            element.start()
+        except AssertionError as e:
+            refused[name] = str(e)
+    for name, error in refused.items():
+        assert "cannot open data directory" in error, f"{name} did not say why it stopped:\n{error}"
+        print(f"{name} refused after the cut: {error.splitlines()[-1]}")
+    if len(refused) > 1:
+        return  # below the write quorum: nothing is served, so nothing wrong
+    cluster.start_host(ready=not refused)
+    if refused:
+        up = [name for name in cluster.elements if name not in refused]
+        cluster.wait_caught_up(up, timeout=harness.START_TIMEOUT)
+    check_region(uri, write_log)
+    if not refused:
+        write_again_and_converge(cluster, workdir, writer, REGION_BLOCKS, 44, 200 if sizes == "checkpoints" else 6, options)
 
 
 @pytest.mark.time_limit(420)

@@ -315,6 +315,19 @@ pub fn sync_dir(dir: &Path) -> io::Result<()> {
     File::open(dir)?.sync_all()
 }
 
+/// The block device (as `/sys` names it) if `dir` lies on an ext4 file system mounted without
+/// a journal: Linux shows `<none>` in `/sys/fs/ext4/DEVICE/journal_task` then. `None` for a
+/// journal, any other file system, or when it cannot be told.
+pub fn ext4_without_journal(dir: &Path) -> Option<String> {
+    use std::os::unix::fs::MetadataExt;
+    let device = std::fs::metadata(dir).ok()?.dev();
+    let (major, minor) = (libc::major(device), libc::minor(device));
+    let link = std::fs::read_link(format!("/sys/dev/block/{major}:{minor}")).ok()?;
+    let name = link.file_name()?.to_str()?.to_string();
+    let task = std::fs::read_to_string(format!("/sys/fs/ext4/{name}/journal_task")).ok()?;
+    (task.trim() == "<none>").then_some(name)
+}
+
 /// The first offset at or after `offset` where `file` holds data (`lseek(SEEK_DATA)`), or
 /// `None` if only a hole follows. File systems without hole tracking report all data.
 pub fn next_data(file: &File, offset: u64) -> io::Result<Option<u64>> {
