@@ -76,7 +76,13 @@ def element_copies(cluster, storage_volume):
 
 
 def assert_identical_everywhere(cluster, storage_volume):
-    cluster.wait_healthy()
+    # Level, not only in sync: an in-sync element may still be applying the last writes
+    # (acknowledged once a quorum had them), and a stopping host element does not wait for it.
+    def level(status):
+        applied = [e["applied_sequence"].get(storage_volume) for e in status["elements"]]
+        return harness.healthy(status) and None not in applied and len(set(applied)) == 1
+
+    cluster.wait_status(level, harness.START_TIMEOUT, f"every element in sync and level on {storage_volume}")
     assert not cluster.stop()
     copies = element_copies(cluster, storage_volume)
     assert all(copies.values()), f"{storage_volume} is missing on some element: {copies}"
