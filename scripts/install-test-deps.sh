@@ -20,6 +20,7 @@ packages=(
     python3-libnbd
     python3-prometheus-client
     python3-websocket
+    python3-pyfuse3
     chromium
     systemd
     adduser

@@ -1671,3 +1671,77 @@ class VolatileDisk:
         except Exception as e:  # noqa: BLE001 - teardown must go on
             problems.append(f"teardown: {e}")
         return problems
+
+
+
+class ForgetfulDisk:
+    """A file system that keeps, when the power goes, no more than POSIX promises: a file's data
+    as of its last `fsync`/`fdatasync`, a directory's entries as of its last `fsync`, nothing
+    else (`tests/forgetful_fs.py`, a FUSE file system over a directory of this machine). Where
+    `VolatileDisk` loses what a real file system had not flushed, this one also loses every
+    rename, new name and unlink whose directory was not synced after it, and every write since
+    its file's last sync, however the file system around it would have ordered them.
+
+    `power_cut()` kills it with SIGKILL (what it only remembered is gone) and aborts the dead
+    connection; `power_on()` then builds, at the same place, the tree the power left. `early`
+    (with `seed`): each written page, and each changed directory whole, is also kept at once
+    with that probability, as a disk writes back on its own. Needs root, /dev/fuse, fusermount3
+    and Debian's python3-pyfuse3."""
+
+    fs = "forgetful"
+    fs_type = "fuse"
+    fsck_output = None
+
+    def __init__(self, workdir, early=0.0, seed=0):
+        self.workdir = os.path.join(workdir, "forgetful-disk")
+        self.work = os.path.join(self.workdir, "work")
+        self.mountpoint = os.path.join(self.workdir, "fs")
+        os.makedirs(self.work)
+        os.makedirs(self.mountpoint)
+        self.tool = os.path.join(REPO, "tests", "forgetful_fs.py")
+        args = ["/usr/bin/python3", self.tool, "serve", self.work, self.mountpoint]
+        if early:
+            args += ["--early", str(early), "--seed", str(seed)]
+        self.server = Process("forgetful_fs", args, os.path.join(self.workdir, "forgetful_fs.log"))
+        self.minor = None
+
+    def start(self):
+        self.server.start()
+        wait_until(lambda: mounted(self.mountpoint) or not self.server.alive(), 30, "the forgetful file system")
+        assert self.server.alive(), f"forgetful_fs exited with {self.server.returncode()}:\n{self.server.log()}"
+        self.minor = os.minor(os.stat(self.mountpoint).st_dev)
+        return self
+
+    def pause(self):
+        raise NotImplementedError("ForgetfulDisk cannot hold requests; VolatileDisk can")
+
+    def power_cut(self):
+        """Everything not synced is gone, and requests on their way fail now (the FUSE
+        connection is aborted, so none waits on the dead server)."""
+        self.server.kill9()
+        abort_fuse(self.mountpoint, self.minor)
+
+    def power_on(self):
+        """After `power_cut()` and once no process holds the file system: what the power left,
+        as plain directories and files where the file system was mounted."""
+        assert not self.server.alive(), "power_on() after power_cut()"
+        run(["fusermount3", "-u", "-z", self.mountpoint], timeout=30, check=False)
+        assert not mounted(self.mountpoint), "the dead forgetful mount would not go"
+        run(["/usr/bin/python3", self.tool, "materialize", self.work, self.mountpoint], timeout=300)
+
+    def logs(self):
+        return [(self.server.name, self.server.log())]
+
+    def teardown(self):
+        """Stops the file system and unmounts it; returns a list of problems. Never raises."""
+        problems = []
+        try:
+            if self.server.alive():
+                self.server.stop(signal.SIGTERM, timeout=15)
+            if mounted(self.mountpoint):
+                abort_fuse(self.mountpoint, self.minor)
+                if run(["fusermount3", "-u", "-z", self.mountpoint], timeout=30, check=False).returncode != 0:
+                    problems.append(f"fusermount3 -u -z {self.mountpoint} failed")
+        except Exception as e:  # noqa: BLE001 - teardown must go on
+            problems.append(f"teardown: {e}")
+        return problems
