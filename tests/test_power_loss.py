@@ -96,8 +96,8 @@ def element_log(element):
 
 
 def load_and_cut(disk, cluster, workdir, region, options, acks, seed):
-    """Writes under load until `acks` are acknowledged, then the power cut; returns the
-    combined write log (what was acknowledged, what was in flight)."""
+    """Writes under load until `acks` are acknowledged, then the power cut; returns the writer
+    and its combined write log (what was acknowledged, what was in flight)."""
     with LoadWriter(workdir, cluster.uri(), region, seed=seed, **options) as writer:
         writer.wait_acks(acks, timeout=300)
         power_cut(disk, cluster)
@@ -127,10 +127,11 @@ def fsync_path(path, data_only=False):
         os.close(fd)
 
 
-def write_file(path, data, offset=0, sync=False):
+def write_file(path, data, sync=False):
+    """Writes `data` at the start of `path` (created if need be), then `fdatasync` if `sync`."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
     try:
-        os.pwrite(fd, data, offset)
+        os.pwrite(fd, data, 0)
         if sync:
             os.fdatasync(fd)
     finally:
