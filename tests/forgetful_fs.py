@@ -34,19 +34,15 @@ import json
 import os
 import random
 import shutil
+import signal
 import stat
 import sys
 
+import pyfuse3
+import trio
+
 PAGE = 4096
 ROOT = 1
-
-
-def _fuse():
-    # Imported late, so that `materialize` and the tests' harness do not need pyfuse3.
-    import pyfuse3
-    import trio
-
-    return pyfuse3, trio
 
 
 def page_runs(pages):
@@ -60,8 +56,9 @@ def page_runs(pages):
     return runs
 
 
-class Forgetful:
-    """The operations; every method is a pyfuse3 handler (wrapped in `serve`)."""
+class Forgetful(pyfuse3.Operations):
+    """The operations: every public method is a pyfuse3 handler (its `OSError`s and lookups of
+    a gone inode answered as errors, below the class)."""
 
     def __init__(self, work, early=0.0, seed=0):
         self.live = os.path.join(work, "live")
@@ -167,10 +164,8 @@ class Forgetful:
 
     # --- the live tree -----------------------------------------------------------------
 
-    def _attr(self, inode, st=None):
-        pyfuse3, _ = _fuse()
-        if st is None:
-            st = os.lstat(self.path[inode])
+    def _attr(self, inode):
+        st = os.lstat(self.path[inode])
         attr = pyfuse3.EntryAttributes()
         attr.st_ino = inode
         attr.generation = 0
@@ -207,7 +202,7 @@ class Forgetful:
         self.parent[inode] = parent
         return inode
 
-    def _drop_name(self, path, parent):
+    def _drop_name(self, path):
         """`path` (a file or empty directory) leaves the live tree: its inode lives on, in the
         orphans while a descriptor holds it open."""
         inode = self.inode.pop(path)
@@ -224,14 +219,13 @@ class Forgetful:
             self.dirty.pop(inode, None)
             self.floor.pop(inode, None)
 
-    async def lookup(self, parent_inode, name, ctx=None):
-        pyfuse3, _ = _fuse()
+    async def lookup(self, parent_inode, name, ctx):
         path, inode = self._child(parent_inode, name)
         if inode is None:
             raise pyfuse3.FUSEError(errno.ENOENT)
         return self._attr(inode)
 
-    async def getattr(self, inode, ctx=None):
+    async def getattr(self, inode, ctx):
         return self._attr(inode)
 
     async def setattr(self, inode, attr, fields, fh, ctx):
@@ -254,7 +248,6 @@ class Forgetful:
         return self._attr(inode)
 
     async def statfs(self, ctx):
-        pyfuse3, _ = _fuse()
         st = os.statvfs(self.live)
         reply = pyfuse3.StatvfsData()
         for field in ("f_bsize", "f_frsize", "f_blocks", "f_bfree", "f_bavail", "f_files", "f_ffree",
@@ -263,7 +256,6 @@ class Forgetful:
         return reply
 
     async def mkdir(self, parent_inode, name, mode, ctx):
-        pyfuse3, _ = _fuse()
         path, existing = self._child(parent_inode, name)
         if existing is not None:
             raise pyfuse3.FUSEError(errno.EEXIST)
@@ -273,27 +265,24 @@ class Forgetful:
         return self._attr(inode)
 
     async def rmdir(self, parent_inode, name, ctx):
-        pyfuse3, _ = _fuse()
         path, inode = self._child(parent_inode, name)
         if inode is None:
             raise pyfuse3.FUSEError(errno.ENOENT)
         if os.listdir(path):
             raise pyfuse3.FUSEError(errno.ENOTEMPTY)
-        self._drop_name(path, parent_inode)
+        self._drop_name(path)
         self._changed_dir(parent_inode)
 
     async def unlink(self, parent_inode, name, ctx):
-        pyfuse3, _ = _fuse()
         path, inode = self._child(parent_inode, name)
         if inode is None:
             raise pyfuse3.FUSEError(errno.ENOENT)
         if os.path.isdir(path):
             raise pyfuse3.FUSEError(errno.EISDIR)
-        self._drop_name(path, parent_inode)
+        self._drop_name(path)
         self._changed_dir(parent_inode)
 
     async def rename(self, parent_inode_old, name_old, parent_inode_new, name_new, flags, ctx):
-        pyfuse3, _ = _fuse()
         if flags & pyfuse3.RENAME_EXCHANGE:
             raise pyfuse3.FUSEError(errno.EINVAL)
         old, inode = self._child(parent_inode_old, name_old)
@@ -312,7 +301,7 @@ class Forgetful:
                 raise pyfuse3.FUSEError(errno.ENOTDIR)
             if new_is_dir and os.listdir(new):
                 raise pyfuse3.FUSEError(errno.ENOTEMPTY)
-            self._drop_name(new, parent_inode_new)
+            self._drop_name(new)
         os.rename(old, new)
         # The inode and, for a directory, everything under it take their new paths.
         moved = {}
@@ -329,19 +318,15 @@ class Forgetful:
         self._changed_dir(parent_inode_old, parent_inode_new)
 
     async def link(self, inode, new_parent_inode, new_name, ctx):
-        pyfuse3, _ = _fuse()
         raise pyfuse3.FUSEError(errno.EPERM)
 
     async def symlink(self, parent_inode, name, target, ctx):
-        pyfuse3, _ = _fuse()
         raise pyfuse3.FUSEError(errno.EPERM)
 
     async def mknod(self, parent_inode, name, mode, rdev, ctx):
-        pyfuse3, _ = _fuse()
         raise pyfuse3.FUSEError(errno.EPERM)
 
     async def create(self, parent_inode, name, mode, flags, ctx):
-        pyfuse3, _ = _fuse()
         path, existing = self._child(parent_inode, name)
         if existing is not None:
             if flags & os.O_EXCL:
@@ -356,7 +341,6 @@ class Forgetful:
         return pyfuse3.FileInfo(fh=fd), self._attr(inode)
 
     async def open(self, inode, flags, ctx):
-        pyfuse3, _ = _fuse()
         fd = os.open(self.path[inode], _own_flags(flags))
         if flags & os.O_TRUNC:
             self.floor[inode] = 0
@@ -409,7 +393,6 @@ class Forgetful:
         return handle
 
     async def readdir(self, fh, start_id, token):
-        pyfuse3, _ = _fuse()
         inode, names = self.dirs[fh]
         for index in range(start_id, len(names)):
             path = os.path.join(self.path[inode], names[index])
@@ -438,8 +421,6 @@ def _own_flags(flags):
 
 
 def _as_fuse_errors(method):
-    pyfuse3, _ = _fuse()
-
     @functools.wraps(method)
     async def handler(*args, **kwargs):
         try:
@@ -452,17 +433,13 @@ def _as_fuse_errors(method):
     return handler
 
 
+for _name, _method in list(vars(Forgetful).items()):
+    if not _name.startswith("_") and callable(_method):
+        setattr(Forgetful, _name, _as_fuse_errors(_method))
+
+
 def serve(work, mountpoint, early, seed):
-    pyfuse3, trio = _fuse()
-
-    class Operations(pyfuse3.Operations):
-        pass
-
-    forgetful = Forgetful(work, early, seed)
-    ops = Operations()
-    for name, value in vars(Forgetful).items():
-        if not name.startswith("_") and callable(value):
-            setattr(ops, name, _as_fuse_errors(getattr(forgetful, name)))
+    ops = Forgetful(work, early, seed)
     options = set(pyfuse3.default_options)
     options.add("fsname=forgetful")
     options.discard("default_permissions")
@@ -471,8 +448,6 @@ def serve(work, mountpoint, early, seed):
     async def main():
         async with trio.open_nursery() as nursery:
             async def on_term():
-                import signal
-
                 with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
                     async for _ in signals:
                         nursery.cancel_scope.cancel()

@@ -1673,7 +1673,6 @@ class VolatileDisk:
         return problems
 
 
-
 class ForgetfulDisk:
     """A file system that keeps, when the power goes, no more than POSIX promises: a file's data
     as of its last `fsync`/`fdatasync`, a directory's entries as of its last `fsync`, nothing
@@ -1689,8 +1688,6 @@ class ForgetfulDisk:
     and Debian's python3-pyfuse3."""
 
     fs = "forgetful"
-    fs_type = "fuse"
-    fsck_output = None
 
     def __init__(self, workdir, early=0.0, seed=0):
         self.workdir = os.path.join(workdir, "forgetful-disk")
