@@ -7,6 +7,7 @@ verify`)."""
 import json
 import os
 import signal
+import subprocess
 
 import pytest
 
@@ -519,6 +520,72 @@ def test_an_element_down_during_a_shrink_gets_the_zeroing_when_it_comes_back(clu
     run(["qemu-io", "-f", "raw", "-c", "read -P 0x33 0 8M", "-c", "read -P 0 8M 24M", cluster.uri("narrow")])
     cluster.restart_element("near")
     assert_identical_everywhere(cluster, doc["storage_volume"])
+
+
+def test_a_shrink_or_a_deletion_under_way_refuses_new_clients_and_says_why(make_cluster):
+    """Between a shrink's or a deletion's (of a volume or a snapshot) check that no client is
+    connected and its answer, no client gets in: one could write past the new end, or use an
+    export about to go. The host element holds each operation 3 s after its intention is
+    logged (a pause failpoint); a client that connects meanwhile is refused with the reason,
+    and so is a deletion asked meanwhile. Each operation then finishes as it would have."""
+    cluster = make_cluster()
+    create(cluster, "narrowing", "32MiB")
+    create(cluster, "going", "16MiB")
+    create(cluster, "kept", "16MiB")
+    run([starfish_bin(), "snapshot", "create", "kept", "s1", "--admin", cluster.admin])
+    data = write_pattern(cluster, "narrowing", 9)
+    cases = [
+        ("narrowing", ["volume", "resize", "narrowing", "16MiB", "--shrink"], "volume-resize",
+         "volume narrowing is being shrunk", {"size_bytes": 16 * MiB, "on_write_quorum": True}),
+        ("going", ["volume", "delete", "going"], "volume-delete", "volume going is being deleted",
+         {"removed_from_live_elements": True}),
+        ("kept@s1", ["snapshot", "delete", "kept@s1"], "snapshot-delete", "snapshot kept@s1 is being deleted", {}),
+    ]
+    for name, command, kind, reason, expected in cases:
+        cluster.stop_host()
+        cluster.host.env = {**os.environ, "STARFISH_FAILPOINT": f"{kind}:after-intention=sleep(3000)"}
+        cluster.start_host()
+        log_start = os.path.getsize(cluster.host.log_path)
+
+        def paused():
+            with open(cluster.host.log_path, "rb") as log:
+                log.seek(log_start)
+                return b"failpoint: pausing" in log.read()
+
+        operation = subprocess.Popen([starfish_bin(), *command, "--json", "--admin", cluster.admin],
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            harness.wait_until(paused, 20, f"the {kind} to pause after its intention")
+            # QEMU's client shows the server's message; libnbd's says the export is refused.
+            refused = run(["qemu-img", "info", "-f", "raw", cluster.uri(name)], check=False)
+            assert refused.returncode != 0 and reason in refused.stderr, refused.stderr
+            print(f"qemu-img info {name} during the {kind}: {refused.stderr.strip()}")
+            refused = run(["nbdinfo", cluster.uri(name)], check=False)
+            assert refused.returncode != 0 and "error to opt_go" in refused.stderr, refused.stderr
+            second = ["snapshot", "delete", name] if "@" in name else ["volume", "delete", name]
+            again = run([starfish_bin(), *second, "--admin", cluster.admin], check=False)
+            assert again.returncode != 0 and reason in again.stderr, again.stderr
+            print(f"{' '.join(second)} during the {kind}: {again.stderr.strip()}")
+            if name != "narrowing":
+                # Other volumes are served as before.
+                assert read_pattern(cluster, "narrowing", len(data)) == data
+            out, err = operation.communicate(timeout=60)
+        finally:
+            if operation.poll() is None:
+                operation.kill()
+                operation.wait()
+        assert operation.returncode == 0, err
+        answer = json.loads(out)
+        assert {key: answer.get(key) for key in expected} == expected, answer
+    # Answered: the shrunk volume takes clients again at its new size; the deleted one is gone.
+    cluster.stop_host()
+    cluster.host.env = None
+    cluster.start_host()
+    assert nbd_size(cluster, "narrowing") == 16 * MiB
+    assert read_pattern(cluster, "narrowing", len(data)) == data
+    assert {"going", "kept@s1"}.isdisjoint(exported(cluster)), exported(cluster)
+    refused = run(["nbdinfo", cluster.uri("going")], check=False)
+    assert refused.returncode != 0 and "being deleted" not in refused.stderr, refused.stderr
 
 
 @pytest.mark.parametrize("step", ["after-intention", "after-resize", "before-completion"])

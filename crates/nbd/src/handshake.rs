@@ -45,6 +45,16 @@ pub trait Exports {
     fn find(&self, name: &str) -> Option<ExportInfo> {
         self.list().into_iter().find(|export| export.name == name)
     }
+
+    /// The client asks to enter the transmission phase on `export` (`NBD_OPT_GO` or
+    /// `NBD_OPT_EXPORT_NAME`), which `find` just returned. `Err(reason)` refuses it: the client
+    /// gets `NBD_REP_ERR_UNKNOWN` with the reason and may try another option (after
+    /// `NBD_OPT_EXPORT_NAME`, which has no error reply, the session ends). `Ok` opens it: the
+    /// handshake ends in the transmission phase on that export, and whoever drives the
+    /// handshake owns the opening from then on (it counts the connection until it ends, say).
+    fn open(&self, _export: &ExportInfo) -> Result<(), String> {
+        Ok(())
+    }
 }
 
 impl Exports for [ExportInfo] {
@@ -358,6 +368,10 @@ impl Handshake {
             self.finish(HandshakeOutcome::Fatal(FatalError::UnknownExport(String::from_utf8_lossy(data).into_owned())));
             return;
         };
+        if let Err(reason) = exports.open(&export) {
+            self.finish(HandshakeOutcome::Fatal(FatalError::ExportRefused { name: export.name, reason }));
+            return;
+        }
         let flags = self.transmission_flags(&export);
         put_u64(&mut self.output, export.size_bytes);
         put_u16(&mut self.output, flags);
@@ -391,6 +405,12 @@ impl Handshake {
             self.reply_error(option, REP_ERR_UNKNOWN, "no such export");
             return;
         };
+        if option == OPT_GO {
+            if let Err(reason) = exports.open(&export) {
+                self.reply_error(option, REP_ERR_UNKNOWN, bounded(&reason));
+                return;
+            }
+        }
         let flags = self.transmission_flags(&export);
         let mut info = Vec::with_capacity(12);
         put_u16(&mut info, INFO_EXPORT);
@@ -497,6 +517,16 @@ impl Handshake {
         assert!(reply_type & (1 << 31) != 0);
         self.reply(option, reply_type, message.as_bytes());
     }
+}
+
+/// `text` cut to at most `STRING_BYTES_MAX` bytes, at a character boundary: a refusal's reason
+/// comes from the caller, and a reply's message is a string the spec bounds.
+fn bounded(text: &str) -> &str {
+    let mut end = text.len().min(STRING_BYTES_MAX);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
 }
 
 fn option_is_known(option: u32) -> bool {
@@ -940,6 +970,87 @@ mod tests {
             assert!(output[10..].iter().all(|b| *b == 0));
             assert!(matches!(handshake.poll_outcome(), Some(HandshakeOutcome::Transmission(_))));
         }
+    }
+
+    /// Exports whose `open` refuses `vol1` (a volume being deleted, say) and counts the others.
+    struct Refusing {
+        opened: std::cell::RefCell<Vec<String>>,
+        reason: String,
+    }
+
+    impl Exports for Refusing {
+        fn list(&self) -> Vec<ExportInfo> {
+            exports()
+        }
+
+        fn open(&self, export: &ExportInfo) -> Result<(), String> {
+            if export.name == "vol1" {
+                return Err(self.reason.clone());
+            }
+            self.opened.borrow_mut().push(export.name.clone());
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_refused_go_gets_an_error_with_the_reason_and_the_client_may_go_elsewhere() {
+        let refusing = Refusing { opened: Default::default(), reason: "volume vol1 is being deleted".into() };
+        let mut handshake = started(1);
+        // NBD_OPT_INFO only looks: it is answered in full and opens nothing.
+        let mut input = option(OPT_INFO, &go_data("vol1", &[]));
+        input.extend(option(OPT_GO, &go_data("vol1", &[])));
+        input.extend(option(OPT_GO, &go_data("", &[])));
+        assert_eq!(handshake.handle_input(&input, &refusing), input.len());
+        let got = replies(&handshake.poll_transmit().unwrap());
+        let types: Vec<(u32, u32)> = got.iter().map(|(option, kind, _)| (*option, *kind)).collect();
+        assert_eq!(
+            types,
+            [
+                (OPT_INFO, REP_INFO),
+                (OPT_INFO, REP_INFO),
+                (OPT_INFO, REP_ACK),
+                (OPT_GO, REP_ERR_UNKNOWN),
+                (OPT_GO, REP_INFO),
+                (OPT_GO, REP_INFO),
+                (OPT_GO, REP_ACK),
+            ]
+        );
+        assert_eq!(got[3].2, b"volume vol1 is being deleted");
+        assert_eq!(*refusing.opened.borrow(), [String::new()]);
+        match handshake.poll_outcome() {
+            Some(HandshakeOutcome::Transmission(transmission)) => assert_eq!(transmission.export().name, ""),
+            other => panic!("unexpected outcome {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_refusal_longer_than_a_string_may_be_is_cut_at_a_character_boundary() {
+        let refusing = Refusing { opened: Default::default(), reason: format!("x{}", "é".repeat(STRING_BYTES_MAX)) };
+        let mut handshake = started(1);
+        let input = option(OPT_GO, &go_data("vol1", &[]));
+        assert_eq!(handshake.handle_input(&input, &refusing), input.len());
+        let got = replies(&handshake.poll_transmit().unwrap());
+        assert_eq!(got.len(), 1);
+        assert_eq!(got[0].1, REP_ERR_UNKNOWN);
+        // One byte, then two-byte characters: byte STRING_BYTES_MAX falls inside one.
+        assert_eq!(got[0].2.len(), STRING_BYTES_MAX - 1);
+        assert!(std::str::from_utf8(&got[0].2).is_ok());
+        assert!(handshake.poll_outcome().is_none());
+    }
+
+    #[test]
+    fn a_refused_export_name_ends_the_session_with_the_reason() {
+        let refusing = Refusing { opened: Default::default(), reason: "being shrunk".into() };
+        let mut handshake = started(1);
+        handshake.handle_input(&option(OPT_EXPORT_NAME, b"vol1"), &refusing);
+        assert!(handshake.poll_transmit().is_none());
+        match handshake.poll_outcome() {
+            Some(HandshakeOutcome::Fatal(error)) => {
+                assert_eq!(error, FatalError::ExportRefused { name: "vol1".into(), reason: "being shrunk".into() })
+            }
+            other => panic!("unexpected outcome {other:?}"),
+        }
+        assert!(refusing.opened.borrow().is_empty());
     }
 
     #[test]

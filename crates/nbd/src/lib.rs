@@ -32,6 +32,8 @@ pub enum FatalError {
     ExportName,
     #[error("NBD_OPT_EXPORT_NAME for unknown export {0:?}")]
     UnknownExport(String),
+    #[error("NBD_OPT_EXPORT_NAME for export {name:?}, which is not open to new connections now: {reason}")]
+    ExportRefused { name: String, reason: String },
     #[error("bad request magic {0:#010x}")]
     RequestMagic(u32),
     #[error("NBD_OPT_EXPORT_NAME before TLS on a server that requires TLS")]

@@ -253,8 +253,80 @@ fn publish_exports(exports: &Exports, core: &HostCore) {
 /// How each element is reached now, in configuration order (see [`HostHandle::links`]).
 type Links = Arc<Vec<std::sync::Mutex<String>>>;
 
-/// NBD connections in the transmission phase, per export name.
-pub(crate) type Clients = Arc<std::sync::Mutex<HashMap<String, usize>>>;
+/// NBD connections in the transmission phase, per export name, and the exports closed to new
+/// ones (a deletion or a shrink under way), under one lock: a volume operation that finds no
+/// client and closes the export does both in one step, so no client slips in between.
+pub(crate) type Clients = Arc<std::sync::Mutex<ClientTable>>;
+
+#[derive(Default)]
+pub(crate) struct ClientTable {
+    /// Connections per export; an export with none is absent.
+    connected: HashMap<String, usize>,
+    /// Exports closed to new connections, with the reason a client is told.
+    closed: HashMap<String, String>,
+}
+
+impl ClientTable {
+    /// A connection enters the transmission phase on `export`: counted, unless the export is
+    /// closed to new ones (`Err`: the reason the client is told).
+    fn open(&mut self, export: &str) -> Result<(), String> {
+        if let Some(reason) = self.closed.get(export) {
+            return Err(reason.clone());
+        }
+        *self.connected.entry(export.to_string()).or_default() += 1;
+        Ok(())
+    }
+
+    /// A counted connection to `export` ended.
+    fn end(&mut self, export: &str) {
+        if let Some(n) = self.connected.get_mut(export) {
+            *n -= 1;
+            if *n == 0 {
+                self.connected.remove(export);
+            }
+        }
+    }
+
+    /// Close `export` to new connections (clients are told `reason`) if none is connected and
+    /// no other operation closed it.
+    fn close(&mut self, export: &str, reason: String) -> Result<(), NotClosed> {
+        if let Some(&connected) = self.connected.get(export) {
+            return Err(NotClosed::Connected(connected));
+        }
+        if let Some(other) = self.closed.get(export) {
+            return Err(NotClosed::Closing(other.clone()));
+        }
+        self.closed.insert(export.to_string(), reason);
+        Ok(())
+    }
+
+    /// Open `export` to new connections again.
+    fn reopen(&mut self, export: &str) {
+        self.closed.remove(export);
+    }
+}
+
+/// Why `HostHandle::close_to_clients` did not close an export.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum NotClosed {
+    /// This many NBD connections use it.
+    Connected(usize),
+    /// Another operation closed it: the reason it gives clients.
+    Closing(String),
+}
+
+/// An export closed to new NBD connections (`HostHandle::close_to_clients`) until this is
+/// dropped.
+pub(crate) struct ClosedToClients {
+    clients: Clients,
+    export: String,
+}
+
+impl Drop for ClosedToClients {
+    fn drop(&mut self) {
+        self.clients.lock().expect("clients lock").reopen(&self.export);
+    }
+}
 
 /// A handle to a running host element.
 #[derive(Clone)]
@@ -298,13 +370,13 @@ impl HostHandle {
     /// The metrics page (OpenMetrics text): what was measured, and the core's status now.
     pub(crate) async fn metrics_text(&self, active: bool) -> Option<String> {
         let status = self.status().await?;
-        let clients = self.clients.lock().expect("clients lock").clone();
+        let clients = self.clients();
         Some(self.metrics.encode(active, Some((&status, &self.exports(), &clients))))
     }
 
     /// NBD connections per export now.
     pub(crate) fn clients(&self) -> HashMap<String, usize> {
-        self.clients.lock().expect("clients lock").clone()
+        self.clients.lock().expect("clients lock").connected.clone()
     }
 
     /// Reads and writes answered so far, with their latency buckets (the status page's charts).
@@ -312,9 +384,12 @@ impl HostHandle {
         self.metrics.chart_totals()
     }
 
-    /// NBD clients connected to `export` now.
-    pub(crate) fn clients_of(&self, export: &str) -> usize {
-        self.clients.lock().expect("clients lock").get(export).copied().unwrap_or(0)
+    /// Close `export` to new NBD connections, if no client is connected to it and no other
+    /// operation closed it, until the returned guard is dropped. A client that asks for it
+    /// meanwhile is refused with `reason`.
+    pub(crate) fn close_to_clients(&self, export: &str, reason: String) -> Result<ClosedToClients, NotClosed> {
+        self.clients.lock().expect("clients lock").close(export, reason)?;
+        Ok(ClosedToClients { clients: self.clients.clone(), export: export.to_string() })
     }
 
     /// Hand a volume operation to the catalog (`starfish volume …`).
@@ -1256,18 +1331,12 @@ fn done(rx: Option<oneshot::Receiver<Reply>>) -> BoxFuture<Result<(), nbd::Errno
 }
 
 impl Backend for HostBackend {
-    fn opened(&self, export: &str) {
-        *self.clients.lock().expect("clients lock").entry(export.to_string()).or_default() += 1;
+    fn opened(&self, export: &str) -> Result<(), String> {
+        self.clients.lock().expect("clients lock").open(export)
     }
 
     fn closed(&self, export: &str) {
-        let mut clients = self.clients.lock().expect("clients lock");
-        if let Some(n) = clients.get_mut(export) {
-            *n -= 1;
-            if *n == 0 {
-                clients.remove(export);
-            }
-        }
+        self.clients.lock().expect("clients lock").end(export);
     }
 
     fn exports(&self) -> Vec<ExportInfo> {
@@ -1360,6 +1429,29 @@ mod tests {
 
     fn export(name: &str, volume: usize) -> ExportedVolume {
         ExportedVolume { name: name.into(), group: None, volume, offset_bytes: 0, size_bytes: 4096, snapshot: None }
+    }
+
+    #[test]
+    fn an_export_closes_only_without_clients_and_refuses_new_ones_until_reopened() {
+        let mut table = ClientTable::default();
+        table.open("a").unwrap();
+        table.open("a").unwrap();
+        assert_eq!(table.close("a", "a is going".into()), Err(NotClosed::Connected(2)));
+        table.end("a");
+        assert_eq!(table.close("a", "a is going".into()), Err(NotClosed::Connected(1)));
+        table.end("a");
+        assert!(table.connected.is_empty());
+        assert_eq!(table.close("a", "a is going".into()), Ok(()));
+        // Closed: a new client hears why, and is not counted; a second operation is refused.
+        assert_eq!(table.open("a"), Err("a is going".into()));
+        assert!(table.connected.is_empty());
+        assert_eq!(table.close("a", "a shrinks".into()), Err(NotClosed::Closing("a is going".into())));
+        // Other exports are untouched.
+        table.open("b").unwrap();
+        assert_eq!(table.connected.get("b"), Some(&1));
+        table.reopen("a");
+        table.open("a").unwrap();
+        assert_eq!(table.connected.get("a"), Some(&1));
     }
 
     #[test]

@@ -65,9 +65,13 @@ pub trait Backend: Send + Sync + 'static {
     fn block_status(&self, export: &str, offset_bytes: u64, length_bytes: u64)
         -> BoxFuture<Result<Vec<Extent>, Errno>>;
 
-    /// A connection entered the transmission phase on `export` (`closed` follows once it
-    /// ends): what `starfish volume delete` asks to know whether a volume is in use.
-    fn opened(&self, _export: &str) {}
+    /// A connection asks to enter the transmission phase on `export`: `Err(reason)` refuses it
+    /// (the client hears the reason), `Ok` counts it, and `closed` follows once it ends. What
+    /// `starfish volume delete` and a shrink ask to know whether a volume is in use, and how
+    /// they keep new clients out while they run.
+    fn opened(&self, _export: &str) -> Result<(), String> {
+        Ok(())
+    }
     fn closed(&self, _export: &str) {}
 }
 
@@ -264,6 +268,10 @@ impl Exports for BackendExports<'_> {
     fn list(&self) -> Vec<ExportInfo> {
         self.0.exports()
     }
+
+    fn open(&self, export: &ExportInfo) -> Result<(), String> {
+        self.0.opened(&export.name)
+    }
 }
 
 /// Bytes read ahead from the socket at a time (beyond what the current message needs).
@@ -353,9 +361,9 @@ async fn serve_connection(
 }
 
 /// Runs the handshake. A connection entering the transmission phase is counted
-/// (`Backend::opened`, the returned guard) before the client hears that the handshake ended, so
-/// that a client told its export is open is never missed by an `in use` check (a shrink, a
-/// delete).
+/// (`Backend::opened`, through `Exports::open`, and then the returned guard) before the client
+/// hears that the handshake ended, so that a client told its export is open is never missed by
+/// an `in use` check (a shrink, a delete), and a client the backend refuses hears why.
 async fn handshake(
     mut stream: Stream,
     buffer: &mut BytesMut,
@@ -366,12 +374,12 @@ async fn handshake(
     let config = HandshakeConfig { multi_conn: options.multi_conn, tls: options.tls.is_some() };
     let mut handshake = Handshake::new(config);
     loop {
-        // The outcome comes with the last reply; count the connection before sending that.
+        // The outcome comes with the last reply. The connection was counted when the handshake
+        // opened the export (`Exports::open`); from here the guard uncounts it, however it ends.
         let outcome = handshake.poll_outcome();
         let open = match &outcome {
             Some(HandshakeOutcome::Transmission(transmission)) => {
                 let export: Arc<str> = transmission.export().name.as_str().into();
-                backend.opened(&export);
                 Some(OpenExport { backend: backend.clone(), export })
             }
             _ => None,

@@ -34,7 +34,12 @@
 //! `volume-delete:after-intention`, `…:after-remove` or `…:before-completion` of a deletion;
 //! `volume-resize:after-intention`, `…:after-resize` or `…:before-completion` of a resize;
 //! `snapshot-create:after-intention`, `…:after-record` or `…:before-completion` of a
-//! snapshot, and the same steps of `snapshot-delete`.
+//! snapshot, and the same steps of `snapshot-delete`. At an `after-intention` step,
+//! `STEP=sleep(MS)` holds the operation there for MS milliseconds instead.
+//!
+//! A deletion (of a volume or a snapshot) and a shrink close their exports to new NBD
+//! connections from their check that none is connected until they are answered: a client
+//! that asks meanwhile is refused (`NBD_REP_ERR_UNKNOWN`, "… is being deleted").
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -46,7 +51,7 @@ use starfish_core::catalog::{self, Catalog, CatalogSnapshot, Intent, Intention, 
 use starfish_core::{HostError, Reply, Time};
 use tokio::sync::{mpsc, oneshot, watch};
 
-use crate::host::{HostHandle, Request, VolumeEvent};
+use crate::host::{ClosedToClients, HostHandle, NotClosed, Request, VolumeEvent};
 
 /// How long a creation waits for Q elements to hold the volume before it answers anyway.
 const CREATE_WAIT: Duration = Duration::from_secs(30);
@@ -56,6 +61,7 @@ const RETRY_WAIT: Duration = Duration::from_millis(200);
 const POLL: Duration = Duration::from_millis(20);
 /// How long a deletion or a shrink waits for the NBD connections to its volume to end before
 /// it is refused as in use (a client that just disconnected is counted out a moment later).
+/// From then until it is answered, the export is closed to new connections.
 const CLOSING_WAIT: Duration = Duration::from_secs(1);
 /// A shrink zeroes the blocks past the new end in writes of at most this many bytes.
 const ZERO_CHUNK_BYTES: u64 = 1 << 30;
@@ -112,6 +118,9 @@ struct Snapshotting {
     snapshot: CatalogSnapshot,
     delete: bool,
     reply: Option<oneshot::Sender<Result<Value, String>>>,
+    /// A deletion's exports of the snapshot, closed to new NBD connections while this lasts.
+    #[allow(dead_code)] // held: dropping it lets clients in again
+    closed: Vec<ClosedToClients>,
     asked: Instant,
     /// Its record is on its way (the answer waits for a write quorum to hold it).
     sent: bool,
@@ -126,6 +135,10 @@ struct Deleting {
     /// Its storage volume on the elements.
     storage: String,
     reply: Option<oneshot::Sender<Result<Value, String>>>,
+    /// The volume's export (and, with `--with-snapshots`, its snapshots' exports) closed to new
+    /// NBD connections while this lasts.
+    #[allow(dead_code)] // held: dropping it lets clients in again
+    closed: Vec<ClosedToClients>,
     /// Its placeholder in the core, once removed there.
     volume: Option<VolumeId>,
     asked: Instant,
@@ -144,6 +157,9 @@ struct Resizing {
     /// A shrink: the blocks past the new end are being zeroed once `volume` is set.
     shrink: bool,
     reply: Option<oneshot::Sender<Result<Value, String>>>,
+    /// A shrink's export, closed to new NBD connections while this lasts.
+    #[allow(dead_code)] // held: dropping it lets clients in again
+    closed: Option<ClosedToClients>,
     /// Its storage volume in the core, once resized there.
     volume: Option<VolumeId>,
     asked: Instant,
@@ -205,6 +221,8 @@ struct Checked {
     size_bytes: u64,
     reply: oneshot::Sender<Result<Value, String>>,
     result: Result<(), String>,
+    /// A shrink's export, closed to new NBD connections since its checks.
+    closed: Option<ClosedToClients>,
 }
 
 pub(crate) async fn run(
@@ -409,21 +427,51 @@ async fn read(handle: &HostHandle, volume: u32, offset_bytes: u64, length_bytes:
     }
 }
 
+/// What a client that asks for `what` ("volume v", "snapshot v@s") hears while it is being
+/// deleted.
+fn deleting(what: &str) -> String {
+    format!("{what} is being deleted")
+}
+
+/// What a client that asks for volume `name` hears while it is being shrunk to `size_bytes`.
+fn shrinking(name: &str, size_bytes: u64) -> String {
+    format!("volume {name} is being shrunk to {size_bytes} bytes")
+}
+
 impl Catalogue {
     fn now(&self) -> Time {
         Time(self.origin.elapsed().as_micros() as u64)
     }
 
-    /// NBD connections to `export`, after waiting up to [`CLOSING_WAIT`] for them to end: a
-    /// client that just disconnected may not be counted out yet.
-    async fn clients_of(&self, export: &str) -> usize {
+    /// Close `export` to new NBD connections (a client is told `reason`) for an operation that
+    /// must have none, once the connections to it have ended: it waits up to [`CLOSING_WAIT`]
+    /// for them (a client that just disconnected may not be counted out yet). `Err`: why not,
+    /// for the operator, naming the export as `what` ("volume v", "snapshot v@s"), or naming
+    /// the operation under way that closed it.
+    async fn close_to_clients(&self, export: &str, what: &str, reason: String) -> Result<ClosedToClients, String> {
         let until = Instant::now() + CLOSING_WAIT;
         loop {
-            let clients = self.handle.clients_of(export);
-            if clients == 0 || Instant::now() >= until {
-                return clients;
+            match self.handle.close_to_clients(export, reason.clone()) {
+                Ok(closed) => return Ok(closed),
+                Err(NotClosed::Closing(other)) => return Err(format!("{other}; try again once that is answered")),
+                Err(NotClosed::Connected(clients)) if Instant::now() >= until => {
+                    return Err(format!("{what} is in use by {clients} NBD connection(s); disconnect them first"))
+                }
+                Err(NotClosed::Connected(_)) => tokio::time::sleep(POLL).await,
             }
-            tokio::time::sleep(POLL).await;
+        }
+    }
+
+    /// Close `export` to new NBD connections for an operation found pending at start-up, which
+    /// must finish whatever: a client connected already (none should be: clients wait until the
+    /// catalog is read) is logged, not waited for.
+    fn close_at_start(&self, export: &str, reason: String) -> Option<ClosedToClients> {
+        match self.handle.close_to_clients(export, reason) {
+            Ok(closed) => Some(closed),
+            Err(why) => {
+                tracing::warn!(export, ?why, "a pending operation could not close its export to new NBD connections");
+                None
+            }
         }
     }
 
@@ -464,8 +512,13 @@ impl Catalogue {
                 let delete = matches!(intention.op, Intent::SnapshotDelete { .. });
                 let (what, name) = (if delete { "deletion" } else { "taking" }, snapshot.export_name());
                 tracing::info!(id = intention.id, "finishing the {what} of snapshot {name}: sending its record again");
+                let closed = match delete {
+                    true => self.close_at_start(&name, deleting(&format!("snapshot {name}"))).into_iter().collect(),
+                    false => Vec::new(),
+                };
                 let snapshot = snapshot.clone();
-                let snapshotting = Snapshotting { snapshot, delete, reply: None, asked: Instant::now(), sent: false };
+                let snapshotting =
+                    Snapshotting { snapshot, delete, reply: None, closed, asked: Instant::now(), sent: false };
                 self.snapshotting.insert(intention.id, snapshotting);
                 self.send_record(intention.id);
                 continue;
@@ -491,12 +544,14 @@ impl Catalogue {
                     "finishing the shrink of {} (rolled forward): zeroing what lies past its new end",
                     volume.name
                 );
+                let reason = shrinking(&volume.name, volume.size_bytes);
                 let resizing = Resizing {
                     name: volume.name.clone(),
                     storage,
                     size_bytes: volume.size_bytes,
                     shrink: true,
                     reply: None,
+                    closed: self.close_at_start(&volume.name, reason),
                     volume: Some(VolumeId(at as u32)),
                     asked: Instant::now(),
                 };
@@ -533,10 +588,13 @@ impl Catalogue {
                 continue;
             }
             tracing::info!(id = intention.id, storage = %storage, "finishing the deletion of {} (rolled forward)", volume.name);
+            let closed =
+                self.close_at_start(&volume.name, deleting(&format!("volume {}", volume.name))).into_iter().collect();
             let deleting = Deleting {
                 name: volume.name,
                 storage,
                 reply: None,
+                closed,
                 volume: placeholder,
                 asked: Instant::now(),
                 removed_live: false,
@@ -556,7 +614,9 @@ impl Catalogue {
         if !self.created.contains_key(&name) {
             let configured =
                 self.handle.exports().iter().any(|e| e.name == name || e.group.as_deref() == Some(name.as_str()));
-            let reason = if configured {
+            let reason = if self.deleting.values().any(|d| d.name == name) {
+                format!("volume {name} is being deleted")
+            } else if configured {
                 format!("volume {name} is declared in the configuration (--volume or the TOML): remove it there, not while running")
             } else if self.creating.values().any(|k| k.name == name) {
                 format!("volume {name} is being created; delete it once its creation is answered")
@@ -573,22 +633,26 @@ impl Catalogue {
             let _ = reply.send(Err(reason.to_string()));
             return;
         }
-        let clients = self.clients_of(&name).await;
-        if clients > 0 {
-            let _ = reply
-                .send(Err(format!("volume {name} is in use by {clients} NBD connection(s); disconnect them first")));
-            return;
+        // From here until it is answered, no new client gets in (dropped on a refusal below).
+        let mut closed = Vec::new();
+        let what = format!("volume {name}");
+        match self.close_to_clients(&name, &what, deleting(&what)).await {
+            Ok(c) => closed.push(c),
+            Err(reason) => {
+                let _ = reply.send(Err(reason));
+                return;
+            }
         }
         if with_snapshots {
             let prefix = format!("{name}@");
             for export in self.handle.exports().iter().filter(|e| e.snapshot.is_some() && e.name.starts_with(&prefix)) {
-                let clients = self.clients_of(&export.name).await;
-                if clients > 0 {
-                    let _ = reply.send(Err(format!(
-                        "snapshot {} is in use by {clients} NBD connection(s); disconnect them first",
-                        export.name
-                    )));
-                    return;
+                let what = format!("snapshot {}", export.name);
+                match self.close_to_clients(&export.name, &what, deleting(&what)).await {
+                    Ok(c) => closed.push(c),
+                    Err(reason) => {
+                        let _ = reply.send(Err(reason));
+                        return;
+                    }
                 }
             }
         }
@@ -604,6 +668,7 @@ impl Catalogue {
                     name,
                     storage: volume.spec().name,
                     reply: Some(reply),
+                    closed,
                     volume: None,
                     asked: Instant::now(),
                     removed_live: false,
@@ -633,7 +698,9 @@ impl Catalogue {
         let Some(storage) = self.created.get(&name).cloned() else {
             let configured =
                 self.handle.exports().iter().any(|e| e.name == name || e.group.as_deref() == Some(name.as_str()));
-            let reason = if configured {
+            let reason = if self.deleting.values().any(|d| d.name == name) {
+                format!("volume {name} is being deleted")
+            } else if configured {
                 format!("volume {name} is declared in the configuration (--volume or the TOML): give it its new size there and restart the host element (the elements grow it)")
             } else if self.creating.values().any(|k| k.name == name) {
                 format!("volume {name} is being created; resize it once its creation is answered")
@@ -666,13 +733,18 @@ impl Catalogue {
             let _ = reply.send(Err(reason));
             return;
         }
-        let clients = if shrink { self.clients_of(&name).await } else { 0 };
-        if clients > 0 {
-            let _ = reply.send(Err(format!(
-                "volume {name} is in use by {clients} NBD connection(s): a shrink is refused while the export is in use; disconnect them first"
-            )));
-            return;
-        }
+        // A shrink: from here until it is answered, no new client gets in (dropped on a refusal
+        // below). Clients of the old size could write past the new end.
+        let closed = match shrink {
+            false => None,
+            true => match self.close_to_clients(&name, &format!("volume {name}"), shrinking(&name, size_bytes)).await {
+                Ok(closed) => Some(closed),
+                Err(reason) => {
+                    let _ = reply.send(Err(format!("{reason} (a shrink is refused while the export is in use)")));
+                    return;
+                }
+            },
+        };
         let writable = self.handle.status().await.and_then(|s| s.volumes.get(self.volume as usize).map(|v| v.mode));
         if writable != Some(starfish_core::VolumeMode::ReadWrite) {
             let reason = "read-only: fewer elements in sync than the write quorum; nothing was resized";
@@ -682,8 +754,17 @@ impl Catalogue {
         let stored = self.log.catalog().volumes.iter().find(|v| v.name == name).map_or(0, |v| v.storage_bytes);
         if size_bytes <= stored {
             // Within the storage volume: nothing to prepare on the elements.
-            let checked =
-                Checked { resize: true, shrink, clone_of: None, join: None, name, size_bytes, reply, result: Ok(()) };
+            let checked = Checked {
+                resize: true,
+                shrink,
+                clone_of: None,
+                join: None,
+                name,
+                size_bytes,
+                reply,
+                result: Ok(()),
+                closed,
+            };
             return self.on_checked(checked).await;
         }
         // Prepare: the elements count the growth of a volume they hold.
@@ -692,7 +773,7 @@ impl Catalogue {
         tokio::spawn(async move {
             let result = handle.check_volumes(vec![spec]).await;
             let checked_answer =
-                Checked { resize: true, shrink, clone_of: None, join: None, name, size_bytes, reply, result };
+                Checked { resize: true, shrink, clone_of: None, join: None, name, size_bytes, reply, result, closed };
             answer_checked(&checked, checked_answer);
         });
     }
@@ -763,8 +844,17 @@ impl Catalogue {
         let join = Some((group, storage, members_end));
         tokio::spawn(async move {
             let result = handle.check_volumes(vec![spec]).await;
-            let answer =
-                Checked { resize: false, shrink: false, clone_of: None, join, name, size_bytes, reply, result };
+            let answer = Checked {
+                resize: false,
+                shrink: false,
+                clone_of: None,
+                join,
+                name,
+                size_bytes,
+                reply,
+                result,
+                closed: None,
+            };
             answer_checked(&checked, answer);
         });
     }
@@ -820,14 +910,24 @@ impl Catalogue {
             let result = handle.check_volumes(vec![spec]).await.map_err(|reason| reason.replace(&probe, &name));
             answer_checked(
                 &checked,
-                Checked { resize: false, shrink: false, clone_of, join: None, name, size_bytes, reply, result },
+                Checked {
+                    resize: false,
+                    shrink: false,
+                    clone_of,
+                    join: None,
+                    name,
+                    size_bytes,
+                    reply,
+                    result,
+                    closed: None,
+                },
             );
         });
     }
 
     /// A creation's prepare answered: log its intention (or, with policy `none`, carry it out).
     async fn on_checked(&mut self, checked: Checked) {
-        let Checked { resize, shrink, clone_of, join, name, size_bytes, reply, result } = checked;
+        let Checked { resize, shrink, clone_of, join, name, size_bytes, reply, result, closed } = checked;
         if let Err(reason) = result {
             let _ = reply.send(Err(reason));
             return;
@@ -842,7 +942,7 @@ impl Catalogue {
                     let storage = intention.volume().spec().name;
                     let asked = Instant::now();
                     let reply = Some(reply);
-                    let resizing = Resizing { name, storage, size_bytes, shrink, reply, volume: None, asked };
+                    let resizing = Resizing { name, storage, size_bytes, shrink, reply, closed, volume: None, asked };
                     self.resizing.insert(intention.id, resizing);
                 }
             }
@@ -905,7 +1005,7 @@ impl Catalogue {
                     }
                 }
                 for intention in logged {
-                    failpoint(&format!("{}:after-intention", step_prefix(&intention)));
+                    failpoint_or_pause(&format!("{}:after-intention", step_prefix(&intention))).await;
                     self.execute(intention).await;
                 }
             }
@@ -1263,8 +1363,14 @@ impl Catalogue {
             }
             Ok(intention) => {
                 let snapshot = intention.snapshot().expect("a snapshot's intention").clone();
-                let snapshotting =
-                    Snapshotting { snapshot, delete: false, reply: Some(reply), asked: Instant::now(), sent: false };
+                let snapshotting = Snapshotting {
+                    snapshot,
+                    delete: false,
+                    reply: Some(reply),
+                    closed: Vec::new(),
+                    asked: Instant::now(),
+                    sent: false,
+                };
                 self.snapshotting.insert(intention.id, snapshotting);
             }
         }
@@ -1298,26 +1404,29 @@ impl Catalogue {
         let storage = exported.first().map(|e| e.volume);
         let Some(storage) = storage else {
             // Being taken (asked, or found pending by this host element at start-up): not
-            // exported until a write quorum holds it.
-            let taking = self.snapshotting.values().any(|s| !s.delete && s.snapshot.export_name() == export);
-            let reason = match taking {
-                true => format!(
+            // exported until a write quorum holds it. Being deleted: no longer exported.
+            let pending = self.snapshotting.values().find(|s| s.snapshot.export_name() == export);
+            let reason = match pending.map(|s| s.delete) {
+                Some(false) => format!(
                     "snapshot {export} is being taken; delete it once that is answered (see starfish snapshot list)"
                 ),
-                false => format!("no snapshot {export} (see starfish snapshot list)"),
+                Some(true) => format!("snapshot {export} is being deleted"),
+                None => format!("no snapshot {export} (see starfish snapshot list)"),
             };
             let _ = reply.send(Err(reason));
             return;
         };
-        let mut clients = 0;
+        // From here until it is answered, no new client gets in (dropped on a refusal below).
+        let mut closed = Vec::new();
         for e in &exported {
-            clients += self.clients_of(&e.name).await;
-        }
-        if clients > 0 {
-            let _ = reply.send(Err(format!(
-                "snapshot {export} is in use by {clients} NBD connection(s); disconnect them first"
-            )));
-            return;
+            let what = format!("snapshot {}", e.name);
+            match self.close_to_clients(&e.name, &what, deleting(&what)).await {
+                Ok(c) => closed.push(c),
+                Err(reason) => {
+                    let _ = reply.send(Err(reason));
+                    return;
+                }
+            }
         }
         if let Err(reason) = self.check_writable(storage, "no snapshot was deleted").await {
             let _ = reply.send(Err(reason));
@@ -1330,8 +1439,14 @@ impl Catalogue {
             }
             Ok(intention) => {
                 let snapshot = intention.snapshot().expect("a snapshot's intention").clone();
-                let snapshotting =
-                    Snapshotting { snapshot, delete: true, reply: Some(reply), asked: Instant::now(), sent: false };
+                let snapshotting = Snapshotting {
+                    snapshot,
+                    delete: true,
+                    reply: Some(reply),
+                    closed,
+                    asked: Instant::now(),
+                    sent: false,
+                };
                 self.snapshotting.insert(intention.id, snapshotting);
             }
         }
@@ -1672,8 +1787,34 @@ fn describe(e: HostError) -> String {
 
 /// Abort the process here if `STARFISH_FAILPOINT` names this step (crash tests).
 fn failpoint(step: &str) {
-    if std::env::var("STARFISH_FAILPOINT").is_ok_and(|v| v == step) {
+    if failpoint_action(step) == Some(None) {
         tracing::error!("failpoint {step}: aborting");
         std::process::abort();
     }
+}
+
+/// As [`failpoint`], and `STARFISH_FAILPOINT=STEP=sleep(MS)` holds the operation at this step
+/// for MS milliseconds (tests of what clients see while an operation is under way).
+async fn failpoint_or_pause(step: &str) {
+    match failpoint_action(step) {
+        None => {}
+        Some(None) => failpoint(step),
+        Some(Some(pause)) => {
+            tracing::warn!(step, pause_ms = pause.as_millis() as u64, "failpoint: pausing");
+            tokio::time::sleep(pause).await;
+        }
+    }
+}
+
+/// What `STARFISH_FAILPOINT` asks at `step`: nothing (`None`), abort (`Some(None)`) or a pause
+/// (`Some(Some(duration))`). A value that names the step with anything else aborts too, so a
+/// mistyped pause is not silently ignored.
+fn failpoint_action(step: &str) -> Option<Option<Duration>> {
+    let value = std::env::var("STARFISH_FAILPOINT").ok()?;
+    let (named, action) = value.split_once('=').unwrap_or((value.as_str(), ""));
+    if named != step {
+        return None;
+    }
+    let pause = action.strip_prefix("sleep(").and_then(|a| a.strip_suffix(')')).and_then(|ms| ms.parse().ok());
+    Some(pause.map(Duration::from_millis))
 }

@@ -115,10 +115,11 @@ fn check_bounds(volume: &Volume, offset_bytes: u64, length_bytes: u64) {
 struct Shared(Arc<MemoryBackend>);
 
 impl Backend for Shared {
-    fn opened(&self, _export: &str) {
+    fn opened(&self, _export: &str) -> Result<(), String> {
         let delay = *self.0.open_delay.lock().unwrap();
         std::thread::sleep(delay);
         self.0.connections.fetch_add(1, Ordering::SeqCst);
+        Ok(())
     }
 
     fn closed(&self, _export: &str) {
