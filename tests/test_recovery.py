@@ -893,3 +893,19 @@ def test_placed_writes_are_written_once_and_replayed_from_the_data_file(make_clu
         assert read(64 * MiB, 64 * MiB) == more
         assert read(MiB, 128 * MiB + 4096) == fill[:MiB]
     stop_and_compare(cluster)
+
+
+def test_a_stopped_host_element_leaves_the_in_sync_copies_alike(make_linked_cluster):
+    """SIGTERM: the host element answers what it took, then waits (at most 2 s) until every
+    in-sync element applied what it sent. `far` sits 150 ms away, so the quorum (local and
+    near) answers each write long before far holds it; the host element is stopped right
+    after the last answer, then the elements, and far's copy must equal the others'."""
+    cluster = make_linked_cluster({"far": (150, None)})
+    harness.run(["qemu-io", "-f", "raw", "-c", "write -P 0x4c 0 4M", "-c", "flush", cluster.uri("vol0")])
+    code, killed = cluster.stop_host()
+    assert (code, killed) == (0, False), f"the host element stops cleanly (exit {code}, killed {killed})"
+    assert not cluster.stop()
+    copies = {name: element.verify() for name, element in cluster.elements.items()}
+    vol0 = {name: next(v for v in report["volumes"] if v["name"] == "vol0") for name, report in copies.items()}
+    digests = {name: (v["applied_sequence"], v["digest"]) for name, v in vol0.items()}
+    assert len(set(digests.values())) == 1, f"the elements' copies of vol0 differ after a clean stop: {digests}"

@@ -253,6 +253,9 @@ fn publish_exports(exports: &Exports, core: &HostCore) {
 /// How each element is reached now, in configuration order (see [`HostHandle::links`]).
 type Links = Arc<Vec<std::sync::Mutex<String>>>;
 
+/// How often `HostHandle::wait_level` looks again.
+const LEVEL_POLL: Duration = Duration::from_millis(5);
+
 /// NBD connections in the transmission phase, per export name, and the exports closed to new
 /// ones (a deletion or a shrink under way), under one lock: a volume operation that finds no
 /// client and closes the export does both in one step, so no client slips in between.
@@ -511,6 +514,29 @@ impl HostHandle {
         let (reply, rx) = oneshot::channel();
         self.inputs.send(Input::Status { reply }).ok()?;
         rx.await.ok()
+    }
+
+    /// Wait up to `within` until every in-sync element has applied every write this host
+    /// element sent it (a status `lag` of 0 each): `Err` with the elements still behind then,
+    /// as `name (lag)`.
+    pub(crate) async fn wait_level(&self, within: Duration) -> Result<(), String> {
+        let until = Instant::now() + within;
+        loop {
+            let Some(status) = self.status().await else { return Err("the host element's core is gone".into()) };
+            let behind: Vec<String> = status
+                .elements
+                .iter()
+                .filter(|e| e.state == "in-sync" && e.lag > 0)
+                .map(|e| format!("{} ({} writes)", e.name, e.lag))
+                .collect();
+            if behind.is_empty() {
+                return Ok(());
+            }
+            if Instant::now() >= until {
+                return Err(behind.join(", "));
+            }
+            tokio::time::sleep(LEVEL_POLL).await;
+        }
     }
 
     /// Start scrubbing `volume` at most `rate_bytes_per_s` (0: unlimited); the scrub's id.

@@ -36,6 +36,9 @@ const OBSERVE_INTERVAL: Duration = Duration::from_millis(100);
 const READY_WAIT: Duration = Duration::from_secs(10);
 /// A drain answers what the clients sent within this, or the connections are cut.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
+/// A stopping host element answers what the clients sent within this, or the connections are
+/// cut; then it waits this long at most for its in-sync elements to apply what it sent them.
+const STOP_WAIT: Duration = Duration::from_secs(2);
 
 /// The standby's view: the sans-IO decision core, the holders' admin addresses as the
 /// elements report them, and the clock the core's `Time` counts from.
@@ -436,6 +439,31 @@ impl Node {
         self.set_standby();
         tracing::warn!(epoch = %active.epoch, "drained and released: now a standby");
         Ok(json!({ "role": "standby", "drained_ms": started.elapsed().as_millis() as u64 }))
+    }
+
+    /// A stop (SIGTERM): stop taking requests and answer those taken (at most `STOP_WAIT`,
+    /// then the connections are cut: a client resends what was unanswered to the host element
+    /// that serves next), then wait at most `STOP_WAIT` for every in-sync element to apply
+    /// what it was sent. Nothing acknowledged depends on that wait (Q elements hold it), but
+    /// without it the last element's copy trails until the next start catches it up, and an
+    /// operator comparing copies after a clean stop would find them different.
+    pub async fn stop(&self) {
+        let Some(active) = self.active.lock().await.take() else { return };
+        let _ = active.drain.send(true);
+        let mut nbd = active.nbd;
+        if tokio::time::timeout(STOP_WAIT, &mut nbd).await.is_err() {
+            tracing::warn!("stopping: clients' requests not answered in time; connections cut");
+            nbd.abort();
+        }
+        match active.handle.wait_level(STOP_WAIT).await {
+            Ok(()) => tracing::info!("stopping: every in-sync element holds every write"),
+            Err(behind) => {
+                tracing::warn!(%behind, "stopping with in-sync elements behind; they catch up at the next start")
+            }
+        }
+        for task in active.tasks {
+            task.abort();
+        }
     }
 
     async fn step_down(self: &Arc<Self>, why: &str) {

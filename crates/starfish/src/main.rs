@@ -531,9 +531,10 @@ fn run(cli: Cli) -> Result<()> {
         Command::Host(args) => {
             let options = host_options(args)?;
             runtime()?.block_on(async {
-                shell::host::start(options).await?;
+                let node = shell::host::start(options).await?;
                 shutdown_signal().await;
                 tracing::info!("host element stopping");
+                node.stop().await;
                 // What far-link sessions have not delivered would die with the process (a TCP
                 // socket's buffer does not): let them drain first, briefly.
                 let undrained = shell::far_link::drain(FAR_LINK_DRAIN).await;
