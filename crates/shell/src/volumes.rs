@@ -462,6 +462,17 @@ impl Catalogue {
         }
     }
 
+    /// Close every export of `exports` (name, and what it is: "volume v", "snapshot v@s") to
+    /// be deleted, as [`Self::close_to_clients`] does: all of them, or none (those closed
+    /// already open again as the guards drop) and why not.
+    async fn close_for_deletion(&self, exports: &[(String, String)]) -> Result<Vec<ClosedToClients>, String> {
+        let mut closed = Vec::with_capacity(exports.len());
+        for (export, what) in exports {
+            closed.push(self.close_to_clients(export, what, deleting(what)).await?);
+        }
+        Ok(closed)
+    }
+
     /// Close `export` to new NBD connections for an operation found pending at start-up, which
     /// must finish whatever: a client connected already (none should be: clients wait until the
     /// catalog is read) is logged, not waited for.
@@ -634,28 +645,20 @@ impl Catalogue {
             return;
         }
         // From here until it is answered, no new client gets in (dropped on a refusal below).
-        let mut closed = Vec::new();
-        let what = format!("volume {name}");
-        match self.close_to_clients(&name, &what, deleting(&what)).await {
-            Ok(c) => closed.push(c),
+        let mut exports = vec![(name.clone(), format!("volume {name}"))];
+        if with_snapshots {
+            let prefix = format!("{name}@");
+            let snapshots =
+                self.handle.exports().into_iter().filter(|e| e.snapshot.is_some() && e.name.starts_with(&prefix));
+            exports.extend(snapshots.map(|e| (e.name.clone(), format!("snapshot {}", e.name))));
+        }
+        let closed = match self.close_for_deletion(&exports).await {
+            Ok(closed) => closed,
             Err(reason) => {
                 let _ = reply.send(Err(reason));
                 return;
             }
-        }
-        if with_snapshots {
-            let prefix = format!("{name}@");
-            for export in self.handle.exports().iter().filter(|e| e.snapshot.is_some() && e.name.starts_with(&prefix)) {
-                let what = format!("snapshot {}", export.name);
-                match self.close_to_clients(&export.name, &what, deleting(&what)).await {
-                    Ok(c) => closed.push(c),
-                    Err(reason) => {
-                        let _ = reply.send(Err(reason));
-                        return;
-                    }
-                }
-            }
-        }
+        };
         let now = self.now();
         match self.log.intend_delete(now, &name, with_snapshots) {
             Err(reason) => {
@@ -1417,17 +1420,15 @@ impl Catalogue {
             return;
         };
         // From here until it is answered, no new client gets in (dropped on a refusal below).
-        let mut closed = Vec::new();
-        for e in &exported {
-            let what = format!("snapshot {}", e.name);
-            match self.close_to_clients(&e.name, &what, deleting(&what)).await {
-                Ok(c) => closed.push(c),
-                Err(reason) => {
-                    let _ = reply.send(Err(reason));
-                    return;
-                }
+        let exports: Vec<(String, String)> =
+            exported.iter().map(|e| (e.name.clone(), format!("snapshot {}", e.name))).collect();
+        let closed = match self.close_for_deletion(&exports).await {
+            Ok(closed) => closed,
+            Err(reason) => {
+                let _ = reply.send(Err(reason));
+                return;
             }
-        }
+        };
         if let Err(reason) = self.check_writable(storage, "no snapshot was deleted").await {
             let _ = reply.send(Err(reason));
             return;
