@@ -25,12 +25,6 @@ BASE=${BASE_PORT:-10960}
 DIR=$(mktemp -d /dev/shm/starfish-perf-quick.XXXXXX)
 source scripts/lib/cluster.sh
 trap cleanup EXIT
-wait_port() {
-    local _
-    for _ in $(seq 100); do (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0; sleep 0.1; done
-    echo "port $1 did not open" >&2
-    return 1
-}
 rss() { awk '/^VmRSS/ {r = $2} /^VmHWM/ {h = $2} END {printf "%d (%d)", r / 1024, h / 1024}' "/proc/$1/status"; }
 job() { # uri rw bs qd: one fio run; prints "rw bs qdN: IOPS (mean µs) MB/s", the I/Os done to $DIR/ios
     fio --name=quick --ioengine=nbd --uri="$1" --rw="$2" --bs="$3" --iodepth="$4" \
@@ -98,23 +92,10 @@ run_starfish() {
     rm -rf "$DIR"/e?
 }
 run_qemu_quorum() {
-    local shim=$DIR/nodelay_shim.so opts="driver=raw,file.driver=quorum,file.vote-threshold=2,file.read-pattern=fifo"
-    local i port replicas=() head
-    gcc -shared -fPIC -O2 -o "$shim" ../shared/bench-peers/lib/nodelay_shim.c -ldl
-    for i in 0 1 2; do
-        port=$((BASE + 11 + i))
-        nbdkit -f --no-sr -p "$port" -i 127.0.0.1 memory 1G >"$DIR/nbdkit$i.log" 2>&1 &
-        PIDS+=($!)
-        replicas+=($!)
-        opts="$opts,file.children.$i.driver=nbd,file.children.$i.server.type=inet,file.children.$i.server.host=127.0.0.1,file.children.$i.server.port=$port"
-    done
-    for i in 0 1 2; do wait_port $((BASE + 11 + i)); done
-    env LD_PRELOAD="$shim" qemu-nbd -b 127.0.0.1 -p $((BASE + 10)) -t -e 8 --image-opts "$opts" >"$DIR/qemu-nbd.log" 2>&1 &
-    head=$!
-    PIDS+=("$head")
-    wait_port $((BASE + 10))
-    suite "qemu-quorum (3 nbdkit memory children, best-fifo)" "nbd://127.0.0.1:$((BASE + 10))" "$head" "${replicas[@]}"
-    stop "$head" "${replicas[@]}"
+    start_quorum
+    suite "qemu-quorum (3 nbdkit memory children, best-fifo)" "nbd://127.0.0.1:$((BASE + 10))" "$QUORUM_HEAD" \
+        "${QUORUM_REPLICAS[@]}"
+    stop "$QUORUM_HEAD" "${QUORUM_REPLICAS[@]}"
 }
 for system in $SYSTEMS; do
     case $system in

@@ -1,6 +1,7 @@
-# Sourced by the measurement scripts (perf-quick.sh, durable-floor.sh, first-fill.sh, fill-beside-writes.sh,
-# ab-jobs.sh): the processes they start, a StarFish cluster on loopback, the processes' CPU time
-# and page faults from /proc, and their cleanup. The sourcing script sets DIR (scratch
+# Sourced by the measurement scripts (perf-quick.sh, per-op-counts.sh, durable-floor.sh, first-fill.sh,
+# fill-beside-writes.sh, ab-jobs.sh): the processes they start, a StarFish cluster on loopback, QEMU
+# quorum over three nbdkit children, the processes' CPU time and page faults from /proc, and their
+# cleanup. The sourcing script sets DIR (scratch
 # directory, removed at exit), BASE (first of five ports), SF (host element binary) and SFE
 # (element binary), then calls `trap cleanup EXIT`.
 PIDS=()
@@ -47,5 +48,31 @@ start_cluster() { # three elements (data in $DIR/e1..3, ports BASE+1..3, more ar
     done
     echo "the host element did not come up; its log, $DIR/host.log:" >&2
     cat "$DIR/host.log" >&2
+    return 1
+}
+start_quorum() { # QEMU's quorum driver as the peer suite's best-fifo variant (qemu-nbd on BASE+10,
+    # vote-threshold 2, read-pattern fifo, TCP_NODELAY forced as upstream QEMU >= 8.0 does) over three
+    # `nbdkit --no-sr memory 1G` children on BASE+11..13; sets QUORUM_HEAD and QUORUM_REPLICAS
+    local shim=$DIR/nodelay_shim.so opts="driver=raw,file.driver=quorum,file.vote-threshold=2,file.read-pattern=fifo"
+    local i port _
+    QUORUM_REPLICAS=()
+    gcc -shared -fPIC -O2 -o "$shim" ../shared/bench-peers/lib/nodelay_shim.c -ldl
+    for i in 0 1 2; do
+        port=$((BASE + 11 + i))
+        nbdkit -f --no-sr -p "$port" -i 127.0.0.1 memory 1G >"$DIR/nbdkit$i.log" 2>&1 &
+        PIDS+=($!)
+        QUORUM_REPLICAS+=($!)
+        opts="$opts,file.children.$i.driver=nbd,file.children.$i.server.type=inet,file.children.$i.server.host=127.0.0.1,file.children.$i.server.port=$port"
+    done
+    for i in 0 1 2; do wait_port $((BASE + 11 + i)); done
+    env LD_PRELOAD="$shim" qemu-nbd -b 127.0.0.1 -p $((BASE + 10)) -t -e 8 --image-opts "$opts" >"$DIR/qemu-nbd.log" 2>&1 &
+    QUORUM_HEAD=$!
+    PIDS+=("$QUORUM_HEAD")
+    wait_port $((BASE + 10))
+}
+wait_port() { # port: wait up to 10 s until something listens on 127.0.0.1:port
+    local _
+    for _ in $(seq 100); do (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0; sleep 0.1; done
+    echo "port $1 did not open" >&2
     return 1
 }
