@@ -106,9 +106,10 @@ pub struct ServerOptions {
     /// Advertise `NBD_FLAG_CAN_MULTI_CONN`: only if a flush covers writes completed on every
     /// connection to the export.
     pub multi_conn: bool,
-    /// Set to `true` to drain (a graceful handover): the listener closes, every connection
-    /// stops reading requests, answers those it took, and closes; `serve` then returns. A
-    /// client that reconnects (qemu's `reconnect-delay`) resends what was not answered.
+    /// Set to `true` to drain (a graceful handover, or the host element stopping): the listener
+    /// closes, every connection stops reading requests, answers those it took, and closes;
+    /// `serve` then returns. A client that reconnects (qemu's `reconnect-delay`) resends what
+    /// was not answered.
     pub drain: Option<watch::Receiver<bool>>,
     /// Serve NBD only over TLS (FORCEDTLS: `NBD_OPT_STARTTLS` first).
     pub tls: Option<NbdTls>,
@@ -233,7 +234,9 @@ impl std::fmt::Display for ConnectionEnd {
             ConnectionEnd::Aborted => "client aborted the handshake",
             ConnectionEnd::Disconnected => "client disconnected (NBD_CMD_DISC)",
             ConnectionEnd::ClosedByClient => "client closed the connection",
-            ConnectionEnd::Drained => "drained for a handover (a reconnecting client resends what was unanswered)",
+            ConnectionEnd::Drained => {
+                "drained for a handover or a stop (a reconnecting client resends what was unanswered)"
+            }
         })
     }
 }
