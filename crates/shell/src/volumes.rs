@@ -1786,36 +1786,48 @@ fn describe(e: HostError) -> String {
     }
 }
 
-/// Abort the process here if `STARFISH_FAILPOINT` names this step (crash tests).
+/// What `STARFISH_FAILPOINT` asks at a step it names.
+#[derive(Debug, PartialEq, Eq)]
+enum Failpoint {
+    /// `STEP` (or `STEP=` anything but a pause, so a mistyped pause is not silently ignored).
+    Abort,
+    /// `STEP=sleep(MS)`.
+    Pause(Duration),
+}
+
+/// Abort the process here if `STARFISH_FAILPOINT` names this step (crash tests). A pause asked
+/// at a step that cannot pause is ignored.
 fn failpoint(step: &str) {
-    if failpoint_action(step) == Some(None) {
-        tracing::error!("failpoint {step}: aborting");
-        std::process::abort();
+    if failpoint_at(step) == Some(Failpoint::Abort) {
+        abort_at(step);
     }
 }
 
 /// As [`failpoint`], and `STARFISH_FAILPOINT=STEP=sleep(MS)` holds the operation at this step
 /// for MS milliseconds (tests of what clients see while an operation is under way).
 async fn failpoint_or_pause(step: &str) {
-    match failpoint_action(step) {
+    match failpoint_at(step) {
         None => {}
-        Some(None) => failpoint(step),
-        Some(Some(pause)) => {
+        Some(Failpoint::Abort) => abort_at(step),
+        Some(Failpoint::Pause(pause)) => {
             tracing::warn!(step, pause_ms = pause.as_millis() as u64, "failpoint: pausing");
             tokio::time::sleep(pause).await;
         }
     }
 }
 
-/// What `STARFISH_FAILPOINT` asks at `step`: nothing (`None`), abort (`Some(None)`) or a pause
-/// (`Some(Some(duration))`). A value that names the step with anything else aborts too, so a
-/// mistyped pause is not silently ignored.
-fn failpoint_action(step: &str) -> Option<Option<Duration>> {
+fn abort_at(step: &str) -> ! {
+    tracing::error!("failpoint {step}: aborting");
+    std::process::abort();
+}
+
+/// What `STARFISH_FAILPOINT` asks at `step`, if it names it.
+fn failpoint_at(step: &str) -> Option<Failpoint> {
     let value = std::env::var("STARFISH_FAILPOINT").ok()?;
     let (named, action) = value.split_once('=').unwrap_or((value.as_str(), ""));
     if named != step {
         return None;
     }
     let pause = action.strip_prefix("sleep(").and_then(|a| a.strip_suffix(')')).and_then(|ms| ms.parse().ok());
-    Some(pause.map(Duration::from_millis))
+    Some(pause.map_or(Failpoint::Abort, |ms| Failpoint::Pause(Duration::from_millis(ms))))
 }
