@@ -33,14 +33,49 @@ cargo clippy --release --workspace --all-targets -- -D warnings
 stage "cargo build --release --workspace"
 cargo build --release --workspace
 
-stage "cargo test --release --workspace"
-cargo test --release --workspace
+stage "cargo test --release --workspace (the simulator's CI runs and fuzzing: in the background below)"
+cargo test --release --workspace --exclude sim
+cargo test --release -p sim --lib --bins
+# The simulator's CI runs (crates/sim/tests/ci.rs): the test binary itself, not through cargo, so
+# no cargo lock is held while it runs.
+sim_ci="$(cargo test --release -p sim --test ci --no-run --message-format=json 2>/dev/null |
+    python3 -c 'import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "ci":
+        print(m["executable"])')"
+if [[ ! -x "$sim_ci" ]]; then
+    echo "test: the simulator's CI test binary was not built" >&2
+    exit 1
+fi
 
-stage "fuzz targets, 8 s each (bash scripts/fuzz.sh SECONDS for longer runs)"
-bash scripts/fuzz.sh 8
-
+# The simulator's CI runs and the fuzz targets need nothing of the real-process suite and check
+# no clock (simulated time; libFuzzer's -max_total_time bounds executions, not results), and the
+# real-process suite leaves about half of two CPUs idle. So they run beside it at nice 19: they
+# take the idle CPU and yield it the moment a test's process wakes. Their output is printed when
+# they are done.
 target_dir="${CARGO_TARGET_DIR:-$repo/target}"
 export STARFISH_BIN="${STARFISH_BIN:-$target_dir/release/starfish}"
+mkdir -p "$target_dir"
+background_log="$target_dir/test-background.log"
+set -m # the background stage gets a process group of its own, so it can be stopped as a whole
+(
+    set +e
+    echo "== simulator CI runs ($sim_ci)"
+    (cd crates/sim && nice -n 19 "$sim_ci")
+    sim_status=$?
+    echo "== fuzz targets, 8 s each (bash scripts/fuzz.sh SECONDS for longer runs)"
+    nice -n 19 bash scripts/fuzz.sh 8
+    fuzz_status=$?
+    echo "== simulator CI runs: status $sim_status; fuzz targets: status $fuzz_status"
+    [[ $sim_status -eq 0 && $fuzz_status -eq 0 ]]
+) >"$background_log" 2>&1 &
+background=$!
+set +m
+# An interrupted or failed run stops the background stage too.
+trap 'kill -- "-$background" 2>/dev/null || true' EXIT
+trap 'exit 130' INT TERM
+stage "background (pid $background, log $background_log): simulator CI runs, then fuzz targets"
 
 stage "pytest tests/ (STARFISH_BIN=$STARFISH_BIN)"
 # Debian's python3 has the libnbd bindings (module `nbd`). Each test has its
@@ -53,8 +88,15 @@ status=0
 timeout -s INT -k 60 "${STARFISH_TEST_TIMEOUT:-1200}" \
     /usr/bin/python3 -m pytest -q -p no:cacheprovider -rfEs --durations=15 \
     -n "${STARFISH_TEST_WORKERS:-2}" tests/ "$@" || status=$?
-stage "done (pytest status $status)"
+stage "pytest done (status $status); waiting for the background stage"
 if [[ $status -eq 5 ]]; then
     echo "pytest collected no tests" >&2
+fi
+background_status=0
+wait "$background" || background_status=$?
+cat "$background_log"
+stage "done (pytest status $status, simulator and fuzzing status $background_status)"
+if [[ $status -eq 0 ]]; then
+    status=$background_status
 fi
 exit $status
