@@ -2,6 +2,8 @@
 by hand (`starfish failover`) or by itself through a real etcd.
 
 - a graceful handover keeps every write and the NBD address (one machine);
+- etcd: SIGTERM of the active lets the elements and the key go, the standby
+  takes over and nothing is lost;
 - kill -9 of the active, then `starfish failover`: fenced, nothing lost;
 - etcd: kill -9 of the active under a recorded write load, judged by the
   simulator's checker (`sim check-history`);
@@ -238,6 +240,31 @@ def test_graceful_handover_keeps_every_write_and_the_nbd_address(make_failover, 
     with harness.Client(c.uri_of("a")) as client:
         assert client.pread(len(data), 0) == data
         assert client.pread(MiB, 4 * MiB) == pattern(2, MiB)
+
+
+@pytest.mark.time_limit(120)
+def test_a_stopped_active_host_element_lets_the_elements_go_and_the_standby_takes_over(make_failover):
+    """SIGTERM of the active host element (etcd): it answers what it took, tells the elements
+    it is gone (their read lease ends at once) and gives the etcd key up, so the standby takes
+    over without waiting for either to lapse; nothing written is lost."""
+    c = make_failover(with_etcd=True)
+    epoch = c.status_of("a")["epoch"]
+    data = pattern(3, 4 * MiB)
+    with harness.Client(c.uri_of("a")) as client:
+        client.pwrite(data, 0)
+        client.flush()
+    code, killed = c.hosts["a"].stop(signal.SIGTERM)
+    assert (code, killed) == (0, False), c.hosts["a"].log()
+    for name, element in c.elements.items():
+        with open(element.process.log_path, errors="replace") as log:
+            assert f"released epoch {epoch}" in log.read(), f"element {name} was not told the host element left"
+    with open(c.hosts["a"].log_path, errors="replace") as log:
+        text = log.read()
+    assert "stopped and released" in text and "could not give the etcd key up" not in text, text[-3000:]
+    s = c.wait_role("b", "active")
+    assert s["epoch"] > epoch
+    with harness.Client(c.uri_of("b")) as client:
+        assert client.pread(len(data), 0) == data
 
 
 @pytest.mark.time_limit(120)

@@ -36,6 +36,8 @@ const OBSERVE_INTERVAL: Duration = Duration::from_millis(100);
 const READY_WAIT: Duration = Duration::from_secs(10);
 /// A drain answers what the clients sent within this, or the connections are cut.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
+/// A drain or a stop gives the etcd key up within this, or leaves it to lapse.
+const RESIGN_WAIT: Duration = Duration::from_secs(1);
 /// A stopping host element answers what the clients sent within this, or the connections are
 /// cut; then it waits this long at most for its in-sync elements to apply what it sent them.
 const STOP_WAIT: Duration = Duration::from_secs(2);
@@ -425,20 +427,34 @@ impl Node {
             tracing::warn!("drain: clients did not finish in time; connections cut");
             nbd.abort();
         }
-        active.handle.release().await;
-        // The frames are written by the sessions' tasks: give them a moment.
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        for task in active.tasks {
-            task.abort();
-        }
-        if let Some(coordinator) = self.coordinator.lock().await.as_mut() {
-            if let Err(e) = coordinator.resign().await {
-                tracing::warn!(error = %e, "drain: could not give the etcd key up (it lapses by itself)");
-            }
-        }
+        self.let_go(&active.handle, active.tasks, "drain").await;
         self.set_standby();
         tracing::warn!(epoch = %active.epoch, "drained and released: now a standby");
         Ok(json!({ "role": "standby", "drained_ms": started.elapsed().as_millis() as u64 }))
+    }
+
+    /// Tell the elements this host element is gone (their read lease ends now), stop its
+    /// tasks, and give the etcd key up: a standby takes over without waiting for either to
+    /// lapse. `what`: the drain or the stop, for the log.
+    async fn let_go(&self, handle: &crate::host::HostHandle, tasks: Vec<tokio::task::JoinHandle<()>>, what: &str) {
+        handle.release().await;
+        // The frames are written by the sessions' tasks: give them a moment.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        for task in tasks {
+            task.abort();
+        }
+        // Bounded: the campaign may hold the coordinator while etcd does not answer.
+        let resign = async {
+            match self.coordinator.lock().await.as_mut() {
+                Some(coordinator) => coordinator.resign().await,
+                None => Ok(()),
+            }
+        };
+        let resigned =
+            tokio::time::timeout(RESIGN_WAIT, resign).await.unwrap_or_else(|_| Err("etcd did not answer".into()));
+        if let Err(e) = resigned {
+            tracing::warn!(error = %e, "{what}: could not give the etcd key up (it lapses by itself)");
+        }
     }
 
     /// A stop (SIGTERM): stop taking requests and answer those taken (at most `STOP_WAIT`,
@@ -446,7 +462,9 @@ impl Node {
     /// that serves next), then wait at most `STOP_WAIT` for every in-sync element to apply
     /// what it was sent. Nothing acknowledged depends on that wait (Q elements hold it), but
     /// without it the last element's copy trails until the next start catches it up, and an
-    /// operator comparing copies after a clean stop would find them different.
+    /// operator comparing copies after a clean stop would find them different. Then let the
+    /// elements and the etcd key go, as a drain does, so a standby (or this host element
+    /// started again) need not wait for the read lease and the key to lapse.
     pub async fn stop(&self) {
         let Some(active) = self.active.lock().await.take() else { return };
         let _ = active.drain.send(true);
@@ -461,9 +479,8 @@ impl Node {
                 tracing::warn!(%behind, "stopping with in-sync elements behind; they catch up at the next start")
             }
         }
-        for task in active.tasks {
-            task.abort();
-        }
+        self.let_go(&active.handle, active.tasks, "stopping").await;
+        tracing::info!(epoch = %active.epoch, "stopped and released");
     }
 
     async fn step_down(self: &Arc<Self>, why: &str) {
