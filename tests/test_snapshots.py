@@ -337,3 +337,38 @@ def test_a_host_element_killed_after_a_group_snapshots_intention_finishes_it(mak
                        30, "the group's snapshot taken before the crash to be ready")
     with Client(cluster.uri("a@s")) as client:
         assert client.pread(MiB, 0) == b"\x71" * MiB
+
+
+def test_a_group_snapshots_deletion_finished_at_start_up_refuses_each_members_export_meanwhile(make_cluster):
+    """A host element killed after a group snapshot's deletion was logged: the next one finishes
+    the deletion, and until then a client asking for a member's `M@NAME` hears why it is
+    refused (the deletion is held 3 s after its record by a failpoint)."""
+    cluster = make_cluster(volumes=(("a", "4MiB"), ("b", "4MiB")), use_config=True, host_extra=["--group", "g:a,b"])
+    snapshot_cmd(cluster, "create", "--group", "g", "s")
+    assert {n: s["state"] for n, s in snapshots(cluster).items()} == {"a@s": "ready", "b@s": "ready"}
+    cluster.stop_host()
+    cluster.host.env = {**os.environ, "STARFISH_FAILPOINT": "snapshot-delete:after-intention"}
+    cluster.start_host()
+    assert snapshot_cmd(cluster, "delete", "a@s", check=False).returncode != 0, "the host element aborted"
+    harness.wait_until(lambda: not cluster.host.alive(), 10, "the host element to abort")
+
+    cluster.host.env = {**os.environ, "STARFISH_FAILPOINT": "snapshot-delete:after-record=sleep(3000)"}
+    log_start = os.path.getsize(cluster.host.log_path)
+
+    def paused():
+        with open(cluster.host.log_path, "rb") as log:
+            log.seek(log_start)
+            return b"failpoint: pausing" in log.read()
+
+    cluster.start_host()
+    harness.wait_until(paused, 20, "the pending deletion to pause after its record")
+    for member in ["a", "b"]:
+        refused = run(["qemu-img", "info", "-f", "raw", cluster.uri(f"{member}@s")], check=False)
+        assert refused.returncode != 0, refused.stdout
+        assert f"snapshot {member}@s is being deleted" in refused.stderr, refused.stderr
+    # The members themselves are served meanwhile.
+    with Client(cluster.uri("b")) as client:
+        assert client.pread(4096, 0) == bytes(4096)
+    harness.wait_until(lambda: snapshots(cluster) == {}, 30, "the deletion to complete")
+    refused = run(["qemu-img", "info", "-f", "raw", cluster.uri("a@s")], check=False)
+    assert refused.returncode != 0 and "being deleted" not in refused.stderr, refused.stderr

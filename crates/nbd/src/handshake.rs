@@ -55,6 +55,13 @@ pub trait Exports {
     fn open(&self, _export: &ExportInfo) -> Result<(), String> {
         Ok(())
     }
+
+    /// What a client that asks for `name`, which `find` did not find, is told with
+    /// `NBD_REP_ERR_UNKNOWN`: "no such export", unless the server knows why (an export being
+    /// deleted, say).
+    fn unknown(&self, _name: &str) -> String {
+        "no such export".to_string()
+    }
 }
 
 impl Exports for [ExportInfo] {
@@ -402,7 +409,7 @@ impl Handshake {
             return;
         };
         let Some(export) = exports.find(name) else {
-            self.reply_error(option, REP_ERR_UNKNOWN, "no such export");
+            self.reply_error(option, REP_ERR_UNKNOWN, bounded(&exports.unknown(name)));
             return;
         };
         if option == OPT_GO {
@@ -460,7 +467,7 @@ impl Handshake {
             return;
         };
         if exports.find(request.export_name).is_none() {
-            self.reply_error(option, REP_ERR_UNKNOWN, "no such export");
+            self.reply_error(option, REP_ERR_UNKNOWN, bounded(&exports.unknown(request.export_name)));
             return;
         }
         let selected = if request.query_count == 0 {
@@ -983,6 +990,13 @@ mod tests {
             exports()
         }
 
+        fn unknown(&self, name: &str) -> String {
+            match name {
+                "gone" => self.reason.clone(),
+                _ => "no such export".into(),
+            }
+        }
+
         fn open(&self, export: &ExportInfo) -> Result<(), String> {
             if export.name == "vol1" {
                 return Err(self.reason.clone());
@@ -1021,6 +1035,32 @@ mod tests {
             Some(HandshakeOutcome::Transmission(transmission)) => assert_eq!(transmission.export().name, ""),
             other => panic!("unexpected outcome {other:?}"),
         }
+    }
+
+    #[test]
+    fn an_export_not_found_is_refused_with_the_reason_the_exports_give() {
+        let refusing = Refusing { opened: Default::default(), reason: "snapshot gone is being deleted".into() };
+        let mut handshake = started(1);
+        let mut input = option(OPT_STRUCTURED_REPLY, &[]);
+        input.extend(option(OPT_INFO, &go_data("gone", &[])));
+        input.extend(option(OPT_SET_META_CONTEXT, &meta_data("gone", &["base:allocation"])));
+        input.extend(option(OPT_GO, &go_data("gone", &[])));
+        input.extend(option(OPT_GO, &go_data("other", &[])));
+        assert_eq!(handshake.handle_input(&input, &refusing), input.len());
+        let got = replies(&handshake.poll_transmit().unwrap());
+        let errors: Vec<(u32, u32, &[u8])> =
+            got.iter().skip(1).map(|(option, kind, data)| (*option, *kind, data.as_slice())).collect();
+        assert_eq!(
+            errors,
+            [
+                (OPT_INFO, REP_ERR_UNKNOWN, b"snapshot gone is being deleted".as_slice()),
+                (OPT_SET_META_CONTEXT, REP_ERR_UNKNOWN, b"snapshot gone is being deleted".as_slice()),
+                (OPT_GO, REP_ERR_UNKNOWN, b"snapshot gone is being deleted".as_slice()),
+                (OPT_GO, REP_ERR_UNKNOWN, b"no such export".as_slice()),
+            ]
+        );
+        assert!(refusing.opened.borrow().is_empty());
+        assert!(handshake.poll_outcome().is_none());
     }
 
     #[test]

@@ -303,6 +303,13 @@ impl ClientTable {
         Ok(())
     }
 
+    /// Why `export` is closed to new connections, if it is: what a client that asks for it
+    /// is told, even once it is no longer exported (a deletion removes the export before it
+    /// is answered; a starting host element does not export a snapshot being deleted).
+    fn closed_reason(&self, export: &str) -> Option<String> {
+        self.closed.get(export).cloned()
+    }
+
     /// Open `export` to new connections again.
     fn reopen(&mut self, export: &str) {
         self.closed.remove(export);
@@ -1365,6 +1372,10 @@ impl Backend for HostBackend {
         self.clients.lock().expect("clients lock").end(export);
     }
 
+    fn unknown(&self, export: &str) -> Option<String> {
+        self.clients.lock().expect("clients lock").closed_reason(export)
+    }
+
     fn exports(&self) -> Vec<ExportInfo> {
         let exports = self.exports.read().expect("exports lock");
         exports
@@ -1470,12 +1481,15 @@ mod tests {
         assert_eq!(table.close("a", "a is going".into()), Ok(()));
         // Closed: a new client hears why, and is not counted; a second operation is refused.
         assert_eq!(table.open("a"), Err("a is going".into()));
+        assert_eq!(table.closed_reason("a"), Some("a is going".into()));
         assert!(table.connected.is_empty());
         assert_eq!(table.close("a", "a shrinks".into()), Err(NotClosed::Closing("a is going".into())));
         // Other exports are untouched.
         assert_eq!(table.open("b"), Ok(()));
         assert_eq!(table.connected.get("b"), Some(&1));
+        assert_eq!(table.closed_reason("b"), None);
         table.reopen("a");
+        assert_eq!(table.closed_reason("a"), None);
         assert_eq!(table.open("a"), Ok(()));
         assert_eq!(table.connected.get("a"), Some(&1));
     }

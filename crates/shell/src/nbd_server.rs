@@ -73,6 +73,12 @@ pub trait Backend: Send + Sync + 'static {
         Ok(())
     }
     fn closed(&self, _export: &str) {}
+
+    /// Why a client that asks for `export`, which is not served, is refused, if more is known
+    /// than that there is no such export (it is being deleted, say).
+    fn unknown(&self, _export: &str) -> Option<String> {
+        None
+    }
 }
 
 /// Calls `Backend::closed` when dropped (the connection ended, however).
@@ -274,6 +280,10 @@ impl Exports for BackendExports<'_> {
 
     fn open(&self, export: &ExportInfo) -> Result<(), String> {
         self.0.opened(&export.name)
+    }
+
+    fn unknown(&self, name: &str) -> String {
+        self.0.unknown(name).unwrap_or_else(|| "no such export".to_string())
     }
 }
 

@@ -34,12 +34,15 @@
 //! `volume-delete:after-intention`, `…:after-remove` or `…:before-completion` of a deletion;
 //! `volume-resize:after-intention`, `…:after-resize` or `…:before-completion` of a resize;
 //! `snapshot-create:after-intention`, `…:after-record` or `…:before-completion` of a
-//! snapshot, and the same steps of `snapshot-delete`. At an `after-intention` step,
-//! `STEP=sleep(MS)` holds the operation there for MS milliseconds instead.
+//! snapshot, and the same steps of `snapshot-delete`. At an `after-intention` step, and at a
+//! snapshot's `after-record`, `STEP=sleep(MS)` holds the operation there for MS milliseconds
+//! instead.
 //!
 //! A deletion (of a volume or a snapshot) and a shrink close their exports to new NBD
 //! connections from their check that none is connected until they are answered: a client
-//! that asks meanwhile is refused (`NBD_REP_ERR_UNKNOWN`, "… is being deleted").
+//! that asks meanwhile is refused (`NBD_REP_ERR_UNKNOWN`, "… is being deleted"), also once the
+//! export is removed. A deletion found pending at start-up closes its exports too (a group
+//! snapshot's: each member's `M@NAME`).
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -364,6 +367,23 @@ const ABANDONED_UNLOGGED: &str = "the host element took the elements back from o
 
 /// Hand a prepare's answer to the catalog task's pass that asked; if that pass ended (the
 /// core took the elements back), the operator is told so.
+/// Whether export `e` is member `M`'s `M@NAME` of consistency group `group`'s snapshot `name`.
+fn is_member_snapshot(e: &starfish_core::groups::ExportedVolume, group: &str, name: &str) -> bool {
+    e.group.as_deref() == Some(group) && e.name.rsplit_once('@').is_some_and(|(_, s)| s == name)
+}
+
+/// The export names of `snapshot`, exported or not (a starting host element does not export
+/// one being deleted): `VOLUME@NAME`, or for a consistency group's each member's `M@NAME`.
+fn snapshot_exports(exports: &[starfish_core::groups::ExportedVolume], snapshot: &CatalogSnapshot) -> Vec<String> {
+    let group = &snapshot.volume;
+    let members = exports.iter().filter(|e| e.snapshot.is_none() && e.group.as_deref() == Some(group.as_str()));
+    let mut names: Vec<String> = members.map(|m| format!("{}@{}", m.name, snapshot.name)).collect();
+    if names.is_empty() {
+        names.push(snapshot.export_name());
+    }
+    names
+}
+
 /// The storage volume and size of consistency group `group` (from its members' exports), if
 /// there is one by that name.
 fn group_storage(exports: &[starfish_core::groups::ExportedVolume], group: &str) -> Option<(usize, u64)> {
@@ -524,7 +544,10 @@ impl Catalogue {
                 let (what, name) = (if delete { "deletion" } else { "taking" }, snapshot.export_name());
                 tracing::info!(id = intention.id, "finishing the {what} of snapshot {name}: sending its record again");
                 let closed = match delete {
-                    true => self.close_at_start(&name, deleting(&format!("snapshot {name}"))).into_iter().collect(),
+                    true => snapshot_exports(&self.handle.exports(), snapshot)
+                        .into_iter()
+                        .filter_map(|export| self.close_at_start(&export, deleting(&format!("snapshot {export}"))))
+                        .collect(),
                     false => Vec::new(),
                 };
                 let snapshot = snapshot.clone();
@@ -1400,7 +1423,7 @@ impl Catalogue {
             .iter()
             .filter(|e| e.snapshot.is_some())
             .filter(|e| match &group {
-                Some(g) => e.group.as_deref() == Some(g) && e.name.rsplit_once('@').is_some_and(|(_, s)| s == name),
+                Some(g) => is_member_snapshot(e, g, &name),
                 None => e.name == export,
             })
             .collect();
@@ -1518,7 +1541,7 @@ impl Catalogue {
         };
         let Some(s) = self.snapshotting.remove(&id) else { return };
         let step = if s.delete { "snapshot-delete" } else { "snapshot-create" };
-        failpoint(&format!("{step}:after-record"));
+        failpoint_or_pause(&format!("{step}:after-record")).await;
         let snapshot = CatalogSnapshot { taken_at, ..s.snapshot };
         if !s.delete {
             self.export_snapshot(&snapshot).await;
