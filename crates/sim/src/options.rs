@@ -67,10 +67,16 @@ pub enum FaultKind {
     /// every second. Only where every other element holds that block alike, so a majority
     /// knows the right content. Opt-in only (`--faults diverge_block`).
     DivergeBlock,
+    /// A clean stop of the host element (SIGTERM), as the shell's `Node::stop` does it: it
+    /// takes no new request, waits at most 2 s for those under way to be answered, sends
+    /// `Release` to every element (their read lease ends at once) and closes its sessions;
+    /// the next host element starts 0–500 ms later, without waiting for a lease to lapse.
+    /// Opt-in only (`--faults host_stop`).
+    HostStop,
 }
 
 impl FaultKind {
-    pub const ALL: [FaultKind; 19] = [
+    pub const ALL: [FaultKind; 20] = [
         FaultKind::ElementKill,
         FaultKind::ElementPowerLoss,
         FaultKind::HostCrash,
@@ -90,6 +96,7 @@ impl FaultKind {
         FaultKind::HostCrashStandby,
         FaultKind::RogueElementSession,
         FaultKind::DivergeBlock,
+        FaultKind::HostStop,
     ];
 
     pub fn name(self) -> &'static str {
@@ -113,6 +120,7 @@ impl FaultKind {
             FaultKind::HostCrashStandby => "host_crash_standby_takes_over",
             FaultKind::RogueElementSession => "rogue_element_session",
             FaultKind::DivergeBlock => "diverge_block",
+            FaultKind::HostStop => "host_stop",
         }
     }
 
@@ -144,13 +152,14 @@ impl FaultKind {
             FaultKind::HostCrashStandby => 0.0,
             FaultKind::RogueElementSession => 0.0,
             FaultKind::DivergeBlock => 0.0,
+            FaultKind::HostStop => 0.0,
         }
     }
 
     /// Injected only when asked for by name: swarm runs draw no weight for it (so the draws,
     /// and what every earlier seed means, stay as they were).
     fn opt_in(self) -> bool {
-        matches!(self, FaultKind::RogueElementSession | FaultKind::DivergeBlock)
+        matches!(self, FaultKind::RogueElementSession | FaultKind::DivergeBlock | FaultKind::HostStop)
     }
 }
 
@@ -230,6 +239,10 @@ pub enum Broken {
     /// once: a later start can roll forward a tail of an older epoch that this one's start
     /// did without (a weakly acknowledged write), after this one served reads without it.
     NoBegin,
+    /// A stopping host element (`host_stop`) sends `Release` at once and goes on serving for
+    /// 0.2–2 s while the next one starts: its read lease has ended at the elements, so what it
+    /// reads from its cache may be what the new one has overwritten.
+    ReleaseWhileServing,
 }
 
 impl Broken {
@@ -256,6 +269,7 @@ impl Broken {
             "unbounded-reads" => Some(Broken::UnboundedReads),
             "forget-copy-state" => Some(Broken::ForgetCopyState),
             "no-begin" => Some(Broken::NoBegin),
+            "release-while-serving" => Some(Broken::ReleaseWhileServing),
             _ => None,
         }
     }
@@ -282,6 +296,7 @@ impl Broken {
             Broken::UnboundedReads => "unbounded-reads",
             Broken::ForgetCopyState => "forget-copy-state",
             Broken::NoBegin => "no-begin",
+            Broken::ReleaseWhileServing => "release-while-serving",
         }
     }
 }

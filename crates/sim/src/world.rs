@@ -29,6 +29,9 @@ const FINAL_MS: u64 = 15_000;
 /// A connection attempt to an unreachable element gives up after this (`CONNECT_TIMEOUT` of
 /// `crates/shell/src/host.rs`).
 const CONNECT_TIMEOUT_MS: u64 = 2_000;
+/// A stopping host element waits this long at most for its clients' requests under way (the
+/// shell's `STOP_WAIT`).
+const STOP_WAIT_MS: u64 = 2_000;
 /// Reconnect backoff: from 50 ms, doubling to 2 s; reset only by a session that lasted 10 s
 /// (`run_element_link`).
 const BACKOFF_MS_MIN: u64 = 50;
@@ -173,6 +176,10 @@ enum Ev {
     KillSuperseded {
         instance: u32,
     },
+    /// The stopping host element `instance` checks whether it may let the elements go.
+    HostStopStep {
+        instance: u32,
+    },
     HealStall {
         element: usize,
         dir: usize,
@@ -242,6 +249,7 @@ impl Ev {
             Ev::EndQuiet => 17,
             Ev::EndFinal => 18,
             Ev::KillSuperseded { instance } => 19 ^ ((*instance as u64) << 8),
+            Ev::HostStopStep { instance } => 36 ^ ((*instance as u64) << 8),
             Ev::CopyFetched { element, .. } => 20 ^ ((*element as u64) << 8),
             Ev::Sent { session, .. } => 25 ^ (session << 8),
         }
@@ -349,6 +357,9 @@ struct Host {
     /// clients are connected): index in `World::created`, and the new size.
     draining_shrink: Option<(usize, u64)>,
     zeroing: Option<Zeroing>,
+    /// Stopping cleanly (`host_stop`): it takes no new request, and lets the elements go once
+    /// those under way are answered or at this time.
+    stopping_until: Option<Time>,
 }
 
 /// A request the simulated shell made itself.
@@ -979,6 +990,7 @@ impl World {
             }
             Ev::StandbyPoll => self.standby_poll(),
             Ev::KillSuperseded { instance } => self.kill_superseded(instance),
+            Ev::HostStopStep { instance } => self.host_stop_step(instance),
             Ev::HealStall { element, dir } => {
                 if self.links[element].stalled[dir] && self.now >= self.links[element].stall_until[dir] {
                     self.heal_stall(element, dir);
@@ -1005,9 +1017,10 @@ impl World {
                 self.catalog_step();
                 // A shrink's zeroing goes on in every phase (as the shell retries it).
                 self.shrink_step();
-                if self.phase == Phase::Faults {
+                let stopping = self.host.as_ref().is_some_and(|h| h.stopping_until.is_some());
+                if self.phase == Phase::Faults && !stopping {
                     self.volume_op();
-                } else {
+                } else if self.phase != Phase::Faults {
                     self.abort_drain();
                 }
                 if matches!(self.phase, Phase::Faults | Phase::Quiet) {
@@ -1616,6 +1629,7 @@ impl World {
             draining_shrink: None,
             zeroing: None,
             creating: false,
+            stopping_until: None,
         });
         for element in 0..n {
             let at = at_delay(self.now, self.rng_net.range(0, 200));
@@ -2272,6 +2286,11 @@ impl World {
             return;
         };
         let current = self.host.as_ref().is_some_and(|h| h.instance == instance);
+        if current && self.host.as_ref().is_some_and(|h| h.stopping_until.is_some()) {
+            // A stopping host element reads no new request: the client waits for the next one.
+            let at = at_delay(self.now, 5_000);
+            return self.schedule(at, Ev::ClientWake { client });
+        }
         if self.o.volume_ops && current && self.host.as_ref().is_some_and(|h| h.catalog.is_none()) {
             // The shell serves NBD once the catalog is read (the volumes it names with the
             // configured ones): the client waits in the listen queue.
@@ -2542,8 +2561,17 @@ impl World {
     }
 
     fn crash_host(&mut self) {
+        if let Some(host) = &self.host {
+            let instance = host.instance;
+            self.trace(|| format!("FAULT host element crashes (instance {instance})"));
+        }
+        self.end_host(false);
+    }
+
+    /// The host element's process ends: `clean` (a stop) closes every session after what it
+    /// sent; a crash resets half of them, dropping what was not delivered yet.
+    fn end_host(&mut self, clean: bool) {
         let Some(host) = self.host.take() else { return };
-        self.trace(|| format!("FAULT host element crashes (instance {})", host.instance));
         let sessions: Vec<u64> = self
             .sessions
             .iter()
@@ -2552,7 +2580,7 @@ impl World {
             .collect();
         for session in sessions {
             self.sessions.get_mut(&session).expect("listed").host_open = false;
-            if self.rng_net.chance(0.5) {
+            if !clean && self.rng_net.chance(0.5) {
                 // A reset: data not yet delivered is dropped.
                 let s = self.sessions.get_mut(&session).expect("listed");
                 s.dead = true;
@@ -2579,6 +2607,57 @@ impl World {
             }
         }
         self.final_requests.clear();
+    }
+
+    /// `Release` on every open session of the current host element (`Node::stop`, a drain).
+    fn send_release(&mut self) {
+        let Some(instance) = self.host.as_ref().map(|h| h.instance) else { return };
+        let sessions: Vec<u64> = self
+            .sessions
+            .iter()
+            .filter(|(_, s)| s.instance == instance && s.host_open && !s.dead)
+            .map(|(id, _)| *id)
+            .collect();
+        for session in sessions {
+            self.net_send(session, Wire::ToElement(ToElement::Msg(HostMessage::Release)));
+        }
+    }
+
+    /// `host_stop`: the host element stops taking requests, then lets the elements go
+    /// (`host_stop_step`). `--broken release-while-serving` lets them go at once and serves on.
+    fn begin_host_stop(&mut self) {
+        let Some(instance) = self.host.as_ref().map(|h| h.instance) else { return };
+        if self.o.broken == Broken::ReleaseWhileServing {
+            self.trace(|| format!("FAULT host element {instance} stops: Release sent, and it serves on (broken)"));
+            self.send_release();
+            self.superseded = self.host.take();
+            self.start_host();
+            let at = at_delay(self.now, us(self.rng_fault.range(200, 2_000)));
+            self.schedule(at, Ev::KillSuperseded { instance });
+            return;
+        }
+        self.trace(|| format!("FAULT host element {instance} stops (SIGTERM): no new requests"));
+        let until = at_delay(self.now, us(STOP_WAIT_MS));
+        self.host.as_mut().expect("checked").stopping_until = Some(until);
+        self.schedule(at_delay(self.now, us(1)), Ev::HostStopStep { instance });
+    }
+
+    /// A stopping host element lets the elements go once no request of its clients is under
+    /// way (or at its deadline: those left are cut, unanswered), and ends; the next one starts
+    /// 0–500 ms later.
+    fn host_stop_step(&mut self, instance: u32) {
+        let Some(until) = self.host.as_ref().filter(|h| h.instance == instance).and_then(|h| h.stopping_until) else {
+            return;
+        };
+        let under_way = self.model.ops().any(|(_, op)| op.outcome == Outcome::Pending && op.instance == instance);
+        if under_way && self.now < until {
+            return self.schedule(at_delay(self.now, us(5)), Ev::HostStopStep { instance });
+        }
+        self.trace(|| format!("host element {instance} lets the elements go (Release) and exits"));
+        self.send_release();
+        self.end_host(true);
+        let at = at_delay(self.now, us(self.rng_fault.range(0, 500)));
+        self.schedule(at, Ev::HostRestart);
     }
 
     /// The superseded host element is killed at last; its hosts turn to the current one.
@@ -2718,6 +2797,15 @@ impl World {
                         kill_at = at_delay(until.max(crash_at), us(gone_ms));
                     }
                     self.schedule(kill_at, Ev::KillSuperseded { instance });
+                    true
+                } else {
+                    false
+                }
+            }
+            FaultKind::HostStop => {
+                let stopping = self.host.as_ref().is_some_and(|h| h.stopping_until.is_some());
+                if self.host.is_some() && self.superseded.is_none() && !stopping {
+                    self.begin_host_stop();
                     true
                 } else {
                     false
