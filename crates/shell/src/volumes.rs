@@ -365,8 +365,6 @@ const ABANDONED: &str = "the host element took the elements back from one that i
 /// ... before it was even logged: nothing was done.
 const ABANDONED_UNLOGGED: &str = "the host element took the elements back from one that is gone and started over before the operation was logged: nothing was done; ask again";
 
-/// Hand a prepare's answer to the catalog task's pass that asked; if that pass ended (the
-/// core took the elements back), the operator is told so.
 /// Whether export `e` is member `M`'s `M@NAME` of consistency group `group`'s snapshot `name`.
 fn is_member_snapshot(e: &starfish_core::groups::ExportedVolume, group: &str, name: &str) -> bool {
     e.group.as_deref() == Some(group) && e.name.rsplit_once('@').is_some_and(|(_, s)| s == name)
@@ -392,6 +390,8 @@ fn group_storage(exports: &[starfish_core::groups::ExportedVolume], group: &str)
     Some((storage, members.map(|e| e.offset_bytes + e.size_bytes).max().unwrap_or(0)))
 }
 
+/// Hand a prepare's answer to the catalog task's pass that asked; if that pass ended (the
+/// core took the elements back), the operator is told so.
 fn answer_checked(checked: &mpsc::UnboundedSender<Checked>, answer: Checked) {
     if let Err(mpsc::error::SendError(answer)) = checked.send(answer) {
         let _ = answer.reply.send(Err(ABANDONED_UNLOGGED.to_string()));
