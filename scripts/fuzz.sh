@@ -4,7 +4,7 @@
 # element wire frames, the element log's record parser, opening a damaged data directory, and
 # the admin request parser and the catalog of volumes created while running.
 #
-#     bash scripts/fuzz.sh                    # every target for 8 s (the test command does this)
+#     bash scripts/fuzz.sh                    # every target for 8 s (the test command: 16 s, beside pytest)
 #     bash scripts/fuzz.sh 600                # every target for 600 s
 #     bash scripts/fuzz.sh 600 wire_frame     # one target
 #
