@@ -20,6 +20,7 @@ etcd is Debian's `etcd-server`, started by each test on 127.0.0.1 and
 stopped by PID.
 """
 
+import base64
 import contextlib
 import errno
 import json
@@ -29,6 +30,7 @@ import signal
 import subprocess
 import threading
 import time
+import urllib.request
 
 import pytest
 
@@ -71,6 +73,21 @@ class Etcd:
     def destroy(self):
         self.process.kill9()
         self.process.reap_group()
+
+    def call(self, path, body):
+        """POST to etcd's JSON gateway (`/v3/...`), keys and values base64."""
+        request = urllib.request.Request(self.url + path, data=json.dumps(body).encode(), method="POST")
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            return json.loads(answer.read())
+
+    def lease_of(self, key):
+        """The lease `key` is attached to (None: no such key, or none)."""
+        kvs = self.call("/v3/kv/range", {"key": base64.b64encode(key.encode()).decode()}).get("kvs", [])
+        return kvs[0].get("lease") if kvs else None
+
+    def lease_ttl(self, lease):
+        """Seconds left on `lease`; -1 once it is revoked or lapsed."""
+        return int(self.call("/v3/lease/timetolive", {"ID": lease})["TTL"])
 
 
 class FailoverCluster(harness.Cluster):
@@ -249,12 +266,16 @@ def test_a_stopped_active_host_element_lets_the_elements_go_and_the_standby_take
     over without waiting for either to lapse; nothing written is lost."""
     c = make_failover(with_etcd=True)
     epoch = c.status_of("a")["epoch"]
+    lease = c.etcd.lease_of("/starfish/starfish/active")
+    assert lease is not None and c.etcd.lease_ttl(lease) > 0, "a holds the active key under a live lease"
     data = pattern(3, 4 * MiB)
     with harness.Client(c.uri_of("a")) as client:
         client.pwrite(data, 0)
         client.flush()
     code, killed = c.hosts["a"].stop(signal.SIGTERM)
     assert (code, killed) == (0, False), c.hosts["a"].log()
+    # Given up, not left to lapse (its keep-alives ran until the stop: seconds would be left).
+    assert c.etcd.lease_ttl(lease) == -1, "the stopped host element's etcd lease is revoked"
     for name, element in c.elements.items():
         with open(element.process.log_path, errors="replace") as log:
             assert f"released epoch {epoch}" in log.read(), f"element {name} was not told the host element left"
