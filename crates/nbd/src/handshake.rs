@@ -60,9 +60,12 @@ pub trait Exports {
     /// `NBD_REP_ERR_UNKNOWN`: "no such export", unless the server knows why (an export being
     /// deleted, say).
     fn unknown(&self, _name: &str) -> String {
-        "no such export".to_string()
+        NO_SUCH_EXPORT.to_string()
     }
 }
+
+/// What a client that asks for an export nobody knows anything of is told.
+pub const NO_SUCH_EXPORT: &str = "no such export";
 
 impl Exports for [ExportInfo] {
     fn list(&self) -> Vec<ExportInfo> {
@@ -993,7 +996,7 @@ mod tests {
         fn unknown(&self, name: &str) -> String {
             match name {
                 "gone" => self.reason.clone(),
-                _ => "no such export".into(),
+                _ => NO_SUCH_EXPORT.into(),
             }
         }
 

@@ -16,7 +16,9 @@ mod transmission;
 pub mod wire;
 
 pub use errno::Errno;
-pub use handshake::{ExportInfo, Exports, Handshake, HandshakeConfig, HandshakeOutcome, BASE_ALLOCATION_CONTEXT_ID};
+pub use handshake::{
+    ExportInfo, Exports, Handshake, HandshakeConfig, HandshakeOutcome, BASE_ALLOCATION_CONTEXT_ID, NO_SUCH_EXPORT,
+};
 pub use limits::{BLOCK_SIZE_MAX_BYTES, BLOCK_SIZE_MIN_BYTES, BLOCK_SIZE_PREFERRED_BYTES, HANDSHAKE_INPUT_BYTES_MAX};
 pub use transmission::{Command, CommandKind, Decoded, Extent, Rejected, Request, Transmission};
 pub use wire::REQUEST_HEADER_BYTES;

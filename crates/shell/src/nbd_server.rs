@@ -283,7 +283,7 @@ impl Exports for BackendExports<'_> {
     }
 
     fn unknown(&self, name: &str) -> String {
-        self.0.unknown(name).unwrap_or_else(|| "no such export".to_string())
+        self.0.unknown(name).unwrap_or_else(|| nbd::NO_SUCH_EXPORT.to_string())
     }
 }
 

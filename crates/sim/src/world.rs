@@ -1017,8 +1017,7 @@ impl World {
                 self.catalog_step();
                 // A shrink's zeroing goes on in every phase (as the shell retries it).
                 self.shrink_step();
-                let stopping = self.host.as_ref().is_some_and(|h| h.stopping_until.is_some());
-                if self.phase == Phase::Faults && !stopping {
+                if self.phase == Phase::Faults && !self.host_stopping() {
                     self.volume_op();
                 } else if self.phase != Phase::Faults {
                     self.abort_drain();
@@ -2286,7 +2285,7 @@ impl World {
             return;
         };
         let current = self.host.as_ref().is_some_and(|h| h.instance == instance);
-        if current && self.host.as_ref().is_some_and(|h| h.stopping_until.is_some()) {
+        if current && self.host_stopping() {
             // A stopping host element reads no new request: the client waits for the next one.
             let at = at_delay(self.now, 5_000);
             return self.schedule(at, Ev::ClientWake { client });
@@ -2623,6 +2622,11 @@ impl World {
         }
     }
 
+    /// The current host element is stopping cleanly (`host_stop`).
+    fn host_stopping(&self) -> bool {
+        self.host.as_ref().is_some_and(|h| h.stopping_until.is_some())
+    }
+
     /// `host_stop`: the host element stops taking requests, then lets the elements go
     /// (`host_stop_step`). `--broken release-while-serving` lets them go at once and serves on.
     fn begin_host_stop(&mut self) {
@@ -2803,8 +2807,7 @@ impl World {
                 }
             }
             FaultKind::HostStop => {
-                let stopping = self.host.as_ref().is_some_and(|h| h.stopping_until.is_some());
-                if self.host.is_some() && self.superseded.is_none() && !stopping {
+                if self.host.is_some() && self.superseded.is_none() && !self.host_stopping() {
                     self.begin_host_stop();
                     true
                 } else {
