@@ -292,7 +292,7 @@ async fn reopen_when_space(
 enum Incoming {
     Tcp(TcpStream),
     Far(crate::far_link::FecStream),
-    Local(tokio::net::UnixStream),
+    Local(crate::local_socket::LocalStream),
 }
 
 /// Where an element takes connections: its TCP port, the far link on the same UDP port, and
@@ -326,6 +326,7 @@ impl Listeners {
             }
             accepted = local => {
                 let (stream, _) = accepted?;
+                let stream = crate::local_socket::LocalStream::from_tokio(stream)?;
                 Ok((Incoming::Local(stream), "local socket".to_string()))
             }
         }

@@ -12,12 +12,25 @@
 //! local socket, and no file is left behind by an element that dies. Sessions over it are
 //! served as those over TCP: the same TLS handshake when TLS is configured, the same frame
 //! checks for a stranger.
+//!
+//! A connected local socket is a [`LocalStream`], not tokio's `UnixStream`: it asks the
+//! runtime to watch it for room to write only while a write waits for room. Linux wakes
+//! whoever watches a Unix stream socket for room each time its peer takes a message from it,
+//! whether or not its buffer was ever full (TCP wakes only a writer that found no room), so a
+//! socket watched for both, as tokio's is, woke the sending process once per message its peer
+//! read: a sleep and a wake-up more per request and per reply on each side
+//! (docs/benchmarks.md, "the local socket's needless wake-ups").
 
 use std::io;
 use std::net::SocketAddr;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::linux::net::SocketAddrExt;
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
 
-use tokio::net::{UnixListener, UnixStream};
+use tokio::io::unix::AsyncFd;
+use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
+use tokio::net::UnixListener;
 
 /// The abstract name of the local socket of the element listening on `address`.
 pub fn name(address: SocketAddr) -> String {
@@ -106,7 +119,7 @@ fn abstract_address(name: &str) -> io::Result<(libc::sockaddr_un, libc::socklen_
 
 /// Connect to the local socket of the element at `address`, if it is a loopback address and an
 /// element listens there; `None` otherwise (the caller connects over TCP).
-pub async fn connect(address: SocketAddr) -> Option<UnixStream> {
+pub async fn connect(address: SocketAddr) -> Option<LocalStream> {
     if !address.ip().is_loopback() {
         return None;
     }
@@ -115,13 +128,241 @@ pub async fn connect(address: SocketAddr) -> Option<UnixStream> {
     // element that does not accept; TCP then tries, with its timeout).
     let fd = unix_socket(libc::SOCK_NONBLOCK).ok()?;
     at_address(&fd, &name(address), libc::connect).ok()?;
-    UnixStream::from_std(std::os::unix::net::UnixStream::from(fd)).ok()
+    LocalStream::new(fd).ok()
+}
+
+/// The descriptor number of [`LocalStream::spare`], registered while a write waits; it does
+/// not close the descriptor when dropped.
+struct SpareFd(RawFd);
+
+impl AsRawFd for SpareFd {
+    fn as_raw_fd(&self) -> RawFd {
+        self.0
+    }
+}
+
+/// A connected local socket (see the module's documentation): watched by the runtime for
+/// reading always, and for room to write only while a write waits for it.
+pub struct LocalStream {
+    /// The socket, registered for reading only.
+    socket: AsyncFd<OwnedFd>,
+    /// While a write waits for room: `spare` registered for writing. Declared before `spare`
+    /// so that it is dropped (deregistered) before `spare` is closed.
+    waiting: Option<AsyncFd<SpareFd>>,
+    /// A second descriptor of the same socket: the kernel's readiness lists key a registration
+    /// by descriptor, and the first one is already registered, for reading.
+    spare: OwnedFd,
+}
+
+impl LocalStream {
+    /// Serve the connected, non-blocking Unix stream socket `fd` (within a tokio runtime).
+    pub fn new(fd: OwnedFd) -> io::Result<LocalStream> {
+        let spare = fd.try_clone()?;
+        // SAFETY: the `AsyncFd` owns `fd`, which stays open, the same descriptor, as long as it.
+        let socket = unsafe { AsyncFd::register_with_interest(fd, Interest::READABLE) };
+        Ok(LocalStream { socket: socket.map_err(|e| e.into_parts().1)?, waiting: None, spare })
+    }
+
+    /// An accepted tokio `UnixStream`, taken over (it leaves tokio's registration).
+    pub fn from_tokio(stream: tokio::net::UnixStream) -> io::Result<LocalStream> {
+        LocalStream::new(OwnedFd::from(stream.into_std()?))
+    }
+
+    /// Run `send` (one non-blocking system call on the socket: bytes sent, or -1 and errno)
+    /// until it sends something or fails; while it finds no room, wait for room.
+    fn poll_send(&mut self, cx: &mut Context<'_>, mut send: impl FnMut(RawFd) -> isize) -> Poll<io::Result<usize>> {
+        loop {
+            let sent = send(self.socket.as_raw_fd());
+            if sent >= 0 {
+                // No longer watched for room: the peer's reads wake nobody here again.
+                self.waiting = None;
+                return Poll::Ready(Ok(sent as usize));
+            }
+            let error = io::Error::last_os_error();
+            match error.kind() {
+                io::ErrorKind::Interrupted => continue,
+                io::ErrorKind::WouldBlock => {}
+                _ => return Poll::Ready(Err(error)),
+            }
+            // Registering finds room that came after the failed send: no wake-up is lost.
+            let waiting = match &mut self.waiting {
+                Some(waiting) => waiting,
+                None => {
+                    let spare = SpareFd(self.spare.as_raw_fd());
+                    // SAFETY: `spare` stays open, the same descriptor, until after `waiting` is
+                    // dropped (the fields' order; `spare` is never replaced).
+                    let registered = unsafe { AsyncFd::register_with_interest(spare, Interest::WRITABLE) };
+                    self.waiting.insert(registered.map_err(|e| e.into_parts().1)?)
+                }
+            };
+            ready!(waiting.poll_write_ready(cx))?.clear_ready();
+        }
+    }
+}
+
+/// `MSG_NOSIGNAL`: a peer gone is an `EPIPE` error, not a signal.
+const SEND_FLAGS: libc::c_int = libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT;
+
+/// Most pieces one `sendmsg` takes (the kernel's `UIO_MAXIOV`); the caller sends the rest after.
+const SEND_PIECES_MAX: usize = 1024;
+
+impl AsyncRead for LocalStream {
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        loop {
+            let mut guard = ready!(this.socket.poll_read_ready(cx))?;
+            // SAFETY: the kernel only writes into the unfilled part, and only the bytes it
+            // reports are marked filled.
+            let unfilled = unsafe { buf.unfilled_mut() };
+            let received = guard.try_io(|socket| {
+                // SAFETY: `unfilled` is valid for writes of its length for the whole call.
+                let n = unsafe {
+                    libc::recv(socket.as_raw_fd(), unfilled.as_mut_ptr().cast(), unfilled.len(), libc::MSG_DONTWAIT)
+                };
+                if n < 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                Ok(n as usize)
+            });
+            match received {
+                Ok(Ok(n)) => {
+                    // SAFETY: the kernel wrote these `n` bytes.
+                    unsafe { buf.assume_init(n) };
+                    buf.advance(n);
+                    return Poll::Ready(Ok(()));
+                }
+                Ok(Err(e)) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Ok(Err(e)) => return Poll::Ready(Err(e)),
+                Err(_would_block) => continue,
+            }
+        }
+    }
+}
+
+impl AsyncWrite for LocalStream {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        self.get_mut().poll_send(cx, |fd| {
+            // SAFETY: `buf` is valid for reads of its length for the whole call.
+            unsafe { libc::send(fd, buf.as_ptr().cast(), buf.len(), SEND_FLAGS) }
+        })
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let bufs = &bufs[..bufs.len().min(SEND_PIECES_MAX)];
+        self.get_mut().poll_send(cx, |fd| {
+            // SAFETY: all-zero bytes are a valid `msghdr` (no name, no control data).
+            let mut message: libc::msghdr = unsafe { std::mem::zeroed() };
+            // `IoSlice` is ABI-compatible with `iovec` on Unix; the kernel only reads them.
+            message.msg_iov = bufs.as_ptr() as *mut libc::iovec;
+            message.msg_iovlen = bufs.len() as _;
+            // SAFETY: `message` points at `bufs`, valid for the whole call.
+            unsafe { libc::sendmsg(fd, &message, SEND_FLAGS) }
+        })
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        true
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        // SAFETY: a plain system call on the open socket.
+        match unsafe { libc::shutdown(self.socket.as_raw_fd(), libc::SHUT_WR) } {
+            0 => Poll::Ready(Ok(())),
+            _ => Poll::Ready(Err(io::Error::last_os_error())),
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// The events the kernel's readiness lists of this process watch descriptor `fd` for (from
+    /// `/proc/self/fdinfo` of every epoll descriptor), or `None` if none watches it.
+    fn watched_for(fd: RawFd) -> Option<u32> {
+        for entry in std::fs::read_dir("/proc/self/fd").unwrap().flatten() {
+            let Ok(target) = std::fs::read_link(entry.path()) else { continue };
+            if target.to_string_lossy() != "anon_inode:[eventpoll]" {
+                continue;
+            }
+            let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{}", entry.file_name().to_string_lossy()));
+            for line in info.unwrap_or_default().lines() {
+                // "tfd:        7 events: 80002001 data: ..."
+                let fields: Vec<&str> = line.split_whitespace().collect();
+                if fields.len() >= 4 && fields[0] == "tfd:" && fields[1] == fd.to_string() && fields[2] == "events:" {
+                    return Some(u32::from_str_radix(fields[3], 16).unwrap());
+                }
+            }
+        }
+        None
+    }
+
+    /// A connected pair: ours as a `LocalStream`, the peer as a plain tokio `UnixStream`.
+    fn pair() -> (LocalStream, tokio::net::UnixStream) {
+        let (ours, peer) = std::os::unix::net::UnixStream::pair().unwrap();
+        ours.set_nonblocking(true).unwrap();
+        peer.set_nonblocking(true).unwrap();
+        (LocalStream::new(OwnedFd::from(ours)).unwrap(), tokio::net::UnixStream::from_std(peer).unwrap())
+    }
+
+    #[tokio::test]
+    async fn a_local_stream_is_watched_for_room_only_while_a_write_waits_for_it() {
+        let (mut ours, mut peer) = pair();
+        let (socket, spare) = (ours.socket.as_raw_fd(), ours.spare.as_raw_fd());
+        let out = libc::EPOLLOUT as u32;
+        let watched = watched_for(socket).expect("the socket is registered");
+        assert!(watched & libc::EPOLLIN as u32 != 0 && watched & out == 0, "events {watched:#x}");
+        assert_eq!(watched_for(spare), None);
+        // A write that finds room, read by the peer: nothing watches for room.
+        ours.write_all(b"request").await.unwrap();
+        let mut got = [0u8; 7];
+        peer.read_exact(&mut got).await.unwrap();
+        assert_eq!(&got, b"request");
+        assert_eq!(watched_for(spare), None);
+        assert_eq!(watched_for(socket).unwrap() & out, 0);
+        // A write larger than the socket's buffers waits for room, watched for it meanwhile.
+        let sent: Vec<u8> = (0..8u32 << 20).map(|i| (i % 251) as u8).collect();
+        let expected = sent.clone();
+        let writer = tokio::spawn(async move {
+            ours.write_all(&sent).await.unwrap();
+            ours
+        });
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+        while watched_for(spare).is_none_or(|events| events & out == 0) {
+            assert!(tokio::time::Instant::now() < deadline, "a write waiting for room is watched for it");
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        let mut received = vec![0u8; expected.len()];
+        peer.read_exact(&mut received).await.unwrap();
+        assert!(received == expected, "every byte arrives, in order");
+        let mut ours = writer.await.unwrap();
+        // The write that found room at last ended the watch.
+        assert_eq!(watched_for(spare), None);
+        // Replies still arrive, and the end of the peer's stream reads as such.
+        peer.write_all(b"reply").await.unwrap();
+        drop(peer);
+        let mut rest = Vec::new();
+        ours.read_to_end(&mut rest).await.unwrap();
+        assert_eq!(rest, b"reply");
+    }
+
+    #[tokio::test]
+    async fn a_write_to_a_local_stream_whose_peer_is_gone_fails() {
+        let (mut ours, peer) = pair();
+        drop(peer);
+        let error = ours.write_all(&[7u8; 1 << 20]).await.expect_err("nobody reads");
+        assert_eq!(error.kind(), io::ErrorKind::BrokenPipe, "{error}");
+        assert_eq!(ours.read(&mut [0u8; 16]).await.unwrap(), 0, "the peer's end reads as the end");
+    }
 
     #[tokio::test]
     async fn an_element_on_loopback_is_reached_over_its_local_socket() {

@@ -25,7 +25,9 @@ use rustls::{ClientConfig, DigitallySignedStruct, RootCertStore, ServerConfig, S
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::{TcpStream, UnixStream};
+use tokio::net::TcpStream;
+
+use crate::local_socket::LocalStream;
 
 use crate::far_link::FecStream;
 
@@ -365,8 +367,8 @@ pub enum Stream {
     Fec(FecStream),
     FecTls(Box<tokio_rustls::TlsStream<FecStream>>),
     /// An element's local socket (`crate::local_socket`), reached from the same machine.
-    Local(UnixStream),
-    LocalTls(Box<tokio_rustls::TlsStream<UnixStream>>),
+    Local(LocalStream),
+    LocalTls(Box<tokio_rustls::TlsStream<LocalStream>>),
 }
 
 /// What a connection is carried over: TCP or a far-link session.
@@ -384,7 +386,7 @@ impl Carrier for TcpStream {
     }
 }
 
-impl Carrier for UnixStream {
+impl Carrier for LocalStream {
     fn plain(self) -> Stream {
         Stream::Local(self)
     }
