@@ -757,6 +757,7 @@ async fn serve_session(
 ) -> String {
     let opened = tokio::time::Instant::now();
     let mut low_water = crate::low_water::LowWater::of(&stream);
+    let mut lender = stream.lender();
     let (mut read_half, write_half) = tokio::io::split(stream);
     let (writer, mut reply_rx) = mpsc::unbounded_channel::<ElementMessage>();
     // A peer of another wire version is told why before the session ends (a weak sender: the
@@ -775,7 +776,7 @@ async fn serve_session(
                 let Ok(message) = reply_rx.try_recv() else { break };
                 queue_reply(&mut queue, &mut buf, &message);
             }
-            queue.write_to(&mut out).await?;
+            queue.write_to(&mut out, lender.as_mut()).await?;
         }
         Ok::<(), std::io::Error>(())
     });

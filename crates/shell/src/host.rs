@@ -1167,6 +1167,7 @@ async fn run_session(
     // Over the far link, a network-sync element's records count once they are protected on
     // the wire (every data and repair packet of their FEC groups has left), not when written.
     let far = stream.far_progress();
+    let mut lender = stream.lender();
     let (marks_tx, mut marks_rx) = mpsc::unbounded_channel::<(u64, Vec<(proto::VolumeId, proto::Sequence)>)>();
     let (mut read_half, write_half) = tokio::io::split(stream);
     let marker = async {
@@ -1202,7 +1203,7 @@ async fn run_session(
                 frame.pieces().for_each(|piece| queue.push(piece));
                 note(&mut sent, mark);
             }
-            queue.write_to(&mut out).await?;
+            queue.write_to(&mut out, lender.as_mut()).await?;
             if !sent.is_empty() {
                 let through = std::mem::take(&mut sent);
                 match &far_written {

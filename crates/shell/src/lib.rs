@@ -8,6 +8,7 @@ mod copy;
 pub mod element;
 pub mod far_link;
 pub mod host;
+mod lending;
 mod local_socket;
 mod low_water;
 mod metrics;

@@ -131,8 +131,8 @@ pub async fn connect(address: SocketAddr) -> Option<LocalStream> {
     LocalStream::new(fd).ok()
 }
 
-/// The descriptor number of [`LocalStream::spare`], registered while a write waits; it does
-/// not close the descriptor when dropped.
+/// The descriptor number of [`Room::spare`], registered while a write waits; it does not close
+/// the descriptor when dropped.
 struct SpareFd(RawFd);
 
 impl AsRawFd for SpareFd {
@@ -146,21 +146,17 @@ impl AsRawFd for SpareFd {
 pub struct LocalStream {
     /// The socket, registered for reading only.
     socket: AsyncFd<OwnedFd>,
-    /// While a write waits for room: `spare` registered for writing. Declared before `spare`
-    /// so that it is dropped (deregistered) before `spare` is closed.
-    waiting: Option<AsyncFd<SpareFd>>,
-    /// A second descriptor of the same socket: the kernel's readiness lists key a registration
-    /// by descriptor, and the first one is already registered, for reading.
-    spare: OwnedFd,
+    /// How a write waits for room.
+    room: Room,
 }
 
 impl LocalStream {
     /// Serve the connected, non-blocking Unix stream socket `fd` (within a tokio runtime).
     pub fn new(fd: OwnedFd) -> io::Result<LocalStream> {
-        let spare = fd.try_clone()?;
+        let room = Room::of(fd.try_clone()?);
         // SAFETY: the `AsyncFd` owns `fd`, which stays open, the same descriptor, as long as it.
         let socket = unsafe { AsyncFd::register_with_interest(fd, Interest::READABLE) };
-        Ok(LocalStream { socket: socket.map_err(|e| e.into_parts().1)?, waiting: None, spare })
+        Ok(LocalStream { socket: socket.map_err(|e| e.into_parts().1)?, room })
     }
 
     /// An accepted tokio `UnixStream`, taken over (it leaves tokio's registration).
@@ -168,11 +164,49 @@ impl LocalStream {
         LocalStream::new(OwnedFd::from(stream.into_std()?))
     }
 
-    /// Run `send` (one non-blocking system call on the socket: bytes sent, or -1 and errno)
+    /// A lender for this stream's large pieces (`crate::lending`), or `None` where lending is
+    /// not safe in this process (a `SIGPIPE` that is not ignored) or its pipe cannot be made.
+    pub fn lender(&self) -> Option<crate::lending::Lender> {
+        crate::lending::Lender::new(self.socket.get_ref()).ok().flatten()
+    }
+
+    fn poll_send(&mut self, cx: &mut Context<'_>, send: impl FnMut(RawFd) -> isize) -> Poll<io::Result<usize>> {
+        self.room.poll_send(cx, self.socket.as_raw_fd(), send)
+    }
+}
+
+/// How a write to a socket registered for reading only waits for room: a second descriptor of
+/// the socket (the kernel's readiness lists key a registration by descriptor, and the first one
+/// is registered, for reading), registered for writing while a write waits.
+pub(crate) struct Room {
+    /// While a write waits for room: `spare` registered for writing. Declared before `spare`
+    /// so that it is dropped (deregistered) before `spare` is closed.
+    waiting: Option<AsyncFd<SpareFd>>,
+    /// The second descriptor.
+    spare: OwnedFd,
+}
+
+impl Room {
+    /// Waits for room on `spare`, a descriptor of the socket no runtime watches.
+    pub(crate) fn of(spare: OwnedFd) -> Room {
+        Room { waiting: None, spare }
+    }
+
+    /// The second descriptor (itself never registered for reading).
+    pub(crate) fn spare(&self) -> &OwnedFd {
+        &self.spare
+    }
+
+    /// Run `send` (one non-blocking system call on socket `fd`: bytes sent, or -1 and errno)
     /// until it sends something or fails; while it finds no room, wait for room.
-    fn poll_send(&mut self, cx: &mut Context<'_>, mut send: impl FnMut(RawFd) -> isize) -> Poll<io::Result<usize>> {
+    pub(crate) fn poll_send(
+        &mut self,
+        cx: &mut Context<'_>,
+        fd: RawFd,
+        mut send: impl FnMut(RawFd) -> isize,
+    ) -> Poll<io::Result<usize>> {
         loop {
-            let sent = send(self.socket.as_raw_fd());
+            let sent = send(fd);
             if sent >= 0 {
                 // No longer watched for room: the peer's reads wake nobody here again.
                 self.waiting = None;
@@ -317,7 +351,7 @@ mod tests {
     #[tokio::test]
     async fn a_local_stream_is_watched_for_room_only_while_a_write_waits_for_it() {
         let (mut ours, mut peer) = pair();
-        let (socket, spare) = (ours.socket.as_raw_fd(), ours.spare.as_raw_fd());
+        let (socket, spare) = (ours.socket.as_raw_fd(), ours.room.spare.as_raw_fd());
         let out = libc::EPOLLOUT as u32;
         let watched = watched_for(socket).expect("the socket is registered");
         assert!(watched & libc::EPOLLIN as u32 != 0 && watched & out == 0, "events {watched:#x}");

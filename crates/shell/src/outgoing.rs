@@ -13,6 +13,8 @@ use std::io::IoSlice;
 use bytes::{Bytes, BytesMut};
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 
+use crate::lending::{Lender, LEND_BYTES_MIN};
+
 /// Pieces shorter than this are copied into the staging buffer; longer ones are shared. Small
 /// frames (a 4 KiB write's is one piece of about 4.2 KiB) thus go out from one buffer as
 /// before; only the data of a large write, or of a large read reply, is a piece of its own.
@@ -78,19 +80,44 @@ impl Outgoing {
         self.queued_bytes == 0
     }
 
-    /// Write everything queued to `out` and flush it (TLS keeps records until flushed).
-    pub async fn write_to<W: AsyncWrite + Unpin>(&mut self, out: &mut W) -> std::io::Result<()> {
+    /// Write everything queued to `out` and flush it (TLS keeps records until flushed). With
+    /// a `lender` (the same stream's), pieces of at least `LEND_BYTES_MIN` are lent to the
+    /// socket instead of copied into it, in their place among the others.
+    pub async fn write_to<W: AsyncWrite + Unpin>(
+        &mut self,
+        out: &mut W,
+        mut lender: Option<&mut Lender>,
+    ) -> std::io::Result<()> {
         self.cut();
-        let mut slices: Vec<IoSlice<'_>> = self.pieces.iter().map(|piece| IoSlice::new(piece)).collect();
-        let mut left = &mut slices[..];
-        while !left.is_empty() {
-            let written = out.write_vectored(left).await?;
-            if written == 0 {
-                return Err(std::io::ErrorKind::WriteZero.into());
+        let lent = |piece: &Bytes| piece.len() >= LEND_BYTES_MIN;
+        let mut start = 0;
+        while start < self.pieces.len() {
+            if let Some(lender) = lender.as_deref_mut() {
+                if lent(&self.pieces[start]) {
+                    lender.lend(&self.pieces[start]).await?;
+                    start += 1;
+                    continue;
+                }
             }
-            IoSlice::advance_slices(&mut left, written);
+            let end = match lender {
+                Some(_) => self.pieces[start..].iter().position(lent).map_or(self.pieces.len(), |at| start + at),
+                None => self.pieces.len(),
+            };
+            let mut slices: Vec<IoSlice<'_>> =
+                self.pieces[start..end].iter().map(|piece| IoSlice::new(piece)).collect();
+            let mut left = &mut slices[..];
+            while !left.is_empty() {
+                let written = out.write_vectored(left).await?;
+                if written == 0 {
+                    return Err(std::io::ErrorKind::WriteZero.into());
+                }
+                if let Some(lender) = lender.as_deref_mut() {
+                    lender.wrote(written);
+                }
+                IoSlice::advance_slices(&mut left, written);
+            }
+            start = end;
         }
-        drop(slices);
         self.pieces.clear();
         self.queued_bytes = 0;
         out.flush().await
@@ -185,7 +212,7 @@ mod tests {
         assert!(!data.is_unique(), "the data is shared with the queue, not copied");
         assert!(outgoing.is_full(), "1 MiB queued asks to be written");
         let mut socket = Socket { received: Vec::new(), per_call: 0, calls: 0, flushes: 0 };
-        outgoing.write_to(&mut socket).await.expect("write");
+        outgoing.write_to(&mut socket, None).await.expect("write");
         assert_eq!(socket.calls, 1, "head, data and tail in one vectored write");
         assert_eq!(socket.flushes, 1);
         assert_eq!(socket.received, [&head[..], &data[..], &tail[..]].concat());
@@ -216,10 +243,10 @@ mod tests {
                     expected.extend_from_slice(&encoded);
                 }
                 if outgoing.is_full() {
-                    outgoing.write_to(&mut socket).await.expect("write");
+                    outgoing.write_to(&mut socket, None).await.expect("write");
                 }
             }
-            outgoing.write_to(&mut socket).await.expect("write");
+            outgoing.write_to(&mut socket, None).await.expect("write");
             assert!(outgoing.is_empty());
         }
         assert_eq!(socket.received.len(), expected.len());
@@ -242,7 +269,7 @@ mod tests {
         }
         let mut outgoing = Outgoing::new();
         outgoing.push(&bytes(10, 0));
-        let error = outgoing.write_to(&mut Closed).await.expect_err("nothing taken");
+        let error = outgoing.write_to(&mut Closed, None).await.expect_err("nothing taken");
         assert_eq!(error.kind(), std::io::ErrorKind::WriteZero);
     }
 }

@@ -418,6 +418,15 @@ impl Stream {
     pub fn is_local(&self) -> bool {
         matches!(self, Stream::Local(_) | Stream::LocalTls(_))
     }
+
+    /// A lender of this stream's large pieces (`crate::lending`): a plain local socket's, where
+    /// this process can lend; `None` for every other stream (their writes copy).
+    pub fn lender(&self) -> Option<crate::lending::Lender> {
+        match self {
+            Stream::Local(stream) => stream.lender(),
+            _ => None,
+        }
+    }
 }
 
 impl AsyncRead for Stream {
