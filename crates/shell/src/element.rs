@@ -757,7 +757,6 @@ async fn serve_session(
 ) -> String {
     let opened = tokio::time::Instant::now();
     let mut low_water = crate::low_water::LowWater::of(&stream);
-    let mut lender = stream.lender();
     let (mut read_half, write_half) = tokio::io::split(stream);
     let (writer, mut reply_rx) = mpsc::unbounded_channel::<ElementMessage>();
     // A peer of another wire version is told why before the session ends (a weak sender: the
@@ -776,7 +775,9 @@ async fn serve_session(
                 let Ok(message) = reply_rx.try_recv() else { break };
                 queue_reply(&mut queue, &mut buf, &message);
             }
-            queue.write_to(&mut out, lender.as_mut()).await?;
+            // Replies are copied, not lent (`crate::lending`): lent 1 MiB read replies cost the
+            // host element more to receive than the copy saved here (docs/benchmarks.md).
+            queue.write_to(&mut out, None).await?;
         }
         Ok::<(), std::io::Error>(())
     });

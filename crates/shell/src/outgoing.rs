@@ -81,42 +81,33 @@ impl Outgoing {
     }
 
     /// Write everything queued to `out` and flush it (TLS keeps records until flushed). With
-    /// a `lender` (the same stream's), pieces of at least `LEND_BYTES_MIN` are lent to the
-    /// socket instead of copied into it, in their place among the others.
+    /// a `lender` (the same stream's), what is queued is lent to the socket instead of copied
+    /// into it if any piece is at least `LEND_BYTES_MIN`: a large write's head, data and piece
+    /// checksums then still leave together.
     pub async fn write_to<W: AsyncWrite + Unpin>(
         &mut self,
         out: &mut W,
-        mut lender: Option<&mut Lender>,
+        lender: Option<&mut Lender>,
     ) -> std::io::Result<()> {
         self.cut();
-        let lent = |piece: &Bytes| piece.len() >= LEND_BYTES_MIN;
-        let mut start = 0;
-        while start < self.pieces.len() {
-            if let Some(lender) = lender.as_deref_mut() {
-                if lent(&self.pieces[start]) {
-                    lender.lend(&self.pieces[start]).await?;
-                    start += 1;
-                    continue;
+        match lender {
+            Some(lender) if self.pieces.iter().any(|piece| piece.len() >= LEND_BYTES_MIN) => {
+                lender.lend(&self.pieces).await?;
+            }
+            mut lender => {
+                let mut slices: Vec<IoSlice<'_>> = self.pieces.iter().map(|piece| IoSlice::new(piece)).collect();
+                let mut left = &mut slices[..];
+                while !left.is_empty() {
+                    let written = out.write_vectored(left).await?;
+                    if written == 0 {
+                        return Err(std::io::ErrorKind::WriteZero.into());
+                    }
+                    if let Some(lender) = lender.as_deref_mut() {
+                        lender.wrote(written);
+                    }
+                    IoSlice::advance_slices(&mut left, written);
                 }
             }
-            let end = match lender {
-                Some(_) => self.pieces[start..].iter().position(lent).map_or(self.pieces.len(), |at| start + at),
-                None => self.pieces.len(),
-            };
-            let mut slices: Vec<IoSlice<'_>> =
-                self.pieces[start..end].iter().map(|piece| IoSlice::new(piece)).collect();
-            let mut left = &mut slices[..];
-            while !left.is_empty() {
-                let written = out.write_vectored(left).await?;
-                if written == 0 {
-                    return Err(std::io::ErrorKind::WriteZero.into());
-                }
-                if let Some(lender) = lender.as_deref_mut() {
-                    lender.wrote(written);
-                }
-                IoSlice::advance_slices(&mut left, written);
-            }
-            start = end;
         }
         self.pieces.clear();
         self.queued_bytes = 0;
