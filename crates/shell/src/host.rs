@@ -585,12 +585,12 @@ impl Active {
 /// Start serving as the active host element with `config` (its epoch and identity set by the
 /// caller). NBD is served on `nbd_listener`, or, if none, on `options.nbd` as soon as it can
 /// be bound (a takeover on the same machine: the old host element may still hold it).
-/// `superseded` hears once the core is.
+/// `superseded` hears once the core is, with the newer epoch the elements follow.
 pub(crate) fn start_active(
     options: &HostOptions,
     config: HostConfig,
     nbd_listener: Option<TcpListener>,
-    superseded: mpsc::UnboundedSender<()>,
+    superseded: mpsc::UnboundedSender<proto::Epoch>,
 ) -> Active {
     let (inputs, rx) = mpsc::unbounded_channel();
     let addresses = options.element_addresses.iter().map(|a| a.to_string()).collect();
@@ -714,7 +714,7 @@ async fn run_actor(
     origin: Instant,
     mut rx: mpsc::UnboundedReceiver<Input>,
     names: Vec<String>,
-    superseded: mpsc::UnboundedSender<()>,
+    superseded: mpsc::UnboundedSender<proto::Epoch>,
     volume_events: mpsc::UnboundedSender<VolumeEvent>,
     exports: Exports,
 ) {
@@ -778,8 +778,8 @@ async fn run_actor(
                 }
                 Action::Event(event) => {
                     match &event {
-                        Event::Superseded { .. } => {
-                            let _ = superseded.send(());
+                        Event::Superseded { seen, .. } => {
+                            let _ = superseded.send(*seen);
                         }
                         Event::VolumeResized { volume, .. } => {
                             let _ = volume_events.send(VolumeEvent::Resized(*volume));

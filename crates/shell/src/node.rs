@@ -67,7 +67,7 @@ pub struct Node {
     role: Mutex<RoleInfo>,
     watch: Mutex<Watch>,
     coordinator: tokio::sync::Mutex<Option<Coordinator>>,
-    superseded_tx: mpsc::UnboundedSender<()>,
+    superseded_tx: mpsc::UnboundedSender<Epoch>,
     /// The live status page's feed (`GET /events`).
     feed: crate::status_page::Feed,
 }
@@ -78,6 +78,9 @@ struct RoleInfo {
     epoch: Option<Epoch>,
     since: Instant,
     last_takeover: Option<Value>,
+    /// The newer epoch the elements followed when this host element was superseded: its status
+    /// shows it at once, before the observers' next answers do.
+    superseded_by: Option<Epoch>,
 }
 
 /// Start a host element process: the admin endpoint, the element observers, and the active
@@ -100,7 +103,13 @@ pub async fn start(options: HostOptions) -> std::io::Result<Arc<Node>> {
         host_id: options.config.host_id,
         admin_text: options.admin.to_string(),
         active: tokio::sync::Mutex::new(None),
-        role: Mutex::new(RoleInfo { active: false, epoch: None, since: Instant::now(), last_takeover: None }),
+        role: Mutex::new(RoleInfo {
+            active: false,
+            epoch: None,
+            since: Instant::now(),
+            last_takeover: None,
+            superseded_by: None,
+        }),
         watch: Mutex::new(Watch {
             core: StandbyCore::new(StandbyConfig::new(
                 options.config.host_id,
@@ -122,8 +131,8 @@ pub async fn start(options: HostOptions) -> std::io::Result<Arc<Node>> {
     {
         let node = node.clone();
         tokio::spawn(async move {
-            while superseded_rx.recv().await.is_some() {
-                node.step_down("the elements follow a newer host element").await;
+            while let Some(seen) = superseded_rx.recv().await {
+                node.step_down("the elements follow a newer host element", seen).await;
             }
         });
     }
@@ -162,6 +171,7 @@ impl Node {
         role.active = true;
         role.epoch = Some(epoch);
         role.since = Instant::now();
+        role.superseded_by = None;
         *slot = Some(active);
     }
 
@@ -483,11 +493,14 @@ impl Node {
         tracing::info!(epoch = %active.epoch, "stopped and released");
     }
 
-    async fn step_down(self: &Arc<Self>, why: &str) {
+    async fn step_down(self: &Arc<Self>, why: &str, seen: Epoch) {
         let mut slot = self.active.lock().await;
         if let Some(active) = slot.take() {
-            tracing::warn!(epoch = %active.epoch, why, "superseded: stopping, now a standby");
+            tracing::warn!(epoch = %active.epoch, %seen, why, "superseded: stopping, now a standby");
             active.abort();
+            // Status waits for the `active` lock held here, so it never shows the standby
+            // without the epoch it was superseded by.
+            self.role.lock().expect("role lock").superseded_by = Some(seen);
             self.set_standby();
         }
     }
@@ -523,7 +536,7 @@ impl Node {
                 doc["role"] = json!("active");
                 (doc, totals)
             }
-            None => (self.standby_json(), None),
+            None => (self.standby_json(role.superseded_by), None),
         };
         doc["host_id"] = json!(self.host_id.to_string());
         doc["admin"] = json!(self.admin_text);
@@ -546,12 +559,14 @@ impl Node {
         }
     }
 
-    fn standby_json(&self) -> Value {
+    /// A standby's status; `superseded_by`: the epoch it learned of when it was superseded.
+    fn standby_json(&self, superseded_by: Option<Epoch>) -> Value {
         let fresh = {
             let watch = self.watch.lock().expect("watch lock");
             watch.core.observations(watch.now())
         };
         let (epoch, holder) = self.followed();
+        let epoch = superseded_by.map_or(epoch, |seen| epoch.max(seen));
         let elements: Vec<Value> = self
             .options
             .config

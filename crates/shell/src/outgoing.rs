@@ -6,7 +6,8 @@
 //! per element (its 42-byte head, its data, its 1 KiB of piece checksums), each a trip through
 //! loopback TCP to the element. Here small pieces are still gathered into one staging buffer,
 //! larger ones are kept as they are, shared, never copied, and [`Outgoing::write_to`] hands
-//! them all to the socket in vectored writes.
+//! them all to the socket in vectored writes, or, on a host element's local socket, lends
+//! them to it when one is large (`crate::lending`).
 
 use std::io::IoSlice;
 
