@@ -273,6 +273,14 @@ mod tests {
         (Bytes::from_owner(Tracked(data, freed.clone())), freed)
     }
 
+    /// Lend a piece of `bytes` bytes and drop our own reference to it: the flag says when the
+    /// lender lets go of it too.
+    async fn lend_and_let_go(lender: &mut Lender, bytes: usize, seed: u8) -> Arc<AtomicBool> {
+        let (piece, freed) = tracked(bytes, seed);
+        lender.lend(&[piece]).await.unwrap();
+        freed
+    }
+
     /// A connected pair: ours as a `LocalStream` with its lender, the peer as a tokio socket.
     fn pair() -> (LocalStream, Lender, tokio::net::UnixStream) {
         let (ours, peer) = std::os::unix::net::UnixStream::pair().unwrap();
@@ -325,9 +333,7 @@ mod tests {
     #[tokio::test]
     async fn a_lent_piece_is_held_until_the_peer_has_read_it() {
         let (_ours, mut lender, mut peer) = pair();
-        let (piece, freed) = tracked(100 << 10, 2);
-        lender.lend(std::slice::from_ref(&piece)).await.unwrap();
-        drop(piece);
+        let freed = lend_and_let_go(&mut lender, 100 << 10, 2).await;
         lender.release().unwrap();
         assert!(!freed.load(Ordering::SeqCst), "the kernel still refers to the piece's pages");
         assert_eq!(lender.held(), 1);
@@ -370,9 +376,7 @@ mod tests {
     #[tokio::test]
     async fn a_dropped_lender_keeps_its_pieces_until_the_peer_has_read_them() {
         let (_ours, mut lender, mut peer) = pair();
-        let (piece, freed) = tracked(100 << 10, 4);
-        lender.lend(std::slice::from_ref(&piece)).await.unwrap();
-        drop(piece);
+        let freed = lend_and_let_go(&mut lender, 100 << 10, 4).await;
         drop(lender);
         tokio::time::sleep(3 * DROPPED_CHECK_INTERVAL).await;
         assert!(!freed.load(Ordering::SeqCst), "unread, the piece is kept after the lender is gone");
