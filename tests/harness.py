@@ -334,6 +334,11 @@ class Element:
         log_dir = os.path.join(self.data, "log")
         return sum(os.stat(os.path.join(log_dir, n)).st_blocks * 512 for n in os.listdir(log_dir))
 
+    def live_segment(self):
+        """The number of the element's newest log segment: it grows by one per seal."""
+        names = os.listdir(os.path.join(self.data, "log"))
+        return max(int(n.split(".")[0]) for n in names if n.endswith(".seg"))
+
     def verify(self):
         """`starfish element verify --json` of this (stopped) element."""
         assert not self.process.alive(), f"element {self.name} must be stopped before verify"

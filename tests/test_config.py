@@ -96,7 +96,7 @@ def test_element_and_host_take_every_setting_from_their_files_tls_included(make_
         path = os.path.join(workdir, f"{element.name}.toml")
         with open(path, "w") as f:
             f.write(f'listen = "{element.address}"\ndata = "{element.data}"\nreplay_log = "64MiB"\n'
-                    f'placed_writes = true\ntls_dir = "{os.path.join(cluster.certs, element.name)}"\n')
+                    f'checkpoint_log = "1MiB"\nplaced_writes = true\ntls_dir = "{os.path.join(cluster.certs, element.name)}"\n')
         element.process.args = [harness.starfish_bin(), "element", "--config", path]
     # The host element's TLS directory comes from its file only.
     cluster.host_extra = []
@@ -115,12 +115,26 @@ def test_element_and_host_take_every_setting_from_their_files_tls_included(make_
     cluster.wait_caught_up()
     sizes = {name: element.log_bytes() for name, element in cluster.elements.items()}
     assert all(size < 2 * MiB for size in sizes.values()), f"logs after 4 MiB of placed writes: {sizes}"
+    # `checkpoint_log`: 4 MiB of logged writes (64 KiB each, below the placed size) seal each
+    # element's 1 MiB log segment several times.
+    before = {name: element.live_segment() for name, element in cluster.elements.items()}
+    with Client(cluster.uri()) as client:
+        for at in range(64):
+            client.pwrite(bytes([at]) * (64 * 1024), at * 64 * 1024)
+        client.flush()
+    cluster.wait_caught_up()
+    sealed = {name: element.live_segment() - before[name] for name, element in cluster.elements.items()}
+    assert all(n >= 2 for n in sealed.values()), f"seals after 4 MiB of logged writes: {sealed}"
     # A bad element file is refused with the reason.
     bad = os.path.join(workdir, "bad-element.toml")
     with open(bad, "w") as f:
         f.write('listen = "127.0.0.1:1"\ndata = "/tmp/x"\nreplay = "1GiB"\n')
     result = run([harness.starfish_bin(), "element", "--config", bad], timeout=20, check=False)
     assert result.returncode != 0 and "replay" in result.stderr, result.stderr
+    with open(bad, "w") as f:
+        f.write('listen = "127.0.0.1:1"\ndata = "/tmp/x"\ncheckpoint_log = "4KiB"\n')
+    result = run([harness.starfish_bin(), "element", "--config", bad], timeout=20, check=False)
+    assert result.returncode != 0 and "checkpoint log 4KiB" in result.stderr, result.stderr
 
 
 @pytest.mark.parametrize("log_format", ["text", "json"])

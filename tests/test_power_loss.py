@@ -41,9 +41,12 @@ VOLUME = (("vol0", "512MiB"),)
 # of those written before the cut land in holes and are placed.
 PLACED_REGION_BLOCKS = 65536
 PLACED_WRITES = dict(min_blocks=64, max_blocks=512, inflight=4)
-# Small writes (1 to 4 blocks) acknowledged before the cut of the `checkpoints` load: about
-# 200 MiB of log per element, so about three 64 MiB segments sealed and checkpointed.
-CHECKPOINTS_ACKS = 20000
+# Small writes (1 to 4 blocks) acknowledged before the cut of the `checkpoints` load, whose
+# elements seal their log segments at 16 MiB (`--checkpoint-log`, default 64 MiB): about 50 MiB
+# of log per element, so about three segments sealed and checkpointed.
+CHECKPOINTS_ACKS = 5000
+CHECKPOINTS_EXTRA = ["--checkpoint-log", "16MiB"]
+CHECKPOINTS_SEALS_MIN = 2
 # What an element logs at start when its data directory is on ext4 without a journal.
 NO_JOURNAL_WARNING = "the data directory is on ext4 without a journal"
 # Small logs: three elements share a 3 GiB disk image.
@@ -95,11 +98,16 @@ def element_log(element):
         return f.read()
 
 
-def load_and_cut(disk, cluster, workdir, region, options, acks, seed):
+def load_and_cut(disk, cluster, workdir, region, options, acks, seed, seals_min=0):
     """Writes under load until `acks` are acknowledged, then the power cut; returns the writer
-    and its combined write log (what was acknowledged, what was in flight)."""
+    and its combined write log (what was acknowledged, what was in flight). With `seals_min`,
+    each element must have sealed its log segment that many times before the cut."""
+    before = {name: element.live_segment() for name, element in cluster.elements.items()}
     with LoadWriter(workdir, cluster.uri(), region, seed=seed, **options) as writer:
         writer.wait_acks(acks, timeout=300)
+        sealed = {name: element.live_segment() - before[name] for name, element in cluster.elements.items()}
+        print(f"seals before the cut: {sealed}")
+        assert all(n >= seals_min for n in sealed.values()), f"seals before the cut: {sealed}"
         power_cut(disk, cluster)
         writer.process.wait(60)  # its connection broke: it stops by itself
     write_log = combined_log(workdir, [writer], region)
@@ -228,7 +236,7 @@ def test_power_loss_keeps_every_acknowledged_write(volatile_disk, make_cluster, 
     been made durable in the data files."""
     disk, clusters = volatile_disk
     placed = sizes == "placed"
-    extra = ELEMENT_EXTRA + (["--placed-writes"] if placed else [])
+    extra = ELEMENT_EXTRA + (["--placed-writes"] if placed else []) + (CHECKPOINTS_EXTRA if sizes == "checkpoints" else [])
     cluster = make_cluster(volumes=VOLUME, data_root=disk.mountpoint, element_extra=extra)
     clusters.append(cluster)
     for element in cluster.elements.values():
@@ -239,7 +247,8 @@ def test_power_loss_keeps_every_acknowledged_write(volatile_disk, make_cluster, 
     else:
         region, options = REGION_BLOCKS, WRITE_SIZES["small" if sizes == "checkpoints" else sizes]
     acks = {"small": 600, "large": 12, "placed": 40, "checkpoints": CHECKPOINTS_ACKS}[sizes]
-    writer, write_log = load_and_cut(disk, cluster, workdir, region, options, acks, seed=41)
+    seals_min = CHECKPOINTS_SEALS_MIN if sizes == "checkpoints" else 0
+    writer, write_log = load_and_cut(disk, cluster, workdir, region, options, acks, seed=41, seals_min=seals_min)
     power_on(disk, cluster)
 
     check_region(uri, write_log)
@@ -260,14 +269,16 @@ def test_on_ext4_without_a_journal_elements_warn_and_a_cut_serves_nothing_wrong(
     reads back (the elements check every block they serve against its checksum), and with all
     three the replicas converge."""
     disk, clusters = volatile_disk
-    cluster = make_cluster(volumes=VOLUME, data_root=disk.mountpoint, element_extra=ELEMENT_EXTRA)
+    extra = ELEMENT_EXTRA + (CHECKPOINTS_EXTRA if sizes == "checkpoints" else [])
+    cluster = make_cluster(volumes=VOLUME, data_root=disk.mountpoint, element_extra=extra)
     clusters.append(cluster)
     for element in cluster.elements.values():
         assert NO_JOURNAL_WARNING in element_log(element), f"{element.name} did not warn"
     uri = cluster.uri()
     options = WRITE_SIZES["small" if sizes == "checkpoints" else sizes]
     acks = {"large": 12, "checkpoints": CHECKPOINTS_ACKS}[sizes]
-    writer, write_log = load_and_cut(disk, cluster, workdir, REGION_BLOCKS, options, acks, seed=43)
+    seals_min = CHECKPOINTS_SEALS_MIN if sizes == "checkpoints" else 0
+    writer, write_log = load_and_cut(disk, cluster, workdir, REGION_BLOCKS, options, acks, seed=43, seals_min=seals_min)
     disk.power_on()
     print(disk.fsck_output)
     refused = {}

@@ -248,6 +248,8 @@ pub struct ElementFile {
     pub data: Option<PathBuf>,
     /// Bytes of recent writes kept for peers' replay recovery, e.g. "256MiB".
     pub replay_log: Option<String>,
+    /// Bytes of log after which the live segment is sealed and checkpointed, e.g. "64MiB".
+    pub checkpoint_log: Option<String>,
     pub overcommit: Option<bool>,
     /// Write large writes into holes once (`store::StoreOptions::placed_writes`).
     pub placed_writes: Option<bool>,
@@ -271,6 +273,18 @@ impl ElementFile {
         let mut store = store::StoreOptions::default();
         if let Some(size) = &self.replay_log {
             store.replay_log_bytes = parse_size(size).map_err(anyhow::Error::msg).context("replay log")?;
+        }
+        if let Some(size) = &self.checkpoint_log {
+            let bytes = parse_size(size).map_err(anyhow::Error::msg).context("checkpoint log")?;
+            let range = store::CHECKPOINT_LOG_BYTES_MIN..=store::CHECKPOINT_LOG_BYTES_MAX;
+            if !range.contains(&bytes) {
+                anyhow::bail!(
+                    "checkpoint log {size}: must be from 64KiB to 4GiB ({} to {} bytes)",
+                    range.start(),
+                    range.end()
+                );
+            }
+            store.checkpoint_log_bytes = bytes;
         }
         store.overcommit = self.overcommit.unwrap_or(false);
         store.placed_writes = self.placed_writes.unwrap_or(false);
@@ -437,6 +451,29 @@ mod tests {
         check("99999999999TiB", None);
         assert_eq!(format_size(1 << 30), "1GiB");
         assert_eq!(format_size(1000), "1000B");
+    }
+
+    #[test]
+    fn an_element_checkpoint_log_is_taken_within_its_range_and_refused_outside_it() {
+        let file = |size: &str| ElementFile {
+            listen: Some("127.0.0.1:7101".parse().expect("valid")),
+            data: Some("/tmp/unused".into()),
+            checkpoint_log: Some(size.into()),
+            ..ElementFile::default()
+        };
+        let options = file("16MiB").into_options().expect("valid");
+        assert_eq!(options.store.checkpoint_log_bytes, 16 << 20);
+        assert_eq!(options.store.replay_log_bytes, store::REPLAY_LOG_BYTES_DEFAULT);
+        let options = ElementFile { checkpoint_log: None, ..file("") }.into_options().expect("valid");
+        assert_eq!(options.store.checkpoint_log_bytes, store::CHECKPOINT_LOG_BYTES_DEFAULT);
+        for (size, ok) in [("64KiB", true), ("4GiB", true), ("60KiB", false), ("5GiB", false), ("lots", false)] {
+            let result = file(size).into_options();
+            assert_eq!(result.is_ok(), ok, "{size}");
+            if let Err(error) = result {
+                let error = format!("{error:#}");
+                assert!(error.contains("checkpoint log"), "{size}: {error}");
+            }
+        }
     }
 
     #[test]

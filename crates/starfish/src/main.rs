@@ -81,6 +81,11 @@ struct ElementArgs {
     /// Bytes of recent writes to keep on disk for peers' replay recovery (e.g. 256MiB).
     #[arg(long, value_parser = parse_size)]
     replay_log: Option<u64>,
+    /// Log bytes after which the live log segment is sealed and checkpointed in the background
+    /// (default 64MiB, 64KiB to 4GiB): a crash replays at most about four
+    /// times this; smaller means more frequent checkpoints.
+    #[arg(long, value_parser = parse_size)]
+    checkpoint_log: Option<u64>,
     /// Accept volumes whose sizes add up to more than the disk holds (thin provisioning;
     /// writes fail with "no space left" when it fills). Default: such a volume is refused.
     #[arg(long)]
@@ -582,6 +587,9 @@ fn element_options(args: ElementArgs) -> Result<ElementOptions> {
     }
     if let Some(bytes) = args.replay_log {
         file.replay_log = Some(bytes.to_string());
+    }
+    if let Some(bytes) = args.checkpoint_log {
+        file.checkpoint_log = Some(bytes.to_string());
     }
     if args.overcommit {
         file.overcommit = Some(true);
