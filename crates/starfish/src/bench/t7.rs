@@ -30,7 +30,7 @@ pub struct Scale {
 
 pub fn scale(mode: Mode) -> Scale {
     match mode {
-        Mode::Quick => Scale { files: 50, transactions: 250, volume_bytes: 256 << 20, timeout_s: 40 },
+        Mode::Quick => Scale { files: 20, transactions: 100, volume_bytes: 256 << 20, timeout_s: 40 },
         Mode::Default => Scale { files: 500, transactions: 2500, volume_bytes: 1 << 30, timeout_s: 600 },
         Mode::Full => Scale { files: 2000, transactions: 10_000, volume_bytes: 1 << 30, timeout_s: 1800 },
     }

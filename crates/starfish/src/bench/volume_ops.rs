@@ -37,7 +37,7 @@ const ADMIN_TIMEOUT: Duration = Duration::from_secs(60);
 
 pub fn run(bench: &Bench) -> Result<Vec<Row>> {
     let (loads, ops): (&[u32], usize) = match bench.mode {
-        Mode::Quick => (&[20, 100], 20),
+        Mode::Quick => (&[20, 100], 10),
         // A host element serves at most 192 created volumes (CATALOG_VOLUMES_MAX): every
         // policy's cluster stays below; and fewer than the admin endpoint's 32 connections are
         // ever in flight.
@@ -102,7 +102,7 @@ const SNAPSHOT_COUNTS: [u32; 3] = [0, 1, 8];
 /// Part 2 (see the module's documentation).
 fn snapshot_cost(bench: &Bench) -> Result<Vec<Row>> {
     let (volume_bytes, runtime_s): (u64, u64) = match bench.mode {
-        Mode::Quick => (32 << 20, 2),
+        Mode::Quick => (32 << 20, 1),
         Mode::Default => (256 << 20, 8),
         Mode::Full => (1 << 30, 15),
     };
