@@ -3,7 +3,7 @@
 # round and build, a fresh cluster (three elements, Q=2, one 1 GiB volume; data on DATA), the
 # volume filled once with 1 MiB writes at QD8 (as the peer suite's prefill), then each job of
 # JOBS for RUNTIME s. Builds alternate A, B, A, B, ... (ROUNDS times). Prints per job IOPS, mean
-# latency, MB/s, and the CPU (user+system from /proc) the host element and the three elements
+# latency, the 99th percentile of completion latency, MB/s, and the CPU (user+system from /proc) the host element and the three elements
 # spent per I/O.
 #   A_BIN=/path/old/starfish [B_BIN=target/release/starfish] [A_LABEL=before] [B_LABEL=after]
 #   [A_SFE=... B_SFE=...] [JOBS="write 1m 1,write 1m 16"] [ROUNDS=3] [RUNTIME=6] [DATA=/dev/shm]
@@ -26,14 +26,15 @@ BASE=${BASE_PORT:-10980}
 DIR=$(mktemp -d "$DATA/starfish-ab-jobs.XXXXXX")
 source scripts/lib/cluster.sh
 trap cleanup EXIT
-job() { # rw bs qd: prints "IOPS mean-µs MB/s ios"
+job() { # rw bs qd: prints "IOPS mean-µs p99-µs MB/s ios"
     fio --name=ab --ioengine=nbd --uri="nbd://127.0.0.1:$BASE/vol0" --rw="$1" --bs="$2" --iodepth="$3" \
         --size=1g --time_based --runtime="$RUNTIME" --output-format=json 2>/dev/null |
         python3 -c "
 import json, sys
 text = sys.stdin.read(); job = json.loads(text[text.index('{'):])['jobs'][0]
 j = job['write'] if 'write' in '$1' else job['read']
-print(f\"{j['iops']:.0f} {j['lat_ns']['mean'] / 1000:.0f} {j['bw'] * 1024 / 1e6:.0f} {j['total_ios']}\")"
+p99 = j['clat_ns'].get('percentile', {}).get('99.000000', 0)
+print(f\"{j['iops']:.0f} {j['lat_ns']['mean'] / 1000:.0f} {p99 / 1000:.0f} {j['bw'] * 1024 / 1e6:.0f} {j['total_ios']}\")"
 }
 tick_us=$((1000000 / $(getconf CLK_TCK)))
 IFS=, read -r -a jobs <<<"$JOBS"
@@ -51,12 +52,12 @@ for round in $(seq "$ROUNDS"); do
             read -r rw bs qd <<<"$spec"
             h0=$(cpu "$HOST")
             e0=$(cpu "${REPLICAS[@]}")
-            read -r iops mean mbps ios < <(job "$rw" "$bs" "$qd")
+            read -r iops mean p99 mbps ios < <(job "$rw" "$bs" "$qd")
             h1=$(cpu "$HOST")
             e1=$(cpu "${REPLICAS[@]}")
             ios=$((ios > 0 ? ios : 1))
-            printf '%-8s round %d  %-9s %-3s QD%-3s %7s IOPS %7s µs %5s MB/s  CPU per I/O: host element %5d µs, elements %5d µs\n' \
-                "$label" "$round" "$rw" "$bs" "$qd" "$iops" "$mean" "$mbps" \
+            printf '%-8s round %d  %-9s %-3s QD%-3s %7s IOPS %7s µs (p99 %6s) %5s MB/s  CPU per I/O: host element %5d µs, elements %5d µs\n' \
+                "$label" "$round" "$rw" "$bs" "$qd" "$iops" "$mean" "$p99" "$mbps" \
                 $(((h1 - h0) * tick_us / ios)) $(((e1 - e0) * tick_us / ios))
         done
         stop "$HOST" "${REPLICAS[@]}"
