@@ -1791,6 +1791,31 @@ fn digest(store: &Store, v: VolumeHandle) -> (Sequence, u64) {
     (d.applied_sequence, d.content_digest)
 }
 
+/// `checkpoint_log_bytes` (the element's `--checkpoint-log`) may differ from one open of a store
+/// to the next: the log written with the old seal sizes replays, and the store goes on with the
+/// new ones, ending as a store fed the same writes with the default throughout.
+#[test]
+fn the_checkpoint_log_size_may_change_between_opens() {
+    let sized =
+        |bytes| StoreOptions { checkpoint_log_bytes: bytes, replay_log_bytes: 64 << 20, ..StoreOptions::default() };
+    let reference_dir = TempDir::new("seal-sizes-reference");
+    let reference = Store::open(&reference_dir.0, StoreOptions::default()).expect("open");
+    let r = reference.ensure_volume("vol", VOLUME).expect("volume");
+    let dir = TempDir::new("seal-sizes");
+    let mut next = 1;
+    for (round, bytes) in [1 << 20, 64 << 20, 64 << 10, 1 << 20].into_iter().enumerate() {
+        let store = Store::open(&dir.0, sized(bytes)).expect("open with another checkpoint log size");
+        let v = store.ensure_volume("vol", VOLUME).expect("volume");
+        if round > 0 {
+            assert_eq!(digest(&store, v), digest(&reference, r), "reopened with {bytes} bytes");
+        }
+        write_history(&store, v, next, 400, 5, 1);
+        write_history(&reference, r, next, 400, 5, 1);
+        next += 400;
+        assert_eq!(digest(&store, v), digest(&reference, r), "written with {bytes} bytes");
+    }
+}
+
 #[test]
 fn full_copy_brings_a_lagging_a_diverged_and_an_empty_target_to_the_source() {
     let options = StoreOptions { checkpoint_log_bytes: 1 << 20, replay_log_bytes: 64 << 20, ..StoreOptions::default() };
