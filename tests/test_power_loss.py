@@ -215,6 +215,25 @@ def test_the_forgetful_disk_keeps_what_was_synced_and_nothing_else(workdir, requ
     }
 
 
+class Load:
+    """What one load (`sizes`) of the tests below sets: the elements' extra arguments, the
+    region written and the writes' sizes, the acknowledgements before the cut, the seals each
+    element must have made by then, and the writes after it."""
+
+    def __init__(self, sizes):
+        self.placed = sizes == "placed"
+        checkpoints = sizes == "checkpoints"
+        self.element_extra = (ELEMENT_EXTRA + (["--placed-writes"] if self.placed else [])
+                              + (CHECKPOINTS_EXTRA if checkpoints else []))
+        if self.placed:
+            self.region, self.options = PLACED_REGION_BLOCKS, PLACED_WRITES
+        else:
+            self.region, self.options = REGION_BLOCKS, WRITE_SIZES["small" if checkpoints else sizes]
+        self.acks = {"small": 600, "large": 12, "placed": 40, "checkpoints": CHECKPOINTS_ACKS}[sizes]
+        self.seals_min = CHECKPOINTS_SEALS_MIN if checkpoints else 0
+        self.rewrites = 6 if sizes in ("large", "placed") else 200
+
+
 # Every load on every disk, but the checkpoints load not on ext4 and XFS: their journals hid
 # both syncs it is there for (docs/testing.md); the large load checkpoints on them too.
 WHOLE_MACHINE_CASES = [
@@ -235,24 +254,18 @@ def test_power_loss_keeps_every_acknowledged_write(volatile_disk, make_cluster, 
     and checkpoints about three times before the cut: what the log no longer holds must have
     been made durable in the data files."""
     disk, clusters = volatile_disk
-    placed = sizes == "placed"
-    extra = ELEMENT_EXTRA + (["--placed-writes"] if placed else []) + (CHECKPOINTS_EXTRA if sizes == "checkpoints" else [])
-    cluster = make_cluster(volumes=VOLUME, data_root=disk.mountpoint, element_extra=extra)
+    load = Load(sizes)
+    cluster = make_cluster(volumes=VOLUME, data_root=disk.mountpoint, element_extra=load.element_extra)
     clusters.append(cluster)
     for element in cluster.elements.values():
         assert NO_JOURNAL_WARNING not in element_log(element), f"{element.name} warned on {disk.fs}"
     uri = cluster.uri()
-    if placed:
-        region, options = PLACED_REGION_BLOCKS, PLACED_WRITES
-    else:
-        region, options = REGION_BLOCKS, WRITE_SIZES["small" if sizes == "checkpoints" else sizes]
-    acks = {"small": 600, "large": 12, "placed": 40, "checkpoints": CHECKPOINTS_ACKS}[sizes]
-    seals_min = CHECKPOINTS_SEALS_MIN if sizes == "checkpoints" else 0
-    writer, write_log = load_and_cut(disk, cluster, workdir, region, options, acks, seed=41, seals_min=seals_min)
+    writer, write_log = load_and_cut(disk, cluster, workdir, load.region, load.options, load.acks, seed=41,
+                                     seals_min=load.seals_min)
     power_on(disk, cluster)
 
     check_region(uri, write_log)
-    write_again_and_converge(cluster, workdir, writer, region, 42, 6 if sizes in ("large", "placed") else 200, options)
+    write_again_and_converge(cluster, workdir, writer, load.region, 42, load.rewrites, load.options)
 
 
 @pytest.mark.time_limit(420)
@@ -269,16 +282,14 @@ def test_on_ext4_without_a_journal_elements_warn_and_a_cut_serves_nothing_wrong(
     reads back (the elements check every block they serve against its checksum), and with all
     three the replicas converge."""
     disk, clusters = volatile_disk
-    extra = ELEMENT_EXTRA + (CHECKPOINTS_EXTRA if sizes == "checkpoints" else [])
-    cluster = make_cluster(volumes=VOLUME, data_root=disk.mountpoint, element_extra=extra)
+    load = Load(sizes)
+    cluster = make_cluster(volumes=VOLUME, data_root=disk.mountpoint, element_extra=load.element_extra)
     clusters.append(cluster)
     for element in cluster.elements.values():
         assert NO_JOURNAL_WARNING in element_log(element), f"{element.name} did not warn"
     uri = cluster.uri()
-    options = WRITE_SIZES["small" if sizes == "checkpoints" else sizes]
-    acks = {"large": 12, "checkpoints": CHECKPOINTS_ACKS}[sizes]
-    seals_min = CHECKPOINTS_SEALS_MIN if sizes == "checkpoints" else 0
-    writer, write_log = load_and_cut(disk, cluster, workdir, REGION_BLOCKS, options, acks, seed=43, seals_min=seals_min)
+    writer, write_log = load_and_cut(disk, cluster, workdir, load.region, load.options, load.acks, seed=43,
+                                     seals_min=load.seals_min)
     disk.power_on()
     print(disk.fsck_output)
     refused = {}
@@ -298,7 +309,7 @@ def test_on_ext4_without_a_journal_elements_warn_and_a_cut_serves_nothing_wrong(
         cluster.wait_caught_up(up, timeout=harness.START_TIMEOUT)
     check_region(uri, write_log)
     if not refused:
-        write_again_and_converge(cluster, workdir, writer, REGION_BLOCKS, 44, 200 if sizes == "checkpoints" else 6, options)
+        write_again_and_converge(cluster, workdir, writer, load.region, 44, load.rewrites, load.options)
 
 
 @pytest.mark.time_limit(420)

@@ -160,7 +160,8 @@ def test_tls_cluster_serves_real_nbd_clients_over_tls_only(make_cluster, workdir
         ["unshare", "--user", "fio", "--name=tls", "--ioengine=nbd", f"--uri=nbds://{cluster.nbd_address}/vol0",
          "--rw=randwrite", "--bs=4k", "--size=16M", "--io_size=4M", "--iodepth=8", "--verify=crc32c",
          "--output-format=json"],
-        capture_output=True, text=True, timeout=120, env={**os.environ, "HOME": home},
+        # fio saves its verify state in its working directory: the test's, not the repository.
+        capture_output=True, text=True, timeout=120, env={**os.environ, "HOME": home}, cwd=workdir,
     )
     assert job.returncode == 0, job.stdout + job.stderr
     assert json.loads(job.stdout[job.stdout.index("{") :])["jobs"][0]["error"] == 0, job.stdout

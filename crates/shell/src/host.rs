@@ -42,6 +42,9 @@ pub struct HostOptions {
     /// Reach elements on this machine over their local socket when they have one
     /// (`crate::local_socket`); `--no-local-socket` turns it off.
     pub local_socket: bool,
+    /// How long an NBD client may stall inside a request or leave a reply untaken
+    /// (`--nbd-stall-timeout`; [`ServerOptions::stall_timeout`]).
+    pub nbd_stall_timeout: std::time::Duration,
 }
 
 /// How this host element shares the cluster with others (see `crate::node`).
@@ -654,7 +657,13 @@ pub(crate) fn start_active(
     let (drain, drain_rx) = tokio::sync::watch::channel(false);
     let tls =
         options.tls.clone().map(|context| nbd_server::NbdTls { context, verify_peer: options.nbd_tls_verify_peer });
-    let server_options = ServerOptions { multi_conn: true, drain: Some(drain_rx), tls, ..ServerOptions::default() };
+    let server_options = ServerOptions {
+        multi_conn: true,
+        drain: Some(drain_rx),
+        tls,
+        stall_timeout: options.nbd_stall_timeout,
+        ..ServerOptions::default()
+    };
     let address = options.nbd;
     let startup_timeout = Duration::from_millis(config.startup_timeout_ms);
     let nbd = tokio::spawn(async move {

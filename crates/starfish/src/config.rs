@@ -3,6 +3,7 @@
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use proto::{Epoch, HostId, VolumeSpec};
@@ -30,6 +31,9 @@ pub struct HostFile {
     pub intention_log: Option<String>,
     /// How long requests are held while starting before they fail with EIO (milliseconds).
     pub startup_timeout_ms: Option<u64>,
+    /// How long an NBD client may stall inside a request or leave a reply untaken, e.g. "30s"
+    /// (the default), "5s".
+    pub nbd_stall_timeout: Option<String>,
     /// Start as a standby (see `starfish failover`).
     pub standby: Option<bool>,
     /// etcd endpoint for automatic failover, e.g. "http://127.0.0.1:2379".
@@ -220,6 +224,10 @@ impl HostFile {
             Some(s) => starfish_core::catalog::LogPolicy::parse(s).map_err(anyhow::Error::msg)?,
             None => starfish_core::catalog::LogPolicy::Group,
         };
+        let nbd_stall_timeout = match &self.nbd_stall_timeout {
+            Some(s) => parse_nbd_stall_timeout(s)?,
+            None => NBD_STALL_TIMEOUT_DEFAULT,
+        };
         let nbd_tls_verify_peer = self.nbd_tls_verify_peer.unwrap_or(false);
         if nbd_tls_verify_peer && tls.is_none() {
             bail!("--nbd-tls-verify-peer needs --tls-dir");
@@ -236,6 +244,7 @@ impl HostFile {
             insecure: self.insecure.unwrap_or(false),
             intention_log,
             local_socket: self.local_socket.unwrap_or(true),
+            nbd_stall_timeout,
         })
     }
 }
@@ -275,16 +284,9 @@ impl ElementFile {
             store.replay_log_bytes = parse_size(size).map_err(anyhow::Error::msg).context("replay log")?;
         }
         if let Some(size) = &self.checkpoint_log {
-            let bytes = parse_size(size).map_err(anyhow::Error::msg).context("checkpoint log")?;
-            let range = store::CHECKPOINT_LOG_BYTES_MIN..=store::CHECKPOINT_LOG_BYTES_MAX;
-            if !range.contains(&bytes) {
-                anyhow::bail!(
-                    "checkpoint log {size}: must be from 64KiB to 4GiB ({} to {} bytes)",
-                    range.start(),
-                    range.end()
-                );
-            }
-            store.checkpoint_log_bytes = bytes;
+            store.checkpoint_log_bytes = parse_size(size).map_err(anyhow::Error::msg).context("checkpoint log")?;
+            // Checked here, so that a bad size is refused before anything starts.
+            store.check().map_err(anyhow::Error::msg).with_context(|| format!("checkpoint log {size}"))?;
         }
         store.overcommit = self.overcommit.unwrap_or(false);
         store.placed_writes = self.placed_writes.unwrap_or(false);
@@ -390,6 +392,23 @@ pub fn parse_interval_ms(s: &str) -> Result<u64> {
             u64::try_from(d.as_millis()).map_err(|_| anyhow::anyhow!("interval {s:?} is too long"))
         }
     }
+}
+
+/// How long an NBD client may stall by default (`--nbd-stall-timeout`).
+pub const NBD_STALL_TIMEOUT_DEFAULT: Duration = Duration::from_secs(30);
+/// The range `--nbd-stall-timeout` takes: shorter would close clients on a busy machine's
+/// hiccup; longer lets a stalled client hold its memory (up to 64 MiB) for longer than anyone
+/// waits for a disk.
+const NBD_STALL_TIMEOUT_RANGE: std::ops::RangeInclusive<Duration> = Duration::from_secs(1)..=Duration::from_secs(3600);
+
+/// `--nbd-stall-timeout`: a duration such as "30s" or "2min", within its range.
+fn parse_nbd_stall_timeout(s: &str) -> Result<Duration> {
+    let timeout = humantime::parse_duration(s.trim())
+        .with_context(|| format!("nbd stall timeout {s:?}: expected a duration such as 30s or 2min"))?;
+    if !NBD_STALL_TIMEOUT_RANGE.contains(&timeout) {
+        bail!("nbd stall timeout {s:?}: must be from 1s to 1h");
+    }
+    Ok(timeout)
 }
 
 /// A volume name as a URL query value: unreserved characters as they are, the rest `%XX`.
@@ -557,5 +576,28 @@ mod tests {
         assert!(parse_element("nonsense").is_err());
         assert!(parse_volume("vol0").is_err());
         assert!(toml::from_str::<HostFile>("quorom = 2").is_err(), "typos are rejected");
+    }
+
+    #[test]
+    fn the_nbd_stall_timeout_is_taken_within_its_range_and_refused_outside_it() {
+        let base = |timeout: Option<&str>| HostFile {
+            nbd: Some("127.0.0.1:1".parse().expect("valid")),
+            admin: Some("127.0.0.1:2".parse().expect("valid")),
+            element: vec![parse_element("a=127.0.0.1:3").expect("valid")],
+            volume: vec![parse_volume("v:1MiB").expect("valid")],
+            nbd_stall_timeout: timeout.map(String::from),
+            ..HostFile::default()
+        };
+        let timeout = |t: Option<&str>| base(t).into_options().map(|o| o.nbd_stall_timeout);
+        assert_eq!(timeout(None).expect("valid"), NBD_STALL_TIMEOUT_DEFAULT);
+        assert_eq!(timeout(Some("5s")).expect("valid"), Duration::from_secs(5));
+        assert_eq!(timeout(Some("1s")).expect("valid"), Duration::from_secs(1));
+        assert_eq!(timeout(Some("1h")).expect("valid"), Duration::from_secs(3600));
+        for bad in ["500ms", "2h", "0s"] {
+            let message = timeout(Some(bad)).expect_err(bad).to_string();
+            assert!(message.contains("must be from 1s to 1h"), "{bad}: {message}");
+        }
+        let message = timeout(Some("soon")).expect_err("not a duration").to_string();
+        assert!(message.contains("expected a duration"), "{message}");
     }
 }

@@ -186,6 +186,11 @@ struct HostArgs {
     /// with EIO until the elements answer (default 10000).
     #[arg(long)]
     startup_timeout_ms: Option<u64>,
+    /// How long an NBD client may stop sending in the middle of a request, or leave a reply
+    /// untaken, before its connection is closed and what it held is freed: 1s to 1h (default
+    /// 30s).
+    #[arg(long)]
+    nbd_stall_timeout: Option<String>,
     /// Start as a standby: connect to nothing and serve nothing until `starfish failover`
     /// (or, with --etcd, until elected and the elements lost the active host element).
     #[arg(long)]
@@ -652,6 +657,9 @@ fn host_options(args: HostArgs) -> Result<HostOptions> {
     }
     if let Some(ms) = args.startup_timeout_ms {
         file.startup_timeout_ms = Some(ms);
+    }
+    if args.nbd_stall_timeout.is_some() {
+        file.nbd_stall_timeout = args.nbd_stall_timeout;
     }
     if args.standby {
         file.standby = Some(true);

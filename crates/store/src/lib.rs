@@ -190,6 +190,19 @@ pub struct StoreOptions {
 }
 
 impl StoreOptions {
+    /// Whether [`Store::open`] takes these options; if not, why (what a configuration that
+    /// sets them reports).
+    pub fn check(&self) -> Result<(), String> {
+        if !(CHECKPOINT_LOG_BYTES_MIN..=CHECKPOINT_LOG_BYTES_MAX).contains(&self.checkpoint_log_bytes) {
+            return Err(format!(
+                "the checkpoint log's size must be from 64KiB to 4GiB ({CHECKPOINT_LOG_BYTES_MIN} to \
+                 {CHECKPOINT_LOG_BYTES_MAX} bytes), not {} bytes",
+                self.checkpoint_log_bytes
+            ));
+        }
+        Ok(())
+    }
+
     /// The step a growing log segment takes ([`StoreOptions::log_grow_step_bytes`], bounded).
     pub fn log_grow_step(&self) -> u64 {
         self.log_grow_step_bytes.min(self.checkpoint_log_bytes / 16) / BLOCK_BYTES * BLOCK_BYTES

@@ -26,8 +26,8 @@ use crate::{
     sys,
     volume::{Attempt, MapSlice, Volume, VolumeState},
     CommitOutcome, Rejected, StoreError, StoreOptions, VolumeDigest, VolumeHandle, CHECKPOINT_LAG_SEGMENTS_MAX,
-    CHECKPOINT_LOG_BYTES_MAX, CHECKPOINT_LOG_BYTES_MIN, LOCK_WAIT_MS, PLACED_WRITE_BYTES_MIN, RECLAIM_PUNCH_BYTES_MAX,
-    RECLAIM_SCAN_BLOCKS_MAX, VOLUMES_MAX, VOLUME_BYTES_MAX, VOLUME_NAME_BYTES_MAX, WRITEBACK_KICK_BYTES,
+    LOCK_WAIT_MS, PLACED_WRITE_BYTES_MIN, RECLAIM_PUNCH_BYTES_MAX, RECLAIM_SCAN_BLOCKS_MAX, VOLUMES_MAX,
+    VOLUME_BYTES_MAX, VOLUME_NAME_BYTES_MAX, WRITEBACK_KICK_BYTES,
 };
 
 mod clone;
@@ -159,12 +159,7 @@ impl Store {
     /// recover: load the last checkpoint, replay the log after it (a torn tail is logged and
     /// cut off), and index the replay log.
     pub fn open(dir: &Path, options: StoreOptions) -> Result<Store, StoreError> {
-        if !(CHECKPOINT_LOG_BYTES_MIN..=CHECKPOINT_LOG_BYTES_MAX).contains(&options.checkpoint_log_bytes) {
-            return Err(StoreError::InvalidOptions(format!(
-                "checkpoint_log_bytes {} is outside {CHECKPOINT_LOG_BYTES_MIN}..={CHECKPOINT_LOG_BYTES_MAX}",
-                options.checkpoint_log_bytes
-            )));
-        }
+        options.check().map_err(StoreError::InvalidOptions)?;
         fs::create_dir_all(dir).map_err(io_error("create data directory", dir))?;
         if let Some(device) = sys::ext4_without_journal(dir) {
             // docs/testing.md: after a power cut, e2fsck cleared whole files' extent trees

@@ -22,7 +22,7 @@ mod snapshots;
 
 use crate::{
     log, CommitOutcome, Store, StoreError, StoreOptions, VolumeHandle, CHECKPOINT_LAG_SEGMENTS_MAX,
-    CHECKPOINT_LOG_BYTES_MIN, MAP_CHUNK_BLOCKS,
+    CHECKPOINT_LOG_BYTES_MAX, CHECKPOINT_LOG_BYTES_MIN, MAP_CHUNK_BLOCKS,
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -1813,6 +1813,18 @@ fn the_checkpoint_log_size_may_change_between_opens() {
         write_history(&reference, r, next, 400, 5, 1);
         next += 400;
         assert_eq!(digest(&store, v), digest(&reference, r), "written with {bytes} bytes");
+    }
+    // Sizes outside the range are refused, with the reason, before the directory is touched.
+    for bytes in [CHECKPOINT_LOG_BYTES_MIN - 4096, CHECKPOINT_LOG_BYTES_MAX + 1] {
+        let refused = TempDir::new("seal-sizes-refused");
+        let missing = refused.0.join("never-made");
+        match Store::open(&missing, sized(bytes)) {
+            Err(StoreError::InvalidOptions(reason)) => {
+                assert!(reason.contains("from 64KiB to 4GiB") && reason.contains(&bytes.to_string()), "{reason}")
+            }
+            other => panic!("{bytes} bytes: {:?}", other.map(|_| "opened")),
+        }
+        assert!(!missing.exists(), "a refused open made {}", missing.display());
     }
 }
 
