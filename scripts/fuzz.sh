@@ -7,8 +7,6 @@
 #     bash scripts/fuzz.sh                    # every target for 8 s (the test command: 16 s, beside pytest)
 #     bash scripts/fuzz.sh 600                # every target for 600 s
 #     bash scripts/fuzz.sh 600 wire_frame     # one target
-#     bash scripts/fuzz.sh --build            # only build the targets (the test command starts
-#                                             # this at once, beside its own build stages)
 #
 # New inputs go to a temporary directory: the corpus kept in fuzz/corpus/TARGET is only read
 # (add findings worth keeping with `cargo +nightly fuzz cmin TARGET`). A crash fails the run
@@ -21,11 +19,6 @@ if [[ -d "${HOME:-/root}/.cargo/bin" ]]; then
     PATH="${HOME:-/root}/.cargo/bin:$PATH"
 fi
 
-build_only=false
-if [[ "${1:-}" == "--build" ]]; then
-    build_only=true
-    shift
-fi
 seconds="${1:-8}"
 shift || true
 targets=("$@")
@@ -56,9 +49,6 @@ remove_stale_store_dirs() {
 trap remove_stale_store_dirs EXIT
 
 cargo +nightly fuzz build
-if $build_only; then
-    exit 0
-fi
 for target in "${targets[@]}"; do mkdir -p "corpus/$target"; done
 for target in "${targets[@]}"; do
     found="$(mktemp -d)"

@@ -22,36 +22,6 @@ stage() { echo "== [$((SECONDS / 60))m$((SECONDS % 60))s] $*"; }
 stage "installing test dependencies"
 bash scripts/install-test-deps.sh
 
-# The fuzz targets build apart from the workspace (fuzz/, nightly, sanitizers; their own target
-# directory, so no cargo lock is shared) and need nothing built below: they build from the start
-# at nice 19, on the CPU the build stages leave idle, instead of after pytest has begun. The
-# background stage started below, after the simulator's CI runs, waits for this build and then
-# runs the targets. Its output is printed with the background stage's.
-target_dir="${CARGO_TARGET_DIR:-$repo/target}"
-mkdir -p "$target_dir"
-fuzz_build_log="$target_dir/test-fuzz-build.log"
-stage "fuzz build started (nice 19; log $fuzz_build_log)"
-set -m # a process group of its own, so it can be stopped as a whole
-fuzz_build_status="$target_dir/test-fuzz-build.status"
-rm -f "$fuzz_build_status"
-(
-    status=0
-    nice -n 19 bash scripts/fuzz.sh --build || status=$?
-    echo "$status" >"$fuzz_build_status"
-) >"$fuzz_build_log" 2>&1 &
-fuzz_build=$!
-set +m
-background=""
-stop_background() {
-    kill -- "-$fuzz_build" 2>/dev/null || true
-    if [[ -n "$background" ]]; then
-        kill -- "-$background" 2>/dev/null || true
-    fi
-}
-# An interrupted or failed run stops the fuzz build and the background stage too.
-trap stop_background EXIT
-trap 'exit 130' INT TERM
-
 stage "cargo fmt --check"
 cargo fmt --all --check
 rustfmt --check --edition 2021 fuzz/fuzz_targets/*.rs
@@ -84,7 +54,9 @@ fi
 # real-process suite leaves about half of two CPUs idle. So they run beside it at nice 19: they
 # take the idle CPU and yield it the moment a test's process wakes. Their output is printed when
 # they are done.
+target_dir="${CARGO_TARGET_DIR:-$repo/target}"
 export STARFISH_BIN="${STARFISH_BIN:-$target_dir/release/starfish}"
+mkdir -p "$target_dir"
 background_log="$target_dir/test-background.log"
 # Wall time per fuzz target: beside pytest a target runs between a seventh and all of the
 # inputs it runs alone in the same time (docs/testing.md), so it gets twice the 8 s it had
@@ -96,11 +68,6 @@ set -m # the background stage gets a process group of its own, so it can be stop
     stage "simulator CI runs ($sim_ci)"
     (cd crates/sim && nice -n 19 "$sim_ci")
     sim_status=$?
-    stage "waiting for the fuzz build (pid $fuzz_build)"
-    # Not a child of this subshell, so no `wait`: it writes its status when it is done.
-    while [[ ! -s "$fuzz_build_status" ]]; do sleep 1; done
-    cat "$fuzz_build_log"
-    stage "fuzz build: status $(cat "$fuzz_build_status")"
     stage "fuzz targets, $fuzz_seconds s each (bash scripts/fuzz.sh SECONDS for other lengths)"
     nice -n 19 bash scripts/fuzz.sh "$fuzz_seconds"
     fuzz_status=$?
@@ -109,6 +76,9 @@ set -m # the background stage gets a process group of its own, so it can be stop
 ) >"$background_log" 2>&1 &
 background=$!
 set +m
+# An interrupted or failed run stops the background stage too.
+trap 'kill -- "-$background" 2>/dev/null || true' EXIT
+trap 'exit 130' INT TERM
 stage "background (pid $background, log $background_log): simulator CI runs, then fuzz targets"
 
 stage "pytest tests/ (STARFISH_BIN=$STARFISH_BIN)"
