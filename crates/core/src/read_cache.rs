@@ -166,8 +166,9 @@ impl ReadCache {
         let first = offset_bytes / BLOCK_BYTES;
         let end = (offset_bytes + length_bytes).div_ceil(BLOCK_BYTES);
         if end - first == 1 {
-            // One block (most reads): one lookup of the index (three before: about 6 % of the
-            // host element's samples at cached random 4 KiB reads; docs/benchmarks.md).
+            // One block (most reads): one lookup of the index, not three (`get` and `touch`
+            // took about 6 % of the host element's samples at cached random 4 KiB reads;
+            // docs/benchmarks.md).
             let Some(&i) = self.index.get(&(volume, first)) else {
                 self.misses += 1;
                 return None;
