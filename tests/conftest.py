@@ -16,6 +16,7 @@ Environment:
 import os
 import shutil
 import signal
+import subprocess
 
 import pytest
 
@@ -28,6 +29,51 @@ def pytest_configure(config):
     config.addinivalue_line(
         "markers", "time_limit(seconds): fail the test if its body runs longer (SIGALRM)"
     )
+
+
+# The repository the tests run in (pytest's working directory when started by the test command).
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# What the test command itself writes in the repository while the tests run: build output
+# (the background stage's fuzz build among it) and Python's caches.
+BUILD_OUTPUT = ("target/", "fuzz/target/")
+
+
+def repository_changes():
+    """The repository's new and ignored paths outside the build output, as `git status` lists
+    them; None outside a git checkout."""
+    try:
+        status = subprocess.run(["git", "-C", REPO, "status", "--porcelain", "--ignored", "--untracked-files=all"],
+                                capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if status.returncode != 0:
+        return None
+    # New and ignored paths only: a tracked file edited while the tests run is a developer's.
+    return {line for line in status.stdout.splitlines()
+            if line[:2] in ("??", "!!") and not line[3:].startswith(BUILD_OUTPUT) and "__pycache__/" not in line}
+
+
+def pytest_sessionstart(session):
+    # Only the process that runs the session (not each pytest-xdist worker) looks.
+    if not hasattr(session.config, "workerinput"):
+        session.config._starfish_repository_before = repository_changes()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """A test must write in its own directory: one that leaves a file in the repository (fio
+    saved its verify state in the working directory once) fails the run, naming it."""
+    before = getattr(session.config, "_starfish_repository_before", None)
+    if before is None:
+        return
+    after = repository_changes()
+    if after is None:
+        return
+    left = sorted(after - before)
+    if left:
+        print("\nthe tests left these in the repository (`git status --porcelain --ignored`):")
+        for line in left:
+            print(f"  {line}")
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 class TestTimeLimit(Exception):

@@ -17,12 +17,19 @@ import harness
 from harness import Client, element_of, random_bytes
 
 
-def pending_write(uri, data, offset):
-    """A libnbd handle with one write under way: (handle, cookie)."""
+def connected(uri):
+    """A libnbd handle connected to `uri`. Connect before stopping elements: the host element
+    fails an element it has not heard from for 3 s, and a connection made after the stop, on a
+    busy machine, took long enough that the write the test then sent was refused instead (the
+    volume had become read-only)."""
     h = nbd.NBD()
     h.connect_uri(uri)
-    cookie = h.aio_pwrite(nbd.Buffer.from_bytearray(bytearray(data)), offset)
-    return h, cookie
+    return h
+
+
+def start_write(h, data, offset):
+    """One write under way on `h`: its cookie."""
+    return h.aio_pwrite(nbd.Buffer.from_bytearray(bytearray(data)), offset)
 
 
 def completes_within(h, cookie, seconds):
@@ -58,9 +65,10 @@ def test_network_sync_counts_on_the_wire_and_local_sync_never(make_cluster):
     # near and far stopped: local (durable) + far (network-sync: the write is in far's socket
     # buffer, it stores nothing) are a quorum of 2.
     data = random_bytes(64 * 1024, 1)
+    h = connected(cluster.uri())
     stopped(cluster, "near", "far")
     try:
-        h, cookie = pending_write(cluster.uri(), data, 0)
+        cookie = start_write(h, data, 0)
         answered = completes_within(h, cookie, 1.5)
     finally:
         resume(cluster, "near", "far")
@@ -77,9 +85,10 @@ def test_local_sync_does_not_count_and_received_does(make_cluster):
     cluster = make_cluster(volumes=(("vol0", "64MiB"),), ack={"near": "received", "far": "local-sync"})
     data = random_bytes(64 * 1024, 2)
     # near stopped: local (durable) and far (local-sync, never counted) are not a quorum.
+    h = connected(cluster.uri())
     stopped(cluster, "near")
     try:
-        h, cookie = pending_write(cluster.uri(), data, 0)
+        cookie = start_write(h, data, 0)
         answered_early = completes_within(h, cookie, 1.0)
     finally:
         resume(cluster, "near")
@@ -143,9 +152,10 @@ def test_a_weak_write_a_start_did_without_stays_out_after_its_holder_returns(mak
     cluster.wait_caught_up()
     assert harness.volume_status(cluster.status())["beginning"] is None, "held by Q at once"
 
+    h = connected(cluster.uri())
     stopped(cluster, "near", "far")
     try:
-        h, cookie = pending_write(cluster.uri(), weak, 0)
+        cookie = start_write(h, weak, 0)
         answered = completes_within(h, cookie, 5)
     finally:
         # Gone with what their sockets held: neither stores the write.
