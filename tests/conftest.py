@@ -33,9 +33,10 @@ def pytest_configure(config):
 
 # The repository the tests run in (pytest's working directory when started by the test command).
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# What the test command itself writes in the repository while the tests run: build output
-# (the background stage's fuzz build among it) and Python's caches.
-BUILD_OUTPUT = ("target/", "fuzz/target/")
+# What the test command itself writes in the repository while the tests run: build output,
+# and the background stage's fuzz build and runs (cargo-fuzz makes fuzz/artifacts/ when a
+# target starts, also in a fresh clone); Python's caches are left out below.
+BUILD_OUTPUT = ("target/", "fuzz/target/", "fuzz/artifacts/")
 
 
 def repository_changes():
