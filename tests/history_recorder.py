@@ -54,8 +54,11 @@ def crc32c(data, crc=0):
     return crc ^ 0xFFFFFFFF
 
 
+_GAMMA = 0x9E3779B97F4A7C15
+
+
 def splitmix64(x):
-    x = (x + 0x9E3779B97F4A7C15) & _MASK
+    x = (x + _GAMMA) & _MASK
     z = x
     z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
     z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK
@@ -67,14 +70,11 @@ _FILLER = struct.Struct("<60Q")
 
 def sector_bytes(write_id, volume, sector):
     """`fill_sector(id, volume, sector)`: [u64 id][u64 sector][u32 magic]
-    [u32 volume][480 bytes of splitmix64 filler][u32 0][u32 crc32c]."""
+    [u32 volume][480 bytes: the splitmix64 stream from the first three][u32 0][u32 crc32c]."""
     assert write_id != 0, "write ids start at 1"
     head = struct.pack("<QQII", write_id, sector, _MAGIC, volume)
-    x = (write_id ^ (((sector << 32) | (sector >> 32)) & _MASK) ^ ((volume << 56) & _MASK)) & _MASK
-    words = []
-    for _ in range(60):
-        x = splitmix64(x)
-        words.append(x)
+    seed = (write_id ^ (((sector << 32) | (sector >> 32)) & _MASK) ^ ((volume << 56) & _MASK)) & _MASK
+    words = [splitmix64((seed + i * _GAMMA) & _MASK) for i in range(60)]
     body = head + _FILLER.pack(*words) + b"\0\0\0\0"
     return body + struct.pack("<I", crc32c(body))
 

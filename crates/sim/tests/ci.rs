@@ -3,7 +3,7 @@
 //! variant must be caught, and a seed must replay bit for bit. The longer swarm run is
 //! `cargo run --release -p sim -- --seeds 5000 --swarm` (docs/testing.md).
 
-use sim::{run, run_many, Broken, FaultKind, RunReport, SimOptions, Summary};
+use sim::{run, run_many, run_until, Broken, FaultKind, RunReport, SimOptions, Summary};
 
 /// Signatures (matched against a run's *first* violation) of the core bugs the simulator found
 /// that are still open (docs/testing.md, "Bugs found"). Such a run is reported, not failed, so
@@ -48,6 +48,30 @@ fn sweep(name: &str, base: &SimOptions, seeds: u64) -> Summary {
     assert!(summary.faults_total() > seeds, "{name}: faults were injected");
     assert!(summary.writes_acked > 0 && summary.reads_checked > 0, "{name}: the workload ran");
     summary
+}
+
+/// A broken variant's runs of seeds `first..first + count`, in seed order, stopped once `need`
+/// of them are caught (`is_caught` judges a run): the seeds after could only be caught too.
+/// Prints the seeds caught and the seeds run; returns the caught ones.
+fn catch(
+    name: &str,
+    o: &SimOptions,
+    (first, count): (u64, u64),
+    need: usize,
+    is_caught: impl Fn(&RunReport) -> bool + Sync,
+) -> Vec<u64> {
+    let reports = run_until(o, first, count, 2, |rs| rs.iter().filter(|r| is_caught(r)).count() >= need);
+    let caught: Vec<u64> = reports.iter().filter(|r| is_caught(r)).map(|r| r.seed).collect();
+    let end = first + reports.len() as u64;
+    eprintln!(
+        "--broken {name}: caught seeds {caught:?} of {first}..{end} (enough by then, or {first}..{})",
+        first + count
+    );
+    caught
+}
+
+fn any_violation(r: &RunReport) -> bool {
+    !r.violations.is_empty()
 }
 
 fn options(elements: usize, quorum: usize) -> SimOptions {
@@ -119,9 +143,7 @@ fn superseded_host_element_is_fenced_and_no_fencing_is_caught() {
     let summary = sweep("N=3 Q=2 host_superseded only", &o, 12);
     assert!(summary.faults["host_superseded"] >= 12);
     o.broken = Broken::NoFencing;
-    let reports = run_many(&o, 1_000, 24, 2);
-    let caught: Vec<u64> = reports.iter().filter(|r| !r.violations.is_empty()).map(|r| r.seed).collect();
-    eprintln!("--broken no-fencing: caught seeds {caught:?} of 1000..1024");
+    let caught = catch("no-fencing", &o, (1_000, 24), 8, any_violation);
     assert!(caught.len() >= 8, "no-fencing caught in only {} of 24 runs", caught.len());
 }
 
@@ -232,9 +254,7 @@ fn leaving_out_beginnings_is_caught() {
         starfish_core::AckPolicy::NetworkSync,
     ];
     o.broken = Broken::NoBegin;
-    let reports = run_many(&o, 600, 150, 2);
-    let caught: Vec<u64> = reports.iter().filter(|r| !r.violations.is_empty()).map(|r| r.seed).collect();
-    eprintln!("--broken no-begin: caught seeds {caught:?} of 600..750");
+    let caught = catch("no-begin", &o, (600, 150), 2, any_violation);
     assert!(caught.len() >= 2, "leaving out beginnings must be caught in several runs, got {caught:?}");
 }
 
@@ -250,9 +270,7 @@ fn clock_skew_is_harmless_and_clock_epochs_are_caught() {
     let summary = sweep("N=3 Q=2 host restarts with skewed clocks", &o, 16);
     assert!(summary.epoch_raises > 0, "starts that had to raise their epoch happened");
     o.broken = Broken::ClockEpochs;
-    let reports = run_many(&o, 1_000, 16, 2);
-    let caught: Vec<u64> = reports.iter().filter(|r| !r.violations.is_empty()).map(|r| r.seed).collect();
-    eprintln!("--broken clock-epochs: caught seeds {caught:?} of 1000..1016");
+    let caught = catch("clock-epochs", &o, (1_000, 16), 4, any_violation);
     assert!(caught.len() >= 4, "clock epochs must be caught in several runs, got {caught:?}");
 }
 
@@ -266,9 +284,7 @@ fn takeovers_are_safe_and_reads_without_the_lease_are_caught() {
     let summary = sweep("N=3 Q=2 paused and superseded host elements", &o, 16);
     assert!(summary.host_starts > 16, "takeovers happened");
     o.broken = Broken::NoReadLease;
-    let reports = run_many(&o, 2_000, 16, 2);
-    let caught: Vec<u64> = reports.iter().filter(|r| !r.violations.is_empty()).map(|r| r.seed).collect();
-    eprintln!("--broken no-read-lease: caught seeds {caught:?} of 2000..2016");
+    let caught = catch("no-read-lease", &o, (2_000, 16), 2, any_violation);
     assert!(caught.len() >= 2, "reads without the lease must be caught in several runs, got {caught:?}");
 }
 
@@ -288,9 +304,7 @@ fn clean_stops_let_the_elements_go_and_releasing_while_serving_is_caught() {
     // the old one's own lease lapses (seeds 0-79 of stops alone: 4 caught).
     o.only_faults = vec![FaultKind::HostStop];
     o.broken = Broken::ReleaseWhileServing;
-    let reports = run_many(&o, 0, 80, 2);
-    let caught: Vec<u64> = reports.iter().filter(|r| !r.violations.is_empty()).map(|r| r.seed).collect();
-    eprintln!("--broken release-while-serving: caught seeds {caught:?} of 0..80");
+    let caught = catch("release-while-serving", &o, (0, 80), 2, any_violation);
     assert!(caught.len() >= 2, "a release while serving must be caught in several runs, got {caught:?}");
 }
 
@@ -304,9 +318,7 @@ fn rogue_element_sessions_change_nothing_and_without_the_role_check_are_caught()
     let summary = sweep("N=3 Q=2 rogue element sessions", &o, 16);
     assert!(summary.faults_total() > 16, "rogue sessions happened");
     o.broken = Broken::NoRoleCheck;
-    let reports = run_many(&o, 3_000, 32, 2);
-    let caught: Vec<u64> = reports.iter().filter(|r| !r.violations.is_empty()).map(|r| r.seed).collect();
-    eprintln!("--broken no-role-check: caught seeds {caught:?} of 3000..3032");
+    let caught = catch("no-role-check", &o, (3_000, 32), 6, any_violation);
     assert!(caught.len() >= 6, "a missing role check must be caught in several runs, got {caught:?}");
 }
 
@@ -323,9 +335,7 @@ fn silent_divergence_is_repaired_by_scrub_and_without_the_repair_is_caught() {
     assert!(summary.faults.get("diverge_block").is_some_and(|n| *n > 0), "divergences were injected");
     assert!(summary.scrubs_done > 0 && summary.scrub_repairs > 0, "scrubs ran and repaired");
     o.broken = Broken::NoScrubRepair;
-    let reports = run_many(&o, 6_000, 16, 2);
-    let caught: Vec<u64> = reports.iter().filter(|r| !r.violations.is_empty()).map(|r| r.seed).collect();
-    eprintln!("--broken no-scrub-repair: caught seeds {caught:?} of 6000..6016");
+    let caught = catch("no-scrub-repair", &o, (6_000, 16), 6, any_violation);
     assert!(caught.len() >= 6, "a scrub that repairs nothing must be caught in several runs, got {caught:?}");
 }
 
@@ -346,9 +356,7 @@ fn weaker_ack_policies_keep_their_promise_and_an_early_flush_is_caught() {
     sweep("N=3 Q=2 durable, durable, local-sync", &o, 16);
     o.ack = vec![Received, Received, Durable];
     o.broken = Broken::FlushBeforeDurable;
-    let reports = run_many(&o, 7_000, 16, 2);
-    let caught: Vec<u64> = reports.iter().filter(|r| !r.violations.is_empty()).map(|r| r.seed).collect();
-    eprintln!("--broken flush-before-durable: caught seeds {caught:?} of 7000..7016");
+    let caught = catch("flush-before-durable", &o, (7_000, 16), 2, any_violation);
     assert!(caught.len() >= 2, "a flush before Q durable copies must be caught, got {caught:?}");
 }
 
@@ -368,13 +376,8 @@ fn consistency_groups_keep_one_order_and_split_groups_are_caught() {
     sweep("N=3 Q=2 groups, received, durable, local-sync", &o, 16);
     o.ack = vec![NetworkSync, Durable, Durable];
     o.broken = Broken::SplitGroup;
-    let reports = run_many(&o, 8_000, 16, 2);
-    let caught: Vec<u64> = reports
-        .iter()
-        .filter(|r| r.violations.iter().any(|v| v.contains("no prefix of one order")))
-        .map(|r| r.seed)
-        .collect();
-    eprintln!("--broken split-group: caught seeds {caught:?} of 8000..8016");
+    let caught =
+        catch("split-group", &o, (8_000, 16), 4, |r| r.violations.iter().any(|v| v.contains("no prefix of one order")));
     assert!(caught.len() >= 4, "members carried apart must be caught breaking the group's order, got {caught:?}");
 }
 
@@ -392,16 +395,12 @@ fn volume_creations_are_failure_atomic_and_without_the_intention_log_are_caught(
     assert!(summary.volumes_deleted > 0, "volumes were deleted");
     o.broken = Broken::NoIntentionLog;
     o.fault_phase_ms = 20_000;
-    let reports = run_many(&o, 9_000, 48, 2);
     // An orphan, a lost creation, a deleted volume back, or a new volume holding an orphan's
     // data (without the log, a crash reuses its id, so its storage name).
     let signs = ["orphaned volumes", "is lost: the catalog", "is served again", "misplaced"];
-    let caught: Vec<u64> = reports
-        .iter()
-        .filter(|r| r.violations.iter().any(|v| signs.iter().any(|s| v.contains(s))))
-        .map(|r| r.seed)
-        .collect();
-    eprintln!("--broken no-intention-log: caught seeds {caught:?} of 9000..9048");
+    let caught = catch("no-intention-log", &o, (9_000, 48), 3, |r| {
+        r.violations.iter().any(|v| signs.iter().any(|s| v.contains(s)))
+    });
     assert!(caught.len() >= 3, "creations without the intention log must be caught, got {caught:?}");
 }
 
@@ -443,10 +442,8 @@ fn volume_resizes_roll_forward_and_forgotten_resizes_are_caught() {
     let summary = sweep("N=3 Q=2 volume ops (resizes)", &o, 48);
     assert!(summary.volumes_resized > 0, "volumes were grown");
     o.broken = Broken::ForgetResizes;
-    let reports = run_many(&o, 13_000, 160, 2);
-    let caught: Vec<u64> =
-        reports.iter().filter(|r| r.violations.iter().any(|v| v.contains("it shrank"))).map(|r| r.seed).collect();
-    eprintln!("--broken forget-resizes: caught seeds {caught:?} of 13000..13160");
+    let caught =
+        catch("forget-resizes", &o, (13_000, 160), 2, |r| r.violations.iter().any(|v| v.contains("it shrank")));
     assert!(caught.len() >= 2, "forgotten resizes must be caught, got {caught:?}");
 }
 
@@ -459,13 +456,8 @@ fn forgotten_volume_deletions_are_caught() {
     o.volume_ops = true;
     o.broken = Broken::ForgetDeletions;
     o.fault_phase_ms = 20_000;
-    let reports = run_many(&o, 12_000, 48, 2);
-    let caught: Vec<u64> = reports
-        .iter()
-        .filter(|r| r.violations.iter().any(|v| v.contains("orphaned volumes")))
-        .map(|r| r.seed)
-        .collect();
-    eprintln!("--broken forget-deletions: caught seeds {caught:?} of 12000..12048");
+    let caught =
+        catch("forget-deletions", &o, (12_000, 48), 2, |r| r.violations.iter().any(|v| v.contains("orphaned volumes")));
     assert!(caught.len() >= 2, "forgotten deletions must be caught, got {caught:?}");
 }
 
@@ -496,9 +488,7 @@ fn a_takeover_reads_the_catalog_again_and_a_stale_catalog_is_caught() {
         .collect();
     assert!(failed.is_empty(), "correct code, seeds 600..720: {failed:?}");
     o.broken = Broken::StaleCatalog;
-    let reports = run_many(&o, 600, 120, 2);
-    let caught: Vec<u64> = reports.iter().filter(|r| !r.violations.is_empty()).map(|r| r.seed).collect();
-    eprintln!("--broken stale-catalog: caught seeds {caught:?} of 600..720");
+    let caught = catch("stale-catalog", &o, (600, 120), 2, any_violation);
     assert!(caught.len() >= 2, "a stale catalog after a takeover must be caught, got {caught:?}");
 }
 
@@ -520,9 +510,7 @@ fn a_shrink_zeroes_its_tail_and_one_that_keeps_it_is_caught() {
     let shrunk: u64 = reports.iter().map(|r| r.volumes_shrunk).sum();
     assert!(shrunk >= 1, "the runs shrink volumes");
     o.broken = Broken::ShrinkKeepsTail;
-    let reports = run_many(&o, 14150, 80, 2);
-    let caught: Vec<u64> = reports.iter().filter(|r| !r.violations.is_empty()).map(|r| r.seed).collect();
-    eprintln!("--broken shrink-keeps-tail: caught seeds {caught:?} of 14150..14230");
+    let caught = catch("shrink-keeps-tail", &o, (14150, 80), 2, any_violation);
     assert!(caught.len() >= 2, "a shrink that keeps its tail must be caught, got {caught:?}");
 }
 
@@ -546,9 +534,7 @@ fn a_snapshot_never_changes_and_one_that_shares_its_live_volume_is_caught() {
         reports.iter().fold((0, 0), |(t, j), r| (t + r.snapshots_taken, j + r.snapshot_reads_checked));
     assert!(taken >= 100 && judged >= 100, "the runs take and read snapshots: {taken} taken, {judged} reads judged");
     o.broken = Broken::SnapshotSharesLive;
-    let reports = run_many(&o, 15000, 40, 2);
-    let caught: Vec<u64> = reports.iter().filter(|r| !r.violations.is_empty()).map(|r| r.seed).collect();
-    eprintln!("--broken snapshot-shares-live: caught seeds {caught:?} of 15000..15040");
+    let caught = catch("snapshot-shares-live", &o, (15000, 40), 20, any_violation);
     assert!(caught.len() >= 20, "a snapshot that shares its live volume must be caught, got {caught:?}");
 }
 
@@ -568,9 +554,7 @@ fn a_clone_reads_as_its_snapshot_and_one_created_empty_is_caught() {
         reports.iter().fold((0, 0), |(c, n), r| (c + r.clones_created, n + r.clone_reads));
     assert!(clones >= 10 && reads >= 1000, "the runs make and read clones: {clones} made, {reads} reads");
     o.broken = Broken::CloneStartsEmpty;
-    let reports = run_many(&o, 16000, 40, 2);
-    let caught: Vec<u64> = reports.iter().filter(|r| !r.violations.is_empty()).map(|r| r.seed).collect();
-    eprintln!("--broken clone-starts-empty: caught seeds {caught:?} of 16000..16040");
+    let caught = catch("clone-starts-empty", &o, (16000, 40), 12, any_violation);
     assert!(caught.len() >= 12, "a clone created empty must be caught, got {caught:?}");
 }
 
@@ -595,11 +579,16 @@ fn a_volume_that_joins_a_group_shares_its_order_and_one_split_off_is_caught() {
     let joined: u64 = reports.iter().map(|r| r.volumes_joined).sum();
     assert!(joined >= 10, "the runs join volumes to the group: {joined}");
     o.broken = Broken::JoinSplit;
-    let reports = run_many(&o, 17000, 40, 2);
     let order = |r: &&RunReport| r.violations.iter().any(|v| v.contains("no prefix of one order"));
-    let caught: Vec<u64> = reports.iter().filter(|r| !r.violations.is_empty()).map(|r| r.seed).collect();
+    let reports = run_until(&o, 17000, 40, 2, |rs| {
+        rs.iter().filter(|r| any_violation(r)).count() >= 12 && rs.iter().filter(order).count() >= 3
+    });
+    let caught: Vec<u64> = reports.iter().filter(|r| any_violation(r)).map(|r| r.seed).collect();
     let by_order: Vec<u64> = reports.iter().filter(order).map(|r| r.seed).collect();
-    eprintln!("--broken join-split: caught seeds {caught:?} of 17000..17040, by the group checker {by_order:?}");
+    let end = 17000 + reports.len();
+    eprintln!(
+        "--broken join-split: caught seeds {caught:?} of 17000..{end} (enough by then, or 17000..17040), by the group checker {by_order:?}"
+    );
     // The others by the catalog's checker: the split-off storage volume is an orphan.
     assert!(caught.len() >= 12, "a joined volume outside the group's order must be caught, got {caught:?}");
     assert!(by_order.len() >= 3, "the group checker must see it, got {by_order:?}");
@@ -607,9 +596,7 @@ fn a_volume_that_joins_a_group_shares_its_order_and_one_split_off_is_caught() {
     // caught when the deletion is acknowledged. Rarer (a member written, then deleted), so
     // over more seeds.
     o.broken = Broken::LeaveKeepsData;
-    let reports = run_many(&o, 17000, 200, 2);
-    let caught: Vec<u64> = reports.iter().filter(|r| !r.violations.is_empty()).map(|r| r.seed).collect();
-    eprintln!("--broken leave-keeps-data: caught seeds {caught:?} of 17000..17200");
+    let caught = catch("leave-keeps-data", &o, (17000, 200), 8, any_violation);
     assert!(caught.len() >= 8, "a member deleted with its data must be caught, got {caught:?}");
 }
 
@@ -658,9 +645,12 @@ fn forgetting_that_a_copy_began_is_caught() {
     let mut o = SimOptions::new(0, 3, 2);
     o.swarm = true;
     o.broken = Broken::ForgetCopyState;
-    let reports = run_many(&o, 1000, 100, 2);
-    let caught: Vec<u64> = reports.iter().filter(|r| !r.violations.is_empty()).map(|r| r.seed).collect();
+    let reports = run_until(&o, 1000, 100, 2, |rs| rs.iter().any(any_violation));
+    let caught: Vec<u64> = reports.iter().filter(|r| any_violation(r)).map(|r| r.seed).collect();
     let interrupted: u64 = reports.iter().map(|r| r.copies_interrupted).sum();
-    eprintln!("--broken forget-copy-state: {interrupted} copies interrupted, caught seeds {caught:?} of 1000..1100");
+    let end = 1000 + reports.len();
+    eprintln!(
+        "--broken forget-copy-state: {interrupted} copies interrupted, caught seeds {caught:?} of 1000..{end} (enough by then, or 1000..1100)"
+    );
     assert!(!caught.is_empty(), "an element that forgets its copy state must be caught");
 }
