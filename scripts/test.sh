@@ -30,8 +30,13 @@ stage "cargo clippy --workspace --all-targets -- -D warnings"
 # Release profile: shares its dependency builds with the build and tests below.
 cargo clippy --release --workspace --all-targets -- -D warnings
 
-stage "cargo build --release --workspace"
-cargo build --release --workspace
+stage "cargo build --release --workspace --all-targets"
+# The tests' binaries in the same build as the product's: while the last crates build (the
+# starfish binary after the shell, each on one core for a good part of its time) the test
+# builds use the other core. The starfish binary is the same as `cargo build --release` makes:
+# dev-dependencies change no feature of what it links (`cargo test` after `cargo build`
+# rebuilds none of it).
+cargo build --release --workspace --all-targets
 
 stage "cargo test --release --workspace (the simulator's CI runs and fuzzing: in the background below)"
 cargo test --release --workspace --exclude sim
@@ -60,18 +65,21 @@ mkdir -p "$target_dir"
 background_log="$target_dir/test-background.log"
 # Wall time per fuzz target: beside pytest a target runs between a seventh and all of the
 # inputs it runs alone in the same time (docs/testing.md), so it gets twice the 8 s it had
-# alone; the stage still ends before pytest does.
+# alone.
 fuzz_seconds=16
 set -m # the background stage gets a process group of its own, so it can be stopped as a whole
 (
     set +e
-    stage "simulator CI runs ($sim_ci)"
-    (cd crates/sim && nice -n 19 "$sim_ci")
-    sim_status=$?
+    # The fuzz targets first: each runs for a fixed wall time on one core, best spent beside
+    # pytest, while the simulator's runs (a fixed amount of work on two threads) can use both
+    # cores once pytest is done.
     stage "fuzz targets, $fuzz_seconds s each (bash scripts/fuzz.sh SECONDS for other lengths)"
     nice -n 19 bash scripts/fuzz.sh "$fuzz_seconds"
     fuzz_status=$?
-    stage "simulator CI runs: status $sim_status; fuzz targets: status $fuzz_status"
+    stage "simulator CI runs ($sim_ci)"
+    (cd crates/sim && nice -n 19 "$sim_ci")
+    sim_status=$?
+    stage "fuzz targets: status $fuzz_status; simulator CI runs: status $sim_status"
     [[ $sim_status -eq 0 && $fuzz_status -eq 0 ]]
 ) >"$background_log" 2>&1 &
 background=$!
@@ -79,7 +87,7 @@ set +m
 # An interrupted or failed run stops the background stage too.
 trap 'kill -- "-$background" 2>/dev/null || true' EXIT
 trap 'exit 130' INT TERM
-stage "background (pid $background, log $background_log): simulator CI runs, then fuzz targets"
+stage "background (pid $background, log $background_log): fuzz targets, then the simulator CI runs"
 
 stage "pytest tests/ (STARFISH_BIN=$STARFISH_BIN)"
 # Debian's python3 has the libnbd bindings (module `nbd`). Each test has its
@@ -99,7 +107,7 @@ fi
 background_status=0
 wait "$background" || background_status=$?
 cat "$background_log"
-stage "done (pytest status $status, simulator and fuzzing status $background_status)"
+stage "done (pytest status $status, fuzzing and simulator status $background_status)"
 if [[ $status -eq 0 ]]; then
     status=$background_status
 fi
