@@ -162,6 +162,25 @@ def tail_file(path, lines=150):
         return f"(cannot read {path}: {e})"
 
 
+def thread_states(pid):
+    """The scheduler state of each thread of `pid` (/proc/PID/task/TID/stat): tid → one letter,
+    'T' stopped."""
+    states = {}
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except FileNotFoundError:
+        return states
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                stat = f.read()
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # the thread ended meanwhile
+        # The command name, in parentheses, may hold spaces: the state follows its last ')'.
+        states[int(tid)] = stat[stat.rindex(")") + 2]
+    return states
+
+
 class Process:
     """A long-running child process whose output goes to a log file."""
 
@@ -205,6 +224,25 @@ class Process:
     def send_signal(self, sig):
         if self.alive():
             os.kill(self.popen.pid, sig)
+
+    def freeze(self, timeout=10):
+        """SIGSTOP, and back once every thread is stopped. The signal does not stop a process
+        at once: its threads stop one by one as each next runs, and until then a thread woken
+        by the network can still serve what it received (two ack-policy tests saw a stopped
+        element take a write). `resume` (SIGCONT) lets it go on."""
+        if not self.alive():
+            return
+        os.kill(self.popen.pid, signal.SIGSTOP)
+        deadline = time.monotonic() + timeout
+        while True:
+            states = thread_states(self.popen.pid)
+            if all(state in "tT" for state in states.values()):
+                return
+            assert time.monotonic() < deadline, f"{self.name}: threads not stopped {timeout} s after SIGSTOP: {states}"
+            time.sleep(0.002)
+
+    def resume(self):
+        self.send_signal(signal.SIGCONT)
 
     def wait(self, timeout):
         """Waits for exit; returns the exit code or None on timeout."""

@@ -42,14 +42,15 @@ def completes_within(h, cookie, seconds):
 
 
 def stopped(cluster, *names):
-    """SIGSTOP these elements; the caller resumes them (`resume`)."""
+    """SIGSTOP these elements, back once every thread of each is stopped; the caller resumes
+    them (`resume`)."""
     for name in names:
-        cluster.elements[name].process.send_signal(signal.SIGSTOP)
+        cluster.elements[name].process.freeze()
 
 
 def resume(cluster, *names):
     for name in names:
-        cluster.elements[name].process.send_signal(signal.SIGCONT)
+        cluster.elements[name].process.resume()
 
 
 @pytest.mark.time_limit(120)

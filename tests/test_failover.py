@@ -367,13 +367,13 @@ def test_etcd_sigstop_past_the_lease_then_sigcont_late_writes_fail(make_failover
     with harness.Client(c.uri_of("a"), timeout=30) as frozen_side:
         frozen_side.pwrite(old, 0)
         frozen_side.pread(4096, 0)  # the read cache holds block 0
-        c.hosts["a"].send_signal(signal.SIGSTOP)
+        c.hosts["a"].freeze()
         try:
             c.wait_role("b", "active", timeout=20)
             with harness.Client(c.uri_of("b")) as client:
                 client.pwrite(new, 0)
         finally:
-            c.hosts["a"].send_signal(signal.SIGCONT)
+            c.hosts["a"].resume()
         # The old host element is fenced: a late write must fail, and a read of block 0 must
         # not return the data the new one overwrote.
         harness.expect_nbd_error(lambda: frozen_side.pwrite(late, 65536), {errno.EIO, errno.EPERM, errno.ENOTCONN,
@@ -636,7 +636,7 @@ def test_a_host_element_that_takes_the_elements_back_reads_the_catalog_again(mak
     b = c.hosts["b"]
     b.stop()
     b.args = [arg for arg in b.args if arg != "--standby"]
-    a.send_signal(signal.SIGSTOP)
+    a.freeze()
     try:
         b.start()
         harness.wait_listening(b, c.admins["b"])
@@ -653,11 +653,11 @@ def test_a_host_element_that_takes_the_elements_back_reads_the_catalog_again(mak
         # host element takes them back.
         time.sleep(7)
         # near and far say nothing yet; local comes back following a's epoch.
-        c.elements["near"].process.send_signal(signal.SIGSTOP)
-        c.elements["far"].process.send_signal(signal.SIGSTOP)
+        c.elements["near"].process.freeze()
+        c.elements["far"].process.freeze()
         c.restart_element("local")
     finally:
-        a.send_signal(signal.SIGCONT)
+        a.resume()
     try:
         # a welcomes local (it redials at least every 2 s), then hears from near that it
         # follows b's epoch, whose owner is gone: local (ours) and near (owner gone) are a
@@ -665,12 +665,12 @@ def test_a_host_element_that_takes_the_elements_back_reads_the_catalog_again(mak
         # so a takes them back.
         time.sleep(4)
     finally:
-        c.elements["near"].process.send_signal(signal.SIGCONT)
+        c.elements["near"].process.resume()
     try:
         harness.wait_until(lambda: "taking the elements back" in a.log(400) or None, 30,
                            "a to take the elements back")
     finally:
-        c.elements["far"].process.send_signal(signal.SIGCONT)
+        c.elements["far"].process.resume()
     seen = []
 
     def active_and_healthy():

@@ -148,10 +148,10 @@ def test_frozen_element_does_not_stall_writes(cluster, workdir):
     with LoadWriter(workdir, uri, REGION_BLOCKS, seed=13) as writer:
         try:
             writer.wait_acks(200)
-            far.send_signal(signal.SIGSTOP)
+            far.freeze()
             writer.wait_acks(1000, timeout=60, what="acknowledged writes with far frozen")
         finally:
-            far.send_signal(signal.SIGCONT)
+            far.resume()
         writer.wait_acks(200)
         code = writer.finish()
         assert code == 0, f"writer exit {code}\n{writer.output()}"
@@ -319,7 +319,7 @@ def test_lagging_element_is_failed_when_the_write_queue_fills(make_cluster, work
     with LoadWriter(workdir, uri, REGION_BLOCKS, seed=19, max_blocks=16) as writer:
         try:
             writer.wait_acks(100)
-            far.send_signal(signal.SIGSTOP)
+            far.freeze()
             # About 100 MiB of writes: well past the 40 MiB write queue.
             writer.wait_acks(3000, timeout=120, what="acknowledged writes past a full write queue")
             status = cluster.wait_status(
@@ -327,7 +327,7 @@ def test_lagging_element_is_failed_when_the_write_queue_fills(make_cluster, work
             )
             assert volume_status(status)["mode"] == "read-write", status
         finally:
-            far.send_signal(signal.SIGCONT)
+            far.resume()
         writer.wait_acks(200)
         code = writer.finish()
         assert code == 0, f"writer exit {code}\n{writer.output()}"
