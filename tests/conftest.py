@@ -33,15 +33,16 @@ def pytest_configure(config):
 
 # The repository the tests run in (pytest's working directory when started by the test command).
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# What the test command itself writes in the repository while the tests run: build output,
-# and the background stage's fuzz build and runs (cargo-fuzz makes fuzz/artifacts/ when a
-# target starts, also in a fresh clone); Python's caches are left out below.
-BUILD_OUTPUT = ("target/", "fuzz/target/", "fuzz/artifacts/")
+# What the test command itself writes in the repository while the tests run: cargo's build
+# output and the background stage's fuzz build. (cargo-fuzz also makes fuzz/artifacts/TARGET/
+# when a target starts, but empty, and git lists no empty directory; a crash input saved there
+# is named here too, while the fuzz stage fails.) Python's caches are left out below.
+TEST_COMMAND_OUTPUT = ("target/", "fuzz/target/")
 
 
 def repository_changes():
-    """The repository's new and ignored paths outside the build output, as `git status` lists
-    them; None outside a git checkout."""
+    """The repository's new and ignored paths outside the test command's output, as `git status`
+    lists them; None outside a git checkout."""
     try:
         status = subprocess.run(["git", "-C", REPO, "status", "--porcelain", "--ignored", "--untracked-files=all"],
                                 capture_output=True, text=True, timeout=60)
@@ -51,7 +52,7 @@ def repository_changes():
         return None
     # New and ignored paths only: a tracked file edited while the tests run is a developer's.
     return {line for line in status.stdout.splitlines()
-            if line[:2] in ("??", "!!") and not line[3:].startswith(BUILD_OUTPUT) and "__pycache__/" not in line}
+            if line[:2] in ("??", "!!") and not line[3:].startswith(TEST_COMMAND_OUTPUT) and "__pycache__/" not in line}
 
 
 def pytest_sessionstart(session):

@@ -221,11 +221,11 @@ class Load:
     element must have made by then, and the writes after it."""
 
     def __init__(self, sizes):
-        self.placed = sizes == "placed"
+        placed = sizes == "placed"
         checkpoints = sizes == "checkpoints"
-        self.element_extra = (ELEMENT_EXTRA + (["--placed-writes"] if self.placed else [])
+        self.element_extra = (ELEMENT_EXTRA + (["--placed-writes"] if placed else [])
                               + (CHECKPOINTS_EXTRA if checkpoints else []))
-        if self.placed:
+        if placed:
             self.region, self.options = PLACED_REGION_BLOCKS, PLACED_WRITES
         else:
             self.region, self.options = REGION_BLOCKS, WRITE_SIZES["small" if checkpoints else sizes]
