@@ -51,7 +51,7 @@ fn sweep(name: &str, base: &SimOptions, seeds: u64) -> Summary {
 }
 
 /// A broken variant's runs of seeds `first..first + count`, in seed order, stopped once `need`
-/// of them are caught (`is_caught` judges a run): the seeds after could only be caught too.
+/// of them are caught (`is_caught` judges a run): the seeds after that could only add catches.
 /// Prints the seeds caught and the seeds run; returns the caught ones.
 fn catch(
     name: &str,
