@@ -162,6 +162,13 @@ def tail_file(path, lines=150):
         return f"(cannot read {path}: {e})"
 
 
+def proc_stat_fields(path):
+    """The fields of a /proc `stat` file after the command name (from the state on: field 3 of
+    proc(5) is index 0). The name, in parentheses, may hold spaces: the fields follow its last ')'."""
+    with open(path) as f:
+        return f.read().rsplit(")", 1)[1].split()
+
+
 def thread_states(pid):
     """The scheduler state of each thread of `pid` (/proc/PID/task/TID/stat): tid → one letter,
     'T' stopped."""
@@ -172,12 +179,9 @@ def thread_states(pid):
         return states
     for tid in tids:
         try:
-            with open(f"/proc/{pid}/task/{tid}/stat") as f:
-                stat = f.read()
+            states[int(tid)] = proc_stat_fields(f"/proc/{pid}/task/{tid}/stat")[0]
         except (FileNotFoundError, ProcessLookupError):
             continue  # the thread ended meanwhile
-        # The command name, in parentheses, may hold spaces: the state follows its last ')'.
-        states[int(tid)] = stat[stat.rindex(")") + 2]
     return states
 
 

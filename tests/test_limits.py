@@ -30,8 +30,7 @@ def rss_mib(pid):
 
 
 def cpu_seconds(pid):
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
+    fields = harness.proc_stat_fields(f"/proc/{pid}/stat")
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
