@@ -312,8 +312,9 @@ def test_kill9_everything_under_write_load(cluster, workdir, sizes):
 def test_lagging_element_is_failed_when_the_write_queue_fills(make_cluster, workdir):
     """A frozen element cannot hold the write queue hostage: once its
     entries would be overwritten, the host throttles briefly, declares it
-    failed and goes on with the other two."""
-    cluster = make_cluster(host_extra=["--write-queue", "40MiB"])
+    failed and goes on with the other two. The heartbeat timeout is made
+    longer than the test, so that only the full write queue can fail it."""
+    cluster = make_cluster(host_extra=["--write-queue", "40MiB", "--heartbeat-timeout", "10min"])
     uri = cluster.uri()
     far = cluster.elements["far"].process
     with LoadWriter(workdir, uri, REGION_BLOCKS, seed=19, max_blocks=16) as writer:
@@ -326,6 +327,8 @@ def test_lagging_element_is_failed_when_the_write_queue_fills(make_cluster, work
                 lambda s: cluster.element_state(s, "far") == "failed", 30, "far to be declared failed"
             )
             assert volume_status(status)["mode"] == "read-write", status
+            (far_status,) = [e for e in status["elements"] if e["name"] == "far"]
+            assert far_status.get("reason", "").startswith("too slow: volume vol0 write queue full"), far_status
         finally:
             far.resume()
         writer.wait_acks(200)

@@ -34,6 +34,9 @@ pub struct HostFile {
     /// How long an NBD client may stall inside a request or leave a reply untaken, e.g. "30s"
     /// (the default), "5s".
     pub nbd_stall_timeout: Option<String>,
+    /// How long an element may send nothing (no heartbeat answer, no reply) before the host
+    /// element fails it, e.g. "3s" (the default), "30s".
+    pub heartbeat_timeout: Option<String>,
     /// Start as a standby (see `starfish failover`).
     pub standby: Option<bool>,
     /// etcd endpoint for automatic failover, e.g. "http://127.0.0.1:2379".
@@ -205,6 +208,10 @@ impl HostFile {
         if let Some(s) = &self.scrub_rate {
             config.scrub_rate_bytes_per_s = parse_size(s).map_err(anyhow::Error::msg).context("scrub rate")?;
         }
+        if let Some(s) = &self.heartbeat_timeout {
+            let timeout = parse_duration_within(s, "heartbeat timeout", "3s or 30s", &HEARTBEAT_TIMEOUT_RANGE)?;
+            config.heartbeat_timeout_ms = timeout.as_millis() as u64;
+        }
         config.element_addresses = self.element.iter().map(|e| e.address.to_string()).collect();
         config.validate().map_err(anyhow::Error::msg)?;
         let cluster = self.cluster.unwrap_or_else(|| "starfish".into());
@@ -225,7 +232,7 @@ impl HostFile {
             None => starfish_core::catalog::LogPolicy::Group,
         };
         let nbd_stall_timeout = match &self.nbd_stall_timeout {
-            Some(s) => parse_nbd_stall_timeout(s)?,
+            Some(s) => parse_duration_within(s, "nbd stall timeout", "30s or 2min", &NBD_STALL_TIMEOUT_RANGE)?,
             None => NBD_STALL_TIMEOUT_DEFAULT,
         };
         let nbd_tls_verify_peer = self.nbd_tls_verify_peer.unwrap_or(false);
@@ -401,14 +408,29 @@ pub const NBD_STALL_TIMEOUT_DEFAULT: Duration = Duration::from_secs(30);
 /// waits for a disk.
 const NBD_STALL_TIMEOUT_RANGE: std::ops::RangeInclusive<Duration> = Duration::from_secs(1)..=Duration::from_secs(3600);
 
-/// `--nbd-stall-timeout`: a duration such as "30s" or "2min", within its range.
-fn parse_nbd_stall_timeout(s: &str) -> Result<Duration> {
-    let timeout = humantime::parse_duration(s.trim())
-        .with_context(|| format!("nbd stall timeout {s:?}: expected a duration such as 30s or 2min"))?;
-    if !NBD_STALL_TIMEOUT_RANGE.contains(&timeout) {
-        bail!("nbd stall timeout {s:?}: must be from 1s to 1h");
+/// The range `--heartbeat-timeout` takes: well above the heartbeat interval (100 ms), so a busy
+/// machine's hiccup fails no element; at most 10 min, so a hung element is failed within it
+/// even when nothing else notices (a full write queue fails it sooner, `Failure::TooSlow`).
+const HEARTBEAT_TIMEOUT_RANGE: std::ops::RangeInclusive<Duration> = Duration::from_secs(1)..=Duration::from_secs(600);
+
+/// A duration flag such as `--nbd-stall-timeout` ("30s", "2min"), within its range; `what` names
+/// it in errors, `examples` shows the syntax.
+fn parse_duration_within(
+    s: &str,
+    what: &str,
+    examples: &str,
+    range: &std::ops::RangeInclusive<Duration>,
+) -> Result<Duration> {
+    let value = humantime::parse_duration(s.trim())
+        .with_context(|| format!("{what} {s:?}: expected a duration such as {examples}"))?;
+    if !range.contains(&value) {
+        bail!(
+            "{what} {s:?}: must be from {} to {}",
+            humantime::format_duration(*range.start()),
+            humantime::format_duration(*range.end())
+        );
     }
-    Ok(timeout)
+    Ok(value)
 }
 
 /// A volume name as a URL query value: unreserved characters as they are, the rest `%XX`.
@@ -599,5 +621,35 @@ mod tests {
         }
         let message = timeout(Some("soon")).expect_err("not a duration").to_string();
         assert!(message.contains("expected a duration"), "{message}");
+    }
+
+    #[test]
+    fn the_heartbeat_timeout_is_taken_within_its_range_and_refused_outside_it() {
+        let timeout = |t: Option<&str>| {
+            HostFile {
+                nbd: Some("127.0.0.1:1".parse().expect("valid")),
+                admin: Some("127.0.0.1:2".parse().expect("valid")),
+                element: vec![parse_element("a=127.0.0.1:3").expect("valid")],
+                volume: vec![parse_volume("v:1MiB").expect("valid")],
+                heartbeat_timeout: t.map(String::from),
+                ..HostFile::default()
+            }
+            .into_options()
+            .map(|o| o.config.heartbeat_timeout_ms)
+        };
+        assert_eq!(timeout(None).expect("valid"), starfish_core::limits::HEARTBEAT_TIMEOUT_MS_DEFAULT);
+        assert_eq!(timeout(Some("30s")).expect("valid"), 30_000);
+        assert_eq!(timeout(Some("1s")).expect("valid"), 1_000);
+        assert_eq!(timeout(Some("1500ms")).expect("valid"), 1_500);
+        assert_eq!(timeout(Some("10min")).expect("valid"), 600_000);
+        for bad in ["500ms", "11min", "0s"] {
+            let message = timeout(Some(bad)).expect_err(bad).to_string();
+            assert!(
+                message.contains("heartbeat timeout") && message.contains("must be from 1s to 10m"),
+                "{bad}: {message}"
+            );
+        }
+        let message = timeout(Some("never")).expect_err("not a duration").to_string();
+        assert!(message.contains("expected a duration such as 3s"), "{message}");
     }
 }

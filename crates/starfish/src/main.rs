@@ -191,6 +191,11 @@ struct HostArgs {
     /// 30s).
     #[arg(long)]
     nbd_stall_timeout: Option<String>,
+    /// How long an element may send nothing (no answer to the 100 ms heartbeats, no reply)
+    /// before it is failed: 1s to 10min (default 3s). A lagging element is failed sooner when
+    /// it fills the write queue.
+    #[arg(long)]
+    heartbeat_timeout: Option<String>,
     /// Start as a standby: connect to nothing and serve nothing until `starfish failover`
     /// (or, with --etcd, until elected and the elements lost the active host element).
     #[arg(long)]
@@ -660,6 +665,9 @@ fn host_options(args: HostArgs) -> Result<HostOptions> {
     }
     if args.nbd_stall_timeout.is_some() {
         file.nbd_stall_timeout = args.nbd_stall_timeout;
+    }
+    if args.heartbeat_timeout.is_some() {
+        file.heartbeat_timeout = args.heartbeat_timeout;
     }
     if args.standby {
         file.standby = Some(true);
