@@ -13,6 +13,7 @@ Environment:
                                 report shows only their tails
 """
 
+import hashlib
 import os
 import shutil
 import signal
@@ -41,18 +42,37 @@ TEST_COMMAND_OUTPUT = ("target/", "fuzz/target/")
 
 
 def repository_changes():
-    """The repository's new and ignored paths outside the test command's output, as `git status`
-    lists them; None outside a git checkout."""
+    """The repository's new, ignored and changed paths outside the test command's output, as `git
+    status` lists them, each changed tracked file with its content's hash (so that a file already
+    edited before the run still counts when a test rewrites it); None outside a git checkout."""
     try:
-        status = subprocess.run(["git", "-C", REPO, "status", "--porcelain", "--ignored", "--untracked-files=all"],
-                                capture_output=True, text=True, timeout=60)
+        status = subprocess.run(["git", "-C", REPO, "status", "--porcelain", "--ignored", "--untracked-files=all",
+                                 "--no-renames"], capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired):
         return None
     if status.returncode != 0:
         return None
-    # New and ignored paths only: a tracked file edited while the tests run is a developer's.
-    return {line for line in status.stdout.splitlines()
-            if line[:2] in ("??", "!!") and not line[3:].startswith(TEST_COMMAND_OUTPUT) and "__pycache__/" not in line}
+    changes = set()
+    for line in status.stdout.splitlines():
+        path = line[3:]
+        if path.startswith(TEST_COMMAND_OUTPUT) or "__pycache__/" in path:
+            continue
+        if line[:2] not in ("??", "!!"):
+            changes.add(f"{line} {file_hash(os.path.join(REPO, path))}")
+        else:
+            changes.add(line)
+    return changes
+
+
+def file_hash(path):
+    """A changed tracked file's content as a short hash, or what stands in its place."""
+    try:
+        with open(path, "rb") as f:
+            return hashlib.sha256(f.read()).hexdigest()[:16]
+    except FileNotFoundError:
+        return "(deleted)"
+    except IsADirectoryError:
+        return "(directory)"
 
 
 def pytest_sessionstart(session):
@@ -63,7 +83,8 @@ def pytest_sessionstart(session):
 
 def pytest_sessionfinish(session, exitstatus):
     """A test must write in its own directory: one that leaves a file in the repository (fio
-    saved its verify state in the working directory once) fails the run, naming it."""
+    saved its verify state in the working directory once), or changes a tracked one, fails the
+    run, naming it."""
     before = getattr(session.config, "_starfish_repository_before", None)
     if before is None:
         return
@@ -72,7 +93,7 @@ def pytest_sessionfinish(session, exitstatus):
         return
     left = sorted(after - before)
     if left:
-        print("\nthe tests left these in the repository (`git status --porcelain --ignored`):")
+        print("\nthe tests left or changed these in the repository (`git status --porcelain --ignored`):")
         for line in left:
             print(f"  {line}")
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
