@@ -17,11 +17,17 @@ import harness
 from harness import Client, element_of, random_bytes
 
 
+# The tests that stop elements run the host element with a heartbeat timeout far past the time
+# they stay stopped (3 s by default), so that a busy machine's delays cannot fail a stopped
+# element, turn the volume read-only and change what a write waits for.
+PATIENT = ["--heartbeat-timeout", "30s"]
+
+
 def connected(uri):
     """A libnbd handle connected to `uri`. Connect before stopping elements: the host element
-    fails an element it has not heard from for 3 s, and a connection made after the stop, on a
-    busy machine, took long enough that the write the test then sent was refused instead (the
-    volume had become read-only)."""
+    fails an element it has not heard from for its heartbeat timeout, and a connection made after
+    the stop, on a busy machine, took long enough (with the default 3 s) that the write the test
+    then sent was refused instead (the volume had become read-only)."""
     h = nbd.NBD()
     h.connect_uri(uri)
     return h
@@ -55,7 +61,7 @@ def resume(cluster, *names):
 
 @pytest.mark.time_limit(120)
 def test_network_sync_counts_on_the_wire_and_local_sync_never(make_cluster):
-    cluster = make_cluster(volumes=(("vol0", "64MiB"),), ack={"far": "network-sync"}, use_config=True)
+    cluster = make_cluster(volumes=(("vol0", "64MiB"),), ack={"far": "network-sync"}, use_config=True, host_extra=PATIENT)
     status = cluster.status()
     assert {e["name"]: e["ack_policy"] for e in status["elements"]} == \
         {"local": "durable", "near": "durable", "far": "network-sync"}
@@ -83,7 +89,7 @@ def test_network_sync_counts_on_the_wire_and_local_sync_never(make_cluster):
 
 @pytest.mark.time_limit(120)
 def test_local_sync_does_not_count_and_received_does(make_cluster):
-    cluster = make_cluster(volumes=(("vol0", "64MiB"),), ack={"near": "received", "far": "local-sync"})
+    cluster = make_cluster(volumes=(("vol0", "64MiB"),), ack={"near": "received", "far": "local-sync"}, host_extra=PATIENT)
     data = random_bytes(64 * 1024, 2)
     # near stopped: local (durable) and far (local-sync, never counted) are not a quorum.
     h = connected(cluster.uri())
@@ -145,7 +151,7 @@ def test_a_weak_write_a_start_did_without_stays_out_after_its_holder_returns(mak
     # reaches no other element. A start without local does without it, as the weaker promise
     # allows, and reads the older data. A later start with local back must not bring the write
     # back: that start's beginning record is newer than local's longer history.
-    cluster = make_cluster(volumes=(("vol0", "64MiB"),), ack={"far": "network-sync"})
+    cluster = make_cluster(volumes=(("vol0", "64MiB"),), ack={"far": "network-sync"}, host_extra=PATIENT)
     older, weak = random_bytes(4096, 71), random_bytes(4096, 72)
     with Client(cluster.uri()) as c:
         c.pwrite(older, 0)
