@@ -21,6 +21,7 @@ packages=(
     python3-prometheus-client
     python3-websocket
     python3-pyfuse3
+    python3-crcmod
     chromium
     systemd
     adduser

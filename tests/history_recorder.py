@@ -22,6 +22,8 @@ import struct
 import threading
 import time
 
+import crcmod._crcfunext  # noqa: F401 (crcmod's C code: missing, it would fall back to slow Python)
+import crcmod.predefined
 import nbd
 
 SECTOR = 512
@@ -33,25 +35,10 @@ _MAGIC = 0x5346_5345
 # Self-describing sectors (byte for byte crates/sim/src/sector.rs)
 
 
-def _crc32c_table():
-    table = []
-    for n in range(256):
-        c = n
-        for _ in range(8):
-            c = (c >> 1) ^ 0x82F63B78 if c & 1 else c >> 1
-        table.append(c)
-    return table
-
-
-_CRC32C = _crc32c_table()
-
-
-def crc32c(data, crc=0):
-    crc ^= 0xFFFFFFFF
-    table = _CRC32C
-    for b in data:
-        crc = table[(crc ^ b) & 0xFF] ^ (crc >> 8)
-    return crc ^ 0xFFFFFFFF
+# CRC-32C in C (Debian's python3-crcmod, with its extension module): the pure-Python loop this
+# replaced cost the fault-history test about 4 s of CPU more (12.4 against 8.0 s of user time
+# for the whole test). `crc32c(data, crc)` goes on from `crc`.
+crc32c = crcmod.predefined.mkPredefinedCrcFun("crc-32c")
 
 
 _GAMMA = 0x9E3779B97F4A7C15
