@@ -164,8 +164,11 @@ impl Lender {
         Ok(())
     }
 
-    /// Let go of the pieces the peer has read.
-    fn release(&mut self) -> io::Result<()> {
+    /// Let go of the pieces the peer has read: before each lend, and before each write of
+    /// copied bytes ([`crate::outgoing::Outgoing::write_to`]; a heartbeat goes out every
+    /// 100 ms), so that pieces lent in a burst are not held while nothing large follows. One
+    /// system call, only while some piece is held.
+    pub fn release(&mut self) -> io::Result<()> {
         if self.held.is_empty() {
             return Ok(());
         }
@@ -371,6 +374,28 @@ mod tests {
         }
         assert_eq!(read, total);
         assert_eq!(unread_bytes(lender.room.spare()).unwrap(), 0);
+    }
+
+    /// Pieces lent in a burst are let go once read, at the next write of copied bytes (a
+    /// heartbeat, a small write), without waiting for another lend.
+    #[tokio::test]
+    async fn a_write_of_copied_bytes_lets_go_of_the_lent_pieces_read() {
+        let (mut ours, mut lender, mut peer) = pair();
+        let freed = lend_and_let_go(&mut lender, 200 << 10, 6).await;
+        let mut received = vec![0u8; 200 << 10];
+        peer.read_exact(&mut received).await.unwrap();
+        assert!(!freed.load(Ordering::SeqCst), "held until the lender looks");
+        let mut queue = Outgoing::new();
+        queue.push(&Bytes::from_static(b"ping"));
+        queue.write_to(&mut ours, Some(&mut lender)).await.unwrap();
+        assert!(freed.load(Ordering::SeqCst), "read, the piece is let go at the next small write");
+        assert_eq!(lender.held(), 0);
+        // A piece not yet read stays held through such a write.
+        let unread = lend_and_let_go(&mut lender, 200 << 10, 7).await;
+        queue.push(&Bytes::from_static(b"pong"));
+        queue.write_to(&mut ours, Some(&mut lender)).await.unwrap();
+        assert!(!unread.load(Ordering::SeqCst), "unread, the piece is kept");
+        assert_eq!(lender.held(), 1);
     }
 
     #[tokio::test]

@@ -96,6 +96,11 @@ impl Outgoing {
                 lender.lend(&self.pieces).await?;
             }
             mut lender => {
+                // Before the write: the socket then counts only what the peer has not read of
+                // earlier messages (a message just written is counted at more than its length).
+                if let Some(lender) = lender.as_deref_mut() {
+                    lender.release()?;
+                }
                 let mut slices: Vec<IoSlice<'_>> = self.pieces.iter().map(|piece| IoSlice::new(piece)).collect();
                 let mut left = &mut slices[..];
                 while !left.is_empty() {
