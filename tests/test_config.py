@@ -77,6 +77,8 @@ def test_bad_configuration_is_refused(make_cluster, workdir):
     host_refuses(workdir, good + '\n[[volume]]\nname = "vol0"\nsize = "1MiB"\n')  # duplicate volume
     host_refuses(workdir, good.replace('nbd = "', 'nbd = "not-an-address'))
     host_refuses(workdir, "this is [not toml")
+    message = host_refuses(workdir, 'heartbeat_timeout = "100ms"\n' + good)
+    assert 'heartbeat timeout "100ms": must be from 1s to 10m' in message, message
     # Two names for one address: one copy would count twice toward the quorum.
     local = cluster.elements["local"].address
     message = host_refuses(workdir, good + f'\n[[element]]\nname = "twin"\naddress = "{local}"\n')
