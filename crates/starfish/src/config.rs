@@ -600,17 +600,24 @@ mod tests {
         assert!(toml::from_str::<HostFile>("quorom = 2").is_err(), "typos are rejected");
     }
 
-    #[test]
-    fn the_nbd_stall_timeout_is_taken_within_its_range_and_refused_outside_it() {
-        let base = |timeout: Option<&str>| HostFile {
+    /// The smallest valid host element file: one element, one volume.
+    fn minimal_host_file() -> HostFile {
+        HostFile {
             nbd: Some("127.0.0.1:1".parse().expect("valid")),
             admin: Some("127.0.0.1:2".parse().expect("valid")),
             element: vec![parse_element("a=127.0.0.1:3").expect("valid")],
             volume: vec![parse_volume("v:1MiB").expect("valid")],
-            nbd_stall_timeout: timeout.map(String::from),
             ..HostFile::default()
+        }
+    }
+
+    #[test]
+    fn the_nbd_stall_timeout_is_taken_within_its_range_and_refused_outside_it() {
+        let timeout = |t: Option<&str>| {
+            HostFile { nbd_stall_timeout: t.map(String::from), ..minimal_host_file() }
+                .into_options()
+                .map(|o| o.nbd_stall_timeout)
         };
-        let timeout = |t: Option<&str>| base(t).into_options().map(|o| o.nbd_stall_timeout);
         assert_eq!(timeout(None).expect("valid"), NBD_STALL_TIMEOUT_DEFAULT);
         assert_eq!(timeout(Some("5s")).expect("valid"), Duration::from_secs(5));
         assert_eq!(timeout(Some("1s")).expect("valid"), Duration::from_secs(1));
@@ -626,16 +633,9 @@ mod tests {
     #[test]
     fn the_heartbeat_timeout_is_taken_within_its_range_and_refused_outside_it() {
         let timeout = |t: Option<&str>| {
-            HostFile {
-                nbd: Some("127.0.0.1:1".parse().expect("valid")),
-                admin: Some("127.0.0.1:2".parse().expect("valid")),
-                element: vec![parse_element("a=127.0.0.1:3").expect("valid")],
-                volume: vec![parse_volume("v:1MiB").expect("valid")],
-                heartbeat_timeout: t.map(String::from),
-                ..HostFile::default()
-            }
-            .into_options()
-            .map(|o| o.config.heartbeat_timeout_ms)
+            HostFile { heartbeat_timeout: t.map(String::from), ..minimal_host_file() }
+                .into_options()
+                .map(|o| o.config.heartbeat_timeout_ms)
         };
         assert_eq!(timeout(None).expect("valid"), starfish_core::limits::HEARTBEAT_TIMEOUT_MS_DEFAULT);
         assert_eq!(timeout(Some("30s")).expect("valid"), 30_000);
