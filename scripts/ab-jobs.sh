@@ -11,7 +11,8 @@
 # A_SFE / B_SFE run the elements of that build with another binary (default: the build's own),
 # to compare host elements only. A "binary" may be a wrapper script that sets an environment
 # variable and `exec`s starfish (its PID stays the process's).
-# A job is "RW BS QD" (fio's --rw, --bs, --iodepth). DATA=/var/tmp puts the elements on the disk
+# A job is "RW BS QD" (fio's --rw, --bs, --iodepth; a BS with a '/' is fio's --bssplit, e.g.
+# "randwrite 4k/90:1m/10 16": 90 % of the writes 4 KiB, 10 % 1 MiB). DATA=/var/tmp puts the elements on the disk
 # (durable). Build A from another commit with
 #   git worktree add /tmp/a COMMIT && (cd /tmp/a && CARGO_TARGET_DIR=/tmp/a-target cargo build --release -p starfish)
 # The machine is shared and noisy: compare within one run, and look at every round, not one.
@@ -27,7 +28,12 @@ DIR=$(mktemp -d "$DATA/starfish-ab-jobs.XXXXXX")
 source scripts/lib/cluster.sh
 trap cleanup EXIT
 job() { # rw bs qd: prints "IOPS mean-µs p99-µs MB/s ios"
-    fio --name=ab --ioengine=nbd --uri="nbd://127.0.0.1:$BASE/vol0" --rw="$1" --bs="$2" --iodepth="$3" \
+    local sizes=("--bs=$2")
+    # A mix of sizes, fio's bssplit syntax: "4k/90:1m/10" is 90 % 4 KiB, 10 % 1 MiB of the
+    # writes. With fio's random map on, that mix's average write was 10-16 KB here, not the 108
+    # it implies (fio shortened the large ones); with --norandommap, 104 KB.
+    if [[ "$2" == */* ]]; then sizes=("--bssplit=$2" --norandommap); fi
+    fio --name=ab --ioengine=nbd --uri="nbd://127.0.0.1:$BASE/vol0" --rw="$1" "${sizes[@]}" --iodepth="$3" \
         --size=1g --time_based --runtime="$RUNTIME" --output-format=json 2>/dev/null |
         python3 -c "
 import json, sys
