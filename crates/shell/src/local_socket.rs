@@ -321,8 +321,16 @@ mod tests {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     /// The events the kernel's readiness lists of this process watch descriptor `fd` for (from
-    /// `/proc/self/fdinfo` of every epoll descriptor), or `None` if none watches it.
+    /// `/proc/self/fdinfo` of every epoll descriptor), or `None` if none watches it. An entry
+    /// counts only if both its descriptor number and its file's inode are `fd`'s: other tests
+    /// run beside this one in the same process, and a number closed and opened again by one of
+    /// them must not be taken for ours.
     fn watched_for(fd: RawFd) -> Option<u32> {
+        // SAFETY: all-zero bytes are a valid `stat`; `fstat` only writes into it.
+        let mut stat: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: a plain system call on a descriptor the caller holds open.
+        assert_eq!(unsafe { libc::fstat(fd, &mut stat) }, 0, "fstat of an open descriptor");
+        let inode = format!("ino:{:x}", stat.st_ino);
         for entry in std::fs::read_dir("/proc/self/fd").unwrap().flatten() {
             let Ok(target) = std::fs::read_link(entry.path()) else { continue };
             if target.to_string_lossy() != "anon_inode:[eventpoll]" {
@@ -330,9 +338,14 @@ mod tests {
             }
             let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{}", entry.file_name().to_string_lossy()));
             for line in info.unwrap_or_default().lines() {
-                // "tfd:        7 events: 80002001 data: ..."
+                // "tfd:        7 events: 80002001 data: ... pos:0 ino:7524e sdev:9"
                 let fields: Vec<&str> = line.split_whitespace().collect();
-                if fields.len() >= 4 && fields[0] == "tfd:" && fields[1] == fd.to_string() && fields[2] == "events:" {
+                if fields.len() >= 4
+                    && fields[0] == "tfd:"
+                    && fields[1] == fd.to_string()
+                    && fields[2] == "events:"
+                    && fields.contains(&inode.as_str())
+                {
                     return Some(u32::from_str_radix(fields[3], 16).unwrap());
                 }
             }
