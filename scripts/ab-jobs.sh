@@ -12,8 +12,8 @@
 # to compare host elements only. A "binary" may be a wrapper script that sets an environment
 # variable and `exec`s starfish (its PID stays the process's).
 # A job is "RW BS QD" (fio's --rw, --bs, --iodepth; a BS with a '/' is fio's --bssplit, e.g.
-# "randwrite 4k/90:1m/10 16": 90 % of the writes 4 KiB, 10 % 1 MiB). DATA=/var/tmp puts the elements on the disk
-# (durable). Build A from another commit with
+# "randwrite 4k/90:1m/10 16": 90 % of the writes 4 KiB, 10 % 1 MiB). DATA=/var/tmp puts the
+# elements on the disk (durable). Build A from another commit with
 #   git worktree add /tmp/a COMMIT && (cd /tmp/a && CARGO_TARGET_DIR=/tmp/a-target cargo build --release -p starfish)
 # The machine is shared and noisy: compare within one run, and look at every round, not one.
 set -euo pipefail

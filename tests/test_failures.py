@@ -327,7 +327,7 @@ def test_lagging_element_is_failed_when_the_write_queue_fills(make_cluster, work
                 lambda s: cluster.element_state(s, "far") == "failed", 30, "far to be declared failed"
             )
             assert volume_status(status)["mode"] == "read-write", status
-            (far_status,) = [e for e in status["elements"] if e["name"] == "far"]
+            far_status = harness.element_of(status, "far")
             assert far_status.get("reason", "").startswith("too slow: volume vol0 write queue full"), far_status
         finally:
             far.resume()
