@@ -38,7 +38,7 @@ pub use copy::CopyState;
 pub use snapshot::SnapshotInfo;
 
 const LOCK_FILE: &str = "lock";
-const VOLUMES_DIR: &str = "volumes";
+pub(crate) const VOLUMES_DIR: &str = "volumes";
 
 fn data_path(dir: &Path, number: u32) -> PathBuf {
     dir.join(VOLUMES_DIR).join(format!("{number}.data"))
@@ -290,8 +290,13 @@ impl Store {
             rename_to_segment(dir, *id, &segment.path)?;
             segment.path = log::segment_path(dir, *id);
         }
-        let reads = sys::non_blocking_reads(dir);
-        let in_memory = matches!(reads, Ok(sys::NonBlockingReads::Always));
+        // What reads and commits may do without waiting for a disk is decided by the file
+        // systems of the data files and of the log, each at its own directory (either may be a
+        // mount of its own): in memory only if both are.
+        let reads = sys::non_blocking_reads(&dir.join(VOLUMES_DIR));
+        let log_in_memory =
+            matches!(sys::non_blocking_reads(&dir.join(log::LOG_DIR)), Ok(sys::NonBlockingReads::Always));
+        let in_memory = matches!(reads, Ok(sys::NonBlockingReads::Always)) && log_in_memory;
         let mut log_epoch = Epoch(0);
         let mut live_end = 0;
         let mut deleted_snapshots = Vec::new();
@@ -455,6 +460,7 @@ impl Store {
         if !in_memory {
             writer.grow_step_bytes = options.log_grow_step();
         }
+        writer.in_memory = log_in_memory;
         let committer = Arc::new(Mutex::new(Committer { log: writer, dirty, unflushed, spare_requested: false }));
         let reclaimer = {
             let (reclaim, committer, volumes, shared) =
@@ -514,6 +520,12 @@ impl Store {
     /// I/O (the element's actor) may run it itself instead of handing it to a thread.
     pub fn in_memory(&self) -> bool {
         self.in_memory
+    }
+
+    /// The log's own file system holds everything in memory, so commits do not sync it
+    /// ([`crate::log::LogWriter::in_memory`]).
+    pub(crate) fn log_in_memory(&self) -> bool {
+        lock(&self.committer).log.in_memory
     }
 
     /// The most bytes of a data file one write of an apply covers (see [`write_window_bytes`]).

@@ -2013,6 +2013,8 @@ fn reads_that_may_not_wait_return_what_memory_holds_and_nothing_else() {
         let store = Store::open(&dir.0, StoreOptions::default()).expect("open");
         // Commits may run where nothing may block only where reads may too: in memory.
         assert_eq!(store.in_memory(), reads == crate::sys::NonBlockingReads::Always, "{reads:?}");
+        // The log is synced unless its own file system is in memory.
+        assert_eq!(store.log_in_memory(), reads == crate::sys::NonBlockingReads::Always, "{reads:?}");
         let volume = store.ensure_volume("vol", 1 << 20).expect("create");
         let op = write_op(4096 + 512, 16384, 3);
         store.commit(&[(volume, record(1, op))]).expect("commit");
@@ -2061,5 +2063,45 @@ fn reads_that_may_not_wait_return_what_memory_holds_and_nothing_else() {
             .expect("damage");
         let error = store.try_read_checked(volume, 4096, 20480).expect_err("rot is found");
         assert!(matches!(error, StoreError::BlockChecksum { block: 2, .. }), "{error}");
+    }
+}
+
+/// The volumes' and the log's directories may each be on another file system than the store
+/// (a mount; here a link): the log is synced unless its own file system is in memory, and the
+/// store counts as in memory (commits on the caller, placed data not synced) only if both are.
+#[test]
+fn the_log_is_synced_unless_its_own_file_system_is_in_memory() {
+    let disk = std::env::temp_dir();
+    let memory = PathBuf::from("/dev/shm");
+    let in_memory =
+        |place: &Path| crate::sys::non_blocking_reads(place).expect("statfs") == crate::sys::NonBlockingReads::Always;
+    if !memory.is_dir() || !in_memory(&memory) || in_memory(&disk) {
+        eprintln!("skipped: needs /dev/shm in memory and {} on a disk", disk.display());
+        return;
+    }
+    // (the store's directory, the place its subdirectory `linked` is linked to)
+    let layouts = [
+        (&memory, crate::log::LOG_DIR, &disk),
+        (&disk, crate::log::LOG_DIR, &memory),
+        (&memory, crate::store::VOLUMES_DIR, &disk),
+    ];
+    for (store_place, linked, link_place) in layouts {
+        let mut dir = TempDir::new("subdirectory-elsewhere");
+        dir.0 = store_place.join(dir.0.file_name().expect("a name"));
+        let mut target = TempDir::new("subdirectory-target");
+        target.0 = link_place.join(target.0.file_name().expect("a name"));
+        fs::create_dir_all(&dir.0).expect("store directory");
+        fs::create_dir_all(&target.0).expect("linked directory");
+        std::os::unix::fs::symlink(&target.0, dir.0.join(linked)).expect("link");
+        let store = Store::open(&dir.0, StoreOptions::default()).expect("open");
+        let log_in_memory = if linked == crate::log::LOG_DIR { in_memory(link_place) } else { in_memory(store_place) };
+        let volumes_in_memory =
+            if linked == crate::store::VOLUMES_DIR { in_memory(link_place) } else { in_memory(store_place) };
+        let layout = format!("store in {}, {linked} in {}", store_place.display(), link_place.display());
+        assert_eq!(store.log_in_memory(), log_in_memory, "{layout}");
+        assert_eq!(store.in_memory(), log_in_memory && volumes_in_memory, "{layout}");
+        let volume = store.ensure_volume("vol", 1 << 20).expect("create");
+        store.commit(&[(volume, record(1, write_op(0, 4096, 5)))]).expect("commit");
+        assert_eq!(store.read_checked(volume, 0, 4096).expect("read").1.data, pattern(5, 4096), "{layout}");
     }
 }
