@@ -524,6 +524,7 @@ impl Store {
 
     /// The log's own file system holds everything in memory, so commits do not sync it
     /// ([`crate::log::LogWriter::in_memory`]).
+    #[cfg(test)]
     pub(crate) fn log_in_memory(&self) -> bool {
         lock(&self.committer).log.in_memory
     }
