@@ -61,7 +61,8 @@ def resume(cluster, *names):
 
 @pytest.mark.time_limit(120)
 def test_network_sync_counts_on_the_wire_and_local_sync_never(make_cluster):
-    cluster = make_cluster(volumes=(("vol0", "64MiB"),), ack={"far": "network-sync"}, use_config=True, host_extra=PATIENT)
+    cluster = make_cluster(
+        volumes=(("vol0", "64MiB"),), ack={"far": "network-sync"}, use_config=True, host_extra=PATIENT)
     status = cluster.status()
     assert {e["name"]: e["ack_policy"] for e in status["elements"]} == \
         {"local": "durable", "near": "durable", "far": "network-sync"}
@@ -89,7 +90,8 @@ def test_network_sync_counts_on_the_wire_and_local_sync_never(make_cluster):
 
 @pytest.mark.time_limit(120)
 def test_local_sync_does_not_count_and_received_does(make_cluster):
-    cluster = make_cluster(volumes=(("vol0", "64MiB"),), ack={"near": "received", "far": "local-sync"}, host_extra=PATIENT)
+    cluster = make_cluster(
+        volumes=(("vol0", "64MiB"),), ack={"near": "received", "far": "local-sync"}, host_extra=PATIENT)
     data = random_bytes(64 * 1024, 2)
     # near stopped: local (durable) and far (local-sync, never counted) are not a quorum.
     h = connected(cluster.uri())

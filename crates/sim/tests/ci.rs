@@ -61,10 +61,22 @@ fn catch(
     is_caught: impl Fn(&RunReport) -> bool + Sync,
 ) -> Vec<u64> {
     let reports = run_until(o, first, count, 2, |rs| rs.iter().filter(|r| is_caught(r)).count() >= need);
+    caught_seeds(name, (first, count), &reports, is_caught, "")
+}
+
+/// The seeds of `reports` (runs from `first`, `count` at most) that `is_caught` says were
+/// caught, printed with the variant's `name` and `more` to say.
+fn caught_seeds(
+    name: &str,
+    (first, count): (u64, u64),
+    reports: &[RunReport],
+    is_caught: impl Fn(&RunReport) -> bool,
+    more: &str,
+) -> Vec<u64> {
     let caught: Vec<u64> = reports.iter().filter(|r| is_caught(r)).map(|r| r.seed).collect();
     let end = first + reports.len() as u64;
     eprintln!(
-        "--broken {name}: caught seeds {caught:?} of {first}..{end} (enough by then, or {first}..{})",
+        "--broken {name}: caught seeds {caught:?} of {first}..{end} (enough by then, or {first}..{}){more}",
         first + count
     );
     caught
@@ -583,12 +595,9 @@ fn a_volume_that_joins_a_group_shares_its_order_and_one_split_off_is_caught() {
     let reports = run_until(&o, 17000, 40, 2, |rs| {
         rs.iter().filter(|r| any_violation(r)).count() >= 12 && rs.iter().filter(order).count() >= 3
     });
-    let caught: Vec<u64> = reports.iter().filter(|r| any_violation(r)).map(|r| r.seed).collect();
     let by_order: Vec<u64> = reports.iter().filter(order).map(|r| r.seed).collect();
-    let end = 17000 + reports.len();
-    eprintln!(
-        "--broken join-split: caught seeds {caught:?} of 17000..{end} (enough by then, or 17000..17040), by the group checker {by_order:?}"
-    );
+    let more = format!(", by the group checker {by_order:?}");
+    let caught = caught_seeds("join-split", (17000, 40), &reports, any_violation, &more);
     // The others by the catalog's checker: the split-off storage volume is an orphan.
     assert!(caught.len() >= 12, "a joined volume outside the group's order must be caught, got {caught:?}");
     assert!(by_order.len() >= 3, "the group checker must see it, got {by_order:?}");
@@ -646,11 +655,8 @@ fn forgetting_that_a_copy_began_is_caught() {
     o.swarm = true;
     o.broken = Broken::ForgetCopyState;
     let reports = run_until(&o, 1000, 100, 2, |rs| rs.iter().any(any_violation));
-    let caught: Vec<u64> = reports.iter().filter(|r| any_violation(r)).map(|r| r.seed).collect();
     let interrupted: u64 = reports.iter().map(|r| r.copies_interrupted).sum();
-    let end = 1000 + reports.len();
-    eprintln!(
-        "--broken forget-copy-state: {interrupted} copies interrupted, caught seeds {caught:?} of 1000..{end} (enough by then, or 1000..1100)"
-    );
+    let more = format!(", {interrupted} copies interrupted");
+    let caught = caught_seeds("forget-copy-state", (1000, 100), &reports, any_violation, &more);
     assert!(!caught.is_empty(), "an element that forgets its copy state must be caught");
 }
