@@ -1016,9 +1016,9 @@ impl LogWriter {
     }
 
     /// Write `records` as batches and make them durable: one vectored write and one
-    /// `fdatasync` (none for a log in memory) unless the records exceed one batch. Returns each record's `(offset, frame
-    /// bytes)` in the segment. On error the segment's tail past `position` is undefined and the
-    /// writer must not be used again.
+    /// `fdatasync` (none for a log in memory) unless the records exceed one batch. Returns each
+    /// record's `(offset, frame bytes)` in the segment. On error the segment's tail past
+    /// `position` is undefined and the writer must not be used again.
     pub fn append(&mut self, records: &[LogRecord]) -> Result<Vec<(u64, u32)>, StoreError> {
         let mut positions = Vec::with_capacity(records.len());
         let mut next = 0;
