@@ -109,6 +109,11 @@ pub struct Summary {
     pub epoch_raises: u64,
     pub recoveries: BTreeMap<String, u64>,
     pub elements_needing_recovery: u64,
+    /// Runs that ended with no element in sync, every volume unavailable after the faults
+    /// healed (each element failed for a recovery the core does not implement).
+    pub runs_without_in_sync_at_end: u64,
+    /// The first few of those runs' seeds, to replay.
+    pub runs_without_in_sync_seeds: Vec<u64>,
     pub torn_records: u64,
     pub unsynced_records_lost: u64,
     /// Full-recovery copies that stopped part-way (failed, or cut by a crash).
@@ -160,6 +165,12 @@ impl Summary {
         self.host_restarts += r.host_restarts;
         self.epoch_raises += r.epoch_raises;
         self.elements_needing_recovery += r.elements_needing_recovery;
+        if r.elements_in_sync_at_end == 0 {
+            self.runs_without_in_sync_at_end += 1;
+            if self.runs_without_in_sync_seeds.len() < 8 {
+                self.runs_without_in_sync_seeds.push(r.seed);
+            }
+        }
         self.torn_records += r.torn_records;
         self.copies_interrupted += r.copies_interrupted;
         self.unsynced_records_lost += r.unsynced_records_lost;
@@ -229,6 +240,13 @@ impl Summary {
             self.records_applied_behind_another_volume
         );
         let _ = writeln!(s, "elements ended failed needing replay/full recovery: {}", self.elements_needing_recovery);
+        let _ = writeln!(
+            s,
+            "runs that ended with no element in sync: {} (seeds {:?}{})",
+            self.runs_without_in_sync_at_end,
+            self.runs_without_in_sync_seeds,
+            if self.runs_without_in_sync_at_end > self.runs_without_in_sync_seeds.len() as u64 { ", …" } else { "" }
+        );
         if self.scrubs_done > 0 {
             let _ = writeln!(
                 s,
@@ -296,8 +314,8 @@ impl Summary {
         s.push_str("},");
         let _ = write!(
             s,
-            "\"requests\":{},\"writes_acked\":{},\"reads_checked\":{},\"host_element_starts\":{},\"elements_needing_recovery\":{},\"unsynced_records_lost\":{},\"torn_records\":{},\"copies_interrupted\":{},\"records_applied_behind_another_volume\":{},\"simulated_seconds\":{:.3},\"events\":{},\"past_deadline_ms_max\":{},\"group_states_checked\":{},\"volumes_created\":{},\"volumes_deleted\":{},\"volumes_resized\":{},\"volumes_shrunk\":{},\"snapshots_taken\":{},\"snapshots_deleted\":{},\"snapshot_reads_checked\":{},",
-            self.requests, self.writes_acked, self.reads_checked, self.host_starts, self.elements_needing_recovery, self.unsynced_records_lost, self.torn_records, self.copies_interrupted, self.records_applied_behind_another_volume, self.sim_ms as f64 / 1000.0, self.events, self.past_deadline_ms_max, self.group_states_checked, self.volumes_created, self.volumes_deleted, self.volumes_resized, self.volumes_shrunk, self.snapshots_taken, self.snapshots_deleted, self.snapshot_reads_checked
+            "\"requests\":{},\"writes_acked\":{},\"reads_checked\":{},\"host_element_starts\":{},\"elements_needing_recovery\":{},\"runs_without_in_sync_at_end\":{},\"unsynced_records_lost\":{},\"torn_records\":{},\"copies_interrupted\":{},\"records_applied_behind_another_volume\":{},\"simulated_seconds\":{:.3},\"events\":{},\"past_deadline_ms_max\":{},\"group_states_checked\":{},\"volumes_created\":{},\"volumes_deleted\":{},\"volumes_resized\":{},\"volumes_shrunk\":{},\"snapshots_taken\":{},\"snapshots_deleted\":{},\"snapshot_reads_checked\":{},",
+            self.requests, self.writes_acked, self.reads_checked, self.host_starts, self.elements_needing_recovery, self.runs_without_in_sync_at_end, self.unsynced_records_lost, self.torn_records, self.copies_interrupted, self.records_applied_behind_another_volume, self.sim_ms as f64 / 1000.0, self.events, self.past_deadline_ms_max, self.group_states_checked, self.volumes_created, self.volumes_deleted, self.volumes_resized, self.volumes_shrunk, self.snapshots_taken, self.snapshots_deleted, self.snapshot_reads_checked
         );
         s.push_str("\"failures\":[");
         let failures: Vec<String> = self

@@ -3885,7 +3885,7 @@ impl World {
             let c = &self.created[ci];
             let storage = c.member_of.clone().unwrap_or_else(|| c.storage.clone());
             let Some(canonical) = self.caught_up_element(&storage) else { return };
-            self.account_losses(canonical, Some(v));
+            self.account_losses(Some(canonical), Some(v));
             let name = self.created[ci].name.clone();
             let now = self.now;
             let host = self.host.as_mut().expect("checked");
@@ -4498,20 +4498,15 @@ impl World {
         let Some(host) = &self.host else { return };
         let status = host.core.status(self.now);
         let in_sync: Vec<usize> = (0..self.elements.len()).filter(|&e| status.elements[e].state == "in-sync").collect();
-        let canonical = match in_sync.first() {
-            Some(&e) => e,
-            None => {
-                // As a starting host element chooses: the newest epoch first, then the
-                // sequence (by sequence alone, an older epoch's longer history would win).
-                self.report.notes.push("no element in sync at the end: history taken from the most advanced".into());
-                (0..self.elements.len())
-                    .max_by_key(|&e| {
-                        let vols = &self.elements[e].storage.vols;
-                        let newest_epoch = vols.iter().map(|v| v.applied_epoch()).max();
-                        (newest_epoch, vols.iter().map(|v| v.applied().0).sum::<u64>(), Reverse(e))
-                    })
-                    .expect("at least one element")
-            }
+        let Some(&canonical) = in_sync.first() else {
+            // Each volume's history is then the one a starting host element would continue,
+            // volume by volume (one element for all, chosen by its newest epoch anywhere, once
+            // took the history of a volume from an element still copying it: seed 702546).
+            self.report.notes.push(
+                "no element in sync at the end: each volume's history taken from the element a starting host element would continue it from"
+                    .into(),
+            );
+            return self.account_losses(None, None);
         };
         for &e in in_sync.iter().skip(1) {
             for v in 0..self.host_volumes() {
@@ -4567,14 +4562,31 @@ impl World {
                 }
             }
         }
-        self.account_losses(canonical, None);
+        self.account_losses(Some(canonical), None);
+    }
+
+    /// The element a starting host element would continue storage volume `name` from
+    /// (`HostCore::maybe_become_ready`): of those that hold it and are not copying it, the
+    /// newest epoch first, then the furthest sequence (by sequence alone, an older epoch's
+    /// longer history would win).
+    fn continued_from(&self, name: &str) -> Option<usize> {
+        (0..self.elements.len())
+            .filter_map(|e| {
+                let storage = &self.elements[e].storage;
+                let vi = storage.vols.iter().position(|x| x.name == name && !x.removed)?;
+                let volume = &storage.vols[vi];
+                (!storage.copying(vi)).then(|| (volume.applied_epoch(), volume.applied(), Reverse(e)))
+            })
+            .max()
+            .map(|(_, _, Reverse(e))| e)
     }
 
     /// Every acknowledged write of the hosts' volumes (or only of `only`) is in the history
-    /// element `canonical` holds, or its loss is counted, and allowed only as the contract says.
+    /// element `canonical` holds (`None`: for each volume, the element a starting host element
+    /// would continue it from), or its loss is counted, and allowed only as the contract says.
     /// A volume being deleted is accounted for before its deletion is logged (its history is
     /// gone after), and left out at the end.
-    fn account_losses(&mut self, canonical: usize, only: Option<usize>) {
+    fn account_losses(&mut self, canonical: Option<usize>, only: Option<usize>) {
         let loss_allowed = 2 * self.o.quorum <= self.o.elements;
         let mut lost = Vec::new();
         for (id, op) in self.model.ops() {
@@ -4598,7 +4610,8 @@ impl World {
             // read: too few elements in sync) was never brought back on the canonical element;
             // its writes count as kept while any element still holds them.
             let unserved = only.is_none() && op.volume >= self.sc.volumes && !self.served[op.volume];
-            let kept = holds(canonical) || (unserved && (0..self.elements.len()).any(holds));
+            let from = canonical.or_else(|| self.continued_from(name));
+            let kept = from.is_some_and(holds) || (unserved && (0..self.elements.len()).any(holds));
             if !kept {
                 lost.push((id, op.volume, epoch, sequence, op.at_risk));
             }
