@@ -457,7 +457,9 @@ impl Store {
             checkpointer: Checkpointer::new(log_start, live, log_files.free),
         });
         shared.trim_replay_log(log_start);
-        if !in_memory {
+        // Both are about the log's `fdatasync`, so both follow the log's own file system: growing
+        // by zeroes makes it cheaper on a disk, and in memory it does nothing.
+        if !log_in_memory {
             writer.grow_step_bytes = options.log_grow_step();
         }
         writer.in_memory = log_in_memory;

@@ -2105,5 +2105,11 @@ fn the_log_is_synced_unless_its_own_file_system_is_in_memory() {
         let volume = store.ensure_volume("vol", 1 << 20).expect("create");
         store.commit(&[(volume, record(1, write_op(0, 4096, 5)))]).expect("commit");
         assert_eq!(store.read_checked(volume, 0, 4096).expect("read").1.data, pattern(5, 4096), "{layout}");
+        // On a disk the new segment grew by a step of zeroes (a cheaper sync); in memory by
+        // what was written.
+        let step = StoreOptions::default().log_grow_step();
+        let segment = dir.0.join(crate::log::LOG_DIR).join(format!("{:020}.seg", 1));
+        let bytes = fs::metadata(&segment).expect("the first segment").len();
+        assert_eq!(bytes % step == 0, !log_in_memory, "{layout}: segment of {bytes} bytes, step {step}");
     }
 }
