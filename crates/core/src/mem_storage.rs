@@ -525,6 +525,9 @@ impl MemStorage {
         v.log_bytes = 0;
         self.corrupt_blocks.retain(|(w, _)| *w != vi);
         self.corrupt_log.retain(|(w, _)| *w != vi);
+        // The copy replaced what the newest batch wrote to this volume: a rot of that batch
+        // no longer reaches it (it would take the copied history's tail instead).
+        self.last_batch.retain(|(w, _)| *w != vi);
         self.repairs.borrow_mut().remove(&vi);
         self.copying.remove(&vi);
         if self.vols[vi].applied_epoch() > self.epoch {
