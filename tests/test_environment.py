@@ -425,3 +425,59 @@ def test_a_partial_write_into_a_bad_block_repairs_instead_of_looping(make_cluste
     with Client(cluster.uri()) as client:
         assert client.pread(len(data), 0) == bytes(data)
     digests_agree(cluster)
+
+
+def write_pending_repair(data_dir, index):
+    """Leave on a stopped element's disk what it writes itself when a block of
+    volume `index` fails its checksum: a copy state file asking for a repair
+    (docs/on-disk-format.md: magic, crc32c of bytes 12..48, verify = 1, no
+    epoch, base or cursor)."""
+    from history_recorder import crc32c
+    body = bytes([1]) + bytes(35)
+    state = b"SFCOPY02" + crc32c(body).to_bytes(4, "little") + body
+    path = os.path.join(data_dir, "volumes", f"{index}.copy")
+    with open(path, "wb") as f:
+        f.write(state)
+        os.fsync(f.fileno())
+
+
+def data_file_of(data_dir, size):
+    """The data file of a stopped element's volume of `size` bytes."""
+    volumes = os.path.join(data_dir, "volumes")
+    found = [n for n in os.listdir(volumes) if n.endswith(".data") and os.path.getsize(os.path.join(volumes, n)) == size]
+    assert len(found) == 1, f"volumes of {size} bytes in {volumes}: {found}"
+    return os.path.join(volumes, found[0]), int(found[0].split(".")[0])
+
+
+@pytest.mark.time_limit(240)
+def test_with_no_element_in_sync_each_element_is_copied_what_it_lacks_from_a_peer_that_holds_it(make_cluster):
+    """Every element comes back with a bad block that it knows of (a pending
+    repair): `local` in vol1, `near` and `far` in vol0, each block at its own
+    place. So no element is in sync, yet every volume is whole somewhere. The
+    host element copies vol0 to near and far from local and vol1 to local from
+    near or far, none of them in sync (before, each was failed for want of an
+    in-sync peer to copy from, and every volume stayed unavailable). The data
+    read back is what was written, and the replicas end identical."""
+    cluster = make_cluster(volumes=(("vol0", "64MiB"), ("vol1", "32MiB")), host_extra=["--read-cache", "0"])
+    data = {name: harness.random_bytes(1 << 20, seed=seed) for name, seed in (("vol0", 31), ("vol1", 32))}
+    for name, content in data.items():
+        with Client(cluster.uri(name)) as client:
+            client.pwrite(content, 0)
+            client.flush()
+    cluster.wait_caught_up()
+    damage = {"local": ("vol1", 32 << 20, 8192), "near": ("vol0", 64 << 20, 4096), "far": ("vol0", 64 << 20, 65536)}
+    for name in damage:
+        assert cluster.elements[name].process.stop()[0] == 0
+    for name, (_, size, offset) in damage.items():
+        path, index = data_file_of(cluster.elements[name].data, size)
+        flip(path, offset + 100, 0x08)
+        write_pending_repair(cluster.elements[name].data, index)
+    for name in damage:
+        cluster.restart_element(name)
+    cluster.wait_healthy(timeout=120)
+    with open(cluster.host.log_path, errors="replace") as f:
+        assert "not in sync, as none is" in f.read(), cluster.logs()
+    for name, content in data.items():
+        with Client(cluster.uri(name)) as client:
+            assert client.pread(len(content), 0) == content, name
+    digests_agree(cluster)

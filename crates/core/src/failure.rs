@@ -64,12 +64,11 @@ pub enum Failure {
         sequence: Sequence,
         behind: u64,
     },
-    /// It cannot be brought back by the recovery this host element can run now (its gap is
-    /// out of every replay log or its history diverged, and no peer can serve it; or the copy
-    /// passes ran out). `diverged`: its history differs from ours.
+    /// It cannot be brought back by the recovery this host element can run now (the copy
+    /// passes ran out, or a copy ended where no peer's replay log covers the rest). An element
+    /// that needs a copy no peer can serve yet is not failed: it waits, recovering.
     Unrecoverable {
         reason: String,
-        diverged: bool,
     },
     /// A full recovery failed and no other peer can serve it; it resumes at the next session.
     CopyFailed {

@@ -84,6 +84,11 @@ pub struct HostConfig {
     /// the simulator's deliberately broken variant (`--broken no-begin`), which its checkers
     /// must catch.
     pub begin_records: bool,
+    /// While no element is in sync, a copy comes only from a peer the write queue streams the
+    /// volume to (it holds the volume on the current history). Off only in the simulator's
+    /// deliberately broken variant (`--broken any-copy-source`): any live peer serves, even one
+    /// whose copy of the volume diverged, is ahead, or is to be copied itself.
+    pub copy_source_check: bool,
 }
 
 impl HostConfig {
@@ -114,6 +119,7 @@ impl HostConfig {
             scrub_repair: true,
             flush_waits_for_durable: true,
             begin_records: true,
+            copy_source_check: true,
         }
     }
 
@@ -364,6 +370,9 @@ pub enum Event {
         kind: RecoveryKind,
         records: u64,
         source: Option<ElementId>,
+        /// A volume's history diverged from ours (its newest record is of another epoch than
+        /// ours at that sequence): that volume is copied, never brought forward by records.
+        diverged: bool,
     },
     RecoveryProgress {
         element: ElementId,
@@ -488,15 +497,27 @@ enum VolumeRecovery {
     /// the pull's `through` and does not wait for it, until its sequence is back within what
     /// the queue holds.
     Replaying,
-    /// It copies blocks from the recovery's source (full recovery): the queue sends it nothing
-    /// and does not wait for it.
+    /// It copies blocks from a peer (full recovery; the peer is in `copy_source`): the queue
+    /// sends it nothing and does not wait for it.
     Copying,
+    /// It needs a copy (or a replay, which a copy replaces), and no peer can serve one yet: no
+    /// peer is in sync, and none holds the volume on the current history. It holds nothing the
+    /// queue counts on, as a copy, and waits connected, so that it can serve its other volumes
+    /// to peers that need them; the copy starts once a peer can serve it
+    /// (`HostCore::start_waiting_copies`).
+    AwaitingSource,
 }
 
 impl VolumeRecovery {
     /// The write queue neither streams to it in order nor waits for it.
     fn off_queue(self) -> bool {
         self != VolumeRecovery::Streaming
+    }
+
+    /// Its blocks are to be copied, or are being copied: it holds nothing the queue counts on,
+    /// and takes no records.
+    fn copies(self) -> bool {
+        matches!(self, VolumeRecovery::Copying | VolumeRecovery::AwaitingSource)
     }
 }
 
@@ -545,12 +566,11 @@ struct ElementRuntime {
     replay_tried: ElementSet,
     /// Per volume: the copy's last progress report (done bytes, total bytes, copied bytes).
     copy_progress: Vec<(u64, u64, u64)>,
+    /// Per volume: the peer its copy was ordered from, while it is `Copying`.
+    copy_source: Vec<Option<ElementId>>,
     /// Copy passes since the element last was in sync: a pass whose replay the peers' logs no
     /// longer cover starts another one, up to `COPY_PASSES_MAX`.
     copy_passes: u32,
-    /// The verdict "no peer's replay log can bring it back", with the sequences it held then:
-    /// while it comes back with the same, it is not sent after the same peers again.
-    needs_full: Option<(Vec<Sequence>, Failure)>,
     /// The current session ended in a failure with a reason of its own.
     failed_in_session: bool,
     /// Latency of its acknowledgements that count under its ack policy (durable: applied;
@@ -884,6 +904,9 @@ pub struct RecoveryStatus {
     pub copy_total_bytes: Option<u64>,
     pub copied_bytes: Option<u64>,
     pub elapsed_us: u64,
+    /// Volumes whose full recovery waits for a peer to copy from: none is in sync, and none
+    /// holds the volume on the current history.
+    pub waiting_for_source: Vec<String>,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -968,8 +991,8 @@ impl HostCore {
                 volume_recovery: vec![VolumeRecovery::Streaming; volume_count],
                 replay_tried: ElementSet::default(),
                 copy_progress: vec![(0, 0, 0); volume_count],
+                copy_source: vec![None; volume_count],
                 copy_passes: 0,
-                needs_full: None,
                 failed_in_session: false,
                 ack_latency: LatencyHistogram::default(),
                 failures: BTreeMap::new(),
@@ -1235,6 +1258,12 @@ impl HostCore {
         (0..self.elements.len())
             .filter(|&i| self.elements[i].state == ElementState::InSync && self.counting.contains(ElementId(i as u8)))
             .count()
+    }
+
+    /// Whether any element is in sync, counting toward the write quorum or not: one can serve
+    /// every recovery.
+    fn any_in_sync(&self) -> bool {
+        self.elements.iter().any(|e| e.state == ElementState::InSync)
     }
 
     // ----- elements -------------------------------------------------------------------------
@@ -1707,6 +1736,7 @@ impl HostCore {
                 e.sent_through.push(Sequence::ZERO);
                 e.volume_recovery.push(VolumeRecovery::Streaming);
                 e.copy_progress.push((0, 0, 0));
+                e.copy_source.push(None);
                 e.scrub_repair.push(false);
                 e.weak_through.push(Sequence::ZERO);
                 if let Some(welcome) = &mut e.welcome {
@@ -1861,6 +1891,7 @@ impl HostCore {
                 e.sent_through[i] = Sequence::ZERO;
                 e.volume_recovery[i] = VolumeRecovery::Streaming;
                 e.copy_progress[i] = (0, 0, 0);
+                e.copy_source[i] = None;
                 e.scrub_repair[i] = false;
                 e.weak_through[i] = Sequence::ZERO;
                 if let Some(welcome) = &mut e.welcome {
@@ -2233,27 +2264,23 @@ impl HostCore {
         }
     }
 
-    /// Decide how a welcomed element joins: in sync, quick recovery, or failed.
+    /// Decide how a welcomed element joins: in sync, or recovering (quick, replay, full).
     fn admit_element(&mut self, now: Time, element: ElementId) {
         let welcome = self.elements[element.0 as usize].welcome.take().expect("welcomed");
-        let held: Vec<Sequence> = welcome.iter().map(|s| s.applied_sequence).collect();
-        if let Some((at, reason)) = &self.elements[element.0 as usize].needs_full {
-            if *at == held {
-                let reason = reason.clone();
-                return self.fail_element(now, element, reason, true);
-            }
-            self.elements[element.0 as usize].needs_full = None;
-        }
-        // A new session tries every peer again.
+        // A new session tries every peer again, and every peer may try it again.
         self.elements[element.0 as usize].replay_tried = ElementSet::default();
+        for peer in &mut self.elements {
+            peer.replay_tried.remove(element);
+        }
         let mut behind = 0u64;
         let mut plan = vec![VolumeRecovery::Streaming; self.volumes.len()];
         let source = self.replay_source(element);
+        let mut waiting_why = Vec::new();
+        let mut any_diverged = false;
         for (i, state) in welcome.iter().enumerate() {
             let v = &self.volumes[i];
             let applied = state.applied_sequence;
             let last = v.queue.last_sequence();
-            let name = &v.spec.name;
             // What the volume holds cannot be brought forward by records: copy blocks.
             let diverged = state.applied_epoch != Epoch(0)
                 && !state.copying
@@ -2280,15 +2307,9 @@ impl HostCore {
                 }
             };
             if let Some(why) = why_copy {
-                if source.is_none() {
-                    let reason = format!(
-                        "volume {name}: {why}; needs full recovery, and no in-sync peer (with a known address) to copy from"
-                    );
-                    return self.fail_element(now, element, Failure::Unrecoverable { reason, diverged }, true);
-                }
-                plan[i] = VolumeRecovery::Copying;
-                // The copy's state is on the element's disk from its start: it resumes there.
-                self.elements[element.0 as usize].scrub_repair[i] = false;
+                any_diverged |= diverged;
+                plan[i] = VolumeRecovery::AwaitingSource;
+                waiting_why.push((i, why));
                 // Even a volume with nothing written yet: the copy clears the element's
                 // repair (until then it takes no record), so the element is not in sync.
                 behind += last.0.max(1);
@@ -2300,25 +2321,40 @@ impl HostCore {
                 applied != Sequence::ZERO && state.applied_epoch != Epoch(0) && v.queue.epoch_at(applied).is_none();
             if !v.queue.covers_after(applied) || unverifiable {
                 if source.is_none() {
-                    let reason = format!(
-                        "volume {name}: missed writes {}..={last}, no longer in the write queue (it starts after {}), and no in-sync peer to replay them from",
-                        applied.next(), v.queue.evicted_through()
-                    );
-                    return self.fail_element(now, element, Failure::Unrecoverable { reason, diverged: false }, true);
+                    // No in-sync peer's replay log to pull from: a copy brings it back instead,
+                    // from a peer the queue streams the volume to if none is in sync.
+                    plan[i] = VolumeRecovery::AwaitingSource;
+                    waiting_why.push((
+                        i,
+                        format!(
+                            "missed writes {}..={last}, no longer in the write queue (it starts after {}), and no in-sync peer to replay them from",
+                            applied.next(),
+                            v.queue.evicted_through()
+                        ),
+                    ));
+                    behind += last.0.max(1);
+                    continue;
                 }
                 plan[i] = VolumeRecovery::Replaying;
             }
             behind += last.0 - applied.0;
         }
+        if let (Some((i, why)), true) = (waiting_why.first(), self.config.element_addresses.is_empty()) {
+            let reason = format!(
+                "volume {}: {why}; no peer address is configured to recover it from",
+                self.volumes[*i].spec.name
+            );
+            return self.fail_element(now, element, Failure::Unrecoverable { reason }, true);
+        }
         let e = &mut self.elements[element.0 as usize];
         for (i, state) in welcome.iter().enumerate() {
             // A volume to copy holds nothing the queue can count on.
-            let held = if plan[i] == VolumeRecovery::Copying { Sequence::ZERO } else { state.applied_sequence };
+            let held = if plan[i].copies() { Sequence::ZERO } else { state.applied_sequence };
             e.applied[i] = held;
             e.sent_through[i] = held;
         }
         for (i, state) in welcome.iter().enumerate() {
-            if plan[i] == VolumeRecovery::Copying {
+            if plan[i].copies() {
                 continue;
             }
             let through = state.applied_sequence;
@@ -2336,7 +2372,7 @@ impl HostCore {
             return;
         }
         let replay = plan.iter().any(|r| r.off_queue());
-        let kind = if plan.contains(&VolumeRecovery::Copying) {
+        let kind = if plan.iter().any(|r| r.copies()) {
             RecoveryKind::Full
         } else if replay {
             RecoveryKind::Replay
@@ -2354,14 +2390,25 @@ impl HostCore {
             start: welcome.iter().map(|s| s.applied_sequence).collect(),
             copied_bytes: 0,
         });
-        self.emit(Action::Event(Event::RecoveryStarted { element, kind, records: behind, source }));
+        self.emit(Action::Event(Event::RecoveryStarted {
+            element,
+            kind,
+            records: behind,
+            source,
+            diverged: any_diverged,
+        }));
         for (i, how) in plan.into_iter().enumerate() {
             match how {
-                VolumeRecovery::Copying => self.send_copy(element, VolumeId(i as u32)),
                 VolumeRecovery::Replaying => self.send_recover(element, VolumeId(i as u32)),
                 VolumeRecovery::Streaming => self.pump(element, VolumeId(i as u32)),
+                VolumeRecovery::Copying | VolumeRecovery::AwaitingSource => {}
             }
         }
+        for (i, why) in waiting_why {
+            self.try_copy(element, VolumeId(i as u32), Some(&why));
+        }
+        // Peers that wait for a volume it holds.
+        self.start_waiting_copies();
     }
 
     /// The peer to replay from: in sync, reachable, closest.
@@ -2400,18 +2447,81 @@ impl HostCore {
         self.emit(Action::Send { to, message });
     }
 
-    /// Ask an element to copy the blocks of `volume` that differ from its recovery's source.
-    fn send_copy(&mut self, element: ElementId, volume: VolumeId) {
-        let e = &self.elements[element.0 as usize];
-        let source = e.recovery.as_ref().and_then(|r| r.source).expect("a copy has a source");
+    /// A peer to copy `volume` of `element` from: the closest in-sync one; or, while no element
+    /// is in sync (so no write is taken), a live peer the write queue streams the volume to. Such
+    /// a peer holds the volume on the current history, at a sequence the queue covers, so the
+    /// queue brings the copy forward from its base; the most advanced first. Never a peer that
+    /// failed this element's copy or replay in this session (unless it came back since).
+    fn copy_source(&self, element: ElementId, volume: usize) -> Option<ElementId> {
+        if let Some(source) = self.replay_source(element) {
+            return Some(source);
+        }
+        if self.config.element_addresses.is_empty() || self.any_in_sync() {
+            return None;
+        }
+        let tried = &self.elements[element.0 as usize].replay_tried;
+        self.elements
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| *i != element.0 as usize && !tried.contains(ElementId(*i as u8)))
+            .filter(|(_, p)| matches!(p.state, ElementState::Recovering(_)) && p.session && p.welcomed)
+            .filter(|(_, p)| !self.config.copy_source_check || p.volume_recovery[volume] == VolumeRecovery::Streaming)
+            .max_by_key(|(i, p)| (p.applied[volume], std::cmp::Reverse((p.rtt_us.unwrap_or(u64::MAX), *i))))
+            .map(|(i, _)| ElementId(i as u8))
+    }
+
+    /// Ask an element to copy the blocks of `volume` that differ from `source`'s.
+    fn send_copy(&mut self, element: ElementId, volume: VolumeId, source: ElementId) {
+        let vi = volume.0 as usize;
+        let e = &mut self.elements[element.0 as usize];
+        e.volume_recovery[vi] = VolumeRecovery::Copying;
+        e.copy_source[vi] = Some(source);
+        // The copy's state is on the element's disk from its start: it resumes there.
+        e.scrub_repair[vi] = false;
         let message = HostMessage::Copy {
             volume,
             source: self.config.element_addresses[source.0 as usize].clone(),
             rate_bytes_per_s: self.config.recovery_rate_bytes_per_s,
         };
-        let mut to = ElementSet::default();
-        to.insert(element);
-        self.emit(Action::Send { to, message });
+        self.emit(Action::Send { to: ElementSet::one(element), message });
+    }
+
+    /// Start the copy of a volume that waits for a source if a peer can serve one now. `why`:
+    /// the reason it needs the copy, to report, also when it goes on waiting.
+    fn try_copy(&mut self, element: ElementId, volume: VolumeId, why: Option<&str>) {
+        let name = &self.volumes[volume.0 as usize].spec.name;
+        let why = why.map(|w| format!("{w}; ")).unwrap_or_default();
+        let Some(source) = self.copy_source(element, volume.0 as usize) else {
+            if !why.is_empty() {
+                let message = format!(
+                    "{why}full recovery of volume {name} waits for a peer to copy from: none is in sync, and none holds the volume on the current history"
+                );
+                self.emit(Action::Event(Event::RecoveryProgress { element, message }));
+            }
+            return;
+        };
+        let peer = &self.elements[source.0 as usize];
+        let how = if peer.state == ElementState::InSync {
+            ""
+        } else {
+            " (not in sync, as none is: the write queue streams the volume to it)"
+        };
+        let message = format!("{why}full recovery of volume {name} from {}{how}", peer.name);
+        self.emit(Action::Event(Event::RecoveryProgress { element, message }));
+        self.send_copy(element, volume, source);
+    }
+
+    /// Start the copies that wait for a source where a peer can serve one now: after an element
+    /// joined, a copy ended, a replay reached the queue, or an element came in sync.
+    fn start_waiting_copies(&mut self) {
+        for i in 0..self.elements.len() {
+            for vi in 0..self.volumes.len() {
+                let e = &self.elements[i];
+                if e.live() && e.volume_recovery[vi] == VolumeRecovery::AwaitingSource {
+                    self.try_copy(ElementId(i as u8), VolumeId(vi as u32), None);
+                }
+            }
+        }
     }
 
     /// Switch one replaying volume of a recovering element to a full recovery (another pass,
@@ -2428,37 +2538,16 @@ impl HostCore {
                 "{why}; {} full recovery passes did not catch up (writes outrun the recovery: raise --recovery-rate or the peers' --replay-log); retrying when it reconnects",
                 limits::COPY_PASSES_MAX
             );
-            return self.fail_element(now, element, Failure::Unrecoverable { reason, diverged: false }, true);
+            return self.fail_element(now, element, Failure::Unrecoverable { reason }, true);
         }
         e.replay_tried = ElementSet::default();
-        let Some(source) = self.replay_source(element) else {
-            return self.fail_element(
-                now,
-                element,
-                Failure::Unrecoverable {
-                    reason: format!(
-                        "{why}; needs full recovery, and no in-sync peer (with a known address) to copy from"
-                    ),
-                    diverged: false,
-                },
-                true,
-            );
-        };
-        let e = &mut self.elements[element.0 as usize];
-        e.volume_recovery[vi] = VolumeRecovery::Copying;
+        e.volume_recovery[vi] = VolumeRecovery::AwaitingSource;
         e.applied[vi] = Sequence::ZERO;
         e.sent_through[vi] = Sequence::ZERO;
         e.copy_progress[vi] = (0, 0, 0);
         e.state = ElementState::Recovering(RecoveryKind::Full);
-        let recovery = e.recovery.as_mut().expect("recovering");
-        recovery.kind = RecoveryKind::Full;
-        recovery.source = Some(source);
-        let message = format!(
-            "{why}; full recovery of volume {} from {}",
-            self.volumes[vi].spec.name, self.elements[source.0 as usize].name
-        );
-        self.emit(Action::Event(Event::RecoveryProgress { element, message }));
-        self.send_copy(element, volume);
+        e.recovery.as_mut().expect("recovering").kind = RecoveryKind::Full;
+        self.try_copy(element, volume, Some(&why));
     }
 
     fn on_copy_done(&mut self, now: Time, element: ElementId, volume: VolumeId, result: Result<Sequence, String>) {
@@ -2491,6 +2580,7 @@ impl HostCore {
                     r.copied_bytes += copied;
                 }
                 e.copy_progress[vi] = (0, 0, 0);
+                e.copy_source[vi] = None;
                 e.volume_recovery[vi] = VolumeRecovery::Replaying;
                 e.applied[vi] = base;
                 e.sent_through[vi] = base;
@@ -2507,7 +2597,10 @@ impl HostCore {
                     self.elements[element.0 as usize].volume_recovery[vi] = VolumeRecovery::Streaming;
                     self.pump(element, volume);
                     // Nothing after the base yet: it may be caught up already.
-                    self.maybe_in_sync(now, element);
+                    if !self.maybe_in_sync(now, element) {
+                        // Peers that wait for this volume may copy it from here now.
+                        self.start_waiting_copies();
+                    }
                 } else {
                     self.elements[element.0 as usize].replay_tried = ElementSet::default();
                     match self.replay_source(element) {
@@ -2523,7 +2616,6 @@ impl HostCore {
                                 reason: format!(
                                     "copy of volume {name} done at sequence {base}, but no in-sync peer to replay the rest from"
                                 ),
-                                diverged: false,
                             },
                             true,
                         ),
@@ -2531,18 +2623,26 @@ impl HostCore {
                 }
             }
             Err(reason) => {
-                let source = e.recovery.as_ref().and_then(|r| r.source).expect("a copy has a source");
+                let source = e.copy_source[vi].expect("a copy has a source");
                 let source_name = self.elements[source.0 as usize].name.clone();
-                self.elements[element.0 as usize].replay_tried.insert(source);
-                match self.replay_source(element) {
+                let e = &mut self.elements[element.0 as usize];
+                e.replay_tried.insert(source);
+                e.copy_source[vi] = None;
+                match self.copy_source(element, vi) {
                     Some(next) => {
                         let message = format!(
                             "copy from {source_name} failed ({reason}); resuming from {}",
                             self.elements[next.0 as usize].name
                         );
                         self.emit(Action::Event(Event::RecoveryProgress { element, message }));
-                        self.elements[element.0 as usize].recovery.as_mut().expect("recovering").source = Some(next);
-                        self.send_copy(element, volume);
+                        self.send_copy(element, volume, next);
+                    }
+                    None if !self.any_in_sync() => {
+                        // It waits connected, so that it can serve its other volumes, until a
+                        // peer can serve this one (one that failed may, once it comes back).
+                        self.elements[element.0 as usize].volume_recovery[vi] = VolumeRecovery::AwaitingSource;
+                        let why = format!("copy from {source_name} failed ({reason})");
+                        self.try_copy(element, volume, Some(&why));
                     }
                     None => {
                         self.elements[element.0 as usize].replay_tried = ElementSet::default();
@@ -2559,7 +2659,7 @@ impl HostCore {
             return;
         }
         let e = &self.elements[element.0 as usize];
-        if vi >= self.volumes.len() || !e.live() || e.volume_recovery[vi] == VolumeRecovery::Copying {
+        if vi >= self.volumes.len() || !e.live() || e.volume_recovery[vi].copies() {
             return; // Failed meanwhile, or superseded by a copy.
         }
         if e.volume_recovery[vi] == VolumeRecovery::Streaming {
@@ -2606,29 +2706,7 @@ impl HostCore {
                     return;
                 }
                 let reason = format!("no peer could replay what it misses (last: {source_name}: {reason})");
-                if self
-                    .elements
-                    .iter()
-                    .enumerate()
-                    .any(|(i, p)| i != element.0 as usize && p.state == ElementState::InSync && p.session)
-                {
-                    return self.start_copy(now, element, volume, reason);
-                }
-                let reason = Failure::Unrecoverable {
-                    reason: format!(
-                        "{reason}; needs full recovery, and no in-sync peer (with a known address) to copy from"
-                    ),
-                    diverged: false,
-                };
-                let elements = self.elements.len();
-                let e = &mut self.elements[element.0 as usize];
-                if e.replay_tried.len() + 1 >= elements {
-                    // Every other element was asked: remember it, so reconnecting does not
-                    // start the same hopeless replay over and over.
-                    e.needs_full = Some((e.applied.clone(), reason.clone()));
-                }
-                e.replay_tried = ElementSet::default();
-                self.fail_element(now, element, reason, true)
+                self.start_copy(now, element, volume, reason)
             }
         }
     }
@@ -2658,6 +2736,7 @@ impl HostCore {
         e.failed_in_session = e.session;
         e.recovery = None;
         e.volume_recovery.iter_mut().for_each(|r| *r = VolumeRecovery::Streaming);
+        e.copy_source.iter_mut().for_each(|s| *s = None);
         // What it only had in memory, or on its way to it, may be gone with it (weak
         // acknowledgements marked entries up to `weak_through`, nothing beyond).
         let weak_through = std::mem::replace(&mut e.weak_through, vec![Sequence::ZERO; self.volumes.len()]);
@@ -2724,7 +2803,7 @@ impl HostCore {
                 true,
             );
         }
-        if !e.live() || e.volume_recovery[vi] == VolumeRecovery::Copying {
+        if !e.live() || e.volume_recovery[vi].copies() {
             return;
         }
         let old = e.applied[vi];
@@ -2755,6 +2834,8 @@ impl HostCore {
                 ),
             }));
             self.pump(element, volume);
+            // Peers that wait for this volume may copy it from here now.
+            self.start_waiting_copies();
         }
         if self.maybe_in_sync(now, element) {
             return;
@@ -2846,6 +2927,16 @@ impl HostCore {
         }
         self.tell_removed();
         let in_sync = self.in_sync_count();
+        if self.any_in_sync() {
+            // An in-sync peer serves every copy that waited for a source, even one whose copy
+            // failed from it before it was in sync.
+            for e in &mut self.elements {
+                if e.volume_recovery.contains(&VolumeRecovery::AwaitingSource) {
+                    e.replay_tried = ElementSet::default();
+                }
+            }
+            self.start_waiting_copies();
+        }
         for i in 0..self.volumes.len() {
             let volume = VolumeId(i as u32);
             let mode = if in_sync >= self.config.quorum { VolumeMode::ReadWrite } else { VolumeMode::ReadOnly };
@@ -2988,7 +3079,7 @@ impl HostCore {
         for (i, e) in self.elements.iter_mut().enumerate() {
             // Never to a volume being copied (its copy is followed by the queue from the copy's
             // sequence): one with nothing written yet is at the queue's end all the same.
-            let copying = e.volume_recovery.get(vi) == Some(&VolumeRecovery::Copying);
+            let copying = e.volume_recovery.get(vi).is_some_and(|r| r.copies());
             if e.live() && e.welcomed && !copying && e.sent_through[vi].next() == sequence {
                 e.sent_through[vi] = sequence;
                 to.insert(ElementId(i as u8));
@@ -3911,7 +4002,15 @@ impl HostCore {
                     .sum();
                 let recovery = e.recovery.as_ref().map(|r| RecoveryStatus {
                     kind: r.kind,
-                    source: r.source.map(|s| self.elements[s.0 as usize].name.clone()),
+                    // The first copy's source while one runs, else the replay's.
+                    source: e
+                        .copy_source
+                        .iter()
+                        .flatten()
+                        .next()
+                        .copied()
+                        .or(r.source)
+                        .map(|s| self.elements[s.0 as usize].name.clone()),
                     done_records: r.start.iter().zip(&e.applied).map(|(s, a)| a.0.saturating_sub(s.0)).sum::<u64>(),
                     // Writes that arrived meanwhile are part of the way back too.
                     total_records: r
@@ -3939,6 +4038,10 @@ impl HostCore {
                             .sum()
                     }),
                     elapsed_us: now.micros_since(r.started),
+                    waiting_for_source: (0..self.volumes.len())
+                        .filter(|&i| e.volume_recovery[i] == VolumeRecovery::AwaitingSource)
+                        .map(|i| self.volumes[i].spec.name.clone())
+                        .collect(),
                 });
                 let last_recovery = e.last_recovery.as_ref().map(|r| LastRecoveryStatus {
                     kind: r.kind,
@@ -4009,22 +4112,32 @@ impl HostCore {
             }
             for (i, e) in self.elements.iter().enumerate() {
                 assert!(e.applied[vi] <= e.sent_through[vi] || !e.welcomed);
-                match e.volume_recovery[vi] {
-                    VolumeRecovery::Streaming => {}
-                    how => {
-                        assert!(
-                            matches!(e.state, ElementState::Recovering(_)),
-                            "element {i}: volume {vi} {how:?} but the element is {:?}",
-                            e.state
-                        );
-                        let source = e.recovery.as_ref().and_then(|r| r.source);
-                        assert!(
-                            source.is_some_and(|s| s.0 as usize != i),
-                            "element {i}: {how:?} needs a peer as source"
-                        );
-                    }
+                let how = e.volume_recovery[vi];
+                if how != VolumeRecovery::Streaming {
+                    assert!(
+                        matches!(e.state, ElementState::Recovering(_)),
+                        "element {i}: volume {vi} {how:?} but the element is {:?}",
+                        e.state
+                    );
                 }
-                if e.volume_recovery[vi] == VolumeRecovery::Copying {
+                let source = match how {
+                    VolumeRecovery::Replaying => e.recovery.as_ref().and_then(|r| r.source),
+                    VolumeRecovery::Copying => e.copy_source[vi],
+                    VolumeRecovery::Streaming | VolumeRecovery::AwaitingSource => None,
+                };
+                if matches!(how, VolumeRecovery::Replaying | VolumeRecovery::Copying) {
+                    assert!(source.is_some_and(|s| s.0 as usize != i), "element {i}: {how:?} needs a peer as source");
+                }
+                assert_eq!(e.copy_source[vi].is_some(), how == VolumeRecovery::Copying, "element {i}: volume {vi}");
+                if how == VolumeRecovery::AwaitingSource {
+                    // It waits only while no peer can serve it: none is in sync.
+                    assert!(!self.any_in_sync(), "element {i}: volume {vi} waits for a source beside an in-sync peer");
+                    assert!(
+                        !e.live() || self.copy_source(ElementId(i as u8), vi).is_none(),
+                        "element {i}: volume {vi} waits for a source while a peer can serve it"
+                    );
+                }
+                if how.copies() {
                     assert_eq!(e.recovery.as_ref().map(|r| r.kind), Some(RecoveryKind::Full));
                     assert_eq!(
                         e.applied[vi],

@@ -464,6 +464,9 @@ pub fn status_json(
                     "total_records": r.total_records,
                     "seconds": seconds,
                 });
+                if !r.waiting_for_source.is_empty() {
+                    recovery["waiting_for_source"] = json!(r.waiting_for_source);
+                }
                 match (r.copy_done_bytes, r.copy_total_bytes) {
                     // A block copy: progress in bytes of volume compared.
                     (Some(done), Some(total)) => {

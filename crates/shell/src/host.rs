@@ -979,12 +979,13 @@ fn log_event(core: &HostCore, names: &[String], event: Event) {
         Event::ElementFailed { element, reason } => {
             tracing::warn!(element = name(element), applied = applied(element), %reason, "element failed")
         }
-        Event::RecoveryStarted { element, kind, records, source } => tracing::info!(
+        Event::RecoveryStarted { element, kind, records, source, diverged } => tracing::info!(
             element = name(element),
             applied = applied(element),
             kind = kind.as_str(),
             records,
             source = source.map_or("host element write queue", name),
+            diverged,
             "recovery started"
         ),
         Event::RecoveryProgress { element, message } => tracing::info!(element = name(element), "{message}"),

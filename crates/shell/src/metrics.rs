@@ -473,6 +473,7 @@ mod tests {
             copy_total_bytes: Some(1 << 20),
             copied_bytes: Some(4096),
             elapsed_us: 1000,
+            waiting_for_source: Vec::new(),
         });
         status.elements[0].rtt_us = Some(250);
         status.elements[1].ack_latency.observe(70);

@@ -13,7 +13,7 @@ use sim::{Broken, SimOptions, Summary};
 
 const USAGE: &str = "usage: sim [--seeds K] [--seed S] [--elements N] [--quorum Q] [--swarm] [--json]
            [--fault-phase-ms MS] [--fault-interval-ms MS] [--faults KIND,…]
-           [--broken none|ack-before-sync|no-fencing|clock-epochs|no-read-lease|no-role-check|no-scrub-repair|flush-before-durable|split-group|no-intention-log|forget-deletions|forget-resizes|stale-catalog|shrink-keeps-tail|snapshot-shares-live|clone-starts-empty|join-split|leave-keeps-data|unbounded-reads|forget-copy-state|no-begin|release-while-serving]
+           [--broken none|ack-before-sync|no-fencing|clock-epochs|no-read-lease|no-role-check|no-scrub-repair|flush-before-durable|split-group|no-intention-log|forget-deletions|forget-resizes|stale-catalog|shrink-keeps-tail|snapshot-shares-live|clone-starts-empty|join-split|leave-keeps-data|unbounded-reads|forget-copy-state|no-begin|release-while-serving|any-copy-source]
            [--groups] [--volume-ops] [--snapshots] [--ack POLICY,… (one per element: durable, received, remote-sync, network-sync, local-sync)] [--threads T] [--trace]
 
   --seeds K       run K seeds, starting at --seed (default 0); without --seeds, run --seed alone

@@ -243,6 +243,10 @@ pub enum Broken {
     /// 0.2–2 s while the next one starts: its read lease has ended at the elements, so what it
     /// reads from its cache may be what the new one has overwritten.
     ReleaseWhileServing,
+    /// While no element is in sync, a volume that needs a copy is copied from any live peer,
+    /// not only one the write queue streams it to: one whose copy diverged, is ahead, or is
+    /// to be copied itself spreads what no quorum acknowledged, or loses what one did.
+    AnyCopySource,
 }
 
 impl Broken {
@@ -270,6 +274,7 @@ impl Broken {
             "forget-copy-state" => Some(Broken::ForgetCopyState),
             "no-begin" => Some(Broken::NoBegin),
             "release-while-serving" => Some(Broken::ReleaseWhileServing),
+            "any-copy-source" => Some(Broken::AnyCopySource),
             _ => None,
         }
     }
@@ -297,6 +302,7 @@ impl Broken {
             Broken::ForgetCopyState => "forget-copy-state",
             Broken::NoBegin => "no-begin",
             Broken::ReleaseWhileServing => "release-while-serving",
+            Broken::AnyCopySource => "any-copy-source",
         }
     }
 }

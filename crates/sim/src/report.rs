@@ -44,8 +44,9 @@ pub struct RunReport {
     /// Elements the current host element failed for not answering a handshake (the fix of
     /// core bug 3 at work).
     pub handshake_timeouts: u64,
-    /// Elements the current host element refused for a diverged history (the check of core
-    /// bug 2's fix, among others).
+    /// Elements the current host element found with a diverged history, and did not bring
+    /// forward by records but sent to a full recovery (the check of core bug 2's fix, among
+    /// others).
     pub diverged_elements_refused: u64,
     /// Longest stretch during which the core's `poll_timeout` stayed in the past (a shell
     /// that sleeps until it would spin).

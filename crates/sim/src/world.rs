@@ -1595,6 +1595,7 @@ impl World {
         config.scrub_repair = self.o.broken != Broken::NoScrubRepair;
         config.flush_waits_for_durable = self.o.broken != Broken::FlushBeforeDurable;
         config.begin_records = self.o.broken != Broken::NoBegin;
+        config.copy_source_check = self.o.broken != Broken::AnyCopySource;
         if !self.o.ack.is_empty() {
             config.ack_policies = self.o.ack.clone();
         }
@@ -1873,15 +1874,15 @@ impl World {
                 if matches!(reason, Failure::HandshakeTimeout { .. }) {
                     self.report.handshake_timeouts += 1;
                 }
-                if matches!(reason, Failure::Unrecoverable { diverged: true, .. }) {
-                    self.report.diverged_elements_refused += 1;
-                }
                 if !reason.is_transient() {
                     self.last_failure[element.0 as usize] = Some(reason);
                 }
             }
-            Event::RecoveryStarted { kind, element, .. } => {
+            Event::RecoveryStarted { kind, element, diverged, .. } => {
                 *self.report.recoveries.entry(kind.as_str().to_string()).or_default() += 1;
+                if diverged && !self.in_superseded {
+                    self.report.diverged_elements_refused += 1;
+                }
                 if !self.in_superseded {
                     self.recovery_kind[element.0 as usize] = Some(kind.as_str());
                 }
@@ -3156,6 +3157,15 @@ impl World {
                         _ => self.last_failure[e].as_ref().map(|f| f.to_string()).unwrap_or_default(),
                     };
                     self.report.notes.push(format!("e{e} ended failed: {reason}"));
+                }
+                // Waiting for a peer to copy a volume from, where none can serve it (no element
+                // in sync, none holding the volume on the current history: the core asserts it).
+                "recovering" if s.recovery.as_ref().is_some_and(|r| !r.waiting_for_source.is_empty()) => {
+                    self.report.elements_needing_recovery += 1;
+                    let waiting = &s.recovery.as_ref().expect("checked").waiting_for_source;
+                    self.report
+                        .notes
+                        .push(format!("e{e} ended waiting for a peer to copy {} from", waiting.join(", ")));
                 }
                 state => self.violation(format!(
                     "liveness: element e{e} is {state} ({}) {QUIET_MS} ms after every fault healed",

@@ -1263,7 +1263,14 @@ fn print_status(doc: &serde_json::Value) {
         let detail = if let Some(r) = e.get("recovery") {
             let kind = r["kind"].as_str().unwrap_or("?");
             let source = r["source"].as_str().unwrap_or("?");
-            if r["phase"] == "copy" {
+            let waiting: Vec<&str> =
+                r["waiting_for_source"].as_array().into_iter().flatten().filter_map(|v| v.as_str()).collect();
+            if !waiting.is_empty() && r["phase"] != "copy" {
+                format!(
+                    "{kind} recovery of {} waits for a peer to copy from (none in sync, none holds it current)",
+                    waiting.join(", ")
+                )
+            } else if r["phase"] == "copy" {
                 let (done, total) = (r["done_bytes"].as_u64().unwrap_or(0), r["total_bytes"].as_u64().unwrap_or(0));
                 format!(
                     "{kind} recovery from {source}: copy {}/{} ({:.0}%), {} sent, ETA {}",

@@ -772,6 +772,123 @@ fn restart_rolls_lagging_elements_forward_from_the_most_advanced() {
     assert_eq!(c.core.status(c.now).volumes[0].last_sequence, Sequence(6));
 }
 
+/// With no element in sync, a volume that needs a copy is copied from a peer the write queue
+/// streams it to, instead of failing its element for want of an in-sync peer (which left every
+/// element failed for good when each needed something only another could give).
+#[test]
+fn with_no_element_in_sync_a_copy_comes_from_a_peer_that_holds_the_volume_current() {
+    // A crashed host element left e0 at sequence 3 and e1 at 4 with a block that fails its
+    // checksum (a repair); e2 was in the middle of a full recovery.
+    let mut old = Cluster::new(3, 2);
+    for s in 0..3u8 {
+        old.write(s as u64 * 4096, s + 1, 4096);
+    }
+    let history = old.elements[0].storage.log_records(LocalVolume(0), Sequence::ZERO, u64::MAX).expect("log");
+    let mut elements = std::mem::take(&mut old.elements);
+    elements[0] = TestElement::new(1);
+    elements[0].install(&history[..3]);
+    elements[1] = TestElement::new(2);
+    elements[1].install(&history);
+    elements[1].storage.corrupt_blocks.insert((0, 1));
+    assert!(elements[1].storage.read(LocalVolume(0), 4096, 4096).is_err(), "the bad block is found");
+    assert_eq!(elements[1].storage.take_damaged(), vec![LocalVolume(0)]);
+    elements[2] = TestElement::new(3);
+    elements[2].install(&history[..1]);
+    elements[2].storage.begin_copy(0);
+    let mut c = Cluster::new(3, 2);
+    let mut config = c.core.config().clone();
+    config.epoch = Epoch(6);
+    c.core = HostCore::new(config, c.now);
+    c.elements = elements;
+    for i in 0..3 {
+        c.elements[i].connected = false;
+        c.elements[i].down = true;
+    }
+    // Each restarted element keeps the read lease it may have promised before it stopped.
+    c.connect(0);
+    c.advance_ms(limits::LEASE_MS_DEFAULT);
+    assert!(c.core.elements[0].welcome.is_some(), "e0 welcomed");
+    // Now e0 cannot finish a commit: it stays behind, so no element is in sync.
+    c.elements[0].responsive = false;
+    c.connect(1);
+    c.connect(2);
+    c.advance_ms(limits::LEASE_MS_DEFAULT);
+    // e1 continued the volume (sequence 4) but needs its blocks copied; e2 needs a copy; the
+    // only peer that holds the volume intact on the current history is e0, in quick recovery.
+    assert_eq!(c.elements[1].copies, 1, "{:?}", c.core.status(c.now).elements[1]);
+    assert!(c.events.iter().any(|e| matches!(e, Event::RecoveryProgress { element: ElementId(1), message }
+            if message.contains("from e0 (not in sync"))));
+    c.elements[0].responsive = true;
+    c.release(0);
+    c.advance_ms(limits::LEASE_MS_DEFAULT);
+    assert_eq!(c.states(), "in-sync,in-sync,in-sync");
+    for e in &c.elements {
+        assert_eq!(e.data(), c.elements[0].data());
+        assert_eq!(e.data()[4096], 2);
+    }
+    let t = c.write(0, 9, 512);
+    assert_eq!(c.replies[&t], Reply::Done(Ok(())));
+}
+
+/// With no element in sync and no peer that holds the volume, a volume that needs a copy waits,
+/// its element connected and recovering (status says which volume), and is copied once a peer
+/// is in sync.
+#[test]
+fn a_copy_no_peer_can_serve_waits_until_one_can() {
+    let mut old = Cluster::new(3, 2);
+    for s in 0..3u8 {
+        old.write(s as u64 * 4096, s + 1, 4096);
+    }
+    let history = old.elements[0].storage.log_records(LocalVolume(0), Sequence::ZERO, u64::MAX).expect("log");
+    // e0 holds a record of an older host element that never reached the others (diverged);
+    // e1 continues the volume but has a block that fails its checksum; e2 was being copied.
+    let mut elements = std::mem::take(&mut old.elements);
+    elements[0] = TestElement::new(1);
+    elements[0].install(&[Record {
+        volume: VOLUME,
+        epoch: Epoch(3),
+        sequence: Sequence(1),
+        op: Op::write(8192, Bytes::from(vec![9u8; 4096])),
+    }]);
+    elements[1] = TestElement::new(2);
+    elements[1].install(&history);
+    elements[1].storage.corrupt_blocks.insert((0, 1));
+    assert!(elements[1].storage.read(LocalVolume(0), 4096, 4096).is_err(), "the bad block is found");
+    assert_eq!(elements[1].storage.take_damaged(), vec![LocalVolume(0)]);
+    elements[2] = TestElement::new(3);
+    elements[2].storage.begin_copy(0);
+    let mut c = Cluster::new(3, 2);
+    let mut config = c.core.config().clone();
+    config.epoch = Epoch(6);
+    c.core = HostCore::new(config, c.now);
+    c.elements = elements;
+    for i in 0..3 {
+        c.elements[i].connected = false;
+        c.elements[i].down = true;
+        c.connect(i);
+    }
+    c.advance_ms(limits::LEASE_MS_DEFAULT);
+    let status = c.core.status(c.now);
+    for e in &status.elements {
+        assert_eq!(e.state, "recovering", "{e:?}");
+        assert_eq!(e.recovery.as_ref().map(|r| r.waiting_for_source.clone()), Some(vec!["vol0".to_string()]));
+    }
+    assert!(c.elements.iter().all(|e| e.copies == 0));
+    assert_eq!(c.mode(), VolumeMode::ReadOnly);
+    // e1's disk is replaced by one that holds the same history intact: the others copy from it.
+    c.crash(1);
+    c.elements[1] = TestElement::new(2);
+    c.elements[1].install(&history);
+    c.elements[1].down = true;
+    c.connect(1);
+    c.advance_ms(limits::LEASE_MS_DEFAULT);
+    assert_eq!(c.states(), "in-sync,in-sync,in-sync");
+    assert_eq!((c.elements[0].copies, c.elements[2].copies), (1, 1));
+    for e in &c.elements {
+        assert_eq!(e.data(), c.elements[1].data());
+    }
+}
+
 #[test]
 fn element_from_a_newer_epoch_fences_us() {
     let mut c = Cluster::new(3, 2);
