@@ -7,6 +7,9 @@ use std::fmt::Write as _;
 pub struct RunReport {
     pub seed: u64,
     pub replay: String,
+    /// The host elements knew the elements' addresses: elements could replay and copy from
+    /// each other (the swarm turns it off in some runs).
+    pub peer_recovery: bool,
     /// Contract breaches.
     pub violations: Vec<String>,
     /// Acknowledged writes not in the history the replicas ended with, allowed or not.
@@ -115,6 +118,11 @@ pub struct Summary {
     pub runs_without_in_sync_at_end: u64,
     /// The first few of those runs' seeds, to replay.
     pub runs_without_in_sync_seeds: Vec<u64>,
+    /// Of those runs, the ones whose elements could recover from each other (with no peer
+    /// addresses, an element that needs a replay or a copy can never come back), and the first
+    /// few of their seeds.
+    pub runs_without_in_sync_with_peer_recovery: u64,
+    pub runs_without_in_sync_with_peer_recovery_seeds: Vec<u64>,
     pub torn_records: u64,
     pub unsynced_records_lost: u64,
     /// Full-recovery copies that stopped part-way (failed, or cut by a crash).
@@ -170,6 +178,12 @@ impl Summary {
             self.runs_without_in_sync_at_end += 1;
             if self.runs_without_in_sync_seeds.len() < 8 {
                 self.runs_without_in_sync_seeds.push(r.seed);
+            }
+            if r.peer_recovery {
+                self.runs_without_in_sync_with_peer_recovery += 1;
+                if self.runs_without_in_sync_with_peer_recovery_seeds.len() < 8 {
+                    self.runs_without_in_sync_with_peer_recovery_seeds.push(r.seed);
+                }
             }
         }
         self.torn_records += r.torn_records;
@@ -248,6 +262,19 @@ impl Summary {
             self.runs_without_in_sync_seeds,
             if self.runs_without_in_sync_at_end > self.runs_without_in_sync_seeds.len() as u64 { ", …" } else { "" }
         );
+        let _ = writeln!(
+            s,
+            "  of them, with peer recovery (the elements' addresses known): {} (seeds {:?}{})",
+            self.runs_without_in_sync_with_peer_recovery,
+            self.runs_without_in_sync_with_peer_recovery_seeds,
+            if self.runs_without_in_sync_with_peer_recovery
+                > self.runs_without_in_sync_with_peer_recovery_seeds.len() as u64
+            {
+                ", …"
+            } else {
+                ""
+            }
+        );
         if self.scrubs_done > 0 {
             let _ = writeln!(
                 s,
@@ -315,8 +342,8 @@ impl Summary {
         s.push_str("},");
         let _ = write!(
             s,
-            "\"requests\":{},\"writes_acked\":{},\"reads_checked\":{},\"host_element_starts\":{},\"elements_needing_recovery\":{},\"runs_without_in_sync_at_end\":{},\"unsynced_records_lost\":{},\"torn_records\":{},\"copies_interrupted\":{},\"records_applied_behind_another_volume\":{},\"simulated_seconds\":{:.3},\"events\":{},\"past_deadline_ms_max\":{},\"group_states_checked\":{},\"volumes_created\":{},\"volumes_deleted\":{},\"volumes_resized\":{},\"volumes_shrunk\":{},\"snapshots_taken\":{},\"snapshots_deleted\":{},\"snapshot_reads_checked\":{},",
-            self.requests, self.writes_acked, self.reads_checked, self.host_starts, self.elements_needing_recovery, self.runs_without_in_sync_at_end, self.unsynced_records_lost, self.torn_records, self.copies_interrupted, self.records_applied_behind_another_volume, self.sim_ms as f64 / 1000.0, self.events, self.past_deadline_ms_max, self.group_states_checked, self.volumes_created, self.volumes_deleted, self.volumes_resized, self.volumes_shrunk, self.snapshots_taken, self.snapshots_deleted, self.snapshot_reads_checked
+            "\"requests\":{},\"writes_acked\":{},\"reads_checked\":{},\"host_element_starts\":{},\"elements_needing_recovery\":{},\"runs_without_in_sync_at_end\":{},\"runs_without_in_sync_with_peer_recovery\":{},\"unsynced_records_lost\":{},\"torn_records\":{},\"copies_interrupted\":{},\"records_applied_behind_another_volume\":{},\"simulated_seconds\":{:.3},\"events\":{},\"past_deadline_ms_max\":{},\"group_states_checked\":{},\"volumes_created\":{},\"volumes_deleted\":{},\"volumes_resized\":{},\"volumes_shrunk\":{},\"snapshots_taken\":{},\"snapshots_deleted\":{},\"snapshot_reads_checked\":{},",
+            self.requests, self.writes_acked, self.reads_checked, self.host_starts, self.elements_needing_recovery, self.runs_without_in_sync_at_end, self.runs_without_in_sync_with_peer_recovery, self.unsynced_records_lost, self.torn_records, self.copies_interrupted, self.records_applied_behind_another_volume, self.sim_ms as f64 / 1000.0, self.events, self.past_deadline_ms_max, self.group_states_checked, self.volumes_created, self.volumes_deleted, self.volumes_resized, self.volumes_shrunk, self.snapshots_taken, self.snapshots_deleted, self.snapshot_reads_checked
         );
         s.push_str("\"failures\":[");
         let failures: Vec<String> = self

@@ -668,7 +668,12 @@ impl World {
             })
             .collect();
         let sectors_per_volume = sc.volume_bytes / SECTOR_BYTES;
-        let report = RunReport { seed: o.seed, replay: o.replay_command(), ..RunReport::default() };
+        let report = RunReport {
+            seed: o.seed,
+            replay: o.replay_command(),
+            peer_recovery: sc.replay_recovery,
+            ..RunReport::default()
+        };
         let n = o.elements;
         World {
             model: Model::new(sc.volumes, sectors_per_volume),

@@ -35,13 +35,15 @@ fn sweep(name: &str, base: &SimOptions, seeds: u64) -> Summary {
         }
     }
     eprintln!(
-        "{name}: {} runs, {} faults, {} acked writes, {} reads checked, {} ended with no element in sync {:?}",
+        "{name}: {} runs, {} faults, {} acked writes, {} reads checked, {} ended with no element in sync {:?} ({} of them with peer recovery {:?})",
         summary.runs,
         summary.faults_total(),
         summary.writes_acked,
         summary.reads_checked,
         summary.runs_without_in_sync_at_end,
-        summary.runs_without_in_sync_seeds
+        summary.runs_without_in_sync_seeds,
+        summary.runs_without_in_sync_with_peer_recovery,
+        summary.runs_without_in_sync_with_peer_recovery_seeds
     );
     for (bug, seeds) in &known {
         eprintln!("  known core bug {bug}: seeds {seeds:?}");

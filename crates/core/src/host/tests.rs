@@ -733,29 +733,60 @@ fn silent_element_is_failed_by_heartbeat() {
     assert_eq!(status.elements[0].state, "in-sync");
 }
 
-#[test]
-fn restart_rolls_lagging_elements_forward_from_the_most_advanced() {
-    // Elements left by a crashed host element at sequences 4, 3, 2 (1 is its beginning).
+/// What a host element that crashed after three 4 KiB writes leaves: its volume's log (sequence
+/// 1 is its beginning, 2..=4 the writes) and its elements, each holding all of it.
+fn three_writes() -> (Vec<Record>, Vec<TestElement>) {
     let mut old = Cluster::new(3, 2);
     for s in 0..3u8 {
         old.write(s as u64 * 4096, s + 1, 4096);
     }
     let history = old.elements[0].storage.log_records(LocalVolume(0), Sequence::ZERO, u64::MAX).expect("log");
-    let mut elements = std::mem::take(&mut old.elements);
-    for (i, keep) in [(1usize, 3usize), (2, 2)] {
-        let mut fresh = TestElement::new(i as u64 + 1);
-        fresh.install(&history[..keep]);
-        elements[i] = fresh;
+    (history, std::mem::take(&mut old.elements))
+}
+
+impl TestElement {
+    /// An element whose storage holds `records`.
+    fn holding(id: u64, records: &[Record]) -> TestElement {
+        let mut e = TestElement::new(id);
+        e.install(records);
+        e
     }
-    let mut c = Cluster::new(3, 2);
-    // Replace the fakes before they connect: rebuild with the prepared ones.
-    let mut config = c.core.config().clone();
-    config.epoch = Epoch(6);
-    c.core = HostCore::new(config, c.now);
-    c.elements = elements;
+
+    /// An element holding `records` that found block 1 failing its checksum: a repair.
+    fn with_a_bad_block_found(id: u64, records: &[Record]) -> TestElement {
+        let mut e = TestElement::holding(id, records);
+        e.storage.corrupt_blocks.insert((0, 1));
+        assert!(e.storage.read(LocalVolume(0), 4096, 4096).is_err(), "the bad block is found");
+        assert_eq!(e.storage.take_damaged(), vec![LocalVolume(0)]);
+        e
+    }
+}
+
+impl Cluster {
+    /// A new host element (epoch 6) over `elements`, none of them reached yet, as after a
+    /// restart of everything: `connect` boots each from its storage.
+    fn over(elements: Vec<TestElement>) -> Cluster {
+        let mut c = Cluster::new(3, 2);
+        let mut config = c.core.config().clone();
+        config.epoch = Epoch(6);
+        c.core = HostCore::new(config, c.now);
+        c.elements = elements;
+        for e in &mut c.elements {
+            e.connected = false;
+            e.down = true;
+        }
+        c
+    }
+}
+
+#[test]
+fn restart_rolls_lagging_elements_forward_from_the_most_advanced() {
+    // Elements left by a crashed host element at sequences 4, 3, 2 (1 is its beginning).
+    let (history, mut elements) = three_writes();
+    elements[1] = TestElement::holding(2, &history[..3]);
+    elements[2] = TestElement::holding(3, &history[..2]);
+    let mut c = Cluster::over(elements);
     for i in 0..3 {
-        c.elements[i].connected = false;
-        c.elements[i].down = true;
         c.connect(i);
     }
     // A restarted element keeps the read lease it may have promised before it stopped.
@@ -779,31 +810,12 @@ fn restart_rolls_lagging_elements_forward_from_the_most_advanced() {
 fn with_no_element_in_sync_a_copy_comes_from_a_peer_that_holds_the_volume_current() {
     // A crashed host element left e0 at sequence 3 and e1 at 4 with a block that fails its
     // checksum (a repair); e2 was in the middle of a full recovery.
-    let mut old = Cluster::new(3, 2);
-    for s in 0..3u8 {
-        old.write(s as u64 * 4096, s + 1, 4096);
-    }
-    let history = old.elements[0].storage.log_records(LocalVolume(0), Sequence::ZERO, u64::MAX).expect("log");
-    let mut elements = std::mem::take(&mut old.elements);
-    elements[0] = TestElement::new(1);
-    elements[0].install(&history[..3]);
-    elements[1] = TestElement::new(2);
-    elements[1].install(&history);
-    elements[1].storage.corrupt_blocks.insert((0, 1));
-    assert!(elements[1].storage.read(LocalVolume(0), 4096, 4096).is_err(), "the bad block is found");
-    assert_eq!(elements[1].storage.take_damaged(), vec![LocalVolume(0)]);
-    elements[2] = TestElement::new(3);
-    elements[2].install(&history[..1]);
+    let (history, mut elements) = three_writes();
+    elements[0] = TestElement::holding(1, &history[..3]);
+    elements[1] = TestElement::with_a_bad_block_found(2, &history);
+    elements[2] = TestElement::holding(3, &history[..1]);
     elements[2].storage.begin_copy(0);
-    let mut c = Cluster::new(3, 2);
-    let mut config = c.core.config().clone();
-    config.epoch = Epoch(6);
-    c.core = HostCore::new(config, c.now);
-    c.elements = elements;
-    for i in 0..3 {
-        c.elements[i].connected = false;
-        c.elements[i].down = true;
-    }
+    let mut c = Cluster::over(elements);
     // Each restarted element keeps the read lease it may have promised before it stopped.
     c.connect(0);
     c.advance_ms(limits::LEASE_MS_DEFAULT);
@@ -835,36 +847,21 @@ fn with_no_element_in_sync_a_copy_comes_from_a_peer_that_holds_the_volume_curren
 /// is in sync.
 #[test]
 fn a_copy_no_peer_can_serve_waits_until_one_can() {
-    let mut old = Cluster::new(3, 2);
-    for s in 0..3u8 {
-        old.write(s as u64 * 4096, s + 1, 4096);
-    }
-    let history = old.elements[0].storage.log_records(LocalVolume(0), Sequence::ZERO, u64::MAX).expect("log");
     // e0 holds a record of an older host element that never reached the others (diverged);
     // e1 continues the volume but has a block that fails its checksum; e2 was being copied.
-    let mut elements = std::mem::take(&mut old.elements);
-    elements[0] = TestElement::new(1);
-    elements[0].install(&[Record {
+    let (history, mut elements) = three_writes();
+    let stray = Record {
         volume: VOLUME,
         epoch: Epoch(3),
         sequence: Sequence(1),
         op: Op::write(8192, Bytes::from(vec![9u8; 4096])),
-    }]);
-    elements[1] = TestElement::new(2);
-    elements[1].install(&history);
-    elements[1].storage.corrupt_blocks.insert((0, 1));
-    assert!(elements[1].storage.read(LocalVolume(0), 4096, 4096).is_err(), "the bad block is found");
-    assert_eq!(elements[1].storage.take_damaged(), vec![LocalVolume(0)]);
+    };
+    elements[0] = TestElement::holding(1, &[stray]);
+    elements[1] = TestElement::with_a_bad_block_found(2, &history);
     elements[2] = TestElement::new(3);
     elements[2].storage.begin_copy(0);
-    let mut c = Cluster::new(3, 2);
-    let mut config = c.core.config().clone();
-    config.epoch = Epoch(6);
-    c.core = HostCore::new(config, c.now);
-    c.elements = elements;
+    let mut c = Cluster::over(elements);
     for i in 0..3 {
-        c.elements[i].connected = false;
-        c.elements[i].down = true;
         c.connect(i);
     }
     c.advance_ms(limits::LEASE_MS_DEFAULT);
@@ -877,8 +874,7 @@ fn a_copy_no_peer_can_serve_waits_until_one_can() {
     assert_eq!(c.mode(), VolumeMode::ReadOnly);
     // e1's disk is replaced by one that holds the same history intact: the others copy from it.
     c.crash(1);
-    c.elements[1] = TestElement::new(2);
-    c.elements[1].install(&history);
+    c.elements[1] = TestElement::holding(2, &history);
     c.elements[1].down = true;
     c.connect(1);
     c.advance_ms(limits::LEASE_MS_DEFAULT);
