@@ -430,10 +430,10 @@ def test_a_partial_write_into_a_bad_block_repairs_instead_of_looping(make_cluste
 def write_pending_repair(data_dir, index):
     """Leave on a stopped element's disk what it writes itself when a block of
     volume `index` fails its checksum: a copy state file asking for a repair
-    (docs/on-disk-format.md: magic, crc32c of bytes 12..48, verify = 1, no
-    epoch, base or cursor)."""
+    (docs/on-disk-format.md: magic, crc32c of bytes 12..48, verify = 1,
+    intact = 1, no epoch, base or cursor)."""
     from history_recorder import crc32c
-    body = bytes([1]) + bytes(35)
+    body = bytes([1, 1]) + bytes(34)
     state = b"SFCOPY02" + crc32c(body).to_bytes(4, "little") + body
     path = os.path.join(data_dir, "volumes", f"{index}.copy")
     with open(path, "wb") as f:
@@ -480,4 +480,36 @@ def test_with_no_element_in_sync_each_element_is_copied_what_it_lacks_from_a_pee
     for name, content in data.items():
         with Client(cluster.uri(name)) as client:
             assert client.pread(len(content), 0) == content, name
+    digests_agree(cluster)
+
+
+@pytest.mark.time_limit(240)
+def test_with_a_bad_block_on_every_element_each_is_repaired_from_the_others(make_cluster):
+    """Every element comes back knowing of a bad block of vol0, each at its own
+    place (the pending repair it writes itself on finding one): no element is in
+    sync, and none holds vol0 whole. A repair its element made itself keeps its
+    block map and log as committed, so it serves copies of the blocks that pass
+    their checksum: near and far are copied from local (the first of the most
+    advanced), each fetching its own bad block there, then local from them.
+    The data read back is what was written, and the replicas end identical."""
+    cluster = make_cluster(host_extra=["--read-cache", "0"])
+    data = harness.random_bytes(1 << 20, seed=33)
+    with Client(cluster.uri()) as client:
+        client.pwrite(data, 0)
+        client.flush()
+    cluster.wait_caught_up()
+    damage = {"local": 4096, "near": 65536, "far": 131072}
+    for name in damage:
+        assert cluster.elements[name].process.stop()[0] == 0
+    for name, offset in damage.items():
+        element_data = cluster.elements[name].data
+        flip(os.path.join(element_data, "volumes", "0.data"), offset + 100, 0x08)
+        write_pending_repair(element_data, 0)
+    for name in damage:
+        cluster.restart_element(name)
+    cluster.wait_healthy(timeout=120)
+    with open(cluster.host.log_path, errors="replace") as f:
+        assert "a repair, for the blocks it holds intact" in f.read(), cluster.logs()
+    with Client(cluster.uri()) as client:
+        assert client.pread(len(data), 0) == data
     digests_agree(cluster)

@@ -568,6 +568,11 @@ struct ElementRuntime {
     copy_progress: Vec<(u64, u64, u64)>,
     /// Per volume: the peer its copy was ordered from, while it is `Copying`.
     copy_source: Vec<Option<ElementId>>,
+    /// Per volume waiting for a copy: the sequence a repair holds, if its welcome said
+    /// `repair` and that sequence is on the current history where the write queue covers what
+    /// follows it. Its element's store serves copies of its intact blocks if it made the
+    /// repair itself (`copy_source`).
+    repair_held: Vec<Option<Sequence>>,
     /// Copy passes since the element last was in sync: a pass whose replay the peers' logs no
     /// longer cover starts another one, up to `COPY_PASSES_MAX`.
     copy_passes: u32,
@@ -992,6 +997,7 @@ impl HostCore {
                 replay_tried: ElementSet::default(),
                 copy_progress: vec![(0, 0, 0); volume_count],
                 copy_source: vec![None; volume_count],
+                repair_held: vec![None; volume_count],
                 copy_passes: 0,
                 failed_in_session: false,
                 ack_latency: LatencyHistogram::default(),
@@ -1737,6 +1743,7 @@ impl HostCore {
                 e.volume_recovery.push(VolumeRecovery::Streaming);
                 e.copy_progress.push((0, 0, 0));
                 e.copy_source.push(None);
+                e.repair_held.push(None);
                 e.scrub_repair.push(false);
                 e.weak_through.push(Sequence::ZERO);
                 if let Some(welcome) = &mut e.welcome {
@@ -1892,6 +1899,7 @@ impl HostCore {
                 e.volume_recovery[i] = VolumeRecovery::Streaming;
                 e.copy_progress[i] = (0, 0, 0);
                 e.copy_source[i] = None;
+                e.repair_held[i] = None;
                 e.scrub_repair[i] = false;
                 e.weak_through[i] = Sequence::ZERO;
                 if let Some(welcome) = &mut e.welcome {
@@ -2306,6 +2314,13 @@ impl HostCore {
                     _ => None,
                 }
             };
+            // A repair whose position is on the current history, the queue covering what
+            // follows: it may serve copies of its intact blocks.
+            let repair_on_history = state.repair
+                && applied <= last
+                && v.queue.covers_after(applied)
+                && (applied == Sequence::ZERO || v.queue.epoch_at(applied) == Some(state.applied_epoch));
+            self.elements[element.0 as usize].repair_held[i] = repair_on_history.then_some(applied);
             if let Some(why) = why_copy {
                 any_diverged |= diverged;
                 plan[i] = VolumeRecovery::AwaitingSource;
@@ -2460,14 +2475,30 @@ impl HostCore {
             return None;
         }
         let tried = &self.elements[element.0 as usize].replay_tried;
-        self.elements
-            .iter()
-            .enumerate()
-            .filter(|(i, _)| *i != element.0 as usize && !tried.contains(ElementId(*i as u8)))
-            .filter(|(_, p)| matches!(p.state, ElementState::Recovering(_)) && p.session && p.welcomed)
+        let peers = || {
+            self.elements
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| *i != element.0 as usize && !tried.contains(ElementId(*i as u8)))
+                .filter(|(_, p)| matches!(p.state, ElementState::Recovering(_)) && p.session && p.welcomed)
+        };
+        let streamed = peers()
             .filter(|(_, p)| !self.config.copy_source_check || p.volume_recovery[volume] == VolumeRecovery::Streaming)
             .max_by_key(|(i, p)| (p.applied[volume], std::cmp::Reverse((p.rtt_us.unwrap_or(u64::MAX), *i))))
-            .map(|(i, _)| ElementId(i as u8))
+            .map(|(i, _)| ElementId(i as u8));
+        if streamed.is_some() {
+            return streamed;
+        }
+        // Else a repair on the current history, for the blocks it holds intact. Copies flow
+        // from the most advanced repair to the others only (never between two repairs both
+        // ways): once one of those is whole, the most advanced copies from it.
+        let rank = |i: usize| self.elements[i].repair_held[volume].map(|held| (held, std::cmp::Reverse(i)));
+        let own = rank(element.0 as usize);
+        peers()
+            .filter_map(|(i, _)| rank(i).map(|r| (r, i)))
+            .filter(|(r, _)| own.is_none_or(|own| *r > own))
+            .max()
+            .map(|(_, i)| ElementId(i as u8))
     }
 
     /// Ask an element to copy the blocks of `volume` that differ from `source`'s.
@@ -2476,6 +2507,8 @@ impl HostCore {
         let e = &mut self.elements[element.0 as usize];
         e.volume_recovery[vi] = VolumeRecovery::Copying;
         e.copy_source[vi] = Some(source);
+        // Its blocks change under the copy: it serves no more copies of them.
+        e.repair_held[vi] = None;
         // The copy's state is on the element's disk from its start: it resumes there.
         e.scrub_repair[vi] = false;
         let message = HostMessage::Copy {
@@ -2503,8 +2536,10 @@ impl HostCore {
         let peer = &self.elements[source.0 as usize];
         let how = if peer.state == ElementState::InSync {
             ""
-        } else {
+        } else if peer.volume_recovery[volume.0 as usize] == VolumeRecovery::Streaming {
             " (not in sync, as none is: the write queue streams the volume to it)"
+        } else {
+            " (not in sync, as none is: a repair, for the blocks it holds intact)"
         };
         let message = format!("{why}full recovery of volume {name} from {}{how}", peer.name);
         self.emit(Action::Event(Event::RecoveryProgress { element, message }));
@@ -2737,6 +2772,7 @@ impl HostCore {
         e.recovery = None;
         e.volume_recovery.iter_mut().for_each(|r| *r = VolumeRecovery::Streaming);
         e.copy_source.iter_mut().for_each(|s| *s = None);
+        e.repair_held.iter_mut().for_each(|s| *s = None);
         // What it only had in memory, or on its way to it, may be gone with it (weak
         // acknowledgements marked entries up to `weak_through`, nothing beyond).
         let weak_through = std::mem::replace(&mut e.weak_through, vec![Sequence::ZERO; self.volumes.len()]);

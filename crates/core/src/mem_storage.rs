@@ -9,7 +9,7 @@
 //! checksums fail reads of a corrupt block; a corrupt replay-log record fails its fetch; a full
 //! disk makes the next change fail and the store refuse changes until it is reopened.
 
-use std::collections::{BTreeSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use crate::element::{CommitDone, LocalVolume, VolumeInfo};
 use crate::storage::ElementStorage;
@@ -111,8 +111,10 @@ pub struct MemStorage {
     pub slow_disk_factor: u64,
     pub corrupt_blocks: BTreeSet<(usize, u64)>,
     /// Volumes being repaired (a block failed its checksum), as the store's copy state file:
-    /// they take no records and report `copying` until a copy is installed.
-    repairs: std::cell::RefCell<BTreeSet<usize>>,
+    /// they take no records and report `copying` until a copy is installed. The flag: found
+    /// while running (the store's `CopyState::intact`), so the volume serves copies of its
+    /// intact blocks; not so after `starfish element repair` (a rotted batch).
+    repairs: std::cell::RefCell<BTreeMap<usize, bool>>,
     /// Repairs not yet taken by the element.
     damaged: std::cell::RefCell<Vec<u32>>,
     /// (volume, sequence) of the newest synced batch.
@@ -156,7 +158,7 @@ impl MemStorage {
             fsync_us,
             slow_disk_factor: 1,
             corrupt_blocks: BTreeSet::new(),
-            repairs: std::cell::RefCell::new(BTreeSet::new()),
+            repairs: std::cell::RefCell::new(BTreeMap::new()),
             damaged: std::cell::RefCell::new(Vec::new()),
             last_batch: Vec::new(),
             corrupt_log: BTreeSet::new(),
@@ -324,6 +326,8 @@ impl MemStorage {
             for vi in 0..self.vols.len() {
                 if self.vols[vi].snapshot_of.is_none() {
                     self.mark_for_repair(vi);
+                    // Made by `starfish element repair`: no copy source.
+                    self.repairs.borrow_mut().insert(vi, false);
                 }
             }
         }
@@ -389,14 +393,15 @@ impl MemStorage {
 
     /// A block of volume `vi` failed its checksum: the volume becomes a repair.
     fn mark_for_repair(&self, vi: usize) {
-        if self.repairs.borrow_mut().insert(vi) {
+        if let std::collections::btree_map::Entry::Vacant(entry) = self.repairs.borrow_mut().entry(vi) {
+            entry.insert(!self.copying.contains(&vi));
             self.damaged.borrow_mut().push(vi as u32);
         }
     }
 
     /// Whether volume `vi` is being repaired.
     pub fn repairing(&self, vi: usize) -> bool {
-        self.repairs.borrow().contains(&vi)
+        self.repairs.borrow().contains_key(&vi)
     }
 
     fn raise_epoch(&mut self, epoch: Epoch, host: HostId) {
@@ -466,15 +471,35 @@ impl MemStorage {
 
     /// The volume as a full recovery copies it (`Err` if a block fails its checksum, as the
     /// real source's verified read does).
-    pub fn copy_volume(&self, vi: usize) -> Result<VolumeCopy, String> {
-        // As the store's `copy_chunk`: a volume being copied or repaired here is no source.
-        if self.repairing(vi) || self.copying(vi) {
+    /// `target` and `tvi`: the copier's storage and volume. As the store's `copy_chunk`, the
+    /// source reads only the blocks whose summary differs from the copier's (or that the
+    /// copier's own read finds bad), so a bad block of the source fails the copy only where the
+    /// copier needs it.
+    pub fn copy_volume(&self, vi: usize, target: &MemStorage, tvi: usize) -> Result<VolumeCopy, String> {
+        // As the store's `copy_chunk`: a volume being copied here is no source, nor is a
+        // repair, but one found while running of a volume without snapshots that is no clone.
+        let has_snapshots = self.vols.iter().any(|s| !s.removed && s.snapshot_of.is_some_and(|(p, _, _)| p == vi));
+        let repair_serves = self.repairs.borrow().get(&vi).copied().unwrap_or(true) && !has_snapshots;
+        if self.copying(vi) || (self.repairing(vi) && !repair_serves) {
             return Err(format!("volume {} is being recovered here: no source for a copy", self.vols[vi].name));
         }
-        if let Some((_, b)) = self.corrupt_blocks.iter().find(|(v, _)| *v == vi) {
+        let v = &self.vols[vi];
+        let t = &target.vols[tvi];
+        let summary = |w: &Volume, b: usize| {
+            let start = b * BLOCK_BYTES as usize;
+            (
+                w.allocated[b],
+                w.allocated[b].then(|| (w.changed[b], proto::crc32c(&w.data[start..start + BLOCK_BYTES as usize]))),
+            )
+        };
+        let needed = |b: u64| {
+            target.corrupt_blocks.contains(&(tvi, b))
+                || t.allocated.len() != v.allocated.len()
+                || summary(t, b as usize) != summary(v, b as usize)
+        };
+        if let Some((_, b)) = self.corrupt_blocks.iter().find(|(w, b)| *w == vi && needed(*b)) {
             return Err(format!("peer could not send blocks: block {b} fails its checksum"));
         }
-        let v = &self.vols[vi];
         let snapshots = self
             .vols
             .iter()

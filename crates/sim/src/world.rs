@@ -1513,7 +1513,7 @@ impl World {
                     // As the copy task: the copy state is on the target's disk once the source
                     // answered, before the first block comes.
                     self.elements[from].storage.begin_copy(volume.0 as usize);
-                    self.elements[to].storage.copy_volume(vi)
+                    self.elements[to].storage.copy_volume(vi, &self.elements[from].storage, volume.0 as usize)
                 }
                 (ElementMessage::Welcome { .. }, None) => Err(format!("peer holds no volume {name}")),
                 (ElementMessage::Refused { reason, .. }, _) => Err(format!("peer refused: {reason}")),

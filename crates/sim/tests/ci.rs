@@ -642,8 +642,9 @@ fn a_host_element_starts_only_with_elements_that_hold_their_volumes() {
     // begin with a record (bug 7) the runs changed and no swarm seed of 0–2999 reaches that
     // schedule without the fix (checked by taking it out); the core test
     // `a_starting_host_element_does_not_count_an_element_being_copied` guards it. These seeds
-    // interrupt copies and must run clean.
-    for seed in [56, 82, 144, 269, 285] {
+    // interrupt copies and must run clean (56, 144 and 285 no longer did once a source's bad
+    // block failed only the copies that need it; 117 and 129 do).
+    for seed in [82, 117, 129, 269] {
         let mut o = SimOptions::new(seed, 3, 2);
         o.swarm = true;
         let r = run(&o);
@@ -681,8 +682,22 @@ fn elements_that_each_hold_what_another_needs_recover_with_none_in_sync() {
     assert!(r.elements_in_sync_at_end >= 2, "seed 702546 ended with {} element(s) in sync", r.elements_in_sync_at_end);
     // Copying from a peer whose volume is not on the current history loses acknowledged writes.
     o.broken = Broken::AnyCopySource;
-    let caught = catch("any-copy-source", &o, (700_000, 200), 1, any_violation);
+    let caught = catch("any-copy-source", &o, (700_000, 400), 1, any_violation);
     assert!(!caught.is_empty(), "copies from any peer while none is in sync must be caught");
+}
+
+/// Seed 700147 ended with every element holding vol0 with a bad block it had found (a
+/// repair), each at its own place: no element in sync, and no copy source, since a repair was
+/// none. A repair its element made itself keeps its block map and log as committed, so it now
+/// serves copies of the blocks that pass their checksum, the most advanced one to the others:
+/// the run ends with elements in sync.
+#[test]
+fn elements_that_each_found_a_bad_block_in_the_same_volume_repair_each_other() {
+    let mut o = SimOptions::new(700_147, 3, 2);
+    o.swarm = true;
+    let r = run(&o);
+    assert!(r.violations.is_empty(), "{:?}", r.violations);
+    assert!(r.elements_in_sync_at_end >= 2, "seed 700147 ended with {} element(s) in sync", r.elements_in_sync_at_end);
 }
 
 /// A run that ends with no element in sync is judged volume by volume, against the element a
@@ -699,13 +714,14 @@ fn a_run_that_ends_with_no_element_in_sync_is_judged_volume_by_volume() {
     assert_eq!(r.elements_in_sync_at_end, 0, "seed 700008 still ends with no element in sync");
     assert!(r.violations.is_empty(), "{:?}", r.violations);
     // Judged so, losses still show: with elements that acknowledge before their fdatasync,
-    // seed 56 ends with no element in sync too, and acknowledged writes are missing from the
-    // histories a starting host element would continue.
-    let mut o = SimOptions::new(56, 3, 2);
+    // seed 37 ends with no element in sync too, and acknowledged writes are missing from the
+    // histories a starting host element would continue (seed 56 did, until repairs served
+    // copies).
+    let mut o = SimOptions::new(37, 3, 2);
     o.swarm = true;
     o.broken = Broken::AckBeforeSync;
     let r = run(&o);
-    assert_eq!(r.elements_in_sync_at_end, 0, "seed 56 of ack-before-sync still ends with no element in sync");
+    assert_eq!(r.elements_in_sync_at_end, 0, "seed 37 of ack-before-sync still ends with no element in sync");
     let lost = |v: &String| v.contains("is not in the history the replicas ended with");
     assert!(r.violations.iter().any(lost), "acknowledged writes lost must be seen: {:?}", r.violations.first());
 }

@@ -27,7 +27,7 @@ impl Store {
     /// A block of `volume` failed its checksum (`error` says so): the volume becomes a repair.
     fn on_damage(&self, volume: VolumeHandle, error: &StoreError) {
         if let StoreError::BlockChecksum { block, .. } = error {
-            if let Err(e) = self.mark_for_repair(volume, *block) {
+            if let Err(e) = self.mark_for_repair(volume, *block, true) {
                 tracing::error!(error = %e, "cannot start the repair of a damaged volume");
             }
         }

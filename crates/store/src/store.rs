@@ -2580,8 +2580,14 @@ fn repair_block_map(dir: &Path, volume: &str, error: &StoreError) -> Result<bool
     entry.map_digest = ChunkImages::for_blocks(entry.size_bytes / BLOCK_BYTES).digest();
     let number = entry.number;
     meta.write(dir)?;
-    let state =
-        CopyState { epoch: Epoch(0), base: Sequence::ZERO, base_epoch: Epoch(0), cursor_block: 0, verify: true };
+    let state = CopyState {
+        epoch: Epoch(0),
+        base: Sequence::ZERO,
+        base_epoch: Epoch(0),
+        cursor_block: 0,
+        verify: true,
+        intact: false,
+    };
     copy::save(dir, number, &state)?;
     Ok(false)
 }
@@ -2621,7 +2627,8 @@ impl Store {
                             if dropped > 0 {
                                 report.actions.push(format!("removed the {dropped} snapshot(s) of volume {name}"));
                             }
-                            store.mark_for_repair(handle, 0)?;
+                            // Its log was cut: blocks may hold what dropped records wrote.
+                            store.mark_for_repair(handle, 0, false)?;
                             if !report.volumes_to_repair.contains(&name) {
                                 report.volumes_to_repair.push(name);
                             }

@@ -917,6 +917,9 @@ fn repair_keeps_what_is_intact_and_marks_the_volumes_for_a_repair() {
     assert_eq!(f.store().applied_sequence(f.volume), Sequence(4));
     let state = f.store().copy_state(f.volume).expect("a repair is pending");
     assert!(state.verify && state.is_pending_repair(), "{state:?}");
+    // Its log was cut: its blocks may hold what the dropped records wrote, so it is no copy
+    // source.
+    assert!(!state.intact, "{state:?}");
     // Nothing more to do the second time.
     f.close();
     let again = Store::repair(&f.dir.0, f.options).expect("repair again");
@@ -2112,4 +2115,62 @@ fn the_log_is_synced_unless_its_own_file_system_is_in_memory() {
         let bytes = fs::metadata(&segment).expect("the first segment").len();
         assert_eq!(bytes % step == 0, !log_in_memory, "{layout}: segment of {bytes} bytes, step {step}");
     }
+}
+
+/// A pending repair this store made itself on finding a bad block keeps its map and log as
+/// committed, so it serves a peer's copy the blocks that pass their checksum, and fails one
+/// that needs its bad block. One made by `Store::repair` (here: an empty map for a damaged one)
+/// serves none: its map says nothing of what the volume held.
+#[test]
+fn a_repair_found_while_running_serves_copies_of_its_intact_blocks_and_one_made_by_repair_serves_none() {
+    let blocks = (1 << 20) / BLOCK_BYTES;
+    let content = pattern(1, 4 * BLOCK_BYTES as usize);
+    let op = Op::write(0, Bytes::from(content.clone()));
+    let mut f = Fixture::new("repair-source", 1 << 20, StoreOptions::default());
+    let mut t = Fixture::new("repair-source-peer", 1 << 20, StoreOptions::default());
+    f.commit(std::slice::from_ref(&op));
+    t.commit(std::slice::from_ref(&op));
+    f.store().checkpoint().expect("checkpoint");
+    f.close();
+    let data = fs::OpenOptions::new().write(true).open(f.dir.0.join("volumes/0.data")).expect("open data");
+    data.write_all_at(&pattern(77, 4096), 2 * BLOCK_BYTES).expect("garble block 2");
+    drop(data);
+    f.reopen();
+    let error = f.store().read(f.volume, 2 * BLOCK_BYTES, 4096).expect_err("block 2 fails its checksum");
+    assert!(matches!(error, StoreError::BlockChecksum { block: 2, .. }), "{error}");
+    // What the element's read does with it (`ElementStorage::read`).
+    assert!(f.store().mark_for_repair(f.volume, 2, true).expect("mark"));
+    let state = f.store().copy_state(f.volume).expect("a repair");
+    assert!(state.intact && state.is_pending_repair(), "{state:?}");
+    // A peer that lacks blocks 0 and 1 gets them; one that lacks block 2 too gets nothing.
+    let theirs = t.store().block_summaries(t.volume, 0, blocks).expect("summaries");
+    let mut have = theirs.clone();
+    for b in [0, 1] {
+        have[b].allocated = false;
+    }
+    let chunk = f.store().copy_chunk(f.volume, 0, &have).expect("the intact blocks are served");
+    assert_eq!(chunk.applied, Sequence(1));
+    assert_eq!(chunk.blocks.iter().map(|b| b.block).collect::<Vec<_>>(), vec![0, 1]);
+    for b in &chunk.blocks {
+        let at = (b.block * BLOCK_BYTES) as usize;
+        assert_eq!(&b.content.as_ref().expect("allocated")[..], &content[at..at + BLOCK_BYTES as usize]);
+    }
+    have[2].allocated = false;
+    assert!(f.store().copy_chunk(f.volume, 0, &have).is_err(), "the bad block is never served");
+    // Kept across a restart: the flag is in the copy state file.
+    f.reopen();
+    assert!(f.store().copy_state(f.volume).is_some_and(|s| s.intact));
+    assert!(f.store().copy_chunk(f.volume, 0, &theirs).is_ok());
+    // A damaged block map, repaired offline: an empty map and a pending repair that serves no copy.
+    f.close();
+    let map = f.dir.0.join("volumes/0.map");
+    let mut bytes = fs::read(&map).expect("read map");
+    bytes[4096 + 16] ^= 1;
+    fs::write(&map, &bytes).expect("write map");
+    fs::remove_file(f.dir.0.join("volumes/0.copy")).expect("remove the copy state");
+    Store::repair(&f.dir.0, f.options).expect("repair");
+    f.reopen();
+    let state = f.store().copy_state(f.volume).expect("a repair");
+    assert!(state.is_pending_repair() && !state.intact, "{state:?}");
+    assert!(matches!(f.store().copy_chunk(f.volume, 0, &theirs), Err(StoreError::Copying { .. })));
 }

@@ -331,12 +331,16 @@ impl Cluster {
                 ElementAction::StartCopy { volume, session_volume, source, .. } => {
                     // The block walk is the shell's; here the source's volume is taken whole.
                     let source: usize = source[1..].parse().expect("test address e<i>");
-                    let copy = self.elements[source].storage.copy_volume(volume.0 as usize).expect("copy");
+                    let vi = volume.0 as usize;
+                    let copy = self.elements[source].storage.copy_volume(vi, &self.elements[i].storage, vi);
                     let e = &mut self.elements[i];
-                    e.storage.install_copy(volume.0 as usize, copy);
-                    e.copies += 1;
+                    let result = copy.map(|copy| {
+                        e.storage.install_copy(vi, copy);
+                        e.copies += 1;
+                        e.storage.info(volume).applied
+                    });
                     let info = e.storage.info(volume);
-                    e.core.handle_copy_done(now, volume, session_volume, info, Ok(info.applied));
+                    e.core.handle_copy_done(now, volume, session_volume, info, result);
                 }
                 ElementAction::Refused { .. } | ElementAction::Log { .. } => {}
             }

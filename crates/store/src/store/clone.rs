@@ -513,6 +513,13 @@ impl Store {
 impl CopyState {
     /// The state of a copy no host element has ordered yet (`verify`: a repair).
     pub(crate) fn fresh(verify: bool) -> CopyState {
-        CopyState { epoch: Epoch(0), base: Sequence::ZERO, base_epoch: Epoch(0), cursor_block: 0, verify }
+        CopyState {
+            epoch: Epoch(0),
+            base: Sequence::ZERO,
+            base_epoch: Epoch(0),
+            cursor_block: 0,
+            verify,
+            intact: false,
+        }
     }
 }

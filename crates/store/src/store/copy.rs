@@ -26,8 +26,9 @@ use proto::{BlockChunk, BlockCopy, BlockSummary, Epoch, Sequence, BLOCK_BYTES, C
 use super::{lock, remove_segments, Store, VOLUMES_DIR};
 use crate::{error::io_error, sys, StoreError, VolumeHandle};
 
-/// 02: the `verify` flag (byte 12, covered by the checksum, which starts at byte 12). 01 (the
-/// checksum from byte 16, no flag) is read as `verify: false`.
+/// 02: the `verify` flag (byte 12, covered by the checksum, which starts at byte 12), and the
+/// `intact` flag (byte 13, 0 in files written before it). 01 (the checksum from byte 16, no
+/// flag) is read as `verify: false`.
 const COPY_MAGIC: &[u8; 8] = b"SFCOPY02";
 const COPY_MAGIC_V1: &[u8; 8] = b"SFCOPY01";
 const COPY_FILE_BYTES: usize = 48;
@@ -48,6 +49,11 @@ pub struct CopyState {
     /// own blocks and fetches every one whose content does not match its checksum (a summary
     /// alone would call such a block equal to the source's).
     pub verify: bool,
+    /// A pending repair this element made itself on finding a block that fails its checksum:
+    /// its block map and log are intact, only blocks may be bad, so the volume may serve a
+    /// peer's copy the blocks that pass their checksum (never one made by `Store::repair`,
+    /// whose map may be empty or whose log was cut).
+    pub intact: bool,
 }
 
 pub(super) fn copy_path(dir: &Path, number: u32) -> PathBuf {
@@ -69,6 +75,7 @@ impl CopyState {
         out[32..40].copy_from_slice(&self.base_epoch.0.to_le_bytes());
         out[40..48].copy_from_slice(&self.cursor_block.to_le_bytes());
         out[12] = self.verify as u8;
+        out[13] = self.intact as u8;
         let crc = proto::crc32c(&out[12..]);
         out[8..12].copy_from_slice(&crc.to_le_bytes());
         out
@@ -95,6 +102,7 @@ impl CopyState {
             base_epoch: Epoch(u64_at(32)),
             cursor_block: u64_at(40),
             verify: covered == 12 && bytes[12] != 0,
+            intact: covered == 12 && bytes[13] == 1,
         })
     }
 }
@@ -118,6 +126,7 @@ pub(super) fn load(dir: &Path, number: u32) -> Result<Option<CopyState>, StoreEr
                 base_epoch: Epoch(0),
                 cursor_block: 0,
                 verify: true,
+                intact: false,
             }))
         }
     }
@@ -149,6 +158,24 @@ impl Store {
     pub(super) fn refuse_if_copying(&self, volume: VolumeHandle) -> Result<(), StoreError> {
         let v = self.volume_at(volume);
         if lock(&v.copy).is_some() {
+            return Err(StoreError::Copying { volume: v.name.clone() });
+        }
+        Ok(())
+    }
+
+    /// A copy source: not a volume being copied, nor a repair, unless it is a pending repair
+    /// this element made itself (`CopyState::intact`) of a volume without snapshots that is no
+    /// clone: its map and log are as committed and its applied sequence holds, so the blocks
+    /// that pass their checksum are what they were at that sequence (a bad one fails the
+    /// chunk that needs it, as on any source).
+    fn refuse_as_copy_source(&self, volume: VolumeHandle) -> Result<(), StoreError> {
+        let v = self.volume_at(volume);
+        let state = *lock(&v.copy);
+        let serves = state.is_some_and(|s| s.intact && s.is_pending_repair())
+            && v.snapshot_of.is_none()
+            && v.clone_base().is_none()
+            && self.snapshots(volume).is_empty();
+        if state.is_some() && !serves {
             return Err(StoreError::Copying { volume: v.name.clone() });
         }
         Ok(())
@@ -198,8 +225,10 @@ impl Store {
     /// A block of `volume` failed its checksum: make the volume a repair, a full recovery that
     /// verifies every block (durably: the copy state file; the volume takes no records and
     /// serves nothing until it is done, and the element says it is copying in its welcome).
-    /// Returns whether this made it one (false if it already was).
-    pub fn mark_for_repair(&self, volume: VolumeHandle, block: u64) -> Result<bool, StoreError> {
+    /// Returns whether this made it one (false if it already was). `intact`: its block map
+    /// and log are as committed (a bad block found while running), so until the copy begins
+    /// the volume may serve peers' copies of its intact blocks; not so for `Store::repair`.
+    pub fn mark_for_repair(&self, volume: VolumeHandle, block: u64, intact: bool) -> Result<bool, StoreError> {
         let v = self.volume_at(volume);
         let _committer = self.lock_committer()?;
         let current = *lock(&v.copy);
@@ -207,10 +236,8 @@ impl Store {
             return Ok(false);
         }
         let state = match current {
-            Some(s) => CopyState { verify: true, ..s },
-            None => {
-                CopyState { epoch: Epoch(0), base: Sequence::ZERO, base_epoch: Epoch(0), cursor_block: 0, verify: true }
-            }
+            Some(s) => CopyState { verify: true, intact: false, ..s },
+            None => CopyState { intact, ..CopyState::fresh(true) },
         };
         let result = save(&self.shared.dir, v.number, &state);
         self.guard(result)?;
@@ -235,7 +262,7 @@ impl Store {
         first: u64,
         have: &[BlockSummary],
     ) -> Result<BlockChunk, StoreError> {
-        self.refuse_if_copying(volume)?;
+        self.refuse_as_copy_source(volume)?;
         let v = self.volume_at(volume);
         if v.snapshot_of.is_some() {
             return self.snapshot_copy_chunk(&v, first, have);
@@ -323,7 +350,8 @@ impl Store {
         let v = self.volume_at(volume);
         // A repair stays one when a new host element orders it again.
         let verify = previous.is_some_and(|s| s.verify);
-        let state = CopyState { epoch, base: Sequence::ZERO, base_epoch: Epoch(0), cursor_block: 0, verify };
+        let state =
+            CopyState { epoch, base: Sequence::ZERO, base_epoch: Epoch(0), cursor_block: 0, verify, intact: false };
         {
             // Under the committer lock, which `commit` holds while it checks the flag: a record
             // of this volume is either committed before (and covered by the checkpoint below,
@@ -490,8 +518,14 @@ mod tests {
 
     #[test]
     fn copy_state_round_trips_and_detects_damage() {
-        let state =
-            CopyState { epoch: Epoch(3), base: Sequence(99), base_epoch: Epoch(2), cursor_block: 4096, verify: true };
+        let state = CopyState {
+            epoch: Epoch(3),
+            base: Sequence(99),
+            base_epoch: Epoch(2),
+            cursor_block: 4096,
+            verify: true,
+            intact: false,
+        };
         let mut bytes = state.encode();
         assert_eq!(CopyState::decode(&bytes), Ok(state));
         bytes[12] = 0;

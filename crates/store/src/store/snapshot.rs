@@ -343,8 +343,14 @@ impl Store {
         let snapshot_of = SnapshotOf { parent: live.number, taken_at, id };
         let handle = self.create_volume_locked(&mut committer, &name, size_bytes, Some(snapshot_of), None, None)?;
         let snap = self.volume_at(handle);
-        let state =
-            crate::CopyState { epoch: Epoch(0), base: taken_at, base_epoch: Epoch(0), cursor_block: 0, verify: false };
+        let state = crate::CopyState {
+            epoch: Epoch(0),
+            base: taken_at,
+            base_epoch: Epoch(0),
+            cursor_block: 0,
+            verify: false,
+            intact: false,
+        };
         let saved = copy::save(&self.shared.dir, snap.number, &state);
         self.guard(saved)?;
         *lock(&snap.copy) = Some(state);
