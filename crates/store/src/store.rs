@@ -2580,15 +2580,8 @@ fn repair_block_map(dir: &Path, volume: &str, error: &StoreError) -> Result<bool
     entry.map_digest = ChunkImages::for_blocks(entry.size_bytes / BLOCK_BYTES).digest();
     let number = entry.number;
     meta.write(dir)?;
-    let state = CopyState {
-        epoch: Epoch(0),
-        base: Sequence::ZERO,
-        base_epoch: Epoch(0),
-        cursor_block: 0,
-        verify: true,
-        intact: false,
-    };
-    copy::save(dir, number, &state)?;
+    // An empty map: not intact, it serves no peer's copy.
+    copy::save(dir, number, &CopyState::fresh(true))?;
     Ok(false)
 }
 

@@ -511,7 +511,7 @@ impl Store {
 }
 
 impl CopyState {
-    /// The state of a copy no host element has ordered yet (`verify`: a repair).
+    /// The state of a copy no host element has ordered yet (`verify`: a repair), not `intact`.
     pub(crate) fn fresh(verify: bool) -> CopyState {
         CopyState {
             epoch: Epoch(0),

@@ -120,14 +120,7 @@ pub(super) fn load(dir: &Path, number: u32) -> Result<Option<CopyState>, StoreEr
         Ok(state) => Ok(Some(state)),
         Err(reason) => {
             tracing::warn!(path = %path.display(), %reason, "copy state damaged; the full recovery starts over, verifying every block");
-            Ok(Some(CopyState {
-                epoch: Epoch(0),
-                base: Sequence::ZERO,
-                base_epoch: Epoch(0),
-                cursor_block: 0,
-                verify: true,
-                intact: false,
-            }))
+            Ok(Some(CopyState::fresh(true)))
         }
     }
 }
