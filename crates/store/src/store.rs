@@ -2179,6 +2179,7 @@ fn remove_orphan_files(dir: &Path, meta: &Meta) -> Result<(), StoreError> {
 /// directory. Missing files are fine (a removal a crash interrupted).
 fn remove_volume_files(dir: &Path, number: u32, open: Option<&Volume>) -> Result<(), StoreError> {
     if let Some(volume) = open {
+        volume.unmap_data();
         volume.data.set_len(0).map_err(io_error("empty volume data", &volume.data_path))?;
         volume.map_file.truncate()?;
     }

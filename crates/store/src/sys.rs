@@ -1,5 +1,6 @@
 //! The few system calls std does not offer: vectored positional writes, reads from the page
-//! cache only, hole punching, `flock`, syncing a directory, and syncing a range of a file.
+//! cache only, hole punching, `flock`, syncing a directory, syncing a range of a file, and
+//! writes through a shared mapping of a file in memory.
 
 use std::{
     fs::File,
@@ -434,6 +435,176 @@ fn sync_file_range(file: &File, offset: u64, length: u64, flags: libc::c_uint) -
     }
 }
 
+/// Writes to a file on a file system in memory (tmpfs, ramfs) through a shared mapping of it:
+/// its pages are the file's page cache, so a copy into them is the write, without a system call
+/// per write nor the page cache's lookup and locking of every page, which cost an element more
+/// than the copy itself at 1 MiB writes (docs/benchmarks.md, 2026-12-02). Writes past the
+/// mapped size, and every write where mapping is off or unsupported, are `pwritev`s.
+pub struct MappedWrites {
+    state: MappedState,
+}
+
+enum MappedState {
+    /// Never mapped: a file on a disk (writes must go through the page cache's writeback
+    /// accounting, and a store into a page whose block the disk cannot allocate is a `SIGBUS`),
+    /// or mapping failed once.
+    Off,
+    Unmapped,
+    Mapped(Mapping),
+}
+
+impl MappedWrites {
+    /// Writes through a mapping if `on` (the file is on a file system in memory).
+    pub fn new(on: bool) -> MappedWrites {
+        MappedWrites { state: if on { MappedState::Unmapped } else { MappedState::Off } }
+    }
+
+    /// Write `bufs`, back to back, at `offset` of `file`, whose size is `file_bytes`. The caller
+    /// serializes these writes with whatever punches or truncates the file.
+    pub fn write(&mut self, file: &File, file_bytes: u64, bufs: &[&[u8]], offset: u64) -> io::Result<()> {
+        let total: u64 = bufs.iter().map(|buf| buf.len() as u64).sum();
+        if total > 0 && offset.checked_add(total).is_some_and(|end| end <= file_bytes) {
+            if let Some(mapping) = self.mapping(file, file_bytes) {
+                match mapping.write_vectored_at(bufs, offset) {
+                    Err(e) if e.kind() == io::ErrorKind::Unsupported => {
+                        tracing::info!(error = %e, "writes to files in memory go through write(2)");
+                        self.state = MappedState::Off;
+                    }
+                    result => return result,
+                }
+            }
+        }
+        write_all_vectored_at(file, bufs, offset)
+    }
+
+    /// Let go of the mapping (before the file is emptied or dropped); the next write maps again.
+    pub fn unmap(&mut self) {
+        if matches!(self.state, MappedState::Mapped(_)) {
+            self.state = MappedState::Unmapped;
+        }
+    }
+
+    /// Whether writes go through a mapping (now or once one is made).
+    pub fn is_on(&self) -> bool {
+        !matches!(self.state, MappedState::Off)
+    }
+
+    /// The mapping of all `file_bytes` bytes of `file`, made (again) if the file's size changed.
+    fn mapping(&mut self, file: &File, file_bytes: u64) -> Option<&Mapping> {
+        match &self.state {
+            MappedState::Off => return None,
+            MappedState::Mapped(mapping) if mapping.len() == file_bytes => {}
+            MappedState::Mapped(_) | MappedState::Unmapped => {
+                // The old mapping goes first: two of a large file need not fit at once.
+                self.state = MappedState::Unmapped;
+                match Mapping::new(file, file_bytes) {
+                    Ok(mapping) => self.state = MappedState::Mapped(mapping),
+                    Err(e) => {
+                        tracing::warn!(error = %e, bytes = file_bytes, "cannot map a file in memory; writing it with write(2)");
+                        self.state = MappedState::Off;
+                        return None;
+                    }
+                }
+            }
+        }
+        match &self.state {
+            MappedState::Mapped(mapping) => Some(mapping),
+            MappedState::Off | MappedState::Unmapped => unreachable!("mapped just above"),
+        }
+    }
+}
+
+/// A shared, writable mapping of the first bytes of a file (see [`MappedWrites`]).
+struct Mapping {
+    base: *mut u8,
+    len: usize,
+}
+
+// SAFETY: the mapping is plain memory shared with the file; its one owner (a `MappedWrites`,
+// behind the store's locks) writes through it and unmaps it only on drop.
+unsafe impl Send for Mapping {}
+unsafe impl Sync for Mapping {}
+
+impl Mapping {
+    /// Map the first `len` bytes of `file` (`len` > 0, at most the file's size).
+    fn new(file: &File, len: u64) -> io::Result<Mapping> {
+        let len = usize::try_from(len).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "mapping too large"))?;
+        assert!(len > 0, "a mapping of no bytes");
+        // SAFETY: a fresh shared mapping of a file held open, checked for failure; nothing
+        // else is mapped at the address the kernel picks.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                file.as_raw_fd(),
+                0,
+            )
+        };
+        if base == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(Mapping { base: base as *mut u8, len })
+    }
+
+    fn len(&self) -> u64 {
+        self.len as u64
+    }
+
+    /// Copy `bufs`, back to back, to `offset` (the range within the mapping). The pages are
+    /// first made present (`MADV_POPULATE_WRITE`): a page the file system cannot allocate (it
+    /// is full) is then an error (`ENOSPC`), where a plain store into it would kill the process
+    /// with `SIGBUS`. `Unsupported`: the kernel has no such advice (before Linux 5.14).
+    fn write_vectored_at(&self, bufs: &[&[u8]], offset: u64) -> io::Result<()> {
+        let total: u64 = bufs.iter().map(|buf| buf.len() as u64).sum();
+        let end = offset.checked_add(total).expect("offsets stay below 2^63");
+        assert!(end <= self.len as u64, "a write within the mapping");
+        if total == 0 {
+            return Ok(());
+        }
+        const PAGE_BYTES: u64 = 4096;
+        let first_page = offset / PAGE_BYTES * PAGE_BYTES;
+        let populate_bytes = (end.div_ceil(PAGE_BYTES) * PAGE_BYTES).min(self.len as u64) - first_page;
+        loop {
+            // SAFETY: the range lies within the mapping (asserted above); advice only.
+            let result = unsafe {
+                libc::madvise(
+                    self.base.add(first_page as usize) as *mut libc::c_void,
+                    populate_bytes as usize,
+                    libc::MADV_POPULATE_WRITE,
+                )
+            };
+            if result == 0 {
+                break;
+            }
+            let error = io::Error::last_os_error();
+            return Err(match error.raw_os_error() {
+                Some(libc::EINTR) | Some(libc::EAGAIN) => continue,
+                // A store would have raised SIGBUS: on a file in memory, no room for the page.
+                Some(libc::EFAULT) => io::Error::from_raw_os_error(libc::ENOSPC),
+                Some(libc::EINVAL) => io::Error::new(io::ErrorKind::Unsupported, "no MADV_POPULATE_WRITE"),
+                _ => error,
+            });
+        }
+        let mut at = offset as usize;
+        for buf in bufs {
+            // SAFETY: [at, at + len) lies within the mapping and its pages are present; `buf`
+            // is memory of the caller's, not of this mapping.
+            unsafe { std::ptr::copy_nonoverlapping(buf.as_ptr(), self.base.add(at), buf.len()) };
+            at += buf.len();
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `new`, unmapped once.
+        unsafe { libc::munmap(self.base as *mut libc::c_void, self.len) };
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::{io::Write, mem::MaybeUninit};
@@ -519,6 +690,73 @@ mod tests {
             let error = super::sync_data_range(file, 0, 4096).expect_err("not open for both");
             assert_eq!(error.kind(), std::io::ErrorKind::InvalidInput, "{error}");
         }
+    }
+
+    /// A file in memory (`/dev/shm`), if this system has one.
+    fn memory_file() -> Option<std::fs::File> {
+        let dir = std::path::PathBuf::from("/dev/shm");
+        if !dir.is_dir() || super::non_blocking_reads(&dir).ok() != Some(super::NonBlockingReads::Always) {
+            eprintln!("no tmpfs at /dev/shm: not tested here");
+            return None;
+        }
+        Some(tempfile_in(dir))
+    }
+
+    /// Writes through a mapping land in the file (its reads and its size agree), writes past
+    /// its size go through `pwritev` and grow it, and a size change maps it again.
+    #[test]
+    fn mapped_writes_are_the_files_bytes_and_writes_past_its_end_grow_it() {
+        use std::os::unix::fs::FileExt;
+        let Some(file) = memory_file() else { return };
+        file.set_len(1 << 20).expect("size");
+        let mut writes = super::MappedWrites::new(true);
+        let a = vec![0x11u8; 5000];
+        let b: Vec<u8> = (0..70_000u32).map(|i| (i % 249) as u8).collect();
+        writes.write(&file, 1 << 20, &[&a, &b], 4000).expect("mapped write");
+        assert!(matches!(writes.state, super::MappedState::Mapped(_)), "a write within the file is mapped");
+        let mut back = vec![0u8; 75_000];
+        file.read_exact_at(&mut back, 4000).expect("read");
+        assert_eq!(&back[..5000], &a[..]);
+        assert_eq!(&back[5000..], &b[..]);
+        // The last bytes of the file, then past its end.
+        writes.write(&file, 1 << 20, &[&a[..10]], (1 << 20) - 10).expect("to the end");
+        writes.write(&file, 1 << 20, &[&a[..10]], 1 << 20).expect("past the end");
+        assert_eq!(file.metadata().expect("stat").len(), (1 << 20) + 10, "a write past the end grows the file");
+        let mut tail = vec![0u8; 20];
+        file.read_exact_at(&mut tail, (1 << 20) - 10).expect("read");
+        assert_eq!(tail, vec![0x11u8; 20]);
+        // The file grew: the next write maps all of it.
+        writes.write(&file, (1 << 20) + 10, &[&b[..3]], (1 << 20) + 7).expect("mapped again");
+        match &writes.state {
+            super::MappedState::Mapped(mapping) => assert_eq!(mapping.len(), (1 << 20) + 10),
+            _ => panic!("not mapped"),
+        }
+        file.read_exact_at(&mut tail[..3], (1 << 20) + 7).expect("read");
+        assert_eq!(&tail[..3], &b[..3]);
+        // Off (a file on a disk): never mapped.
+        let mut off = super::MappedWrites::new(false);
+        off.write(&file, (1 << 20) + 10, &[&a[..1]], 0).expect("write");
+        assert!(!off.is_on());
+        assert!(matches!(off.state, super::MappedState::Off));
+    }
+
+    /// A page the file system cannot give a mapped write is an error, not a `SIGBUS` that kills
+    /// the process: here the file shrank behind the mapping's back (a full tmpfs fails the
+    /// same way, with real processes in `tests/test_environment.py`).
+    #[test]
+    fn a_mapped_write_to_a_page_the_file_cannot_have_is_an_error_not_a_crash() {
+        let Some(file) = memory_file() else { return };
+        file.set_len(1 << 20).expect("size");
+        let mut writes = super::MappedWrites::new(true);
+        writes.write(&file, 1 << 20, &[&[1u8; 4096]], 0).expect("mapped write");
+        file.set_len(8192).expect("shrink");
+        let error = writes.write(&file, 1 << 20, &[&[2u8; 4096]], 65_536).expect_err("no page there");
+        assert_eq!(error.raw_os_error(), Some(libc::ENOSPC), "{error}");
+        // Within what is left of the file, and once the mapping follows the size, it works.
+        writes.write(&file, 1 << 20, &[&[3u8; 4096]], 4096).expect("within the file");
+        writes.unmap();
+        writes.write(&file, 8192, &[&[4u8; 100]], 0).expect("mapped again");
+        assert!(matches!(writes.state, super::MappedState::Mapped(_)));
     }
 
     fn tempfile_in(dir: std::path::PathBuf) -> std::fs::File {

@@ -663,6 +663,92 @@ fn running_out_of_space_is_told_apart() {
     assert!(!other.is_no_space());
 }
 
+/// A small tmpfs mounted for a test, unmounted (lazily, so a failing test cannot leave it
+/// behind busy) and removed when dropped.
+struct SmallTmpfs(PathBuf);
+
+impl SmallTmpfs {
+    /// `None` where this process may not mount (not root, or a sandbox).
+    fn mount(name: &str, size: &str) -> Option<SmallTmpfs> {
+        let dir = TempDir::new(name);
+        fs::create_dir_all(&dir.0).expect("mount point");
+        let path = std::mem::replace(&mut std::mem::ManuallyDrop::new(dir).0, PathBuf::new());
+        let status = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(&path)
+            .stderr(std::process::Stdio::null())
+            .status();
+        if !status.is_ok_and(|s| s.success()) {
+            let _ = fs::remove_dir(&path);
+            return None;
+        }
+        Some(SmallTmpfs(path))
+    }
+}
+
+impl Drop for SmallTmpfs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg("-l").arg(&self.0).status();
+        let _ = fs::remove_dir(&self.0);
+    }
+}
+
+/// Data files in memory are written through a mapping (`sys::MappedWrites`). When their file
+/// system is full, an apply fails for space, the store says so, and the process lives (a store
+/// into a page tmpfs cannot allocate is a `SIGBUS`); once room is made, reopening replays the
+/// log and loses nothing acknowledged. The volumes are on a small tmpfs of their own, the log
+/// on a larger one, so the log has room when the data files have none.
+#[test]
+fn an_apply_to_a_full_file_system_in_memory_fails_for_space_and_loses_nothing() {
+    let memory = PathBuf::from("/dev/shm");
+    if !memory.is_dir() || crate::sys::non_blocking_reads(&memory).ok() != Some(crate::sys::NonBlockingReads::Always) {
+        eprintln!("skipped: no tmpfs at /dev/shm");
+        return;
+    }
+    let Some(small) = SmallTmpfs::mount("full-volumes", "4m") else {
+        eprintln!("skipped: mounting a tmpfs needs root");
+        return;
+    };
+    let mut dir = TempDir::new("full-volumes-store");
+    dir.0 = memory.join(dir.0.file_name().expect("a name"));
+    fs::create_dir_all(&dir.0).expect("store directory");
+    let volumes = small.0.join("volumes");
+    fs::create_dir_all(&volumes).expect("volumes directory");
+    std::os::unix::fs::symlink(&volumes, dir.0.join(crate::store::VOLUMES_DIR)).expect("link");
+    let options = StoreOptions { overcommit: true, ..small_options() };
+    let store = Store::open(&dir.0, options).expect("open");
+    assert!(store.in_memory());
+    let volume = store.ensure_volume("vol", 64 << 20).expect("create");
+    // Leave the volumes' file system about 1 MiB.
+    let free = crate::sys::available_bytes(&volumes).expect("statvfs");
+    let filler = small.0.join("filler");
+    fs::write(&filler, vec![0xffu8; (free - (1 << 20)) as usize]).expect("filler");
+    let mut written = Vec::new();
+    let mut failure = None;
+    for i in 0..16u64 {
+        let op = write_op(i * (256 << 10), 256 << 10, 40 + i);
+        match store.commit(&[(volume, record(i + 1, op))]) {
+            Ok(_) => written.push(i),
+            Err(error) => {
+                failure = Some(error);
+                break;
+            }
+        }
+    }
+    let failure = failure.expect("4 MiB of writes into 1 MiB of room fail");
+    assert!(failure.is_no_space(), "{failure}");
+    assert!(store.failed_for_space(), "the store says it failed for space");
+    assert!(written.len() >= 2, "the writes that had room were taken: {written:?}");
+    drop(store);
+    fs::remove_file(&filler).expect("free the room");
+    let store = Store::open(&dir.0, options).expect("reopen once there is room");
+    let volume = store.volume("vol").expect("the volume");
+    for &i in &written {
+        let (_, data) = store.read_checked(volume, i * (256 << 10), 256 << 10).expect("read");
+        assert_eq!(data.data, pattern(40 + i, 256 << 10), "write {i} survived");
+    }
+}
+
 #[test]
 fn a_grown_volume_keeps_its_data_reads_zeroes_beyond_and_survives_reopening_and_an_interrupted_grow() {
     // Sizes that end inside a block map chunk, so the last chunk's image is partial.

@@ -41,6 +41,9 @@ pub struct Volume {
     /// (with the metadata) once the clone owns its whole content. [`NOT_A_CLONE`]: none (an
     /// atomic: every read of every live volume asks).
     clone_of: std::sync::atomic::AtomicU64,
+    /// How applies write the data file: through a mapping if the file is in memory (tmpfs),
+    /// else `pwritev` (see [`sys::MappedWrites`]). Used under the store's commit lock.
+    data_writes: std::sync::Mutex<sys::MappedWrites>,
 }
 
 /// What a read that may not wait for the disk did.
@@ -90,6 +93,11 @@ impl Volume {
         copy: Option<crate::CopyState>,
         snapshot_of: Option<crate::meta::SnapshotOf>,
     ) -> Volume {
+        // Applies write a live volume's data file through a mapping where it is in memory.
+        let in_memory = snapshot_of.is_none()
+            && data_path
+                .parent()
+                .is_some_and(|dir| matches!(sys::non_blocking_reads(dir), Ok(sys::NonBlockingReads::Always)));
         Volume {
             name,
             number,
@@ -102,6 +110,7 @@ impl Volume {
             removed: std::sync::atomic::AtomicBool::new(false),
             snapshot_of,
             clone_of: std::sync::atomic::AtomicU64::new(NOT_A_CLONE),
+            data_writes: std::sync::Mutex::new(sys::MappedWrites::new(in_memory)),
         }
     }
 
@@ -220,13 +229,30 @@ impl Volume {
         let Some(start) = start else {
             return Ok(());
         };
-        sys::write_all_vectored_at_windowed(&self.data, &slices, start * BLOCK_BYTES, window)
-            .map_err(io_error("write volume data", &self.data_path))?;
+        self.write_data(&slices, start * BLOCK_BYTES, window)?;
         for record in records {
             let holes = self.apply_written(state, chunks, record, None)?;
             debug_assert!(holes.is_empty());
         }
         Ok(())
+    }
+
+    /// Write `slices`, back to back, at `offset` of the data file: through its mapping if it is
+    /// in memory, else one aligned `window` at a time. The caller holds the commit lock (nothing
+    /// punches or truncates the file meanwhile).
+    fn write_data(&self, slices: &[&[u8]], offset: u64, window: u64) -> Result<(), StoreError> {
+        let error = io_error("write volume data", &self.data_path);
+        let mut writes = self.data_writes.lock().expect("data writes lock");
+        if writes.is_on() {
+            writes.write(&self.data, self.size_bytes(), slices, offset).map_err(error)
+        } else {
+            sys::write_all_vectored_at_windowed(&self.data, slices, offset, window).map_err(error)
+        }
+    }
+
+    /// Let go of the data file's mapping, if any (before the file is emptied).
+    pub fn unmap_data(&self) {
+        self.data_writes.lock().expect("data writes lock").unmap();
     }
 
     /// `apply`, a record's carried blocks written one `write_window` at a time; `None`: they are
@@ -248,8 +274,7 @@ impl Volume {
                 // its record was logged).
                 if let (Some(window), false) = (write_window, *placed) {
                     let slices: Vec<&[u8]> = pieces.iter().map(|p| &p[..]).collect();
-                    sys::write_all_vectored_at_windowed(&self.data, &slices, first_block * BLOCK_BYTES, window)
-                        .map_err(io_error("write volume data", &self.data_path))?;
+                    self.write_data(&slices, first_block * BLOCK_BYTES, window)?;
                 }
                 for (i, crc) in crcs.iter().enumerate() {
                     state.map.set_written(first_block + i as u64, sequence, *crc);
