@@ -1,5 +1,8 @@
 //! The host element's read cache: LRU over 4 KiB blocks, write-through. It always holds the
 //! newest content of a block (including writes still in flight), so a hit is linearizable.
+//! A block that a read missed is cached only if a read missed it once before recently (the
+//! [`Doorkeeper`]): reads spread over more than the cache holds would otherwise copy every
+//! block they miss into it, evicting blocks that will be read again, for hits they rarely get.
 
 use std::collections::HashMap;
 
@@ -40,8 +43,52 @@ pub struct ReadCache {
     free: Vec<u32>,
     newest: u32,
     oldest: u32,
+    /// Which blocks read and missed may be cached.
+    doorkeeper: Doorkeeper,
     pub hits: u64,
     pub misses: u64,
+}
+
+/// Admission of blocks read into the cache, as TinyLFU's doorkeeper (Einziger, Friedman and
+/// Manes, 2017): one bit per hash of a block; a block missed whose bit is set was (most likely)
+/// missed since the last clearing, and is cached; otherwise its bit is set. The bits are cleared
+/// once twice as many blocks were seen as the cache holds, so "recently" is two caches' worth of
+/// missed blocks (a hot set up to twice the cache's size gets in on its second pass). A set bit
+/// of another block (a collision) admits a block early; eight bits per cached block keep that
+/// to at most a quarter of the blocks seen once.
+#[derive(Debug)]
+struct Doorkeeper {
+    bits: Vec<u64>,
+    /// Blocks whose bit this clearing set.
+    seen: usize,
+    /// Clear after this many.
+    seen_max: usize,
+}
+
+impl Doorkeeper {
+    fn new(capacity_blocks: usize) -> Doorkeeper {
+        let seen_max = capacity_blocks.saturating_mul(2).max(1);
+        let bit_count = seen_max.saturating_mul(4).next_power_of_two().max(64);
+        Doorkeeper { bits: vec![0; bit_count / 64], seen: 0, seen_max }
+    }
+
+    /// Whether `key`, just missed by a read, is to be cached.
+    fn admit(&mut self, key: Key) -> bool {
+        use std::hash::BuildHasher;
+        let hash = foldhash::fast::FixedState::default().hash_one(key);
+        let bit = (hash as usize) & (self.bits.len() * 64 - 1);
+        let (word, mask) = (bit / 64, 1u64 << (bit % 64));
+        if self.bits[word] & mask != 0 {
+            return true;
+        }
+        self.bits[word] |= mask;
+        self.seen += 1;
+        if self.seen >= self.seen_max {
+            self.bits.fill(0);
+            self.seen = 0;
+        }
+        false
+    }
 }
 
 impl ReadCache {
@@ -55,6 +102,7 @@ impl ReadCache {
             free: Vec::new(),
             newest: NIL,
             oldest: NIL,
+            doorkeeper: Doorkeeper::new(capacity_blocks),
             hits: 0,
             misses: 0,
         }
@@ -201,7 +249,7 @@ impl ReadCache {
     }
 
     /// Record the current content of a range read from an element (after overlaying the write
-    /// queue). Only whole blocks are kept.
+    /// queue). Only whole blocks are kept: those cached already, and those the doorkeeper admits.
     pub fn fill(&mut self, volume: VolumeId, offset_bytes: u64, data: &Bytes) {
         if self.capacity_blocks == 0 || data.len() as u64 >= READ_CACHE_BYPASS_BYTES {
             return;
@@ -210,6 +258,9 @@ impl ReadCache {
         let first = offset_bytes.div_ceil(BLOCK_BYTES);
         let end = end_bytes / BLOCK_BYTES;
         for b in first..end.max(first) {
+            if !self.index.contains_key(&(volume, b)) && !self.doorkeeper.admit((volume, b)) {
+                continue;
+            }
             let start = (b * BLOCK_BYTES - offset_bytes) as usize;
             // Copy so a cached block never pins a large read buffer.
             let block = Bytes::copy_from_slice(&data[start..start + BLOCK_BYTES as usize]);
@@ -327,6 +378,8 @@ mod tests {
         assert_eq!(c.get(V, big as u64, 4096).as_deref(), Some(&[2u8; 4096][..]), "beyond it, kept");
         c.fill(V, 0, &Bytes::from(vec![3u8; big]));
         assert_eq!(c.used_bytes(), BLOCK_BYTES, "a large read is not cached");
+        // Read twice: a block read that missed is cached the second time (the doorkeeper).
+        c.fill(V, 0, &Bytes::from(vec![3u8; big - 4096]));
         c.fill(V, 0, &Bytes::from(vec![3u8; big - 4096]));
         let filled = (big as u64 - 4096) / BLOCK_BYTES;
         assert_eq!(c.used_bytes(), BLOCK_BYTES * (filled + 1), "a smaller one is (and the block beyond)");
@@ -337,12 +390,47 @@ mod tests {
     fn fill_keeps_only_whole_blocks() {
         let mut c = ReadCache::new(16 * BLOCK_BYTES);
         c.fill(V, 512, &Bytes::from(vec![7u8; 3 * 4096]));
+        c.fill(V, 512, &Bytes::from(vec![7u8; 3 * 4096]));
         assert!(c.get(V, 0, 512).is_none());
         assert_eq!(c.get(V, 4096, 8192).as_deref(), Some(&[7u8; 8192][..]));
         assert_eq!(c.used_bytes(), 2 * BLOCK_BYTES);
         let mut off = ReadCache::new(0);
         off.apply(V, &write(0, 1, 4096));
         assert!(off.get(V, 0, 4096).is_none());
+    }
+
+    /// A block a read missed is cached when a read misses it again (not the first time), a
+    /// cached block read is kept current at once, and a written block is cached at once; blocks
+    /// read once each, over four times what the cache holds, mostly stay out of it.
+    #[test]
+    fn a_block_read_is_cached_when_it_is_read_again() {
+        let mut c = ReadCache::new(64 * BLOCK_BYTES);
+        let block = |fill: u8| Bytes::from(vec![fill; BLOCK_BYTES as usize]);
+        c.fill(V, 0, &block(1));
+        assert!(c.get(V, 0, 4096).is_none(), "read once: not cached");
+        c.fill(V, 0, &block(1));
+        assert_eq!(c.get(V, 0, 4096).as_deref(), Some(&[1u8; 4096][..]), "read again: cached");
+        c.apply(V, &write(8192, 2, 4096));
+        assert_eq!(c.get(V, 8192, 4096).as_deref(), Some(&[2u8; 4096][..]), "written: cached at once");
+        c.fill(V, 8192, &block(2));
+        assert_eq!(c.get(V, 8192, 4096).as_deref(), Some(&[2u8; 4096][..]));
+        c.assert_invariants();
+        // 256 blocks read once each: some pass on a shared bit (of 1,024, cleared after 128).
+        let mut once = ReadCache::new(64 * BLOCK_BYTES);
+        for b in 0..256u64 {
+            once.fill(V, b * BLOCK_BYTES, &block(3));
+        }
+        let cached = once.used_bytes() / BLOCK_BYTES;
+        assert!(cached < 64, "{cached} of 256 blocks read once were cached");
+        once.assert_invariants();
+        // The same 64 blocks read again and again: all cached.
+        let mut hot = ReadCache::new(64 * BLOCK_BYTES);
+        for _ in 0..2 {
+            for b in 0..64u64 {
+                hot.fill(V, b * BLOCK_BYTES, &block(4));
+            }
+        }
+        assert_eq!(hot.used_bytes(), 64 * BLOCK_BYTES, "a hot set read twice is cached whole");
     }
 
     /// The cache against a plain list kept in recency order (the least recently used first),

@@ -318,10 +318,12 @@ fn clean_stops_let_the_elements_go_and_releasing_while_serving_is_caught() {
     let summary = sweep("N=3 Q=2 clean stops of the host element", &o, 16);
     assert!(summary.faults.get("host_stop").copied().unwrap_or(0) > 16, "stops happened: {:?}", summary.faults);
     // The broken variant's window is short: the new host element must be serving writes before
-    // the old one's own lease lapses (seeds 0-79 of stops alone: 4 caught).
+    // the old one's own lease lapses (seeds 0-79 of stops alone: 4 caught; since a block a read
+    // missed enters the read cache only when a read misses it again, fewer stale blocks are
+    // cached: 44 and 110 of 0-110).
     o.only_faults = vec![FaultKind::HostStop];
     o.broken = Broken::ReleaseWhileServing;
-    let caught = catch("release-while-serving", &o, (0, 80), 2, any_violation);
+    let caught = catch("release-while-serving", &o, (0, 240), 2, any_violation);
     assert!(caught.len() >= 2, "a release while serving must be caught in several runs, got {caught:?}");
 }
 
@@ -429,18 +431,19 @@ fn volume_creations_are_failure_atomic_and_without_the_intention_log_are_caught(
 /// the read window, the read cache's bypass and the lease fix changed the runs (seed 55
 /// deletes nothing now, nor loses seed 850, the one before), and seed 1131 since host elements
 /// begin with a record (bug 7): of seeds 0–1500 the ones whose `--trace` says "lost as allowed
-/// (before its volume's deletion)" are 1131 and 1151.
+/// (before its volume's deletion)" were 1131 and 1151. Since a block a read missed enters the
+/// read cache only when a read misses it again, of seeds 1100–1500 only 1151 does.
 #[test]
 fn weakly_acknowledged_losses_on_a_deleted_volume_are_accounted_for() {
     use starfish_core::AckPolicy::{Durable, NetworkSync, Received};
-    let mut o = SimOptions::new(1131, 3, 2);
+    let mut o = SimOptions::new(1151, 3, 2);
     o.volume_ops = true;
     o.ack = vec![Received, NetworkSync, Durable];
     let r = run(&o);
-    assert!(r.violations.is_empty(), "seed 1131: {:?} — replay: {}", r.violations, r.replay);
+    assert!(r.violations.is_empty(), "seed 1151: {:?} — replay: {}", r.violations, r.replay);
     assert!(
         r.volumes_deleted > 0 && r.acked_writes_lost_weak > 0,
-        "seed 1131 no longer loses weak writes of a deleted volume"
+        "seed 1151 no longer loses weak writes of a deleted volume"
     );
     o.fault_phase_ms = 10_000;
     sweep("N=3 Q=2 volume ops, received, network-sync, durable", &o, 32);
@@ -660,10 +663,12 @@ fn forgetting_that_a_copy_began_is_caught() {
     let mut o = SimOptions::new(0, 3, 2);
     o.swarm = true;
     o.broken = Broken::ForgetCopyState;
-    let reports = run_until(&o, 1000, 100, 2, |rs| rs.iter().any(any_violation));
+    // Seeds 1000-1099 caught it until a block a read missed entered the read cache only when a
+    // read missed it again; of 1000-1599 then, 1338 alone.
+    let reports = run_until(&o, 1300, 100, 2, |rs| rs.iter().any(any_violation));
     let interrupted: u64 = reports.iter().map(|r| r.copies_interrupted).sum();
     let more = format!(", {interrupted} copies interrupted");
-    let caught = caught_seeds("forget-copy-state", (1000, 100), &reports, any_violation, &more);
+    let caught = caught_seeds("forget-copy-state", (1300, 100), &reports, any_violation, &more);
     assert!(!caught.is_empty(), "an element that forgets its copy state must be caught");
 }
 
