@@ -233,3 +233,38 @@ def test_libnbd_multi_conn_and_concurrent_writers(target):
             a.h.set_strict_mode(0)
             a.pread(512, VOLUME_SIZE)
         assert excinfo.value.errnum == errno.EINVAL
+
+
+@pytest.mark.time_limit(120)
+def test_the_read_cache_takes_a_block_a_read_missed_on_its_second_miss(cluster):
+    """A block read once is not cached: a miss, and one block declined (status and metrics
+    say so). Read again, it is taken (a miss, none declined), and the third read is a hit. A
+    block written is cached at once: its first read is a hit."""
+    import urllib.request
+
+    def counts():
+        cache = cluster.status()["read_cache"]
+        return cache["hits"], cache["misses"], cache["declined"], cache["used_bytes"]
+
+    block = 100 * MiB
+    with harness.Client(cluster.uri()) as client:
+        before = counts()
+        assert client.pread(4096, block) == bytes(4096)
+        once = counts()
+        assert [a - b for a, b in zip(once, before)] == [0, 1, 1, 0], (before, once)
+        assert client.pread(4096, block) == bytes(4096)
+        twice = counts()
+        assert [a - b for a, b in zip(twice, once)] == [0, 1, 0, 4096], (once, twice)
+        assert client.pread(4096, block) == bytes(4096)
+        thrice = counts()
+        assert [a - b for a, b in zip(thrice, twice)] == [1, 0, 0, 0], (twice, thrice)
+        data = harness.random_bytes(8192, seed=41)
+        client.pwrite(data, 200 * MiB)
+        written = counts()
+        assert written[3] - thrice[3] == 8192, (thrice, written)
+        assert client.pread(8192, 200 * MiB) == data
+        assert [a - b for a, b in zip(counts(), written)] == [1, 0, 0, 0]
+    with urllib.request.urlopen(f"http://{cluster.admin}/metrics", timeout=30) as answer:
+        metrics = answer.read().decode()
+    declined = [line for line in metrics.splitlines() if line.startswith("starfish_read_cache_declined_total ")]
+    assert declined and float(declined[0].split()[1]) >= 1, declined

@@ -962,6 +962,8 @@ pub struct HostStatus {
     pub read_cache_used_bytes: u64,
     pub read_cache_hits: u64,
     pub read_cache_misses: u64,
+    /// Blocks reads missed that the read cache did not take (it takes one on its second miss).
+    pub read_cache_declined: u64,
     /// Reads waiting in the host element for room in an element's read window, and their
     /// reply bytes.
     pub reads_waiting: u64,
@@ -4113,6 +4115,7 @@ impl HostCore {
             read_cache_used_bytes: self.cache.used_bytes(),
             read_cache_hits: self.cache.hits,
             read_cache_misses: self.cache.misses,
+            read_cache_declined: self.cache.declined,
             reads_waiting: self.reads_waiting.len() as u64,
             reads_waiting_bytes: self.reads_waiting.iter().map(PendingRead::reply_bytes).sum(),
         }

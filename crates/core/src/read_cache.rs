@@ -47,6 +47,8 @@ pub struct ReadCache {
     doorkeeper: Doorkeeper,
     pub hits: u64,
     pub misses: u64,
+    /// Blocks a read missed that the doorkeeper did not let in (seen once).
+    pub declined: u64,
 }
 
 /// Admission of blocks read into the cache, as TinyLFU's doorkeeper (Einziger, Friedman and
@@ -105,6 +107,7 @@ impl ReadCache {
             doorkeeper: Doorkeeper::new(capacity_blocks),
             hits: 0,
             misses: 0,
+            declined: 0,
         }
     }
 
@@ -259,6 +262,7 @@ impl ReadCache {
         let end = end_bytes / BLOCK_BYTES;
         for b in first..end.max(first) {
             if !self.index.contains_key(&(volume, b)) && !self.doorkeeper.admit((volume, b)) {
+                self.declined += 1;
                 continue;
             }
             let start = (b * BLOCK_BYTES - offset_bytes) as usize;
@@ -408,8 +412,10 @@ mod tests {
         let block = |fill: u8| Bytes::from(vec![fill; BLOCK_BYTES as usize]);
         c.fill(V, 0, &block(1));
         assert!(c.get(V, 0, 4096).is_none(), "read once: not cached");
+        assert_eq!(c.declined, 1);
         c.fill(V, 0, &block(1));
         assert_eq!(c.get(V, 0, 4096).as_deref(), Some(&[1u8; 4096][..]), "read again: cached");
+        assert_eq!(c.declined, 1, "taken the second time");
         c.apply(V, &write(8192, 2, 4096));
         assert_eq!(c.get(V, 8192, 4096).as_deref(), Some(&[2u8; 4096][..]), "written: cached at once");
         c.fill(V, 8192, &block(2));

@@ -522,6 +522,7 @@ pub fn status_json(
             "used_bytes": status.read_cache_used_bytes,
             "hits": status.read_cache_hits,
             "misses": status.read_cache_misses,
+            "declined": status.read_cache_declined,
         },
         "reads_waiting": {
             "count": status.reads_waiting,

@@ -446,6 +446,13 @@ fn register_status(
     let misses = Counter::<u64>::default();
     misses.inc_by(status.read_cache_misses);
     registry.register("read_cache_misses", "Reads the read cache could not answer", misses);
+    let declined = Counter::<u64>::default();
+    declined.inc_by(status.read_cache_declined);
+    registry.register(
+        "read_cache_declined",
+        "Blocks reads missed that the read cache did not take (it takes one on its second miss)",
+        declined,
+    );
     let used = Gauge::<i64>::default();
     used.set(status.read_cache_used_bytes as i64);
     registry.register_with_unit("read_cache_used", "Bytes held by the read cache", Unit::Bytes, used);
