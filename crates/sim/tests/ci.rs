@@ -672,6 +672,17 @@ fn forgetting_that_a_copy_began_is_caught() {
     assert!(!caught.is_empty(), "an element that forgets its copy state must be caught");
 }
 
+/// Run swarm seed `seed` (N=3, Q=2): no violation, and at least two elements in sync at the
+/// end. Returns its options, for broken variants of the same run.
+fn swarm_seed_ends_in_sync(seed: u64) -> SimOptions {
+    let mut o = SimOptions::new(seed, 3, 2);
+    o.swarm = true;
+    let r = run(&o);
+    assert!(r.violations.is_empty(), "seed {seed}: {:?}", r.violations);
+    assert!(r.elements_in_sync_at_end >= 2, "seed {seed} ended with {} element(s) in sync", r.elements_in_sync_at_end);
+    o
+}
+
 /// Seed 702546 ended with every element failed for good: e0 and e1 needed vol0's newest record,
 /// which only e2 held, and e2 needed vol1 copied from e0 or e1, which were failed as a whole
 /// (no element was in sync, so none could serve a copy or a replay). Now, while no element is
@@ -680,11 +691,7 @@ fn forgetting_that_a_copy_began_is_caught() {
 /// elements in sync.
 #[test]
 fn elements_that_each_hold_what_another_needs_recover_with_none_in_sync() {
-    let mut o = SimOptions::new(702_546, 3, 2);
-    o.swarm = true;
-    let r = run(&o);
-    assert!(r.violations.is_empty(), "{:?}", r.violations);
-    assert!(r.elements_in_sync_at_end >= 2, "seed 702546 ended with {} element(s) in sync", r.elements_in_sync_at_end);
+    let mut o = swarm_seed_ends_in_sync(702_546);
     // Copying from a peer whose volume is not on the current history loses acknowledged writes.
     o.broken = Broken::AnyCopySource;
     let caught = catch("any-copy-source", &o, (700_000, 400), 1, any_violation);
@@ -698,11 +705,7 @@ fn elements_that_each_hold_what_another_needs_recover_with_none_in_sync() {
 /// the run ends with elements in sync.
 #[test]
 fn elements_that_each_found_a_bad_block_in_the_same_volume_repair_each_other() {
-    let mut o = SimOptions::new(700_147, 3, 2);
-    o.swarm = true;
-    let r = run(&o);
-    assert!(r.violations.is_empty(), "{:?}", r.violations);
-    assert!(r.elements_in_sync_at_end >= 2, "seed 700147 ended with {} element(s) in sync", r.elements_in_sync_at_end);
+    swarm_seed_ends_in_sync(700_147);
 }
 
 /// A run that ends with no element in sync is judged volume by volume, against the element a
