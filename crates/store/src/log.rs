@@ -1022,6 +1022,7 @@ impl LogWriter {
     pub fn append(&mut self, records: &[LogRecord]) -> Result<Vec<(u64, u32)>, StoreError> {
         let mut positions = Vec::with_capacity(records.len());
         let mut next = 0;
+        let mut marked = false;
         while next < records.len() {
             self.scratch.clear();
             self.parts.clear();
@@ -1063,7 +1064,21 @@ impl LogWriter {
             // Room for the sync mark and an end mark after the batch.
             let wanted_end = batch_end + 2 * BATCH_HEADER_BYTES as u64;
             let mut tail_bytes = 0;
-            if self.grow_step_bytes > 0 && wanted_end > self.file_bytes {
+            if self.in_memory && next == records.len() {
+                // In memory the sync mark goes into the last batch's own write, after it: the
+                // bytes `write_sync_mark` would write next (no sync comes between), one system
+                // call fewer a commit. A write is done in order, so a crash in the middle of
+                // it leaves no mark after a batch that is not whole.
+                let start = self.scratch.len();
+                self.scratch.extend_from_slice(&batch_header(self.segment, batch_end, 0, 0));
+                self.parts.push(Part::Scratch(start..self.scratch.len()));
+                tail_bytes = BATCH_HEADER_BYTES as u64;
+                if wanted_end <= self.file_bytes {
+                    self.parts.push(Part::EndMark);
+                    tail_bytes += END_MARK.len() as u64;
+                }
+                marked = true;
+            } else if self.grow_step_bytes > 0 && wanted_end > self.file_bytes {
                 // Grow by zeroes: the next commits overwrite them, which syncs cheaper.
                 let grown = wanted_end.div_ceil(self.grow_step_bytes) * self.grow_step_bytes;
                 tail_bytes = grown - batch_end;
@@ -1100,14 +1115,16 @@ impl LogWriter {
             self.position = batch_end;
             self.file_bytes = self.file_bytes.max(batch_end + tail_bytes);
         }
-        self.write_sync_mark();
+        if !marked {
+            self.write_sync_mark();
+        }
         Ok(positions)
     }
 
     /// After a sync: a batch of no records at the end of the log (followed by an end mark),
     /// not synced and overwritten by the next batch. Its presence proves the batch before it
-    /// was synced (it is written only after the `fdatasync` returned; in memory, after the
-    /// batch's write returned, which is all a sync would have waited for), so damage in that batch
+    /// was synced (it is written only after the `fdatasync` returned; in memory, where a sync
+    /// would wait for nothing, in the batch's own write, after the batch), so damage in that batch
     /// is read as rot of acknowledged records (refusing to start), never as a torn tail to
     /// discard. Best effort: without it, that damage reads as a torn tail, as before.
     fn write_sync_mark(&mut self) {
