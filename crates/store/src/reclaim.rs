@@ -124,6 +124,7 @@ pub fn punch_holes(volume: &Volume, map: &BlockMap, blocks: Range<u64>, budget_b
                     _ => break,
                 };
                 let hole = sys::next_hole(&volume.data, data)?.min(end);
+                volume.data_punched(data, hole - data);
                 sys::punch_hole(&volume.data, data, hole - data)?;
                 punched += hole - data;
                 position = hole;

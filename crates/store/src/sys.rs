@@ -6,6 +6,7 @@ use std::{
     fs::File,
     io,
     mem::MaybeUninit,
+    ops::Range,
     os::fd::AsRawFd,
     path::Path,
     sync::atomic::{AtomicBool, Ordering},
@@ -484,13 +485,31 @@ impl MappedWrites {
         }
     }
 
+    /// `length` bytes at `offset` of the file are about to be punched (made a hole): their
+    /// pages are no longer known to be present, so the next write there makes them present
+    /// again (and fails for space if the file system has no room for them).
+    pub fn punched(&mut self, offset: u64, length: u64) {
+        if let MappedState::Mapped(mapping) = &mut self.state {
+            mapping.populated.clear(offset, length);
+        }
+    }
+
+    /// How many times a write made pages present (`MADV_POPULATE_WRITE`), for tests.
+    #[cfg(test)]
+    pub fn populate_calls(&self) -> u64 {
+        match &self.state {
+            MappedState::Mapped(mapping) => mapping.populate_calls,
+            MappedState::Off | MappedState::Unmapped => 0,
+        }
+    }
+
     /// Whether writes go through a mapping (now or once one is made).
     pub fn is_on(&self) -> bool {
         !matches!(self.state, MappedState::Off)
     }
 
     /// The mapping of all `file_bytes` bytes of `file`, made (again) if the file's size changed.
-    fn mapping(&mut self, file: &File, file_bytes: u64) -> Option<&Mapping> {
+    fn mapping(&mut self, file: &File, file_bytes: u64) -> Option<&mut Mapping> {
         match &self.state {
             MappedState::Off => return None,
             MappedState::Mapped(mapping) if mapping.len() == file_bytes => {}
@@ -507,7 +526,7 @@ impl MappedWrites {
                 }
             }
         }
-        match &self.state {
+        match &mut self.state {
             MappedState::Mapped(mapping) => Some(mapping),
             MappedState::Off | MappedState::Unmapped => unreachable!("mapped just above"),
         }
@@ -518,6 +537,59 @@ impl MappedWrites {
 struct Mapping {
     base: *mut u8,
     len: usize,
+    /// The 4 KiB pieces of the mapping that a write made present: a page of a file in memory
+    /// stays allocated to the file until it is punched or the file shrinks (swapped out, it is
+    /// still the file's), so writes there need no `MADV_POPULATE_WRITE` again (at 4 KiB
+    /// writes that call was about an eighth of an element's CPU, docs/benchmarks.md). Pieces
+    /// are 4 KiB whatever the page size: a page that a populated range overlaps is whole
+    /// present, and holds every aligned piece that overlaps the range too.
+    populated: PieceSet,
+    #[cfg(test)]
+    populate_calls: u64,
+}
+
+/// A set of 4 KiB pieces of a mapping, one bit each.
+struct PieceSet {
+    words: Vec<u64>,
+}
+
+impl PieceSet {
+    const PIECE_BYTES: u64 = 4096;
+
+    fn new(len: u64) -> PieceSet {
+        PieceSet { words: vec![0; len.div_ceil(Self::PIECE_BYTES).div_ceil(64) as usize] }
+    }
+
+    /// The pieces that `length` bytes at `offset` overlap, as a range of piece numbers.
+    fn pieces(offset: u64, length: u64) -> Range<u64> {
+        offset / Self::PIECE_BYTES..(offset + length).div_ceil(Self::PIECE_BYTES)
+    }
+
+    /// Each word's index and the mask of its bits in `pieces`.
+    fn masks(pieces: Range<u64>) -> impl Iterator<Item = (usize, u64)> {
+        let (first, end) = (pieces.start, pieces.end.max(pieces.start));
+        (first / 64..end.div_ceil(64)).map(move |word| {
+            let low = first.max(word * 64) - word * 64;
+            let high = end.min(word * 64 + 64) - word * 64;
+            let mask = if high - low == 64 { u64::MAX } else { ((1u64 << (high - low)) - 1) << low };
+            (word as usize, mask)
+        })
+    }
+
+    fn contains_all(&self, offset: u64, length: u64) -> bool {
+        Self::masks(Self::pieces(offset, length)).all(|(word, mask)| self.words[word] & mask == mask)
+    }
+
+    fn insert(&mut self, offset: u64, length: u64) {
+        Self::masks(Self::pieces(offset, length)).for_each(|(word, mask)| self.words[word] |= mask);
+    }
+
+    /// Forget the pieces that `length` bytes at `offset` overlap, within the mapping.
+    fn clear(&mut self, offset: u64, length: u64) {
+        let limit = self.words.len() as u64 * 64 * Self::PIECE_BYTES;
+        let (offset, end) = (offset.min(limit), offset.saturating_add(length).min(limit));
+        Self::masks(Self::pieces(offset, end - offset)).for_each(|(word, mask)| self.words[word] &= !mask);
+    }
 }
 
 // SAFETY: the mapping is plain memory shared with the file; its one owner (a `MappedWrites`,
@@ -545,7 +617,13 @@ impl Mapping {
         if base == libc::MAP_FAILED {
             return Err(io::Error::last_os_error());
         }
-        Ok(Mapping { base: base as *mut u8, len })
+        Ok(Mapping {
+            base: base as *mut u8,
+            len,
+            populated: PieceSet::new(len as u64),
+            #[cfg(test)]
+            populate_calls: 0,
+        })
     }
 
     fn len(&self) -> u64 {
@@ -556,7 +634,7 @@ impl Mapping {
     /// first made present (`MADV_POPULATE_WRITE`): a page the file system cannot allocate (it
     /// is full) is then an error (`ENOSPC`), where a plain store into it would kill the process
     /// with `SIGBUS`. `Unsupported`: the kernel has no such advice (before Linux 5.14).
-    fn write_vectored_at(&self, bufs: &[&[u8]], offset: u64) -> io::Result<()> {
+    fn write_vectored_at(&mut self, bufs: &[&[u8]], offset: u64) -> io::Result<()> {
         let total: u64 = bufs.iter().map(|buf| buf.len() as u64).sum();
         let end = offset.checked_add(total).expect("offsets stay below 2^63");
         assert!(end <= self.len as u64, "a write within the mapping");
@@ -566,7 +644,7 @@ impl Mapping {
         const PAGE_BYTES: u64 = 4096;
         let first_page = offset / PAGE_BYTES * PAGE_BYTES;
         let populate_bytes = (end.div_ceil(PAGE_BYTES) * PAGE_BYTES).min(self.len as u64) - first_page;
-        loop {
+        while !self.populated.contains_all(offset, total) {
             // SAFETY: the range lies within the mapping (asserted above); advice only.
             let result = unsafe {
                 libc::madvise(
@@ -576,6 +654,11 @@ impl Mapping {
                 )
             };
             if result == 0 {
+                self.populated.insert(offset, total);
+                #[cfg(test)]
+                {
+                    self.populate_calls += 1;
+                }
                 break;
             }
             let error = io::Error::last_os_error();
@@ -757,6 +840,73 @@ mod tests {
         writes.unmap();
         writes.write(&file, 8192, &[&[4u8; 100]], 0).expect("mapped again");
         assert!(matches!(writes.state, super::MappedState::Mapped(_)));
+    }
+
+    /// The set of populated pieces against a plain model: every range, across word boundaries,
+    /// to the last piece; a clear past the end is cut to the mapping.
+    #[test]
+    fn piece_sets_hold_exactly_the_pieces_their_ranges_overlap() {
+        const PIECE: u64 = super::PieceSet::PIECE_BYTES;
+        let len = 200 * PIECE - 100; // the last piece is partial
+        let pieces = len.div_ceil(PIECE) as usize;
+        let mut set = super::PieceSet::new(len);
+        let mut model = vec![false; pieces];
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = |bound: u64| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed % bound
+        };
+        for round in 0..4000 {
+            let offset = next(len);
+            let length = 1 + next((len - offset).min(if round % 3 == 0 { 70 * PIECE } else { 3 * PIECE }));
+            let covered = (offset / PIECE) as usize..(offset + length).div_ceil(PIECE) as usize;
+            let expected = model[covered.clone()].iter().all(|&p| p);
+            assert_eq!(set.contains_all(offset, length), expected, "round {round}: {length} at {offset}");
+            match next(3) {
+                0 => {
+                    set.insert(offset, length);
+                    model[covered].fill(true);
+                }
+                1 => {
+                    set.clear(offset, length);
+                    model[covered].fill(false);
+                }
+                _ => {}
+            }
+        }
+        set.insert(0, len);
+        assert!(set.contains_all(0, len) && set.contains_all(len - 1, 1));
+        set.clear(len - 1, 1 << 40);
+        assert!(set.contains_all(0, len - PIECE) && !set.contains_all(len - 1, 1));
+        set.clear(u64::MAX - 5, 5);
+        assert!(set.contains_all(0, len - PIECE));
+    }
+
+    /// A mapped write makes its pages present once; a write over them again does not ask
+    /// again, and a punched range is made present again.
+    #[test]
+    fn mapped_writes_make_pages_present_once_until_they_are_punched() {
+        let Some(file) = memory_file() else { return };
+        file.set_len(1 << 20).expect("size");
+        let mut writes = super::MappedWrites::new(true);
+        let block = [7u8; 4096];
+        writes.write(&file, 1 << 20, &[&block], 8192).expect("write");
+        assert_eq!(writes.populate_calls(), 1);
+        writes.write(&file, 1 << 20, &[&block[..100]], 8192 + 50).expect("write");
+        writes.write(&file, 1 << 20, &[&block], 8192).expect("write");
+        assert_eq!(writes.populate_calls(), 1, "the page is present");
+        writes.write(&file, 1 << 20, &[&block, &block], 4096).expect("write");
+        assert_eq!(writes.populate_calls(), 2, "one more page, one more call");
+        writes.punched(8192, 4096);
+        super::punch_hole(&file, 8192, 4096).expect("punch");
+        writes.write(&file, 1 << 20, &[&block[..10]], 8192).expect("write");
+        assert_eq!(writes.populate_calls(), 3, "a punched page is made present again");
+        let mut back = [0u8; 4096];
+        std::os::unix::fs::FileExt::read_exact_at(&file, &mut back, 8192).expect("read");
+        assert_eq!(&back[..10], &block[..10]);
+        assert!(back[10..].iter().all(|&b| b == 0), "the rest of the punched page reads as zeroes");
     }
 
     fn tempfile_in(dir: std::path::PathBuf) -> std::fs::File {

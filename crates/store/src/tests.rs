@@ -693,6 +693,56 @@ impl Drop for SmallTmpfs {
     }
 }
 
+/// A mapped write skips making pages present where it made them present before; a range the
+/// store punches is made present again. On a full tmpfs, a write into a page punched and taken
+/// by another file then fails for space, where a plain store into it would be a `SIGBUS`
+/// (without `MappedWrites::punched`, this test's process dies so).
+#[test]
+fn a_mapped_write_into_a_punched_page_of_a_full_file_system_fails_for_space() {
+    let Some(small) = SmallTmpfs::mount("punched-full", "1m") else {
+        eprintln!("skipped: cannot mount a tmpfs here");
+        return;
+    };
+    let open = |name: &str| {
+        fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(small.0.join(name))
+            .expect("create")
+    };
+    let data = open("data");
+    let size = 4 << 20;
+    data.set_len(size).expect("size");
+    let mut writes = crate::sys::MappedWrites::new(true);
+    writes.write(&data, size, &[&[1u8; 4096]], 0).expect("first write");
+    writes.write(&data, size, &[&[2u8; 4096]], 0).expect("second write");
+    assert_eq!(writes.populate_calls(), 1);
+    // Fill the file system, then punch the page as the store's reclaim does, and fill again.
+    let filler = open("filler");
+    let fill = |filler: &fs::File| {
+        let chunk = [9u8; 4096];
+        let mut at = filler.metadata().expect("stat").len();
+        while filler.write_all_at(&chunk, at).is_ok() {
+            at += 4096;
+        }
+    };
+    fill(&filler);
+    writes.punched(0, 4096);
+    crate::sys::punch_hole(&data, 0, 4096).expect("punch");
+    fill(&filler);
+    let error = writes.write(&data, size, &[&[3u8; 4096]], 0).expect_err("no room for the page");
+    assert_eq!(error.raw_os_error(), Some(libc::ENOSPC), "{error}");
+    // Room again: the write goes through.
+    drop(filler);
+    fs::remove_file(small.0.join("filler")).expect("remove filler");
+    writes.write(&data, size, &[&[4u8; 4096]], 0).expect("with room");
+    let mut back = [0u8; 4096];
+    data.read_exact_at(&mut back, 0).expect("read");
+    assert_eq!(back, [4u8; 4096]);
+}
+
 /// Data files in memory are written through a mapping (`sys::MappedWrites`). When their file
 /// system is full, an apply fails for space, the store says so, and the process lives (a store
 /// into a page tmpfs cannot allocate is a `SIGBUS`); once room is made, reopening replays the

@@ -250,6 +250,13 @@ impl Volume {
         }
     }
 
+    /// `length` bytes at `offset` of the data file are about to be punched: the next write
+    /// there through the mapping makes its pages present again. The caller holds the commit
+    /// lock.
+    pub fn data_punched(&self, offset: u64, length: u64) {
+        self.data_writes.lock().expect("data writes lock").punched(offset, length);
+    }
+
     /// Let go of the data file's mapping, if any (before the file is emptied).
     pub fn unmap_data(&self) {
         self.data_writes.lock().expect("data writes lock").unmap();
