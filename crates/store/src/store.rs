@@ -1067,7 +1067,12 @@ impl Store {
             match prepare(&volume, i, record, &accepted, &through) {
                 Ok(mut prepared) => {
                     if self.options.placed_writes && !newest.contains_key(&i) && volume.clone_base().is_none() {
-                        place_if_holes(&volume, &mut prepared, &accepted, i);
+                        let checkpointed = lock(&self.shared.meta)
+                            .volumes
+                            .iter()
+                            .find(|v| v.number == volume.number)
+                            .map_or(Sequence(0), |v| v.applied);
+                        place_if_holes(&volume, &mut prepared, &accepted, i, checkpointed);
                     }
                     if let Some(&s) = newest.get(&i) {
                         let result = self.preserve(
@@ -1832,15 +1837,26 @@ fn overlaps(accepted: &[(usize, LogRecord)], i: usize, blocks: &Range<u64>, plac
 
 /// Make `record` a placed write (its data written into the data file before it is logged,
 /// the log holding only its checksums; see [`Change::Blocks`]) if that is safe and pays: a
-/// write of whole blocks of at least [`PLACED_WRITE_BYTES_MIN`], all of them holes, none of
-/// them changed by a record accepted before it in this commit. The caller has checked that
-/// the volume has no snapshot (whose copy-before-write reads old content through the log) and
-/// is no clone (whose holes may read through its base).
+/// write of whole blocks of at least [`PLACED_WRITE_BYTES_MIN`], all of them holes since a
+/// change the last committed checkpoint covers (the volume's sequence `checkpointed` there),
+/// none of them changed by a record accepted before it in this commit. The caller has checked
+/// that the volume has no snapshot (whose copy-before-write reads old content through the log)
+/// and is no clone (whose holes may read through its base).
 ///
 /// Writing where the map says hole overwrites no content: a hole reads as zeroes whatever its
 /// file holds. Until the record is durable, a crash leaves the blocks holes; once it is, its
-/// data is in the file (synced first), and replay only sets the map.
-fn place_if_holes(volume: &Volume, record: &mut LogRecord, accepted: &[(usize, LogRecord)], i: usize) {
+/// data is in the file (synced first), and replay only sets the map. But replay rewrites the
+/// data file with every logged write after the checkpoint: one to these blocks before they
+/// became holes (a write, then a trim, then this write) would overwrite the placed data, and
+/// the block would then fail its checksum. Holes whose last change the checkpoint covers had
+/// no such write since it.
+fn place_if_holes(
+    volume: &Volume,
+    record: &mut LogRecord,
+    accepted: &[(usize, LogRecord)],
+    i: usize,
+    checkpointed: Sequence,
+) {
     let Change::Blocks { first_block, crcs, placed, .. } = &mut record.change else {
         return;
     };
@@ -1851,7 +1867,10 @@ fn place_if_holes(volume: &Volume, record: &mut LogRecord, accepted: &[(usize, L
     }
     let state = volume.state.read().expect("volume lock");
     let map = &state.map;
-    if !map.is_allocated(blocks.start) && map.run_end(blocks.start, blocks.end) == blocks.end {
+    if !map.is_allocated(blocks.start)
+        && map.run_end(blocks.start, blocks.end) == blocks.end
+        && blocks.clone().all(|b| map.sequence(b) <= checkpointed)
+    {
         *placed = true;
     }
 }

@@ -81,14 +81,29 @@ fn writes_over_data_small_writes_and_unaligned_writes_keep_their_data_in_the_log
 }
 
 #[test]
-fn a_trim_makes_blocks_holes_again_and_a_write_there_is_placed() {
+fn a_write_into_trimmed_blocks_is_placed_once_a_checkpoint_covers_the_trim() {
+    // A write, a smaller one over it, a trim, then a write into the trimmed blocks. Placed at
+    // once, a crash before the next checkpoint replayed the smaller write over its data (replay
+    // rewrites the data file with every logged write after the checkpoint), and the block then
+    // failed its checksum (1 to 4 % of kill -9 test runs under load, stop 68). So it is logged,
+    // and a write into trimmed blocks is placed once a checkpoint covers the trim.
     let mut f = Fixture::new("placed-after-trim", 4 * MIB, placing());
     f.commit(&[write_op(0, MIB as usize, 1)]);
+    assert!(logged(&f, 1).0, "a write into blocks never written is placed");
+    f.commit(&[write_op(4096, 4096, 2)]);
     f.commit(&[trim_op(0, MIB)]);
     f.store().reclaim();
-    f.commit(&[write_op(0, MIB as usize, 3)]);
-    assert!(logged(&f, 3).0, "the write into trimmed blocks is placed");
+    f.commit(&[write_op(0, MIB as usize, 4)]);
+    assert!(!logged(&f, 4).0, "not placed while a write to its blocks is to be replayed");
+    // A crash (no checkpoint at close): the replay leaves every block as written.
+    f.reopen();
     f.check();
+    assert_eq!(f.store().verify(f.volume).expect("verify").blocks_corrupt, 0);
+    f.commit(&[trim_op(0, MIB)]);
+    f.store().reclaim();
+    f.store().checkpoint().expect("checkpoint");
+    f.commit(&[write_op(0, MIB as usize, 6)]);
+    assert!(logged(&f, 6).0, "placed once a checkpoint covers the trim");
     f.reopen();
     f.check();
     assert_eq!(f.store().verify(f.volume).expect("verify").blocks_corrupt, 0);
