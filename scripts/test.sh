@@ -40,28 +40,33 @@ cargo clippy --release --workspace --all-targets -- -D warnings
 
 stage "cargo test --release --workspace (the simulator's CI runs and fuzzing: in the background below)"
 cargo test --release --workspace --exclude sim
-# The simulator's test binaries as the workspace's build made them, run directly: `cargo test
-# -p sim` resolves its dependencies' features on its own (syn's, under thiserror's derive) and
-# built proto, the core and the simulator again (45 s in CI). Its unit tests run now; its CI
-# runs (crates/sim/tests/ci.rs) in the background below, with no cargo lock held.
-sim_tests="$(cargo test --release --workspace --no-run --message-format=json 2>/dev/null |
+# The test binaries of the simulator and the store as the workspace's build made them, run
+# directly: `cargo test -p sim` (or `-p store`) resolves its dependencies' features on its own
+# (syn's, under thiserror's derive) and built proto, the core and the crate again (45 s in CI
+# for the simulator, 38 s for the store). The simulator's unit tests run now; its CI runs
+# (crates/sim/tests/ci.rs) in the background below, with no cargo lock held.
+test_binaries="$(cargo test --release --workspace --no-run --message-format=json 2>/dev/null |
     python3 -c 'import json, sys
 for line in sys.stdin:
     m = json.loads(line)
-    if (m.get("reason") == "compiler-artifact" and m.get("executable") and m["profile"]["test"]
-            and m["manifest_path"].endswith("crates/sim/Cargo.toml")):
-        print(m["target"]["name"], m["target"]["kind"][0], m["executable"])')"
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["profile"]["test"]:
+        for package in ("sim", "store"):
+            if m["manifest_path"].endswith(f"crates/{package}/Cargo.toml"):
+                print(package, m["target"]["name"], m["target"]["kind"][0], m["executable"])')"
 sim_ci=""
 sim_unit=0
-while read -r name kind executable; do
-    if [[ "$name" == ci && "$kind" == test ]]; then
+store_lib=""
+while read -r package name kind executable; do
+    if [[ "$package" == store ]]; then
+        [[ "$kind" == lib ]] && store_lib="$executable"
+    elif [[ "$name" == ci && "$kind" == test ]]; then
         sim_ci="$executable"
     elif [[ -n "$executable" ]]; then
         echo "     Running the simulator's $kind $name tests ($executable)"
         (cd crates/sim && "$executable")
         sim_unit=$((sim_unit + 1))
     fi
-done <<<"$sim_tests"
+done <<<"$test_binaries"
 if [[ $sim_unit -eq 0 ]]; then
     echo "test: the simulator's unit test binaries were not built" >&2
     exit 1
@@ -71,23 +76,14 @@ if [[ ! -x "$sim_ci" ]]; then
     exit 1
 fi
 # The store's tests again with their files in memory: on tmpfs the store takes other paths (data
-# files written through a mapping, no log sync, its own read rules). Seconds. The binary the
-# workspace build made, run directly: `cargo test -p store` resolves features on its own, as
-# for the simulator above, and built syn, proto, the core and the store again (38 s in CI).
+# files written through a mapping, no log sync, its own read rules). Seconds.
 if [[ "$(stat -f -c %T /dev/shm 2>/dev/null)" == tmpfs ]]; then
     stage "the store's tests, files on tmpfs (TMPDIR=/dev/shm)"
-    store_tests="$(cargo test --release --workspace --no-run --message-format=json 2>/dev/null |
-        python3 -c 'import json, sys
-for line in sys.stdin:
-    m = json.loads(line)
-    if (m.get("reason") == "compiler-artifact" and m.get("executable") and m["profile"]["test"]
-            and m["manifest_path"].endswith("crates/store/Cargo.toml") and m["target"]["kind"] == ["lib"]):
-        print(m["executable"])')"
-    if [[ ! -x "$store_tests" ]]; then
+    if [[ ! -x "$store_lib" ]]; then
         echo "test: the store's unit test binary was not built" >&2
         exit 1
     fi
-    (cd crates/store && TMPDIR=/dev/shm "$store_tests")
+    (cd crates/store && TMPDIR=/dev/shm "$store_lib")
 else
     echo "     /dev/shm is not a tmpfs here: the store's tests ran on $(stat -f -c %T "${TMPDIR:-/tmp}") only"
 fi

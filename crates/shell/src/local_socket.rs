@@ -35,13 +35,34 @@ use tokio::net::UnixListener;
 /// The send buffer a local socket asks for (`SO_SNDBUF`; Linux doubles it, and caps the request
 /// at `net.core.wmem_max`). A Unix stream socket holds at most its sender's buffer of messages
 /// not yet read; with the default (208 KiB here) a 1 MiB write crossed in five turns, each a
-/// wake-up of both sides, and with room for a whole one, 1 MiB writes on tmpfs went 7 to 24 %
-/// faster and the host element spent a fifth less CPU on each (docs/benchmarks.md, 2026-12-02).
-/// Only bytes in flight are charged to it: an idle socket holds nothing.
-pub const SEND_BUFFER_BYTES: libc::c_int = 2 << 20;
+/// wake-up of both sides, and with room for a whole one, 1 MiB writes on tmpfs went 9 to 23 %
+/// faster and the host element spent a quarter less CPU on each (docs/benchmarks.md,
+/// 2026-12-02). Only bytes in flight are charged to it: an idle socket holds nothing.
+const SEND_BUFFER_BYTES: libc::c_int = 2 << 20;
 
-/// The least send buffer that holds a whole 1 MiB write's frame at once.
+/// The least send buffer, as the kernel reports it (twice what was asked), that holds a whole
+/// 1 MiB write's frame at once.
 const SEND_BUFFER_BYTES_WANTED: usize = 2 << 20;
+
+/// The send buffer of socket `fd`, as the kernel reports it.
+fn send_buffer_bytes(fd: RawFd) -> io::Result<usize> {
+    let mut got: libc::c_int = 0;
+    let mut size = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: `fd` is an open socket; the kernel writes at most `size` bytes into `got`.
+    let read = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_SNDBUF,
+            &mut got as *mut libc::c_int as *mut libc::c_void,
+            &mut size,
+        )
+    };
+    if read != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(usize::try_from(got).unwrap_or(0))
+}
 
 /// Ask for [`SEND_BUFFER_BYTES`] of send buffer on local socket `fd`; the buffer it got.
 /// Smaller than a 1 MiB write needs (`net.core.wmem_max` below 1 MiB), it says so once per
@@ -61,22 +82,7 @@ fn enlarge_send_buffer(fd: &OwnedFd) -> io::Result<usize> {
     if set != 0 {
         return Err(io::Error::last_os_error());
     }
-    let mut got: libc::c_int = 0;
-    let mut got_size = size;
-    // SAFETY: as above; the kernel writes at most `got_size` bytes into `got`.
-    let read = unsafe {
-        libc::getsockopt(
-            fd.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_SNDBUF,
-            &mut got as *mut libc::c_int as *mut libc::c_void,
-            &mut got_size,
-        )
-    };
-    if read != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    let got = usize::try_from(got).unwrap_or(0);
+    let got = send_buffer_bytes(fd.as_raw_fd())?;
     static TOLD: std::sync::Once = std::sync::Once::new();
     if got < SEND_BUFFER_BYTES_WANTED {
         TOLD.call_once(|| {
@@ -572,21 +578,9 @@ mod tests {
             .ok()
             .and_then(|s| s.trim().parse::<usize>().ok())
             .expect("net.core.wmem_max");
-        let mut got: libc::c_int = 0;
-        let mut size = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-        // SAFETY: an open socket; the kernel writes at most `size` bytes into `got`.
-        let read = unsafe {
-            libc::getsockopt(
-                raw,
-                libc::SOL_SOCKET,
-                libc::SO_SNDBUF,
-                &mut got as *mut libc::c_int as *mut libc::c_void,
-                &mut size,
-            )
-        };
-        assert_eq!(read, 0);
-        assert_eq!(got as usize, 2 * (SEND_BUFFER_BYTES as usize).min(wmem_max), "SO_SNDBUF as asked, capped");
-        if (got as usize) < SEND_BUFFER_BYTES_WANTED {
+        let got = send_buffer_bytes(raw).expect("SO_SNDBUF");
+        assert_eq!(got, 2 * (SEND_BUFFER_BYTES as usize).min(wmem_max), "SO_SNDBUF as asked, capped");
+        if got < SEND_BUFFER_BYTES_WANTED {
             eprintln!("net.core.wmem_max is {wmem_max}: a 1 MiB write does not fit here; not tested further");
             return;
         }

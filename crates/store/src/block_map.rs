@@ -124,14 +124,8 @@ impl BlockMap {
         let range = blocks.start as usize..blocks.end as usize;
         self.sequences[range.clone()].fill(sequence.0);
         self.crcs[range].fill(0);
-        let (mut block, end) = (blocks.start, blocks.end);
-        while block < end {
-            let word = (block / 64) as usize;
-            let low = block % 64;
-            let high = (end - block + low).min(64); // exclusive bit index within the word
-            let mask = if high - low == 64 { u64::MAX } else { ((1u64 << (high - low)) - 1) << low };
+        for (word, mask) in crate::word_masks(blocks) {
             self.allocated[word] &= !mask;
-            block += high - low;
         }
     }
 

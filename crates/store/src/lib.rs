@@ -290,3 +290,15 @@ pub struct VolumeDigest {
     pub blocks_corrupt: u64,
     pub first_corrupt_block: Option<u64>,
 }
+
+/// The bits `bits` of a bitmap of `u64` words, word by word: each word's index and the mask of
+/// its bits in the range (for the block map's allocation bits and the mapped pages' set).
+pub(crate) fn word_masks(bits: std::ops::Range<u64>) -> impl Iterator<Item = (usize, u64)> {
+    let (first, end) = (bits.start, bits.end.max(bits.start));
+    (first / 64..end.div_ceil(64)).map(move |word| {
+        let low = first.max(word * 64) - word * 64;
+        let high = end.min(word * 64 + 64) - word * 64;
+        let mask = if high - low == 64 { u64::MAX } else { ((1u64 << (high - low)) - 1) << low };
+        (word as usize, mask)
+    })
+}

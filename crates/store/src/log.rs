@@ -1022,7 +1022,6 @@ impl LogWriter {
     pub fn append(&mut self, records: &[LogRecord]) -> Result<Vec<(u64, u32)>, StoreError> {
         let mut positions = Vec::with_capacity(records.len());
         let mut next = 0;
-        let mut marked = false;
         while next < records.len() {
             self.scratch.clear();
             self.parts.clear();
@@ -1077,7 +1076,6 @@ impl LogWriter {
                     self.parts.push(Part::EndMark);
                     tail_bytes += END_MARK.len() as u64;
                 }
-                marked = true;
             } else if self.grow_step_bytes > 0 && wanted_end > self.file_bytes {
                 // Grow by zeroes: the next commits overwrite them, which syncs cheaper.
                 let grown = wanted_end.div_ceil(self.grow_step_bytes) * self.grow_step_bytes;
@@ -1115,7 +1113,8 @@ impl LogWriter {
             self.position = batch_end;
             self.file_bytes = self.file_bytes.max(batch_end + tail_bytes);
         }
-        if !marked {
+        // In memory, the last batch's write held it (above).
+        if !self.in_memory || records.is_empty() {
             self.write_sync_mark();
         }
         Ok(positions)

@@ -1067,11 +1067,13 @@ impl Store {
             match prepare(&volume, i, record, &accepted, &through) {
                 Ok(mut prepared) => {
                     if self.options.placed_writes && !newest.contains_key(&i) && volume.clone_base().is_none() {
-                        let checkpointed = lock(&self.shared.meta)
-                            .volumes
-                            .iter()
-                            .find(|v| v.number == volume.number)
-                            .map_or(Sequence(0), |v| v.applied);
+                        let checkpointed = || {
+                            lock(&self.shared.meta)
+                                .volumes
+                                .iter()
+                                .find(|v| v.number == volume.number)
+                                .map_or(Sequence(0), |v| v.applied)
+                        };
                         place_if_holes(&volume, &mut prepared, &accepted, i, checkpointed);
                     }
                     if let Some(&s) = newest.get(&i) {
@@ -1838,7 +1840,8 @@ fn overlaps(accepted: &[(usize, LogRecord)], i: usize, blocks: &Range<u64>, plac
 /// Make `record` a placed write (its data written into the data file before it is logged,
 /// the log holding only its checksums; see [`Change::Blocks`]) if that is safe and pays: a
 /// write of whole blocks of at least [`PLACED_WRITE_BYTES_MIN`], all of them holes since a
-/// change the last committed checkpoint covers (the volume's sequence `checkpointed` there),
+/// change the last committed checkpoint covers (the volume's sequence there, `checkpointed()`,
+/// asked only of such a write),
 /// none of them changed by a record accepted before it in this commit. The caller has checked
 /// that the volume has no snapshot (whose copy-before-write reads old content through the log)
 /// and is no clone (whose holes may read through its base).
@@ -1855,7 +1858,7 @@ fn place_if_holes(
     record: &mut LogRecord,
     accepted: &[(usize, LogRecord)],
     i: usize,
-    checkpointed: Sequence,
+    checkpointed: impl FnOnce() -> Sequence,
 ) {
     let Change::Blocks { first_block, crcs, placed, .. } = &mut record.change else {
         return;
@@ -1865,6 +1868,7 @@ fn place_if_holes(
     if !whole || record.length_bytes < PLACED_WRITE_BYTES_MIN || overlaps(accepted, i, &blocks, false) {
         return;
     }
+    let checkpointed = checkpointed();
     let state = volume.state.read().expect("volume lock");
     let map = &state.map;
     if !map.is_allocated(blocks.start)

@@ -565,30 +565,19 @@ impl PieceSet {
         offset / Self::PIECE_BYTES..(offset + length).div_ceil(Self::PIECE_BYTES)
     }
 
-    /// Each word's index and the mask of its bits in `pieces`.
-    fn masks(pieces: Range<u64>) -> impl Iterator<Item = (usize, u64)> {
-        let (first, end) = (pieces.start, pieces.end.max(pieces.start));
-        (first / 64..end.div_ceil(64)).map(move |word| {
-            let low = first.max(word * 64) - word * 64;
-            let high = end.min(word * 64 + 64) - word * 64;
-            let mask = if high - low == 64 { u64::MAX } else { ((1u64 << (high - low)) - 1) << low };
-            (word as usize, mask)
-        })
-    }
-
     fn contains_all(&self, offset: u64, length: u64) -> bool {
-        Self::masks(Self::pieces(offset, length)).all(|(word, mask)| self.words[word] & mask == mask)
+        crate::word_masks(Self::pieces(offset, length)).all(|(word, mask)| self.words[word] & mask == mask)
     }
 
     fn insert(&mut self, offset: u64, length: u64) {
-        Self::masks(Self::pieces(offset, length)).for_each(|(word, mask)| self.words[word] |= mask);
+        crate::word_masks(Self::pieces(offset, length)).for_each(|(word, mask)| self.words[word] |= mask);
     }
 
     /// Forget the pieces that `length` bytes at `offset` overlap, within the mapping.
     fn clear(&mut self, offset: u64, length: u64) {
         let limit = self.words.len() as u64 * 64 * Self::PIECE_BYTES;
         let (offset, end) = (offset.min(limit), offset.saturating_add(length).min(limit));
-        Self::masks(Self::pieces(offset, end - offset)).for_each(|(word, mask)| self.words[word] &= !mask);
+        crate::word_masks(Self::pieces(offset, end - offset)).for_each(|(word, mask)| self.words[word] &= !mask);
     }
 }
 
