@@ -192,6 +192,24 @@ impl Checkpointer {
         taken
     }
 
+    /// Tests: wait (at most `timeout`) while a spare is wanted and not ready yet.
+    #[cfg(test)]
+    pub fn wait_for_wanted_spare(&self, timeout: std::time::Duration) {
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            {
+                let queue = lock(&self.queue);
+                if !queue.spare_wanted || queue.spare.is_some() || queue.closing {
+                    return;
+                }
+            }
+            if std::time::Instant::now() >= deadline {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    }
+
     pub fn set_live_segment(&self, id: u64) {
         let mut queue = lock(&self.queue);
         queue.live_segment = id;

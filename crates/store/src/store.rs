@@ -1377,6 +1377,14 @@ impl Store {
         self.shared.checkpointer.wake_after_take.store(true, Ordering::Relaxed);
     }
 
+    /// Wait (at most `timeout`) until the spare the writer asked for is ready (tests: on a
+    /// busy machine the writer may otherwise fill its segment before the checkpointer thread
+    /// runs, and move on to a new file instead of a spare).
+    #[cfg(test)]
+    pub(crate) fn wait_for_wanted_spare(&self, timeout: std::time::Duration) {
+        self.shared.checkpointer.wait_for_wanted_spare(timeout);
+    }
+
     /// `Err` if `volume` is a snapshot, which cannot do `what`.
     fn refuse_snapshot(&self, volume: &Volume, what: &'static str) -> Result<(), StoreError> {
         match volume.snapshot_of {
