@@ -1296,12 +1296,12 @@ impl HostBackend {
         bytes: u64,
         future: BoxFuture<Result<T, nbd::Errno>>,
     ) -> BoxFuture<Result<T, nbd::Errno>> {
-        let (metrics, export, started) = (self.metrics.clone(), export.to_string(), Instant::now());
+        let (metrics, started) = (self.metrics.volume(export), Instant::now());
         Box::pin(async move {
             let result = future.await;
             // "EIO: input/output error" → "EIO".
             let error = result.as_ref().err().map(|e| e.to_string().split(':').next().unwrap_or("?").to_string());
-            metrics.request(&export, op, bytes, started.elapsed(), error);
+            metrics.request(op, bytes, started.elapsed(), error);
             result
         })
     }

@@ -11,7 +11,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock, RwLock};
 use std::time::Duration;
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -137,6 +137,15 @@ impl KindCounters {
 /// What is measured as requests are answered; cheap to clone (shared handles).
 #[derive(Clone, Debug)]
 pub(crate) struct HostMetrics {
+    families: RequestFamilies,
+    /// Each volume's handles into the families, made at its first request: a request then
+    /// builds no label set and allocates nothing ([`HostMetrics::volume`]).
+    volumes: Arc<RwLock<HashMap<String, Arc<VolumeRequestMetrics>>>>,
+}
+
+/// The families of request metrics and the charts' counters (shared handles).
+#[derive(Clone, Debug)]
+struct RequestFamilies {
     request_seconds: LatencyFamily,
     request_bytes: Family<RequestLabels, Counter>,
     request_errors: Family<ErrorLabels, Counter>,
@@ -146,41 +155,96 @@ pub(crate) struct HostMetrics {
 impl Default for HostMetrics {
     fn default() -> Self {
         HostMetrics {
-            request_seconds: Family::new_with_constructor(latency_histogram as fn() -> Histogram),
-            request_bytes: Family::default(),
-            request_errors: Family::default(),
-            charts: Arc::default(),
+            families: RequestFamilies {
+                request_seconds: Family::new_with_constructor(latency_histogram as fn() -> Histogram),
+                request_bytes: Family::default(),
+                request_errors: Family::default(),
+                charts: Arc::default(),
+            },
+            volumes: Arc::default(),
+        }
+    }
+}
+
+/// The operations requests are counted under (the `op` label).
+const OPS: [&str; 6] = ["read", "write", "write_zeroes", "trim", "flush", "block_status"];
+
+/// One volume's request metrics: its series in the families, each taken at its first use (so
+/// the page shows only what happened, as the families alone do).
+#[derive(Debug)]
+pub(crate) struct VolumeRequestMetrics {
+    volume: String,
+    families: RequestFamilies,
+    seconds: [OnceLock<Histogram>; OPS.len()],
+    bytes: [OnceLock<Counter>; OPS.len()],
+}
+
+impl VolumeRequestMetrics {
+    /// One NBD request answered: its latency, the bytes it moved (reads and writes), and its
+    /// error if it failed.
+    pub fn request(&self, op: &'static str, bytes: u64, took: Duration, error: Option<String>) {
+        let families = &self.families;
+        let labels = || RequestLabels { volume: self.volume.clone(), op };
+        let known = OPS.iter().position(|known| *known == op);
+        let seconds = took.as_secs_f64();
+        match known {
+            Some(i) => self.seconds[i]
+                .get_or_init(|| families.request_seconds.get_or_create(&labels()).clone())
+                .observe(seconds),
+            None => families.request_seconds.get_or_create(&labels()).observe(seconds),
+        }
+        match op {
+            "read" => families.charts.read.observe(took),
+            "write" | "write_zeroes" | "trim" => families.charts.write.observe(took),
+            _ => {}
+        }
+        match error {
+            None if bytes == 0 => {}
+            None => {
+                match known {
+                    Some(i) => self.bytes[i]
+                        .get_or_init(|| families.request_bytes.get_or_create(&labels()).clone())
+                        .inc_by(bytes),
+                    None => families.request_bytes.get_or_create(&labels()).inc_by(bytes),
+                };
+            }
+            Some(error) => {
+                let labels = ErrorLabels { volume: self.volume.clone(), op, error };
+                families.request_errors.get_or_create(&labels).inc();
+            }
         }
     }
 }
 
 impl HostMetrics {
-    /// One NBD request answered: its latency, the bytes it moved (reads and writes), and its
-    /// error if it failed.
+    /// `volume`'s request metrics, to count its requests with.
+    pub fn volume(&self, volume: &str) -> Arc<VolumeRequestMetrics> {
+        if let Some(metrics) = self.volumes.read().expect("no panic while holding this lock").get(volume) {
+            return metrics.clone();
+        }
+        let mut volumes = self.volumes.write().expect("no panic while holding this lock");
+        volumes
+            .entry(volume.to_string())
+            .or_insert_with(|| {
+                Arc::new(VolumeRequestMetrics {
+                    volume: volume.to_string(),
+                    families: self.families.clone(),
+                    seconds: Default::default(),
+                    bytes: Default::default(),
+                })
+            })
+            .clone()
+    }
+
+    /// One NBD request of `volume` answered (see [`VolumeRequestMetrics::request`]).
+    #[cfg(test)]
     pub fn request(&self, volume: &str, op: &'static str, bytes: u64, took: Duration, error: Option<String>) {
-        let labels = RequestLabels { volume: volume.to_string(), op };
-        self.request_seconds.get_or_create(&labels).observe(took.as_secs_f64());
-        match op {
-            "read" => self.charts.read.observe(took),
-            "write" | "write_zeroes" | "trim" => self.charts.write.observe(took),
-            _ => {}
-        }
-        match error {
-            None => {
-                if bytes > 0 {
-                    self.request_bytes.get_or_create(&labels).inc_by(bytes);
-                }
-            }
-            Some(error) => {
-                let labels = ErrorLabels { volume: labels.volume, op, error };
-                self.request_errors.get_or_create(&labels).inc();
-            }
-        }
+        self.volume(volume).request(op, bytes, took, error);
     }
 
     /// Reads and writes answered so far, with their latency buckets (the status page's charts).
     pub fn chart_totals(&self) -> (KindTotals, KindTotals) {
-        (self.charts.read.totals(), self.charts.write.totals())
+        (self.families.charts.read.totals(), self.families.charts.write.totals())
     }
 
     /// The metrics page: whether this host element is the active one, what was measured, and
@@ -202,15 +266,19 @@ impl HostMetrics {
             "host_request_duration",
             "Latency of NBD requests, from arrival to answer",
             Unit::Seconds,
-            self.request_seconds.clone(),
+            self.families.request_seconds.clone(),
         );
         registry.register_with_unit(
             "host_request",
             "Bytes read and written by NBD requests that succeeded",
             Unit::Bytes,
-            self.request_bytes.clone(),
+            self.families.request_bytes.clone(),
         );
-        registry.register("host_request_errors", "NBD requests answered with an error", self.request_errors.clone());
+        registry.register(
+            "host_request_errors",
+            "NBD requests answered with an error",
+            self.families.request_errors.clone(),
+        );
         register_status(&mut registry, status, exports, clients);
         encode_registry(&registry)
     }
@@ -490,6 +558,38 @@ mod tests {
         metrics.request("vol0", "read", 0, Duration::from_micros(90), Some("EIO".into()));
         let clients = HashMap::from([("vol0".to_string(), 2)]);
         metrics.encode(true, Some((&status, &exports, &clients)))
+    }
+
+    /// Requests counted through a volume's handles land in the families' series of that volume
+    /// and operation, and only operations that happened show.
+    #[test]
+    fn requests_counted_through_a_volumes_handles_show_per_volume_and_operation() {
+        let volumes = ["vol0", "vol1"]
+            .map(|name| proto::VolumeSpec { name: name.into(), size_bytes: 1 << 20, clone_of: None, at_least: false })
+            .to_vec();
+        let config = HostConfig::new(Epoch(1), 2, vec!["a".into(), "b".into(), "c".into()], volumes);
+        let exports = config.exported();
+        let status = HostCore::new(config, Time(0)).status(Time(0));
+        let metrics = HostMetrics::default();
+        let vol0 = metrics.volume("vol0");
+        assert!(Arc::ptr_eq(&vol0, &metrics.volume("vol0")), "one set of handles per volume");
+        for _ in 0..3 {
+            vol0.request("write", 4096, Duration::from_micros(300), None);
+        }
+        metrics.volume("vol1").request("read", 8192, Duration::from_micros(90), None);
+        metrics.volume("vol1").request("read", 0, Duration::from_micros(90), Some("EIO".into()));
+        let clients = HashMap::new();
+        let page = metrics.encode(true, Some((&status, &exports, &clients)));
+        let line = |prefix: &str| {
+            page.lines().find(|l| l.starts_with(prefix)).unwrap_or_else(|| panic!("no {prefix} in\n{page}")).to_string()
+        };
+        assert!(line("starfish_host_request_duration_seconds_count{volume=\"vol0\",op=\"write\"}").ends_with(" 3"));
+        assert!(line("starfish_host_request_bytes_total{volume=\"vol0\",op=\"write\"}").ends_with(" 12288"));
+        assert!(line("starfish_host_request_duration_seconds_count{volume=\"vol1\",op=\"read\"}").ends_with(" 2"));
+        assert!(line("starfish_host_request_bytes_total{volume=\"vol1\",op=\"read\"}").ends_with(" 8192"));
+        assert!(line("starfish_host_request_errors_total{volume=\"vol1\",op=\"read\",error=\"EIO\"}").ends_with(" 1"));
+        assert!(!page.contains("op=\"trim\""), "no series for an operation that did not happen");
+        assert!(!page.contains("volume=\"vol1\",op=\"write\""));
     }
 
     #[test]
