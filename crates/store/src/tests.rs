@@ -695,23 +695,80 @@ impl Drop for SmallTmpfs {
     }
 }
 
+/// Tests whose body could die of a signal (a `SIGBUS`: a store into a page that a full file
+/// system cannot give) run that body in a child: this test binary run again for that one test,
+/// with this variable naming the directory the parent prepared (on a tmpfs it mounted). A
+/// signal then fails the test by its name, instead of ending the whole binary, and the parent
+/// still unmounts.
+const SIGNAL_CHILD_ENV: &str = "STARFISH_STORE_TEST_SIGNAL_CHILD_DIR";
+
+/// In a signal child: the directory its parent prepared. In the parent: `None`.
+fn signal_child_dir() -> Option<PathBuf> {
+    std::env::var_os(SIGNAL_CHILD_ENV).map(PathBuf::from)
+}
+
+/// Run test `test` (its whole name) again in a child with `dir`; fail if the child fails or
+/// dies of a signal, with what it said.
+fn run_in_signal_child(test: &str, dir: &Path) {
+    use std::os::unix::process::ExitStatusExt;
+    let output = Command::new(std::env::current_exe().expect("test binary"))
+        .args(["--exact", test, "--nocapture", "--test-threads=1"])
+        .env(SIGNAL_CHILD_ENV, dir)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run the test's body in a child");
+    let said = String::from_utf8_lossy(&output.stderr);
+    if let Some(signal) = output.status.signal() {
+        let what =
+            if signal == libc::SIGBUS { " (SIGBUS: a store into a page the file system could not give)" } else { "" };
+        panic!("the test's body died of signal {signal}{what}; it said:\n{said}");
+    }
+    assert!(output.status.success(), "the test's body failed in its child ({}):\n{said}", output.status);
+    // A child that ran no test (a wrong name) would pass too. (The harness prints the test's
+    // name on the line its output starts.)
+    let done = format!("{SIGNAL_CHILD_DONE} {test}");
+    assert!(String::from_utf8_lossy(&output.stdout).contains(&done), "the child did not run {test}");
+}
+
+/// What a signal child prints once its body returned.
+const SIGNAL_CHILD_DONE: &str = "signal child done:";
+
+/// In a signal child, run `body` with the parent's directory and say so; `false` in the parent.
+fn ran_as_signal_child(test: &str, body: fn(&Path)) -> bool {
+    let Some(dir) = signal_child_dir() else {
+        return false;
+    };
+    body(&dir);
+    println!("{SIGNAL_CHILD_DONE} {test}");
+    true
+}
+
 /// A mapped write skips making pages present where it made them present before; a range the
 /// store punches is made present again. On a full tmpfs, a write into a page punched and taken
 /// by another file then fails for space, where a plain store into it would be a `SIGBUS`
-/// (without `MappedWrites::punched`, this test's process dies so).
+/// (without `MappedWrites::punched`, this test's body dies so, in its child).
 #[test]
 fn a_mapped_write_into_a_punched_page_of_a_full_file_system_fails_for_space() {
+    const TEST: &str = "tests::a_mapped_write_into_a_punched_page_of_a_full_file_system_fails_for_space";
+    if ran_as_signal_child(TEST, mapped_write_into_a_punched_page) {
+        return;
+    }
     let Some(small) = SmallTmpfs::mount("punched-full", "1m") else {
         eprintln!("skipped: cannot mount a tmpfs here");
         return;
     };
+    run_in_signal_child(TEST, &small.0);
+}
+
+/// The body of the test above, on the tmpfs `small` of 1 MiB.
+fn mapped_write_into_a_punched_page(small: &Path) {
     let open = |name: &str| {
         fs::OpenOptions::new()
             .read(true)
             .write(true)
             .create(true)
             .truncate(true)
-            .open(small.0.join(name))
+            .open(small.join(name))
             .expect("create")
     };
     let data = open("data");
@@ -738,7 +795,7 @@ fn a_mapped_write_into_a_punched_page_of_a_full_file_system_fails_for_space() {
     assert_eq!(error.raw_os_error(), Some(libc::ENOSPC), "{error}");
     // Room again: the write goes through.
     drop(filler);
-    fs::remove_file(small.0.join("filler")).expect("remove filler");
+    fs::remove_file(small.join("filler")).expect("remove filler");
     writes.write(&data, size, &[&[4u8; 4096]], 0).expect("with room");
     let mut back = [0u8; 4096];
     data.read_exact_at(&mut back, 0).expect("read");
@@ -747,11 +804,16 @@ fn a_mapped_write_into_a_punched_page_of_a_full_file_system_fails_for_space() {
 
 /// Data files in memory are written through a mapping (`sys::MappedWrites`). When their file
 /// system is full, an apply fails for space, the store says so, and the process lives (a store
-/// into a page tmpfs cannot allocate is a `SIGBUS`); once room is made, reopening replays the
-/// log and loses nothing acknowledged. The volumes are on a small tmpfs of their own, the log
-/// on a larger one, so the log has room when the data files have none.
+/// into a page tmpfs cannot allocate is a `SIGBUS`: the body runs in a child); once room is
+/// made, reopening replays the log and loses nothing acknowledged. The volumes are on a small
+/// tmpfs of their own, the log on a larger one, so the log has room when the data files have
+/// none.
 #[test]
 fn an_apply_to_a_full_file_system_in_memory_fails_for_space_and_loses_nothing() {
+    const TEST: &str = "tests::an_apply_to_a_full_file_system_in_memory_fails_for_space_and_loses_nothing";
+    if ran_as_signal_child(TEST, apply_to_a_full_file_system_in_memory) {
+        return;
+    }
     let memory = PathBuf::from("/dev/shm");
     if !memory.is_dir() || crate::sys::non_blocking_reads(&memory).ok() != Some(crate::sys::NonBlockingReads::Always) {
         eprintln!("skipped: no tmpfs at /dev/shm");
@@ -767,15 +829,23 @@ fn an_apply_to_a_full_file_system_in_memory_fails_for_space_and_loses_nothing() 
     let volumes = small.0.join("volumes");
     fs::create_dir_all(&volumes).expect("volumes directory");
     std::os::unix::fs::symlink(&volumes, dir.0.join(crate::store::VOLUMES_DIR)).expect("link");
+    run_in_signal_child(TEST, &dir.0);
+}
+
+/// The body of the test above: the store's directory `dir` (in memory), whose volumes are a
+/// link into a tmpfs of 4 MiB of their own.
+fn apply_to_a_full_file_system_in_memory(dir: &Path) {
+    let volumes = fs::read_link(dir.join(crate::store::VOLUMES_DIR)).expect("the volumes' link");
+    let small = volumes.parent().expect("the small tmpfs");
     // The default checkpoint size: 4 MiB of writes seal no segment, so no checkpoint writes a
     // block map into the full file system before the apply meets it.
     let options = StoreOptions { overcommit: true, ..StoreOptions::default() };
-    let store = Store::open(&dir.0, options).expect("open");
+    let store = Store::open(dir, options).expect("open");
     assert!(store.in_memory());
     let volume = store.ensure_volume("vol", 64 << 20).expect("create");
     // Leave the volumes' file system about 1 MiB.
     let free = crate::sys::available_bytes(&volumes).expect("statvfs");
-    let filler = small.0.join("filler");
+    let filler = small.join("filler");
     fs::write(&filler, vec![0xffu8; (free - (1 << 20)) as usize]).expect("filler");
     let mut written = Vec::new();
     let mut failure = None;
@@ -796,7 +866,7 @@ fn an_apply_to_a_full_file_system_in_memory_fails_for_space_and_loses_nothing() 
     assert!(written.len() >= 2, "the writes that had room were taken: {written:?}");
     drop(store);
     fs::remove_file(&filler).expect("free the room");
-    let store = Store::open(&dir.0, options).expect("reopen once there is room");
+    let store = Store::open(dir, options).expect("reopen once there is room");
     let volume = store.volume("vol").expect("the volume");
     for &i in &written {
         let (_, data) = store.read_checked(volume, i * (256 << 10), 256 << 10).expect("read");
