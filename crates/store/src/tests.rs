@@ -702,17 +702,19 @@ impl Drop for SmallTmpfs {
 /// still unmounts.
 const SIGNAL_CHILD_ENV: &str = "STARFISH_STORE_TEST_SIGNAL_CHILD_DIR";
 
-/// In a signal child: the directory its parent prepared. In the parent: `None`.
-fn signal_child_dir() -> Option<PathBuf> {
-    std::env::var_os(SIGNAL_CHILD_ENV).map(PathBuf::from)
+/// This test binary run again for test `test` (its whole name) alone, output not captured: the
+/// child processes of the signal and kill -9 tests.
+fn test_in_child(test: &str) -> Command {
+    let mut command = Command::new(std::env::current_exe().expect("test binary"));
+    command.args(["--exact", test, "--nocapture", "--test-threads=1"]);
+    command
 }
 
 /// Run test `test` (its whole name) again in a child with `dir`; fail if the child fails or
 /// dies of a signal, with what it said.
 fn run_in_signal_child(test: &str, dir: &Path) {
     use std::os::unix::process::ExitStatusExt;
-    let output = Command::new(std::env::current_exe().expect("test binary"))
-        .args(["--exact", test, "--nocapture", "--test-threads=1"])
+    let output = test_in_child(test)
         .env(SIGNAL_CHILD_ENV, dir)
         .stdin(Stdio::null())
         .output()
@@ -735,10 +737,10 @@ const SIGNAL_CHILD_DONE: &str = "signal child done:";
 
 /// In a signal child, run `body` with the parent's directory and say so; `false` in the parent.
 fn ran_as_signal_child(test: &str, body: fn(&Path)) -> bool {
-    let Some(dir) = signal_child_dir() else {
+    let Some(dir) = std::env::var_os(SIGNAL_CHILD_ENV) else {
         return false;
     };
-    body(&dir);
+    body(Path::new(&dir));
     println!("{SIGNAL_CHILD_DONE} {test}");
     true
 }
@@ -1866,12 +1868,10 @@ fn kill_9_rounds_of(
     check: impl Fn(&Store, VolumeHandle, u64, u64),
 ) {
     let dir = TempDir::new(name);
-    let executable = std::env::current_exe().expect("test binary");
     let mut reported = 0u64;
     for round in 0..rounds {
         let started = std::time::Instant::now();
-        let mut child = Command::new(&executable)
-            .args(["--exact", child, "--nocapture", "--test-threads=1"])
+        let mut child = test_in_child(child)
             .env(CRASH_CHILD_ENV, &dir.0)
             .env(CRASH_CHILD_DELAY_ENV, delay_ms.to_string())
             .stdout(Stdio::piped())
