@@ -4,7 +4,9 @@
 # volume filled once with 1 MiB writes at QD8 (as the peer suite's prefill), then each job of
 # JOBS for RUNTIME s. Builds alternate A, B, A, B, ... (ROUNDS times). Prints per job IOPS, mean
 # latency, the 99th percentile of completion latency, MB/s, and the CPU (user+system from /proc) the host element and the three elements
-# spent per I/O.
+# spent per I/O, and the per cent of the machine's CPU time the hypervisor gave to other guests
+# meanwhile ("stolen"; this machine is shared: a round that lost more than a few per cent is not
+# comparable with one that did not).
 #   A_BIN=/path/old/starfish [B_BIN=target/release/starfish] [A_LABEL=before] [B_LABEL=after]
 #   [A_SFE=... B_SFE=...] [JOBS="write 1m 1,write 1m 16"] [ROUNDS=3] [RUNTIME=6] [DATA=/dev/shm]
 #   bash scripts/ab-jobs.sh
@@ -58,13 +60,15 @@ for round in $(seq "$ROUNDS"); do
             read -r rw bs qd <<<"$spec"
             h0=$(cpu "$HOST")
             e0=$(cpu "${REPLICAS[@]}")
+            s0=$(steal_mark)
             read -r iops mean p99 mbps ios < <(job "$rw" "$bs" "$qd")
+            stolen=$(steal_since "$s0")
             h1=$(cpu "$HOST")
             e1=$(cpu "${REPLICAS[@]}")
             ios=$((ios > 0 ? ios : 1))
-            printf '%-8s round %d  %-9s %-3s QD%-3s %7s IOPS %7s µs (p99 %6s) %5s MB/s  CPU per I/O: host element %5d µs, elements %5d µs\n' \
+            printf '%-8s round %d  %-9s %-3s QD%-3s %7s IOPS %7s µs (p99 %6s) %5s MB/s  CPU per I/O: host element %5d µs, elements %5d µs  (stolen %2d %%)\n' \
                 "$label" "$round" "$rw" "$bs" "$qd" "$iops" "$mean" "$p99" "$mbps" \
-                $(((h1 - h0) * tick_us / ios)) $(((e1 - e0) * tick_us / ios))
+                $(((h1 - h0) * tick_us / ios)) $(((e1 - e0) * tick_us / ios)) "$stolen"
         done
         stop "$HOST" "${REPLICAS[@]}"
         PIDS=()

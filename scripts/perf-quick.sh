@@ -4,7 +4,9 @@
 # sequential writes at QD16 and 1 MiB sequential reads at QD1 and QD16 (RUNTIME s each, default
 # 8) against each system of SYSTEMS, one after the other in one run, and prints the CPU time
 # (user+system, from /proc) the head and the replicas spent per 4 KiB write, 4 KiB read, 1 MiB
-# write and 1 MiB read (and the minor page faults they took per 1 MiB write and read):
+# write and 1 MiB read (and the minor page faults they took per 1 MiB write and read), and per
+# job the per cent of the machine's CPU time the hypervisor gave to other guests ("stolen": this
+# machine is shared, and a job that lost more than a few per cent ran on less CPU):
 #   starfish     three elements with their data on tmpfs and a host element on loopback (Q=2,
 #                one 1 GiB volume); head = host element, replicas = the three elements
 #   qemu-quorum  QEMU's quorum driver (qemu-nbd, vote-threshold 2, read-pattern fifo, TCP_NODELAY
@@ -26,15 +28,19 @@ DIR=$(mktemp -d /dev/shm/starfish-perf-quick.XXXXXX)
 source scripts/lib/cluster.sh
 trap cleanup EXIT
 rss() { awk '/^VmRSS/ {r = $2} /^VmHWM/ {h = $2} END {printf "%d (%d)", r / 1024, h / 1024}' "/proc/$1/status"; }
-job() { # uri rw bs qd: one fio run; prints "rw bs qdN: IOPS (mean µs) MB/s", the I/Os done to $DIR/ios
+job() { # uri rw bs qd: one fio run; prints "rw bs qdN: IOPS (mean µs) MB/s, stolen N %", the I/Os
+    # done to $DIR/ios
+    local s0
+    s0=$(steal_mark)
     fio --name=quick --ioengine=nbd --uri="$1" --rw="$2" --bs="$3" --iodepth="$4" \
         --size=1g --time_based --runtime="$RUNTIME" --output-format=json 2>/dev/null |
         /usr/bin/python3 -c "
 import json, sys
 text = sys.stdin.read(); job = json.loads(text[text.index('{'):])['jobs'][0]
 j = job['write'] if 'write' in '$2' else job['read']
-print(f\"  $2 $3 qd$4: {j['iops']:.0f} IOPS ({j['lat_ns']['mean'] / 1000:.0f} µs), {j['bw'] * 1024 / 1e6:.0f} MB/s\")
+print(f\"  $2 $3 qd$4: {j['iops']:.0f} IOPS ({j['lat_ns']['mean'] / 1000:.0f} µs), {j['bw'] * 1024 / 1e6:.0f} MB/s\", end='')
 open('$DIR/ios', 'w').write(str(j['total_ios']))"
+    echo ", stolen $(steal_since "$s0") %"
 }
 per_op() { # what head-before head-after replicas-before replicas-after: CPU per I/O of the last job
     local ios tick_us=$((1000000 / $(getconf CLK_TCK)))

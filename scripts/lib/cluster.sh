@@ -21,6 +21,17 @@ stat_sum() { # awk-expression pids...: the expression over /proc/PID/stat's fiel
 }
 cpu() { stat_sum '$14 + $15' "$@"; }  # user + system ticks of these processes
 faults() { stat_sum '$10' "$@"; }     # their minor page faults
+steal_mark() { # the whole machine's stolen and total CPU ticks so far ("steal total", /proc/stat)
+    awk '/^cpu / {t = 0; for (i = 2; i <= 9; i++) t += $i; print $9, t; exit}' /proc/stat
+}
+steal_since() { # steal-mark: the per cent of all CPU time since that mark that the hypervisor gave
+    # to other guests. This machine is shared: a job that lost more than a few per cent ran on
+    # less CPU than its neighbour in the comparison, and its figures say so rather than the build.
+    local s0 t0 s1 t1
+    read -r s0 t0 <<<"$1"
+    read -r s1 t1 < <(steal_mark)
+    echo $(((s1 - s0) * 100 / (t1 - t0 > 0 ? t1 - t0 : 1)))
+}
 cleanup() {
     stop "${PIDS[@]}"
     rm -rf "$DIR"
